@@ -1,0 +1,70 @@
+/* bench.c — the `shard bench` verb: parses options and runs a benchmark.
+ * Today: `shard bench comm` (bench_comm.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "cli_util.h"
+
+static int bench_comm_main(int argc, char **argv) {
+    bench_options opt;
+    bench_options_default(&opt);
+    cli_common common = {0};
+    for (int i = 1; i < argc; i++) {
+        int c = cli_common_option(&common, argc, argv, &i);
+        if (c < 0) return 2;
+        if (c > 0) continue;
+        const char *arg = argv[i];
+        const char *v = NULL;
+        if (strcmp(arg, "--json") == 0) {
+            opt.json = 1;
+        } else if (strcmp(arg, "--no-baseline") == 0) {
+            opt.baseline = 0;
+        } else if (strcmp(arg, "--op") == 0) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (!bench_op_valid(v)) {
+                cli_error("--op '%s' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv", v);
+                return 2;
+            }
+            opt.op = v;
+        } else if (strcmp(arg, "--min") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--min", v, &opt.min_bytes)) return 2;
+        } else if (strcmp(arg, "--max") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--max", v, &opt.max_bytes)) return 2;
+        } else if (strcmp(arg, "--dtype") == 0) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (shard_dtype_parse(v, &opt.dtype) < 0) {
+                cli_error("--dtype: %s", shard_last_error());
+                return 2;
+            }
+        } else if (strcmp(arg, "--iters") == 0 || strcmp(arg, "--warmup") == 0) {
+            long n;
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, arg[2] == 'i' ? 5 : 0, 100000, &n)) return 2;
+            if (arg[2] == 'i') opt.iters = (int)n;
+            else opt.warmup = (int)n;
+        } else {
+            cli_error("bench comm: unknown option '%s' (see 'shard help')", arg);
+            return 2;
+        }
+    }
+    if (opt.min_bytes == 0 || opt.min_bytes > opt.max_bytes) {
+        cli_error("bench comm: --min %llu and --max %llu are invalid: need 0 < min <= max",
+                  (unsigned long long)opt.min_bytes, (unsigned long long)opt.max_bytes);
+        return 2;
+    }
+    opt.launch = cli_launch_config(&common);
+    shard_status s = bench_comm_run(&opt);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int cli_bench(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "comm") != 0) {
+        cli_error("bench: give what to benchmark: 'shard bench comm --op all_reduce --ranks 2'");
+        return 2;
+    }
+    return bench_comm_main(argc - 1, argv + 1);
+}

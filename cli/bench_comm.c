@@ -1,0 +1,249 @@
+/* bench_comm.c — `shard bench comm`: collective bandwidth, reported as nccl-tests does.
+ *
+ * For each size (doubling from --min to --max) every rank runs warm-up
+ * iterations, then at least 5 timed ones; an iteration's time is the slowest
+ * rank's, and the figure is the median.  algbw = bytes / time; busbw scales it
+ * by 2(n-1)/n for all_reduce and (n-1)/n for all_gather, reduce_scatter and
+ * all_to_all (1 for sendrecv), so numbers compare across rank counts.
+ * `bytes` is the whole buffer: all_reduce's vector, all_gather's output,
+ * reduce_scatter's input, all_to_all's per-rank send buffer, sendrecv's message.
+ * Under MPI the raw MPI call is timed in the same run as a baseline. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "comm/comm_impl.h"
+#include "shard/shard.h"
+
+static const char *const bench_ops[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv"};
+
+typedef struct bench_result {
+    uint64_t bytes;
+    double time_us, baseline_time_us;
+} bench_result;
+
+typedef struct bench_run {
+    const bench_options *opt;
+    bench_result *results; /* filled by rank 0 */
+    int nsizes;
+    int ranks;
+    char backend[16];
+} bench_run;
+
+static double bus_factor(const char *op, int n) {
+    if (n <= 1) return strcmp(op, "sendrecv") == 0 ? 1.0 : 0.0;
+    if (strcmp(op, "all_reduce") == 0) return 2.0 * (n - 1) / n;
+    if (strcmp(op, "sendrecv") == 0) return 1.0;
+    return (double)(n - 1) / n;
+}
+
+/* Elements in each buffer for `bytes` under `op`. */
+static void buffer_counts(const char *op, uint64_t bytes, int n, size_t es, size_t *send_count,
+                          size_t *recv_count, size_t *arg_count) {
+    size_t total = (size_t)(bytes / es);
+    size_t per_rank = total / (size_t)n;
+    if (strcmp(op, "all_reduce") == 0 || strcmp(op, "sendrecv") == 0) {
+        *send_count = *recv_count = *arg_count = total;
+    } else if (strcmp(op, "all_gather") == 0) {
+        *send_count = per_rank, *recv_count = per_rank * (size_t)n, *arg_count = per_rank;
+    } else if (strcmp(op, "reduce_scatter") == 0) {
+        *send_count = per_rank * (size_t)n, *recv_count = per_rank, *arg_count = per_rank;
+    } else { /* all_to_all */
+        *send_count = *recv_count = per_rank * (size_t)n, *arg_count = per_rank;
+    }
+}
+
+static shard_status run_op(shard_comm *comm, const char *op, const void *send, void *recv,
+                           size_t count, shard_dtype dtype) {
+    int n = shard_comm_size(comm), r = shard_comm_rank(comm);
+    if (strcmp(op, "all_reduce") == 0) return shard_comm_all_reduce(comm, send, recv, count, dtype, SHARD_OP_SUM);
+    if (strcmp(op, "all_gather") == 0) return shard_comm_all_gather(comm, send, recv, count, dtype);
+    if (strcmp(op, "reduce_scatter") == 0)
+        return shard_comm_reduce_scatter(comm, send, recv, count, dtype, SHARD_OP_SUM);
+    if (strcmp(op, "all_to_all") == 0) return shard_comm_all_to_all(comm, send, recv, count, dtype);
+    shard_request *reqs[2] = {NULL, NULL};
+    SHARD_CHECK(shard_comm_irecv(comm, recv, count, dtype, (r + n - 1) % n, 7, &reqs[0]));
+    shard_status s = shard_comm_isend(comm, send, count, dtype, (r + 1) % n, 7, &reqs[1]);
+    shard_status w = shard_request_wait_all(s < 0 ? 1 : 2, reqs);
+    return s < 0 ? s : w;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median over iterations of the slowest rank's time, in microseconds. */
+static shard_status time_op(shard_comm *comm, const bench_options *opt, int raw, const void *send,
+                            void *recv, size_t count, double *median_us) {
+    shard_dtype dtype = opt->dtype;
+    /* warm-up; its slowest time decides how many timed iterations fit in ~0.2 s */
+    double warm = 0;
+    for (int i = 0; i < opt->warmup; i++) {
+        double t0 = shard__now();
+        SHARD_CHECK(raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, dtype)
+                        : run_op(comm, opt->op, send, recv, count, dtype));
+        warm = shard__now() - t0;
+    }
+    SHARD_CHECK(shard_comm_all_reduce(comm, &warm, &warm, 1, SHARD_F64, SHARD_OP_MAX));
+    int iters = opt->iters;
+    if (iters <= 0) {
+        iters = warm > 0 ? (int)(0.2 / warm) : 100;
+        if (iters < 5) iters = 5;
+        if (iters > 100) iters = 100;
+    }
+    double *times = calloc((size_t)iters, sizeof *times);
+    if (!times) return shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory");
+    shard_status s = SHARD_OK;
+    for (int i = 0; i < iters && s == SHARD_OK; i++) {
+        s = shard_comm_barrier(comm);
+        if (s < 0) break;
+        double t0 = shard__now();
+        s = raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, dtype)
+                : run_op(comm, opt->op, send, recv, count, dtype);
+        times[i] = shard__now() - t0;
+    }
+    if (s == SHARD_OK) s = shard_comm_all_reduce(comm, times, times, (size_t)iters, SHARD_F64, SHARD_OP_MAX);
+    if (s == SHARD_OK) {
+        qsort(times, (size_t)iters, sizeof *times, cmp_double);
+        *median_us = 1e6 * (iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]));
+    }
+    free(times);
+    return s;
+}
+
+/* One correctness check per size before timing: f32 sums of rank-dependent values. */
+static shard_status verify(shard_comm *comm, const char *op, float *send, float *recv, size_t send_count,
+                           size_t recv_count, size_t count) {
+    int n = shard_comm_size(comm), r = shard_comm_rank(comm);
+    for (size_t i = 0; i < send_count; i++) send[i] = (float)(r + 1) + (float)(i % 7);
+    SHARD_CHECK(run_op(comm, op, send, recv, count, SHARD_F32));
+    for (size_t i = 0; i < recv_count; i++) {
+        double expect;
+        if (strcmp(op, "all_reduce") == 0) expect = n * (n + 1) / 2.0 + n * (double)(i % 7);
+        else if (strcmp(op, "reduce_scatter") == 0) expect = n * (n + 1) / 2.0 + n * (double)((r * count + i) % 7);
+        else if (strcmp(op, "all_gather") == 0) expect = (double)(i / count + 1) + (double)((i % count) % 7);
+        else if (strcmp(op, "all_to_all") == 0) expect = (double)(i / count + 1) + (double)((r * count + i % count) % 7);
+        else expect = (double)((r + n - 1) % n + 1) + (double)(i % 7);
+        if (fabs(recv[i] - expect) > 1e-3 * fabs(expect)) {
+            return shard_error(SHARD_ERR_INTERNAL, "bench %s: wrong result at element %zu on rank %d: got %g, expected %g",
+                               op, i, r, (double)recv[i], expect);
+        }
+    }
+    return SHARD_OK;
+}
+
+static shard_status bench_rank(shard_comm *comm, void *arg) {
+    bench_run *run = arg;
+    const bench_options *opt = run->opt;
+    int n = shard_comm_size(comm), r = shard_comm_rank(comm);
+    int raw = strcmp(shard_comm_backend(comm), "mpi") == 0 && opt->baseline;
+    size_t es = shard_dtype_size(opt->dtype);
+    size_t max_send, max_recv, max_arg;
+    buffer_counts(opt->op, opt->max_bytes, n, es, &max_send, &max_recv, &max_arg);
+    void *send = shard_alloc((max_send ? max_send : 1) * (es > 4 ? es : 4), SHARD_MEM_COMM);
+    void *recv = shard_alloc((max_recv ? max_recv : 1) * (es > 4 ? es : 4), SHARD_MEM_COMM);
+    if (!send || !recv) {
+        shard_free(send);
+        shard_free(recv);
+        return SHARD_ERR_NO_MEMORY;
+    }
+    shard_status s = SHARD_OK;
+    int k = 0;
+    for (uint64_t bytes = opt->min_bytes; bytes <= opt->max_bytes && s == SHARD_OK && k < 64; bytes *= 2, k++) {
+        size_t sc, rc, ac;
+        buffer_counts(opt->op, bytes, n, es, &sc, &rc, &ac);
+        size_t fs, fr, fa; /* the same sizes in f32 for the check */
+        buffer_counts(opt->op, bytes, n, 4, &fs, &fr, &fa);
+        s = verify(comm, opt->op, send, recv, fs, fr, fa);
+        if (s < 0) break;
+        memset(send, 1, sc * es);
+        double t = 0, tb = 0;
+        s = time_op(comm, opt, 0, send, recv, ac, &t);
+        if (s == SHARD_OK && raw) s = time_op(comm, opt, 1, send, recv, ac, &tb);
+        if (s == SHARD_OK && r == 0) {
+            /* the bytes actually moved: a size not divisible by the ranks is rounded down */
+            uint64_t moved = strcmp(opt->op, "all_reduce") == 0 || strcmp(opt->op, "sendrecv") == 0
+                                 ? (uint64_t)ac * es
+                                 : (uint64_t)ac * es * (uint64_t)n;
+            run->results[k] = (bench_result){moved, t, raw ? tb : 0};
+        }
+        if (bytes == 0) break;
+    }
+    if (r == 0) {
+        run->nsizes = k;
+        run->ranks = n;
+        snprintf(run->backend, sizeof run->backend, "%s", shard_comm_backend(comm));
+    }
+    shard_free(send);
+    shard_free(recv);
+    return s;
+}
+
+static void print_results(const bench_run *run) {
+    const bench_options *opt = run->opt;
+    double factor = bus_factor(opt->op, run->ranks);
+    if (!opt->json) {
+        printf("# shard bench comm: %s, %s, %d ranks, %s, median of >= 5 timed iterations\n", opt->op,
+               run->backend, run->ranks, shard_dtype_name(opt->dtype));
+        printf("%12s %12s %12s %12s", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
+        if (run->results[0].baseline_time_us > 0) printf(" %14s %8s", "mpi_busbw_GB/s", "ratio");
+        printf("\n");
+    }
+    for (int k = 0; k < run->nsizes; k++) {
+        const bench_result *b = &run->results[k];
+        double algbw = b->time_us > 0 ? (double)b->bytes / (b->time_us * 1e3) : 0; /* GB/s */
+        double busbw = algbw * factor;
+        double base_bus = b->baseline_time_us > 0 ? (double)b->bytes / (b->baseline_time_us * 1e3) * factor : 0;
+        if (opt->json) {
+            printf("{\"op\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, \"bytes\": %llu, \"time_us\": %.3f, "
+                   "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f",
+                   opt->op, run->backend, run->ranks, (unsigned long long)b->bytes, b->time_us, algbw, busbw);
+            if (b->baseline_time_us > 0)
+                printf(", \"baseline_busbw_gbps\": %.4f, \"ratio\": %.4f", base_bus,
+                       base_bus > 0 ? busbw / base_bus : 0.0);
+            printf("}\n");
+        } else {
+            printf("%12llu %12.1f %12.3f %12.3f", (unsigned long long)b->bytes, b->time_us, algbw, busbw);
+            if (b->baseline_time_us > 0) printf(" %14.3f %8.3f", base_bus, base_bus > 0 ? busbw / base_bus : 0.0);
+            printf("\n");
+        }
+    }
+    fflush(stdout);
+}
+
+shard_status bench_comm_run(const bench_options *opt) {
+    bench_run run = {.opt = opt};
+    run.results = calloc(64, sizeof *run.results);
+    if (!run.results) return shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory");
+    shard_status s = shard_launch_with(&opt->launch, bench_rank, &run);
+    /* under MPI only rank 0 holds the results */
+    char where[256];
+    int mpi_rank = 0;
+    if (shard_launch_detect_mpi(where, sizeof where, &mpi_rank, NULL) && mpi_rank != 0) {
+        free(run.results);
+        return s;
+    }
+    if (s == SHARD_OK) print_results(&run);
+    free(run.results);
+    return s;
+}
+
+void bench_options_default(bench_options *opt) {
+    memset(opt, 0, sizeof *opt);
+    opt->op = "all_reduce";
+    opt->dtype = SHARD_F32;
+    opt->min_bytes = 4096;
+    opt->max_bytes = 256ULL << 20;
+    opt->warmup = 3;
+    opt->baseline = 1;
+    opt->launch = shard_launch_config_default();
+}
+
+int bench_op_valid(const char *op) {
+    for (size_t i = 0; i < sizeof bench_ops / sizeof bench_ops[0]; i++)
+        if (strcmp(op, bench_ops[i]) == 0) return 1;
+    return 0;
+}

@@ -1,0 +1,27 @@
+/* bench_comm.h — the communication benchmark behind `shard bench comm`. */
+#ifndef SHARD_CLI_BENCH_COMM_H
+#define SHARD_CLI_BENCH_COMM_H
+
+#include <stdint.h>
+
+#include "shard/shard.h"
+
+typedef struct bench_options {
+    const char *op;      /* all_reduce | all_gather | reduce_scatter | all_to_all | sendrecv */
+    shard_dtype dtype;
+    uint64_t min_bytes, max_bytes;
+    int warmup, iters;   /* iters 0: as many as fit in ~0.2 s, at least 5 */
+    int json;
+    int baseline;        /* under MPI, also time the raw MPI call */
+    shard_launch_config launch;
+} bench_options;
+
+void bench_options_default(bench_options *opt);
+int bench_op_valid(const char *op);
+/* Run the benchmark and print its table (or JSON lines) on rank 0. */
+shard_status bench_comm_run(const bench_options *opt);
+
+int cli_bench(int argc, char **argv);
+int cli_demo(int argc, char **argv);
+
+#endif

@@ -1,0 +1,128 @@
+/* cli_util.c — option parsing helpers for the shard CLI. */
+#include "cli_util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("shard: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        cli_error("option %s needs a value", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_parse_int(const char *option, const char *text, long min, long max, long *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || !end || *end || end == text || v < min || v > max) {
+        cli_error("%s '%s' is invalid: give an integer in %ld..%ld", option, text, min, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_seconds(const char *option, const char *text, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || !end || *end || end == text || !(v > 0) || v > 1e9) {
+        cli_error("%s '%s' is invalid: give seconds > 0, e.g. 30 or 0.5", option, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_size(const char *option, const char *text, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || text[0] == '-') goto bad;
+    uint64_t mult = 1;
+    if (*end) {
+        switch (*end) {
+        case 'K': case 'k': mult = 1ULL << 10; break;
+        case 'M': case 'm': mult = 1ULL << 20; break;
+        case 'G': case 'g': mult = 1ULL << 30; break;
+        default: goto bad;
+        }
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end) goto bad;
+    }
+    if (v > (1ULL << 40) / mult) goto bad;
+    *out = (uint64_t)v * mult;
+    return 0;
+bad:
+    cli_error("%s '%s' is invalid: give a size in bytes such as 4096, 4K, 256M or 1G", option, text);
+    return -1;
+}
+
+void cli_format_size(uint64_t bytes, char *out, size_t out_bytes) {
+    if (bytes >= (1ULL << 30) && bytes % (1ULL << 30) == 0)
+        snprintf(out, out_bytes, "%llu GiB", (unsigned long long)(bytes >> 30));
+    else if (bytes >= (1ULL << 20) && bytes % (1ULL << 20) == 0)
+        snprintf(out, out_bytes, "%llu MiB", (unsigned long long)(bytes >> 20));
+    else if (bytes >= (1ULL << 10) && bytes % (1ULL << 10) == 0)
+        snprintf(out, out_bytes, "%llu KiB", (unsigned long long)(bytes >> 10));
+    else
+        snprintf(out, out_bytes, "%llu B", (unsigned long long)bytes);
+}
+
+int cli_common_option(cli_common *common, int argc, char **argv, int *i) {
+    const char *arg = argv[*i];
+    if (strcmp(arg, "--verbose") == 0 || strcmp(arg, "-v") == 0) {
+        common->verbose = 1;
+        return 1;
+    }
+    if (strcmp(arg, "--ranks") == 0) {
+        const char *v = cli_value(argc, argv, i);
+        long n;
+        if (!v || cli_parse_int("--ranks", v, 1, 4096, &n)) return -1;
+        common->ranks = (int)n;
+        return 1;
+    }
+    if (strcmp(arg, "--timeout") == 0) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v || cli_parse_seconds("--timeout", v, &common->timeout)) return -1;
+        return 1;
+    }
+    if (strcmp(arg, "--backend") == 0) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v) return -1;
+        if (strcmp(v, "threads") == 0) common->backend = SHARD_BACKEND_THREADS;
+        else if (strcmp(v, "mpi") == 0) common->backend = SHARD_BACKEND_MPI;
+        else if (strcmp(v, "auto") == 0) common->backend = SHARD_BACKEND_AUTO;
+        else {
+            cli_error("--backend '%s' is invalid: give threads, mpi or auto", v);
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+shard_launch_config cli_launch_config(const cli_common *common) {
+    shard_launch_config cfg = shard_launch_config_default();
+    cfg.ranks = common->ranks > 0 ? common->ranks : 1;
+    cfg.backend = common->backend;
+    cfg.timeout_seconds = common->timeout;
+    cfg.verbose = common->verbose;
+    return cfg;
+}

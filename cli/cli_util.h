@@ -1,0 +1,40 @@
+/* cli_util.h — small helpers shared by the CLI verbs: option parsing with one
+ * clear error line per bad value, and sizes written as 4K / 256M / 1G. */
+#ifndef SHARD_CLI_UTIL_H
+#define SHARD_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/launch.h"
+
+/* Options every verb that runs ranks understands. */
+typedef struct cli_common {
+    int ranks;     /* --ranks N (0: not given) */
+    shard_backend_choice backend; /* --backend threads|mpi */
+    double timeout; /* --timeout SECONDS (0: SHARD_TIMEOUT or 300) */
+    int verbose;    /* --verbose */
+} cli_common;
+
+/* Try to consume argv[*i] (and its value) as a common option.
+ * Returns 1 if consumed, 0 if not a common option, -1 on a bad value (message printed). */
+int cli_common_option(cli_common *common, int argc, char **argv, int *i);
+
+/* A launch config from the common options. */
+shard_launch_config cli_launch_config(const cli_common *common);
+
+/* The value after option argv[*i]; prints an error and returns NULL if missing. */
+const char *cli_value(int argc, char **argv, int *i);
+
+/* "4096", "4K", "256M", "1G" (binary units) -> bytes.  0 on success, -1 with a message. */
+int cli_parse_size(const char *option, const char *text, uint64_t *out);
+int cli_parse_int(const char *option, const char *text, long min, long max, long *out);
+int cli_parse_seconds(const char *option, const char *text, double *out);
+
+/* "4.0 KiB", "256 MiB" */
+void cli_format_size(uint64_t bytes, char *out, size_t out_bytes);
+
+/* Print "shard: <message>" to stderr. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,50 @@
+/* main.c — the `shard` command line: dispatch to one verb per file.
+ *
+ *   shard bench comm --op all_reduce --ranks 2 [--json] ...
+ *   shard demo [--ranks 4]
+ *   shard version */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "cli_util.h"
+#include "shard/shard.h"
+
+static void usage(FILE *to) {
+    fprintf(to,
+            "usage: shard <verb> [options]\n"
+            "\n"
+            "verbs:\n"
+            "  bench comm   collective bandwidth (nccl-tests style): --op all_reduce|all_gather|\n"
+            "               reduce_scatter|all_to_all|sendrecv --ranks N [--backend threads|mpi]\n"
+            "               [--min 4K] [--max 256M] [--dtype f32] [--iters K] [--json]\n"
+            "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
+            "  version      print the version and the backends in this build\n"
+            "\n"
+            "options every verb that runs ranks takes:\n"
+            "  --ranks N        ranks as threads of this process (under mpirun: one per process)\n"
+            "  --backend B      threads | mpi | auto (default: mpi when started by mpirun, else threads)\n"
+            "  --timeout S      deadline of every wait in seconds (default SHARD_TIMEOUT or 300)\n"
+            "  --verbose        say which backend and environment variables were used\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *verb = argv[1];
+    if (strcmp(verb, "bench") == 0) return cli_bench(argc - 1, argv + 1);
+    if (strcmp(verb, "demo") == 0) return cli_demo(argc - 1, argv + 1);
+    if (strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0) {
+        printf("shard %s (backends: threads%s)\n", SHARD_VERSION_STRING, shard_have_mpi() ? ", mpi" : "");
+        return 0;
+    }
+    if (strcmp(verb, "help") == 0 || strcmp(verb, "--help") == 0 || strcmp(verb, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    cli_error("unknown verb '%s': valid verbs are bench, demo, version, help", verb);
+    return 2;
+}

@@ -1,0 +1,13 @@
+/* shard.h — umbrella header of libshard. */
+#ifndef SHARD_H
+#define SHARD_H
+
+#include "shard/comm.h"
+#include "shard/dtype.h"
+#include "shard/launch.h"
+#include "shard/memory.h"
+#include "shard/status.h"
+
+#define SHARD_VERSION_STRING "0.1.0"
+
+#endif

@@ -1,0 +1,613 @@
+/* mpi_backend.c — ranks as MPI processes (Open MPI or MPICH).
+ *
+ * Collectives are the MPI library's own (MPI_Allreduce, MPI_Reduce_scatter_block,
+ * MPI_Ialltoallv ...) on a duplicate of MPI_COMM_WORLD, so shard's traffic never
+ * mixes with the program's.  bf16 and f16 travel as 2-byte contiguous types and
+ * reduce through user-defined MPI ops; AVG is a SUM divided on completion.
+ *
+ * Deadlines: MPI cannot be interrupted, so a watchdog thread watches every
+ * blocking collective and, past the deadline, prints one line saying what this
+ * rank waits for, then ends the job (MPI_Abort when the library grants
+ * MPI_THREAD_MULTIPLE, else _exit).  Non-blocking requests poll with MPI_Test
+ * and return SHARD_ERR_TIMEOUT.  With SHARD_DEBUG=1 every collective is first
+ * compared across ranks (one small MPI_Allgather) and a mismatch fails on
+ * every rank naming both sides. */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../comm_impl.h"
+#include "shard/memory.h"
+
+typedef struct mcomm {
+    shard_comm base;
+    MPI_Comm mpi;
+} mcomm;
+
+typedef struct mreq { /* backend state of a request */
+    MPI_Request request;
+    int divide_by;     /* AVG: divide recv by this on completion (0: no) */
+    void *divide_buf;
+    size_t divide_count;
+    void *staging;     /* in-place staging copy, freed on completion */
+    void *copy_to;     /* reduce_scatter in place: copy staging here on completion */
+    size_t copy_bytes;
+    int *ints;         /* int count/displacement arrays MPI reads until completion */
+    int peer, tag;
+    size_t bytes;
+    uint64_t seq;
+} mreq;
+
+static const shard__comm_vtable mpi_vtable;
+
+static struct {
+    int initialized_here;
+    int thread_level;
+    MPI_Datatype half_types[2]; /* bf16, f16 */
+    MPI_Op half_ops[4];         /* sum, prod, max, min on the 2-byte types */
+    int debug;
+    /* watchdog */
+    pthread_t watchdog;
+    int watchdog_started;
+    pthread_mutex_t watch_mu;
+    int watch_active;
+    double watch_deadline, watch_timeout;
+    char watch_text[384];
+} M = {.watch_mu = PTHREAD_MUTEX_INITIALIZER};
+
+int shard__mpi_built(void) { return 1; }
+
+static shard_status mpi_error(int code, const char *what, const shard_comm *comm) {
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(code, text, &len);
+    return shard_error(SHARD_ERR_BACKEND, "%s on comm '%s' (MPI): %s", what, comm->name, text);
+}
+
+#define MPI_TRY(call, what, comm)                       \
+    do {                                                \
+        int mpi_rc__ = (call);                          \
+        if (mpi_rc__ != MPI_SUCCESS) return mpi_error(mpi_rc__, (what), (comm)); \
+    } while (0)
+
+/* ------------------------------------------------------------------ dtypes and ops */
+
+static void half_op(void *in, void *inout, int *len, MPI_Datatype *type, shard_reduce_op op) {
+    shard_dtype d = *type == M.half_types[0] ? SHARD_BF16 : SHARD_F16;
+    shard__reduce_pair(d, op, in, inout, (size_t)*len);
+}
+static void half_sum(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_SUM); }
+static void half_prod(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_PROD); }
+static void half_max(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_MAX); }
+static void half_min(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_MIN); }
+
+static MPI_Datatype mpi_type(shard_dtype d) {
+    switch (d) {
+    case SHARD_F32: return MPI_FLOAT;
+    case SHARD_F64: return MPI_DOUBLE;
+    case SHARD_BF16: return M.half_types[0];
+    case SHARD_F16: return M.half_types[1];
+    case SHARD_I8: return MPI_INT8_T;
+    case SHARD_I32: return MPI_INT32_T;
+    case SHARD_I64: return MPI_INT64_T;
+    case SHARD_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(shard_dtype d, shard_reduce_op op) {
+    int half = d == SHARD_BF16 || d == SHARD_F16;
+    switch (op) {
+    case SHARD_OP_PROD: return half ? M.half_ops[1] : MPI_PROD;
+    case SHARD_OP_MAX: return half ? M.half_ops[2] : MPI_MAX;
+    case SHARD_OP_MIN: return half ? M.half_ops[3] : MPI_MIN;
+    default: return half ? M.half_ops[0] : MPI_SUM; /* SUM, and AVG = SUM then divide */
+    }
+}
+
+static shard_status as_int(const shard_comm *comm, const char *what, size_t value, int *out) {
+    if (value > INT_MAX)
+        return shard_error(SHARD_ERR_UNSUPPORTED,
+                           "%s on comm '%s' (MPI): count %zu exceeds MPI's int limit %d; split the transfer",
+                           what, comm->name, value, INT_MAX);
+    *out = (int)value;
+    return SHARD_OK;
+}
+
+/* ------------------------------------------------------------------ watchdog */
+
+static void *watchdog_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        struct timespec tick = {0, 200 * 1000 * 1000};
+        nanosleep(&tick, NULL);
+        pthread_mutex_lock(&M.watch_mu);
+        int expired = M.watch_active && shard__now() > M.watch_deadline;
+        char text[sizeof M.watch_text];
+        memcpy(text, M.watch_text, sizeof text);
+        pthread_mutex_unlock(&M.watch_mu);
+        if (!expired) continue;
+        fprintf(stderr, "shard: %s\n", text);
+        fflush(stderr);
+        if (M.thread_level >= MPI_THREAD_MULTIPLE) MPI_Abort(MPI_COMM_WORLD, 1);
+        _exit(1);
+    }
+    return NULL;
+}
+
+static void watch_begin(const mcomm *c, const shard__coll_args *a) {
+    int n = c->base.size, r = c->base.rank;
+    int *others = calloc((size_t)n, sizeof *others);
+    char list[200] = "?";
+    if (others) {
+        for (int p = 0; p < n; p++) others[p] = p != r;
+        shard__format_rank_list(others, n, list, sizeof list);
+        free(others);
+    }
+    pthread_mutex_lock(&M.watch_mu);
+    snprintf(M.watch_text, sizeof M.watch_text,
+             "timeout after %g s in %s #%llu on comm '%s': rank %d of %d waits on ranks %s "
+             "(MPI backend: peers' progress is not visible from here)",
+             c->base.timeout_seconds, shard__coll_kind_name(a->kind), (unsigned long long)a->seq,
+             c->base.name, r, n, list);
+    M.watch_deadline = shard__now() + c->base.timeout_seconds;
+    M.watch_active = 1;
+    pthread_mutex_unlock(&M.watch_mu);
+}
+
+static void watch_end(void) {
+    pthread_mutex_lock(&M.watch_mu);
+    M.watch_active = 0;
+    pthread_mutex_unlock(&M.watch_mu);
+}
+
+/* ------------------------------------------------------------------ debug agreement check */
+
+typedef struct fingerprint {
+    int32_t kind, dtype, op, root;
+    uint64_t count, counts_hash;
+} fingerprint;
+
+static uint64_t hash_counts(const size_t *counts, int n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int p = 0; p < n; p++) h = (h ^ (uint64_t)counts[p]) * 1099511628211ULL;
+    return h;
+}
+
+static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
+    int n = c->base.size;
+    int v_form = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV;
+    fingerprint mine = {a->kind, a->dtype, a->op, a->root, v_form ? 0 : a->count,
+                        (a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV) ? hash_counts(a->recv_counts, n) : 0};
+    if (a->kind == SHARD__BARRIER) mine.dtype = mine.op = mine.root = 0, mine.count = 0;
+    if (a->kind != SHARD__BROADCAST) mine.root = 0;
+    if (a->kind != SHARD__ALL_REDUCE && a->kind != SHARD__REDUCE_SCATTER && a->kind != SHARD__REDUCE_SCATTERV) mine.op = 0;
+    fingerprint *all = malloc(sizeof *all * (size_t)n);
+    if (!all) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory checking a collective");
+    int rc = MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, c->mpi);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return mpi_error(rc, "agreement check", &c->base);
+    }
+    shard_status s = SHARD_OK;
+    for (int p = 1; p < n && s == SHARD_OK; p++) {
+        if (memcmp(&all[0], &all[p], sizeof mine) == 0) continue;
+        shard__coll_args a0 = {.kind = all[0].kind, .dtype = all[0].dtype, .op = all[0].op, .root = all[0].root, .count = all[0].count};
+        shard__coll_args ap = {.kind = all[p].kind, .dtype = all[p].dtype, .op = all[p].op, .root = all[p].root, .count = all[p].count};
+        char d0[160], dp[160];
+        shard__describe_coll(&a0, d0, sizeof d0);
+        shard__describe_coll(&ap, dp, sizeof dp);
+        if (strcmp(d0, dp) == 0) snprintf(dp + strlen(dp), sizeof dp - strlen(dp), " with other counts");
+        s = shard_error(SHARD_ERR_MISMATCH, "collective mismatch at #%llu on '%s': rank 0 %s, rank %d %s",
+                        (unsigned long long)a->seq, c->base.name, d0, p, dp);
+    }
+    free(all);
+    if (s == SHARD_OK && a->kind == SHARD__ALL_TO_ALLV) {
+        uint64_t *sends = malloc(sizeof *sends * (size_t)n * (size_t)n);
+        uint64_t *expects = malloc(sizeof *expects * (size_t)n * (size_t)n);
+        uint64_t *row = malloc(sizeof *row * 2 * (size_t)n);
+        if (!sends || !expects || !row) {
+            s = shard_error(SHARD_ERR_NO_MEMORY, "out of memory checking a collective");
+        } else {
+            for (int q = 0; q < n; q++) row[q] = a->send_counts[q], row[n + q] = a->recv_counts[q];
+            uint64_t *both = malloc(sizeof *both * 2 * (size_t)n * (size_t)n);
+            if (!both || MPI_Allgather(row, 2 * n, MPI_UINT64_T, both, 2 * n, MPI_UINT64_T, c->mpi) != MPI_SUCCESS) {
+                s = shard_error(SHARD_ERR_BACKEND, "all_to_allv agreement check failed on comm '%s'", c->base.name);
+            } else {
+                for (int p = 0; p < n && s == SHARD_OK; p++)
+                    for (int q = 0; q < n && s == SHARD_OK; q++)
+                        if (both[(size_t)p * 2 * n + q] != both[(size_t)q * 2 * n + n + p])
+                            s = shard_error(SHARD_ERR_MISMATCH,
+                                            "collective mismatch at #%llu on '%s': all_to_allv rank %d sends %llu elements to rank %d, which expects %llu",
+                                            (unsigned long long)a->seq, c->base.name, p,
+                                            (unsigned long long)both[(size_t)p * 2 * n + q], q,
+                                            (unsigned long long)both[(size_t)q * 2 * n + n + p]);
+            }
+            free(both);
+        }
+        free(sends);
+        free(expects);
+        free(row);
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------------ collectives */
+
+/* Issue one collective: blocking when req == NULL, else non-blocking with state in req. */
+static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
+    const char *what = shard__coll_kind_name(a->kind);
+    int n = c->base.size, r = c->base.rank;
+    size_t es = shard_dtype_size(a->dtype);
+    MPI_Datatype t = mpi_type(a->dtype);
+    MPI_Op op = mpi_op(a->dtype, a->op);
+    mreq *st = NULL;
+    if (M.debug) SHARD_CHECK(check_agreement(c, a));
+    if (req) {
+        st = calloc(1, sizeof *st);
+        if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for a request", what);
+        req->impl = st;
+    }
+    mreq local = {0};
+    mreq *s = st ? st : &local;
+    if (n == 1 && a->in_place) { /* one rank, in place: nothing moves */
+        if (st) st->request = MPI_REQUEST_NULL;
+        return SHARD_OK;
+    }
+    /* int copies of counts and displacements: [send_counts | send_displs | recv_counts | recv_displs] */
+    int need_ints = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV;
+    if (need_ints) {
+        s->ints = malloc(sizeof(int) * 4 * (size_t)n);
+        if (!s->ints) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", what);
+        for (int p = 0; p < n; p++) {
+            SHARD_CHECK(as_int(&c->base, what, a->send_counts[p], &s->ints[p]));
+            SHARD_CHECK(as_int(&c->base, what, a->send_displs[p], &s->ints[n + p]));
+            SHARD_CHECK(as_int(&c->base, what, a->recv_counts[p], &s->ints[2 * n + p]));
+            SHARD_CHECK(as_int(&c->base, what, a->recv_displs[p], &s->ints[3 * n + p]));
+        }
+    }
+    int count = 0;
+    SHARD_CHECK(as_int(&c->base, what, a->count, &count));
+    const void *send = a->send;
+    void *recv = a->recv;
+    if (a->op == SHARD_OP_AVG && n > 1 &&
+        (a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV)) {
+        s->divide_by = n;
+        s->divide_buf = recv;
+        s->divide_count = a->kind == SHARD__ALL_REDUCE ? a->count : a->recv_counts[r];
+    }
+    /* in-place forms MPI spells differently: stage */
+    if (a->in_place && n > 1 && (a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV)) {
+        s->copy_bytes = a->recv_counts[r] * es;
+        s->staging = shard_alloc(s->copy_bytes, SHARD_MEM_COMM);
+        if (!s->staging) return SHARD_ERR_NO_MEMORY;
+        s->copy_to = recv;
+        recv = s->staging;
+    }
+    if (a->in_place && n > 1 && (a->kind == SHARD__ALL_TO_ALL || a->kind == SHARD__ALL_TO_ALLV)) {
+        size_t extent = 0;
+        for (int p = 0; p < n; p++)
+            if (a->send_displs[p] + a->send_counts[p] > extent) extent = a->send_displs[p] + a->send_counts[p];
+        s->staging = shard_alloc(extent * es, SHARD_MEM_COMM);
+        if (!s->staging) return SHARD_ERR_NO_MEMORY;
+        memcpy(s->staging, a->send, extent * es);
+        send = s->staging;
+    }
+    if (a->in_place && a->kind == SHARD__ALL_REDUCE) send = MPI_IN_PLACE;
+    if (a->in_place && (a->kind == SHARD__ALL_GATHER || a->kind == SHARD__ALL_GATHERV)) send = MPI_IN_PLACE;
+    int *ic = s->ints;
+    MPI_Request *rq = st ? &st->request : NULL;
+    int rc;
+    if (!req) watch_begin(c, a);
+    switch (a->kind) {
+    case SHARD__BARRIER: rc = rq ? MPI_Ibarrier(c->mpi, rq) : MPI_Barrier(c->mpi); break;
+    case SHARD__BROADCAST:
+        rc = rq ? MPI_Ibcast(recv, count, t, a->root, c->mpi, rq) : MPI_Bcast(recv, count, t, a->root, c->mpi);
+        break;
+    case SHARD__ALL_REDUCE:
+        rc = rq ? MPI_Iallreduce(send, recv, count, t, op, c->mpi, rq) : MPI_Allreduce(send, recv, count, t, op, c->mpi);
+        break;
+    case SHARD__REDUCE_SCATTER:
+        rc = rq ? MPI_Ireduce_scatter_block(send, recv, count, t, op, c->mpi, rq)
+                : MPI_Reduce_scatter_block(send, recv, count, t, op, c->mpi);
+        break;
+    case SHARD__REDUCE_SCATTERV:
+        rc = rq ? MPI_Ireduce_scatter(send, recv, ic + 2 * n, t, op, c->mpi, rq)
+                : MPI_Reduce_scatter(send, recv, ic + 2 * n, t, op, c->mpi);
+        break;
+    case SHARD__ALL_GATHER:
+        rc = rq ? MPI_Iallgather(send, count, t, recv, count, t, c->mpi, rq)
+                : MPI_Allgather(send, count, t, recv, count, t, c->mpi);
+        break;
+    case SHARD__ALL_GATHERV:
+        rc = rq ? MPI_Iallgatherv(send, count, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi, rq)
+                : MPI_Allgatherv(send, count, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi);
+        break;
+    case SHARD__ALL_TO_ALL:
+        rc = rq ? MPI_Ialltoall(send, count, t, recv, count, t, c->mpi, rq)
+                : MPI_Alltoall(send, count, t, recv, count, t, c->mpi);
+        break;
+    case SHARD__ALL_TO_ALLV:
+        rc = rq ? MPI_Ialltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi, rq)
+                : MPI_Alltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi);
+        break;
+    default: rc = MPI_ERR_OTHER;
+    }
+    if (!req) watch_end();
+    if (rc != MPI_SUCCESS) return mpi_error(rc, what, &c->base);
+    if (!req) { /* blocking: finish now */
+        if (s->copy_to) memcpy(s->copy_to, s->staging, s->copy_bytes);
+        if (s->divide_by) shard__divide(a->dtype, s->divide_buf, s->divide_count, s->divide_by);
+        shard_free(s->staging);
+        free(s->ints);
+    }
+    return SHARD_OK;
+}
+
+static shard_status mpi_collective(shard_comm *comm, shard__coll_args *args) {
+    return issue((mcomm *)comm, args, NULL);
+}
+
+static shard_status mpi_icollective(shard_comm *comm, shard__coll_args *args, shard_request *req) {
+    return issue((mcomm *)comm, args, req);
+}
+
+/* ------------------------------------------------------------------ point to point and requests */
+
+static shard_status mpi_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag,
+                              uint64_t seq, shard_request *req) {
+    mcomm *c = (mcomm *)comm;
+    int n = 0;
+    SHARD_CHECK(as_int(comm, "send", bytes, &n));
+    mreq *st = calloc(1, sizeof *st);
+    if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "send: out of memory");
+    req->impl = st;
+    st->peer = dst, st->tag = tag, st->bytes = bytes, st->seq = seq;
+    MPI_TRY(MPI_Isend(buf, n, MPI_BYTE, dst, tag, c->mpi, &st->request), "send", comm);
+    return SHARD_OK;
+}
+
+static shard_status mpi_irecv(shard_comm *comm, void *buf, size_t bytes, int src, int tag,
+                              uint64_t seq, shard_request *req) {
+    mcomm *c = (mcomm *)comm;
+    int n = 0;
+    SHARD_CHECK(as_int(comm, "recv", bytes, &n));
+    mreq *st = calloc(1, sizeof *st);
+    if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "recv: out of memory");
+    req->impl = st;
+    st->peer = src, st->tag = tag, st->bytes = bytes, st->seq = seq;
+    MPI_TRY(MPI_Irecv(buf, n, MPI_BYTE, src, tag, c->mpi, &st->request), "recv", comm);
+    return SHARD_OK;
+}
+
+static shard_status finish_request(shard_request *req, MPI_Status *status) {
+    mreq *st = req->impl;
+    shard_status s = SHARD_OK;
+    if (req->kind == SHARD__REQ_RECV) {
+        int got = 0;
+        MPI_Get_count(status, MPI_BYTE, &got);
+        if ((size_t)got != st->bytes)
+            s = shard_error(SHARD_ERR_MISMATCH,
+                            "message size mismatch on comm '%s': recv #%llu from rank %d (tag %d) expected %zu bytes, got %d",
+                            req->comm->name, (unsigned long long)st->seq, st->peer, st->tag, st->bytes, got);
+    }
+    if (st->copy_to) memcpy(st->copy_to, st->staging, st->copy_bytes);
+    if (st->divide_by) shard__divide(req->coll.dtype, st->divide_buf, st->divide_count, st->divide_by);
+    req->status = s;
+    if (s < 0) snprintf(req->error, sizeof req->error, "%s", shard_last_error());
+    atomic_store(&req->done, 1);
+    return s;
+}
+
+static shard_status mpi_request_test(shard_request *req, int *done) {
+    mreq *st = req->impl;
+    MPI_Status status;
+    int flag = 0;
+    int rc = MPI_Test(&st->request, &flag, &status);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "request test", req->comm);
+    *done = flag;
+    if (flag) finish_request(req, &status);
+    return SHARD_OK;
+}
+
+static shard_status mpi_request_wait(shard_request *req) {
+    mreq *st = req->impl;
+    double timeout = req->comm->timeout_seconds, deadline = shard__now() + timeout;
+    for (unsigned spins = 0;; spins++) {
+        int done = 0;
+        SHARD_CHECK(mpi_request_test(req, &done));
+        if (done) return SHARD_OK;
+        if (spins > 1000) sched_yield(); /* let oversubscribed peers run */
+        if ((spins & 255) == 0 && shard__now() > deadline) break;
+    }
+    if (req->kind == SHARD__REQ_COLL)
+        return shard_error(SHARD_ERR_TIMEOUT,
+                           "timeout after %g s in %s #%llu on comm '%s': rank %d of %d is still waiting (MPI backend: peers' progress is not visible from here)",
+                           timeout, shard__coll_kind_name(req->coll.kind), (unsigned long long)req->coll.seq,
+                           req->comm->name, req->comm->rank, req->comm->size);
+    int is_send = req->kind == SHARD__REQ_SEND;
+    return shard_error(SHARD_ERR_TIMEOUT,
+                       "timeout after %g s in %s #%llu on comm '%s': rank %d waits on rank %d (tag %d, %zu bytes)",
+                       timeout, is_send ? "send" : "recv", (unsigned long long)st->seq, req->comm->name,
+                       req->comm->rank, st->peer, st->tag, st->bytes);
+}
+
+static void mpi_request_release(shard_request *req) {
+    mreq *st = req->impl;
+    if (!st) return;
+    if (!atomic_load(&req->done) && st->request != MPI_REQUEST_NULL) {
+        /* abandoned after a timeout: MPI may still touch the buffers, so cancel receives */
+        if (req->kind == SHARD__REQ_RECV) MPI_Cancel(&st->request);
+        MPI_Request_free(&st->request);
+    }
+    shard_free(st->staging);
+    free(st->ints);
+    free(st);
+    req->impl = NULL;
+}
+
+/* ------------------------------------------------------------------ communicators */
+
+static mcomm *mcomm_wrap(MPI_Comm mpi, const char *name, double timeout) {
+    mcomm *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    int rank = 0, size = 1;
+    MPI_Comm_rank(mpi, &rank);
+    MPI_Comm_size(mpi, &size);
+    MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
+    shard__comm_init_header(&c->base, &mpi_vtable, rank, size, name, timeout);
+    c->mpi = mpi;
+    return c;
+}
+
+static shard_status mpi_split(shard_comm *comm, int color, int key, shard_comm **out) {
+    mcomm *c = (mcomm *)comm;
+    MPI_Comm sub = MPI_COMM_NULL;
+    comm->coll_seq++;
+    MPI_TRY(MPI_Comm_split(c->mpi, color < 0 ? MPI_UNDEFINED : color, key, &sub), "split", comm);
+    if (sub == MPI_COMM_NULL) return SHARD_OK;
+    char name[64];
+    snprintf(name, sizeof name, "%.40s:%d", comm->name, color);
+    mcomm *nc = mcomm_wrap(sub, name, comm->timeout_seconds);
+    if (!nc) {
+        MPI_Comm_free(&sub);
+        return shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': out of memory", comm->name);
+    }
+    *out = &nc->base;
+    return SHARD_OK;
+}
+
+static void mpi_destroy(shard_comm *comm) {
+    mcomm *c = (mcomm *)comm;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&c->mpi);
+    free(c);
+}
+
+static void mpi_abort(shard_comm *comm, shard_status status, const char *reason) {
+    (void)status;
+    fprintf(stderr, "shard: rank %d failed: %s\n", comm->rank, reason);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+static const shard__comm_vtable mpi_vtable = {
+    .name = "mpi",
+    .collective = mpi_collective,
+    .isend = mpi_isend,
+    .irecv = mpi_irecv,
+    .request_test = mpi_request_test,
+    .request_wait = mpi_request_wait,
+    .split = mpi_split,
+    .destroy = mpi_destroy,
+    .abort = mpi_abort,
+    .icollective = mpi_icollective,
+    .request_release = mpi_request_release,
+};
+
+/* ------------------------------------------------------------------ start and stop */
+
+static const char *level_name(int level) {
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "unknown";
+    }
+}
+
+void shard__mpi_finalize_at_exit(void) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized || !M.initialized_here) return;
+    for (int i = 0; i < 4; i++) MPI_Op_free(&M.half_ops[i]);
+    for (int i = 0; i < 2; i++) MPI_Type_free(&M.half_types[i]);
+    MPI_Finalize();
+}
+
+shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seconds) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+        int provided = MPI_THREAD_SINGLE;
+        /* MULTIPLE lets the watchdog call MPI_Abort; FUNNELED is the least shard needs
+         * (all MPI calls come from the rank's main thread). */
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+            return shard_error(SHARD_ERR_BACKEND, "MPI_Init_thread failed");
+        if (provided < MPI_THREAD_FUNNELED)
+            return shard_error(SHARD_ERR_BACKEND,
+                               "the MPI library grants only %s; shard needs at least MPI_THREAD_FUNNELED",
+                               level_name(provided));
+        M.thread_level = provided;
+        M.initialized_here = 1;
+        for (int i = 0; i < 2; i++) {
+            MPI_Type_contiguous(2, MPI_BYTE, &M.half_types[i]);
+            MPI_Type_commit(&M.half_types[i]);
+        }
+        MPI_Op_create(half_sum, 1, &M.half_ops[0]);
+        MPI_Op_create(half_prod, 1, &M.half_ops[1]);
+        MPI_Op_create(half_max, 1, &M.half_ops[2]);
+        MPI_Op_create(half_min, 1, &M.half_ops[3]);
+        const char *dbg = getenv("SHARD_DEBUG");
+        M.debug = dbg && dbg[0] && strcmp(dbg, "0") != 0;
+        if (pthread_create(&M.watchdog, NULL, watchdog_main, NULL) == 0) {
+            pthread_detach(M.watchdog);
+            M.watchdog_started = 1;
+        }
+        atexit(shard__mpi_finalize_at_exit);
+    }
+    MPI_Comm dup;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
+        return shard_error(SHARD_ERR_BACKEND, "MPI_Comm_dup(MPI_COMM_WORLD) failed");
+    mcomm *c = mcomm_wrap(dup, "world", timeout_seconds);
+    if (!c) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating the MPI world");
+    if (verbose) {
+        char version[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+        int len = 0;
+        MPI_Get_library_version(version, &len);
+        char *nl = strchr(version, '\n');
+        if (nl) *nl = '\0';
+        fprintf(stderr, "shard: rank %d of %d: backend mpi (%s), thread level %s, desync checks %s\n",
+                c->base.rank, c->base.size, version, level_name(M.thread_level), M.debug ? "on" : "off");
+    }
+    *out = &c->base;
+    return SHARD_OK;
+}
+
+shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *send, void *recv,
+                               size_t count_per_rank, shard_dtype dtype) {
+    if (comm->vt != &mpi_vtable)
+        return shard_error(SHARD_ERR_UNSUPPORTED, "raw MPI timing needs the MPI backend");
+    mcomm *c = (mcomm *)comm;
+    int n = comm->size, count = 0;
+    SHARD_CHECK(as_int(comm, op, count_per_rank, &count));
+    MPI_Datatype t = mpi_type(dtype);
+    int rc;
+    if (strcmp(op, "all_reduce") == 0)
+        rc = MPI_Allreduce(send, recv, count, t, mpi_op(dtype, SHARD_OP_SUM), c->mpi);
+    else if (strcmp(op, "all_gather") == 0)
+        rc = MPI_Allgather(send, count, t, recv, count, t, c->mpi);
+    else if (strcmp(op, "reduce_scatter") == 0)
+        rc = MPI_Reduce_scatter_block(send, recv, count, t, mpi_op(dtype, SHARD_OP_SUM), c->mpi);
+    else if (strcmp(op, "all_to_all") == 0)
+        rc = MPI_Alltoall(send, count, t, recv, count, t, c->mpi);
+    else if (strcmp(op, "sendrecv") == 0) {
+        int r = comm->rank;
+        rc = MPI_Sendrecv(send, count, t, (r + 1) % n, 7, recv, count, t, (r + n - 1) % n, 7, c->mpi,
+                          MPI_STATUS_IGNORE);
+    } else
+        return shard_error(SHARD_ERR_INVALID_ARG, "raw MPI timing: unknown op '%s'", op);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, op, comm);
+    return SHARD_OK;
+}

@@ -1,0 +1,808 @@
+/* threads_backend.c — ranks as threads of one process, talking through shared memory.
+ *
+ * Collectives.  Each rank publishes a pointer to its arguments in its slot and
+ * raises its `arrived` counter to the collective's sequence number.  Once all
+ * ranks have arrived, every rank checks that all agree (op, dtype, count, root,
+ * counts), then moves data straight between the user buffers of its peers:
+ *   all_reduce      rank r reduces slice r of every peer's send buffer (in rank
+ *                   order, so the bits are the same everywhere) into a small
+ *                   cache-resident chunk and writes it into every peer's recv
+ *                   buffer: each rank reads M and writes M bytes, the least a
+ *                   shared-memory all_reduce can move.
+ *   reduce_scatter  rank r reduces block r of every peer's send into its recv.
+ *   all_gather      rank r copies every peer's block into its own recv.
+ *   all_to_all      rank r copies block r of every peer's send into its recv.
+ *   broadcast       every rank copies the root's buffer.
+ * Then each rank raises `finished` and waits for all, so no buffer is released
+ * while a peer still reads it.  Counters only grow, so a fast rank cannot
+ * confuse a slow one.
+ *
+ * Waiting spins briefly, yields, then blocks on a condition variable with the
+ * deadline; a timeout names the ranks that never arrived.  A rank that fails
+ * aborts the job: every waiter wakes and fails naming the root cause.
+ *
+ * Non-blocking collectives run in order on one helper thread per rank and
+ * communicator; a blocking collective first waits for that queue to drain.
+ * Point-to-point messages are matched in per-destination mailboxes and copied
+ * once, by whichever side arrives second (rendezvous). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "threads_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+enum { SPIN_ITERATIONS = 4000, YIELD_ITERATIONS = 16, CHUNK_BYTES = 16384 };
+
+/* ------------------------------------------------------------------ job */
+
+struct shard__thread_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _Atomic int sleepers;
+    _Atomic int refs;
+    _Atomic int aborted;
+    shard_status abort_status; /* written once, under mu, before `aborted` is set */
+    char abort_text[512];
+};
+
+static void job_notify(shard__thread_job *job) {
+    if (atomic_load(&job->sleepers) > 0) {
+        pthread_mutex_lock(&job->mu);
+        pthread_cond_broadcast(&job->cv);
+        pthread_mutex_unlock(&job->mu);
+    }
+}
+
+static void job_abort(shard__thread_job *job, shard_status status, const char *text) {
+    pthread_mutex_lock(&job->mu);
+    if (!atomic_load(&job->aborted)) {
+        job->abort_status = status;
+        snprintf(job->abort_text, sizeof job->abort_text, "%s", text);
+        atomic_store(&job->aborted, 1);
+    }
+    pthread_cond_broadcast(&job->cv);
+    pthread_mutex_unlock(&job->mu);
+}
+
+shard_status shard__threads_job_abort_status(shard__thread_job *job, char *text, size_t text_bytes) {
+    if (!atomic_load(&job->aborted)) return SHARD_OK;
+    pthread_mutex_lock(&job->mu);
+    shard_status s = job->abort_status;
+    snprintf(text, text_bytes, "%s", job->abort_text);
+    pthread_mutex_unlock(&job->mu);
+    return s;
+}
+
+static void job_release(shard__thread_job *job) {
+    if (atomic_fetch_sub(&job->refs, 1) != 1) return;
+    pthread_mutex_destroy(&job->mu);
+    pthread_cond_destroy(&job->cv);
+    free(job);
+}
+
+void shard__threads_job_release(shard__thread_job *job) { job_release(job); }
+
+typedef int (*ready_fn)(void *ctx);
+
+typedef enum { WAIT_READY = 1, WAIT_TIMEOUT = 0, WAIT_ABORTED = -1 } wait_result;
+
+/* Wait until ready(ctx), the deadline, or an abort.  Spin, yield, then block. */
+static wait_result wait_until(shard__thread_job *job, ready_fn ready, void *ctx, double deadline) {
+    for (int i = 0; i < SPIN_ITERATIONS; i++) {
+        if (ready(ctx)) return WAIT_READY;
+        if (atomic_load_explicit(&job->aborted, memory_order_relaxed)) return WAIT_ABORTED;
+        CPU_RELAX();
+    }
+    for (int i = 0; i < YIELD_ITERATIONS; i++) {
+        if (ready(ctx)) return WAIT_READY;
+        sched_yield();
+    }
+    for (;;) {
+        if (ready(ctx)) return WAIT_READY;
+        if (atomic_load(&job->aborted)) return WAIT_ABORTED;
+        double now = shard__now();
+        if (now >= deadline) return ready(ctx) ? WAIT_READY : WAIT_TIMEOUT;
+        double until = deadline < now + 1.0 ? deadline : now + 1.0; /* re-check the clock each second */
+        struct timespec ts;
+        ts.tv_sec = (time_t)until;
+        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+        atomic_fetch_add(&job->sleepers, 1);
+        pthread_mutex_lock(&job->mu);
+        if (!ready(ctx) && !atomic_load(&job->aborted)) pthread_cond_timedwait(&job->cv, &job->mu, &ts);
+        pthread_mutex_unlock(&job->mu);
+        atomic_fetch_sub(&job->sleepers, 1);
+    }
+}
+
+/* ------------------------------------------------------------------ groups and handles */
+
+typedef struct p2p_entry {
+    struct p2p_entry *next;
+    shard_request *req;
+    int src, dst, tag;
+    void *buf;
+    size_t bytes;
+    uint64_t seq;
+} p2p_entry;
+
+typedef struct mailbox { /* messages to one rank */
+    pthread_mutex_t mu;
+    p2p_entry *sends, *recvs; /* unmatched, oldest first */
+} mailbox;
+
+typedef struct slot {
+    _Atomic uint64_t arrived;  /* sequence number of the last collective entered */
+    _Atomic uint64_t finished; /* ... and finished */
+    const shard__coll_args *args;
+    const void *send; /* effective send buffer (a staged copy for in-place all_to_all) */
+    char pad[64 - 2 * sizeof(uint64_t) - 2 * sizeof(void *)];
+} __attribute__((aligned(64))) slot;
+
+typedef struct group { /* shared by the ranks of one communicator */
+    shard__thread_job *job;
+    int size;
+    _Atomic int refs;
+    slot *slots;
+    mailbox *boxes;
+} group;
+
+typedef struct tcomm {
+    shard_comm base;
+    group *g;
+    shard__mem_ledger *ledger;
+    /* helper thread for non-blocking collectives */
+    int helper_started;
+    pthread_t helper;
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    shard_request **queue;
+    size_t qhead, qtail, qcap;
+    int stop;
+    _Atomic uint64_t issued, completed;
+} tcomm;
+
+static const shard__comm_vtable threads_vtable;
+static void threads_abort(shard_comm *comm, shard_status status, const char *reason);
+
+static group *group_create(shard__thread_job *job, int size) {
+    group *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->slots = aligned_alloc(64, sizeof(slot) * (size_t)size);
+    g->boxes = calloc((size_t)size, sizeof *g->boxes);
+    if (!g->slots || !g->boxes) {
+        free(g->slots);
+        free(g->boxes);
+        free(g);
+        return NULL;
+    }
+    memset(g->slots, 0, sizeof(slot) * (size_t)size);
+    for (int r = 0; r < size; r++) {
+        atomic_init(&g->slots[r].arrived, 0);
+        atomic_init(&g->slots[r].finished, 0);
+        pthread_mutex_init(&g->boxes[r].mu, NULL);
+    }
+    g->job = job;
+    g->size = size;
+    atomic_init(&g->refs, size);
+    atomic_fetch_add(&job->refs, 1);
+    return g;
+}
+
+static void group_release(group *g) {
+    if (atomic_fetch_sub(&g->refs, 1) != 1) return;
+    for (int r = 0; r < g->size; r++) pthread_mutex_destroy(&g->boxes[r].mu);
+    job_release(g->job);
+    free(g->slots);
+    free(g->boxes);
+    free(g);
+}
+
+static tcomm *tcomm_create(group *g, int rank, const char *name, double timeout,
+                           shard__mem_ledger *ledger) {
+    tcomm *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    shard__comm_init_header(&c->base, &threads_vtable, rank, g->size, name, timeout);
+    c->g = g;
+    c->ledger = ledger;
+    pthread_mutex_init(&c->qmu, NULL);
+    pthread_cond_init(&c->qcv, NULL);
+    atomic_init(&c->issued, 0);
+    atomic_init(&c->completed, 0);
+    return c;
+}
+
+shard_status shard__threads_world_create(int n, double timeout_seconds, shard__mem_ledger *ledgers,
+                                         shard_comm **comms, shard__thread_job **job_out) {
+    shard__thread_job *job = calloc(1, sizeof *job);
+    if (!job) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating a job of %d ranks", n);
+    pthread_mutex_init(&job->mu, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&job->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    atomic_init(&job->sleepers, 0);
+    atomic_init(&job->refs, 1); /* the launcher's reference */
+    atomic_init(&job->aborted, 0);
+    group *g = group_create(job, n);
+    if (!g) {
+        job_release(job);
+        return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating a world of %d ranks", n);
+    }
+    for (int r = 0; r < n; r++) {
+        tcomm *c = tcomm_create(g, r, "world", timeout_seconds, ledgers ? &ledgers[r] : NULL);
+        if (!c) {
+            for (int q = 0; q < r; q++) shard_comm_destroy(comms[q]);
+            for (int q = r; q < n; q++) group_release(g);
+            job_release(job);
+            return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating rank handles");
+        }
+        comms[r] = &c->base;
+    }
+    *job_out = job;
+    return SHARD_OK;
+}
+
+/* ------------------------------------------------------------------ failure text */
+
+static shard_status aborted_error(tcomm *c, const char *what, uint64_t seq) {
+    char text[512];
+    shard__threads_job_abort_status(c->g->job, text, sizeof text);
+    return shard_error(SHARD_ERR_ABORTED, "aborted in %s #%llu on comm '%s': %s", what,
+                       (unsigned long long)seq, c->base.name, text);
+}
+
+/* ------------------------------------------------------------------ collectives */
+
+typedef struct counter_wait {
+    group *g;
+    int finished; /* 0: wait on arrived, 1: on finished */
+    uint64_t seq;
+} counter_wait;
+
+static int all_reached(void *ctx) {
+    counter_wait *w = ctx;
+    for (int p = 0; p < w->g->size; p++) {
+        _Atomic uint64_t *v = w->finished ? &w->g->slots[p].finished : &w->g->slots[p].arrived;
+        if (atomic_load(v) < w->seq) return 0;
+    }
+    return 1;
+}
+
+static shard_status wait_all(tcomm *c, const shard__coll_args *a, int finished) {
+    group *g = c->g;
+    counter_wait w = {g, finished, a->seq};
+    double timeout = c->base.timeout_seconds;
+    wait_result res = wait_until(g->job, all_reached, &w, shard__now() + timeout);
+    const char *what = shard__coll_kind_name(a->kind);
+    if (res == WAIT_READY) return SHARD_OK;
+    if (res == WAIT_ABORTED) return aborted_error(c, what, a->seq);
+    int *missing = calloc((size_t)g->size, sizeof *missing);
+    int count = 0;
+    for (int p = 0; p < g->size; p++) {
+        _Atomic uint64_t *v = finished ? &g->slots[p].finished : &g->slots[p].arrived;
+        if (missing && atomic_load(v) < a->seq) missing[p] = 1, count++;
+    }
+    char list[256] = "?";
+    if (missing) shard__format_rank_list(missing, g->size, list, sizeof list);
+    free(missing);
+    return shard_error(SHARD_ERR_TIMEOUT, "timeout after %g s in %s #%llu on comm '%s': %s %s never %s it",
+                       timeout, what, (unsigned long long)a->seq, c->base.name,
+                       count == 1 ? "rank" : "ranks", list, finished ? "finished" : "entered");
+}
+
+/* Every rank runs this on the same published data, so all report the same mismatch. */
+static shard_status check_agreement(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    const shard__coll_args *first = g->slots[0].args;
+    for (int p = 1; p < g->size; p++) {
+        const shard__coll_args *other = g->slots[p].args;
+        if (shard__coll_args_differ(first, other, g->size)) {
+            char d0[160], dp[160];
+            shard__describe_coll(first, d0, sizeof d0);
+            shard__describe_coll(other, dp, sizeof dp);
+            return shard_error(SHARD_ERR_MISMATCH, "collective mismatch at #%llu on '%s': rank 0 %s, rank %d %s",
+                               (unsigned long long)a->seq, c->base.name, d0, p, dp);
+        }
+    }
+    if (a->kind == SHARD__ALL_TO_ALLV)
+        for (int p = 0; p < g->size; p++)
+            for (int q = 0; q < g->size; q++) {
+                size_t sends = g->slots[p].args->send_counts[q];
+                size_t expects = g->slots[q].args->recv_counts[p];
+                if (sends != expects)
+                    return shard_error(SHARD_ERR_MISMATCH,
+                                       "collective mismatch at #%llu on '%s': all_to_allv rank %d sends %zu elements to rank %d, which expects %zu",
+                                       (unsigned long long)a->seq, c->base.name, p, sends, q, expects);
+            }
+    return SHARD_OK;
+}
+
+static void do_all_reduce(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    int n = g->size, r = c->base.rank;
+    size_t es = shard_dtype_size(a->dtype);
+    size_t off, len;
+    shard__split_range(a->count, n, r, &off, &len);
+    if (n == 1) {
+        if (!a->in_place && len) memcpy(a->recv, a->send, len * es);
+        if (a->op == SHARD_OP_AVG) return; /* x / 1 == x */
+        return;
+    }
+    const void *srcs[n > 0 ? n : 1];
+    _Alignas(64) unsigned char chunk[CHUNK_BYTES];
+    size_t per_chunk = CHUNK_BYTES / es;
+    for (size_t done = 0; done < len; done += per_chunk) {
+        size_t m = len - done < per_chunk ? len - done : per_chunk;
+        size_t byte_off = (off + done) * es;
+        for (int p = 0; p < n; p++) srcs[p] = (const char *)g->slots[p].send + byte_off;
+        shard__reduce_many(a->dtype, a->op, srcs, n, chunk, m);
+        for (int p = 0; p < n; p++) memcpy((char *)g->slots[p].args->recv + byte_off, chunk, m * es);
+    }
+}
+
+static void do_reduce_scatter(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    int n = g->size, r = c->base.rank;
+    size_t es = shard_dtype_size(a->dtype);
+    size_t len = a->recv_counts[r], byte_off = a->recv_displs[r] * es;
+    if (!len) return;
+    const void *srcs[n > 0 ? n : 1];
+    size_t per_chunk = CHUNK_BYTES / es;
+    for (size_t done = 0; done < len; done += per_chunk) {
+        size_t m = len - done < per_chunk ? len - done : per_chunk;
+        for (int p = 0; p < n; p++) srcs[p] = (const char *)g->slots[p].send + byte_off + done * es;
+        shard__reduce_many(a->dtype, a->op, srcs, n, (char *)a->recv + done * es, m);
+    }
+}
+
+static void do_all_gather(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    size_t es = shard_dtype_size(a->dtype);
+    for (int p = 0; p < g->size; p++) {
+        if (p == c->base.rank && a->in_place) continue;
+        size_t bytes = a->recv_counts[p] * es;
+        if (bytes) memcpy((char *)a->recv + a->recv_displs[p] * es, g->slots[p].send, bytes);
+    }
+}
+
+static void do_all_to_all(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    int r = c->base.rank;
+    size_t es = shard_dtype_size(a->dtype);
+    for (int p = 0; p < g->size; p++) {
+        size_t bytes = a->recv_counts[p] * es;
+        const char *src = (const char *)g->slots[p].send + g->slots[p].args->send_displs[r] * es;
+        if (bytes) memcpy((char *)a->recv + a->recv_displs[p] * es, src, bytes);
+    }
+}
+
+/* Run one collective on this rank (from the rank thread or its helper). */
+static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    slot *me = &g->slots[c->base.rank];
+    size_t es = shard_dtype_size(a->dtype);
+    void *staged = NULL;
+    me->args = a;
+    me->send = a->send;
+    if ((a->kind == SHARD__ALL_TO_ALL || a->kind == SHARD__ALL_TO_ALLV) && a->in_place && g->size > 1) {
+        /* peers read our send blocks while we overwrite them: stage a copy */
+        size_t extent = 0;
+        for (int p = 0; p < g->size; p++)
+            if (a->send_displs[p] + a->send_counts[p] > extent) extent = a->send_displs[p] + a->send_counts[p];
+        staged = shard_alloc(extent * es, SHARD_MEM_COMM);
+        if (!staged) { /* fail the job so that peers stop now instead of at the deadline */
+            shard_status s = shard_error(SHARD_ERR_NO_MEMORY, "%s #%llu on comm '%s': out of memory staging %zu bytes",
+                                         shard__coll_kind_name(a->kind), (unsigned long long)a->seq,
+                                         c->base.name, extent * es);
+            threads_abort(&c->base, s, shard_last_error());
+            return s;
+        }
+        memcpy(staged, a->send, extent * es);
+        me->send = staged;
+    }
+    atomic_store(&me->arrived, a->seq);
+    job_notify(g->job);
+    shard_status s = wait_all(c, a, 0);
+    if (s < 0) {
+        shard_free(staged);
+        return s;
+    }
+    s = check_agreement(c, a);
+    if (s == SHARD_OK) {
+        switch (a->kind) {
+        case SHARD__BARRIER: break;
+        case SHARD__BROADCAST:
+            if (c->base.rank != a->root && a->count)
+                memcpy(a->recv, g->slots[a->root].args->recv, a->count * es);
+            break;
+        case SHARD__ALL_REDUCE: do_all_reduce(c, a); break;
+        case SHARD__REDUCE_SCATTER:
+        case SHARD__REDUCE_SCATTERV: do_reduce_scatter(c, a); break;
+        case SHARD__ALL_GATHER:
+        case SHARD__ALL_GATHERV: do_all_gather(c, a); break;
+        case SHARD__ALL_TO_ALL:
+        case SHARD__ALL_TO_ALLV: do_all_to_all(c, a); break;
+        default: s = shard_error(SHARD_ERR_INTERNAL, "threads backend: unknown collective %d", (int)a->kind);
+        }
+    }
+    /* even after a mismatch, wait for everyone: peers may still read our arguments */
+    char error_text[512];
+    snprintf(error_text, sizeof error_text, "%s", shard_last_error());
+    atomic_store(&me->finished, a->seq);
+    job_notify(g->job);
+    shard_status fs = wait_all(c, a, 1);
+    shard_free(staged);
+    if (s < 0) return shard_error(s, "%s", error_text);
+    return fs;
+}
+
+typedef struct drain_wait {
+    tcomm *c;
+} drain_wait;
+
+static int queue_drained(void *ctx) {
+    tcomm *c = ((drain_wait *)ctx)->c;
+    return atomic_load(&c->completed) == atomic_load(&c->issued);
+}
+
+/* Wait for this rank's earlier non-blocking collectives, which run first. */
+static shard_status drain_queue(tcomm *c, const char *what, uint64_t seq) {
+    drain_wait w = {c};
+    uint64_t last = atomic_load(&c->completed);
+    for (;;) {
+        wait_result res = wait_until(c->g->job, queue_drained, &w, shard__now() + c->base.timeout_seconds);
+        if (res == WAIT_READY) return SHARD_OK;
+        if (res == WAIT_ABORTED) return aborted_error(c, what, seq);
+        uint64_t now = atomic_load(&c->completed);
+        if (now == last) /* no progress for a whole deadline: the helper's own op timed out or hangs */
+            return shard_error(SHARD_ERR_TIMEOUT,
+                               "timeout after %g s in %s #%llu on comm '%s': %llu earlier non-blocking collectives never completed",
+                               c->base.timeout_seconds, what, (unsigned long long)seq, c->base.name,
+                               (unsigned long long)(atomic_load(&c->issued) - now));
+        last = now;
+    }
+}
+
+static shard_status threads_collective(shard_comm *comm, shard__coll_args *args) {
+    tcomm *c = (tcomm *)comm;
+    if (atomic_load(&c->issued) != atomic_load(&c->completed))
+        SHARD_CHECK(drain_queue(c, shard__coll_kind_name(args->kind), args->seq));
+    return run_collective(c, args);
+}
+
+static void *helper_main(void *arg) {
+    tcomm *c = arg;
+    shard__mem_ledger_adopt(c->ledger);
+    pthread_mutex_lock(&c->qmu);
+    for (;;) {
+        while (c->qhead == c->qtail && !c->stop) pthread_cond_wait(&c->qcv, &c->qmu);
+        if (c->qhead == c->qtail) break; /* stop requested and nothing left */
+        shard_request *req = c->queue[c->qhead % c->qcap];
+        c->qhead++;
+        pthread_mutex_unlock(&c->qmu);
+        shard_clear_error();
+        req->status = run_collective(c, &req->coll);
+        if (req->status < 0) snprintf(req->error, sizeof req->error, "%s", shard_last_error());
+        atomic_store(&req->done, 1);
+        atomic_fetch_add(&c->completed, 1);
+        job_notify(c->g->job);
+        pthread_mutex_lock(&c->qmu);
+    }
+    pthread_mutex_unlock(&c->qmu);
+    return NULL;
+}
+
+static shard_status threads_icollective(shard_comm *comm, shard__coll_args *args, shard_request *req) {
+    tcomm *c = (tcomm *)comm;
+    (void)args; /* == &req->coll */
+    pthread_mutex_lock(&c->qmu);
+    if (!c->helper_started) {
+        if (pthread_create(&c->helper, NULL, helper_main, c) != 0) {
+            pthread_mutex_unlock(&c->qmu);
+            return shard_error(SHARD_ERR_IO, "comm '%s': cannot start the helper thread for non-blocking collectives",
+                               comm->name);
+        }
+        c->helper_started = 1;
+    }
+    if (c->qtail - c->qhead == c->qcap) { /* grow the ring */
+        size_t cap = c->qcap ? 2 * c->qcap : 16;
+        shard_request **q = malloc(cap * sizeof *q);
+        if (!q) {
+            pthread_mutex_unlock(&c->qmu);
+            return shard_error(SHARD_ERR_NO_MEMORY, "comm '%s': out of memory queueing a collective", comm->name);
+        }
+        for (size_t i = c->qhead; i < c->qtail; i++) q[i - c->qhead] = c->queue[i % c->qcap];
+        c->qtail -= c->qhead;
+        c->qhead = 0;
+        free(c->queue);
+        c->queue = q;
+        c->qcap = cap;
+    }
+    c->queue[c->qtail % c->qcap] = req;
+    c->qtail++;
+    atomic_fetch_add(&c->issued, 1);
+    pthread_cond_signal(&c->qcv);
+    pthread_mutex_unlock(&c->qmu);
+    return SHARD_OK;
+}
+
+/* ------------------------------------------------------------------ point to point */
+
+static void complete(shard__thread_job *job, shard_request *req, shard_status s, const char *text) {
+    req->status = s;
+    if (s < 0) snprintf(req->error, sizeof req->error, "%s", text);
+    atomic_store(&req->done, 1);
+    job_notify(job);
+}
+
+/* Copy a matched pair and complete both requests. */
+static void deliver(tcomm *c, p2p_entry *send, p2p_entry *recv) {
+    shard__thread_job *job = c->g->job;
+    if (send->bytes != recv->bytes) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "message size mismatch on comm '%s': rank %d sent %zu bytes with tag %d (send #%llu), rank %d expected %zu (recv #%llu)",
+                 c->base.name, send->src, send->bytes, send->tag, (unsigned long long)send->seq, recv->dst,
+                 recv->bytes, (unsigned long long)recv->seq);
+        complete(job, send->req, SHARD_ERR_MISMATCH, text);
+        complete(job, recv->req, SHARD_ERR_MISMATCH, text);
+        return;
+    }
+    if (send->bytes) memcpy(recv->buf, send->buf, send->bytes);
+    complete(job, send->req, SHARD_OK, NULL);
+    complete(job, recv->req, SHARD_OK, NULL);
+}
+
+static p2p_entry *take_match(p2p_entry **list, int src, int tag) {
+    for (p2p_entry **pp = list; *pp; pp = &(*pp)->next)
+        if ((*pp)->src == src && (*pp)->tag == tag) {
+            p2p_entry *e = *pp;
+            *pp = e->next;
+            e->next = NULL;
+            return e;
+        }
+    return NULL;
+}
+
+static void append(p2p_entry **list, p2p_entry *e) {
+    while (*list) list = &(*list)->next;
+    *list = e;
+}
+
+static shard_status p2p_post(shard_comm *comm, int is_send, void *buf, size_t bytes, int peer,
+                             int tag, uint64_t seq, shard_request *req) {
+    tcomm *c = (tcomm *)comm;
+    p2p_entry *e = calloc(1, sizeof *e);
+    if (!e) return shard_error(SHARD_ERR_NO_MEMORY, "comm '%s': out of memory posting a message", comm->name);
+    e->req = req;
+    e->src = is_send ? comm->rank : peer;
+    e->dst = is_send ? peer : comm->rank;
+    e->tag = tag;
+    e->buf = buf;
+    e->bytes = bytes;
+    e->seq = seq;
+    req->impl = e;
+    mailbox *box = &c->g->boxes[e->dst];
+    pthread_mutex_lock(&box->mu);
+    p2p_entry *match = is_send ? take_match(&box->recvs, e->src, tag) : take_match(&box->sends, e->src, tag);
+    if (!match) append(is_send ? &box->sends : &box->recvs, e);
+    pthread_mutex_unlock(&box->mu);
+    if (match) {
+        if (is_send)
+            deliver(c, e, match);
+        else
+            deliver(c, match, e);
+    }
+    return SHARD_OK;
+}
+
+static shard_status threads_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag,
+                                  uint64_t seq, shard_request *req) {
+    return p2p_post(comm, 1, (void *)(uintptr_t)buf, bytes, dst, tag, seq, req);
+}
+
+static shard_status threads_irecv(shard_comm *comm, void *buf, size_t bytes, int src, int tag,
+                                  uint64_t seq, shard_request *req) {
+    return p2p_post(comm, 0, buf, bytes, src, tag, seq, req);
+}
+
+/* Remove an unmatched entry on timeout or abort; 0 if it was already matched. */
+static int p2p_cancel(tcomm *c, p2p_entry *e, int is_send) {
+    mailbox *box = &c->g->boxes[e->dst];
+    pthread_mutex_lock(&box->mu);
+    int removed = 0;
+    for (p2p_entry **pp = is_send ? &box->sends : &box->recvs; *pp; pp = &(*pp)->next)
+        if (*pp == e) {
+            *pp = e->next;
+            removed = 1;
+            break;
+        }
+    pthread_mutex_unlock(&box->mu);
+    return removed;
+}
+
+static int request_done(void *ctx) { return atomic_load(&((shard_request *)ctx)->done); }
+
+static int helper_progress(void *ctx) {
+    shard_request *req = ctx;
+    return atomic_load(&req->done);
+}
+
+static shard_status threads_request_wait(shard_request *req) {
+    tcomm *c = (tcomm *)req->comm;
+    shard__thread_job *job = c->g->job;
+    if (req->kind == SHARD__REQ_COLL) {
+        /* the helper enforces each collective's deadline; give up only if it stops progressing */
+        uint64_t last = atomic_load(&c->completed);
+        for (;;) {
+            wait_result res = wait_until(job, helper_progress, req, shard__now() + c->base.timeout_seconds);
+            if (res == WAIT_READY) return SHARD_OK;
+            if (res == WAIT_ABORTED) {
+                /* the helper will fail the op soon; wait for it so that buffers are released */
+                while (!atomic_load(&req->done)) wait_until(job, request_done, req, shard__now() + 1.0);
+                return SHARD_OK;
+            }
+            uint64_t now = atomic_load(&c->completed);
+            if (now == last)
+                return shard_error(SHARD_ERR_TIMEOUT,
+                                   "timeout after %g s waiting for %s #%llu on comm '%s': the collectives before it made no progress",
+                                   c->base.timeout_seconds, shard__coll_kind_name(req->coll.kind),
+                                   (unsigned long long)req->coll.seq, c->base.name);
+            last = now;
+        }
+    }
+    p2p_entry *e = req->impl;
+    int is_send = req->kind == SHARD__REQ_SEND;
+    wait_result res = wait_until(job, request_done, req, shard__now() + c->base.timeout_seconds);
+    if (res == WAIT_READY) return SHARD_OK;
+    if (!p2p_cancel(c, e, is_send)) { /* matched meanwhile: the copy is under way */
+        while (!atomic_load(&req->done)) wait_until(job, request_done, req, shard__now() + 1.0);
+        return SHARD_OK;
+    }
+    int peer = is_send ? e->dst : e->src;
+    if (res == WAIT_ABORTED) return aborted_error(c, is_send ? "send" : "recv", e->seq);
+    return shard_error(SHARD_ERR_TIMEOUT,
+                       is_send ? "timeout after %g s in send #%llu on comm '%s': rank %d never posted a matching recv (tag %d, %zu bytes)"
+                               : "timeout after %g s in recv #%llu on comm '%s': rank %d never sent the message (tag %d, %zu bytes)",
+                       c->base.timeout_seconds, (unsigned long long)e->seq, c->base.name, peer, e->tag, e->bytes);
+}
+
+static shard_status threads_request_test(shard_request *req, int *done) {
+    *done = atomic_load(&req->done);
+    if (!*done && atomic_load(&((tcomm *)req->comm)->g->job->aborted) && req->kind != SHARD__REQ_COLL) {
+        tcomm *c = (tcomm *)req->comm;
+        p2p_entry *e = req->impl;
+        if (p2p_cancel(c, e, req->kind == SHARD__REQ_SEND)) {
+            *done = 1;
+            return aborted_error(c, req->kind == SHARD__REQ_SEND ? "send" : "recv", e->seq);
+        }
+    }
+    return SHARD_OK;
+}
+
+static void threads_request_release(shard_request *req) {
+    if (req->kind != SHARD__REQ_COLL) free(req->impl);
+    req->impl = NULL;
+}
+
+/* ------------------------------------------------------------------ split, destroy, abort */
+
+typedef struct split_member {
+    int color, key, rank;
+} split_member;
+
+static int by_key_then_rank(const void *x, const void *y) {
+    const split_member *a = x, *b = y;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return a->rank < b->rank ? -1 : a->rank > b->rank;
+}
+
+static shard_status threads_split(shard_comm *comm, int color, int key, shard_comm **out) {
+    tcomm *c = (tcomm *)comm;
+    int n = comm->size, me = comm->rank;
+    int32_t mine[2] = {color < 0 ? -1 : color, key};
+    int32_t *all = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    int64_t *groups = malloc(sizeof(int64_t) * (size_t)n);
+    split_member *members = malloc(sizeof *members * (size_t)n);
+    shard_status s = SHARD_OK;
+    if (!all || !groups || !members) {
+        s = shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': out of memory", comm->name);
+        goto done;
+    }
+    SHARD_CHECK_GOTO(shard_comm_all_gather(comm, mine, all, 2, SHARD_I32), s, done);
+    int m = 0, my_index = -1;
+    if (mine[0] >= 0)
+        for (int p = 0; p < n; p++)
+            if (all[2 * p] == mine[0]) members[m++] = (split_member){all[2 * p], all[2 * p + 1], p};
+    qsort(members, (size_t)m, sizeof *members, by_key_then_rank);
+    for (int i = 0; i < m; i++)
+        if (members[i].rank == me) my_index = i;
+    /* the member with new rank 0 creates the shared group and passes it round */
+    group *created = NULL;
+    if (my_index == 0) {
+        created = group_create(c->g->job, m);
+        if (!created) s = shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': out of memory", comm->name);
+    }
+    int64_t handle = (int64_t)(intptr_t)created;
+    shard_status gs = shard_comm_all_gather(comm, &handle, groups, 1, SHARD_I64);
+    if (s < 0 || gs < 0) {
+        if (created) /* drop all the member references we took */
+            for (int i = 0; i < m; i++) group_release(created);
+        if (s == SHARD_OK) s = gs;
+        goto done;
+    }
+    if (mine[0] >= 0) {
+        group *g = (group *)(intptr_t)groups[members[0].rank];
+        if (!g) {
+            s = shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': rank %d could not create the group",
+                            comm->name, members[0].rank);
+            goto done;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "%.40s:%d", comm->name, mine[0]);
+        tcomm *nc = tcomm_create(g, my_index, name, comm->timeout_seconds, c->ledger);
+        if (!nc) {
+            group_release(g);
+            s = shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': out of memory", comm->name);
+            goto done;
+        }
+        *out = &nc->base;
+    }
+done:
+    free(all);
+    free(groups);
+    free(members);
+    return s;
+}
+
+static void threads_destroy(shard_comm *comm) {
+    tcomm *c = (tcomm *)comm;
+    if (c->helper_started) {
+        if (atomic_load(&c->issued) != atomic_load(&c->completed))
+            (void)drain_queue(c, "destroy", comm->coll_seq);
+        pthread_mutex_lock(&c->qmu);
+        c->stop = 1;
+        pthread_cond_signal(&c->qcv);
+        pthread_mutex_unlock(&c->qmu);
+        pthread_join(c->helper, NULL);
+    }
+    pthread_mutex_destroy(&c->qmu);
+    pthread_cond_destroy(&c->qcv);
+    free(c->queue);
+    group_release(c->g);
+    free(c);
+}
+
+static void threads_abort(shard_comm *comm, shard_status status, const char *reason) {
+    tcomm *c = (tcomm *)comm;
+    char text[512];
+    snprintf(text, sizeof text, "rank %d failed: %s", comm->rank, reason);
+    job_abort(c->g->job, status, text);
+}
+
+static const shard__comm_vtable threads_vtable = {
+    .name = "threads",
+    .collective = threads_collective,
+    .isend = threads_isend,
+    .irecv = threads_irecv,
+    .request_test = threads_request_test,
+    .request_wait = threads_request_wait,
+    .split = threads_split,
+    .destroy = threads_destroy,
+    .abort = threads_abort,
+    .icollective = threads_icollective,
+    .request_release = threads_request_release,
+};

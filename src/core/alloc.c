@@ -1,0 +1,126 @@
+/* alloc.c — 64-byte aligned allocation with per-rank, per-category accounting.
+ *
+ * Each block carries a small header in front of the aligned pointer recording
+ * its size, category and ledger, so that shard_free credits the right rank even
+ * when another thread frees it.  Counters are atomics: a rank and its helper
+ * thread may allocate at the same time. */
+#include "alloc_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK_MAGIC 0x5348415244414c4cULL /* "SHARDALL" */
+
+typedef struct block_header {
+    uint64_t magic;
+    uint64_t bytes;
+    shard__mem_ledger *ledger;
+    void *raw;
+    int category;
+    char pad[SHARD_ALIGNMENT_BYTES - 2 * sizeof(uint64_t) - 2 * sizeof(void *) - sizeof(int)];
+} block_header;
+
+_Static_assert(sizeof(block_header) == SHARD_ALIGNMENT_BYTES, "header must keep alignment");
+
+static shard__mem_ledger process_ledger;
+static _Thread_local shard__mem_ledger *thread_ledger;
+
+shard__mem_ledger *shard__mem_ledger_current(void) {
+    return thread_ledger ? thread_ledger : &process_ledger;
+}
+
+void shard__mem_ledger_adopt(shard__mem_ledger *ledger) { thread_ledger = ledger; }
+
+void shard__mem_ledger_init(shard__mem_ledger *ledger) {
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) {
+        atomic_init(&ledger->current_bytes[c], 0);
+        atomic_init(&ledger->peak_bytes[c], 0);
+    }
+    atomic_init(&ledger->total_current_bytes, 0);
+    atomic_init(&ledger->total_peak_bytes, 0);
+}
+
+const char *shard_mem_category_name(shard_mem_category category) {
+    static const char *names[SHARD_MEM_CATEGORY_COUNT] = {"params", "grads", "optimizer",
+                                                          "activations", "comm", "other"};
+    if ((int)category < 0 || category >= SHARD_MEM_CATEGORY_COUNT) return "invalid";
+    return names[category];
+}
+
+static void raise_peak(_Atomic uint64_t *peak, uint64_t value) {
+    uint64_t seen = atomic_load_explicit(peak, memory_order_relaxed);
+    while (value > seen &&
+           !atomic_compare_exchange_weak_explicit(peak, &seen, value, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+    }
+}
+
+static void charge(shard__mem_ledger *ledger, int category, uint64_t bytes) {
+    uint64_t now = atomic_fetch_add(&ledger->current_bytes[category], bytes) + bytes;
+    raise_peak(&ledger->peak_bytes[category], now);
+    uint64_t total = atomic_fetch_add(&ledger->total_current_bytes, bytes) + bytes;
+    raise_peak(&ledger->total_peak_bytes, total);
+}
+
+void *shard_alloc(size_t bytes, shard_mem_category category) {
+    if ((int)category < 0 || category >= SHARD_MEM_CATEGORY_COUNT) {
+        shard_error(SHARD_ERR_INVALID_ARG, "shard_alloc: category %d is not one of 0..%d",
+                    (int)category, SHARD_MEM_CATEGORY_COUNT - 1);
+        return NULL;
+    }
+    if (bytes > SIZE_MAX - 2 * SHARD_ALIGNMENT_BYTES) {
+        shard_error(SHARD_ERR_NO_MEMORY, "shard_alloc: %zu bytes is more than can be addressed", bytes);
+        return NULL;
+    }
+    size_t raw_bytes = bytes + 2 * SHARD_ALIGNMENT_BYTES;
+    void *raw = malloc(raw_bytes);
+    if (!raw) {
+        shard_error(SHARD_ERR_NO_MEMORY, "shard_alloc: out of memory allocating %zu bytes of %s",
+                    bytes, shard_mem_category_name(category));
+        return NULL;
+    }
+    uintptr_t aligned = ((uintptr_t)raw + 2 * SHARD_ALIGNMENT_BYTES - 1) &
+                        ~(uintptr_t)(SHARD_ALIGNMENT_BYTES - 1);
+    block_header *h = (block_header *)(aligned - sizeof(block_header));
+    memset(h, 0, sizeof *h);
+    h->magic = BLOCK_MAGIC;
+    h->bytes = bytes;
+    h->ledger = shard__mem_ledger_current();
+    h->raw = raw;
+    h->category = (int)category;
+    charge(h->ledger, h->category, bytes);
+    return (void *)aligned;
+}
+
+void *shard_alloc_zeroed(size_t bytes, shard_mem_category category) {
+    void *p = shard_alloc(bytes, category);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+void shard_free(void *ptr) {
+    if (!ptr) return;
+    block_header *h = (block_header *)((uintptr_t)ptr - sizeof(block_header));
+    if (h->magic != BLOCK_MAGIC) abort(); /* not ours or double free: memory is corrupt */
+    h->magic = 0;
+    atomic_fetch_sub(&h->ledger->current_bytes[h->category], h->bytes);
+    atomic_fetch_sub(&h->ledger->total_current_bytes, h->bytes);
+    free(h->raw);
+}
+
+void shard_mem_stats_get(shard_mem_stats *out) {
+    shard__mem_ledger *l = shard__mem_ledger_current();
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) {
+        out->current_bytes[c] = atomic_load(&l->current_bytes[c]);
+        out->peak_bytes[c] = atomic_load(&l->peak_bytes[c]);
+    }
+    out->total_current_bytes = atomic_load(&l->total_current_bytes);
+    out->total_peak_bytes = atomic_load(&l->total_peak_bytes);
+}
+
+void shard_mem_stats_reset_peak(void) {
+    shard__mem_ledger *l = shard__mem_ledger_current();
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++)
+        atomic_store(&l->peak_bytes[c], atomic_load(&l->current_bytes[c]));
+    atomic_store(&l->total_peak_bytes, atomic_load(&l->total_current_bytes));
+}

@@ -1,0 +1,56 @@
+/* status.c — last-error text per thread and status names.
+ *
+ * The text lives in thread-local storage: on the threads backend every rank
+ * is a thread, so each rank keeps its own root cause. */
+#include "shard/status.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHARD_ERROR_TEXT_BYTES 1024
+
+static _Thread_local char last_error_text[SHARD_ERROR_TEXT_BYTES];
+
+const char *shard_status_string(shard_status status) {
+    switch (status) {
+    case SHARD_OK: return "ok";
+    case SHARD_ERR_INVALID_ARG: return "invalid argument";
+    case SHARD_ERR_NO_MEMORY: return "out of memory";
+    case SHARD_ERR_TIMEOUT: return "timeout";
+    case SHARD_ERR_MISMATCH: return "collective mismatch";
+    case SHARD_ERR_ABORTED: return "aborted";
+    case SHARD_ERR_IO: return "i/o error";
+    case SHARD_ERR_BACKEND: return "backend error";
+    case SHARD_ERR_UNSUPPORTED: return "unsupported";
+    case SHARD_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+const char *shard_last_error(void) { return last_error_text; }
+
+void shard_clear_error(void) { last_error_text[0] = '\0'; }
+
+shard_status shard_error(shard_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error_text, sizeof last_error_text, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void shard__trace_failure(shard_status status, const char *expr, const char *file, int line) {
+    static _Atomic int debug = -1; /* read once; ranks may race to set it, all to the same value */
+    int on = atomic_load(&debug);
+    if (on < 0) {
+        const char *env = getenv("SHARD_DEBUG");
+        on = env && env[0] != '\0' && strcmp(env, "0") != 0;
+        atomic_store(&debug, on);
+    }
+    if (on)
+        fprintf(stderr, "shard: %s:%d: %s -> %s (%s)\n", file, line, expr,
+                shard_status_string(status), last_error_text);
+}

@@ -1,0 +1,220 @@
+/* launch.c — start the same rank function on every rank (SPMD).
+ *
+ * Chooses the backend: MPI when an MPI launcher started this process (its
+ * environment variables say so), else `ranks` threads of this process.  On
+ * the threads backend every rank gets its own world handle and memory ledger;
+ * a rank whose function fails aborts the job, so its peers stop at once with
+ * the root cause instead of waiting for a deadline. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../comm/threads/threads_impl.h"
+#include "shard/launch.h"
+
+enum { DEFAULT_TIMEOUT_SECONDS = 300 };
+
+shard_launch_config shard_launch_config_default(void) {
+    shard_launch_config c;
+    memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    c.ranks = 1;
+    c.backend = SHARD_BACKEND_AUTO;
+    return c;
+}
+
+double shard_default_timeout(void) {
+    const char *env = getenv("SHARD_TIMEOUT");
+    if (env && *env) {
+        char *end = NULL;
+        double v = strtod(env, &end);
+        if (end && *end == '\0' && v > 0 && v < 1e9) return v;
+        fprintf(stderr, "shard: ignoring SHARD_TIMEOUT='%s': give seconds > 0 (using %d)\n", env,
+                DEFAULT_TIMEOUT_SECONDS);
+    }
+    return DEFAULT_TIMEOUT_SECONDS;
+}
+
+int shard_have_mpi(void) { return shard__mpi_built(); }
+
+static int env_int(const char *name, int *out) {
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    if (!end || *end || x < 0 || x > 1 << 30) return 0;
+    *out = (int)x;
+    return 1;
+}
+
+int shard_launch_detect_mpi(char *description, size_t description_bytes, int *rank, int *size) {
+    /* Open MPI, then MPICH/Hydra (PMI), PMIx launchers, and a Slurm job step (srun). */
+    static const char *const pairs[][2] = {
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+        {"PMI_RANK", "PMI_SIZE"},
+        {"PMIX_RANK", "PMIX_SIZE"},
+        {"SLURM_PROCID", "SLURM_NTASKS"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        int r = -1, n = -1;
+        if (!env_int(pairs[i][0], &r)) continue;
+        /* SLURM_PROCID is also set in a batch script; only srun sets SLURM_STEP_ID */
+        if (i == 3 && !getenv("SLURM_STEP_ID")) continue;
+        int have_size = env_int(pairs[i][1], &n);
+        if (description)
+            snprintf(description, description_bytes, "%s=%d%s%s%s", pairs[i][0], r,
+                     have_size ? " " : "", have_size ? pairs[i][1] : "", have_size ? "" : "");
+        if (description && have_size) {
+            size_t used = strlen(description);
+            snprintf(description + used, description_bytes - used, "=%d", n);
+        }
+        if (rank) *rank = r;
+        if (size) *size = have_size ? n : -1;
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ threads */
+
+typedef struct rank_ctx {
+    shard_comm *comm;
+    shard__mem_ledger *ledger;
+    shard_rank_fn fn;
+    void *arg;
+    shard_status status;
+    char error[512];
+} rank_ctx;
+
+static void *rank_main(void *p) {
+    rank_ctx *ctx = p;
+    shard__mem_ledger_adopt(ctx->ledger);
+    shard_clear_error();
+    ctx->status = ctx->fn(ctx->comm, ctx->arg);
+    if (ctx->status < 0) {
+        snprintf(ctx->error, sizeof ctx->error, "%s", shard_last_error());
+        /* an abort that was itself caused by another rank must not hide the root cause */
+        if (ctx->status != SHARD_ERR_ABORTED)
+            shard_comm_abort(ctx->comm, ctx->status, ctx->error[0] ? ctx->error : shard_status_string(ctx->status));
+    }
+    shard_comm_destroy(ctx->comm);
+    shard__mem_ledger_adopt(NULL);
+    return NULL;
+}
+
+static shard_status launch_threads(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
+    int n = cfg->ranks;
+    if (n < 1 || n > 4096)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--ranks %d is invalid: give 1..4096 ranks", n);
+    if (cfg->verbose)
+        fprintf(stderr, "shard: backend threads, %d ranks in this process (no MPI launcher variables found), timeout %g s\n",
+                n, timeout);
+    shard__mem_ledger *ledgers = calloc((size_t)n, sizeof *ledgers);
+    shard_comm **comms = calloc((size_t)n, sizeof *comms);
+    rank_ctx *ctx = calloc((size_t)n, sizeof *ctx);
+    pthread_t *threads = calloc((size_t)n, sizeof *threads);
+    shard__thread_job *job = NULL;
+    shard_status s = SHARD_OK;
+    if (!ledgers || !comms || !ctx || !threads) {
+        s = shard_error(SHARD_ERR_NO_MEMORY, "out of memory launching %d ranks", n);
+        goto done;
+    }
+    for (int r = 0; r < n; r++) shard__mem_ledger_init(&ledgers[r]);
+    SHARD_CHECK_GOTO(shard__threads_world_create(n, timeout, ledgers, comms, &job), s, done);
+    int started = 0;
+    for (int r = 0; r < n; r++) {
+        ctx[r] = (rank_ctx){.comm = comms[r], .ledger = &ledgers[r], .fn = fn, .arg = arg};
+        if (r == 0) continue; /* rank 0 runs on the calling thread */
+        if (pthread_create(&threads[r], NULL, rank_main, &ctx[r]) != 0) {
+            shard_comm_abort(comms[r], SHARD_ERR_IO, "could not start its thread");
+            for (int q = r; q < n; q++) shard_comm_destroy(comms[q]);
+            break;
+        }
+        started = r;
+    }
+    rank_main(&ctx[0]);
+    for (int r = 1; r <= started; r++) pthread_join(threads[r], NULL);
+    /* the root cause: the abort text if the job aborted, else the first failing rank */
+    char text[512];
+    s = shard__threads_job_abort_status(job, text, sizeof text);
+    if (s < 0) {
+        shard_error(s, "%s", text);
+    } else {
+        for (int r = 0; r < n; r++)
+            if (ctx[r].status < 0) {
+                s = shard_error(ctx[r].status, "rank %d failed: %s", r, ctx[r].error);
+                break;
+            }
+    }
+    shard__threads_job_release(job);
+done:
+    free(ledgers);
+    free(comms);
+    free(ctx);
+    free(threads);
+    return s;
+}
+
+/* ------------------------------------------------------------------ MPI */
+
+static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
+    char described[256] = "no launcher variables";
+    int env_rank = -1, env_size = -1;
+    shard_launch_detect_mpi(described, sizeof described, &env_rank, &env_size);
+    if (!shard__mpi_built())
+        return shard_error(SHARD_ERR_UNSUPPORTED,
+                           "started by an MPI launcher (%s) but this build has no MPI backend: install libopenmpi-dev and rebuild",
+                           described);
+    if (cfg->verbose) fprintf(stderr, "shard: rank %d: MPI launcher detected from %s\n", env_rank, described);
+    shard_comm *world = NULL;
+    SHARD_CHECK(shard__mpi_world(&world, cfg->verbose, timeout));
+    int size = shard_comm_size(world);
+    if (cfg->ranks > 1 && cfg->ranks != size) {
+        shard_status s = shard_error(SHARD_ERR_INVALID_ARG,
+                                     "--ranks %d but the MPI launcher started %d processes: drop --ranks or make them agree",
+                                     cfg->ranks, size);
+        shard_comm_destroy(world);
+        return s;
+    }
+    shard_clear_error();
+    shard_status s = fn(world, arg);
+    if (s < 0) {
+        char text[512];
+        snprintf(text, sizeof text, "%s", shard_last_error());
+        if (size > 1) shard_comm_abort(world, s, text[0] ? text : shard_status_string(s)); /* ends the job */
+        shard_error(s, "%s", text);
+    }
+    shard_comm_destroy(world);
+    return s;
+}
+
+shard_status shard_launch_with(const shard_launch_config *config, shard_rank_fn fn, void *arg) {
+    if (!config || config->struct_size < sizeof(shard_launch_config))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_launch_with: config missing or from an older header (struct_size)");
+    if (!fn) return shard_error(SHARD_ERR_INVALID_ARG, "shard_launch: rank function is NULL");
+    double timeout = config->timeout_seconds > 0 ? config->timeout_seconds : shard_default_timeout();
+    int under_mpi = shard_launch_detect_mpi(NULL, 0, NULL, NULL);
+    switch (config->backend) {
+    case SHARD_BACKEND_MPI:
+        if (!under_mpi)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--backend mpi needs an MPI launcher: run it as 'mpirun -np N build/shard ...'");
+        return launch_mpi(config, timeout, fn, arg);
+    case SHARD_BACKEND_THREADS:
+        if (under_mpi)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--backend threads was asked for, but this process was started by an MPI launcher; "
+                               "use --backend mpi or run without mpirun");
+        return launch_threads(config, timeout, fn, arg);
+    case SHARD_BACKEND_AUTO:
+        return under_mpi ? launch_mpi(config, timeout, fn, arg) : launch_threads(config, timeout, fn, arg);
+    }
+    return shard_error(SHARD_ERR_INVALID_ARG, "unknown backend choice %d: use auto, threads or mpi", (int)config->backend);
+}
+
+shard_status shard_launch(int ranks, shard_rank_fn fn, void *arg) {
+    shard_launch_config cfg = shard_launch_config_default();
+    cfg.ranks = ranks;
+    return shard_launch_with(&cfg, fn, arg);
+}
