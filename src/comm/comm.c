@@ -69,16 +69,19 @@ void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes
     if (!used) snprintf(out, out_bytes, "none");
 }
 
-void shard__describe_coll(const shard__coll_args *a, char *out, size_t out_bytes) {
+void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out,
+                          size_t out_bytes) {
     int w = snprintf(out, out_bytes, "%s", shard__coll_kind_name(a->kind));
     if (a->kind == SHARD__BARRIER || w < 0 || (size_t)w >= out_bytes) return;
     size_t used = (size_t)w;
     used += (size_t)snprintf(out + used, out_bytes - used, " %s x%zu", shard_dtype_name(a->dtype),
                              a->count);
-    if (used < out_bytes && (a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER ||
-                             a->kind == SHARD__REDUCE_SCATTERV))
+    int reduces = a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER ||
+                  a->kind == SHARD__REDUCE_SCATTERV;
+    /* op and root only when they are what differs */
+    if (used < out_bytes && reduces && (!other || (other->kind == a->kind && other->op != a->op)))
         used += (size_t)snprintf(out + used, out_bytes - used, " op %s", shard_reduce_op_name(a->op));
-    if (used < out_bytes && a->kind == SHARD__BROADCAST)
+    if (used < out_bytes && a->kind == SHARD__BROADCAST && (!other || other->root != a->root))
         snprintf(out + used, out_bytes - used, " root %d", a->root);
 }
 

@@ -110,8 +110,10 @@ double shard__now(void);
 /* "3", "3,5", "0-6" style list of the ranks with flag[r] != 0 ("none" if empty). */
 void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes);
 
-/* Text of a collective for messages: "all_reduce f32 x1024" (+ " root 2", " op max"). */
-void shard__describe_coll(const shard__coll_args *a, char *out, size_t out_bytes);
+/* Text of a collective for messages: "all_reduce f32 x1024", plus " op max" / " root 2"
+ * when `other` (the collective it is compared with; NULL: always) differs there. */
+void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out,
+                          size_t out_bytes);
 
 /* Compare two ranks' descriptions; 0 if they agree.  Fills `why` on mismatch. */
 int shard__coll_args_differ(const shard__coll_args *a, const shard__coll_args *b, int size);

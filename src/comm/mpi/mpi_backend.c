@@ -202,8 +202,8 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
         shard__coll_args a0 = {.kind = all[0].kind, .dtype = all[0].dtype, .op = all[0].op, .root = all[0].root, .count = all[0].count};
         shard__coll_args ap = {.kind = all[p].kind, .dtype = all[p].dtype, .op = all[p].op, .root = all[p].root, .count = all[p].count};
         char d0[160], dp[160];
-        shard__describe_coll(&a0, d0, sizeof d0);
-        shard__describe_coll(&ap, dp, sizeof dp);
+        shard__describe_coll(&a0, &ap, d0, sizeof d0);
+        shard__describe_coll(&ap, &a0, dp, sizeof dp);
         if (strcmp(d0, dp) == 0) snprintf(dp + strlen(dp), sizeof dp - strlen(dp), " with other counts");
         s = shard_error(SHARD_ERR_MISMATCH, "collective mismatch at #%llu on '%s': rank 0 %s, rank %d %s",
                         (unsigned long long)a->seq, c->base.name, d0, p, dp);

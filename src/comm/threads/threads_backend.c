@@ -36,13 +36,56 @@
 
 #include "threads_impl.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #define CPU_RELAX() __builtin_ia32_pause()
 #else
 #define CPU_RELAX() ((void)0)
 #endif
 
-enum { SPIN_ITERATIONS = 4000, YIELD_ITERATIONS = 16, CHUNK_BYTES = 16384 };
+enum {
+    SPIN_ITERATIONS = 4000,
+    YIELD_ITERATIONS = 16,
+    CHUNK_BYTES = 16384,
+    /* slices at least this large go out with non-temporal stores: the reader is
+     * another core and the data would not stay in cache anyway, and streaming
+     * skips the read-for-ownership of every destination line */
+    STREAM_MIN_BYTES = 1 << 20
+};
+
+/* Copy with streaming stores where the hardware has them.  Call stream_fence()
+ * before publishing the data to other threads. */
+static void stream_copy(void *dst, const void *src, size_t bytes) {
+#if defined(__SSE2__)
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > bytes) head = bytes;
+    memcpy(d, s, head);
+    d += head, s += head, bytes -= head;
+    for (; bytes >= 64; d += 64, s += 64, bytes -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    memcpy(d, s, bytes);
+#else
+    memcpy(dst, src, bytes);
+#endif
+}
+
+static void stream_fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
 
 /* ------------------------------------------------------------------ job */
 
@@ -311,8 +354,9 @@ static shard_status check_agreement(tcomm *c, const shard__coll_args *a) {
         const shard__coll_args *other = g->slots[p].args;
         if (shard__coll_args_differ(first, other, g->size)) {
             char d0[160], dp[160];
-            shard__describe_coll(first, d0, sizeof d0);
-            shard__describe_coll(other, dp, sizeof dp);
+            shard__describe_coll(first, other, d0, sizeof d0);
+            shard__describe_coll(other, first, dp, sizeof dp);
+            if (strcmp(d0, dp) == 0) snprintf(dp + strlen(dp), sizeof dp - strlen(dp), " with other counts");
             return shard_error(SHARD_ERR_MISMATCH, "collective mismatch at #%llu on '%s': rank 0 %s, rank %d %s",
                                (unsigned long long)a->seq, c->base.name, d0, p, dp);
         }
@@ -344,13 +388,21 @@ static void do_all_reduce(tcomm *c, const shard__coll_args *a) {
     const void *srcs[n > 0 ? n : 1];
     _Alignas(64) unsigned char chunk[CHUNK_BYTES];
     size_t per_chunk = CHUNK_BYTES / es;
+    int stream = len * es >= STREAM_MIN_BYTES;
     for (size_t done = 0; done < len; done += per_chunk) {
         size_t m = len - done < per_chunk ? len - done : per_chunk;
         size_t byte_off = (off + done) * es;
         for (int p = 0; p < n; p++) srcs[p] = (const char *)g->slots[p].send + byte_off;
         shard__reduce_many(a->dtype, a->op, srcs, n, chunk, m);
-        for (int p = 0; p < n; p++) memcpy((char *)g->slots[p].args->recv + byte_off, chunk, m * es);
+        for (int p = 0; p < n; p++) {
+            char *dst = (char *)g->slots[p].args->recv + byte_off;
+            if (stream)
+                stream_copy(dst, chunk, m * es);
+            else
+                memcpy(dst, chunk, m * es);
+        }
     }
+    if (stream) stream_fence();
 }
 
 static void do_reduce_scatter(tcomm *c, const shard__coll_args *a) {
