@@ -7,8 +7,8 @@
  *
  * Deadlines: MPI cannot be interrupted, so a watchdog thread watches every
  * blocking collective and, past the deadline, prints one line saying what this
- * rank waits for, then ends the job (MPI_Abort when the library grants
- * MPI_THREAD_MULTIPLE, else _exit).  Non-blocking requests poll with MPI_Test
+ * rank waits for, then ends the process without MPI_Finalize, which makes the
+ * launcher end the job.  Non-blocking requests poll with MPI_Test
  * and return SHARD_ERR_TIMEOUT.  With SHARD_DEBUG=1 every collective is first
  * compared across ranks (one small MPI_Allgather) and a mismatch fails on
  * every rank naming both sides. */
@@ -135,8 +135,12 @@ static void *watchdog_main(void *arg) {
         pthread_mutex_unlock(&M.watch_mu);
         if (!expired) continue;
         fprintf(stderr, "shard: %s\n", text);
+        fflush(stdout);
         fflush(stderr);
-        if (M.thread_level >= MPI_THREAD_MULTIPLE) MPI_Abort(MPI_COMM_WORLD, 1);
+        /* Leaving without MPI_Finalize makes the launcher (Open MPI's mpirun,
+         * MPICH's hydra, srun) end the whole job.  MPI_Abort from this thread
+         * is not safe below MPI_THREAD_MULTIPLE, and several ranks calling it
+         * at once was seen to wedge Open MPI 4.1's mpirun. */
         _exit(1);
     }
     return NULL;
@@ -495,8 +499,12 @@ static void mpi_destroy(shard_comm *comm) {
 static void mpi_abort(shard_comm *comm, shard_status status, const char *reason) {
     (void)status;
     fprintf(stderr, "shard: rank %d failed: %s\n", comm->rank, reason);
+    fflush(stdout);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    /* As the watchdog: exiting without MPI_Finalize makes the launcher end the
+     * job at once, and unlike MPI_Abort it stays safe when every rank fails
+     * together (a collective mismatch). */
+    _exit(1);
 }
 
 static const shard__comm_vtable mpi_vtable = {
@@ -540,8 +548,9 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
     MPI_Initialized(&initialized);
     if (!initialized) {
         int provided = MPI_THREAD_SINGLE;
-        /* MULTIPLE lets the watchdog call MPI_Abort; FUNNELED is the least shard needs
-         * (all MPI calls come from the rank's main thread). */
+        /* MULTIPLE lets later work (communication threads) call MPI from any
+         * thread; FUNNELED is the least shard needs today: every MPI call comes
+         * from the rank's main thread (the watchdog never calls MPI). */
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return shard_error(SHARD_ERR_BACKEND, "MPI_Init_thread failed");
         if (provided < MPI_THREAD_FUNNELED)

@@ -515,7 +515,8 @@ static shard_status drain_queue(tcomm *c, const char *what, uint64_t seq) {
     drain_wait w = {c};
     uint64_t last = atomic_load(&c->completed);
     for (;;) {
-        wait_result res = wait_until(c->g->job, queue_drained, &w, shard__now() + c->base.timeout_seconds);
+        /* each queued op ends by its own deadlines within 2 timeouts; judge progress per op */
+        wait_result res = wait_until(c->g->job, queue_drained, &w, shard__now() + 2 * c->base.timeout_seconds + 1.0);
         if (res == WAIT_READY) return SHARD_OK;
         if (res == WAIT_ABORTED) return aborted_error(c, what, seq);
         uint64_t now = atomic_load(&c->completed);
@@ -700,7 +701,8 @@ static shard_status threads_request_wait(shard_request *req) {
         /* the helper enforces each collective's deadline; give up only if it stops progressing */
         uint64_t last = atomic_load(&c->completed);
         for (;;) {
-            wait_result res = wait_until(job, helper_progress, req, shard__now() + c->base.timeout_seconds);
+            /* an op's own deadlines (arrival, then completion) end it within 2 timeouts */
+            wait_result res = wait_until(job, helper_progress, req, shard__now() + 2 * c->base.timeout_seconds + 1.0);
             if (res == WAIT_READY) return SHARD_OK;
             if (res == WAIT_ABORTED) {
                 /* the helper will fail the op soon; wait for it so that buffers are released */

@@ -1,0 +1,47 @@
+/* test_mpi_diagnostics.c — failure scenarios for the MPI backend, one per run:
+ *   mpiexec -np 3 test_mpi_diagnostics timeout|mismatch|abort|recv_timeout
+ * Each scenario is meant to fail; tests/expect_failure.py checks that the job
+ * ends non-zero, within its time limit, printing the expected line. */
+#include <stdio.h>
+#include <string.h>
+
+#include "shard/shard.h"
+
+static const char *scenario;
+
+static shard_status rank_fn(shard_comm *comm, void *arg) {
+    (void)arg;
+    int r = shard_comm_rank(comm);
+    float x[1024] = {0};
+    double xd[1024] = {0};
+    if (strcmp(scenario, "timeout") == 0) { /* rank 1 never enters the all_reduce */
+        if (r == 1) return SHARD_OK;
+        return shard_comm_all_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM);
+    }
+    if (strcmp(scenario, "mismatch") == 0) /* needs SHARD_DEBUG=1 */
+        return r == 1 ? shard_comm_all_reduce(comm, xd, xd, 1024, SHARD_F64, SHARD_OP_SUM)
+                      : shard_comm_all_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM);
+    if (strcmp(scenario, "abort") == 0) {
+        if (r == 1) return shard_error(SHARD_ERR_IO, "injected failure: disk on fire");
+        return shard_comm_all_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM);
+    }
+    if (strcmp(scenario, "recv_timeout") == 0) {
+        if (r == 0) return shard_comm_recv(comm, x, 4, SHARD_F32, 1, 7);
+        return SHARD_OK;
+    }
+    return shard_error(SHARD_ERR_INVALID_ARG, "unknown scenario '%s'", scenario);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: mpiexec -np 3 %s timeout|mismatch|abort|recv_timeout\n", argv[0]);
+        return 2;
+    }
+    scenario = argv[1];
+    shard_status s = shard_launch(0, rank_fn, NULL);
+    if (s < 0) {
+        fprintf(stderr, "shard: %s\n", shard_last_error());
+        return 1;
+    }
+    return 0;
+}
