@@ -53,6 +53,7 @@ static struct {
     MPI_Datatype half_types[2]; /* bf16, f16 */
     MPI_Op half_ops[4];         /* sum, prod, max, min on the 2-byte types */
     int debug;
+    double finalize_timeout; /* deadline of the barrier before MPI_Finalize */
     /* watchdog */
     pthread_t watchdog;
     int watchdog_started;
@@ -538,6 +539,31 @@ void shard__mpi_finalize_at_exit(void) {
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (!initialized || finalized || !M.initialized_here) return;
+    /* MPI_Finalize waits for every rank.  If a peer is stuck or failing, a rank
+     * parked in it was seen to wedge Open MPI 4.1's mpirun as the job ended, so
+     * first meet the others in a barrier that has a deadline. */
+    MPI_Request barrier;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &barrier) == MPI_SUCCESS) {
+        double deadline = shard__now() + M.finalize_timeout;
+        int done = 0;
+        for (unsigned spins = 0; !done; spins++) {
+            if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (done) break;
+            if (spins > 1000) {
+                struct timespec pause = {0, 100 * 1000}; /* an idle rank at exit: do not burn a core */
+                nanosleep(&pause, NULL);
+            }
+            if ((spins & 63) == 0 && shard__now() > deadline) {
+                int rank = 0, size = 0;
+                MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+                MPI_Comm_size(MPI_COMM_WORLD, &size);
+                fprintf(stderr, "shard: timeout after %g s at exit: rank %d of %d finished but its peers never did\n",
+                        M.finalize_timeout, rank, size);
+                fflush(stderr);
+                _exit(1);
+            }
+        }
+    }
     for (int i = 0; i < 4; i++) MPI_Op_free(&M.half_ops[i]);
     for (int i = 0; i < 2; i++) MPI_Type_free(&M.half_types[i]);
     MPI_Finalize();
@@ -579,6 +605,8 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
         return shard_error(SHARD_ERR_BACKEND, "MPI_Comm_dup(MPI_COMM_WORLD) failed");
+    /* longer than any one wait, so that a failing peer reports its own cause first */
+    M.finalize_timeout = 2 * timeout_seconds + 5;
     mcomm *c = mcomm_wrap(dup, "world", timeout_seconds);
     if (!c) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating the MPI world");
     if (verbose) {

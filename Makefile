@@ -1,0 +1,31 @@
+# shard — top-level entry points.  CMake + CTest underneath.
+#   make demo    install missing packages, build, run the demo
+#   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests under TSan
+#   make bench   the communication benchmark table of the README
+#   make deps | build | clean
+
+BUILD ?= build
+JOBS  ?= $(shell nproc)
+
+.PHONY: all deps build demo test bench clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSHARD_WERROR=ON >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	$(BUILD)/shard demo --ranks 4
+
+test: deps
+	@scripts/test.sh
+
+bench: build
+	@scripts/bench.sh
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

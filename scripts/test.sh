@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# test.sh — what `make test` (and CI) runs: every test in a -Werror release build,
+# again under ASan + UBSan, and the threads-backend tests under TSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+configure_and_build() { # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -DSHARD_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j"$jobs"
+}
+
+echo "== release build (-Wall -Wextra -Werror): all tests"
+configure_and_build build -DCMAKE_BUILD_TYPE=Release
+(cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== ASan + UBSan: all tests"
+configure_and_build build-asan -DCMAKE_BUILD_TYPE=Debug -DSHARD_SANITIZE=address,undefined
+(cd build-asan && ctest --output-on-failure -j"$jobs")
+
+echo "== TSan: threads-backend tests"
+configure_and_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DSHARD_SANITIZE=thread
+(cd build-tsan && ctest --output-on-failure -j"$jobs" -L "unit|comm")
+
+echo "== all test runs passed"

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""test_cli.py — the shard command line as users and scripts see it.
+
+usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|demo
+
+errors:     every bad input gets exactly one 'shard: ...' line on stderr and exit 2
+            (exit 1 for a well-formed request that cannot run), naming what would be valid.
+bench_json: `bench comm --json` prints one object per size with the documented keys and
+            busbw = algbw x the nccl-tests factor.
+bench_mpi:  under mpirun the same, plus the raw MPI baseline and the ratio.
+demo:       `shard demo` runs and checks its own answers.
+"""
+import json
+import os
+import subprocess
+import sys
+
+SHARD = sys.argv[1]
+MPIEXEC = "/usr/bin/mpiexec.openmpi" if os.path.exists("/usr/bin/mpiexec.openmpi") else "mpiexec"
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+failures = []
+
+
+def run(args, timeout=120, mpi=0):
+    cmd = ([MPIEXEC, "--oversubscribe", "-np", str(mpi)] if mpi else []) + [SHARD] + args
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def errors():
+    cases = [
+        ([], 2, "usage: shard"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, demo, version, help"),
+        (["bench"], 2, "shard: bench: give what to benchmark"),
+        (["bench", "comm", "--op", "allreduce"], 2,
+         "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
+        (["bench", "comm", "--ranks", "0"], 2, "shard: --ranks '0' is invalid: give an integer in 1..4096"),
+        (["bench", "comm", "--ranks"], 2, "shard: option --ranks needs a value"),
+        (["bench", "comm", "--max", "12Q"], 2, "shard: --max '12Q' is invalid: give a size in bytes such as 4096, 4K, 256M or 1G"),
+        (["bench", "comm", "--min", "8K", "--max", "4K"], 2, "shard: bench comm: --min 8192 and --max 4096 are invalid"),
+        (["bench", "comm", "--dtype", "float"], 2, "valid dtypes are f32, f64, bf16, f16, i8, i32, i64, u8"),
+        (["bench", "comm", "--timeout", "-3"], 2, "shard: --timeout '-3' is invalid: give seconds > 0"),
+        (["bench", "comm", "--backend", "nccl"], 2, "shard: --backend 'nccl' is invalid: give threads, mpi or auto"),
+        (["bench", "comm", "--frob"], 2, "shard: bench comm: unknown option '--frob'"),
+        (["bench", "comm", "--backend", "mpi", "--max", "4K"], 1, "shard: --backend mpi needs an MPI launcher"),
+        (["demo", "--ranks", "x"], 2, "shard: --ranks 'x' is invalid"),
+    ]
+    for args, code, text in cases:
+        p = run(args)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode == code, f"{args}: exit {p.returncode}, expected {code}")
+        expect(text in p.stderr, f"{args}: stderr {p.stderr!r} lacks {text!r}")
+        if args:  # the usage text is several lines; every error is one
+            expect(len(lines) == 1, f"{args}: {len(lines)} stderr lines, expected one: {p.stderr!r}")
+        expect(p.stdout == "", f"{args}: wrote to stdout: {p.stdout!r}")
+    p = run(["version"])
+    expect(p.returncode == 0 and "shard" in p.stdout and "threads" in p.stdout, f"version: {p.stdout!r}")
+
+
+FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+           "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "sendrecv": lambda n: 1.0}
+KEYS = {"op", "backend", "ranks", "bytes", "time_us", "algbw_gbps", "busbw_gbps"}
+
+
+def check_json(stdout, op, ranks, backend, sizes, baseline):
+    rows = [json.loads(l) for l in stdout.splitlines() if l.strip()]
+    expect(len(rows) == sizes, f"{op}: {len(rows)} rows, expected {sizes}")
+    for row in rows:
+        want = KEYS | ({"baseline_busbw_gbps", "ratio"} if baseline else set())
+        expect(set(row) == want, f"{op}: keys {sorted(row)}, expected {sorted(want)}")
+        expect(row["op"] == op and row["ranks"] == ranks and row["backend"] == backend, f"{op}: row {row}")
+        expect(row["time_us"] > 0, f"{op}: time {row['time_us']}")
+        algbw = row["bytes"] / (row["time_us"] * 1e3)
+        expect(abs(row["algbw_gbps"] - algbw) <= 1e-3 * algbw + 1e-4, f"{op}: algbw {row['algbw_gbps']} vs {algbw}")
+        bus = row["algbw_gbps"] * FACTORS[op](ranks)
+        expect(abs(row["busbw_gbps"] - bus) <= 1e-3 * bus + 1e-4, f"{op}: busbw {row['busbw_gbps']} vs {bus}")
+        if baseline:
+            expect(row["baseline_busbw_gbps"] > 0, f"{op}: baseline {row}")
+            expect(abs(row["ratio"] - row["busbw_gbps"] / row["baseline_busbw_gbps"]) < 1e-2 * row["ratio"] + 1e-3,
+                   f"{op}: ratio {row}")
+
+
+def bench_json():
+    for op, ranks in [("all_reduce", 2), ("all_gather", 4), ("reduce_scatter", 3), ("all_to_all", 4), ("sendrecv", 2)]:
+        p = run(["bench", "comm", "--op", op, "--ranks", str(ranks), "--min", "16K", "--max", "256K", "--json"])
+        expect(p.returncode == 0, f"{op}: exit {p.returncode}: {p.stderr}")
+        check_json(p.stdout, op, ranks, "threads", 5, False)
+    p = run(["bench", "comm", "--op", "all_reduce", "--ranks", "2", "--max", "8K", "--verbose"])
+    expect(p.returncode == 0 and "backend threads" in p.stderr, f"--verbose: {p.stderr!r}")
+    expect("bytes" in p.stdout and "busbw" in p.stdout, f"table: {p.stdout!r}")
+
+
+def bench_mpi():
+    for op in ["all_reduce", "all_to_all"]:
+        p = run(["bench", "comm", "--op", op, "--min", "16K", "--max", "64K", "--json"], mpi=2)
+        expect(p.returncode == 0, f"mpi {op}: exit {p.returncode}: {p.stderr}")
+        check_json(p.stdout, op, 2, "mpi", 3, True)
+    p = run(["bench", "comm", "--op", "all_reduce", "--max", "4K", "--verbose"], mpi=2)
+    expect(p.returncode == 0 and "OMPI_COMM_WORLD_RANK=" in p.stderr and "backend mpi" in p.stderr,
+           f"--verbose under mpirun: {p.stderr!r}")
+    p = run(["bench", "comm", "--ranks", "3", "--max", "4K"], mpi=2)
+    expect(p.returncode != 0 and "--ranks 3 but the MPI launcher started 2 processes" in p.stderr,
+           f"--ranks disagreeing with mpirun: {p.returncode} {p.stderr!r}")
+
+
+def demo():
+    p = run(["demo", "--ranks", "3"], timeout=300)
+    expect(p.returncode == 0, f"demo: exit {p.returncode}: {p.stderr}")
+    expect("received 102 from rank 2" in p.stdout and "all_reduce (sum)" in p.stdout and "busbw" in p.stdout,
+           f"demo output: {p.stdout!r}")
+
+
+if __name__ == "__main__":
+    {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "demo": demo}[sys.argv[2]]()
+    sys.exit(1 if failures else 0)

@@ -1,0 +1,248 @@
+/* test_units.c — unit tests (cmocka) for the pieces under the communicator:
+ * status and last-error text, the accounted allocator, dtype conversions,
+ * the even-split rule, rank lists and the CLI's size parser. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "cli_util.h"
+#include "comm/comm_impl.h"
+#include "shard/shard.h"
+
+static void status_and_last_error(void **state) {
+    (void)state;
+    shard_clear_error();
+    assert_string_equal(shard_last_error(), "");
+    shard_status s = shard_error(SHARD_ERR_TIMEOUT, "waited %d s", 5);
+    assert_int_equal(s, SHARD_ERR_TIMEOUT);
+    assert_string_equal(shard_last_error(), "waited 5 s");
+    assert_string_equal(shard_status_string(SHARD_ERR_MISMATCH), "collective mismatch");
+    assert_string_equal(shard_status_string(SHARD_OK), "ok");
+    assert_string_equal(shard_status_string((shard_status)-999), "unknown status");
+}
+
+static shard_status propagate(void) {
+    SHARD_CHECK(shard_error(SHARD_ERR_IO, "inner failure"));
+    return SHARD_OK; /* not reached */
+}
+
+static void check_macro_propagates(void **state) {
+    (void)state;
+    assert_int_equal(propagate(), SHARD_ERR_IO);
+    assert_string_equal(shard_last_error(), "inner failure");
+}
+
+static void allocator_accounts_per_category(void **state) {
+    (void)state;
+    shard_mem_stats before, mid, after;
+    shard_mem_stats_get(&before);
+    void *a = shard_alloc(1000, SHARD_MEM_PARAMS);
+    void *b = shard_alloc_zeroed(3000, SHARD_MEM_GRADS);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal((uintptr_t)a % 64, 0);
+    assert_int_equal((uintptr_t)b % 64, 0);
+    for (int i = 0; i < 3000; i++) assert_int_equal(((unsigned char *)b)[i], 0);
+    shard_mem_stats_get(&mid);
+    assert_int_equal(mid.current_bytes[SHARD_MEM_PARAMS] - before.current_bytes[SHARD_MEM_PARAMS], 1000);
+    assert_int_equal(mid.current_bytes[SHARD_MEM_GRADS] - before.current_bytes[SHARD_MEM_GRADS], 3000);
+    assert_int_equal(mid.total_current_bytes - before.total_current_bytes, 4000);
+    assert_true(mid.total_peak_bytes >= before.total_current_bytes + 4000);
+    shard_free(a);
+    shard_free(b);
+    shard_free(NULL);
+    shard_mem_stats_get(&after);
+    assert_int_equal(after.total_current_bytes, before.total_current_bytes);
+    assert_true(after.peak_bytes[SHARD_MEM_GRADS] >= 3000);
+    shard_mem_stats_reset_peak();
+    shard_mem_stats_get(&after);
+    assert_int_equal(after.total_peak_bytes, after.total_current_bytes);
+    assert_string_equal(shard_mem_category_name(SHARD_MEM_OPTIMIZER), "optimizer");
+    assert_null(shard_alloc(8, (shard_mem_category)99));
+    assert_non_null(strstr(shard_last_error(), "category 99"));
+    void *z = shard_alloc(0, SHARD_MEM_OTHER);
+    assert_non_null(z);
+    shard_free(z);
+}
+
+static shard_status ledger_rank(shard_comm *comm, void *arg) {
+    uint64_t *seen = arg;
+    int r = shard_comm_rank(comm);
+    void *p = shard_alloc((size_t)(r + 1) * 4096, SHARD_MEM_ACTIVATIONS);
+    shard_mem_stats st;
+    shard_mem_stats_get(&st);
+    seen[r] = st.current_bytes[SHARD_MEM_ACTIVATIONS];
+    shard_free(p);
+    return p ? SHARD_OK : SHARD_ERR_NO_MEMORY;
+}
+
+static void each_rank_has_its_own_ledger(void **state) {
+    (void)state;
+    uint64_t seen[3] = {0};
+    assert_int_equal(shard_launch(3, ledger_rank, seen), SHARD_OK);
+    for (int r = 0; r < 3; r++) assert_int_equal(seen[r], (uint64_t)(r + 1) * 4096);
+}
+
+static void bf16_rounds_to_nearest_even(void **state) {
+    (void)state;
+    assert_int_equal(shard_bf16_from_f32(1.0f), 0x3f80);
+    assert_int_equal(shard_bf16_from_f32(-2.0f), 0xc000);
+    /* 1 + 2^-8 is halfway between two bf16 values: ties go to the even one (1.0) */
+    assert_int_equal(shard_bf16_from_f32(1.0f + 0x1p-8f), 0x3f80);
+    /* 1 + 3*2^-8 is halfway too: rounds up to the even 1 + 2^-6 */
+    assert_int_equal(shard_bf16_from_f32(1.0f + 3 * 0x1p-8f), 0x3f82);
+    assert_int_equal(shard_bf16_from_f32(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+    assert_true(isnan(shard_f32_from_bf16(shard_bf16_from_f32(NAN))));
+    assert_true(isinf(shard_f32_from_bf16(shard_bf16_from_f32(INFINITY))));
+    for (int i = -300; i <= 300; i++) assert_true(shard_f32_from_bf16(shard_bf16_from_f32((float)i)) == (float)i || abs(i) > 256);
+}
+
+static void f16_conversions(void **state) {
+    (void)state;
+    assert_int_equal(shard_f16_from_f32(1.0f), 0x3c00);
+    assert_int_equal(shard_f16_from_f32(-2.0f), 0xc000);
+    assert_int_equal(shard_f16_from_f32(65504.0f), 0x7bff);          /* largest finite */
+    assert_int_equal(shard_f16_from_f32(65520.0f), 0x7c00);          /* rounds to infinity */
+    assert_int_equal(shard_f16_from_f32(0x1p-24f), 0x0001);          /* smallest subnormal */
+    assert_int_equal(shard_f16_from_f32(0x1p-25f), 0x0000);          /* halfway: ties to even (0) */
+    assert_int_equal(shard_f16_from_f32(0x1.8p-24f), 0x0002);        /* 1.5 ulp: ties to even (2) */
+    assert_int_equal(shard_f16_from_f32(1.0f + 0x1p-11f), 0x3c00);   /* halfway: even */
+    assert_int_equal(shard_f16_from_f32(1.0f + 3 * 0x1p-11f), 0x3c02);
+    assert_true(isnan(shard_f32_from_f16(shard_f16_from_f32(NAN))));
+    /* every f16 bit pattern survives a round trip through f32 */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = shard_f32_from_f16((uint16_t)h);
+        if (isnan(f)) continue;
+        assert_int_equal(shard_f16_from_f32(f), h);
+    }
+    assert_true(shard_f32_from_f16(0x0001) == 0x1p-24f);
+    assert_true(shard_f32_from_f16(0x03ff) == 0x3ffp-24f);
+}
+
+static void dtype_names(void **state) {
+    (void)state;
+    shard_dtype d;
+    assert_int_equal(shard_dtype_parse("bf16", &d), SHARD_OK);
+    assert_int_equal(d, SHARD_BF16);
+    assert_int_equal(shard_dtype_size(SHARD_I64), 8);
+    assert_int_equal(shard_dtype_size((shard_dtype)77), 0);
+    assert_int_equal(shard_dtype_parse("float", &d), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "valid dtypes are f32, f64, bf16, f16, i8, i32, i64, u8"));
+    shard_reduce_op op;
+    assert_int_equal(shard_reduce_op_parse("avg", &op), SHARD_OK);
+    assert_int_equal(op, SHARD_OP_AVG);
+    assert_int_equal(shard_reduce_op_parse("mean", &op), SHARD_ERR_INVALID_ARG);
+}
+
+static void even_split_rule(void **state) {
+    (void)state;
+    size_t off, len, expect_len[4] = {3, 3, 2, 2}, expect_off[4] = {0, 3, 6, 8};
+    for (int r = 0; r < 4; r++) {
+        shard__split_range(10, 4, r, &off, &len);
+        assert_int_equal(len, expect_len[r]);
+        assert_int_equal(off, expect_off[r]);
+    }
+    shard__split_range(2, 4, 3, &off, &len);
+    assert_int_equal(len, 0);
+    assert_int_equal(off, 2);
+}
+
+static void rank_lists(void **state) {
+    (void)state;
+    char out[64];
+    int a[6] = {0, 0, 0, 1, 0, 1};
+    shard__format_rank_list(a, 6, out, sizeof out);
+    assert_string_equal(out, "3,5");
+    int b[8] = {1, 1, 1, 1, 0, 1, 1, 0};
+    shard__format_rank_list(b, 8, out, sizeof out);
+    assert_string_equal(out, "0-3,5,6");
+    int c[3] = {0, 0, 0};
+    shard__format_rank_list(c, 3, out, sizeof out);
+    assert_string_equal(out, "none");
+}
+
+static void reduce_kernels(void **state) {
+    (void)state;
+    float a[3] = {1, -2, 3}, b[3] = {4, 5, -6}, out[3];
+    const void *srcs[2] = {a, b};
+    shard__reduce_many(SHARD_F32, SHARD_OP_MAX, srcs, 2, out, 3);
+    assert_true(out[0] == 4 && out[1] == 5 && out[2] == 3);
+    shard__reduce_many(SHARD_F32, SHARD_OP_AVG, srcs, 2, out, 3);
+    assert_true(out[0] == 2.5f && out[1] == 1.5f && out[2] == -1.5f);
+    int32_t big[2] = {INT32_MAX, 5}, one[2] = {1, 5}, sum[2];
+    const void *isrcs[2] = {big, one};
+    shard__reduce_many(SHARD_I32, SHARD_OP_SUM, isrcs, 2, sum, 2); /* wraps, no UB */
+    assert_int_equal(sum[0], INT32_MIN);
+    uint16_t h[2] = {shard_bf16_from_f32(1.5f), shard_bf16_from_f32(2.0f)};
+    shard__reduce_pair(SHARD_BF16, SHARD_OP_PROD, &h[0], &h[1], 1);
+    assert_true(shard_f32_from_bf16(h[1]) == 3.0f);
+}
+
+static void cli_sizes(void **state) {
+    (void)state;
+    uint64_t v;
+    assert_int_equal(cli_parse_size("--min", "4K", &v), 0);
+    assert_int_equal(v, 4096);
+    assert_int_equal(cli_parse_size("--max", "256M", &v), 0);
+    assert_int_equal(v, 256ULL << 20);
+    assert_int_equal(cli_parse_size("--max", "1GiB", &v), 0);
+    assert_int_equal(v, 1ULL << 30);
+    assert_int_equal(cli_parse_size("--max", "12", &v), 0);
+    assert_int_equal(v, 12);
+    assert_int_equal(cli_parse_size("--max", "12Q", &v), -1);
+    assert_int_equal(cli_parse_size("--max", "-4K", &v), -1);
+    assert_int_equal(cli_parse_size("--max", "", &v), -1);
+}
+
+static void timeout_from_environment(void **state) {
+    (void)state;
+    setenv("SHARD_TIMEOUT", "12.5", 1);
+    assert_true(shard_default_timeout() == 12.5);
+    setenv("SHARD_TIMEOUT", "soon", 1);
+    assert_true(shard_default_timeout() == 300);
+    unsetenv("SHARD_TIMEOUT");
+    assert_true(shard_default_timeout() == 300);
+}
+
+static void launcher_detection(void **state) {
+    (void)state;
+    char text[128];
+    int r = -1, n = -1;
+    assert_int_equal(shard_launch_detect_mpi(text, sizeof text, &r, &n), 0);
+    setenv("PMI_RANK", "2", 1);
+    setenv("PMI_SIZE", "4", 1);
+    assert_int_equal(shard_launch_detect_mpi(text, sizeof text, &r, &n), 1);
+    assert_int_equal(r, 2);
+    assert_int_equal(n, 4);
+    assert_string_equal(text, "PMI_RANK=2 PMI_SIZE=4");
+    unsetenv("PMI_RANK");
+    unsetenv("PMI_SIZE");
+    setenv("SLURM_PROCID", "0", 1); /* a batch script, not a job step */
+    assert_int_equal(shard_launch_detect_mpi(NULL, 0, NULL, NULL), 0);
+    unsetenv("SLURM_PROCID");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(status_and_last_error),
+        cmocka_unit_test(check_macro_propagates),
+        cmocka_unit_test(allocator_accounts_per_category),
+        cmocka_unit_test(each_rank_has_its_own_ledger),
+        cmocka_unit_test(bf16_rounds_to_nearest_even),
+        cmocka_unit_test(f16_conversions),
+        cmocka_unit_test(dtype_names),
+        cmocka_unit_test(even_split_rule),
+        cmocka_unit_test(rank_lists),
+        cmocka_unit_test(reduce_kernels),
+        cmocka_unit_test(cli_sizes),
+        cmocka_unit_test(timeout_from_environment),
+        cmocka_unit_test(launcher_detection),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
