@@ -150,6 +150,36 @@ static void case_all_reduce_bitwise(test_ctx *t) {
     shard_free(all);
 }
 
+/* Large vectors take the streaming-store path (slices of 1 MiB and more). */
+static void case_all_reduce_large(test_ctx *t) {
+    shard_comm *c = t->comm;
+    int n = t->size, r = t->rank;
+    size_t count = (size_t)n * 300000 + 7; /* 1.2 MB f32 slices, not divisible by n */
+    for (int inplace = 0; inplace < 2; inplace++) {
+        float *send = alloc_buf(count, SHARD_F32), *recv = inplace ? send : alloc_buf(count, SHARD_F32);
+        for (size_t i = 0; i < count; i++) send[i] = (float)(r + 1) * (float)(i % 1013);
+        CHECK_OK(t, shard_comm_all_reduce(c, send, recv, count, SHARD_F32, SHARD_OP_SUM), "large all_reduce");
+        double factor = n * (n + 1) / 2.0;
+        for (size_t i = 0; i < count; i += 1 + i / 64)
+            if (!CHECK_NEAR(t, recv[i], factor * (double)(i % 1013), 0, "large all_reduce %s element %zu",
+                            inplace ? "in-place" : "out-of-place", i))
+                break;
+        CHECK_NEAR(t, recv[count - 1], factor * (double)((count - 1) % 1013), 0, "large all_reduce last element");
+        if (!inplace) shard_free(recv);
+        shard_free(send);
+    }
+    /* bf16 and max through the same path */
+    uint16_t *h = alloc_buf(count, SHARD_BF16);
+    for (size_t i = 0; i < count; i++) h[i] = shard_bf16_from_f32((float)((i + (size_t)r) % 64));
+    CHECK_OK(t, shard_comm_all_reduce(c, h, h, count, SHARD_BF16, SHARD_OP_MAX), "large bf16 max");
+    for (size_t i = 0; i < count; i += 4099) {
+        double best = 0;
+        for (int p = 0; p < n; p++) best = fmax(best, (double)((i + (size_t)p) % 64));
+        CHECK_NEAR(t, shard_f32_from_bf16(h[i]), best, 0, "large bf16 max element %zu", i);
+    }
+    shard_free(h);
+}
+
 static void case_reduce_scatter(test_ctx *t) {
     shard_comm *c = t->comm;
     int n = t->size, r = t->rank;
@@ -537,6 +567,7 @@ static void case_traffic_counters(test_ctx *t) {
 static const test_case cases[] = {
     {"all_reduce", case_all_reduce},
     {"all_reduce_bitwise", case_all_reduce_bitwise},
+    {"all_reduce_large", case_all_reduce_large},
     {"reduce_scatter", case_reduce_scatter},
     {"all_gather", case_all_gather},
     {"all_to_all", case_all_to_all},

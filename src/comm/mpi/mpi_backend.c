@@ -60,7 +60,7 @@ static struct {
     pthread_mutex_t watch_mu;
     int watch_active;
     double watch_deadline, watch_timeout;
-    char watch_text[384];
+    char watch_text[768];
 } M = {.watch_mu = PTHREAD_MUTEX_INITIALIZER};
 
 int shard__mpi_built(void) { return 1; }
