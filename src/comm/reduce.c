@@ -19,28 +19,35 @@
      : (op) == SHARD_OP_PROD ? (a) * (b)                                              \
                              : (a) + (b))
 
-/* Loops specialised per op so the compiler vectorises the common sum. */
-#define REDUCE_MANY_NATIVE(T, COMBINE, DIVIDE)                                        \
-    do {                                                                              \
-        T *d = dst;                                                                   \
-        const T *s0 = srcs[0];                                                        \
-        if (nsrc == 2 && op == SHARD_OP_SUM) {                                        \
-            const T *s1 = srcs[1];                                                    \
-            for (size_t i = 0; i < n; i++) d[i] = COMBINE(SHARD_OP_SUM, s0[i], s1[i]); \
-            break;                                                                    \
-        }                                                                             \
-        for (size_t i = 0; i < n; i++) {                                              \
-            T acc = s0[i];                                                            \
-            for (int p = 1; p < nsrc; p++) {                                          \
-                T v = ((const T *)srcs[p])[i];                                        \
-                acc = COMBINE(op, acc, v);                                            \
-            }                                                                         \
-            d[i] = op == SHARD_OP_AVG ? DIVIDE(acc, nsrc) : acc;                      \
-        }                                                                             \
-    } while (0)
+/* acc[i] = op(acc[i], src[i]); the op is chosen outside the loop so each loop vectorises. */
+#define DEFINE_COMBINE(NAME, T, COMBINE)                                               \
+    static void NAME(shard_reduce_op op, T *restrict acc, const T *restrict src, size_t m) { \
+        switch (op) {                                                                  \
+        case SHARD_OP_PROD:                                                            \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_PROD, acc[i], src[i]); \
+            break;                                                                     \
+        case SHARD_OP_MAX:                                                             \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_MAX, acc[i], src[i]); \
+            break;                                                                     \
+        case SHARD_OP_MIN:                                                             \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_MIN, acc[i], src[i]); \
+            break;                                                                     \
+        default: /* SUM, and AVG before its division */                                \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_SUM, acc[i], src[i]); \
+        }                                                                              \
+    }
 
-#define FDIV(x, k) ((x) / (k))
-#define IDIV(x, k) ((x) / (k))
+#define CI32(op, a, b) COMBINE_INT(int32_t, uint32_t, op, a, b)
+#define CI64(op, a, b) COMBINE_INT(int64_t, uint64_t, op, a, b)
+#define CI8(op, a, b) COMBINE_INT(int8_t, uint8_t, op, a, b)
+#define CU8(op, a, b) COMBINE_INT(uint8_t, uint8_t, op, a, b)
+
+DEFINE_COMBINE(combine_f32, float, COMBINE_FLOAT)
+DEFINE_COMBINE(combine_f64, double, COMBINE_FLOAT)
+DEFINE_COMBINE(combine_i32, int32_t, CI32)
+DEFINE_COMBINE(combine_i64, int64_t, CI64)
+DEFINE_COMBINE(combine_i8, int8_t, CI8)
+DEFINE_COMBINE(combine_u8, uint8_t, CU8)
 
 static float load16(shard_dtype dtype, uint16_t bits) {
     return dtype == SHARD_BF16 ? shard_f32_from_bf16(bits) : shard_f32_from_f16(bits);
@@ -50,31 +57,54 @@ static uint16_t store16(shard_dtype dtype, float value) {
     return dtype == SHARD_BF16 ? shard_bf16_from_f32(value) : shard_f16_from_f32(value);
 }
 
-#define CI32(op, a, b) COMBINE_INT(int32_t, uint32_t, op, a, b)
-#define CI64(op, a, b) COMBINE_INT(int64_t, uint64_t, op, a, b)
-#define CI8(op, a, b) COMBINE_INT(int8_t, uint8_t, op, a, b)
-#define CU8(op, a, b) COMBINE_INT(uint8_t, uint8_t, op, a, b)
+enum { BLOCK = 1024 }; /* elements per pass: the accumulator stays in L1 */
+
+/* One dtype: accumulate a block of every source into a local buffer in rank
+ * order, divide for AVG, then write the block (dst may alias a source). */
+#define REDUCE_BLOCKS(T, COMBINE_FN)                                                   \
+    do {                                                                               \
+        T acc[BLOCK];                                                                  \
+        for (size_t base = 0; base < n; base += BLOCK) {                               \
+            size_t m = n - base < BLOCK ? n - base : BLOCK;                            \
+            memcpy(acc, (const T *)srcs[0] + base, m * sizeof(T));                     \
+            for (int p = 1; p < nsrc; p++) COMBINE_FN(op, acc, (const T *)srcs[p] + base, m); \
+            if (op == SHARD_OP_AVG)                                                    \
+                for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / (T)nsrc);         \
+            memcpy((T *)dst + base, acc, m * sizeof(T));                               \
+        }                                                                              \
+    } while (0)
 
 void shard__reduce_many(shard_dtype dtype, shard_reduce_op op, const void *const *srcs, int nsrc,
                         void *dst, size_t n) {
+    if (dtype == SHARD_F32 && op == SHARD_OP_SUM && nsrc == 2) { /* the hot case: one pass */
+        const float *a = srcs[0], *b = srcs[1];
+        float *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = a[i] + b[i];
+        return;
+    }
     switch (dtype) {
-    case SHARD_F32: REDUCE_MANY_NATIVE(float, COMBINE_FLOAT, FDIV); break;
-    case SHARD_F64: REDUCE_MANY_NATIVE(double, COMBINE_FLOAT, FDIV); break;
-    case SHARD_I32: REDUCE_MANY_NATIVE(int32_t, CI32, IDIV); break;
-    case SHARD_I64: REDUCE_MANY_NATIVE(int64_t, CI64, IDIV); break;
-    case SHARD_I8: REDUCE_MANY_NATIVE(int8_t, CI8, IDIV); break;
-    case SHARD_U8: REDUCE_MANY_NATIVE(uint8_t, CU8, IDIV); break;
+    case SHARD_F32: REDUCE_BLOCKS(float, combine_f32); break;
+    case SHARD_F64: REDUCE_BLOCKS(double, combine_f64); break;
+    case SHARD_I32: REDUCE_BLOCKS(int32_t, combine_i32); break;
+    case SHARD_I64: REDUCE_BLOCKS(int64_t, combine_i64); break;
+    case SHARD_I8: REDUCE_BLOCKS(int8_t, combine_i8); break;
+    case SHARD_U8: REDUCE_BLOCKS(uint8_t, combine_u8); break;
     case SHARD_BF16:
     case SHARD_F16: {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) {
-            float acc = load16(dtype, ((const uint16_t *)srcs[0])[i]);
+        float acc[BLOCK], val[BLOCK];
+        for (size_t base = 0; base < n; base += BLOCK) {
+            size_t m = n - base < BLOCK ? n - base : BLOCK;
+            const uint16_t *s0 = (const uint16_t *)srcs[0] + base;
+            for (size_t i = 0; i < m; i++) acc[i] = load16(dtype, s0[i]);
             for (int p = 1; p < nsrc; p++) {
-                float v = load16(dtype, ((const uint16_t *)srcs[p])[i]);
-                acc = COMBINE_FLOAT(op, acc, v);
+                const uint16_t *sp = (const uint16_t *)srcs[p] + base;
+                for (size_t i = 0; i < m; i++) val[i] = load16(dtype, sp[i]);
+                combine_f32(op, acc, val, m);
             }
-            if (op == SHARD_OP_AVG) acc /= (float)nsrc;
-            d[i] = store16(dtype, acc);
+            if (op == SHARD_OP_AVG)
+                for (size_t i = 0; i < m; i++) acc[i] /= (float)nsrc;
+            uint16_t *d = (uint16_t *)dst + base;
+            for (size_t i = 0; i < m; i++) d[i] = store16(dtype, acc[i]);
         }
         break;
     }
