@@ -63,7 +63,8 @@ uint64_t shard_comm_collective_count(const shard_comm *comm);
 /* New communicator of the ranks that pass the same color, ordered by (key,
  * rank).  Collective over `comm`.  color < 0 means "not a member": *out = NULL. */
 shard_status shard_comm_split(shard_comm *comm, int color, int key, shard_comm **out);
-/* Release this rank's handle (local; waits for its pending requests). */
+/* Release this rank's handle (local, not collective).  Refused, with
+ * SHARD_ERR_INVALID_ARG, while requests made on it have not been waited on. */
 shard_status shard_comm_destroy(shard_comm *comm);
 /* Fail the whole job: every rank's pending and future calls return
  * SHARD_ERR_ABORTED naming this rank and `reason`.  On MPI this ends the job. */

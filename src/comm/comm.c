@@ -51,6 +51,7 @@ void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int
     comm->coll_seq = 0;
     comm->p2p_seq = 0;
     atomic_init(&comm->bytes_sent, 0);
+    atomic_init(&comm->outstanding, 0);
 }
 
 void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes) {
@@ -137,8 +138,17 @@ shard_status shard_comm_split(shard_comm *comm, int color, int key, shard_comm *
 
 shard_status shard_comm_destroy(shard_comm *comm) {
     if (!comm) return SHARD_OK;
+    int64_t pending = atomic_load(&comm->outstanding);
+    if (pending > 0) /* their completion would touch this communicator */
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "comm '%s' destroyed with %lld request%s never waited on: wait for them first",
+                           comm->name, (long long)pending, pending == 1 ? "" : "s");
     comm->vt->destroy(comm);
     return SHARD_OK;
+}
+
+void shard__comm_destroy_force(shard_comm *comm) {
+    if (comm) comm->vt->destroy(comm); /* outstanding requests are abandoned, never freed */
 }
 
 void shard_comm_abort(shard_comm *comm, shard_status status, const char *reason) {
@@ -197,6 +207,7 @@ static shard_request *request_new(shard_comm *comm, shard__request_kind kind) {
     req->comm = comm;
     req->kind = kind;
     atomic_init(&req->done, 0);
+    atomic_fetch_add(&comm->outstanding, 1);
     return req;
 }
 
@@ -207,6 +218,7 @@ static void args_free_arrays(shard__coll_args *a) {
 
 static void request_free(shard_request *req) {
     if (req->comm->vt->request_release) req->comm->vt->request_release(req);
+    atomic_fetch_sub(&req->comm->outstanding, 1);
     args_free_arrays(&req->coll);
     free(req);
 }

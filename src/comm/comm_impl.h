@@ -76,6 +76,7 @@ struct shard_comm {
     uint64_t coll_seq; /* collectives started on this handle */
     uint64_t p2p_seq;  /* point-to-point operations started */
     _Atomic uint64_t bytes_sent;
+    _Atomic int64_t outstanding; /* requests created and not yet waited on */
 };
 
 typedef enum shard__request_kind { SHARD__REQ_SEND, SHARD__REQ_RECV, SHARD__REQ_COLL } shard__request_kind;
@@ -103,6 +104,10 @@ static inline void shard__split_range(size_t count, int n, int r, size_t *offset
 /* Initialise the common header of a backend communicator. */
 void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size,
                              const char *name, double timeout_seconds);
+
+/* Destroy even with requests outstanding (a failed rank's cleanup): the
+ * backend stops using them; their memory is abandoned. */
+void shard__comm_destroy_force(shard_comm *comm);
 
 /* Monotonic clock in seconds. */
 double shard__now(void);

@@ -69,7 +69,7 @@ enum { BLOCK = 1024 }; /* elements per pass: the accumulator stays in L1 */
             memcpy(acc, (const T *)srcs[0] + base, m * sizeof(T));                     \
             for (int p = 1; p < nsrc; p++) COMBINE_FN(op, acc, (const T *)srcs[p] + base, m); \
             if (op == SHARD_OP_AVG)                                                    \
-                for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / (T)nsrc);         \
+                for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / nsrc);               \
             memcpy((T *)dst + base, acc, m * sizeof(T));                               \
         }                                                                              \
     } while (0)

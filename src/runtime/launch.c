@@ -98,7 +98,16 @@ static void *rank_main(void *p) {
         if (ctx->status != SHARD_ERR_ABORTED)
             shard_comm_abort(ctx->comm, ctx->status, ctx->error[0] ? ctx->error : shard_status_string(ctx->status));
     }
-    shard_comm_destroy(ctx->comm);
+    if (shard_comm_destroy(ctx->comm) < 0) {
+        if (ctx->status == SHARD_OK) {
+            /* returned with requests in flight: a bug in the program, reported as its failure */
+            ctx->status = SHARD_ERR_INVALID_ARG;
+            snprintf(ctx->error, sizeof ctx->error, "rank %d returned but %s", shard_comm_rank(ctx->comm),
+                     shard_last_error());
+            shard_comm_abort(ctx->comm, ctx->status, ctx->error);
+        }
+        shard__comm_destroy_force(ctx->comm);
+    }
     shard__mem_ledger_adopt(NULL);
     return NULL;
 }

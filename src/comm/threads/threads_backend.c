@@ -27,6 +27,7 @@
  * once, by whichever side arrives second (rendezvous). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -53,7 +54,10 @@ enum {
     /* slices at least this large go out with non-temporal stores: the reader is
      * another core and the data would not stay in cache anyway, and streaming
      * skips the read-for-ownership of every destination line */
-    STREAM_MIN_BYTES = 1 << 20
+    STREAM_MIN_BYTES = 1 << 20,
+    /* a send this small with no receive posted yet is copied and completes at
+     * once, as MPI's eager protocol does, so send-then-recv on both sides works */
+    EAGER_MAX_BYTES = 64 << 10
 };
 
 /* Copy with streaming stores where the hardware has them.  Call stream_fence()
@@ -140,11 +144,12 @@ typedef int (*ready_fn)(void *ctx);
 
 typedef enum { WAIT_READY = 1, WAIT_TIMEOUT = 0, WAIT_ABORTED = -1 } wait_result;
 
-/* Wait until ready(ctx), the deadline, or an abort.  Spin, yield, then block. */
-static wait_result wait_until(shard__thread_job *job, ready_fn ready, void *ctx, double deadline) {
+/* Wait until ready(ctx), the deadline, or (when honor_abort) an abort.
+ * Spin, yield, then block on the job's condition variable. */
+static wait_result wait_until(shard__thread_job *job, ready_fn ready, void *ctx, double deadline, int honor_abort) {
     for (int i = 0; i < SPIN_ITERATIONS; i++) {
         if (ready(ctx)) return WAIT_READY;
-        if (atomic_load_explicit(&job->aborted, memory_order_relaxed)) return WAIT_ABORTED;
+        if (honor_abort && atomic_load_explicit(&job->aborted, memory_order_relaxed)) return WAIT_ABORTED;
         CPU_RELAX();
     }
     for (int i = 0; i < YIELD_ITERATIONS; i++) {
@@ -153,7 +158,7 @@ static wait_result wait_until(shard__thread_job *job, ready_fn ready, void *ctx,
     }
     for (;;) {
         if (ready(ctx)) return WAIT_READY;
-        if (atomic_load(&job->aborted)) return WAIT_ABORTED;
+        if (honor_abort && atomic_load(&job->aborted)) return WAIT_ABORTED;
         double now = shard__now();
         if (now >= deadline) return ready(ctx) ? WAIT_READY : WAIT_TIMEOUT;
         double until = deadline < now + 1.0 ? deadline : now + 1.0; /* re-check the clock each second */
@@ -163,17 +168,24 @@ static wait_result wait_until(shard__thread_job *job, ready_fn ready, void *ctx,
         if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
         atomic_fetch_add(&job->sleepers, 1);
         pthread_mutex_lock(&job->mu);
-        if (!ready(ctx) && !atomic_load(&job->aborted)) pthread_cond_timedwait(&job->cv, &job->mu, &ts);
+        if (!ready(ctx) && !(honor_abort && atomic_load(&job->aborted)))
+            pthread_cond_timedwait(&job->cv, &job->mu, &ts);
         pthread_mutex_unlock(&job->mu);
         atomic_fetch_sub(&job->sleepers, 1);
     }
+}
+
+/* For waits that must not give up: every party is already committed to a
+ * bounded amount of work (copying data), so the wait ends without a deadline. */
+static void wait_bounded_work(shard__thread_job *job, ready_fn ready, void *ctx) {
+    wait_until(job, ready, ctx, INFINITY, 0);
 }
 
 /* ------------------------------------------------------------------ groups and handles */
 
 typedef struct p2p_entry {
     struct p2p_entry *next;
-    shard_request *req;
+    shard_request *req; /* NULL for an eager send: the entry owns a copy of the data */
     int src, dst, tag;
     void *buf;
     size_t bytes;
@@ -193,10 +205,19 @@ typedef struct slot {
     char pad[64 - 2 * sizeof(uint64_t) - 2 * sizeof(void *)];
 } __attribute__((aligned(64))) slot;
 
+/* The arrival gate packs (sequence number << GATE_SEQ_SHIFT) | ranks arrived.
+ * Ranks enter collective s only once collective s-1 has all n arrivals, and a
+ * rank that gives up (deadline, abort) may withdraw only while the count is
+ * below n: once every rank has arrived, all of them move data and finish, so
+ * nobody ever reads the buffers of a rank that has left. */
+#define GATE_SEQ_SHIFT 20
+#define GATE_COUNT_MASK ((UINT64_C(1) << GATE_SEQ_SHIFT) - 1)
+
 typedef struct group { /* shared by the ranks of one communicator */
     shard__thread_job *job;
     int size;
     _Atomic int refs;
+    _Atomic uint64_t gate;
     slot *slots;
     mailbox *boxes;
 } group;
@@ -239,13 +260,20 @@ static group *group_create(shard__thread_job *job, int size) {
     g->job = job;
     g->size = size;
     atomic_init(&g->refs, size);
+    atomic_init(&g->gate, (uint64_t)size); /* collective 0 complete: #1 may start */
     atomic_fetch_add(&job->refs, 1);
     return g;
 }
 
 static void group_release(group *g) {
     if (atomic_fetch_sub(&g->refs, 1) != 1) return;
-    for (int r = 0; r < g->size; r++) pthread_mutex_destroy(&g->boxes[r].mu);
+    for (int r = 0; r < g->size; r++) {
+        for (p2p_entry *e = g->boxes[r].sends, *next; e; e = next) { /* eager sends never received */
+            next = e->next;
+            if (!e->req) free(e);
+        }
+        pthread_mutex_destroy(&g->boxes[r].mu);
+    }
     job_release(g->job);
     free(g->slots);
     free(g->boxes);
@@ -309,41 +337,84 @@ static shard_status aborted_error(tcomm *c, const char *what, uint64_t seq) {
 
 /* ------------------------------------------------------------------ collectives */
 
-typedef struct counter_wait {
+typedef struct gate_wait {
     group *g;
-    int finished; /* 0: wait on arrived, 1: on finished */
     uint64_t seq;
-} counter_wait;
+} gate_wait;
 
-static int all_reached(void *ctx) {
-    counter_wait *w = ctx;
-    for (int p = 0; p < w->g->size; p++) {
-        _Atomic uint64_t *v = w->finished ? &w->g->slots[p].finished : &w->g->slots[p].arrived;
-        if (atomic_load(v) < w->seq) return 0;
+/* Count this rank in for collective `seq`; 0 while the previous one is still
+ * collecting arrivals (only possible when ranks are out of step). */
+static int gate_try_enter(void *ctx) {
+    gate_wait *w = ctx;
+    uint64_t n = (uint64_t)w->g->size, v = atomic_load(&w->g->gate);
+    for (;;) {
+        uint64_t vseq = v >> GATE_SEQ_SHIFT, vcount = v & GATE_COUNT_MASK, next;
+        if (vseq == w->seq)
+            next = v + 1;
+        else if (vseq + 1 == w->seq && vcount == n)
+            next = (w->seq << GATE_SEQ_SHIFT) | 1;
+        else
+            return 0;
+        if (atomic_compare_exchange_weak(&w->g->gate, &v, next)) return 1;
     }
+}
+
+static int gate_all_arrived(void *ctx) {
+    gate_wait *w = ctx;
+    return atomic_load(&w->g->gate) == ((w->seq << GATE_SEQ_SHIFT) | (uint64_t)w->g->size);
+}
+
+/* Take this rank's arrival back; 0 if everyone had arrived (then it must take part). */
+static int gate_withdraw(group *g, uint64_t seq) {
+    uint64_t v = atomic_load(&g->gate);
+    for (;;) {
+        if ((v >> GATE_SEQ_SHIFT) != seq || (v & GATE_COUNT_MASK) >= (uint64_t)g->size) return 0;
+        if (atomic_compare_exchange_weak(&g->gate, &v, v - 1)) return 1;
+    }
+}
+
+typedef struct finish_wait {
+    group *g;
+    uint64_t seq;
+} finish_wait;
+
+static int all_finished(void *ctx) {
+    finish_wait *w = ctx;
+    for (int p = 0; p < w->g->size; p++)
+        if (atomic_load(&w->g->slots[p].finished) < w->seq) return 0;
     return 1;
 }
 
-static shard_status wait_all(tcomm *c, const shard__coll_args *a, int finished) {
+static shard_status timeout_error(tcomm *c, const shard__coll_args *a) {
     group *g = c->g;
-    counter_wait w = {g, finished, a->seq};
-    double timeout = c->base.timeout_seconds;
-    wait_result res = wait_until(g->job, all_reached, &w, shard__now() + timeout);
-    const char *what = shard__coll_kind_name(a->kind);
-    if (res == WAIT_READY) return SHARD_OK;
-    if (res == WAIT_ABORTED) return aborted_error(c, what, a->seq);
     int *missing = calloc((size_t)g->size, sizeof *missing);
     int count = 0;
-    for (int p = 0; p < g->size; p++) {
-        _Atomic uint64_t *v = finished ? &g->slots[p].finished : &g->slots[p].arrived;
-        if (missing && atomic_load(v) < a->seq) missing[p] = 1, count++;
-    }
+    for (int p = 0; p < g->size; p++)
+        if (missing && atomic_load(&g->slots[p].arrived) < a->seq) missing[p] = 1, count++;
     char list[256] = "?";
     if (missing) shard__format_rank_list(missing, g->size, list, sizeof list);
     free(missing);
-    return shard_error(SHARD_ERR_TIMEOUT, "timeout after %g s in %s #%llu on comm '%s': %s %s never %s it",
-                       timeout, what, (unsigned long long)a->seq, c->base.name,
-                       count == 1 ? "rank" : "ranks", list, finished ? "finished" : "entered");
+    return shard_error(SHARD_ERR_TIMEOUT, "timeout after %g s in %s #%llu on comm '%s': %s %s never entered it",
+                       c->base.timeout_seconds, shard__coll_kind_name(a->kind), (unsigned long long)a->seq,
+                       c->base.name, count == 1 ? "rank" : "ranks", list);
+}
+
+/* Enter collective a->seq and wait for every rank.  On failure this rank has
+ * withdrawn and no peer will touch its buffers. */
+static shard_status arrive(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    gate_wait w = {g, a->seq};
+    double deadline = shard__now() + c->base.timeout_seconds;
+    atomic_store(&g->slots[c->base.rank].arrived, a->seq); /* for messages only */
+    wait_result res = wait_until(g->job, gate_try_enter, &w, deadline, 1);
+    if (res == WAIT_READY) {
+        job_notify(g->job);
+        res = wait_until(g->job, gate_all_arrived, &w, deadline, 1);
+        if (res != WAIT_READY && !gate_withdraw(g, a->seq)) res = WAIT_READY; /* all came after all */
+    }
+    if (res == WAIT_READY) return SHARD_OK;
+    if (res == WAIT_ABORTED) return aborted_error(c, shard__coll_kind_name(a->kind), a->seq);
+    return timeout_error(c, a);
 }
 
 /* Every rank runs this on the same published data, so all report the same mismatch. */
@@ -465,9 +536,7 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
         memcpy(staged, a->send, extent * es);
         me->send = staged;
     }
-    atomic_store(&me->arrived, a->seq);
-    job_notify(g->job);
-    shard_status s = wait_all(c, a, 0);
+    shard_status s = arrive(c, a);
     if (s < 0) {
         shard_free(staged);
         return s;
@@ -490,15 +559,17 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
         default: s = shard_error(SHARD_ERR_INTERNAL, "threads backend: unknown collective %d", (int)a->kind);
         }
     }
-    /* even after a mismatch, wait for everyone: peers may still read our arguments */
-    char error_text[512];
-    snprintf(error_text, sizeof error_text, "%s", shard_last_error());
+    /* Even after a mismatch, wait for everyone: peers may still read our
+     * arguments or buffers.  Every rank is past the gate and only copies now. */
     atomic_store(&me->finished, a->seq);
     job_notify(g->job);
-    shard_status fs = wait_all(c, a, 1);
+    finish_wait fw = {g, a->seq};
+    char error_text[512];
+    snprintf(error_text, sizeof error_text, "%s", shard_last_error());
+    wait_bounded_work(g->job, all_finished, &fw);
     shard_free(staged);
     if (s < 0) return shard_error(s, "%s", error_text);
-    return fs;
+    return SHARD_OK;
 }
 
 typedef struct drain_wait {
@@ -510,29 +581,17 @@ static int queue_drained(void *ctx) {
     return atomic_load(&c->completed) == atomic_load(&c->issued);
 }
 
-/* Wait for this rank's earlier non-blocking collectives, which run first. */
-static shard_status drain_queue(tcomm *c, const char *what, uint64_t seq) {
+/* Wait for this rank's earlier non-blocking collectives, which run first.
+ * No deadline of its own: each queued collective ends by its own deadline
+ * (arrival) or by finishing its bounded copy. */
+static void drain_queue(tcomm *c) {
     drain_wait w = {c};
-    uint64_t last = atomic_load(&c->completed);
-    for (;;) {
-        /* each queued op ends by its own deadlines within 2 timeouts; judge progress per op */
-        wait_result res = wait_until(c->g->job, queue_drained, &w, shard__now() + 2 * c->base.timeout_seconds + 1.0);
-        if (res == WAIT_READY) return SHARD_OK;
-        if (res == WAIT_ABORTED) return aborted_error(c, what, seq);
-        uint64_t now = atomic_load(&c->completed);
-        if (now == last) /* no progress for a whole deadline: the helper's own op timed out or hangs */
-            return shard_error(SHARD_ERR_TIMEOUT,
-                               "timeout after %g s in %s #%llu on comm '%s': %llu earlier non-blocking collectives never completed",
-                               c->base.timeout_seconds, what, (unsigned long long)seq, c->base.name,
-                               (unsigned long long)(atomic_load(&c->issued) - now));
-        last = now;
-    }
+    wait_bounded_work(c->g->job, queue_drained, &w);
 }
 
 static shard_status threads_collective(shard_comm *comm, shard__coll_args *args) {
     tcomm *c = (tcomm *)comm;
-    if (atomic_load(&c->issued) != atomic_load(&c->completed))
-        SHARD_CHECK(drain_queue(c, shard__coll_kind_name(args->kind), args->seq));
+    if (atomic_load(&c->issued) != atomic_load(&c->completed)) drain_queue(c);
     return run_collective(c, args);
 }
 
@@ -610,13 +669,14 @@ static void deliver(tcomm *c, p2p_entry *send, p2p_entry *recv) {
                  "message size mismatch on comm '%s': rank %d sent %zu bytes with tag %d (send #%llu), rank %d expected %zu (recv #%llu)",
                  c->base.name, send->src, send->bytes, send->tag, (unsigned long long)send->seq, recv->dst,
                  recv->bytes, (unsigned long long)recv->seq);
-        complete(job, send->req, SHARD_ERR_MISMATCH, text);
+        if (send->req) complete(job, send->req, SHARD_ERR_MISMATCH, text);
         complete(job, recv->req, SHARD_ERR_MISMATCH, text);
-        return;
+    } else {
+        if (send->bytes) memcpy(recv->buf, send->buf, send->bytes);
+        if (send->req) complete(job, send->req, SHARD_OK, NULL);
+        complete(job, recv->req, SHARD_OK, NULL);
     }
-    if (send->bytes) memcpy(recv->buf, send->buf, send->bytes);
-    complete(job, send->req, SHARD_OK, NULL);
-    complete(job, recv->req, SHARD_OK, NULL);
+    if (!send->req) free(send); /* eager: entry and data in one block */
 }
 
 static p2p_entry *take_match(p2p_entry **list, int src, int tag) {
@@ -648,9 +708,25 @@ static shard_status p2p_post(shard_comm *comm, int is_send, void *buf, size_t by
     e->bytes = bytes;
     e->seq = seq;
     req->impl = e;
+    if (atomic_load(&c->g->job->aborted)) /* a failed peer's buffers may be gone: match nothing */
+        return aborted_error(c, is_send ? "send" : "recv", seq);
     mailbox *box = &c->g->boxes[e->dst];
     pthread_mutex_lock(&box->mu);
     p2p_entry *match = is_send ? take_match(&box->recvs, e->src, tag) : take_match(&box->sends, e->src, tag);
+    if (!match && is_send && bytes <= EAGER_MAX_BYTES) {
+        /* eager: queue a copy and complete the send now */
+        p2p_entry *copy = malloc(sizeof *copy + bytes);
+        if (copy) {
+            *copy = *e;
+            copy->req = NULL;
+            copy->buf = copy + 1;
+            if (bytes) memcpy(copy->buf, buf, bytes);
+            append(&box->sends, copy);
+            pthread_mutex_unlock(&box->mu);
+            complete(c->g->job, req, SHARD_OK, NULL);
+            return SHARD_OK;
+        }
+    }
     if (!match) append(is_send ? &box->sends : &box->recvs, e);
     pthread_mutex_unlock(&box->mu);
     if (match) {
@@ -689,41 +765,21 @@ static int p2p_cancel(tcomm *c, p2p_entry *e, int is_send) {
 
 static int request_done(void *ctx) { return atomic_load(&((shard_request *)ctx)->done); }
 
-static int helper_progress(void *ctx) {
-    shard_request *req = ctx;
-    return atomic_load(&req->done);
-}
-
 static shard_status threads_request_wait(shard_request *req) {
     tcomm *c = (tcomm *)req->comm;
     shard__thread_job *job = c->g->job;
     if (req->kind == SHARD__REQ_COLL) {
-        /* the helper enforces each collective's deadline; give up only if it stops progressing */
-        uint64_t last = atomic_load(&c->completed);
-        for (;;) {
-            /* an op's own deadlines (arrival, then completion) end it within 2 timeouts */
-            wait_result res = wait_until(job, helper_progress, req, shard__now() + 2 * c->base.timeout_seconds + 1.0);
-            if (res == WAIT_READY) return SHARD_OK;
-            if (res == WAIT_ABORTED) {
-                /* the helper will fail the op soon; wait for it so that buffers are released */
-                while (!atomic_load(&req->done)) wait_until(job, request_done, req, shard__now() + 1.0);
-                return SHARD_OK;
-            }
-            uint64_t now = atomic_load(&c->completed);
-            if (now == last)
-                return shard_error(SHARD_ERR_TIMEOUT,
-                                   "timeout after %g s waiting for %s #%llu on comm '%s': the collectives before it made no progress",
-                                   c->base.timeout_seconds, shard__coll_kind_name(req->coll.kind),
-                                   (unsigned long long)req->coll.seq, c->base.name);
-            last = now;
-        }
+        /* The helper owns the request until done; it ends every collective by
+         * its deadline or its bounded copy, so this wait needs none of its own. */
+        wait_bounded_work(job, request_done, req);
+        return SHARD_OK;
     }
     p2p_entry *e = req->impl;
     int is_send = req->kind == SHARD__REQ_SEND;
-    wait_result res = wait_until(job, request_done, req, shard__now() + c->base.timeout_seconds);
+    wait_result res = wait_until(job, request_done, req, shard__now() + c->base.timeout_seconds, 1);
     if (res == WAIT_READY) return SHARD_OK;
     if (!p2p_cancel(c, e, is_send)) { /* matched meanwhile: the copy is under way */
-        while (!atomic_load(&req->done)) wait_until(job, request_done, req, shard__now() + 1.0);
+        wait_bounded_work(job, request_done, req);
         return SHARD_OK;
     }
     int peer = is_send ? e->dst : e->src;
@@ -822,16 +878,33 @@ done:
     return s;
 }
 
+/* Unlink the entries posted through `comm` (their requests are abandoned). */
+static void drop_entries_of(p2p_entry **list, const shard_comm *comm) {
+    while (*list) {
+        if ((*list)->req && (*list)->req->comm == comm)
+            *list = (*list)->next;
+        else
+            list = &(*list)->next;
+    }
+}
+
 static void threads_destroy(shard_comm *comm) {
     tcomm *c = (tcomm *)comm;
     if (c->helper_started) {
-        if (atomic_load(&c->issued) != atomic_load(&c->completed))
-            (void)drain_queue(c, "destroy", comm->coll_seq);
+        if (atomic_load(&c->issued) != atomic_load(&c->completed)) drain_queue(c);
         pthread_mutex_lock(&c->qmu);
         c->stop = 1;
         pthread_cond_signal(&c->qcv);
         pthread_mutex_unlock(&c->qmu);
         pthread_join(c->helper, NULL);
+    }
+    /* messages this handle posted and nobody matched must not be matched later */
+    for (int r = 0; r < c->g->size; r++) {
+        mailbox *box = &c->g->boxes[r];
+        pthread_mutex_lock(&box->mu);
+        drop_entries_of(&box->sends, comm);
+        drop_entries_of(&box->recvs, comm);
+        pthread_mutex_unlock(&box->mu);
     }
     pthread_mutex_destroy(&c->qmu);
     pthread_cond_destroy(&c->qcv);
