@@ -1,6 +1,7 @@
 # shard — top-level entry points.  CMake + CTest underneath.
 #   make demo    install missing packages, build, run the demo
-#   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests under TSan
+#   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests
+#                under TSan; MPI tests built against MPICH
 #   make bench   the communication benchmark table of the README
 #   make deps | build | clean
 
@@ -28,4 +29,4 @@ bench: build
 	@scripts/bench.sh
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-mpich

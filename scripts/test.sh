@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — what `make test` (and CI) runs: every test in a -Werror release build,
-# again under ASan + UBSan, and the threads-backend tests under TSan.
+# again under ASan + UBSan, the threads-backend tests under TSan, and the MPI
+# tests once more built against MPICH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -23,5 +24,11 @@ configure_and_build build-asan -DCMAKE_BUILD_TYPE=Debug -DSHARD_SANITIZE=address
 echo "== TSan: threads-backend tests"
 configure_and_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DSHARD_SANITIZE=thread
 (cd build-tsan && ctest --output-on-failure -j"$jobs" -L "unit|comm")
+
+if [[ -x /usr/bin/mpicc.mpich ]]; then
+  echo "== MPICH build: the MPI tests against MPICH (hydra launcher)"
+  configure_and_build build-mpich -DCMAKE_BUILD_TYPE=Release -DMPI_C_COMPILER=/usr/bin/mpicc.mpich
+  (cd build-mpich && ctest --output-on-failure -j"$jobs" -L mpi)
+fi
 
 echo "== all test runs passed"

@@ -399,12 +399,16 @@ static void case_point_to_point(test_ctx *t) {
     CHECK_OK(t, shard_request_wait(&sreq), "isend wait");
     CHECK_EQ_INT(t, in[0], prev, "ring value from rank %d", prev);
     CHECK_EQ_INT(t, in[1], prev * 10, "ring value from rank %d", prev);
-    /* small blocking sends before the receives on every rank: eager on both backends */
-    int32_t small_out[16], small_in[16];
-    for (int i = 0; i < 16; i++) small_out[i] = r * 16 + i;
-    CHECK_OK(t, shard_comm_send(c, small_out, 16, SHARD_I32, next, 6), "blocking small send before recv");
-    CHECK_OK(t, shard_comm_recv(c, small_in, 16, SHARD_I32, prev, 6), "recv after blocking send");
-    CHECK_EQ_INT(t, small_in[15], prev * 16 + 15, "small message from rank %d", prev);
+    /* small blocking sends before the receives on every rank: eager on the threads
+     * backend and in both MPI libraries; to oneself only the threads backend and
+     * Open MPI buffer (MPI does not promise it), so skip that on MPI */
+    if (n > 1 || strcmp(shard_comm_backend(c), "threads") == 0) {
+        int32_t small_out[16], small_in[16];
+        for (int i = 0; i < 16; i++) small_out[i] = r * 16 + i;
+        CHECK_OK(t, shard_comm_send(c, small_out, 16, SHARD_I32, next, 6), "blocking small send before recv");
+        CHECK_OK(t, shard_comm_recv(c, small_in, 16, SHARD_I32, prev, 6), "recv after blocking send");
+        CHECK_EQ_INT(t, small_in[15], prev * 16 + 15, "small message from rank %d", prev);
+    }
     /* two tags, received in the opposite order to sending; same tag keeps order */
     float a = 1.5f + (float)r, b = 2.5f + (float)r, b2 = 3.5f + (float)r, ra = 0, rb = 0, rb2 = 0;
     shard_request *reqs[3];

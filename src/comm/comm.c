@@ -371,6 +371,9 @@ static shard_status copy_counts(shard_comm *comm, const shard__coll_args *a, con
                                shard__coll_kind_name(a->kind), comm->name, which, p, src_counts[p]);
         counts[p] = src_counts[p];
         displs[p] = src_displs ? src_displs[p] : next;
+        if (displs[p] > SIZE_MAX / 16 - counts[p])
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %s displacement[%d] = %zu is too large",
+                               shard__coll_kind_name(a->kind), comm->name, which, p, displs[p]);
         next = displs[p] + counts[p];
     }
     return SHARD_OK;
@@ -530,6 +533,10 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
         }
     }
     if (s < 0) {
+        /* refused before it was issued: give the sequence number and bytes back
+         * so that this rank stays in step with its peers */
+        comm->coll_seq--;
+        atomic_fetch_sub(&comm->bytes_sent, bytes_sent_by(comm, &req->coll));
         request_free(req);
         return s;
     }

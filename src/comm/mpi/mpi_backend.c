@@ -48,7 +48,8 @@ typedef struct mreq { /* backend state of a request */
 static const shard__comm_vtable mpi_vtable;
 
 static struct {
-    int initialized_here;
+    int initialized_here; /* shard called MPI_Init_thread, so it finalizes too */
+    int setup_done;       /* types, ops and watchdog exist */
     int thread_level;
     MPI_Datatype half_types[2]; /* bf16, f16 */
     MPI_Op half_ops[4];         /* sum, prod, max, min on the 2-byte types */
@@ -247,6 +248,29 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
 /* ------------------------------------------------------------------ collectives */
 
 /* Issue one collective: blocking when req == NULL, else non-blocking with state in req. */
+/* One rank: do the local copy the collective amounts to (some MPI builds
+ * mishandle size-1 communicators with displacements, and it saves a call). */
+static void single_rank_copy(const shard__coll_args *a) {
+    size_t es = shard_dtype_size(a->dtype);
+    const char *src = a->send;
+    char *dst = a->recv;
+    size_t bytes = 0;
+    switch (a->kind) {
+    case SHARD__ALL_REDUCE: bytes = a->count * es; break;
+    case SHARD__REDUCE_SCATTER:
+    case SHARD__REDUCE_SCATTERV: bytes = a->recv_counts[0] * es, src += a->recv_displs[0] * es; break;
+    case SHARD__ALL_GATHER:
+    case SHARD__ALL_GATHERV: bytes = a->recv_counts[0] * es, dst += a->recv_displs[0] * es; break;
+    case SHARD__ALL_TO_ALL:
+    case SHARD__ALL_TO_ALLV:
+        bytes = a->recv_counts[0] * es, src += a->send_displs[0] * es, dst += a->recv_displs[0] * es;
+        break;
+    default: return; /* barrier, broadcast: nothing moves */
+    }
+    if (bytes && !a->in_place) memmove(dst, src, bytes);
+}
+
+/* Issue one collective: blocking when req == NULL, else non-blocking with state in req. */
 static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
     const char *what = shard__coll_kind_name(a->kind);
     int n = c->base.size, r = c->base.rank;
@@ -254,54 +278,67 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
     MPI_Datatype t = mpi_type(a->dtype);
     MPI_Op op = mpi_op(a->dtype, a->op);
     mreq *st = NULL;
-    if (M.debug) SHARD_CHECK(check_agreement(c, a));
+    if (M.debug) {
+        watch_begin(c, a);
+        shard_status agreed = check_agreement(c, a);
+        watch_end();
+        SHARD_CHECK(agreed);
+    }
     if (req) {
         st = calloc(1, sizeof *st);
         if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for a request", what);
-        req->impl = st;
+        st->request = MPI_REQUEST_NULL;
+        req->impl = st; /* released by mpi_request_release, whatever happens below */
     }
-    mreq local = {0};
-    mreq *s = st ? st : &local;
-    if (n == 1 && a->in_place) { /* one rank, in place: nothing moves */
-        if (st) st->request = MPI_REQUEST_NULL;
+    if (n == 1) {
+        single_rank_copy(a);
         return SHARD_OK;
     }
+    mreq local = {.request = MPI_REQUEST_NULL};
+    mreq *s = st ? st : &local;
+    shard_status status = SHARD_OK;
     /* int copies of counts and displacements: [send_counts | send_displs | recv_counts | recv_displs] */
     int need_ints = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV;
     if (need_ints) {
         s->ints = malloc(sizeof(int) * 4 * (size_t)n);
         if (!s->ints) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", what);
         for (int p = 0; p < n; p++) {
-            SHARD_CHECK(as_int(&c->base, what, a->send_counts[p], &s->ints[p]));
-            SHARD_CHECK(as_int(&c->base, what, a->send_displs[p], &s->ints[n + p]));
-            SHARD_CHECK(as_int(&c->base, what, a->recv_counts[p], &s->ints[2 * n + p]));
-            SHARD_CHECK(as_int(&c->base, what, a->recv_displs[p], &s->ints[3 * n + p]));
+            SHARD_CHECK_GOTO(as_int(&c->base, what, a->send_counts[p], &s->ints[p]), status, fail);
+            SHARD_CHECK_GOTO(as_int(&c->base, what, a->send_displs[p], &s->ints[n + p]), status, fail);
+            SHARD_CHECK_GOTO(as_int(&c->base, what, a->recv_counts[p], &s->ints[2 * n + p]), status, fail);
+            SHARD_CHECK_GOTO(as_int(&c->base, what, a->recv_displs[p], &s->ints[3 * n + p]), status, fail);
         }
     }
     int count = 0;
-    SHARD_CHECK(as_int(&c->base, what, a->count, &count));
+    SHARD_CHECK_GOTO(as_int(&c->base, what, a->count, &count), status, fail);
     const void *send = a->send;
     void *recv = a->recv;
-    if (a->op == SHARD_OP_AVG && n > 1 &&
+    if (a->op == SHARD_OP_AVG &&
         (a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV)) {
         s->divide_by = n;
         s->divide_buf = recv;
         s->divide_count = a->kind == SHARD__ALL_REDUCE ? a->count : a->recv_counts[r];
     }
     /* in-place forms MPI spells differently: stage */
-    if (a->in_place && n > 1 && (a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV)) {
+    if (a->in_place && (a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV)) {
         s->copy_bytes = a->recv_counts[r] * es;
         s->staging = shard_alloc(s->copy_bytes, SHARD_MEM_COMM);
-        if (!s->staging) return SHARD_ERR_NO_MEMORY;
+        if (!s->staging) {
+            status = SHARD_ERR_NO_MEMORY;
+            goto fail;
+        }
         s->copy_to = recv;
         recv = s->staging;
     }
-    if (a->in_place && n > 1 && (a->kind == SHARD__ALL_TO_ALL || a->kind == SHARD__ALL_TO_ALLV)) {
+    if (a->in_place && (a->kind == SHARD__ALL_TO_ALL || a->kind == SHARD__ALL_TO_ALLV)) {
         size_t extent = 0;
         for (int p = 0; p < n; p++)
             if (a->send_displs[p] + a->send_counts[p] > extent) extent = a->send_displs[p] + a->send_counts[p];
         s->staging = shard_alloc(extent * es, SHARD_MEM_COMM);
-        if (!s->staging) return SHARD_ERR_NO_MEMORY;
+        if (!s->staging) {
+            status = SHARD_ERR_NO_MEMORY;
+            goto fail;
+        }
         memcpy(s->staging, a->send, extent * es);
         send = s->staging;
     }
@@ -346,14 +383,20 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
     default: rc = MPI_ERR_OTHER;
     }
     if (!req) watch_end();
-    if (rc != MPI_SUCCESS) return mpi_error(rc, what, &c->base);
+    if (rc != MPI_SUCCESS) {
+        status = mpi_error(rc, what, &c->base);
+        goto fail;
+    }
     if (!req) { /* blocking: finish now */
         if (s->copy_to) memcpy(s->copy_to, s->staging, s->copy_bytes);
         if (s->divide_by) shard__divide(a->dtype, s->divide_buf, s->divide_count, s->divide_by);
+    }
+fail:
+    if (!req) { /* a request's state is released with the request */
         shard_free(s->staging);
         free(s->ints);
     }
-    return SHARD_OK;
+    return status;
 }
 
 static shard_status mpi_collective(shard_comm *comm, shard__coll_args *args) {
@@ -373,6 +416,7 @@ static shard_status mpi_isend(shard_comm *comm, const void *buf, size_t bytes, i
     SHARD_CHECK(as_int(comm, "send", bytes, &n));
     mreq *st = calloc(1, sizeof *st);
     if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "send: out of memory");
+    st->request = MPI_REQUEST_NULL;
     req->impl = st;
     st->peer = dst, st->tag = tag, st->bytes = bytes, st->seq = seq;
     MPI_TRY(MPI_Isend(buf, n, MPI_BYTE, dst, tag, c->mpi, &st->request), "send", comm);
@@ -386,6 +430,7 @@ static shard_status mpi_irecv(shard_comm *comm, void *buf, size_t bytes, int src
     SHARD_CHECK(as_int(comm, "recv", bytes, &n));
     mreq *st = calloc(1, sizeof *st);
     if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "recv: out of memory");
+    st->request = MPI_REQUEST_NULL;
     req->impl = st;
     st->peer = src, st->tag = tag, st->bytes = bytes, st->seq = seq;
     MPI_TRY(MPI_Irecv(buf, n, MPI_BYTE, src, tag, c->mpi, &st->request), "recv", comm);
@@ -448,9 +493,12 @@ static void mpi_request_release(shard_request *req) {
     mreq *st = req->impl;
     if (!st) return;
     if (!atomic_load(&req->done) && st->request != MPI_REQUEST_NULL) {
-        /* abandoned after a timeout: MPI may still touch the buffers, so cancel receives */
-        if (req->kind == SHARD__REQ_RECV) MPI_Cancel(&st->request);
-        MPI_Request_free(&st->request);
+        /* Abandoned after a timeout or error.  A receive can be cancelled; a send
+         * or collective cannot, and MPI may still read or write its buffers, so
+         * its state is deliberately left allocated (the job is failing anyway). */
+        if (req->kind != SHARD__REQ_RECV) return;
+        MPI_Cancel(&st->request);
+        MPI_Wait(&st->request, MPI_STATUS_IGNORE);
     }
     shard_free(st->staging);
     free(st->ints);
@@ -475,8 +523,11 @@ static mcomm *mcomm_wrap(MPI_Comm mpi, const char *name, double timeout) {
 static shard_status mpi_split(shard_comm *comm, int color, int key, shard_comm **out) {
     mcomm *c = (mcomm *)comm;
     MPI_Comm sub = MPI_COMM_NULL;
-    comm->coll_seq++;
-    MPI_TRY(MPI_Comm_split(c->mpi, color < 0 ? MPI_UNDEFINED : color, key, &sub), "split", comm);
+    shard__coll_args as_barrier = {.kind = SHARD__BARRIER, .seq = ++comm->coll_seq};
+    watch_begin(c, &as_barrier); /* reported as the collective it is: a barrier-like split */
+    int rc = MPI_Comm_split(c->mpi, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+    watch_end();
+    if (rc != MPI_SUCCESS) return mpi_error(rc, "split", comm);
     if (sub == MPI_COMM_NULL) return SHARD_OK;
     char name[64];
     snprintf(name, sizeof name, "%.40s:%d", comm->name, color);
@@ -579,12 +630,17 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
          * from the rank's main thread (the watchdog never calls MPI). */
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return shard_error(SHARD_ERR_BACKEND, "MPI_Init_thread failed");
+        M.initialized_here = 1;
+        atexit(shard__mpi_finalize_at_exit);
+    }
+    if (!M.setup_done) { /* once per process, whoever initialised MPI */
+        int provided = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&provided);
         if (provided < MPI_THREAD_FUNNELED)
             return shard_error(SHARD_ERR_BACKEND,
-                               "the MPI library grants only %s; shard needs at least MPI_THREAD_FUNNELED",
-                               level_name(provided));
+                               "MPI runs at %s; shard needs at least MPI_THREAD_FUNNELED%s", level_name(provided),
+                               M.initialized_here ? "" : " (initialise MPI with MPI_Init_thread)");
         M.thread_level = provided;
-        M.initialized_here = 1;
         for (int i = 0; i < 2; i++) {
             MPI_Type_contiguous(2, MPI_BYTE, &M.half_types[i]);
             MPI_Type_commit(&M.half_types[i]);
@@ -599,7 +655,7 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
             pthread_detach(M.watchdog);
             M.watchdog_started = 1;
         }
-        atexit(shard__mpi_finalize_at_exit);
+        M.setup_done = 1;
     }
     MPI_Comm dup;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
