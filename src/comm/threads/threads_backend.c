@@ -661,22 +661,25 @@ static void complete(shard__thread_job *job, shard_request *req, shard_status s,
 }
 
 /* Copy a matched pair and complete both requests. */
+/* Copy a matched pair and complete both requests.  Once a request is complete
+ * its owner may free it and its entry, so read everything needed first. */
 static void deliver(tcomm *c, p2p_entry *send, p2p_entry *recv) {
     shard__thread_job *job = c->g->job;
+    shard_request *send_req = send->req, *recv_req = recv->req; /* send_req NULL: eager copy */
     if (send->bytes != recv->bytes) {
         char text[512];
         snprintf(text, sizeof text,
                  "message size mismatch on comm '%s': rank %d sent %zu bytes with tag %d (send #%llu), rank %d expected %zu (recv #%llu)",
                  c->base.name, send->src, send->bytes, send->tag, (unsigned long long)send->seq, recv->dst,
                  recv->bytes, (unsigned long long)recv->seq);
-        if (send->req) complete(job, send->req, SHARD_ERR_MISMATCH, text);
-        complete(job, recv->req, SHARD_ERR_MISMATCH, text);
+        if (send_req) complete(job, send_req, SHARD_ERR_MISMATCH, text);
+        complete(job, recv_req, SHARD_ERR_MISMATCH, text);
     } else {
         if (send->bytes) memcpy(recv->buf, send->buf, send->bytes);
-        if (send->req) complete(job, send->req, SHARD_OK, NULL);
-        complete(job, recv->req, SHARD_OK, NULL);
+        if (send_req) complete(job, send_req, SHARD_OK, NULL);
+        complete(job, recv_req, SHARD_OK, NULL);
     }
-    if (!send->req) free(send); /* eager: entry and data in one block */
+    if (!send_req) free(send); /* eager: entry and data in one block, owned by nobody else */
 }
 
 static p2p_entry *take_match(p2p_entry **list, int src, int tag) {
