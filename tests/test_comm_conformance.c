@@ -150,7 +150,7 @@ static void case_all_reduce_bitwise(test_ctx *t) {
     shard_free(all);
 }
 
-/* Large vectors take the streaming-store path (slices of 1 MiB and more). */
+/* Large vectors take the streaming-store paths (slices and blocks of 1 MiB and more). */
 static void case_all_reduce_large(test_ctx *t) {
     shard_comm *c = t->comm;
     int n = t->size, r = t->rank;
@@ -168,6 +168,30 @@ static void case_all_reduce_large(test_ctx *t) {
         if (!inplace) shard_free(recv);
         shard_free(send);
     }
+    /* all_gather, all_to_all and broadcast of blocks >= 1 MiB stream too */
+    size_t block = 300001;
+    float *mine = alloc_buf(block * (size_t)n, SHARD_F32), *all = alloc_buf(block * (size_t)n, SHARD_F32);
+    for (size_t i = 0; i < block * (size_t)n; i++) mine[i] = (float)(r * 7) + (float)(i % 977);
+    CHECK_OK(t, shard_comm_all_gather(c, mine, all, block, SHARD_F32), "large all_gather");
+    for (int p = 0; p < n; p++)
+        for (size_t i = 0; i < block; i += 997)
+            if (!CHECK_NEAR(t, all[(size_t)p * block + i], (double)(p * 7) + (double)(i % 977), 0,
+                            "large all_gather block %d element %zu", p, i))
+                break;
+    CHECK_OK(t, shard_comm_all_to_all(c, mine, all, block, SHARD_F32), "large all_to_all");
+    for (int p = 0; p < n; p++)
+        for (size_t i = 0; i < block; i += 997)
+            if (!CHECK_NEAR(t, all[(size_t)p * block + i], (double)(p * 7) + (double)(((size_t)r * block + i) % 977), 0,
+                            "large all_to_all block %d element %zu", p, i))
+                break;
+    CHECK_NEAR(t, all[(size_t)n * block - 1], (double)((n - 1) * 7) + (double)(((size_t)r * block + block - 1) % 977), 0,
+               "large all_to_all last element");
+    CHECK_OK(t, shard_comm_broadcast(c, mine, block, SHARD_F32, n - 1), "large broadcast");
+    for (size_t i = 0; i < block; i += 991)
+        if (!CHECK_NEAR(t, mine[i], (double)((n - 1) * 7) + (double)(i % 977), 0, "large broadcast element %zu", i)) break;
+    CHECK_NEAR(t, mine[block - 1], (double)((n - 1) * 7) + (double)((block - 1) % 977), 0, "large broadcast last element");
+    shard_free(mine);
+    shard_free(all);
     /* bf16 and max through the same path */
     uint16_t *h = alloc_buf(count, SHARD_BF16);
     for (size_t i = 0; i < count; i++) h[i] = shard_bf16_from_f32((float)((i + (size_t)r) % 64));

@@ -491,25 +491,38 @@ static void do_reduce_scatter(tcomm *c, const shard__coll_args *a) {
     }
 }
 
+/* A large copy into this rank's own buffer: streaming stores skip reading the
+ * destination lines first (the copy is write-only there). */
+static void copy_block(void *dst, const void *src, size_t bytes, int *streamed) {
+    if (bytes >= STREAM_MIN_BYTES) {
+        stream_copy(dst, src, bytes);
+        *streamed = 1;
+    } else if (bytes) {
+        memcpy(dst, src, bytes);
+    }
+}
+
 static void do_all_gather(tcomm *c, const shard__coll_args *a) {
     group *g = c->g;
     size_t es = shard_dtype_size(a->dtype);
+    int streamed = 0;
     for (int p = 0; p < g->size; p++) {
         if (p == c->base.rank && a->in_place) continue;
-        size_t bytes = a->recv_counts[p] * es;
-        if (bytes) memcpy((char *)a->recv + a->recv_displs[p] * es, g->slots[p].send, bytes);
+        copy_block((char *)a->recv + a->recv_displs[p] * es, g->slots[p].send, a->recv_counts[p] * es, &streamed);
     }
+    if (streamed) stream_fence();
 }
 
 static void do_all_to_all(tcomm *c, const shard__coll_args *a) {
     group *g = c->g;
     int r = c->base.rank;
     size_t es = shard_dtype_size(a->dtype);
+    int streamed = 0;
     for (int p = 0; p < g->size; p++) {
-        size_t bytes = a->recv_counts[p] * es;
         const char *src = (const char *)g->slots[p].send + g->slots[p].args->send_displs[r] * es;
-        if (bytes) memcpy((char *)a->recv + a->recv_displs[p] * es, src, bytes);
+        copy_block((char *)a->recv + a->recv_displs[p] * es, src, a->recv_counts[p] * es, &streamed);
     }
+    if (streamed) stream_fence();
 }
 
 /* Run one collective on this rank (from the rank thread or its helper). */
@@ -546,8 +559,11 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
         switch (a->kind) {
         case SHARD__BARRIER: break;
         case SHARD__BROADCAST:
-            if (c->base.rank != a->root && a->count)
-                memcpy(a->recv, g->slots[a->root].args->recv, a->count * es);
+            if (c->base.rank != a->root) {
+                int streamed = 0;
+                copy_block(a->recv, g->slots[a->root].args->recv, a->count * es, &streamed);
+                if (streamed) stream_fence();
+            }
             break;
         case SHARD__ALL_REDUCE: do_all_reduce(c, a); break;
         case SHARD__REDUCE_SCATTER:
