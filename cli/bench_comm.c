@@ -7,7 +7,8 @@
  * all_to_all (1 for sendrecv), so numbers compare across rank counts.
  * `bytes` is the whole buffer: all_reduce's vector, all_gather's output,
  * reduce_scatter's input, all_to_all's per-rank send buffer, sendrecv's message.
- * Under MPI the raw MPI call is timed in the same run as a baseline. */
+ * Under MPI the raw MPI call is timed in the same run as a baseline, the two
+ * alternating iteration by iteration. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,18 +76,31 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Median over iterations of the slowest rank's time, in microseconds. */
-static shard_status time_op(shard_comm *comm, const bench_options *opt, int raw, const void *send,
-                            void *recv, size_t count, double *median_us) {
-    shard_dtype dtype = opt->dtype;
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static shard_status one_op(shard_comm *comm, const bench_options *opt, int raw, const void *send, void *recv,
+                           size_t count) {
+    return raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, opt->dtype)
+               : run_op(comm, opt->op, send, recv, count, opt->dtype);
+}
+
+/* Median over iterations of the slowest rank's time, in microseconds, for
+ * shard's call and (with_raw) the raw MPI call.  The two alternate within
+ * each iteration, so drifting machine load affects both alike. */
+static shard_status time_ops(shard_comm *comm, const bench_options *opt, int with_raw, const void *send,
+                             void *recv, size_t count, double *median_us, double *raw_median_us) {
+    int kinds = with_raw ? 2 : 1;
     /* warm-up; its slowest time decides how many timed iterations fit in ~0.2 s */
     double warm = 0;
-    for (int i = 0; i < opt->warmup; i++) {
-        double t0 = shard__now();
-        SHARD_CHECK(raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, dtype)
-                        : run_op(comm, opt->op, send, recv, count, dtype));
-        warm = shard__now() - t0;
-    }
+    for (int i = 0; i < opt->warmup; i++)
+        for (int k = 0; k < kinds; k++) {
+            double t0 = shard__now();
+            SHARD_CHECK(one_op(comm, opt, k, send, recv, count));
+            warm = shard__now() - t0;
+        }
     SHARD_CHECK(shard_comm_all_reduce(comm, &warm, &warm, 1, SHARD_F64, SHARD_OP_MAX));
     int iters = opt->iters;
     if (iters <= 0) {
@@ -94,21 +108,22 @@ static shard_status time_op(shard_comm *comm, const bench_options *opt, int raw,
         if (iters < 5) iters = 5;
         if (iters > 100) iters = 100;
     }
-    double *times = calloc((size_t)iters, sizeof *times);
+    double *times = calloc(2 * (size_t)iters, sizeof *times); /* [shard | raw] */
     if (!times) return shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory");
     shard_status s = SHARD_OK;
-    for (int i = 0; i < iters && s == SHARD_OK; i++) {
-        s = shard_comm_barrier(comm);
-        if (s < 0) break;
-        double t0 = shard__now();
-        s = raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, dtype)
-                : run_op(comm, opt->op, send, recv, count, dtype);
-        times[i] = shard__now() - t0;
-    }
-    if (s == SHARD_OK) s = shard_comm_all_reduce(comm, times, times, (size_t)iters, SHARD_F64, SHARD_OP_MAX);
+    for (int i = 0; i < iters && s == SHARD_OK; i++)
+        for (int k = 0; k < kinds && s == SHARD_OK; k++) {
+            s = shard_comm_barrier(comm);
+            if (s < 0) break;
+            double t0 = shard__now();
+            s = one_op(comm, opt, k, send, recv, count);
+            times[(size_t)k * (size_t)iters + (size_t)i] = shard__now() - t0;
+        }
+    if (s == SHARD_OK)
+        s = shard_comm_all_reduce(comm, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
     if (s == SHARD_OK) {
-        qsort(times, (size_t)iters, sizeof *times, cmp_double);
-        *median_us = 1e6 * (iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]));
+        *median_us = 1e6 * median(times, iters);
+        if (with_raw) *raw_median_us = 1e6 * median(times + iters, iters);
     }
     free(times);
     return s;
@@ -161,8 +176,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         if (s < 0) break;
         memset(send, 1, sc * es);
         double t = 0, tb = 0;
-        s = time_op(comm, opt, 0, send, recv, ac, &t);
-        if (s == SHARD_OK && raw) s = time_op(comm, opt, 1, send, recv, ac, &tb);
+        s = time_ops(comm, opt, raw, send, recv, ac, &t, &tb);
         if (s == SHARD_OK && r == 0) {
             /* the bytes actually moved: a size not divisible by the ranks is rounded down */
             uint64_t moved = strcmp(opt->op, "all_reduce") == 0 || strcmp(opt->op, "sendrecv") == 0
