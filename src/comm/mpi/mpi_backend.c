@@ -60,8 +60,10 @@ static struct {
     int watchdog_started;
     pthread_mutex_t watch_mu;
     int watch_active;
-    double watch_deadline, watch_timeout;
-    char watch_text[768];
+    double watch_deadline;
+    const struct mcomm *watch_comm; /* the watched call: communicator, kind, sequence number */
+    shard__coll_kind watch_kind;
+    uint64_t watch_seq;
 } M = {.watch_mu = PTHREAD_MUTEX_INITIALIZER};
 
 int shard__mpi_built(void) { return 1; }
@@ -125,6 +127,25 @@ static shard_status as_int(const shard_comm *comm, const char *what, size_t valu
 
 /* ------------------------------------------------------------------ watchdog */
 
+/* The line a watched call prints when its deadline passes.  Built only then:
+ * the calling thread is still blocked inside MPI, so the communicator lives. */
+static void format_watch_text(char *out, size_t out_bytes) {
+    const mcomm *c = M.watch_comm;
+    int n = c->base.size, r = c->base.rank;
+    int *others = calloc((size_t)n, sizeof *others);
+    char list[200] = "?";
+    if (others) {
+        for (int p = 0; p < n; p++) others[p] = p != r;
+        shard__format_rank_list(others, n, list, sizeof list);
+        free(others);
+    }
+    snprintf(out, out_bytes,
+             "timeout after %g s in %s #%llu on comm '%s': rank %d of %d waits on ranks %s "
+             "(MPI backend: peers' progress is not visible from here)",
+             c->base.timeout_seconds, shard__coll_kind_name(M.watch_kind), (unsigned long long)M.watch_seq,
+             c->base.name, r, n, list);
+}
+
 static void *watchdog_main(void *arg) {
     (void)arg;
     for (;;) {
@@ -132,8 +153,8 @@ static void *watchdog_main(void *arg) {
         nanosleep(&tick, NULL);
         pthread_mutex_lock(&M.watch_mu);
         int expired = M.watch_active && shard__now() > M.watch_deadline;
-        char text[sizeof M.watch_text];
-        memcpy(text, M.watch_text, sizeof text);
+        char text[768];
+        if (expired) format_watch_text(text, sizeof text); /* under the lock the call cannot return */
         pthread_mutex_unlock(&M.watch_mu);
         if (!expired) continue;
         fprintf(stderr, "shard: %s\n", text);
@@ -148,22 +169,14 @@ static void *watchdog_main(void *arg) {
     return NULL;
 }
 
+/* Arm the watchdog for one blocking call: a few stores, nothing formatted. */
 static void watch_begin(const mcomm *c, const shard__coll_args *a) {
-    int n = c->base.size, r = c->base.rank;
-    int *others = calloc((size_t)n, sizeof *others);
-    char list[200] = "?";
-    if (others) {
-        for (int p = 0; p < n; p++) others[p] = p != r;
-        shard__format_rank_list(others, n, list, sizeof list);
-        free(others);
-    }
+    double deadline = shard__now() + c->base.timeout_seconds;
     pthread_mutex_lock(&M.watch_mu);
-    snprintf(M.watch_text, sizeof M.watch_text,
-             "timeout after %g s in %s #%llu on comm '%s': rank %d of %d waits on ranks %s "
-             "(MPI backend: peers' progress is not visible from here)",
-             c->base.timeout_seconds, shard__coll_kind_name(a->kind), (unsigned long long)a->seq,
-             c->base.name, r, n, list);
-    M.watch_deadline = shard__now() + c->base.timeout_seconds;
+    M.watch_comm = c;
+    M.watch_kind = a->kind;
+    M.watch_seq = a->seq;
+    M.watch_deadline = deadline;
     M.watch_active = 1;
     pthread_mutex_unlock(&M.watch_mu);
 }
