@@ -422,32 +422,31 @@ static shard_status mpi_icollective(shard_comm *comm, shard__coll_args *args, sh
 
 /* ------------------------------------------------------------------ point to point and requests */
 
-static shard_status mpi_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag,
-                              uint64_t seq, shard_request *req) {
-    mcomm *c = (mcomm *)comm;
+static shard_status post_p2p(shard_comm *comm, int is_send, void *buf, size_t bytes, int peer, int tag,
+                             uint64_t seq, shard_request *req) {
+    const char *what = is_send ? "send" : "recv";
     int n = 0;
-    SHARD_CHECK(as_int(comm, "send", bytes, &n));
+    SHARD_CHECK(as_int(comm, what, bytes, &n));
     mreq *st = calloc(1, sizeof *st);
-    if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "send: out of memory");
+    if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", what);
     st->request = MPI_REQUEST_NULL;
     req->impl = st;
-    st->peer = dst, st->tag = tag, st->bytes = bytes, st->seq = seq;
-    MPI_TRY(MPI_Isend(buf, n, MPI_BYTE, dst, tag, c->mpi, &st->request), "send", comm);
+    st->peer = peer, st->tag = tag, st->bytes = bytes, st->seq = seq;
+    MPI_Comm mpi = ((mcomm *)comm)->mpi;
+    MPI_TRY(is_send ? MPI_Isend(buf, n, MPI_BYTE, peer, tag, mpi, &st->request)
+                    : MPI_Irecv(buf, n, MPI_BYTE, peer, tag, mpi, &st->request),
+            what, comm);
     return SHARD_OK;
+}
+
+static shard_status mpi_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag,
+                              uint64_t seq, shard_request *req) {
+    return post_p2p(comm, 1, (void *)(uintptr_t)buf, bytes, dst, tag, seq, req);
 }
 
 static shard_status mpi_irecv(shard_comm *comm, void *buf, size_t bytes, int src, int tag,
                               uint64_t seq, shard_request *req) {
-    mcomm *c = (mcomm *)comm;
-    int n = 0;
-    SHARD_CHECK(as_int(comm, "recv", bytes, &n));
-    mreq *st = calloc(1, sizeof *st);
-    if (!st) return shard_error(SHARD_ERR_NO_MEMORY, "recv: out of memory");
-    st->request = MPI_REQUEST_NULL;
-    req->impl = st;
-    st->peer = src, st->tag = tag, st->bytes = bytes, st->seq = seq;
-    MPI_TRY(MPI_Irecv(buf, n, MPI_BYTE, src, tag, c->mpi, &st->request), "recv", comm);
-    return SHARD_OK;
+    return post_p2p(comm, 0, buf, bytes, src, tag, seq, req);
 }
 
 static shard_status finish_request(shard_request *req, MPI_Status *status) {
