@@ -403,6 +403,17 @@ static void case_all_to_allv(test_ctx *t) {
         for (size_t i = 0; i < 2; i++)
             CHECK_EQ_INT(t, buf[2 * p + i], (int64_t)a2a_value(p, r, i), "all_to_allv in place from rank %d", p);
     shard_free(buf);
+    /* in place with other displacements on each side: blocks move from the first
+     * half of the buffer to the second, even on one rank */
+    size_t ones[64], first[64], second[64];
+    for (int q = 0; q < n; q++) ones[q] = 1, first[q] = (size_t)q, second[q] = (size_t)(n + q);
+    int32_t *moved = alloc_buf(2 * (size_t)n, SHARD_I32);
+    for (int q = 0; q < n; q++) moved[q] = r * 100 + q, moved[n + q] = -1;
+    CHECK_OK(t, shard_comm_all_to_allv(c, moved, ones, first, moved, ones, second, SHARD_I32),
+             "all_to_allv in place, displacements differ");
+    for (int p = 0; p < n; p++)
+        CHECK_EQ_INT(t, moved[n + p], p * 100 + r, "all_to_allv in place (moved) from rank %d", p);
+    shard_free(moved);
 }
 
 static void case_barrier(test_ctx *t) {

@@ -58,6 +58,7 @@ enum {
     MESSAGE_SIZE_MISMATCH,
     NONBLOCKING_SKIP,
     SUBCOMM_SKIP,
+    QUEUE_AFTER_TIMEOUT,
 };
 
 static shard_status record(job *j, int r, shard_status s, double t0) {
@@ -124,6 +125,20 @@ static shard_status scenario_rank(shard_comm *comm, void *arg) {
         if (r == 2) return record(j, r, SHARD_OK, t0);
         s = shard_comm_iall_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM, &req);
         if (s == SHARD_OK) s = shard_request_wait(&req);
+        break;
+    }
+    case QUEUE_AFTER_TIMEOUT: { /* rank 2 leaves; the others queue four collectives */
+        if (r == 2) return record(j, r, SHARD_OK, t0);
+        shard_request *req[4];
+        for (int k = 0; k < 4 && s == SHARD_OK; k++)
+            s = shard_comm_iall_reduce(comm, x + 4 * k, x + 4 * k, 4, SHARD_F32, SHARD_OP_SUM, &req[k]);
+        if (s == SHARD_OK) {
+            shard_status last = shard_request_wait_all(4, req);
+            j->out->seconds[r] = now() - t0;
+            snprintf(j->out->text[r], sizeof j->out->text[r], "%s", shard_last_error());
+            j->out->status[r] = last;
+            return last;
+        }
         break;
     }
     case SUBCOMM_SKIP: {
@@ -268,6 +283,21 @@ static void test_nonblocking_skip(void) {
     EXPECT(elapsed < 3.5, "took %.2f s", elapsed);
 }
 
+/* One timeout breaks the communicator: the queued collectives behind it fail
+ * at once, citing it, instead of each waiting out its own deadline. */
+static void test_queue_after_timeout(void) {
+    outcome o;
+    double elapsed;
+    run(QUEUE_AFTER_TIMEOUT, 3, 0.5, &o, &elapsed);
+    for (int r = 0; r < 2; r++) {
+        EXPECT(o.status[r] == SHARD_ERR_TIMEOUT || o.status[r] == SHARD_ERR_ABORTED, "rank %d status %s", r,
+               shard_status_string(o.status[r]));
+        EXPECT(strstr(o.text[r], "timeout after 0.5 s in all_reduce #1 on comm 'world': rank 2 never entered it") != NULL,
+               "rank %d text '%s'", r, o.text[r]);
+        EXPECT(o.seconds[r] < 1.5, "rank %d waited %.2f s for four queued collectives (deadline 0.5 s)", r, o.seconds[r]);
+    }
+}
+
 static void test_subcomm_named(void) {
     outcome o;
     double elapsed;
@@ -278,9 +308,11 @@ static void test_subcomm_named(void) {
            shard_status_string(o.status[0]));
 }
 
+static float *y_of(float *x) { return x + 4; }
+
 static shard_status bad_args_rank(shard_comm *comm, void *arg) {
     (void)arg;
-    float x[4] = {0};
+    float x[8] = {0};
     shard_status s = shard_comm_broadcast(comm, x, 4, SHARD_F32, 5);
     EXPECT(s == SHARD_ERR_INVALID_ARG, "broadcast root 5: %s", shard_status_string(s));
     EXPECT(strstr(shard_last_error(), "broadcast on comm 'world': root 5 is out of range 0..1") != NULL, "text '%s'",
@@ -304,6 +336,19 @@ static shard_status bad_args_rank(shard_comm *comm, void *arg) {
     s = shard_comm_all_gatherv(comm, x, 3, x, counts, NULL, SHARD_F32);
     EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "recv_counts["), "gatherv own count: '%s'",
            shard_last_error());
+    size_t ones[2] = {1, 1}, self_two[2] = {1, 1};
+    self_two[shard_comm_rank(comm)] = 2; /* every rank sends itself 2 but expects 1 */
+    s = shard_comm_all_to_allv(comm, x, self_two, NULL, y_of(x), ones, NULL, SHARD_F32);
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "sends 2 elements to itself but expects 1"),
+           "all_to_allv self block: '%s'", shard_last_error());
+    shard_request *pending = NULL;
+    s = shard_comm_irecv(comm, x, 1, SHARD_F32, shard_comm_rank(comm), 1, &pending);
+    EXPECT(s == SHARD_OK, "irecv from self: %s", shard_last_error());
+    s = shard_comm_set_timeout(comm, 5);
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "1 request is pending"), "set_timeout while pending: '%s'",
+           shard_last_error());
+    EXPECT(shard_comm_send(comm, x, 1, SHARD_F32, shard_comm_rank(comm), 1) == SHARD_OK, "send to self");
+    EXPECT(shard_request_wait(&pending) == SHARD_OK, "wait irecv from self");
     /* nothing above counted as a collective: the ranks are still in step */
     EXPECT(shard_comm_collective_count(comm) == 0, "rejected calls advanced the sequence number");
     return shard_comm_barrier(comm);
@@ -332,6 +377,7 @@ static const struct {
     {"send_never_received", test_send_never_received},
     {"message_size_mismatch", test_message_size_mismatch},
     {"nonblocking_skip", test_nonblocking_skip},
+    {"queue_after_timeout", test_queue_after_timeout},
     {"subcomm_named", test_subcomm_named},
     {"bad_arguments", test_bad_arguments},
 };

@@ -50,6 +50,7 @@ int shard_comm_rank(const shard_comm *comm);
 int shard_comm_size(const shard_comm *comm);
 const char *shard_comm_name(const shard_comm *comm);     /* "world", or a mesh axis */
 const char *shard_comm_backend(const shard_comm *comm);  /* "threads" or "mpi" */
+/* Settings: refused while requests made on this communicator are pending. */
 shard_status shard_comm_set_name(shard_comm *comm, const char *name);
 /* Deadline of every blocking wait on this communicator, in seconds (> 0). */
 shard_status shard_comm_set_timeout(shard_comm *comm, double seconds);

@@ -111,7 +111,18 @@ uint64_t shard_comm_bytes_sent(const shard_comm *comm) { return comm ? atomic_lo
 uint64_t shard_comm_collective_count(const shard_comm *comm) { return comm ? comm->coll_seq : 0; }
 double shard_comm_timeout(const shard_comm *comm) { return comm ? comm->timeout_seconds : 0.0; }
 
+/* Settings are read by helper threads running queued requests: change them
+ * only while none are pending. */
+static shard_status check_no_pending(const shard_comm *comm, const char *what) {
+    int64_t pending = atomic_load(&comm->outstanding);
+    if (pending > 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %lld request%s pending; wait for them first",
+                           what, comm->name, (long long)pending, pending == 1 ? " is" : "s are");
+    return SHARD_OK;
+}
+
 shard_status shard_comm_set_name(shard_comm *comm, const char *name) {
+    if (comm) SHARD_CHECK(check_no_pending(comm, "shard_comm_set_name"));
     if (!comm || !name || !name[0] || strlen(name) >= sizeof comm->name)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "shard_comm_set_name: name must be 1..%zu characters, got %s",
@@ -122,6 +133,7 @@ shard_status shard_comm_set_name(shard_comm *comm, const char *name) {
 
 shard_status shard_comm_set_timeout(shard_comm *comm, double seconds) {
     if (!comm) return shard_error(SHARD_ERR_INVALID_ARG, "shard_comm_set_timeout: comm is NULL");
+    SHARD_CHECK(check_no_pending(comm, "shard_comm_set_timeout"));
     if (!(seconds > 0.0) || seconds > 1e9)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "timeout %g s on comm '%s' is invalid: give seconds > 0", seconds, comm->name);
@@ -432,6 +444,12 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
     case SHARD__ALL_TO_ALLV:
         SHARD_CHECK_GOTO(copy_counts(comm, a, "send", send_counts, send_displs, a->send_counts, a->send_displs), s, fail);
         SHARD_CHECK_GOTO(copy_counts(comm, a, "recv", recv_counts, recv_displs, a->recv_counts, a->recv_displs), s, fail);
+        if (a->send_counts[r] != a->recv_counts[r]) { /* the block to oneself: both sides are here */
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "all_to_allv on comm '%s': rank %d sends %zu elements to itself but expects %zu",
+                            comm->name, r, a->send_counts[r], a->recv_counts[r]);
+            goto fail;
+        }
         break;
     default:
         s = shard_error(SHARD_ERR_INTERNAL, "unknown collective kind %d", (int)a->kind);

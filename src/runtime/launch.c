@@ -188,13 +188,18 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
     }
     shard_clear_error();
     shard_status s = fn(world, arg);
-    if (s < 0) {
-        char text[512];
-        snprintf(text, sizeof text, "%s", shard_last_error());
-        if (size > 1) shard_comm_abort(world, s, text[0] ? text : shard_status_string(s)); /* ends the job */
-        shard_error(s, "%s", text);
+    char text[512];
+    snprintf(text, sizeof text, "%s", s < 0 ? shard_last_error() : "");
+    if (s < 0 && size > 1) shard_comm_abort(world, s, text[0] ? text : shard_status_string(s)); /* ends the job */
+    if (shard_comm_destroy(world) < 0) {
+        if (s == SHARD_OK) { /* returned with requests in flight: the program's bug, reported as a failure */
+            s = SHARD_ERR_INVALID_ARG;
+            snprintf(text, sizeof text, "rank %d returned but %s", shard_comm_rank(world), shard_last_error());
+            if (size > 1) shard_comm_abort(world, s, text); /* ends the job */
+        }
+        shard__comm_destroy_force(world);
     }
-    shard_comm_destroy(world);
+    if (s < 0) shard_error(s, "%s", text);
     return s;
 }
 

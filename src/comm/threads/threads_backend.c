@@ -223,6 +223,9 @@ typedef struct group { /* shared by the ranks of one communicator */
     int size;
     _Atomic int refs;
     _Atomic uint64_t gate;
+    _Atomic uint64_t broken;  /* collective at which a rank gave up; 0 if none */
+    pthread_mutex_t broken_mu;
+    char broken_text[512];    /* that failure, for later collectives' messages */
     slot *slots;
     mailbox *boxes;
 } group;
@@ -266,6 +269,8 @@ static group *group_create(shard__thread_job *job, int size) {
     g->size = size;
     atomic_init(&g->refs, size);
     atomic_init(&g->gate, (uint64_t)size); /* collective 0 complete: #1 may start */
+    atomic_init(&g->broken, 0);
+    pthread_mutex_init(&g->broken_mu, NULL);
     atomic_fetch_add(&job->refs, 1);
     return g;
 }
@@ -279,6 +284,7 @@ static void group_release(group *g) {
         }
         pthread_mutex_destroy(&g->boxes[r].mu);
     }
+    pthread_mutex_destroy(&g->broken_mu);
     job_release(g->job);
     free(g->slots);
     free(g->boxes);
@@ -347,12 +353,17 @@ static shard_status aborted_error(tcomm *c, const char *what, uint64_t seq) {
 typedef struct gate_wait {
     group *g;
     uint64_t seq;
+    int entered; /* this rank is counted in: the predicate must not count it twice */
 } gate_wait;
 
-/* Count this rank in for collective `seq`; 0 while the previous one is still
- * collecting arrivals (only possible when ranks are out of step). */
-static int gate_try_enter(void *ctx) {
+static int gate_broken(const group *g) { return atomic_load(&g->broken) != 0; }
+
+/* Count this rank in for collective `seq` (once).  Not ready while the
+ * previous collective is still collecting arrivals (ranks out of step);
+ * "ready" too when the communicator broke, which the caller then reports. */
+static int gate_enter_or_broken(void *ctx) {
     gate_wait *w = ctx;
+    if (w->entered || gate_broken(w->g)) return 1;
     uint64_t n = (uint64_t)w->g->size, v = atomic_load(&w->g->gate);
     for (;;) {
         uint64_t vseq = v >> GATE_SEQ_SHIFT, vcount = v & GATE_COUNT_MASK, next;
@@ -362,13 +373,20 @@ static int gate_try_enter(void *ctx) {
             next = (w->seq << GATE_SEQ_SHIFT) | 1;
         else
             return 0;
-        if (atomic_compare_exchange_weak(&w->g->gate, &v, next)) return 1;
+        if (atomic_compare_exchange_weak(&w->g->gate, &v, next)) {
+            w->entered = 1;
+            return 1;
+        }
     }
 }
 
-static int gate_all_arrived(void *ctx) {
-    gate_wait *w = ctx;
+static int gate_all_arrived(const gate_wait *w) {
     return atomic_load(&w->g->gate) == ((w->seq << GATE_SEQ_SHIFT) | (uint64_t)w->g->size);
+}
+
+static int gate_all_arrived_or_broken(void *ctx) {
+    gate_wait *w = ctx;
+    return gate_all_arrived(w) || gate_broken(w->g);
 }
 
 /* Take this rank's arrival back; 0 if everyone had arrived (then it must take part). */
@@ -378,6 +396,29 @@ static int gate_withdraw(group *g, uint64_t seq) {
         if ((v >> GATE_SEQ_SHIFT) != seq || (v & GATE_COUNT_MASK) >= (uint64_t)g->size) return 0;
         if (atomic_compare_exchange_weak(&g->gate, &v, v - 1)) return 1;
     }
+}
+
+/* After a withdrawal collective `seq` can never gather all ranks, nor can any
+ * later one: mark the communicator broken so that they fail at once, citing
+ * the first failure, instead of each waiting out a deadline. */
+static void gate_break(group *g, uint64_t seq, const char *why) {
+    pthread_mutex_lock(&g->broken_mu);
+    if (!atomic_load(&g->broken)) {
+        snprintf(g->broken_text, sizeof g->broken_text, "%s", why);
+        atomic_store(&g->broken, seq);
+    }
+    pthread_mutex_unlock(&g->broken_mu);
+    job_notify(g->job);
+}
+
+static shard_status broken_error(tcomm *c, const shard__coll_args *a) {
+    char why[512];
+    pthread_mutex_lock(&c->g->broken_mu);
+    snprintf(why, sizeof why, "%s", c->g->broken_text);
+    pthread_mutex_unlock(&c->g->broken_mu);
+    if (atomic_load(&c->g->broken) == a->seq) return shard_error(SHARD_ERR_TIMEOUT, "%s", why);
+    return shard_error(SHARD_ERR_TIMEOUT, "%s #%llu on comm '%s' cannot run: the communicator broke earlier: %s",
+                       shard__coll_kind_name(a->kind), (unsigned long long)a->seq, c->base.name, why);
 }
 
 typedef struct finish_wait {
@@ -407,21 +448,25 @@ static shard_status timeout_error(tcomm *c, const shard__coll_args *a) {
 }
 
 /* Enter collective a->seq and wait for every rank.  On failure this rank has
- * withdrawn and no peer will touch its buffers. */
+ * withdrawn (or never entered) and no peer will touch its buffers. */
 static shard_status arrive(tcomm *c, const shard__coll_args *a) {
     group *g = c->g;
-    gate_wait w = {g, a->seq};
+    gate_wait w = {g, a->seq, 0};
     double deadline = shard__now() + c->base.timeout_seconds;
     atomic_store(&g->slots[c->base.rank].arrived, a->seq); /* for messages only */
-    wait_result res = wait_until(g->job, gate_try_enter, &w, deadline, 1);
-    if (res == WAIT_READY) {
+    wait_result res = wait_until(g->job, gate_enter_or_broken, &w, deadline, 1);
+    if (res == WAIT_READY && w.entered) {
         job_notify(g->job);
-        res = wait_until(g->job, gate_all_arrived, &w, deadline, 1);
-        if (res != WAIT_READY && !gate_withdraw(g, a->seq)) res = WAIT_READY; /* all came after all */
+        res = wait_until(g->job, gate_all_arrived_or_broken, &w, deadline, 1);
+        if (res == WAIT_READY && gate_all_arrived(&w)) return SHARD_OK;
+        if (!gate_withdraw(g, a->seq)) return SHARD_OK; /* all came after all: take part */
+        w.entered = 0;
     }
-    if (res == WAIT_READY) return SHARD_OK;
     if (res == WAIT_ABORTED) return aborted_error(c, shard__coll_kind_name(a->kind), a->seq);
-    return timeout_error(c, a);
+    if (gate_broken(g)) return broken_error(c, a);
+    shard_status s = timeout_error(c, a);
+    gate_break(g, a->seq, shard_last_error());
+    return s;
 }
 
 /* Every rank runs this on the same published data, so all report the same mismatch. */
@@ -540,7 +585,7 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
     void *staged = NULL;
     me->args = a;
     me->send = a->send;
-    if ((a->kind == SHARD__ALL_TO_ALL || a->kind == SHARD__ALL_TO_ALLV) && a->in_place && g->size > 1) {
+    if ((a->kind == SHARD__ALL_TO_ALL || a->kind == SHARD__ALL_TO_ALLV) && a->in_place) {
         /* peers read our send blocks while we overwrite them: stage a copy */
         size_t extent = 0;
         for (int p = 0; p < g->size; p++)
@@ -695,7 +740,9 @@ static void deliver(tcomm *c, p2p_entry *send, p2p_entry *recv) {
                  "message size mismatch on comm '%s': rank %d sent %zu bytes with tag %d (send #%llu), rank %d expected %zu (recv #%llu)",
                  c->base.name, send->src, send->bytes, send->tag, (unsigned long long)send->seq, recv->dst,
                  recv->bytes, (unsigned long long)recv->seq);
-        if (send_req) complete(job, send_req, SHARD_ERR_MISMATCH, text);
+        /* as in MPI the receiver reports it; the sender's result must not depend
+         * on whether its send went out eagerly */
+        if (send_req) complete(job, send_req, SHARD_OK, NULL);
         complete(job, recv_req, SHARD_ERR_MISMATCH, text);
     } else {
         if (send->bytes) memcpy(recv->buf, send->buf, send->bytes);
