@@ -7,6 +7,7 @@
 #include "shard/launch.h"
 #include "shard/memory.h"
 #include "shard/status.h"
+#include "shard/tensor.h"
 
 #define SHARD_VERSION_STRING "0.1.0"
 
