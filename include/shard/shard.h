@@ -6,6 +6,7 @@
 #include "shard/dtype.h"
 #include "shard/launch.h"
 #include "shard/memory.h"
+#include "shard/mesh.h"
 #include "shard/status.h"
 #include "shard/tensor.h"
 
