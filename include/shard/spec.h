@@ -1,0 +1,72 @@
+/* spec.h — sharding specs: how each dim of a tensor is placed on a mesh.
+ *
+ * Text form as JAX's PartitionSpec, plus a keyword for pending reductions:
+ *   P('data', None)               dim 0 split over `data`, dim 1 replicated
+ *   P(('data','tensor'), None)    dim 0 split over data then tensor (data major)
+ *   P(None, 'tensor', partial='data')             each data-rank holds a summand
+ *   P(partial=('data','tensor'), partial_op='max') pending max over both axes
+ *   P()                           replicated (missing trailing entries are None)
+ * A dim of size n split into k pieces gives the first n % k pieces one extra
+ * element: 10 over 4 ranks is 3,3,2,2 (shard_split_range).  Piece i along a dim
+ * belongs to the ranks whose coordinates on that dim's axes, read row-major
+ * (first axis major), equal i.
+ *
+ * Specs are checked against a mesh *layout* (axis names and sizes), which
+ * needs no communicator, so `shard inspect` can describe a layout offline. */
+#ifndef SHARD_SPEC_H
+#define SHARD_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/comm.h"
+#include "shard/mesh.h"
+#include "shard/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct shard_mesh_layout {
+    int ndim;
+    char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
+    int sizes[SHARD_MESH_MAX_AXES];
+} shard_mesh_layout;
+
+/* Parse "data=2,tensor=2"; world_size 0 accepts any product. */
+shard_status shard_mesh_layout_parse(const char *text, int world_size, shard_mesh_layout *out);
+void shard_mesh_layout_of(const shard_mesh *mesh, shard_mesh_layout *out);
+int shard_mesh_layout_world(const shard_mesh_layout *layout);
+
+typedef struct shard_spec {
+    int ndim;                                         /* tensor dims */
+    int naxes[SHARD_MAX_DIMS];                        /* mesh axes splitting each dim */
+    int8_t axes[SHARD_MAX_DIMS][SHARD_MESH_MAX_AXES]; /* their indices, major first */
+    unsigned partial_mask;                            /* bit k: partial over mesh axis k */
+    shard_reduce_op partial_op;                       /* sum, max, min or avg */
+} shard_spec;
+
+/* Fully replicated spec of a tensor with `ndim` dims. */
+shard_spec shard_spec_replicated(int ndim);
+/* Parse the text form for a tensor of `tensor_ndim` dims on `layout`. */
+shard_status shard_spec_parse(const char *text, const shard_mesh_layout *layout, int tensor_ndim, shard_spec *out);
+/* Canonical text: "P('data', None)" (+ ", partial='tensor'" ...). */
+void shard_spec_string(const shard_spec *spec, const shard_mesh_layout *layout, char *out, size_t out_bytes);
+/* "f32[8@data,4]", "f32[8@(data,tensor),4] partial sum over tensor" */
+void shard_spec_type_string(const shard_spec *spec, const shard_mesh_layout *layout, shard_dtype dtype,
+                            const size_t *global_shape, char *out, size_t out_bytes);
+
+/* Pieces along dim d: the product of the sizes of the axes splitting it. */
+int shard_spec_pieces(const shard_spec *spec, const shard_mesh_layout *layout, int dim);
+/* Which piece along dim d the rank at `coords` holds. */
+int shard_spec_piece_index(const shard_spec *spec, const shard_mesh_layout *layout, int dim, const int *coords);
+/* Piece `index` of `count` elements split in `pieces`: first count % pieces get one more. */
+void shard_split_range(size_t count, int pieces, int index, size_t *offset, size_t *length);
+/* The global index range of dim d held by the rank at `coords`. */
+void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *global_shape,
+                            const int *coords, int dim, size_t *offset, size_t *length);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,133 @@
+/* test_spec.c — unit tests (cmocka) for sharding specs: the text form (JAX's
+ * P(...) plus partial=), round trips, every refusal, the type string, and the
+ * 3,3,2,2 split rule with row-major piece order over several axes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "shard/shard.h"
+
+static shard_mesh_layout layout(const char *text) {
+    shard_mesh_layout l;
+    assert_int_equal(shard_mesh_layout_parse(text, 0, &l), SHARD_OK);
+    return l;
+}
+
+static void round_trip(const shard_mesh_layout *l, const char *text, int ndim, const char *canonical) {
+    shard_spec s;
+    assert_int_equal(shard_spec_parse(text, l, ndim, &s), SHARD_OK);
+    char out[160];
+    shard_spec_string(&s, l, out, sizeof out);
+    assert_string_equal(out, canonical);
+    shard_spec again;
+    assert_int_equal(shard_spec_parse(out, l, ndim, &again), SHARD_OK);
+    assert_memory_equal(&s, &again, sizeof s);
+}
+
+static void parse_and_print(void **state) {
+    (void)state;
+    shard_mesh_layout l = layout("data=4,tensor=2");
+    assert_int_equal(shard_mesh_layout_world(&l), 8);
+    round_trip(&l, "P('data', None)", 2, "P('data', None)");
+    round_trip(&l, "P(\"data\",'tensor')", 2, "P('data', 'tensor')");
+    round_trip(&l, " P ( ( 'data' , 'tensor' ) , None ) ", 2, "P(('data','tensor'), None)");
+    round_trip(&l, "P(('tensor',), None)", 2, "P('tensor', None)");
+    round_trip(&l, "P()", 2, "P(None, None)");
+    round_trip(&l, "P(None, 'tensor', partial='data')", 2, "P(None, 'tensor', partial='data')");
+    round_trip(&l, "P(partial=('data','tensor'), partial_op='max')", 1, "P(None, partial=('data','tensor'), partial_op='max')");
+    shard_spec s;
+    assert_int_equal(shard_spec_parse("P(('data','tensor'), None)", &l, 2, &s), SHARD_OK);
+    assert_int_equal(s.naxes[0], 2);
+    assert_int_equal(s.axes[0][0], 0);
+    assert_int_equal(s.axes[0][1], 1);
+    assert_int_equal(s.naxes[1], 0);
+    assert_int_equal(s.partial_mask, 0);
+}
+
+static void refusals(void **state) {
+    (void)state;
+    shard_mesh_layout l = layout("data=4,tensor=2");
+    static const struct {
+        const char *text;
+        int ndim;
+        const char *want;
+    } bad[] = {
+        {"P('model', None)", 2, "unknown axis 'model'; the mesh's axes are data, tensor"},
+        {"P('data', 'data')", 2, "axis 'data' is used twice"},
+        {"P(('data','data'), None)", 2, "axis 'data' is used twice"},
+        {"P('data', None, None)", 2, "more entries than the tensor's 2 dims"},
+        {"P('data', None, partial='data')", 2, "axis 'data' both splits a dim and is partial"},
+        {"P(None, partial='tensor', partial_op='prod')", 2, "partial_op 'prod' is invalid: give sum, max, min or avg"},
+        {"Q('data')", 1, "a spec starts with P("},
+        {"P('data)", 1, "unterminated string"},
+        {"P(data)", 1, "expected a quoted axis name, None or ("},
+        {"P('data') extra", 1, "unexpected text after the closing ')'"},
+        {"P(partial='data', 'tensor')", 2, "dim entries come before partial="},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        shard_spec s;
+        shard_status st = shard_spec_parse(bad[i].text, &l, bad[i].ndim, &s);
+        if (st != SHARD_ERR_INVALID_ARG || !strstr(shard_last_error(), bad[i].want))
+            fail_msg("spec %s: status %d, message '%s', wanted '%s'", bad[i].text, st, shard_last_error(), bad[i].want);
+        assert_non_null(strstr(shard_last_error(), bad[i].text)); /* the message quotes the spec */
+    }
+}
+
+static void type_strings(void **state) {
+    (void)state;
+    shard_mesh_layout l = layout("data=4,tensor=2");
+    shard_spec s;
+    size_t shape[2] = {128, 4096};
+    char out[160];
+    assert_int_equal(shard_spec_parse("P('data','tensor')", &l, 2, &s), SHARD_OK);
+    shard_spec_type_string(&s, &l, SHARD_F32, shape, out, sizeof out);
+    assert_string_equal(out, "f32[128@data,4096@tensor]");
+    assert_int_equal(shard_spec_parse("P(('data','tensor'))", &l, 2, &s), SHARD_OK);
+    shard_spec_type_string(&s, &l, SHARD_BF16, shape, out, sizeof out);
+    assert_string_equal(out, "bf16[128@(data,tensor),4096]");
+    assert_int_equal(shard_spec_parse("P(None, 'tensor', partial='data')", &l, 2, &s), SHARD_OK);
+    shard_spec_type_string(&s, &l, SHARD_F32, shape, out, sizeof out);
+    assert_string_equal(out, "f32[128,4096@tensor] partial sum over data");
+}
+
+static void split_rule_and_pieces(void **state) {
+    (void)state;
+    size_t off, len;
+    size_t want_len[4] = {3, 3, 2, 2}, want_off[4] = {0, 3, 6, 8};
+    for (int i = 0; i < 4; i++) {
+        shard_split_range(10, 4, i, &off, &len);
+        assert_int_equal(len, want_len[i]);
+        assert_int_equal(off, want_off[i]);
+    }
+    shard_mesh_layout l = layout("data=2,tensor=3");
+    shard_spec s;
+    assert_int_equal(shard_spec_parse("P(('data','tensor'), None)", &l, 2, &s), SHARD_OK);
+    assert_int_equal(shard_spec_pieces(&s, &l, 0), 6);
+    assert_int_equal(shard_spec_pieces(&s, &l, 1), 1);
+    size_t shape[2] = {13, 5}, covered = 0;
+    for (int d0 = 0; d0 < 2; d0++)
+        for (int t = 0; t < 3; t++) {
+            int coords[2] = {d0, t};
+            assert_int_equal(shard_spec_piece_index(&s, &l, 0, coords), d0 * 3 + t); /* data major */
+            shard_spec_local_range(&s, &l, shape, coords, 0, &off, &len);
+            assert_int_equal(off, covered); /* pieces tile the dim in rank order */
+            covered += len;
+            shard_spec_local_range(&s, &l, shape, coords, 1, &off, &len);
+            assert_int_equal(off, 0);
+            assert_int_equal(len, 5);
+        }
+    assert_int_equal(covered, 13);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(parse_and_print),
+        cmocka_unit_test(refusals),
+        cmocka_unit_test(type_strings),
+        cmocka_unit_test(split_rule_and_pieces),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
