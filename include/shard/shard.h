@@ -3,6 +3,7 @@
 #define SHARD_H
 
 #include "shard/comm.h"
+#include "shard/dtensor.h"
 #include "shard/dtype.h"
 #include "shard/launch.h"
 #include "shard/memory.h"
