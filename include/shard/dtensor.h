@@ -40,6 +40,13 @@ shard_status shard_dtensor_distribute(shard_dtensor *dst, const shard_tensor *fu
  * every rank (root < 0), or on rank `root` only (others may pass NULL). */
 shard_status shard_dtensor_gather(const shard_dtensor *src, shard_tensor *full, int root);
 
+/* Move the data of `src` into `dst` (same mesh, global shape and dtype; any
+ * two specs).  Today every transition goes through the general path: gather
+ * the full tensor on every rank, then take dst's blocks — correct for any pair
+ * but not minimal traffic or memory; the direct transitions (all_gather,
+ * local slice, all_reduce, reduce_scatter, all_to_all) are the next step. */
+shard_status shard_dtensor_redistribute(const shard_dtensor *src, shard_dtensor *dst);
+
 #ifdef __cplusplus
 }
 #endif
