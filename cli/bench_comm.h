@@ -23,5 +23,6 @@ shard_status bench_comm_run(const bench_options *opt);
 
 int cli_bench(int argc, char **argv);
 int cli_demo(int argc, char **argv);
+int cli_inspect(int argc, char **argv);
 
 #endif

@@ -2,6 +2,7 @@
  *
  *   shard bench comm --op all_reduce --ranks 2 [--json] ...
  *   shard demo [--ranks 4]
+ *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')"
  *   shard version */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,8 @@ static void usage(FILE *to) {
             "               reduce_scatter|all_to_all|sendrecv --ranks N [--backend threads|mpi]\n"
             "               [--min 4K] [--max 256M] [--dtype f32] [--iters K] [--json]\n"
             "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
+            "  inspect spec describe a sharding without running ranks: --mesh data=4,tensor=2\n"
+            "               --shape 128,4096 --spec \"P('data','tensor')\" [--dtype f32]\n"
             "  version      print the version and the backends in this build\n"
             "\n"
             "options every verb that runs ranks takes:\n"
@@ -37,6 +40,7 @@ int main(int argc, char **argv) {
     const char *verb = argv[1];
     if (strcmp(verb, "bench") == 0) return cli_bench(argc - 1, argv + 1);
     if (strcmp(verb, "demo") == 0) return cli_demo(argc - 1, argv + 1);
+    if (strcmp(verb, "inspect") == 0) return cli_inspect(argc - 1, argv + 1);
     if (strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0) {
         printf("shard %s (backends: threads%s)\n", SHARD_VERSION_STRING, shard_have_mpi() ? ", mpi" : "");
         return 0;
@@ -45,6 +49,6 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    cli_error("unknown verb '%s': valid verbs are bench, demo, version, help", verb);
+    cli_error("unknown verb '%s': valid verbs are bench, demo, inspect, version, help", verb);
     return 2;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_cli.py — the shard command line as users and scripts see it.
 
-usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|demo
+usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|demo|inspect
 
 errors:     every bad input gets exactly one 'shard: ...' line on stderr and exit 2
             (exit 1 for a well-formed request that cannot run), naming what would be valid.
@@ -9,6 +9,7 @@ bench_json: `bench comm --json` prints one object per size with the documented k
             busbw = algbw x the nccl-tests factor.
 bench_mpi:  under mpirun the same, plus the raw MPI baseline and the ratio.
 demo:       `shard demo` runs and checks its own answers.
+inspect:    `shard inspect spec` prints the type, the block grid and every rank's shard.
 """
 import json
 import os
@@ -37,7 +38,7 @@ def expect(cond, what):
 def errors():
     cases = [
         ([], 2, "usage: shard"),
-        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, demo, version, help"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, demo, inspect, version, help"),
         (["bench"], 2, "shard: bench: give what to benchmark"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
@@ -51,6 +52,12 @@ def errors():
         (["bench", "comm", "--frob"], 2, "shard: bench comm: unknown option '--frob'"),
         (["bench", "comm", "--backend", "mpi", "--max", "4K"], 1, "shard: --backend mpi needs an MPI launcher"),
         (["demo", "--ranks", "x"], 2, "shard: --ranks 'x' is invalid"),
+        (["inspect"], 2, "shard: inspect: give what to inspect"),
+        (["inspect", "spec", "--mesh", "data=2"], 2, "--mesh, --shape and --spec are all required"),
+        (["inspect", "spec", "--mesh", "data=2", "--shape", "4,x", "--spec", "P()"], 2, "--shape '4,x' is invalid"),
+        (["inspect", "spec", "--mesh", "data=2", "--shape", "4", "--spec", "P('model')"], 2,
+         "unknown axis 'model'; the mesh's axes are data"),
+        (["inspect", "spec", "--mesh", "data=2,data=2", "--shape", "4", "--spec", "P()"], 2, "axis 'data' appears twice"),
     ]
     for args, code, text in cases:
         p = run(args)
@@ -111,6 +118,19 @@ def bench_mpi():
            f"--ranks disagreeing with mpirun: {p.returncode} {p.stderr!r}")
 
 
+def inspect():
+    p = run(["inspect", "spec", "--mesh", "data=4,tensor=2", "--shape", "128,4096", "--spec", "P('data','tensor')"])
+    expect(p.returncode == 0, f"inspect: exit {p.returncode}: {p.stderr}")
+    for text in ["type  f32[128@data,4096@tensor]", "spec  P('data', 'tensor')",
+                 "rank 5   (data=2,tensor=1)  [64:96, 2048:4096]  local f32[32,2048]"]:
+        expect(text in p.stdout, f"inspect output lacks {text!r}: {p.stdout}")
+    grid = [l.split() for l in p.stdout.splitlines() if l.startswith("32:64")]
+    expect(grid == [["32:64", "2", "3"]], f"inspect grid row 32:64: {grid}")
+    p = run(["inspect", "spec", "--mesh", "data=4", "--shape", "10", "--spec", "P('data')", "--dtype", "bf16"])
+    for text in ["[0:3]  local bf16[3]", "[3:6]  local bf16[3]", "[6:8]  local bf16[2]", "[8:10]  local bf16[2]"]:
+        expect(text in p.stdout, f"uneven split lacks {text!r}: {p.stdout}")
+
+
 def demo():
     p = run(["demo", "--ranks", "3"], timeout=300)
     expect(p.returncode == 0, f"demo: exit {p.returncode}: {p.stderr}")
@@ -119,5 +139,5 @@ def demo():
 
 
 if __name__ == "__main__":
-    {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "demo": demo}[sys.argv[2]]()
+    {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "demo": demo, "inspect": inspect}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

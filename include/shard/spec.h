@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "shard/comm.h"
 #include "shard/mesh.h"
@@ -65,6 +66,11 @@ void shard_split_range(size_t count, int pieces, int index, size_t *offset, size
 /* The global index range of dim d held by the rank at `coords`. */
 void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *global_shape,
                             const int *coords, int dim, size_t *offset, size_t *length);
+
+/* Print the mesh, spec, type, a block grid for 1-D and 2-D tensors, and every
+ * rank's shard (coordinates, global ranges, local shape). */
+void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *layout, shard_dtype dtype,
+                         const size_t *global_shape, FILE *to);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,69 @@
+/* inspect.c — `shard inspect spec`: describe a sharding without running ranks.
+ *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')" [--dtype f32] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "cli_util.h"
+#include "shard/spec.h"
+
+static int parse_shape(const char *text, size_t *shape, int *ndim) {
+    *ndim = 0;
+    const char *p = text;
+    while (*p) {
+        char *end = NULL;
+        if (*p == '-' || *ndim == SHARD_MAX_DIMS) goto bad;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || (*end && *end != ',')) goto bad;
+        shape[(*ndim)++] = (size_t)v;
+        p = *end ? end + 1 : end;
+        if (*end && !*p) goto bad;
+    }
+    if (*ndim == 0) goto bad;
+    return 0;
+bad:
+    cli_error("--shape '%s' is invalid: give 1 to %d sizes separated by commas, e.g. 128,4096", text, SHARD_MAX_DIMS);
+    return -1;
+}
+
+int cli_inspect(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "spec") != 0) {
+        cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"'");
+        return 2;
+    }
+    const char *mesh = NULL, *spec_text = NULL, *shape_text = NULL;
+    shard_dtype dtype = SHARD_F32;
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i], *v = NULL;
+        if (strcmp(arg, "--mesh") == 0 || strcmp(arg, "--spec") == 0 || strcmp(arg, "--shape") == 0 ||
+            strcmp(arg, "--dtype") == 0) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (arg[2] == 'm') mesh = v;
+            else if (arg[3] == 'p') spec_text = v;
+            else if (arg[3] == 'h') shape_text = v;
+            else if (shard_dtype_parse(v, &dtype) < 0) {
+                cli_error("--dtype: %s", shard_last_error());
+                return 2;
+            }
+        } else {
+            cli_error("inspect spec: unknown option '%s' (see 'shard help')", arg);
+            return 2;
+        }
+    }
+    if (!mesh || !spec_text || !shape_text) {
+        cli_error("inspect spec: --mesh, --shape and --spec are all required");
+        return 2;
+    }
+    size_t shape[SHARD_MAX_DIMS];
+    int ndim = 0;
+    if (parse_shape(shape_text, shape, &ndim)) return 2;
+    shard_mesh_layout layout;
+    shard_spec spec;
+    if (shard_mesh_layout_parse(mesh, 0, &layout) < 0 || shard_spec_parse(spec_text, &layout, ndim, &spec) < 0) {
+        cli_error("%s", shard_last_error());
+        return 2;
+    }
+    shard_spec_describe(&spec, &layout, dtype, shape, stdout);
+    return 0;
+}

@@ -1,0 +1,99 @@
+/* visualize.c — describe a sharding in text: the type, a grid showing which
+ * ranks hold each block of a 1-D or 2-D tensor (as jax.debug.
+ * visualize_array_sharding does), and every rank's shard: its mesh
+ * coordinates, global index ranges and local shape.  Needs only a layout, so
+ * `shard inspect spec` runs without starting ranks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard/spec.h"
+
+/* The ranks holding block (i, j): "0,1", "0-3" style. */
+static void ranks_of_block(const shard_spec *spec, const shard_mesh_layout *l, int bi, int bj, char *out, size_t bytes) {
+    int world = shard_mesh_layout_world(l);
+    int *hold = calloc((size_t)world, sizeof *hold);
+    if (!hold) {
+        snprintf(out, bytes, "?");
+        return;
+    }
+    for (int r = 0; r < world; r++) {
+        int coords[SHARD_MESH_MAX_AXES], rest = r;
+        for (int k = l->ndim - 1; k >= 0; k--) coords[k] = rest % l->sizes[k], rest /= l->sizes[k];
+        int i = spec->ndim > 0 ? shard_spec_piece_index(spec, l, 0, coords) : 0;
+        int j = spec->ndim > 1 ? shard_spec_piece_index(spec, l, 1, coords) : 0;
+        hold[r] = i == bi && j == bj;
+    }
+    size_t used = 0;
+    out[0] = '\0';
+    for (int r = 0; r < world && used < bytes; r++) {
+        if (!hold[r]) continue;
+        int end = r;
+        while (end + 1 < world && hold[end + 1]) end++;
+        used += (size_t)(end >= r + 2 ? snprintf(out + used, bytes - used, "%s%d-%d", used ? "," : "", r, end)
+                                      : snprintf(out + used, bytes - used, "%s%d", used ? "," : "", r));
+        if (end >= r + 2) r = end;
+    }
+    free(hold);
+}
+
+static void range_text(size_t count, int pieces, int index, char *out, size_t bytes) {
+    size_t off, len;
+    shard_split_range(count, pieces, index, &off, &len);
+    snprintf(out, bytes, "%zu:%zu", off, off + len);
+}
+
+void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *l, shard_dtype dtype,
+                         const size_t *shape, FILE *to) {
+    char text[256];
+    int world = shard_mesh_layout_world(l);
+    fprintf(to, "mesh  ");
+    for (int k = 0; k < l->ndim; k++) fprintf(to, "%s%s=%d", k ? "," : "", l->names[k], l->sizes[k]);
+    shard_spec_string(spec, l, text, sizeof text);
+    fprintf(to, " (%d ranks, row-major, last axis fastest)\nspec  %s\n", world, text);
+    shard_spec_type_string(spec, l, dtype, shape, text, sizeof text);
+    fprintf(to, "type  %s\n", text);
+    if (spec->ndim == 1 || spec->ndim == 2) {
+        int rows = spec->ndim == 2 ? shard_spec_pieces(spec, l, 0) : 1;
+        int cols = shard_spec_pieces(spec, l, spec->ndim - 1);
+        size_t col_count = shape[spec->ndim - 1];
+        fprintf(to, "\nwhich ranks hold each block (%s):\n", spec->ndim == 2 ? "rows x columns" : "elements");
+        enum { W = 14 };
+        fprintf(to, "%*s", W, "");
+        for (int j = 0; j < cols; j++) {
+            range_text(col_count, cols, j, text, sizeof text);
+            fprintf(to, " %-*s", W, text);
+        }
+        fprintf(to, "\n");
+        for (int i = 0; i < rows; i++) {
+            if (spec->ndim == 2)
+                range_text(shape[0], rows, i, text, sizeof text);
+            else
+                snprintf(text, sizeof text, "ranks");
+            fprintf(to, "%-*s", W, text);
+            for (int j = 0; j < cols; j++) {
+                ranks_of_block(spec, l, spec->ndim == 2 ? i : j, spec->ndim == 2 ? j : 0, text, sizeof text);
+                fprintf(to, " %-*s", W, text);
+            }
+            fprintf(to, "\n");
+        }
+    }
+    fprintf(to, "\nshards (rank, coordinates, global index ranges, local shape):\n");
+    for (int r = 0; r < world; r++) {
+        int coords[SHARD_MESH_MAX_AXES], rest = r;
+        for (int k = l->ndim - 1; k >= 0; k--) coords[k] = rest % l->sizes[k], rest /= l->sizes[k];
+        fprintf(to, "  rank %-3d (", r);
+        for (int k = 0; k < l->ndim; k++) fprintf(to, "%s%s=%d", k ? "," : "", l->names[k], coords[k]);
+        fprintf(to, ")  [");
+        size_t local[SHARD_MAX_DIMS];
+        for (int d = 0; d < spec->ndim; d++) {
+            size_t off, len;
+            shard_spec_local_range(spec, l, shape, coords, d, &off, &len);
+            local[d] = len;
+            fprintf(to, "%s%zu:%zu", d ? ", " : "", off, off + len);
+        }
+        fprintf(to, "]  local %s[", shard_dtype_name(dtype));
+        for (int d = 0; d < spec->ndim; d++) fprintf(to, "%s%zu", d ? "," : "", local[d]);
+        fprintf(to, "]\n");
+    }
+}
