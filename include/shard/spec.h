@@ -38,6 +38,10 @@ typedef struct shard_mesh_layout {
 shard_status shard_mesh_layout_parse(const char *text, int world_size, shard_mesh_layout *out);
 void shard_mesh_layout_of(const shard_mesh *mesh, shard_mesh_layout *out);
 int shard_mesh_layout_world(const shard_mesh_layout *layout);
+/* Write into coords[k], for the axes k in `axes_mask`, the coordinates of
+ * `index` read row-major over those axes (mesh order); other entries are left
+ * as they are.  With every axis in the mask, index is a rank. */
+void shard_mesh_layout_unravel(const shard_mesh_layout *layout, unsigned axes_mask, int index, int *coords);
 
 typedef struct shard_spec {
     int ndim;                                         /* tensor dims */

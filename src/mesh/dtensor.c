@@ -175,12 +175,9 @@ shard_status shard_dtensor_gather(const shard_dtensor *src, shard_tensor *full, 
     }
     size_t total = 0;
     for (int q = 0; s == SHARD_OK && q < members; q++) {
-        /* member q's coordinates: row-major over the splitting axes in mesh order */
-        int c[SHARD_MESH_MAX_AXES];
+        int c[SHARD_MESH_MAX_AXES]; /* member q: row-major over the splitting axes, mine elsewhere */
         memcpy(c, coords, sizeof c);
-        int rest = q;
-        for (int k = src->layout.ndim - 1; k >= 0; k--)
-            if (split & (1u << k)) c[k] = rest % src->layout.sizes[k], rest /= src->layout.sizes[k];
+        shard_mesh_layout_unravel(&src->layout, split, q, c);
         size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS], n = 1;
         local_block(src, c, off, len);
         for (int d = 0; d < src->ndim; d++) n *= len[d];
@@ -198,11 +195,9 @@ shard_status shard_dtensor_gather(const shard_dtensor *src, shard_tensor *full, 
     }
     /* 3. place every block */
     for (int q = 0; s == SHARD_OK && keeps && q < members; q++) {
-        int c[SHARD_MESH_MAX_AXES];
+        int c[SHARD_MESH_MAX_AXES]; /* member q: row-major over the splitting axes, mine elsewhere */
         memcpy(c, coords, sizeof c);
-        int rest = q;
-        for (int k = src->layout.ndim - 1; k >= 0; k--)
-            if (split & (1u << k)) c[k] = rest % src->layout.sizes[k], rest /= src->layout.sizes[k];
+        shard_mesh_layout_unravel(&src->layout, split, q, c);
         size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS];
         local_block(src, c, off, len);
         shard_tensor block = *reduced; /* contiguous, of the block's shape */

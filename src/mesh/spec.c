@@ -37,6 +37,14 @@ int shard_mesh_layout_world(const shard_mesh_layout *layout) {
     return n;
 }
 
+void shard_mesh_layout_unravel(const shard_mesh_layout *layout, unsigned axes_mask, int index, int *coords) {
+    for (int k = layout->ndim - 1; k >= 0; k--)
+        if (axes_mask & (1u << k)) {
+            coords[k] = index % layout->sizes[k];
+            index /= layout->sizes[k];
+        }
+}
+
 /* ---------------------------------------------------------------- parser */
 
 typedef struct parser {

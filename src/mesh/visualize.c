@@ -7,9 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm_impl.h"
 #include "shard/spec.h"
 
-/* The ranks holding block (i, j): "0,1", "0-3" style. */
+/* The ranks holding block (i, j): "0,1", "0-3" style (the communicator's rank-list format). */
 static void ranks_of_block(const shard_spec *spec, const shard_mesh_layout *l, int bi, int bj, char *out, size_t bytes) {
     int world = shard_mesh_layout_world(l);
     int *hold = calloc((size_t)world, sizeof *hold);
@@ -18,22 +19,13 @@ static void ranks_of_block(const shard_spec *spec, const shard_mesh_layout *l, i
         return;
     }
     for (int r = 0; r < world; r++) {
-        int coords[SHARD_MESH_MAX_AXES], rest = r;
-        for (int k = l->ndim - 1; k >= 0; k--) coords[k] = rest % l->sizes[k], rest /= l->sizes[k];
+        int coords[SHARD_MESH_MAX_AXES];
+        shard_mesh_layout_unravel(l, ~0u, r, coords);
         int i = spec->ndim > 0 ? shard_spec_piece_index(spec, l, 0, coords) : 0;
         int j = spec->ndim > 1 ? shard_spec_piece_index(spec, l, 1, coords) : 0;
         hold[r] = i == bi && j == bj;
     }
-    size_t used = 0;
-    out[0] = '\0';
-    for (int r = 0; r < world && used < bytes; r++) {
-        if (!hold[r]) continue;
-        int end = r;
-        while (end + 1 < world && hold[end + 1]) end++;
-        used += (size_t)(end >= r + 2 ? snprintf(out + used, bytes - used, "%s%d-%d", used ? "," : "", r, end)
-                                      : snprintf(out + used, bytes - used, "%s%d", used ? "," : "", r));
-        if (end >= r + 2) r = end;
-    }
+    shard__format_rank_list(hold, world, out, bytes);
     free(hold);
 }
 
@@ -80,8 +72,8 @@ void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *l, sha
     }
     fprintf(to, "\nshards (rank, coordinates, global index ranges, local shape):\n");
     for (int r = 0; r < world; r++) {
-        int coords[SHARD_MESH_MAX_AXES], rest = r;
-        for (int k = l->ndim - 1; k >= 0; k--) coords[k] = rest % l->sizes[k], rest /= l->sizes[k];
+        int coords[SHARD_MESH_MAX_AXES];
+        shard_mesh_layout_unravel(l, ~0u, r, coords);
         fprintf(to, "  rank %-3d (", r);
         for (int k = 0; k < l->ndim; k++) fprintf(to, "%s%s=%d", k ? "," : "", l->names[k], coords[k]);
         fprintf(to, ")  [");
