@@ -1,11 +1,13 @@
 /* inspect.c — `shard inspect spec`: describe a sharding without running ranks.
- *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')" [--dtype f32] */
+ *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')" [--dtype f32]
+ *                      [--to "P(None, 'tensor')"]   also print the redistribution plan to that spec */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_comm.h"
 #include "cli_util.h"
+#include "shard/redistribute.h"
 #include "shard/spec.h"
 
 static int parse_shape(const char *text, size_t *shape, int *ndim) {
@@ -32,14 +34,15 @@ int cli_inspect(int argc, char **argv) {
         cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"'");
         return 2;
     }
-    const char *mesh = NULL, *spec_text = NULL, *shape_text = NULL;
+    const char *mesh = NULL, *spec_text = NULL, *shape_text = NULL, *to_text = NULL;
     shard_dtype dtype = SHARD_F32;
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
         if (strcmp(arg, "--mesh") == 0 || strcmp(arg, "--spec") == 0 || strcmp(arg, "--shape") == 0 ||
-            strcmp(arg, "--dtype") == 0) {
+            strcmp(arg, "--dtype") == 0 || strcmp(arg, "--to") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (arg[2] == 'm') mesh = v;
+            else if (arg[2] == 't') to_text = v;
             else if (arg[3] == 'p') spec_text = v;
             else if (arg[3] == 'h') shape_text = v;
             else if (shard_dtype_parse(v, &dtype) < 0) {
@@ -65,5 +68,19 @@ int cli_inspect(int argc, char **argv) {
         return 2;
     }
     shard_spec_describe(&spec, &layout, dtype, shape, stdout);
+    if (!to_text) return 0;
+    shard_spec to;
+    shard_redistribute_plan plan;
+    if (shard_spec_parse(to_text, &layout, ndim, &to) < 0 ||
+        shard_redistribute_plan_make(&layout, dtype, ndim, shape, &spec, &to, &plan) < 0) {
+        cli_error("--to: %s", shard_last_error());
+        return 2;
+    }
+    char a[256], b[256];
+    shard_spec_string(&spec, &layout, a, sizeof a);
+    shard_spec_string(&to, &layout, b, sizeof b);
+    printf("\nredistribute %s -> %s: %d step%s, %llu bytes sent in all\n", a, b, plan.nsteps,
+           plan.nsteps == 1 ? "" : "s", (unsigned long long)shard_redistribute_plan_total_bytes(&plan, -1));
+    shard_redistribute_plan_print(&plan, stdout);
     return 0;
 }

@@ -2,7 +2,10 @@
  * every spec of a 2-D tensor whose dims do not divide by the axis sizes, on
  * every 1-D and 2-D mesh of the world (1 to 8 ranks, 3, 5, 6, 7 included),
  * from a replicated tensor and from one rank, partial specs included; and
- * redistribute between every pair of those specs keeps the tensor bitwise.
+ * redistribute between every pair of those specs (3-D meshes too) keeps the
+ * tensor bitwise and sends exactly the bytes its plan counts; the named
+ * transitions (all_gather, slice, all_reduce, reduce_scatter, all_to_all)
+ * send what their formulas say.
  *   test_dtensor --ranks N [--case NAME]     (or under mpiexec) */
 #include <stdio.h>
 #include <string.h>
@@ -64,33 +67,63 @@ static void case_round_trips(test_ctx *t) {
         }
 }
 
-/* Every pair of specs: redistribute keeps the global tensor bitwise. */
+/* Create every axis-set communicator now, so that splits do not count as traffic later. */
+static void warm_axis_comms(test_ctx *t, shard_mesh *mesh) {
+    for (unsigned mask = 1; mask < (1u << shard_mesh_ndim(mesh)); mask++) {
+        shard_comm *c = NULL;
+        CHECK_OK(t, shard_mesh_axes_comm_mask(mesh, mask, &c), "axes comm 0x%x", mask);
+    }
+}
+
+static void my_coords(shard_mesh *mesh, int *coords) {
+    for (int k = 0; k < shard_mesh_ndim(mesh); k++) coords[k] = shard_mesh_coord(mesh, k);
+}
+
+/* Every pair of specs: redistribute keeps the global tensor bitwise, and
+ * each rank sends exactly the bytes its plan says. */
 static void all_pairs(test_ctx *t, const char *mesh_text) {
+    static const char *const more_specs[] = {
+        "P(('a','c'), 'b')", "P('c', partial=('a','b'))", "P(None, ('c','a'), partial='b', partial_op='max')",
+        "P(('c','b','a'))", "P('b', 'c', partial='a')",
+    };
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, mesh_text, &mesh), "mesh %s", mesh_text)) return;
+    warm_axis_comms(t, mesh);
     shard_mesh_layout layout;
     shard_mesh_layout_of(mesh, &layout);
-    size_t shape[2] = {5 + (size_t)t->size, 3};
+    int coords[SHARD_MESH_MAX_AXES];
+    my_coords(mesh, coords);
+    size_t shape[2] = {5 + (size_t)t->size, 3 + (size_t)t->size / 2};
     shard_tensor *x = NULL, *back = NULL;
     CHECK_OK(t, shard_tensor_create(SHARD_F32, 2, shape, SHARD_MEM_OTHER, &x), "create x");
     CHECK_OK(t, shard_tensor_create(SHARD_F32, 2, shape, SHARD_MEM_OTHER, &back), "create back");
     for (size_t i = 0; i < shard_tensor_numel(x); i++) shard_tensor_set(x, i, 1.5 * (double)i + 0.125);
-    size_t nspecs = sizeof specs / sizeof specs[0];
+    const char *list[32];
+    size_t nspecs = 0;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) list[nspecs++] = specs[i];
+    for (size_t i = 0; layout.ndim == 3 && i < sizeof more_specs / sizeof more_specs[0]; i++) list[nspecs++] = more_specs[i];
     for (size_t i = 0; i < nspecs; i++)
         for (size_t j = 0; j < nspecs; j++) {
             shard_spec si, sj;
-            if (shard_spec_parse(specs[i], &layout, 2, &si) < 0 || shard_spec_parse(specs[j], &layout, 2, &sj) < 0)
+            if (shard_spec_parse(list[i], &layout, 2, &si) < 0 || shard_spec_parse(list[j], &layout, 2, &sj) < 0)
                 continue; /* needs an axis this mesh lacks */
             shard_dtensor *a = NULL, *b = NULL;
             CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &si, SHARD_MEM_ACTIVATIONS, &a), "create a");
             CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &sj, SHARD_MEM_ACTIVATIONS, &b), "create b");
+            shard_redistribute_plan plan;
+            CHECK_OK(t, shard_redistribute_plan_make(&layout, SHARD_F32, 2, shape, &si, &sj, &plan), "plan");
             if (a && b) {
-                CHECK_OK(t, shard_dtensor_distribute(a, x, -1), "distribute %s", specs[i]);
-                CHECK_OK(t, shard_dtensor_redistribute(a, b), "%s -> %s", specs[i], specs[j]);
+                CHECK_OK(t, shard_dtensor_distribute(a, x, -1), "distribute %s", list[i]);
+                uint64_t sent = shard_mesh_bytes_sent(mesh);
+                CHECK_OK(t, shard_dtensor_redistribute(a, b), "%s -> %s", list[i], list[j]);
+                sent = shard_mesh_bytes_sent(mesh) - sent;
+                uint64_t planned = shard_redistribute_plan_bytes(&plan, -1, coords);
+                CHECK(t, sent == planned, "mesh %s: %s -> %s sent %llu bytes, the plan says %llu", mesh_text, list[i],
+                      list[j], (unsigned long long)sent, (unsigned long long)planned);
                 shard_tensor_fill(back, -7);
-                CHECK_OK(t, shard_dtensor_gather(b, back, -1), "gather %s", specs[j]);
-                CHECK(t, shard_tensor_equal_bits(back, x), "mesh %s: %s -> %s changed the tensor", mesh_text, specs[i],
-                      specs[j]);
+                CHECK_OK(t, shard_dtensor_gather(b, back, -1), "gather %s", list[j]);
+                CHECK(t, shard_tensor_equal_bits(back, x), "mesh %s: %s -> %s changed the tensor", mesh_text, list[i],
+                      list[j]);
             }
             shard_dtensor_destroy(a);
             shard_dtensor_destroy(b);
@@ -109,6 +142,85 @@ static void case_redistribute_all_pairs(test_ctx *t) {
             snprintf(text, sizeof text, "a=%d,b=%d", a, t->size / a);
             all_pairs(t, text);
         }
+    /* a 3-D mesh: c the smallest factor > 1, b the next, a the rest (size-1 axes included) */
+    int c = 1, b = 1, n = t->size;
+    for (int f = 2; f <= n && c == 1; f++)
+        if (n % f == 0) c = f;
+    n /= c;
+    for (int f = 2; f <= n && b == 1; f++)
+        if (n % f == 0) b = f;
+    snprintf(text, sizeof text, "a=%d,b=%d,c=%d", n / b, b, c);
+    all_pairs(t, text);
+}
+
+/* The named transitions send what their collective's formula says, on 1-D
+ * meshes of the world with rows and columns that do not divide. */
+typedef struct transition {
+    const char *from, *to;
+    shard_redistribute_kind kind;
+} transition;
+
+static void case_transition_bytes(test_ctx *t) {
+    static const transition cases[] = {
+        {"P('a')", "P()", SHARD_REDIST_ALL_GATHER},
+        {"P()", "P('a')", SHARD_REDIST_SLICE},
+        {"P(partial='a')", "P()", SHARD_REDIST_ALL_REDUCE},
+        {"P(partial='a')", "P('a')", SHARD_REDIST_REDUCE_SCATTER},
+        {"P('a', None)", "P(None, 'a')", SHARD_REDIST_ALL_TO_ALL},
+    };
+    char text[32];
+    snprintf(text, sizeof text, "a=%d", t->size);
+    shard_mesh *mesh = NULL;
+    if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) return;
+    warm_axis_comms(t, mesh);
+    shard_mesh_layout layout;
+    shard_mesh_layout_of(mesh, &layout);
+    int n = t->size, r = t->rank;
+    size_t rows = 2 * (size_t)n + 3, cols = (size_t)n + 2, total = rows * cols, es = 4;
+    size_t shape[2] = {rows, cols}, my_rows, my_cols, off;
+    shard_split_range(rows, n, r, &off, &my_rows);
+    shard_split_range(cols, n, r, &off, &my_cols);
+    size_t ar_len; /* the all_reduce's ring slice of this rank */
+    shard_split_range(total, n, r, &off, &ar_len);
+    uint64_t expect[] = {
+        (uint64_t)(n - 1) * my_rows * cols * es,                   /* all_gather: my block to each other rank */
+        0,                                                          /* slice: nothing */
+        (uint64_t)(total - ar_len + ar_len * (size_t)(n - 1)) * es, /* all_reduce: ring */
+        (uint64_t)(total - my_rows * cols) * es,                    /* reduce_scatter: every other rank's rows */
+        (uint64_t)my_rows * (cols - my_cols) * es,                  /* all_to_all: my rows of their columns */
+    };
+    if (n == 1) memset(expect, 0, sizeof expect);
+    shard_tensor *x = NULL, *back = NULL;
+    CHECK_OK(t, shard_tensor_create(SHARD_F32, 2, shape, SHARD_MEM_OTHER, &x), "create x");
+    CHECK_OK(t, shard_tensor_create(SHARD_F32, 2, shape, SHARD_MEM_OTHER, &back), "create back");
+    for (size_t i = 0; i < total; i++) shard_tensor_set(x, i, (double)(i % 97) - 40.0);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        shard_spec from, to;
+        CHECK_OK(t, shard_spec_parse(cases[c].from, &layout, 2, &from), "parse");
+        CHECK_OK(t, shard_spec_parse(cases[c].to, &layout, 2, &to), "parse");
+        shard_redistribute_plan plan;
+        CHECK_OK(t, shard_redistribute_plan_make(&layout, SHARD_F32, 2, shape, &from, &to, &plan), "plan");
+        CHECK(t, plan.nsteps == 1 && plan.steps[0].kind == cases[c].kind, "%s -> %s: %d steps, the first %s, want one %s",
+              cases[c].from, cases[c].to, plan.nsteps, shard_redistribute_kind_name(plan.steps[0].kind),
+              shard_redistribute_kind_name(cases[c].kind));
+        shard_dtensor *a = NULL, *b = NULL;
+        CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &from, SHARD_MEM_ACTIVATIONS, &a), "create");
+        CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &to, SHARD_MEM_ACTIVATIONS, &b), "create");
+        if (!a || !b) continue;
+        CHECK_OK(t, shard_dtensor_distribute(a, x, -1), "distribute");
+        uint64_t sent = shard_mesh_bytes_sent(mesh);
+        CHECK_OK(t, shard_dtensor_redistribute(a, b), "%s -> %s", cases[c].from, cases[c].to);
+        sent = shard_mesh_bytes_sent(mesh) - sent;
+        CHECK(t, sent == expect[c], "%s -> %s on %d ranks: rank %d sent %llu bytes, the formula says %llu",
+              cases[c].from, cases[c].to, n, r, (unsigned long long)sent, (unsigned long long)expect[c]);
+        CHECK_OK(t, shard_dtensor_gather(b, back, -1), "gather");
+        CHECK(t, shard_tensor_equal_bits(back, x), "%s -> %s changed the tensor", cases[c].from, cases[c].to);
+        shard_dtensor_destroy(a);
+        shard_dtensor_destroy(b);
+    }
+    shard_tensor_destroy(x);
+    shard_tensor_destroy(back);
+    shard_mesh_destroy(mesh);
 }
 
 static void case_local_shapes(test_ctx *t) {
@@ -136,6 +248,7 @@ static const test_case cases[] = {
     {"round_trips", case_round_trips},
     {"local_shapes", case_local_shapes},
     {"redistribute_all_pairs", case_redistribute_all_pairs},
+    {"transition_bytes", case_transition_bytes},
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, "test_dtensor", cases, sizeof cases / sizeof cases[0]); }

@@ -1,6 +1,8 @@
 /* test_spec.c — unit tests (cmocka) for sharding specs: the text form (JAX's
  * P(...) plus partial=), round trips, every refusal, the type string, and the
- * 3,3,2,2 split rule with row-major piece order over several axes. */
+ * 3,3,2,2 split rule with nested splits over several axes, and the
+ * redistribution planner (which collective each transition uses, and that
+ * a swap of axes costs one exchange). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -120,6 +122,68 @@ static void split_rule_and_pieces(void **state) {
             assert_int_equal(len, 5);
         }
     assert_int_equal(covered, 13);
+    /* nested: 10 over (a=2, b=2) splits 5,5 then each 3,2 */
+    shard_mesh_layout l2 = layout("a=2,b=2");
+    assert_int_equal(shard_spec_parse("P(('a','b'))", &l2, 1, &s), SHARD_OK);
+    size_t ten[1] = {10}, nested_len[4] = {3, 2, 3, 2};
+    for (int i = 0; i < 4; i++) {
+        int coords[2] = {i / 2, i % 2};
+        shard_spec_local_range(&s, &l2, ten, coords, 0, &off, &len);
+        assert_int_equal(len, nested_len[i]);
+    }
+}
+
+static shard_redistribute_plan plan_of(const char *mesh, const char *from, const char *to) {
+    shard_mesh_layout l = layout(mesh);
+    shard_spec a, b;
+    size_t shape[2] = {30, 17};
+    assert_int_equal(shard_spec_parse(from, &l, 2, &a), SHARD_OK);
+    assert_int_equal(shard_spec_parse(to, &l, 2, &b), SHARD_OK);
+    shard_redistribute_plan p;
+    assert_int_equal(shard_redistribute_plan_make(&l, SHARD_F32, 2, shape, &a, &b, &p), SHARD_OK);
+    return p;
+}
+
+static void expect_steps(const char *mesh, const char *from, const char *to, int n, const shard_redistribute_kind *kinds) {
+    shard_redistribute_plan p = plan_of(mesh, from, to);
+    if (p.nsteps != n) fail_msg("%s -> %s on %s: %d steps, want %d", from, to, mesh, p.nsteps, n);
+    for (int i = 0; i < n; i++)
+        if (p.steps[i].kind != kinds[i])
+            fail_msg("%s -> %s on %s: step %d is %s, want %s", from, to, mesh, i + 1,
+                     shard_redistribute_kind_name(p.steps[i].kind), shard_redistribute_kind_name(kinds[i]));
+}
+
+static void redistribute_plans(void **state) {
+    (void)state;
+    const shard_redistribute_kind ag = SHARD_REDIST_ALL_GATHER, sl = SHARD_REDIST_SLICE, ar = SHARD_REDIST_ALL_REDUCE,
+                                  rs = SHARD_REDIST_REDUCE_SCATTER, a2a = SHARD_REDIST_ALL_TO_ALL,
+                                  ex = SHARD_REDIST_EXCHANGE, mp = SHARD_REDIST_MAKE_PARTIAL;
+    expect_steps("a=4", "P('a')", "P()", 1, &ag);
+    expect_steps("a=4", "P()", "P(None, 'a')", 1, &sl);
+    expect_steps("a=4", "P(partial='a')", "P()", 1, &ar);
+    expect_steps("a=4", "P(partial='a')", "P(None, 'a')", 1, &rs);
+    expect_steps("a=4", "P('a')", "P(None, 'a')", 1, &a2a);
+    expect_steps("a=4", "P('a')", "P('a')", 0, NULL);
+    expect_steps("a=2,b=3", "P(('a','b'))", "P()", 1, &ag); /* one all_gather over both axes */
+    expect_steps("a=2,b=3", "P('a', 'b')", "P('b', 'a')", 1, &ex);
+    expect_steps("a=2,b=3", "P('a')", "P('b')", 1, &ex);
+    shard_redistribute_kind slice_then_reduce[2] = {sl, ar}; /* reduce the smaller block */
+    expect_steps("a=2,b=3", "P(partial='a')", "P('b')", 2, slice_then_reduce);
+    shard_redistribute_kind nested_rs[1] = {rs};
+    expect_steps("a=2,b=3", "P('b', partial='a')", "P(('b','a'))", 1, nested_rs);
+    shard_redistribute_kind to_partial[2] = {ag, mp};
+    expect_steps("a=2,b=3", "P('a')", "P(partial=('a','b'))", 2, to_partial);
+    /* the swap: one exchange sends less than all_gather + all_to_all + slice */
+    shard_redistribute_plan p = plan_of("a=2,b=3", "P('a', 'b')", "P('b', 'a')");
+    assert_true(shard_redistribute_plan_total_bytes(&p, -1) < 30 * 17 * 4);
+    char line[600];
+    shard_redistribute_step_string(&p, 0, line, sizeof line);
+    assert_string_equal(line, "exchange over a,b: P('a', 'b') -> P('b', 'a')");
+    p = plan_of("a=4", "P('a')", "P()");
+    shard_redistribute_step_string(&p, 0, line, sizeof line);
+    assert_string_equal(line, "all_gather over a, dim 0: P('a', None) -> P(None, None)");
+    /* all_gather of 30 rows x 17 f32 over 4: every rank sends its rows to 3 others */
+    assert_int_equal(shard_redistribute_plan_total_bytes(&p, -1), 3 * 30 * 17 * 4);
 }
 
 int main(void) {
@@ -128,6 +192,7 @@ int main(void) {
         cmocka_unit_test(refusals),
         cmocka_unit_test(type_strings),
         cmocka_unit_test(split_rule_and_pieces),
+        cmocka_unit_test(redistribute_plans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,10 +41,9 @@ shard_status shard_dtensor_distribute(shard_dtensor *dst, const shard_tensor *fu
 shard_status shard_dtensor_gather(const shard_dtensor *src, shard_tensor *full, int root);
 
 /* Move the data of `src` into `dst` (same mesh, global shape and dtype; any
- * two specs).  Today every transition goes through the general path: gather
- * the full tensor on every rank, then take dst's blocks — correct for any pair
- * but not minimal traffic or memory; the direct transitions (all_gather,
- * local slice, all_reduce, reduce_scatter, all_to_all) are the next step. */
+ * two specs) with the least traffic: the steps of a redistribution plan
+ * (redistribute.h) — a slice, all_gather, all_reduce, reduce_scatter,
+ * all_to_all, or one exchange — each over the mesh axes it changes. */
 shard_status shard_dtensor_redistribute(const shard_dtensor *src, shard_dtensor *dst);
 
 #ifdef __cplusplus

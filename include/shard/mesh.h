@@ -10,6 +10,7 @@
 #define SHARD_MESH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "shard/comm.h"
 #include "shard/status.h"
@@ -48,6 +49,12 @@ shard_comm *shard_mesh_axis_comm(const shard_mesh *mesh, int axis);
  * only along those axes).  Collective on first use of a set: every rank must
  * ask for the same sets in the same order; later calls return the cached one. */
 shard_status shard_mesh_axes_comm(shard_mesh *mesh, const char *axes, shard_comm **out);
+
+/* The same by bit mask (bit k: axis k), as plans and specs name axes. */
+shard_status shard_mesh_axes_comm_mask(shard_mesh *mesh, unsigned axes_mask, shard_comm **out);
+/* Bytes this rank has sent on the mesh's communicators: all ranks, and every
+ * axis set created so far (for checking traffic formulas). */
+uint64_t shard_mesh_bytes_sent(const shard_mesh *mesh);
 
 /* "data=2,tensor=2" */
 void shard_mesh_string(const shard_mesh *mesh, char *out, size_t out_bytes);

@@ -8,6 +8,7 @@
 #include "shard/launch.h"
 #include "shard/memory.h"
 #include "shard/mesh.h"
+#include "shard/redistribute.h"
 #include "shard/spec.h"
 #include "shard/status.h"
 #include "shard/tensor.h"

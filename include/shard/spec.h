@@ -7,9 +7,14 @@
  *   P(partial=('data','tensor'), partial_op='max') pending max over both axes
  *   P()                           replicated (missing trailing entries are None)
  * A dim of size n split into k pieces gives the first n % k pieces one extra
- * element: 10 over 4 ranks is 3,3,2,2 (shard_split_range).  Piece i along a dim
+ * element: 10 over 4 ranks is 3,3,2,2 (shard_split_range).  A dim split over
+ * several axes is split over the first (major) axis by that rule, then each
+ * piece over the next axis, and so on (as PyTorch DTensor does for several
+ * Shard placements of one dim): 10 over ('a','b') with a=2, b=2 is 3,2,3,2.
+ * So removing the last axis of a dim gives back the blocks of the shorter
+ * list, which makes an all_gather over that axis exact.  Piece i along a dim
  * belongs to the ranks whose coordinates on that dim's axes, read row-major
- * (first axis major), equal i.
+ * (first axis major), equal i; pieces tile the dim in that order.
  *
  * Specs are checked against a mesh *layout* (axis names and sizes), which
  * needs no communicator, so `shard inspect` can describe a layout offline. */
@@ -50,6 +55,11 @@ typedef struct shard_spec {
     unsigned partial_mask;                            /* bit k: partial over mesh axis k */
     shard_reduce_op partial_op;                       /* sum, max, min or avg */
 } shard_spec;
+
+/* 1 when a and b place a tensor the same way (the op is ignored when nothing is partial). */
+int shard_spec_equal(const shard_spec *a, const shard_spec *b);
+/* Mesh axes that split some dim (bit k: axis k). */
+unsigned shard_spec_split_axes(const shard_spec *spec);
 
 /* Fully replicated spec of a tensor with `ndim` dims. */
 shard_spec shard_spec_replicated(int ndim);

@@ -216,23 +216,3 @@ shard_status shard_dtensor_gather(const shard_dtensor *src, shard_tensor *full, 
     shard_tensor_destroy(reduced);
     return s;
 }
-
-shard_status shard_dtensor_redistribute(const shard_dtensor *src, shard_dtensor *dst) {
-    if (!src || !dst) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_redistribute: NULL tensor");
-    int same = src->mesh == dst->mesh && src->dtype == dst->dtype && src->ndim == dst->ndim;
-    for (int d = 0; same && d < src->ndim; d++) same = src->global_shape[d] == dst->global_shape[d];
-    if (!same) {
-        char a[160], b[160];
-        shard_spec_type_string(&src->spec, &src->layout, src->dtype, src->global_shape, a, sizeof a);
-        shard_spec_type_string(&dst->spec, &dst->layout, dst->dtype, dst->global_shape, b, sizeof b);
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "shard_dtensor_redistribute: %s and %s differ in mesh, dtype or global shape", a, b);
-    }
-    if (memcmp(&src->spec, &dst->spec, sizeof src->spec) == 0) return shard_tensor_copy(dst->local, src->local);
-    shard_tensor *full = NULL;
-    SHARD_CHECK(shard_tensor_create(src->dtype, src->ndim, src->global_shape, SHARD_MEM_COMM, &full));
-    shard_status s = shard_dtensor_gather(src, full, -1);
-    if (s == SHARD_OK) s = shard_dtensor_distribute(dst, full, -1);
-    shard_tensor_destroy(full);
-    return s;
-}

@@ -226,7 +226,23 @@ shard_status shard_mesh_axes_comm(shard_mesh *mesh, const char *axes, shard_comm
         if (*p == ',') p++;
     }
     if (!mask) return shard_error(SHARD_ERR_INVALID_ARG, "axes '%s': no axis named", axes);
-    if (!mesh->axis_sets[mask]) SHARD_CHECK(split_for_axes(mesh, mask, &mesh->axis_sets[mask]));
-    *out = mesh->axis_sets[mask];
+    return shard_mesh_axes_comm_mask(mesh, mask, out);
+}
+
+shard_status shard_mesh_axes_comm_mask(shard_mesh *mesh, unsigned axes_mask, shard_comm **out) {
+    if (!mesh || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_mesh_axes_comm_mask: NULL argument");
+    *out = NULL;
+    if (axes_mask == 0 || (axes_mask >> mesh->ndim))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_mesh_axes_comm_mask: mask 0x%x names no axis or one outside the %d of the mesh",
+                           axes_mask, mesh->ndim);
+    if (!mesh->axis_sets[axes_mask]) SHARD_CHECK(split_for_axes(mesh, axes_mask, &mesh->axis_sets[axes_mask]));
+    *out = mesh->axis_sets[axes_mask];
     return SHARD_OK;
+}
+
+uint64_t shard_mesh_bytes_sent(const shard_mesh *mesh) {
+    if (!mesh) return 0;
+    uint64_t total = shard_comm_bytes_sent(mesh->comm);
+    for (int i = 1; i < MAX_AXIS_SETS; i++) total += shard_comm_bytes_sent(mesh->axis_sets[i]);
+    return total;
 }

@@ -141,6 +141,24 @@ shard_spec shard_spec_replicated(int ndim) {
     return s;
 }
 
+int shard_spec_equal(const shard_spec *a, const shard_spec *b) {
+    if (a->ndim != b->ndim || a->partial_mask != b->partial_mask) return 0;
+    if (a->partial_mask && a->partial_op != b->partial_op) return 0;
+    for (int d = 0; d < a->ndim; d++) {
+        if (a->naxes[d] != b->naxes[d]) return 0;
+        for (int i = 0; i < a->naxes[d]; i++)
+            if (a->axes[d][i] != b->axes[d][i]) return 0;
+    }
+    return 1;
+}
+
+unsigned shard_spec_split_axes(const shard_spec *spec) {
+    unsigned mask = 0;
+    for (int d = 0; d < spec->ndim; d++)
+        for (int i = 0; i < spec->naxes[d]; i++) mask |= 1u << spec->axes[d][i];
+    return mask;
+}
+
 shard_status shard_spec_parse(const char *text, const shard_mesh_layout *layout, int tensor_ndim, shard_spec *out) {
     if (!text || !layout || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_spec_parse: NULL argument");
     if (tensor_ndim < 0 || tensor_ndim > SHARD_MAX_DIMS)
@@ -272,6 +290,12 @@ void shard_split_range(size_t count, int pieces, int index, size_t *offset, size
 
 void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *global_shape,
                             const int *coords, int dim, size_t *offset, size_t *length) {
-    shard_split_range(global_shape[dim], shard_spec_pieces(spec, layout, dim),
-                      shard_spec_piece_index(spec, layout, dim, coords), offset, length);
+    size_t off = 0, len = global_shape[dim]; /* split over the first axis, then each piece over the next */
+    for (int i = 0; i < spec->naxes[dim]; i++) {
+        int k = spec->axes[dim][i];
+        size_t sub_off, sub_len;
+        shard_split_range(len, layout->sizes[k], coords[k], &sub_off, &sub_len);
+        off += sub_off, len = sub_len;
+    }
+    *offset = off, *length = len;
 }

@@ -221,6 +221,10 @@ shard_status shard_tensor_copy(shard_tensor *dst, const shard_tensor *src) {
     if (dst->dtype != src->dtype)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_copy: dtypes differ (%s <- %s); use shard_tensor_cast",
                            shard_dtype_name(dst->dtype), shard_dtype_name(src->dtype));
+    if (shard_tensor_is_contiguous(dst) && shard_tensor_is_contiguous(src)) {
+        memmove(dst->data, src->data, shard_tensor_nbytes(src));
+        return SHARD_OK;
+    }
     copy_ctx c = {dst, src};
     for_each_row(dst, src, copy_row, &c);
     return SHARD_OK;

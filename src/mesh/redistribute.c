@@ -1,0 +1,332 @@
+/* redistribute.c — carrying out a redistribution plan on a distributed
+ * tensor (the plan itself: redistribute_plan.c).
+ *
+ * Each step turns the local block of the spec before it into the local block
+ * of the spec after it, with one collective over the step's axes.  Blocks
+ * that are contiguous in the local tensor go to the collective in place
+ * (displacements into the tensor); others are packed into a staging buffer
+ * and unpacked after.  The last step writes straight into the target's
+ * local shard. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard/dtensor.h"
+#include "shard/redistribute.h"
+
+typedef struct box {
+    size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS];
+} box;
+
+typedef struct step_ctx {
+    const shard_dtensor *t; /* for mesh, layout, shape, dtype */
+    const shard_spec *before, *after;
+    int coords[SHARD_MESH_MAX_AXES];
+    box in, out;            /* this rank's block before and after */
+    const shard_tensor *src;
+    shard_tensor *dst;
+    shard_comm *comm;
+    int members, me;
+} step_ctx;
+
+static void block_of(const shard_dtensor *t, const shard_spec *spec, const int *coords, box *b) {
+    for (int d = 0; d < t->ndim; d++)
+        shard_spec_local_range(spec, &t->layout, t->global_shape, coords, d, &b->off[d], &b->len[d]);
+}
+
+static size_t box_numel(const box *b, int ndim) {
+    size_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= b->len[d];
+    return n;
+}
+
+static void intersect(const box *a, const box *b, int ndim, box *out) {
+    for (int d = 0; d < ndim; d++) {
+        size_t lo = a->off[d] > b->off[d] ? a->off[d] : b->off[d];
+        size_t ea = a->off[d] + a->len[d], eb = b->off[d] + b->len[d], hi = ea < eb ? ea : eb;
+        out->off[d] = lo;
+        out->len[d] = hi > lo ? hi - lo : 0;
+    }
+}
+
+/* The coordinates of member q of the step's communicator (mine off its axes). */
+static void member_coords(const step_ctx *c, unsigned axes, int q, int *coords) {
+    memcpy(coords, c->coords, sizeof c->coords);
+    shard_mesh_layout_unravel(&c->t->layout, axes, q, coords);
+}
+
+/* A tensor header over contiguous memory of the box's shape. */
+static shard_tensor contiguous_over(void *data, const shard_dtensor *t, const box *b) {
+    shard_tensor view;
+    memset(&view, 0, sizeof view);
+    view.dtype = t->dtype;
+    view.ndim = t->ndim;
+    view.data = data;
+    size_t stride = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) view.shape[d] = b->len[d], view.strides[d] = stride, stride *= b->len[d];
+    return view;
+}
+
+/* The part of `whole` (which holds block `at`) covering box `b`, as a strided view. */
+static shard_tensor sub_view(const shard_tensor *whole, const box *at, const box *b) {
+    shard_tensor view = *whole;
+    view.storage = NULL;
+    size_t es = shard_dtype_size(whole->dtype);
+    for (int d = 0; d < whole->ndim; d++) {
+        view.data = (char *)view.data + (b->off[d] - at->off[d]) * whole->strides[d] * es;
+        view.shape[d] = b->len[d];
+    }
+    return view;
+}
+
+/* If box b (inside block `at`) is one contiguous run of a contiguous tensor
+ * holding `at`, its element offset there; else (size_t)-1. */
+static size_t contiguous_offset(const box *at, const box *b, int ndim) {
+    size_t offset = 0, stride = 1;
+    int outer_only = 0; /* once a dim is narrowed, every dim outside it must have length 1 */
+    if (box_numel(b, ndim) == 0) return 0;
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (outer_only && b->len[d] != 1) return (size_t)-1;
+        if (b->len[d] != at->len[d]) outer_only = 1;
+        offset += (b->off[d] - at->off[d]) * stride;
+        stride *= at->len[d];
+    }
+    return offset;
+}
+
+/* ---------------------------------------------------------------- steps */
+
+static shard_status run_slice(step_ctx *c) {
+    shard_tensor v = sub_view(c->src, &c->in, &c->out);
+    return shard_tensor_copy(c->dst, &v);
+}
+
+static shard_status run_make_partial(step_ctx *c) {
+    unsigned added = c->after->partial_mask & ~c->before->partial_mask;
+    int zero = 0;
+    if (c->after->partial_op == SHARD_OP_SUM)
+        for (int k = 0; k < c->t->layout.ndim; k++)
+            if ((added & (1u << k)) && c->coords[k] != 0) zero = 1;
+    return zero ? shard_tensor_fill(c->dst, 0) : shard_tensor_copy(c->dst, c->src);
+}
+
+static shard_status run_all_reduce(step_ctx *c) {
+    return shard_comm_all_reduce(c->comm, c->src->data, c->dst->data, shard_tensor_numel(c->src), c->t->dtype,
+                                 c->before->partial_op);
+}
+
+/* Per-member boxes and counts, and whether they can be used in place. */
+typedef struct layout_of_members {
+    size_t *counts, *displs;
+    box *boxes;
+    int direct; /* every box is a contiguous run of its tensor */
+} layout_of_members;
+
+static shard_status members_alloc(layout_of_members *m, int n) {
+    m->counts = calloc((size_t)n, sizeof *m->counts);
+    m->displs = calloc((size_t)n, sizeof *m->displs);
+    m->boxes = calloc((size_t)n, sizeof *m->boxes);
+    m->direct = 1;
+    if (m->counts && m->displs && m->boxes) return SHARD_OK;
+    return shard_error(SHARD_ERR_NO_MEMORY, "redistribute: out of memory for %d members", n);
+}
+
+static void members_free(layout_of_members *m) {
+    free(m->counts), free(m->displs), free(m->boxes);
+}
+
+/* Set counts and displacements for boxes inside `at`: in place where every
+ * box is contiguous (and, if `packed_in_order`, they follow one another in
+ * member order), else packed in member order into a staging buffer. */
+static void members_place(layout_of_members *m, int n, const box *at, int ndim, int packed_in_order) {
+    size_t next = 0;
+    for (int q = 0; q < n; q++) {
+        m->counts[q] = box_numel(&m->boxes[q], ndim);
+        size_t off = contiguous_offset(at, &m->boxes[q], ndim);
+        if (off == (size_t)-1 || (packed_in_order && m->counts[q] && off != next)) m->direct = 0;
+        m->displs[q] = off;
+        if (m->counts[q]) next = off + m->counts[q];
+    }
+    if (m->direct) return;
+    next = 0;
+    for (int q = 0; q < n; q++) m->displs[q] = next, next += m->counts[q];
+}
+
+static size_t members_total(const layout_of_members *m, int n) {
+    size_t total = 0;
+    for (int q = 0; q < n; q++) total += m->counts[q];
+    return total;
+}
+
+/* Copy between the staging buffer (packed boxes) and the tensor holding `at`. */
+static shard_status members_copy(const step_ctx *c, layout_of_members *m, void *staging, shard_tensor *whole,
+                                 const box *at, int into_staging) {
+    size_t es = shard_dtype_size(c->t->dtype);
+    for (int q = 0; q < c->members; q++) {
+        if (!m->counts[q]) continue;
+        shard_tensor packed = contiguous_over((char *)staging + m->displs[q] * es, c->t, &m->boxes[q]);
+        shard_tensor part = sub_view(whole, at, &m->boxes[q]);
+        shard_status s = into_staging ? shard_tensor_copy(&packed, &part) : shard_tensor_copy(&part, &packed);
+        if (s < 0) return s;
+    }
+    return SHARD_OK;
+}
+
+static void *staging_alloc(size_t elements, shard_dtype dtype) {
+    return shard_alloc((elements ? elements : 1) * shard_dtype_size(dtype), SHARD_MEM_COMM);
+}
+
+static shard_status run_reduce_scatter(step_ctx *c, unsigned axes) {
+    layout_of_members m = {0};
+    shard_status s = members_alloc(&m, c->members);
+    for (int q = 0; s == SHARD_OK && q < c->members; q++) {
+        int mc[SHARD_MESH_MAX_AXES];
+        member_coords(c, axes, q, mc);
+        block_of(c->t, c->after, mc, &m.boxes[q]); /* nested inside my block */
+    }
+    void *staging = NULL;
+    if (s == SHARD_OK) {
+        members_place(&m, c->members, &c->in, c->t->ndim, 1);
+        if (!m.direct) {
+            staging = staging_alloc(members_total(&m, c->members), c->t->dtype);
+            s = staging ? members_copy(c, &m, staging, (shard_tensor *)c->src, &c->in, 1) : SHARD_ERR_NO_MEMORY;
+        }
+    }
+    if (s == SHARD_OK)
+        s = shard_comm_reduce_scatterv(c->comm, m.direct ? c->src->data : staging, c->dst->data, m.counts, c->t->dtype,
+                                       c->before->partial_op);
+    shard_free(staging);
+    members_free(&m);
+    return s;
+}
+
+static shard_status run_all_gather(step_ctx *c, unsigned axes) {
+    layout_of_members m = {0};
+    shard_status s = members_alloc(&m, c->members);
+    for (int q = 0; s == SHARD_OK && q < c->members; q++) {
+        int mc[SHARD_MESH_MAX_AXES];
+        member_coords(c, axes, q, mc);
+        block_of(c->t, c->before, mc, &m.boxes[q]); /* nested inside my new block */
+    }
+    void *staging = NULL;
+    if (s == SHARD_OK) {
+        members_place(&m, c->members, &c->out, c->t->ndim, 0);
+        if (!m.direct) {
+            staging = staging_alloc(members_total(&m, c->members), c->t->dtype);
+            if (!staging) s = SHARD_ERR_NO_MEMORY;
+        }
+    }
+    if (s == SHARD_OK)
+        s = shard_comm_all_gatherv(c->comm, c->src->data, shard_tensor_numel(c->src), m.direct ? c->dst->data : staging,
+                                   m.counts, m.displs, c->t->dtype);
+    if (s == SHARD_OK && !m.direct) s = members_copy(c, &m, staging, c->dst, &c->out, 0);
+    shard_free(staging);
+    members_free(&m);
+    return s;
+}
+
+/* all_to_all and exchange: member q gets the overlap of my old block with its new one. */
+static shard_status run_exchange(step_ctx *c, unsigned axes) {
+    layout_of_members send = {0}, recv = {0};
+    shard_status s = members_alloc(&send, c->members);
+    if (s == SHARD_OK) s = members_alloc(&recv, c->members);
+    for (int q = 0; s == SHARD_OK && q < c->members; q++) {
+        int mc[SHARD_MESH_MAX_AXES];
+        box theirs_before, theirs_after;
+        member_coords(c, axes, q, mc);
+        block_of(c->t, c->before, mc, &theirs_before);
+        block_of(c->t, c->after, mc, &theirs_after);
+        intersect(&c->in, &theirs_after, c->t->ndim, &send.boxes[q]);
+        intersect(&theirs_before, &c->out, c->t->ndim, &recv.boxes[q]);
+    }
+    void *send_staging = NULL, *recv_staging = NULL;
+    if (s == SHARD_OK) {
+        members_place(&send, c->members, &c->in, c->t->ndim, 0);
+        members_place(&recv, c->members, &c->out, c->t->ndim, 0);
+        if (!send.direct) {
+            send_staging = staging_alloc(members_total(&send, c->members), c->t->dtype);
+            s = send_staging ? members_copy(c, &send, send_staging, (shard_tensor *)c->src, &c->in, 1)
+                             : SHARD_ERR_NO_MEMORY;
+        }
+        if (s == SHARD_OK && !recv.direct) {
+            recv_staging = staging_alloc(members_total(&recv, c->members), c->t->dtype);
+            if (!recv_staging) s = SHARD_ERR_NO_MEMORY;
+        }
+    }
+    if (s == SHARD_OK && c->comm)
+        s = shard_comm_all_to_allv(c->comm, send.direct ? c->src->data : send_staging, send.counts, send.displs,
+                                   recv.direct ? c->dst->data : recv_staging, recv.counts, recv.displs, c->t->dtype);
+    else if (s == SHARD_OK) /* no axes: a local slice */
+        s = run_slice(c);
+    if (s == SHARD_OK && c->comm && !recv.direct) s = members_copy(c, &recv, recv_staging, c->dst, &c->out, 0);
+    shard_free(send_staging);
+    shard_free(recv_staging);
+    members_free(&send);
+    members_free(&recv);
+    return s;
+}
+
+static shard_status run_step(const shard_dtensor *t, const shard_redistribute_plan *plan, int i,
+                             const shard_tensor *src, shard_tensor *dst) {
+    const shard_redistribute_step *st = &plan->steps[i];
+    step_ctx c;
+    memset(&c, 0, sizeof c);
+    c.t = t, c.before = shard_redistribute_plan_spec_before(plan, i), c.after = &st->after, c.src = src, c.dst = dst;
+    for (int k = 0; k < t->layout.ndim; k++) c.coords[k] = shard_mesh_coord(t->mesh, k);
+    block_of(t, c.before, c.coords, &c.in);
+    block_of(t, c.after, c.coords, &c.out);
+    c.members = 1;
+    if (st->axes) {
+        SHARD_CHECK(shard_mesh_axes_comm_mask(t->mesh, st->axes, &c.comm));
+        c.members = shard_comm_size(c.comm);
+        c.me = shard_comm_rank(c.comm);
+    }
+    switch (st->kind) {
+    case SHARD_REDIST_SLICE: return run_slice(&c);
+    case SHARD_REDIST_MAKE_PARTIAL: return run_make_partial(&c);
+    case SHARD_REDIST_ALL_REDUCE: return run_all_reduce(&c);
+    case SHARD_REDIST_REDUCE_SCATTER: return run_reduce_scatter(&c, st->axes);
+    case SHARD_REDIST_ALL_GATHER: return run_all_gather(&c, st->axes);
+    case SHARD_REDIST_ALL_TO_ALL:
+    case SHARD_REDIST_EXCHANGE: return run_exchange(&c, st->axes);
+    }
+    return shard_error(SHARD_ERR_INTERNAL, "redistribute: unknown step kind %d", (int)st->kind);
+}
+
+shard_status shard_dtensor_redistribute(const shard_dtensor *src, shard_dtensor *dst) {
+    if (!src || !dst) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_redistribute: NULL tensor");
+    int same = src->mesh == dst->mesh && src->dtype == dst->dtype && src->ndim == dst->ndim;
+    for (int d = 0; same && d < src->ndim; d++) same = src->global_shape[d] == dst->global_shape[d];
+    if (!same) {
+        char a[160], b[160];
+        shard_spec_type_string(&src->spec, &src->layout, src->dtype, src->global_shape, a, sizeof a);
+        shard_spec_type_string(&dst->spec, &dst->layout, dst->dtype, dst->global_shape, b, sizeof b);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_dtensor_redistribute: %s and %s differ in mesh, dtype or global shape", a, b);
+    }
+    shard_redistribute_plan plan;
+    SHARD_CHECK(shard_redistribute_plan_make(&src->layout, src->dtype, src->ndim, src->global_shape, &src->spec,
+                                             &dst->spec, &plan));
+    if (plan.nsteps == 0) return shard_tensor_copy(dst->local, src->local);
+    const shard_tensor *cur = src->local;
+    shard_tensor *owned = NULL; /* the intermediate block, when cur is one */
+    shard_status s = SHARD_OK;
+    for (int i = 0; i < plan.nsteps && s == SHARD_OK; i++) {
+        shard_tensor *next = dst->local;
+        if (i + 1 < plan.nsteps) {
+            int coords[SHARD_MESH_MAX_AXES];
+            box b;
+            size_t shape[SHARD_MAX_DIMS];
+            for (int k = 0; k < src->layout.ndim; k++) coords[k] = shard_mesh_coord(src->mesh, k);
+            block_of(src, &plan.steps[i].after, coords, &b);
+            for (int d = 0; d < src->ndim; d++) shape[d] = b.len[d];
+            s = shard_tensor_create(src->dtype, src->ndim, shape, SHARD_MEM_COMM, &next);
+            if (s < 0) break;
+        }
+        s = run_step(src, &plan, i, cur, next);
+        shard_tensor_destroy(owned);
+        owned = next == dst->local ? NULL : next;
+        cur = next;
+    }
+    shard_tensor_destroy(owned);
+    return s;
+}
