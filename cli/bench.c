@@ -1,5 +1,5 @@
-/* bench.c — the `shard bench` verb: parses options and runs a benchmark.
- * Today: `shard bench comm` (bench_comm.c). */
+/* bench.c — the `shard bench` verb: parses options and runs a benchmark:
+ * `shard bench comm` (bench_comm.c), `shard bench redistribute` (bench_redistribute.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -61,10 +61,47 @@ static int bench_comm_main(int argc, char **argv) {
     return 0;
 }
 
-int cli_bench(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "comm") != 0) {
-        cli_error("bench: give what to benchmark: 'shard bench comm --op all_reduce --ranks 2'");
-        return 2;
+static int bench_redistribute_main(int argc, char **argv) {
+    bench_redist_options opt = {.bytes = 64ULL << 20, .warmup = 2, .iters = 7};
+    cli_common common = {0};
+    for (int i = 1; i < argc; i++) {
+        int c = cli_common_option(&common, argc, argv, &i);
+        if (c < 0) return 2;
+        if (c > 0) continue;
+        const char *arg = argv[i], *v = NULL;
+        if (strcmp(arg, "--json") == 0) {
+            opt.json = 1;
+        } else if (strcmp(arg, "--mesh") == 0) {
+            if (!(opt.mesh = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(arg, "--bytes") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--bytes", v, &opt.bytes)) return 2;
+            if (opt.bytes < 4096) {
+                cli_error("--bytes %s is too small: give at least 4K", v);
+                return 2;
+            }
+        } else if (strcmp(arg, "--iters") == 0 || strcmp(arg, "--warmup") == 0) {
+            long n;
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, arg[2] == 'i' ? 5 : 0, 100000, &n)) return 2;
+            if (arg[2] == 'i') opt.iters = (int)n;
+            else opt.warmup = (int)n;
+        } else {
+            cli_error("bench redistribute: unknown option '%s' (see 'shard help')", arg);
+            return 2;
+        }
     }
-    return bench_comm_main(argc - 1, argv + 1);
+    opt.launch = cli_launch_config(&common);
+    shard_status s = bench_redistribute_run(&opt);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int cli_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "comm") == 0) return bench_comm_main(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "redistribute") == 0) return bench_redistribute_main(argc - 1, argv + 1);
+    cli_error("bench: give what to benchmark: 'shard bench comm --op all_reduce --ranks 2' or "
+              "'shard bench redistribute --ranks 2'");
+    return 2;
 }

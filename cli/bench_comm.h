@@ -21,6 +21,16 @@ int bench_op_valid(const char *op);
 /* Run the benchmark and print its table (or JSON lines) on rank 0. */
 shard_status bench_comm_run(const bench_options *opt);
 
+/* `shard bench redistribute` (bench_redistribute.c). */
+typedef struct bench_redist_options {
+    const char *mesh; /* NULL: data=<ranks> */
+    uint64_t bytes;   /* global tensor size (default 64 MiB) */
+    int warmup, iters;
+    int json;
+    shard_launch_config launch;
+} bench_redist_options;
+shard_status bench_redistribute_run(const bench_redist_options *opt);
+
 int cli_bench(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 int cli_inspect(int argc, char **argv);

@@ -1,6 +1,7 @@
 /* main.c — the `shard` command line: dispatch to one verb per file.
  *
  *   shard bench comm --op all_reduce --ranks 2 [--json] ...
+ *   shard bench redistribute --ranks 2 [--mesh data=2] [--bytes 64M] [--json]
  *   shard demo [--ranks 4]
  *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')"
  *   shard version */
@@ -20,9 +21,12 @@ static void usage(FILE *to) {
             "  bench comm   collective bandwidth (nccl-tests style): --op all_reduce|all_gather|\n"
             "               reduce_scatter|all_to_all|sendrecv --ranks N [--backend threads|mpi]\n"
             "               [--min 4K] [--max 256M] [--dtype f32] [--iters K] [--json]\n"
+            "  bench redistribute  the common spec transitions of a 2-D f32 tensor timed against\n"
+            "               their collective: --ranks N [--mesh data=N] [--bytes 64M] [--iters 7] [--json]\n"
             "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
             "  inspect spec describe a sharding without running ranks: --mesh data=4,tensor=2\n"
             "               --shape 128,4096 --spec \"P('data','tensor')\" [--dtype f32]\n"
+            "               [--to SPEC] (also print the redistribution plan to SPEC)\n"
             "  version      print the version and the backends in this build\n"
             "\n"
             "options every verb that runs ranks takes:\n"

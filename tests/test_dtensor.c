@@ -1,7 +1,9 @@
 /* test_dtensor.c — distributed tensors: gather(distribute(x)) == x bitwise for
  * every spec of a 2-D tensor whose dims do not divide by the axis sizes, on
  * every 1-D and 2-D mesh of the world (1 to 8 ranks, 3, 5, 6, 7 included),
- * from a replicated tensor and from one rank, partial specs included; and
+ * from a replicated tensor and from one rank, partial specs included, with
+ * the bytes of distribute-from-one-rank (broadcast or scatter) and
+ * gather-to-one-rank checked against their formulas; and
  * redistribute between every pair of those specs (3-D meshes too) keeps the
  * tensor bitwise and sends exactly the bytes its plan counts; the named
  * transitions (all_gather, slice, all_reduce, reduce_scatter, all_to_all)
@@ -19,9 +21,76 @@ static const char *const specs[] = {
     "P(partial=('a','b'), partial_op='min')",
 };
 
+/* Create every axis-set communicator now, so that splits do not count as traffic later. */
+static void warm_axis_comms(test_ctx *t, shard_mesh *mesh) {
+    for (unsigned mask = 1; mask < (1u << shard_mesh_ndim(mesh)); mask++) {
+        shard_comm *c = NULL;
+        CHECK_OK(t, shard_mesh_axes_comm_mask(mesh, mask, &c), "axes comm 0x%x", mask);
+    }
+}
+
+static void my_coords(shard_mesh *mesh, int *coords) {
+    for (int k = 0; k < shard_mesh_ndim(mesh); k++) coords[k] = shard_mesh_coord(mesh, k);
+}
+
+static size_t block_numel(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *shape, const int *c) {
+    size_t n = 1, off, len;
+    for (int d = 0; d < spec->ndim; d++) {
+        shard_spec_local_range(spec, layout, shape, c, d, &off, &len);
+        n *= len;
+    }
+    return n;
+}
+
+/* Bytes this rank should send to distribute from `root`: a broadcast when no
+ * dim is split, else the root sends each other rank that keeps the value its
+ * block (a pending sum keeps it at coordinate 0 of the partial axes only). */
+static uint64_t distribute_bytes(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *shape,
+                                 int me, int root, int n) {
+    if (root < 0 || me != root) return 0;
+    unsigned all = (1u << layout->ndim) - 1, split = shard_spec_split_axes(spec);
+    if (!split) return (uint64_t)shape[0] * shape[1] * 4 * (uint64_t)(n - 1);
+    uint64_t total = 0;
+    for (int q = 0; q < n; q++) {
+        int c[SHARD_MESH_MAX_AXES] = {0}, keeps = 1;
+        shard_mesh_layout_unravel(layout, all, q, c);
+        for (int k = 0; k < layout->ndim; k++)
+            if (spec->partial_op == SHARD_OP_SUM && (spec->partial_mask & (1u << k)) && c[k]) keeps = 0;
+        if (q != root && keeps) total += block_numel(spec, layout, shape, c) * 4;
+    }
+    return total;
+}
+
+/* Bytes this rank should send to gather on `root`: the pending reduction's
+ * all_reduce, then, from the rank at coordinate 0 of every non-splitting
+ * axis, its block when the root's block is another one. */
+static uint64_t gather_bytes(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *shape, int me,
+                             int root) {
+    unsigned all = (1u << layout->ndim) - 1, split = shard_spec_split_axes(spec);
+    int c[SHARD_MESH_MAX_AXES] = {0}, rc[SHARD_MESH_MAX_AXES] = {0};
+    shard_mesh_layout_unravel(layout, all, me, c);
+    shard_mesh_layout_unravel(layout, all, root, rc);
+    uint64_t local = block_numel(spec, layout, shape, c), total = 0;
+    if (spec->partial_mask) { /* ring all_reduce over the partial axes */
+        int m = 1, idx = 0;
+        for (int k = 0; k < layout->ndim; k++)
+            if (spec->partial_mask & (1u << k)) m *= layout->sizes[k], idx = idx * layout->sizes[k] + c[k];
+        size_t off, len;
+        shard_split_range((size_t)local, m, idx, &off, &len);
+        if (m > 1) total += (local - len + (uint64_t)len * (uint64_t)(m - 1)) * 4;
+    }
+    int sender = me != root, same = 1;
+    for (int k = 0; k < layout->ndim; k++) {
+        if (!(split & (1u << k)) && c[k]) sender = 0;
+        if ((split & (1u << k)) && c[k] != rc[k]) same = 0;
+    }
+    return total + (sender && !same ? local * 4 : 0);
+}
+
 static void round_trips(test_ctx *t, const char *mesh_text) {
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, mesh_text, &mesh), "mesh %s", mesh_text)) return;
+    warm_axis_comms(t, mesh);
     shard_mesh_layout layout;
     shard_mesh_layout_of(mesh, &layout);
     size_t shape[2] = {7, 5 + (size_t)t->size};
@@ -29,25 +98,44 @@ static void round_trips(test_ctx *t, const char *mesh_text) {
     CHECK_OK(t, shard_tensor_create(SHARD_F32, 2, shape, SHARD_MEM_OTHER, &x), "create x");
     CHECK_OK(t, shard_tensor_create(SHARD_F32, 2, shape, SHARD_MEM_OTHER, &back), "create back");
     for (size_t i = 0; i < shard_tensor_numel(x); i++) shard_tensor_set(x, i, 0.25 * (double)i - 3.0);
+    int roots[3] = {-1, 0, t->size - 1};
     for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++) {
         shard_spec spec;
         shard_status ps = shard_spec_parse(specs[si], &layout, 2, &spec);
         if (layout.ndim < 2 && strstr(specs[si], "'b'")) continue; /* needs two axes */
         if (!CHECK_OK(t, ps, "parse %s on %s", specs[si], mesh_text)) continue;
-        for (int root = -1; root <= 0; root++) {
+        for (int ri = 0; ri < 3; ri++) {
+            int root = roots[ri];
             shard_dtensor *d = NULL;
             if (!CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &spec, SHARD_MEM_ACTIVATIONS, &d),
                           "create %s", specs[si]))
                 continue;
-            shard_tensor_fill(back, 99);
+            uint64_t sent = shard_mesh_bytes_sent(mesh);
             CHECK_OK(t, shard_dtensor_distribute(d, root < 0 || t->rank == root ? x : NULL, root), "distribute %s root %d",
                      specs[si], root);
+            sent = shard_mesh_bytes_sent(mesh) - sent;
+            uint64_t want = distribute_bytes(&spec, &layout, shape, t->rank, root, t->size);
+            CHECK(t, sent == want, "mesh %s spec %s: distribute from %d sent %llu bytes, want %llu", mesh_text,
+                  specs[si], root, (unsigned long long)sent, (unsigned long long)want);
+            /* gather to everyone, and to the root */
+            shard_tensor_fill(back, 99);
             CHECK_OK(t, shard_dtensor_gather(d, back, -1), "gather %s", specs[si]);
             shard_tensor_diff diff;
             shard_tensor_compare(back, x, &diff);
             CHECK(t, diff.mismatched_bits == 0,
                   "mesh %s spec %s root %d: %zu elements differ, worst at %zu: %g vs %g", mesh_text, specs[si], root,
                   diff.mismatched_bits, diff.worst_index, diff.worst_a, diff.worst_b);
+            int to = root < 0 ? t->size / 2 : root;
+            shard_tensor_fill(back, 99);
+            sent = shard_mesh_bytes_sent(mesh);
+            CHECK_OK(t, shard_dtensor_gather(d, t->rank == to ? back : NULL, to), "gather %s to %d", specs[si], to);
+            sent = shard_mesh_bytes_sent(mesh) - sent;
+            want = gather_bytes(&spec, &layout, shape, t->rank, to);
+            CHECK(t, sent == want, "mesh %s spec %s: gather to %d sent %llu bytes, want %llu", mesh_text, specs[si], to,
+                  (unsigned long long)sent, (unsigned long long)want);
+            if (t->rank == to)
+                CHECK(t, shard_tensor_equal_bits(back, x), "mesh %s spec %s: gather to %d differs", mesh_text, specs[si],
+                      to);
             shard_dtensor_destroy(d);
         }
     }
@@ -65,18 +153,6 @@ static void case_round_trips(test_ctx *t) {
             snprintf(text, sizeof text, "a=%d,b=%d", a, t->size / a);
             round_trips(t, text);
         }
-}
-
-/* Create every axis-set communicator now, so that splits do not count as traffic later. */
-static void warm_axis_comms(test_ctx *t, shard_mesh *mesh) {
-    for (unsigned mask = 1; mask < (1u << shard_mesh_ndim(mesh)); mask++) {
-        shard_comm *c = NULL;
-        CHECK_OK(t, shard_mesh_axes_comm_mask(mesh, mask, &c), "axes comm 0x%x", mask);
-    }
-}
-
-static void my_coords(shard_mesh *mesh, int *coords) {
-    for (int k = 0; k < shard_mesh_ndim(mesh); k++) coords[k] = shard_mesh_coord(mesh, k);
 }
 
 /* Every pair of specs: redistribute keeps the global tensor bitwise, and

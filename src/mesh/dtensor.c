@@ -1,16 +1,23 @@
 /* dtensor.c — distributed tensors: create, distribute from a full tensor,
- * gather to a full tensor.
+ * gather to a full tensor, each with the least traffic.
+ *
+ * Distribute from every rank: each takes its block (no traffic).  From one
+ * rank: a broadcast when no dim is split (everyone needs all of it), else a
+ * scatter (all_to_allv in which only the root sends): each rank that must
+ * hold the value gets exactly its block.
  *
  * Gather: apply the pending reduction over the partial axes (all_reduce on
- * that axis set), then all_gatherv the local shards over the axes that split
- * some dim (ranks that differ only along replicated axes hold the same block,
- * so they need not send it), then place each block at its global offsets. */
+ * that axis set), then, to every rank, all_gatherv the blocks over the axes
+ * that split some dim (ranks that differ only along other axes hold the same
+ * block and need not send it); to one rank, one holder of each block the root
+ * lacks sends it there (all_to_allv). */
 #include "shard/dtensor.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include <stdio.h>
+#include "box.h"
+#include "mesh_scratch.h"
 
 /* This rank's coordinates on every mesh axis. */
 static void my_coords(const shard_mesh *mesh, int *coords) {
@@ -57,22 +64,6 @@ void shard_dtensor_destroy(shard_dtensor *t) {
     free(t);
 }
 
-/* A view of `full` narrowed to the block at offset/length (the caller frees it). */
-static shard_status block_view(const shard_tensor *full, int ndim, const size_t *offset, const size_t *length,
-                               shard_tensor **out) {
-    shard_tensor *view = malloc(sizeof *view);
-    if (!view) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory for a view");
-    *view = *full;
-    view->storage = NULL;
-    size_t es = shard_dtype_size(full->dtype);
-    for (int d = 0; d < ndim; d++) {
-        view->data = (char *)view->data + offset[d] * full->strides[d] * es;
-        view->shape[d] = length[d];
-    }
-    *out = view;
-    return SHARD_OK;
-}
-
 static shard_status check_full(const shard_dtensor *t, const shard_tensor *full, const char *what) {
     int same = full->ndim == t->ndim && full->dtype == t->dtype;
     for (int d = 0; same && d < t->ndim; d++) same = full->shape[d] == t->global_shape[d];
@@ -83,136 +74,238 @@ static shard_status check_full(const shard_dtensor *t, const shard_tensor *full,
     return shard_error(SHARD_ERR_INVALID_ARG, "%s: the full tensor is %s, the distributed one %s", what, have, want);
 }
 
+static void block_at(const shard_dtensor *t, const int *coords, shard__box *b) {
+    shard__block_of(&t->spec, &t->layout, t->ndim, t->global_shape, coords, b);
+}
+
+static void rank_coords(const shard_dtensor *t, int rank, int *coords) {
+    shard_mesh_layout_unravel(&t->layout, (1u << t->layout.ndim) - 1, rank, coords);
+}
+
+/* A pending sum keeps the value only at coordinate 0 of the partial axes (zeros elsewhere). */
+static int holds_value(const shard_dtensor *t, const int *coords) {
+    if (!t->spec.partial_mask || t->spec.partial_op != SHARD_OP_SUM) return 1;
+    for (int k = 0; k < t->layout.ndim; k++)
+        if ((t->spec.partial_mask & (1u << k)) && coords[k] != 0) return 0;
+    return 1;
+}
+
+/* A buffer of nothing, for the side of an all_to_allv that moves no data
+ * (passing the other side's pointer would read as "in place"). */
+static char nothing[64];
+
+static shard_status alloc_counts(int n, size_t **a, size_t **b, size_t **c, size_t **d) {
+    *a = calloc((size_t)n, sizeof **a), *b = calloc((size_t)n, sizeof **b);
+    *c = calloc((size_t)n, sizeof **c), *d = calloc((size_t)n, sizeof **d);
+    if (*a && *b && *c && *d) return SHARD_OK;
+    return shard_error(SHARD_ERR_NO_MEMORY, "out of memory for %d ranks' counts", n);
+}
+
+static void free_counts(size_t *a, size_t *b, size_t *c, size_t *d) {
+    free(a), free(b), free(c), free(d);
+}
+
+/* Root sends every rank that holds the value its block; the others get zeros. */
+static shard_status scatter_from(shard_dtensor *dst, const shard_tensor *full, int root) {
+    shard_comm *world = shard_mesh_comm(dst->mesh);
+    int n = shard_comm_size(world), me = shard_comm_rank(world);
+    shard__box whole = {{0}, {0}}, mine;
+    for (int d = 0; d < dst->ndim; d++) whole.len[d] = dst->global_shape[d];
+    size_t es = shard_dtype_size(dst->dtype), *sc = NULL, *sd = NULL, *rc = NULL, *rd = NULL, total = 0;
+    shard_status s = alloc_counts(n, &sc, &sd, &rc, &rd);
+    int coords[SHARD_MESH_MAX_AXES] = {0};
+    rank_coords(dst, me, coords);
+    block_at(dst, coords, &mine);
+    int i_hold = holds_value(dst, coords);
+    if (s == SHARD_OK && me != root && i_hold) rc[root] = shard_tensor_numel(dst->local);
+    char *packed = NULL;
+    for (int q = 0; s == SHARD_OK && me == root && q < n; q++) { /* the root's counts */
+        rank_coords(dst, q, coords);
+        shard__box b;
+        block_at(dst, coords, &b);
+        if (q != root && holds_value(dst, coords)) sc[q] = shard__box_numel(&b, dst->ndim), sd[q] = total, total += sc[q];
+    }
+    if (s == SHARD_OK && me == root) {
+        packed = shard__mesh_scratch(dst->mesh, SHARD__SCRATCH_SEND, total * es);
+        if (!packed) s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_distribute: out of memory for %zu elements", total);
+        for (int q = 0; s == SHARD_OK && q < n; q++) {
+            if (!sc[q]) continue;
+            shard__box b;
+            rank_coords(dst, q, coords);
+            block_at(dst, coords, &b);
+            shard_tensor from = shard__sub_view(full, &whole, &b), to = shard__contiguous_over(packed + sd[q] * es, dst->dtype, dst->ndim, &b);
+            s = shard_tensor_copy(&to, &from);
+        }
+    }
+    if (s == SHARD_OK)
+        s = shard_comm_all_to_allv(world, packed ? packed : nothing, sc, sd, dst->local->data, rc, rd, dst->dtype);
+    if (s == SHARD_OK && me == root) {
+        shard_tensor from = shard__sub_view(full, &whole, &mine);
+        s = i_hold ? shard_tensor_copy(dst->local, &from) : shard_tensor_fill(dst->local, 0);
+    } else if (s == SHARD_OK && !i_hold) {
+        s = shard_tensor_fill(dst->local, 0);
+    }
+    free_counts(sc, sd, rc, rd);
+    return s;
+}
+
 shard_status shard_dtensor_distribute(shard_dtensor *dst, const shard_tensor *full, int root) {
     if (!dst) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: tensor is NULL");
     shard_comm *world = shard_mesh_comm(dst->mesh);
     int me = shard_comm_rank(world);
-    shard_tensor *staged = NULL;
-    if (root >= 0) { /* only root holds it: broadcast a contiguous copy */
-        if (root >= shard_comm_size(world))
-            return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: root %d is out of range 0..%d", root,
-                               shard_comm_size(world) - 1);
-        if (me == root) SHARD_CHECK(check_full(dst, full, "shard_dtensor_distribute"));
-        SHARD_CHECK(shard_tensor_create(dst->dtype, dst->ndim, dst->global_shape, SHARD_MEM_COMM, &staged));
-        shard_status s = me == root ? shard_tensor_copy(staged, full) : SHARD_OK;
-        if (s == SHARD_OK)
-            s = shard_comm_broadcast(world, staged->data, shard_tensor_numel(staged), dst->dtype, root);
-        if (s < 0) {
-            shard_tensor_destroy(staged);
-            return s;
-        }
-        full = staged;
-    } else {
-        if (!full) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: full tensor is NULL");
+    if (root >= shard_comm_size(world))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: root %d is out of range 0..%d", root,
+                           shard_comm_size(world) - 1);
+    if (root < 0 || me == root) {
+        if (!full) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: full tensor is NULL on rank %d", me);
         SHARD_CHECK(check_full(dst, full, "shard_dtensor_distribute"));
     }
-    int coords[SHARD_MESH_MAX_AXES];
-    my_coords(dst->mesh, coords);
-    int holds_value = 1; /* a pending sum: only coordinate 0 of the partial axes keeps the value */
-    if (dst->spec.partial_mask && dst->spec.partial_op == SHARD_OP_SUM)
-        for (int k = 0; k < dst->layout.ndim; k++)
-            if ((dst->spec.partial_mask & (1u << k)) && coords[k] != 0) holds_value = 0;
-    shard_status s = SHARD_OK;
-    if (holds_value) {
-        shard_tensor *view = NULL;
-        s = block_view(full, dst->ndim, dst->local_offset, dst->local->shape, &view);
-        if (s == SHARD_OK) s = shard_tensor_copy(dst->local, view);
-        free(view);
-    } else {
-        s = shard_tensor_fill(dst->local, 0);
+    int coords[SHARD_MESH_MAX_AXES] = {0};
+    rank_coords(dst, me, coords);
+    if (root >= 0 && shard_spec_split_axes(&dst->spec)) return scatter_from(dst, full, root);
+    if (root >= 0) { /* nothing split: every rank needs the whole tensor */
+        if (me == root) SHARD_CHECK(shard_tensor_copy(dst->local, full));
+        SHARD_CHECK(shard_comm_broadcast(world, dst->local->data, shard_tensor_numel(dst->local), dst->dtype, root));
+        return holds_value(dst, coords) ? SHARD_OK : shard_tensor_fill(dst->local, 0);
     }
-    shard_tensor_destroy(staged);
+    if (!holds_value(dst, coords)) return shard_tensor_fill(dst->local, 0);
+    shard__box whole = {{0}, {0}}, mine;
+    for (int d = 0; d < dst->ndim; d++) whole.len[d] = dst->global_shape[d];
+    block_at(dst, coords, &mine);
+    shard_tensor from = shard__sub_view(full, &whole, &mine);
+    return shard_tensor_copy(dst->local, &from);
+}
+
+/* The local shard with the pending reduction applied, in a new tensor. */
+static shard_status reduced_copy(const shard_dtensor *src, shard_tensor **out) {
+    SHARD_CHECK(shard_tensor_create(src->dtype, src->ndim, src->local->shape, SHARD_MEM_COMM, out));
+    shard_status s = shard_tensor_copy(*out, src->local);
+    if (s == SHARD_OK && src->spec.partial_mask) {
+        shard_comm *pc = NULL;
+        s = shard_mesh_axes_comm_mask(src->mesh, src->spec.partial_mask, &pc);
+        if (s == SHARD_OK)
+            s = shard_comm_all_reduce(pc, (*out)->data, (*out)->data, shard_tensor_numel(*out), src->dtype,
+                                      src->spec.partial_op);
+    }
+    if (s < 0) {
+        shard_tensor_destroy(*out);
+        *out = NULL;
+    }
     return s;
 }
 
-/* The communicator over the axes in `mask` ("data,tensor"); NULL mask: none. */
-static shard_status axes_comm(shard_mesh *mesh, unsigned mask, shard_comm **out) {
-    char names[256] = "";
-    size_t used = 0;
-    for (int k = 0; k < shard_mesh_ndim(mesh) && used < sizeof names; k++)
-        if (mask & (1u << k))
-            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? "," : "", shard_mesh_axis_name(mesh, k));
-    return shard_mesh_axes_comm(mesh, names, out);
+/* To every rank: all_gatherv over the splitting axes, then place the blocks. */
+static shard_status gather_everywhere(const shard_dtensor *src, const shard_tensor *reduced, shard_tensor *full) {
+    unsigned split = shard_spec_split_axes(&src->spec);
+    shard__box whole = {{0}, {0}};
+    for (int d = 0; d < src->ndim; d++) whole.len[d] = src->global_shape[d];
+    if (!split) return shard_tensor_copy(full, reduced);
+    shard_comm *gc = NULL;
+    SHARD_CHECK(shard_mesh_axes_comm_mask(src->mesh, split, &gc));
+    int members = shard_comm_size(gc), coords[SHARD_MESH_MAX_AXES] = {0};
+    rank_coords(src, shard_comm_rank(shard_mesh_comm(src->mesh)), coords);
+    size_t es = shard_dtype_size(src->dtype), *counts = NULL, *displs = NULL, *unused1 = NULL, *unused2 = NULL, total = 0;
+    shard__box *boxes = calloc((size_t)members, sizeof *boxes);
+    shard_status s = alloc_counts(members, &counts, &displs, &unused1, &unused2);
+    if (s == SHARD_OK && !boxes) s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_gather: out of memory");
+    for (int q = 0; s == SHARD_OK && q < members; q++) { /* member q: row-major over the splitting axes, mine elsewhere */
+        int c[SHARD_MESH_MAX_AXES];
+        memcpy(c, coords, sizeof c);
+        shard_mesh_layout_unravel(&src->layout, split, q, c);
+        block_at(src, c, &boxes[q]);
+        counts[q] = shard__box_numel(&boxes[q], src->ndim), displs[q] = total, total += counts[q];
+    }
+    char *blocks = s == SHARD_OK ? shard__mesh_scratch(src->mesh, SHARD__SCRATCH_RECV, total * es) : NULL;
+    if (s == SHARD_OK && !blocks) s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_gather: out of memory");
+    if (s == SHARD_OK)
+        s = shard_comm_all_gatherv(gc, reduced->data, shard_tensor_numel(reduced), blocks, counts, displs, src->dtype);
+    for (int q = 0; s == SHARD_OK && q < members; q++) {
+        shard_tensor from = shard__contiguous_over(blocks + displs[q] * es, src->dtype, src->ndim, &boxes[q]);
+        shard_tensor to = shard__sub_view(full, &whole, &boxes[q]);
+        s = shard_tensor_copy(&to, &from);
+    }
+    free(boxes);
+    free_counts(counts, displs, unused1, unused2);
+    return s;
+}
+
+/* The rank that sends block of `coords` to a root: coordinate 0 on every axis that splits no dim. */
+static int is_sender(const shard_dtensor *t, const int *coords) {
+    unsigned split = shard_spec_split_axes(&t->spec);
+    for (int k = 0; k < t->layout.ndim; k++)
+        if (!(split & (1u << k)) && coords[k] != 0) return 0;
+    return 1;
+}
+
+static int same_block(const shard_dtensor *t, const int *a, const int *b) {
+    unsigned split = shard_spec_split_axes(&t->spec);
+    for (int k = 0; k < t->layout.ndim; k++)
+        if ((split & (1u << k)) && a[k] != b[k]) return 0;
+    return 1;
+}
+
+/* To one rank: one holder of each block the root lacks sends it (all_to_allv). */
+static shard_status gather_to(const shard_dtensor *src, const shard_tensor *reduced, shard_tensor *full, int root) {
+    shard_comm *world = shard_mesh_comm(src->mesh);
+    int n = shard_comm_size(world), me = shard_comm_rank(world);
+    int mine[SHARD_MESH_MAX_AXES] = {0}, at_root[SHARD_MESH_MAX_AXES] = {0};
+    rank_coords(src, me, mine);
+    rank_coords(src, root, at_root);
+    size_t es = shard_dtype_size(src->dtype), *sc = NULL, *sd = NULL, *rc = NULL, *rd = NULL, total = 0;
+    shard_status s = alloc_counts(n, &sc, &sd, &rc, &rd);
+    if (s == SHARD_OK && me != root && is_sender(src, mine) && !same_block(src, mine, at_root))
+        sc[root] = shard_tensor_numel(reduced);
+    shard__box whole = {{0}, {0}};
+    for (int d = 0; d < src->ndim; d++) whole.len[d] = src->global_shape[d];
+    for (int q = 0; s == SHARD_OK && me == root && q < n; q++) {
+        int c[SHARD_MESH_MAX_AXES] = {0};
+        rank_coords(src, q, c);
+        if (q == root || !is_sender(src, c) || same_block(src, c, at_root)) continue;
+        shard__box b;
+        block_at(src, c, &b);
+        rc[q] = shard__box_numel(&b, src->ndim), rd[q] = total, total += rc[q];
+    }
+    char *blocks = NULL;
+    if (s == SHARD_OK && me == root) {
+        blocks = shard__mesh_scratch(src->mesh, SHARD__SCRATCH_RECV, total * es);
+        if (!blocks) s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_gather: out of memory");
+    }
+    if (s == SHARD_OK)
+        s = shard_comm_all_to_allv(world, reduced->data, sc, sd, blocks ? blocks : nothing, rc, rd, src->dtype);
+    if (s == SHARD_OK && me == root) {
+        shard__box b;
+        block_at(src, mine, &b);
+        shard_tensor to = shard__sub_view(full, &whole, &b);
+        s = shard_tensor_copy(&to, reduced);
+    }
+    for (int q = 0; s == SHARD_OK && me == root && q < n; q++) {
+        if (!rc[q]) continue;
+        int c[SHARD_MESH_MAX_AXES] = {0};
+        shard__box b;
+        rank_coords(src, q, c);
+        block_at(src, c, &b);
+        shard_tensor from = shard__contiguous_over(blocks + rd[q] * es, src->dtype, src->ndim, &b);
+        shard_tensor to = shard__sub_view(full, &whole, &b);
+        s = shard_tensor_copy(&to, &from);
+    }
+    free_counts(sc, sd, rc, rd);
+    return s;
 }
 
 shard_status shard_dtensor_gather(const shard_dtensor *src, shard_tensor *full, int root) {
     if (!src) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_gather: tensor is NULL");
     shard_comm *world = shard_mesh_comm(src->mesh);
     int me = shard_comm_rank(world);
-    int keeps = root < 0 || root == me;
-    if (keeps) {
+    if (root >= shard_comm_size(world))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_gather: root %d is out of range 0..%d", root,
+                           shard_comm_size(world) - 1);
+    if (root < 0 || root == me) {
         if (!full) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_gather: full tensor is NULL on rank %d", me);
         SHARD_CHECK(check_full(src, full, "shard_dtensor_gather"));
     }
-    size_t es = shard_dtype_size(src->dtype), local_n = shard_tensor_numel(src->local);
-    /* 1. pending reduction */
     shard_tensor *reduced = NULL;
-    SHARD_CHECK(shard_tensor_create(src->dtype, src->ndim, src->local->shape, SHARD_MEM_COMM, &reduced));
-    shard_status s = shard_tensor_copy(reduced, src->local);
-    if (s == SHARD_OK && src->spec.partial_mask) {
-        shard_comm *pc = NULL;
-        s = axes_comm(src->mesh, src->spec.partial_mask, &pc);
-        if (s == SHARD_OK) s = shard_comm_all_reduce(pc, reduced->data, reduced->data, local_n, src->dtype, src->spec.partial_op);
-    }
-    /* 2. the blocks of every rank that differs along the splitting axes */
-    unsigned split = 0;
-    for (int d = 0; d < src->ndim; d++)
-        for (int i = 0; i < src->spec.naxes[d]; i++) split |= 1u << src->spec.axes[d][i];
-    shard_comm *gc = NULL;
-    size_t *counts = NULL, *displs = NULL;
-    void *blocks = NULL;
-    int members = 1;
-    if (s == SHARD_OK && split) {
-        s = axes_comm(src->mesh, split, &gc);
-        if (s == SHARD_OK) members = shard_comm_size(gc);
-    }
-    int coords[SHARD_MESH_MAX_AXES];
-    my_coords(src->mesh, coords);
-    if (s == SHARD_OK) {
-        counts = calloc((size_t)members, sizeof *counts);
-        displs = calloc((size_t)members, sizeof *displs);
-        if (!counts || !displs) s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_gather: out of memory");
-    }
-    size_t total = 0;
-    for (int q = 0; s == SHARD_OK && q < members; q++) {
-        int c[SHARD_MESH_MAX_AXES]; /* member q: row-major over the splitting axes, mine elsewhere */
-        memcpy(c, coords, sizeof c);
-        shard_mesh_layout_unravel(&src->layout, split, q, c);
-        size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS], n = 1;
-        local_block(src, c, off, len);
-        for (int d = 0; d < src->ndim; d++) n *= len[d];
-        counts[q] = n, displs[q] = total, total += n;
-    }
-    if (s == SHARD_OK) {
-        blocks = shard_alloc((total ? total : 1) * es, SHARD_MEM_COMM);
-        if (!blocks) s = SHARD_ERR_NO_MEMORY;
-    }
-    if (s == SHARD_OK) {
-        if (gc)
-            s = shard_comm_all_gatherv(gc, reduced->data, local_n, blocks, counts, displs, src->dtype);
-        else
-            memcpy(blocks, reduced->data, local_n * es);
-    }
-    /* 3. place every block */
-    for (int q = 0; s == SHARD_OK && keeps && q < members; q++) {
-        int c[SHARD_MESH_MAX_AXES]; /* member q: row-major over the splitting axes, mine elsewhere */
-        memcpy(c, coords, sizeof c);
-        shard_mesh_layout_unravel(&src->layout, split, q, c);
-        size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS];
-        local_block(src, c, off, len);
-        shard_tensor block = *reduced; /* contiguous, of the block's shape */
-        block.storage = NULL;
-        block.data = (char *)blocks + displs[q] * es;
-        size_t stride = 1;
-        for (int d = src->ndim - 1; d >= 0; d--) block.shape[d] = len[d], block.strides[d] = stride, stride *= len[d];
-        shard_tensor *view = NULL;
-        s = block_view(full, src->ndim, off, len, &view);
-        if (s == SHARD_OK) s = shard_tensor_copy(view, &block);
-        free(view);
-    }
-    shard_free(blocks);
-    free(counts);
-    free(displs);
+    SHARD_CHECK(reduced_copy(src, &reduced));
+    shard_status s = root < 0 ? gather_everywhere(src, reduced, full) : gather_to(src, reduced, full, root);
     shard_tensor_destroy(reduced);
     return s;
 }

@@ -9,6 +9,9 @@
  * row-major over S. */
 #include "shard/mesh.h"
 
+#include "mesh_scratch.h"
+#include "shard/memory.h"
+
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +26,8 @@ struct shard_mesh {
     int sizes[SHARD_MESH_MAX_AXES];
     int coords[SHARD_MESH_MAX_AXES];
     shard_comm *axis_sets[MAX_AXIS_SETS]; /* indexed by the bit mask of axes; [0] unused */
+    void *scratch[SHARD__SCRATCH_SLOTS];   /* staging buffers (mesh_scratch.h) */
+    size_t scratch_bytes[SHARD__SCRATCH_SLOTS];
 };
 
 /* ---------------------------------------------------------------- parsing */
@@ -161,6 +166,7 @@ shard_status shard_mesh_create(shard_comm *comm, const char *text, shard_mesh **
 void shard_mesh_destroy(shard_mesh *mesh) {
     if (!mesh) return;
     for (int i = 1; i < MAX_AXIS_SETS; i++) shard_comm_destroy(mesh->axis_sets[i]);
+    for (int i = 0; i < SHARD__SCRATCH_SLOTS; i++) shard_free(mesh->scratch[i]);
     free(mesh);
 }
 
@@ -245,4 +251,15 @@ uint64_t shard_mesh_bytes_sent(const shard_mesh *mesh) {
     uint64_t total = shard_comm_bytes_sent(mesh->comm);
     for (int i = 1; i < MAX_AXIS_SETS; i++) total += shard_comm_bytes_sent(mesh->axis_sets[i]);
     return total;
+}
+
+void *shard__mesh_scratch(shard_mesh *mesh, int slot, size_t bytes) {
+    if (!mesh || slot < 0 || slot >= SHARD__SCRATCH_SLOTS) return NULL;
+    if (bytes == 0) bytes = 1;
+    if (mesh->scratch_bytes[slot] < bytes) {
+        shard_free(mesh->scratch[slot]);
+        mesh->scratch[slot] = shard_alloc(bytes, SHARD_MEM_COMM);
+        mesh->scratch_bytes[slot] = mesh->scratch[slot] ? bytes : 0;
+    }
+    return mesh->scratch[slot];
 }

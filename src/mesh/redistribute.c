@@ -10,12 +10,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "box.h"
+#include "mesh_scratch.h"
 #include "shard/dtensor.h"
 #include "shard/redistribute.h"
 
-typedef struct box {
-    size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS];
-} box;
+typedef shard__box box;
+
+static void block_of(const shard_dtensor *t, const shard_spec *spec, const int *coords, box *b) {
+    shard__block_of(spec, &t->layout, t->ndim, t->global_shape, coords, b);
+}
 
 typedef struct step_ctx {
     const shard_dtensor *t; /* for mesh, layout, shape, dtype */
@@ -28,54 +32,10 @@ typedef struct step_ctx {
     int members, me;
 } step_ctx;
 
-static void block_of(const shard_dtensor *t, const shard_spec *spec, const int *coords, box *b) {
-    for (int d = 0; d < t->ndim; d++)
-        shard_spec_local_range(spec, &t->layout, t->global_shape, coords, d, &b->off[d], &b->len[d]);
-}
-
-static size_t box_numel(const box *b, int ndim) {
-    size_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= b->len[d];
-    return n;
-}
-
-static void intersect(const box *a, const box *b, int ndim, box *out) {
-    for (int d = 0; d < ndim; d++) {
-        size_t lo = a->off[d] > b->off[d] ? a->off[d] : b->off[d];
-        size_t ea = a->off[d] + a->len[d], eb = b->off[d] + b->len[d], hi = ea < eb ? ea : eb;
-        out->off[d] = lo;
-        out->len[d] = hi > lo ? hi - lo : 0;
-    }
-}
-
 /* The coordinates of member q of the step's communicator (mine off its axes). */
 static void member_coords(const step_ctx *c, unsigned axes, int q, int *coords) {
     memcpy(coords, c->coords, sizeof c->coords);
     shard_mesh_layout_unravel(&c->t->layout, axes, q, coords);
-}
-
-/* A tensor header over contiguous memory of the box's shape. */
-static shard_tensor contiguous_over(void *data, const shard_dtensor *t, const box *b) {
-    shard_tensor view;
-    memset(&view, 0, sizeof view);
-    view.dtype = t->dtype;
-    view.ndim = t->ndim;
-    view.data = data;
-    size_t stride = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) view.shape[d] = b->len[d], view.strides[d] = stride, stride *= b->len[d];
-    return view;
-}
-
-/* The part of `whole` (which holds block `at`) covering box `b`, as a strided view. */
-static shard_tensor sub_view(const shard_tensor *whole, const box *at, const box *b) {
-    shard_tensor view = *whole;
-    view.storage = NULL;
-    size_t es = shard_dtype_size(whole->dtype);
-    for (int d = 0; d < whole->ndim; d++) {
-        view.data = (char *)view.data + (b->off[d] - at->off[d]) * whole->strides[d] * es;
-        view.shape[d] = b->len[d];
-    }
-    return view;
 }
 
 /* If box b (inside block `at`) is one contiguous run of a contiguous tensor
@@ -83,7 +43,7 @@ static shard_tensor sub_view(const shard_tensor *whole, const box *at, const box
 static size_t contiguous_offset(const box *at, const box *b, int ndim) {
     size_t offset = 0, stride = 1;
     int outer_only = 0; /* once a dim is narrowed, every dim outside it must have length 1 */
-    if (box_numel(b, ndim) == 0) return 0;
+    if (shard__box_numel(b, ndim) == 0) return 0;
     for (int d = ndim - 1; d >= 0; d--) {
         if (outer_only && b->len[d] != 1) return (size_t)-1;
         if (b->len[d] != at->len[d]) outer_only = 1;
@@ -96,7 +56,7 @@ static size_t contiguous_offset(const box *at, const box *b, int ndim) {
 /* ---------------------------------------------------------------- steps */
 
 static shard_status run_slice(step_ctx *c) {
-    shard_tensor v = sub_view(c->src, &c->in, &c->out);
+    shard_tensor v = shard__sub_view(c->src, &c->in, &c->out);
     return shard_tensor_copy(c->dst, &v);
 }
 
@@ -140,7 +100,7 @@ static void members_free(layout_of_members *m) {
 static void members_place(layout_of_members *m, int n, const box *at, int ndim, int packed_in_order) {
     size_t next = 0;
     for (int q = 0; q < n; q++) {
-        m->counts[q] = box_numel(&m->boxes[q], ndim);
+        m->counts[q] = shard__box_numel(&m->boxes[q], ndim);
         size_t off = contiguous_offset(at, &m->boxes[q], ndim);
         if (off == (size_t)-1 || (packed_in_order && m->counts[q] && off != next)) m->direct = 0;
         m->displs[q] = off;
@@ -163,16 +123,17 @@ static shard_status members_copy(const step_ctx *c, layout_of_members *m, void *
     size_t es = shard_dtype_size(c->t->dtype);
     for (int q = 0; q < c->members; q++) {
         if (!m->counts[q]) continue;
-        shard_tensor packed = contiguous_over((char *)staging + m->displs[q] * es, c->t, &m->boxes[q]);
-        shard_tensor part = sub_view(whole, at, &m->boxes[q]);
+        shard_tensor packed = shard__contiguous_over((char *)staging + m->displs[q] * es, c->t->dtype, c->t->ndim, &m->boxes[q]);
+        shard_tensor part = shard__sub_view(whole, at, &m->boxes[q]);
         shard_status s = into_staging ? shard_tensor_copy(&packed, &part) : shard_tensor_copy(&part, &packed);
         if (s < 0) return s;
     }
     return SHARD_OK;
 }
 
-static void *staging_alloc(size_t elements, shard_dtype dtype) {
-    return shard_alloc((elements ? elements : 1) * shard_dtype_size(dtype), SHARD_MEM_COMM);
+/* The mesh's reusable staging buffer for a slot (send or receive side). */
+static void *scratch(const step_ctx *c, int slot, size_t elements) {
+    return shard__mesh_scratch(c->t->mesh, slot, elements * shard_dtype_size(c->t->dtype));
 }
 
 static shard_status run_reduce_scatter(step_ctx *c, unsigned axes) {
@@ -187,14 +148,13 @@ static shard_status run_reduce_scatter(step_ctx *c, unsigned axes) {
     if (s == SHARD_OK) {
         members_place(&m, c->members, &c->in, c->t->ndim, 1);
         if (!m.direct) {
-            staging = staging_alloc(members_total(&m, c->members), c->t->dtype);
+            staging = scratch(c, SHARD__SCRATCH_SEND, members_total(&m, c->members));
             s = staging ? members_copy(c, &m, staging, (shard_tensor *)c->src, &c->in, 1) : SHARD_ERR_NO_MEMORY;
         }
     }
     if (s == SHARD_OK)
         s = shard_comm_reduce_scatterv(c->comm, m.direct ? c->src->data : staging, c->dst->data, m.counts, c->t->dtype,
                                        c->before->partial_op);
-    shard_free(staging);
     members_free(&m);
     return s;
 }
@@ -211,7 +171,7 @@ static shard_status run_all_gather(step_ctx *c, unsigned axes) {
     if (s == SHARD_OK) {
         members_place(&m, c->members, &c->out, c->t->ndim, 0);
         if (!m.direct) {
-            staging = staging_alloc(members_total(&m, c->members), c->t->dtype);
+            staging = scratch(c, SHARD__SCRATCH_RECV, members_total(&m, c->members));
             if (!staging) s = SHARD_ERR_NO_MEMORY;
         }
     }
@@ -219,7 +179,6 @@ static shard_status run_all_gather(step_ctx *c, unsigned axes) {
         s = shard_comm_all_gatherv(c->comm, c->src->data, shard_tensor_numel(c->src), m.direct ? c->dst->data : staging,
                                    m.counts, m.displs, c->t->dtype);
     if (s == SHARD_OK && !m.direct) s = members_copy(c, &m, staging, c->dst, &c->out, 0);
-    shard_free(staging);
     members_free(&m);
     return s;
 }
@@ -235,20 +194,26 @@ static shard_status run_exchange(step_ctx *c, unsigned axes) {
         member_coords(c, axes, q, mc);
         block_of(c->t, c->before, mc, &theirs_before);
         block_of(c->t, c->after, mc, &theirs_after);
-        intersect(&c->in, &theirs_after, c->t->ndim, &send.boxes[q]);
-        intersect(&theirs_before, &c->out, c->t->ndim, &recv.boxes[q]);
+        shard__box_intersect(&c->in, &theirs_after, c->t->ndim, &send.boxes[q]);
+        shard__box_intersect(&theirs_before, &c->out, c->t->ndim, &recv.boxes[q]);
     }
     void *send_staging = NULL, *recv_staging = NULL;
+    if (s == SHARD_OK && c->comm) { /* my own part: one copy, straight from my old block to my new one */
+        box *mine = &send.boxes[c->me];
+        shard_tensor from = shard__sub_view(c->src, &c->in, mine), to = shard__sub_view(c->dst, &c->out, mine);
+        s = shard_tensor_copy(&to, &from);
+        memset(mine, 0, sizeof *mine), memset(&recv.boxes[c->me], 0, sizeof *mine);
+    }
     if (s == SHARD_OK) {
         members_place(&send, c->members, &c->in, c->t->ndim, 0);
         members_place(&recv, c->members, &c->out, c->t->ndim, 0);
         if (!send.direct) {
-            send_staging = staging_alloc(members_total(&send, c->members), c->t->dtype);
+            send_staging = scratch(c, SHARD__SCRATCH_SEND, members_total(&send, c->members));
             s = send_staging ? members_copy(c, &send, send_staging, (shard_tensor *)c->src, &c->in, 1)
                              : SHARD_ERR_NO_MEMORY;
         }
         if (s == SHARD_OK && !recv.direct) {
-            recv_staging = staging_alloc(members_total(&recv, c->members), c->t->dtype);
+            recv_staging = scratch(c, SHARD__SCRATCH_RECV, members_total(&recv, c->members));
             if (!recv_staging) s = SHARD_ERR_NO_MEMORY;
         }
     }
@@ -258,8 +223,6 @@ static shard_status run_exchange(step_ctx *c, unsigned axes) {
     else if (s == SHARD_OK) /* no axes: a local slice */
         s = run_slice(c);
     if (s == SHARD_OK && c->comm && !recv.direct) s = members_copy(c, &recv, recv_staging, c->dst, &c->out, 0);
-    shard_free(send_staging);
-    shard_free(recv_staging);
     members_free(&send);
     members_free(&recv);
     return s;

@@ -18,29 +18,18 @@
 
 #include <string.h>
 
-typedef struct box {
-    size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS];
-} box;
+#include "box.h"
+
+typedef shard__box box;
 
 static void block_of(const shard_redistribute_plan *p, const shard_spec *spec, const int *coords, box *b) {
-    for (int d = 0; d < p->ndim; d++)
-        shard_spec_local_range(spec, &p->layout, p->shape, coords, d, &b->off[d], &b->len[d]);
-}
-
-static uint64_t box_numel(const box *b, int ndim) {
-    uint64_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= b->len[d];
-    return n;
+    shard__block_of(spec, &p->layout, p->ndim, p->shape, coords, b);
 }
 
 static uint64_t overlap_numel(const box *a, const box *b, int ndim) {
-    uint64_t n = 1;
-    for (int d = 0; d < ndim; d++) {
-        size_t lo = a->off[d] > b->off[d] ? a->off[d] : b->off[d];
-        size_t ea = a->off[d] + a->len[d], eb = b->off[d] + b->len[d], hi = ea < eb ? ea : eb;
-        n *= hi > lo ? hi - lo : 0;
-    }
-    return n;
+    box both;
+    shard__box_intersect(a, b, ndim, &both);
+    return shard__box_numel(&both, ndim);
 }
 
 static int members_of(const shard_mesh_layout *layout, unsigned mask) {
@@ -241,12 +230,12 @@ static uint64_t step_bytes(const shard_redistribute_plan *p, int i, const int *c
     case SHARD_REDIST_SLICE:
     case SHARD_REDIST_MAKE_PARTIAL: return 0;
     case SHARD_REDIST_ALL_REDUCE: { /* ring: reduce-scatter then all-gather of this rank's slice */
-        uint64_t count = box_numel(&mine_before, p->ndim);
+        uint64_t count = shard__box_numel(&mine_before, p->ndim);
         size_t off, len;
         shard_split_range((size_t)count, n, me, &off, &len);
         return (count - len + (uint64_t)len * (uint64_t)(n - 1)) * es;
     }
-    case SHARD_REDIST_ALL_GATHER: return box_numel(&mine_before, p->ndim) * (uint64_t)(n - 1) * es;
+    case SHARD_REDIST_ALL_GATHER: return shard__box_numel(&mine_before, p->ndim) * (uint64_t)(n - 1) * es;
     default: /* reduce_scatter, all_to_all, exchange: what each other member's new block needs of mine */
         for (int q = 0; q < n; q++) {
             if (q == me) continue;
