@@ -416,6 +416,72 @@ static void case_all_to_allv(test_ctx *t) {
     shard_free(moved);
 }
 
+/* all_to_allw: the transpose of a matrix split by rows into one split by
+ * columns (uneven sizes), strided blocks on both sides, some received as one
+ * contiguous row and some as several rows; f32 and bf16, blocking and not. */
+static void split(size_t count, int n, int r, size_t *off, size_t *len) {
+    size_t base = count / (size_t)n, extra = count % (size_t)n, ur = (size_t)r;
+    *off = ur * base + (ur < extra ? ur : extra);
+    *len = base + (ur < extra ? 1 : 0);
+}
+
+static void all_to_allw_transpose(test_ctx *t, shard_dtype dtype, int nonblocking) {
+    shard_comm *c = t->comm;
+    int n = t->size, r = t->rank;
+    size_t rows = 2 * (size_t)n + 3, cols = (size_t)n + 4, my_r0, my_rows, my_c0, my_cols;
+    split(rows, n, r, &my_r0, &my_rows);
+    split(cols, n, r, &my_c0, &my_cols);
+    shard_tensor *src = NULL, *dst = NULL;
+    size_t src_shape[2] = {my_rows, cols}, dst_shape[2] = {rows, my_cols};
+    CHECK_OK(t, shard_tensor_create(dtype, 2, src_shape, SHARD_MEM_COMM, &src), "src");
+    CHECK_OK(t, shard_tensor_create(dtype, 2, dst_shape, SHARD_MEM_COMM, &dst), "dst");
+    if (!src || !dst) return;
+    for (size_t i = 0; i < my_rows; i++)
+        for (size_t j = 0; j < cols; j++) shard_tensor_set(src, i * cols + j, (double)((my_r0 + i) * 8 + j % 8));
+    shard_block sb[64], rb[64];
+    uint64_t expect_sent = 0;
+    for (int q = 0; q < n; q++) {
+        size_t c0, cn, r0, rn;
+        split(cols, n, q, &c0, &cn);
+        split(rows, n, q, &r0, &rn);
+        sb[q] = (shard_block){c0, my_rows, cn, cols};         /* my rows of q's columns */
+        if (q % 2) rb[q] = (shard_block){r0 * my_cols, 1, rn * my_cols, 0}; /* one contiguous run */
+        else rb[q] = (shard_block){r0 * my_cols, rn, my_cols, my_cols};
+        if (q != r) expect_sent += my_rows * cn * shard_dtype_size(dtype);
+    }
+    uint64_t before = shard_comm_bytes_sent(c);
+    if (nonblocking) {
+        shard_request *req = NULL;
+        CHECK_OK(t, shard_comm_iall_to_allw(c, src->data, sb, dst->data, rb, dtype, &req), "iall_to_allw");
+        CHECK_OK(t, shard_request_wait(&req), "wait iall_to_allw");
+    } else {
+        CHECK_OK(t, shard_comm_all_to_allw(c, src->data, sb, dst->data, rb, dtype), "all_to_allw");
+    }
+    CHECK_EQ_INT(t, (int64_t)(shard_comm_bytes_sent(c) - before), (int64_t)expect_sent, "all_to_allw bytes");
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < my_cols; j++)
+            CHECK_NEAR(t, shard_tensor_get(dst, i * my_cols + j), (double)(i * 8 + (my_c0 + j) % 8), 0,
+                       "all_to_allw %s: element (%zu, %zu)", shard_dtype_name(dtype), i, my_c0 + j);
+    shard_tensor_destroy(src);
+    shard_tensor_destroy(dst);
+}
+
+static void case_all_to_allw(test_ctx *t) {
+    all_to_allw_transpose(t, SHARD_F32, 0);
+    all_to_allw_transpose(t, SHARD_BF16, 0);
+    all_to_allw_transpose(t, SHARD_F32, 1);
+    /* refusals, on every rank alike (no rank enters the collective) */
+    int n = t->size;
+    float buf[4];
+    shard_block bad[64], empty[64];
+    for (int q = 0; q < n; q++) bad[q] = (shard_block){0, 2, 2, 1}, empty[q] = (shard_block){0, 0, 0, 0};
+    shard_status s = shard_comm_all_to_allw(t->comm, buf, bad, buf + 2, empty, SHARD_F32);
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "need stride >= row length"),
+          "stride < row length: %s", shard_last_error());
+    s = shard_comm_all_to_allw(t->comm, buf, empty, buf, empty, SHARD_F32);
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "not in place"), "in place: %s", shard_last_error());
+}
+
 static void case_barrier(test_ctx *t) {
     for (int i = 0; i < 50; i++) CHECK_OK(t, shard_comm_barrier(t->comm), "barrier %d", i);
     shard_request *req = NULL;
@@ -620,6 +686,7 @@ static const test_case cases[] = {
     {"all_gatherv", case_all_gatherv},
     {"reduce_scatterv", case_reduce_scatterv},
     {"all_to_allv", case_all_to_allv},
+    {"all_to_allw", case_all_to_allw},
     {"barrier", case_barrier},
     {"point_to_point", case_point_to_point},
     {"nonblocking_out_of_order", case_nonblocking_out_of_order},

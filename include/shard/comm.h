@@ -116,6 +116,21 @@ shard_status shard_comm_all_to_allv(shard_comm *comm, const void *send, const si
                                     const size_t *recv_counts, const size_t *recv_displs,
                                     shard_dtype dtype);
 
+/* A strided block of a buffer, as MPI's vector type: `rows` runs of `row_len`
+ * elements, the first at element `offset`, each `stride` elements after the
+ * previous one (stride >= row_len when rows > 1).  rows or row_len 0: empty. */
+typedef struct shard_block {
+    size_t offset, rows, row_len, stride;
+} shard_block;
+
+/* all_to_all of strided blocks (MPI_Alltoallw with vector types): block q of
+ * `send` goes to rank q, into its block for this rank in `recv`.  The two
+ * sides may cut a block into rows differently; only the element counts
+ * (rows x row_len) must agree.  Saves packing a sub-block of a tensor.  Not
+ * in place: send and recv must be different buffers. */
+shard_status shard_comm_all_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks, void *recv,
+                                    const shard_block *recv_blocks, shard_dtype dtype);
+
 /* ---- non-blocking collectives: same arguments, plus the request ---- */
 shard_status shard_comm_ibarrier(shard_comm *comm, shard_request **req);
 shard_status shard_comm_ibroadcast(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
@@ -140,6 +155,9 @@ shard_status shard_comm_iall_to_allv(shard_comm *comm, const void *send,
                                      const size_t *send_counts, const size_t *send_displs,
                                      void *recv, const size_t *recv_counts,
                                      const size_t *recv_displs, shard_dtype dtype,
+                                     shard_request **req);
+shard_status shard_comm_iall_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks,
+                                     void *recv, const shard_block *recv_blocks, shard_dtype dtype,
                                      shard_request **req);
 
 #ifdef __cplusplus

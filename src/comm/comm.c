@@ -13,7 +13,7 @@
 
 static const char *const coll_names[SHARD__COLL_KIND_COUNT] = {
     "barrier",    "broadcast",  "all_reduce",     "reduce_scatter", "all_gather",
-    "all_to_all", "all_gatherv", "reduce_scatterv", "all_to_allv"};
+    "all_to_all", "all_gatherv", "reduce_scatterv", "all_to_allv", "all_to_allw"};
 
 const char *shard__coll_kind_name(shard__coll_kind kind) {
     return (int)kind >= 0 && kind < SHARD__COLL_KIND_COUNT ? coll_names[kind] : "invalid";
@@ -88,7 +88,7 @@ void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *oth
 
 int shard__coll_args_differ(const shard__coll_args *a, const shard__coll_args *b, int size) {
     int v_form = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV ||
-                 a->kind == SHARD__ALL_TO_ALLV; /* their own counts differ per rank */
+                 a->kind == SHARD__ALL_TO_ALLV || a->kind == SHARD__ALL_TO_ALLW; /* counts differ per rank */
     if (a->kind != b->kind || a->dtype != b->dtype || (!v_form && a->count != b->count)) return 1;
     if (a->kind == SHARD__BARRIER) return 0;
     if ((a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER ||
@@ -224,8 +224,9 @@ static shard_request *request_new(shard_comm *comm, shard__request_kind kind) {
 }
 
 static void args_free_arrays(shard__coll_args *a) {
-    free(a->send_counts); /* one block holds all four arrays */
+    free(a->send_counts); /* one block holds all the arrays */
     a->send_counts = a->send_displs = a->recv_counts = a->recv_displs = NULL;
+    a->send_row_len = a->send_stride = a->recv_row_len = a->recv_stride = NULL;
 }
 
 static void request_free(shard_request *req) {
@@ -351,8 +352,8 @@ shard_status shard_comm_recv(shard_comm *comm, void *buf, size_t count, shard_dt
 /* ---------------- collectives ---------------- */
 
 static shard_status alloc_arrays(shard_comm *comm, shard__coll_args *a) {
-    size_t n = (size_t)comm->size;
-    size_t *block = calloc(4 * n, sizeof *block);
+    size_t n = (size_t)comm->size, arrays = a->kind == SHARD__ALL_TO_ALLW ? 8 : 4;
+    size_t *block = calloc(arrays * n, sizeof *block);
     if (!block)
         return shard_error(SHARD_ERR_NO_MEMORY, "%s on comm '%s': out of memory for counts",
                            shard__coll_kind_name(a->kind), comm->name);
@@ -360,7 +361,62 @@ static shard_status alloc_arrays(shard_comm *comm, shard__coll_args *a) {
     a->send_displs = block + n;
     a->recv_counts = block + 2 * n;
     a->recv_displs = block + 3 * n;
+    if (arrays == 8) {
+        a->send_row_len = block + 4 * n;
+        a->send_stride = block + 5 * n;
+        a->recv_row_len = block + 6 * n;
+        a->recv_stride = block + 7 * n;
+    }
     return SHARD_OK;
+}
+
+/* Strided blocks into counts (elements), displacements (offsets), row lengths and strides. */
+static shard_status copy_blocks(shard_comm *comm, const char *which, const shard_block *blocks, size_t *counts,
+                                size_t *displs, size_t *row_len, size_t *stride) {
+    if (!blocks)
+        return shard_error(SHARD_ERR_INVALID_ARG, "all_to_allw on comm '%s': %s blocks are NULL (need %d entries)",
+                           comm->name, which, comm->size);
+    for (int p = 0; p < comm->size; p++) {
+        const shard_block *b = &blocks[p];
+        size_t rows = b->row_len ? b->rows : 0, len = rows ? b->row_len : 0;
+        int bad = len > SIZE_MAX / 16 || rows > SIZE_MAX / 16 || b->offset > SIZE_MAX / 16 ||
+                  (rows > 1 && (b->stride < len || b->stride > SIZE_MAX / 16 / rows));
+        if (!bad && rows) bad = rows * len > SIZE_MAX / 16;
+        if (bad)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "all_to_allw on comm '%s': %s block %d (offset %zu, %zu rows of %zu, stride %zu) is "
+                               "invalid: need stride >= row length and sizes below 2^60",
+                               comm->name, which, p, b->offset, b->rows, b->row_len, b->stride);
+        counts[p] = rows * len;
+        displs[p] = b->offset;
+        row_len[p] = len ? len : 1;
+        stride[p] = rows > 1 ? b->stride : row_len[p];
+    }
+    return SHARD_OK;
+}
+
+/* The element just past a strided block. */
+static size_t block_end(size_t displ, size_t count, size_t row_len, size_t stride) {
+    if (!count) return displ;
+    size_t rows = count / row_len;
+    return displ + (rows - 1) * stride + row_len;
+}
+
+void shard__copy_strided(void *dst, size_t dst_row_len, size_t dst_stride, const void *src, size_t src_row_len,
+                         size_t src_stride, size_t count, size_t elem_size,
+                         void (*copy)(void *dst, const void *src, size_t bytes)) {
+    if (dst_stride == dst_row_len) dst_row_len = dst_stride = count; /* contiguous: one row */
+    if (src_stride == src_row_len) src_row_len = src_stride = count;
+    size_t di = 0, dpos = 0, si = 0, spos = 0; /* row index and position in the row, each side */
+    while (count) {
+        size_t n = dst_row_len - dpos < src_row_len - spos ? dst_row_len - dpos : src_row_len - spos;
+        if (n > count) n = count;
+        copy((char *)dst + (di * dst_stride + dpos) * elem_size, (const char *)src + (si * src_stride + spos) * elem_size,
+             n * elem_size);
+        count -= n, dpos += n, spos += n;
+        if (dpos == dst_row_len) di++, dpos = 0;
+        if (spos == src_row_len) si++, spos = 0;
+    }
 }
 
 static void fill_uniform(size_t *counts, size_t *displs, int n, size_t count) {
@@ -451,15 +507,37 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
             goto fail;
         }
         break;
+    case SHARD__ALL_TO_ALLW:
+        SHARD_CHECK_GOTO(copy_blocks(comm, "send", a->send_blocks, a->send_counts, a->send_displs, a->send_row_len,
+                                     a->send_stride), s, fail);
+        SHARD_CHECK_GOTO(copy_blocks(comm, "recv", a->recv_blocks, a->recv_counts, a->recv_displs, a->recv_row_len,
+                                     a->recv_stride), s, fail);
+        if (a->send_counts[r] != a->recv_counts[r]) {
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "all_to_allw on comm '%s': rank %d sends %zu elements to itself but expects %zu",
+                            comm->name, r, a->send_counts[r], a->recv_counts[r]);
+            goto fail;
+        }
+        if (a->send && a->send == a->recv) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "all_to_allw on comm '%s': send and recv are one buffer; "
+                            "all_to_allw is not in place (use all_to_allv, or another buffer)", comm->name);
+            goto fail;
+        }
+        break;
     default:
         s = shard_error(SHARD_ERR_INTERNAL, "unknown collective kind %d", (int)a->kind);
         goto fail;
     }
+    a->send_blocks = a->recv_blocks = NULL; /* the caller's: not kept */
     /* the total extent of each buffer, for NULL checks */
     size_t send_extent = 0, recv_extent = 0;
     for (int p = 0; p < n; p++) {
         size_t re = a->recv_displs[p] + a->recv_counts[p];
         size_t se = a->send_displs[p] + a->send_counts[p];
+        if (a->kind == SHARD__ALL_TO_ALLW) {
+            re = block_end(a->recv_displs[p], a->recv_counts[p], a->recv_row_len[p], a->recv_stride[p]);
+            se = block_end(a->send_displs[p], a->send_counts[p], a->send_row_len[p], a->send_stride[p]);
+        }
         if (re > recv_extent) recv_extent = re;
         if (se > send_extent) send_extent = se;
     }
@@ -673,4 +751,18 @@ shard_status shard_comm_iall_to_allv(shard_comm *comm, const void *send,
                                      shard_request **req) {
     shard__coll_args a = ARGS(SHARD__ALL_TO_ALLV, send, recv, 0, dtype, SHARD_OP_SUM, 0);
     return run_nonblocking(comm, &a, send_counts, send_displs, recv_counts, recv_displs, req);
+}
+
+shard_status shard_comm_all_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks, void *recv,
+                                    const shard_block *recv_blocks, shard_dtype dtype) {
+    shard__coll_args a = ARGS(SHARD__ALL_TO_ALLW, send, recv, 0, dtype, SHARD_OP_SUM, 0);
+    a.send_blocks = send_blocks, a.recv_blocks = recv_blocks;
+    return run_blocking(comm, &a, NULL, NULL, NULL, NULL);
+}
+shard_status shard_comm_iall_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks,
+                                     void *recv, const shard_block *recv_blocks, shard_dtype dtype,
+                                     shard_request **req) {
+    shard__coll_args a = ARGS(SHARD__ALL_TO_ALLW, send, recv, 0, dtype, SHARD_OP_SUM, 0);
+    a.send_blocks = send_blocks, a.recv_blocks = recv_blocks;
+    return run_nonblocking(comm, &a, NULL, NULL, NULL, NULL, req);
 }

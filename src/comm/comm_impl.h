@@ -22,6 +22,7 @@ typedef enum shard__coll_kind {
     SHARD__ALL_GATHERV,
     SHARD__REDUCE_SCATTERV,
     SHARD__ALL_TO_ALLV,
+    SHARD__ALL_TO_ALLW,
     SHARD__COLL_KIND_COUNT
 } shard__coll_kind;
 
@@ -32,7 +33,9 @@ const char *shard__coll_kind_name(shard__coll_kind kind);
  * (element counts and displacements; `size` entries each, owned by the args):
  *   all_gather(v):     recv_counts/recv_displs = blocks of recv; send_counts[0] = own count
  *   reduce_scatter(v): recv_counts/recv_displs = blocks of send (block r lands in recv)
- *   all_to_all(v):     all four, as MPI_Alltoallv. */
+ *   all_to_all(v):     all four, as MPI_Alltoallv;
+ *   all_to_allw:       all four (counts = rows x row_len, displacements = the
+ *                      blocks' offsets) plus the row lengths and strides. */
 typedef struct shard__coll_args {
     shard__coll_kind kind;
     const void *send;
@@ -44,6 +47,8 @@ typedef struct shard__coll_args {
     int in_place;
     uint64_t seq;   /* 1-based sequence number of this collective on its communicator */
     size_t *send_counts, *send_displs, *recv_counts, *recv_displs;
+    size_t *send_row_len, *send_stride, *recv_row_len, *recv_stride; /* all_to_allw only */
+    const shard_block *send_blocks, *recv_blocks; /* the caller's, read while preparing only */
 } shard__coll_args;
 
 typedef struct shard__comm_vtable {
@@ -100,6 +105,13 @@ static inline void shard__split_range(size_t count, int n, int r, size_t *offset
     *offset = ur * base + (ur < extra ? ur : extra);
     *length = base + (ur < extra ? 1 : 0);
 }
+
+/* Copy `count` elements from a strided source to a strided destination
+ * (row lengths and strides in elements; the two sides may cut rows
+ * differently), one contiguous piece at a time through `copy`. */
+void shard__copy_strided(void *dst, size_t dst_row_len, size_t dst_stride, const void *src, size_t src_row_len,
+                         size_t src_stride, size_t count, size_t elem_size,
+                         void (*copy)(void *dst, const void *src, size_t bytes));
 
 /* Initialise the common header of a backend communicator. */
 void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size,

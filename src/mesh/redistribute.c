@@ -53,6 +53,35 @@ static size_t contiguous_offset(const box *at, const box *b, int ndim) {
     return offset;
 }
 
+/* Box b (inside block `at`) of a contiguous tensor holding `at` as one strided
+ * block (rows of a contiguous run, evenly spaced), if it is one. */
+static int box_as_block(const box *at, const box *b, int ndim, shard_block *out) {
+    memset(out, 0, sizeof *out);
+    if (shard__box_numel(b, ndim) == 0) return 1;
+    size_t inner = 1, offset = 0, run = 1, rows = 1, stride = 0;
+    int d = ndim - 1;
+    for (; d >= 0; d--) { /* the contiguous run: full inner dims, then the first narrowed one */
+        offset += (b->off[d] - at->off[d]) * inner;
+        run *= b->len[d];
+        inner *= at->len[d];
+        if (b->len[d] != at->len[d]) {
+            d--;
+            break;
+        }
+    }
+    for (; d >= 0; d--) { /* outer dims: their rows must continue one arithmetic progression */
+        offset += (b->off[d] - at->off[d]) * inner;
+        if (b->len[d] > 1) {
+            if (stride == 0) stride = inner;
+            else if (rows * stride != inner) return 0; /* a second level of spacing */
+            rows *= b->len[d];
+        }
+        inner *= at->len[d];
+    }
+    *out = (shard_block){offset, rows, run, stride ? stride : run};
+    return 1;
+}
+
 /* ---------------------------------------------------------------- steps */
 
 static shard_status run_slice(step_ctx *c) {
@@ -183,11 +212,17 @@ static shard_status run_all_gather(step_ctx *c, unsigned axes) {
     return s;
 }
 
-/* all_to_all and exchange: member q gets the overlap of my old block with its new one. */
+/* all_to_all and exchange: member q gets the overlap of my old block with its
+ * new one.  Strided blocks go to all_to_allw as they lie (no packing); boxes
+ * that are not one strided block are packed for all_to_allv. */
 static shard_status run_exchange(step_ctx *c, unsigned axes) {
+    if (!c->comm) return run_slice(c); /* no axes: a local slice */
     layout_of_members send = {0}, recv = {0};
     shard_status s = members_alloc(&send, c->members);
     if (s == SHARD_OK) s = members_alloc(&recv, c->members);
+    shard_block *sb = calloc((size_t)c->members, sizeof *sb), *rb = calloc((size_t)c->members, sizeof *rb);
+    if (s == SHARD_OK && (!sb || !rb)) s = shard_error(SHARD_ERR_NO_MEMORY, "redistribute: out of memory");
+    int strided = 1;
     for (int q = 0; s == SHARD_OK && q < c->members; q++) {
         int mc[SHARD_MESH_MAX_AXES];
         box theirs_before, theirs_after;
@@ -196,18 +231,21 @@ static shard_status run_exchange(step_ctx *c, unsigned axes) {
         block_of(c->t, c->after, mc, &theirs_after);
         shard__box_intersect(&c->in, &theirs_after, c->t->ndim, &send.boxes[q]);
         shard__box_intersect(&theirs_before, &c->out, c->t->ndim, &recv.boxes[q]);
+        strided = strided && box_as_block(&c->in, &send.boxes[q], c->t->ndim, &sb[q]) &&
+                  box_as_block(&c->out, &recv.boxes[q], c->t->ndim, &rb[q]);
     }
-    void *send_staging = NULL, *recv_staging = NULL;
-    if (s == SHARD_OK && c->comm) { /* my own part: one copy, straight from my old block to my new one */
+    if (s == SHARD_OK && strided) {
+        s = shard_comm_all_to_allw(c->comm, c->src->data, sb, c->dst->data, rb, c->t->dtype);
+    } else if (s == SHARD_OK) {
+        void *send_staging = NULL, *recv_staging = NULL;
+        /* my own part: one copy, straight from my old block to my new one */
         box *mine = &send.boxes[c->me];
         shard_tensor from = shard__sub_view(c->src, &c->in, mine), to = shard__sub_view(c->dst, &c->out, mine);
         s = shard_tensor_copy(&to, &from);
         memset(mine, 0, sizeof *mine), memset(&recv.boxes[c->me], 0, sizeof *mine);
-    }
-    if (s == SHARD_OK) {
         members_place(&send, c->members, &c->in, c->t->ndim, 0);
         members_place(&recv, c->members, &c->out, c->t->ndim, 0);
-        if (!send.direct) {
+        if (s == SHARD_OK && !send.direct) {
             send_staging = scratch(c, SHARD__SCRATCH_SEND, members_total(&send, c->members));
             s = send_staging ? members_copy(c, &send, send_staging, (shard_tensor *)c->src, &c->in, 1)
                              : SHARD_ERR_NO_MEMORY;
@@ -216,13 +254,14 @@ static shard_status run_exchange(step_ctx *c, unsigned axes) {
             recv_staging = scratch(c, SHARD__SCRATCH_RECV, members_total(&recv, c->members));
             if (!recv_staging) s = SHARD_ERR_NO_MEMORY;
         }
+        if (s == SHARD_OK)
+            s = shard_comm_all_to_allv(c->comm, send.direct ? c->src->data : send_staging, send.counts, send.displs,
+                                       recv.direct ? c->dst->data : recv_staging, recv.counts, recv.displs,
+                                       c->t->dtype);
+        if (s == SHARD_OK && !recv.direct) s = members_copy(c, &recv, recv_staging, c->dst, &c->out, 0);
     }
-    if (s == SHARD_OK && c->comm)
-        s = shard_comm_all_to_allv(c->comm, send.direct ? c->src->data : send_staging, send.counts, send.displs,
-                                   recv.direct ? c->dst->data : recv_staging, recv.counts, recv.displs, c->t->dtype);
-    else if (s == SHARD_OK) /* no axes: a local slice */
-        s = run_slice(c);
-    if (s == SHARD_OK && c->comm && !recv.direct) s = members_copy(c, &recv, recv_staging, c->dst, &c->out, 0);
+    free(sb);
+    free(rb);
     members_free(&send);
     members_free(&recv);
     return s;

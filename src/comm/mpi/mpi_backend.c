@@ -29,6 +29,8 @@
 typedef struct mcomm {
     shard_comm base;
     MPI_Comm mpi;
+    void *pack[2];        /* blocking all_to_allw staging (send, recv), kept to avoid faulting in new pages */
+    size_t pack_bytes[2];
 } mcomm;
 
 typedef struct mreq { /* backend state of a request */
@@ -40,6 +42,8 @@ typedef struct mreq { /* backend state of a request */
     void *copy_to;     /* reduce_scatter in place: copy staging here on completion */
     size_t copy_bytes;
     int *ints;         /* int count/displacement arrays MPI reads until completion */
+    void *recv_staging; /* all_to_allw: packed received blocks, unpacked on completion */
+    int borrowed;       /* staging and recv_staging belong to the communicator */
     int peer, tag;
     size_t bytes;
     uint64_t seq;
@@ -201,7 +205,8 @@ static uint64_t hash_counts(const size_t *counts, int n) {
 
 static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
     int n = c->base.size;
-    int v_form = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV;
+    int v_form = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV ||
+                 a->kind == SHARD__ALL_TO_ALLW;
     fingerprint mine = {a->kind, a->dtype, a->op, a->root, v_form ? 0 : a->count,
                         (a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV) ? hash_counts(a->recv_counts, n) : 0};
     if (a->kind == SHARD__BARRIER) mine.dtype = mine.op = mine.root = 0, mine.count = 0;
@@ -227,7 +232,7 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
                         (unsigned long long)a->seq, c->base.name, d0, p, dp);
     }
     free(all);
-    if (s == SHARD_OK && a->kind == SHARD__ALL_TO_ALLV) {
+    if (s == SHARD_OK && (a->kind == SHARD__ALL_TO_ALLV || a->kind == SHARD__ALL_TO_ALLW)) {
         uint64_t *sends = malloc(sizeof *sends * (size_t)n * (size_t)n);
         uint64_t *expects = malloc(sizeof *expects * (size_t)n * (size_t)n);
         uint64_t *row = malloc(sizeof *row * 2 * (size_t)n);
@@ -237,14 +242,15 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
             for (int q = 0; q < n; q++) row[q] = a->send_counts[q], row[n + q] = a->recv_counts[q];
             uint64_t *both = malloc(sizeof *both * 2 * (size_t)n * (size_t)n);
             if (!both || MPI_Allgather(row, 2 * n, MPI_UINT64_T, both, 2 * n, MPI_UINT64_T, c->mpi) != MPI_SUCCESS) {
-                s = shard_error(SHARD_ERR_BACKEND, "all_to_allv agreement check failed on comm '%s'", c->base.name);
+                s = shard_error(SHARD_ERR_BACKEND, "%s agreement check failed on comm '%s'", shard__coll_kind_name(a->kind),
+                                c->base.name);
             } else {
                 for (int p = 0; p < n && s == SHARD_OK; p++)
                     for (int q = 0; q < n && s == SHARD_OK; q++)
                         if (both[(size_t)p * 2 * n + q] != both[(size_t)q * 2 * n + n + p])
                             s = shard_error(SHARD_ERR_MISMATCH,
-                                            "collective mismatch at #%llu on '%s': all_to_allv rank %d sends %llu elements to rank %d, which expects %llu",
-                                            (unsigned long long)a->seq, c->base.name, p,
+                                            "collective mismatch at #%llu on '%s': %s rank %d sends %llu elements to rank %d, which expects %llu",
+                                            (unsigned long long)a->seq, c->base.name, shard__coll_kind_name(a->kind), p,
                                             (unsigned long long)both[(size_t)p * 2 * n + q], q,
                                             (unsigned long long)both[(size_t)q * 2 * n + n + p]);
             }
@@ -260,6 +266,85 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
 /* ------------------------------------------------------------------ collectives */
 
 /* Issue one collective: blocking when req == NULL, else non-blocking with state in req. */
+static void plain_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+/* all_to_allw.  Open MPI's derived-type engine moves strided blocks several
+ * times slower than packing them here, so blocks that are not single runs are
+ * packed into staging and sent with MPI_Alltoallv; received ones land in
+ * staging and are unpacked on completion. */
+static int blocks_contiguous(const size_t *counts, const size_t *row_len, const size_t *stride, int n) {
+    for (int p = 0; p < n; p++)
+        if (counts[p] && row_len[p] != counts[p] && stride[p] != row_len[p]) return 0;
+    return 1;
+}
+
+static void unpack_blocks(const shard__coll_args *a, const char *staging, int n, int self) {
+    size_t es = shard_dtype_size(a->dtype), at = 0;
+    for (int p = 0; p < n; p++) {
+        size_t count = p == self ? 0 : a->recv_counts[p]; /* this rank's own block was copied directly */
+        shard__copy_strided((char *)a->recv + a->recv_displs[p] * es, a->recv_row_len[p], a->recv_stride[p],
+                            staging + at * es, count, count, count, es, plain_copy);
+        at += count;
+    }
+}
+
+/* Staging for an all_to_allw: the communicator's kept buffers for a blocking
+ * call, a fresh one for a request (freed with it). */
+static void *pack_buffer(mcomm *c, mreq *s, int side, size_t bytes) {
+    if (!s->borrowed) return shard_alloc(bytes ? bytes : 1, SHARD_MEM_COMM);
+    if (c->pack_bytes[side] < bytes || !c->pack[side]) {
+        shard_free(c->pack[side]);
+        c->pack[side] = shard_alloc(bytes ? bytes : 1, SHARD_MEM_COMM);
+        c->pack_bytes[side] = c->pack[side] ? bytes : 0;
+    }
+    return c->pack[side];
+}
+
+/* Counts, displacements and staging for an all_to_allw; *send / *recv point
+ * at what MPI should read and write.  This rank's own block is copied here
+ * directly (MPI is given 0 elements for it); blocks to pack are packed row by
+ * row across all of them, so that blocks cut from the same rows read memory
+ * in order. */
+static shard_status prepare_blocks(mcomm *c, const shard__coll_args *a, mreq *s, const void **send, void **recv) {
+    int n = c->base.size, r = c->base.rank;
+    size_t es = shard_dtype_size(a->dtype), stot = 0, rtot = 0, max_rows = 0;
+    int pack_send = !blocks_contiguous(a->send_counts, a->send_row_len, a->send_stride, n);
+    int pack_recv = !blocks_contiguous(a->recv_counts, a->recv_row_len, a->recv_stride, n);
+    s->ints = malloc(sizeof(int) * 4 * (size_t)n);
+    if (!s->ints) return shard_error(SHARD_ERR_NO_MEMORY, "all_to_allw: out of memory");
+    shard__copy_strided((char *)a->recv + a->recv_displs[r] * es, a->recv_row_len[r], a->recv_stride[r],
+                        (const char *)a->send + a->send_displs[r] * es, a->send_row_len[r], a->send_stride[r],
+                        a->send_counts[r], es, plain_copy);
+    for (int p = 0; p < n; p++) {
+        size_t sc = p == r ? 0 : a->send_counts[p], rc = p == r ? 0 : a->recv_counts[p];
+        SHARD_CHECK(as_int(&c->base, "all_to_allw", sc, &s->ints[p]));
+        SHARD_CHECK(as_int(&c->base, "all_to_allw", pack_send ? stot : a->send_displs[p], &s->ints[n + p]));
+        SHARD_CHECK(as_int(&c->base, "all_to_allw", rc, &s->ints[2 * n + p]));
+        SHARD_CHECK(as_int(&c->base, "all_to_allw", pack_recv ? rtot : a->recv_displs[p], &s->ints[3 * n + p]));
+        stot += sc, rtot += rc;
+        if (sc && sc / a->send_row_len[p] > max_rows) max_rows = sc / a->send_row_len[p];
+    }
+    if (pack_send) {
+        char *packed = pack_buffer(c, s, 0, stot * es);
+        s->staging = packed;
+        if (!packed) return shard_error(SHARD_ERR_NO_MEMORY, "all_to_allw: out of memory packing %zu elements", stot);
+        for (size_t i = 0; i < max_rows; i++)
+            for (int p = 0; p < n; p++) {
+                size_t len = a->send_row_len[p];
+                if (s->ints[p] && i < a->send_counts[p] / len)
+                    memcpy(packed + ((size_t)s->ints[n + p] + i * len) * es,
+                           (const char *)a->send + (a->send_displs[p] + i * a->send_stride[p]) * es, len * es);
+            }
+        *send = packed;
+    }
+    if (pack_recv) {
+        s->recv_staging = pack_buffer(c, s, 1, rtot * es);
+        if (!s->recv_staging) return shard_error(SHARD_ERR_NO_MEMORY, "all_to_allw: out of memory for %zu elements", rtot);
+        *recv = s->recv_staging;
+    }
+    return SHARD_OK;
+}
+
 /* One rank: do the local copy the collective amounts to (some MPI builds
  * mishandle size-1 communicators with displacements, and it saves a call). */
 static void single_rank_copy(const shard__coll_args *a) {
@@ -277,6 +362,10 @@ static void single_rank_copy(const shard__coll_args *a) {
     case SHARD__ALL_TO_ALLV:
         bytes = a->recv_counts[0] * es, src += a->send_displs[0] * es, dst += a->recv_displs[0] * es;
         break;
+    case SHARD__ALL_TO_ALLW:
+        shard__copy_strided(dst + a->recv_displs[0] * es, a->recv_row_len[0], a->recv_stride[0], src + a->send_displs[0] * es,
+                            a->send_row_len[0], a->send_stride[0], a->recv_counts[0], es, plain_copy);
+        return;
     default: return; /* barrier, broadcast: nothing moves */
     }
     if (bytes && src != dst) memmove(dst, src, bytes); /* in place may still move (all_to_allv displacements) */
@@ -354,13 +443,26 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
         memcpy(s->staging, a->send, extent * es);
         send = s->staging;
     }
+    if (a->kind == SHARD__ALL_TO_ALLW) {
+        s->borrowed = req == NULL;
+        SHARD_CHECK_GOTO(prepare_blocks(c, a, s, &send, &recv), status, fail);
+    }
     if (a->in_place && a->kind == SHARD__ALL_REDUCE) send = MPI_IN_PLACE;
     if (a->in_place && (a->kind == SHARD__ALL_GATHER || a->kind == SHARD__ALL_GATHERV)) send = MPI_IN_PLACE;
     int *ic = s->ints;
     MPI_Request *rq = st ? &st->request : NULL;
     int rc;
+    /* v-forms whose blocks are all equal and packed (the same on every rank) use
+     * the fixed-size MPI call, which MPI implements with better algorithms */
+    shard__coll_kind kind = a->kind;
+    if (kind == SHARD__ALL_GATHERV || kind == SHARD__REDUCE_SCATTERV) {
+        int uniform = 1;
+        for (int p = 0; p < n && uniform; p++)
+            uniform = a->recv_counts[p] == a->recv_counts[0] && a->recv_displs[p] == (size_t)p * a->recv_counts[0];
+        if (uniform) kind = kind == SHARD__ALL_GATHERV ? SHARD__ALL_GATHER : SHARD__REDUCE_SCATTER;
+    }
     if (!req) watch_begin(c, a);
-    switch (a->kind) {
+    switch (kind) {
     case SHARD__BARRIER: rc = rq ? MPI_Ibarrier(c->mpi, rq) : MPI_Barrier(c->mpi); break;
     case SHARD__BROADCAST:
         rc = rq ? MPI_Ibcast(recv, count, t, a->root, c->mpi, rq) : MPI_Bcast(recv, count, t, a->root, c->mpi);
@@ -392,6 +494,10 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
         rc = rq ? MPI_Ialltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi, rq)
                 : MPI_Alltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi);
         break;
+    case SHARD__ALL_TO_ALLW:
+        rc = rq ? MPI_Ialltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi, rq)
+                : MPI_Alltoallv(send, ic, ic + n, t, recv, ic + 2 * n, ic + 3 * n, t, c->mpi);
+        break;
     default: rc = MPI_ERR_OTHER;
     }
     if (!req) watch_end();
@@ -402,10 +508,11 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
     if (!req) { /* blocking: finish now */
         if (s->copy_to) memcpy(s->copy_to, s->staging, s->copy_bytes);
         if (s->divide_by) shard__divide(a->dtype, s->divide_buf, s->divide_count, s->divide_by);
+        if (s->recv_staging) unpack_blocks(a, s->recv_staging, n, r);
     }
 fail:
     if (!req) { /* a request's state is released with the request */
-        shard_free(s->staging);
+        if (!s->borrowed) shard_free(s->staging), shard_free(s->recv_staging);
         free(s->ints);
     }
     return status;
@@ -461,6 +568,7 @@ static shard_status finish_request(shard_request *req, MPI_Status *status) {
     }
     if (st->copy_to) memcpy(st->copy_to, st->staging, st->copy_bytes);
     if (st->divide_by) shard__divide(req->coll.dtype, st->divide_buf, st->divide_count, st->divide_by);
+    if (st->recv_staging && req->kind == SHARD__REQ_COLL) unpack_blocks(&req->coll, st->recv_staging, req->comm->size, req->comm->rank);
     req->status = s;
     if (s < 0) snprintf(req->error, sizeof req->error, "%s", shard_last_error());
     atomic_store(&req->done, 1);
@@ -515,7 +623,7 @@ static void mpi_request_release(shard_request *req) {
         while (!done && MPI_Test(&st->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done)
             if (shard__now() > deadline) return; /* abandoned, like a send */
     }
-    shard_free(st->staging);
+    if (!st->borrowed) shard_free(st->staging), shard_free(st->recv_staging);
     free(st->ints);
     free(st);
     req->impl = NULL;
@@ -560,6 +668,8 @@ static void mpi_destroy(shard_comm *comm) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&c->mpi);
+    shard_free(c->pack[0]);
+    shard_free(c->pack[1]);
     free(c);
 }
 

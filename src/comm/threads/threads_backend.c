@@ -484,15 +484,16 @@ static shard_status check_agreement(tcomm *c, const shard__coll_args *a) {
                                (unsigned long long)a->seq, c->base.name, d0, p, dp);
         }
     }
-    if (a->kind == SHARD__ALL_TO_ALLV)
+    if (a->kind == SHARD__ALL_TO_ALLV || a->kind == SHARD__ALL_TO_ALLW)
         for (int p = 0; p < g->size; p++)
             for (int q = 0; q < g->size; q++) {
                 size_t sends = g->slots[p].args->send_counts[q];
                 size_t expects = g->slots[q].args->recv_counts[p];
                 if (sends != expects)
                     return shard_error(SHARD_ERR_MISMATCH,
-                                       "collective mismatch at #%llu on '%s': all_to_allv rank %d sends %zu elements to rank %d, which expects %zu",
-                                       (unsigned long long)a->seq, c->base.name, p, sends, q, expects);
+                                       "collective mismatch at #%llu on '%s': %s rank %d sends %zu elements to rank %d, which expects %zu",
+                                       (unsigned long long)a->seq, c->base.name, shard__coll_kind_name(a->kind), p,
+                                       sends, q, expects);
             }
     return SHARD_OK;
 }
@@ -577,6 +578,52 @@ static void do_all_to_all(tcomm *c, const shard__coll_args *a) {
     if (streamed) stream_fence();
 }
 
+static void plain_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+/* Where the next element goes in a strided destination block. */
+typedef struct write_cursor {
+    char *base;
+    size_t row_len, stride, row, pos, es;
+} write_cursor;
+
+static void cursor_write(write_cursor *w, const char *src, size_t n, void (*copy)(void *, const void *, size_t)) {
+    while (n) {
+        size_t m = w->row_len - w->pos < n ? w->row_len - w->pos : n;
+        copy(w->base + (w->row * w->stride + w->pos) * w->es, src, m * w->es);
+        src += m * w->es, n -= m, w->pos += m;
+        if (w->pos == w->row_len) w->row++, w->pos = 0;
+    }
+}
+
+/* all_to_allw: this rank writes its strided blocks straight into the peers'
+ * receive blocks (every rank has arrived, and each receive block has one
+ * writer), row by row across all blocks at once, so that blocks cut from the
+ * same rows (a transpose) read this rank's memory in order. */
+static void do_all_to_allw(tcomm *c, const shard__coll_args *a) {
+    group *g = c->g;
+    int n = g->size, r = c->base.rank;
+    size_t es = shard_dtype_size(a->dtype), max_rows = 0;
+    write_cursor cursors[n];
+    void (*copies[n])(void *, const void *, size_t);
+    int streamed = 0;
+    for (int q = 0; q < n; q++) {
+        const shard__coll_args *qa = g->slots[q].args;
+        cursors[q] = (write_cursor){(char *)qa->recv + qa->recv_displs[r] * es, qa->recv_row_len[r], qa->recv_stride[r],
+                                    0, 0, es};
+        int stream = a->send_counts[q] * es >= STREAM_MIN_BYTES;
+        streamed |= stream;
+        copies[q] = stream ? stream_copy : plain_copy;
+        size_t rows = a->send_counts[q] / a->send_row_len[q];
+        if (rows > max_rows) max_rows = rows;
+    }
+    for (size_t i = 0; i < max_rows; i++)
+        for (int q = 0; q < n; q++)
+            if (i < a->send_counts[q] / a->send_row_len[q])
+                cursor_write(&cursors[q], (const char *)a->send + (a->send_displs[q] + i * a->send_stride[q]) * es,
+                             a->send_row_len[q], copies[q]);
+    if (streamed) stream_fence();
+}
+
 /* Run one collective on this rank (from the rank thread or its helper). */
 static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
     group *g = c->g;
@@ -624,6 +671,7 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
         case SHARD__ALL_GATHERV: do_all_gather(c, a); break;
         case SHARD__ALL_TO_ALL:
         case SHARD__ALL_TO_ALLV: do_all_to_all(c, a); break;
+        case SHARD__ALL_TO_ALLW: do_all_to_allw(c, a); break;
         default: s = shard_error(SHARD_ERR_INTERNAL, "threads backend: unknown collective %d", (int)a->kind);
         }
     }
