@@ -67,15 +67,15 @@ int cli_inspect(int argc, char **argv) {
         cli_error("%s", shard_last_error());
         return 2;
     }
-    shard_spec_describe(&spec, &layout, dtype, shape, stdout);
-    if (!to_text) return 0;
     shard_spec to;
     shard_redistribute_plan plan;
-    if (shard_spec_parse(to_text, &layout, ndim, &to) < 0 ||
-        shard_redistribute_plan_make(&layout, dtype, ndim, shape, &spec, &to, &plan) < 0) {
+    if (to_text && (shard_spec_parse(to_text, &layout, ndim, &to) < 0 ||
+                    shard_redistribute_plan_make(&layout, dtype, ndim, shape, &spec, &to, &plan) < 0)) {
         cli_error("--to: %s", shard_last_error());
         return 2;
     }
+    shard_spec_describe(&spec, &layout, dtype, shape, stdout);
+    if (!to_text) return 0;
     char a[256], b[256];
     shard_spec_string(&spec, &layout, a, sizeof a);
     shard_spec_string(&to, &layout, b, sizeof b);

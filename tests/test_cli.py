@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """test_cli.py — the shard command line as users and scripts see it.
 
-usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|demo|inspect
+usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|bench_redistribute|demo|inspect
 
 errors:     every bad input gets exactly one 'shard: ...' line on stderr and exit 2
             (exit 1 for a well-formed request that cannot run), naming what would be valid.
 bench_json: `bench comm --json` prints one object per size with the documented keys and
             busbw = algbw x the nccl-tests factor.
-bench_mpi:  under mpirun the same, plus the raw MPI baseline and the ratio.
+bench_mpi:  under mpirun the same, plus the raw MPI baseline and the ratio (and bench redistribute).
+bench_redistribute: `bench redistribute --json` prints the five transitions with their steps,
+            the bytes a rank sends as the formula says, and busbw = sent / time beside the collective's.
 demo:       `shard demo` runs and checks its own answers.
 inspect:    `shard inspect spec` prints the type, the block grid and every rank's shard.
 """
@@ -58,6 +60,12 @@ def errors():
         (["inspect", "spec", "--mesh", "data=2", "--shape", "4", "--spec", "P('model')"], 2,
          "unknown axis 'model'; the mesh's axes are data"),
         (["inspect", "spec", "--mesh", "data=2,data=2", "--shape", "4", "--spec", "P()"], 2, "axis 'data' appears twice"),
+        (["inspect", "spec", "--mesh", "data=2", "--shape", "4", "--spec", "P()", "--to", "P('x')"], 2,
+         "--to: spec P('x'): unknown axis 'x'"),
+        (["bench", "redistribute", "--bytes", "100"], 2, "shard: --bytes 100 is too small: give at least 4K"),
+        (["bench", "redistribute", "--mesh", "data=3", "--ranks", "2", "--bytes", "64K"], 1,
+         "mesh data=3 needs 3 ranks, got 2"),
+        (["bench", "redistribute", "--frob"], 2, "shard: bench redistribute: unknown option '--frob'"),
     ]
     for args, code, text in cases:
         p = run(args)
@@ -113,9 +121,50 @@ def bench_mpi():
     expect(p.returncode == 0 and ("OMPI_COMM_WORLD_RANK=" in p.stderr or "PMI_RANK=" in p.stderr)
            and "backend mpi" in p.stderr,
            f"--verbose under mpirun: {p.stderr!r}")
+    p = run(["bench", "redistribute", "--bytes", "1M", "--iters", "5", "--json"], mpi=2)
+    expect(p.returncode == 0, f"mpi redistribute: exit {p.returncode}: {p.stderr}")
+    check_redistribute(p.stdout, 2, "mpi", 1 << 20)
     p = run(["bench", "comm", "--ranks", "3", "--max", "4K"], mpi=2)
     expect(p.returncode != 0 and "--ranks 3 but the MPI launcher started 2 processes" in p.stderr,
            f"--ranks disagreeing with mpirun: {p.returncode} {p.stderr!r}")
+
+
+TRANSITIONS = [("split -> replicated", "all_gather", "all_gather"), ("replicated -> split", "slice", None),
+               ("partial -> replicated", "all_reduce", "all_reduce"),
+               ("partial -> split", "reduce_scatter", "reduce_scatter"), ("split moved", "all_to_all", "all_to_all")]
+
+
+def check_redistribute(stdout, ranks, backend, nbytes):
+    rows = [json.loads(l) for l in stdout.splitlines() if l.strip()]
+    expect([r["transition"] for r in rows] == [t[0] for t in TRANSITIONS], f"transitions: {rows}")
+    for row, (name, steps, collective) in zip(rows, TRANSITIONS):
+        expect(row["steps"] == steps and row["collective"] == collective, f"{name}: {row}")
+        expect(row["ranks"] == ranks and row["backend"] == backend and row["bytes"] <= nbytes, f"{name}: {row}")
+        n, size = ranks, row["bytes"]  # every rank's block is size / n: the dims divide
+        sent = {"all_gather": (n - 1) * size // n, "slice": 0, "all_reduce": 2 * (n - 1) * size // n,
+                "reduce_scatter": (n - 1) * size // n, "all_to_all": (n - 1) * size // (n * n)}[steps]
+        expect(row["bytes_sent_per_rank"] == sent, f"{name}: sent {row['bytes_sent_per_rank']}, formula {sent}")
+        expect(row["time_us"] > 0, f"{name}: time {row}")
+        if collective:
+            bus = sent / (row["time_us"] * 1e3)
+            expect(abs(row["busbw_gbps"] - bus) <= 1e-3 * bus + 1e-4, f"{name}: busbw {row}")
+            expect(row["collective_busbw_gbps"] > 0 and row["ratio"] > 0, f"{name}: {row}")
+        else:
+            expect(row["busbw_gbps"] is None and row["ratio"] is None, f"{name}: {row}")
+
+
+def bench_redistribute():
+    for ranks in [2, 3]:
+        p = run(["bench", "redistribute", "--ranks", str(ranks), "--bytes", "1M", "--iters", "5", "--json"])
+        expect(p.returncode == 0, f"redistribute {ranks}: exit {p.returncode}: {p.stderr}")
+        check_redistribute(p.stdout, ranks, "threads", 1 << 20)
+    p = run(["bench", "redistribute", "--ranks", "4", "--mesh", "data=2,tensor=2", "--bytes", "256K"])
+    expect(p.returncode == 0 and "mesh data=2,tensor=2" in p.stdout and "all_to_all" in p.stdout,
+           f"redistribute table: {p.stdout!r} {p.stderr!r}")
+    p = run(["inspect", "spec", "--mesh", "a=2,b=3", "--shape", "30,17", "--spec", "P('a', 'b')", "--to",
+             "P('b', 'a')"])
+    expect(p.returncode == 0 and "redistribute P('a', 'b') -> P('b', 'a'): 1 step" in p.stdout
+           and "1. exchange over a,b" in p.stdout, f"inspect --to: {p.stdout!r}")
 
 
 def inspect():
@@ -139,5 +188,6 @@ def demo():
 
 
 if __name__ == "__main__":
-    {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "demo": demo, "inspect": inspect}[sys.argv[2]]()
+    {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
+     "demo": demo, "inspect": inspect}[sys.argv[2]]()
     sys.exit(1 if failures else 0)
