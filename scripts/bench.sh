@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench.sh — the README's communication table: threads all_reduce on 2 ranks, and
-# the MPI backend against the raw MPI call in the same run.
+# bench.sh — the README's tables: threads all_reduce on 2 ranks, the MPI backend
+# against the raw MPI call in the same run, and the redistribution transitions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -8,3 +8,6 @@ build/shard bench comm --op all_reduce --ranks 2 --min 1M --max 256M --iters 10
 for op in all_reduce all_gather reduce_scatter all_to_all sendrecv; do
   mpiexec.openmpi --oversubscribe -np 2 build/shard bench comm --op "$op" --min 1M --max 64M --iters 10
 done
+# the README's redistribution table: the five transitions at 64 MiB, threads and MPI
+build/shard bench redistribute --ranks 2
+mpiexec.openmpi --oversubscribe -np 2 build/shard bench redistribute
