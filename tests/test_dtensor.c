@@ -1,7 +1,9 @@
 /* test_dtensor.c — distributed tensors: gather(distribute(x)) == x bitwise for
  * every spec of a 2-D tensor whose dims do not divide by the axis sizes, on
  * every 1-D and 2-D mesh of the world (1 to 8 ranks, 3, 5, 6, 7 included),
- * from a replicated tensor and from one rank, partial specs included, with
+ * from a replicated tensor and from one rank, partial specs included (sum,
+ * max, min, avg: the values are exact in a few bits, so an average of equal
+ * copies gives them back bitwise), with
  * the bytes of distribute-from-one-rank (broadcast or scatter) and
  * gather-to-one-rank checked against their formulas; and
  * redistribute between every pair of those specs (3-D meshes too) keeps the
@@ -18,7 +20,7 @@
 static const char *const specs[] = {
     "P()", "P('a')", "P(None, 'a')", "P('a', 'b')", "P('b', 'a')", "P(('a','b'))", "P(None, ('b','a'))",
     "P(None, partial='a')", "P('b', partial='a')", "P('a', partial='b', partial_op='max')",
-    "P(partial=('a','b'), partial_op='min')",
+    "P(partial=('a','b'), partial_op='min')", "P(None, 'b', partial='a', partial_op='avg')",
 };
 
 /* Create every axis-set communicator now, so that splits do not count as traffic later. */
