@@ -8,7 +8,10 @@ packages=(
   libopenmpi-dev openmpi-bin         # MPI backend, built and tested against Open MPI
   libmpich-dev mpich                 # MPICH: the MPI backend must compile against it too
   libcmocka-dev                      # unit-test framework
-  python3                            # test drivers
+  libjansson-dev                     # JSON: safetensors headers, checkpoint indexes
+  libxxhash-dev                      # xxh3 checksums of checkpoint files
+  clang libclang-rt-dev              # libFuzzer for the fuzz tests
+  python3 python3-numpy              # test drivers; the independent safetensors reference (tools/reference)
 )
 
 missing=()

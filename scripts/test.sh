@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — what `make test` (and CI) runs: every test in a -Werror release build,
 # again under ASan + UBSan, the threads-backend tests under TSan, and the MPI
-# tests once more built against MPICH.
+# tests once more built against MPICH, and the fuzz harness for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -34,5 +34,11 @@ if [[ -x /usr/bin/mpicc.mpich ]]; then
   configure_and_build build-mpich -DCMAKE_BUILD_TYPE=Release -DMPI_C_COMPILER=/usr/bin/mpicc.mpich
   (cd build-mpich && ctest --output-on-failure -j"$jobs" -L mpi)
 fi
+
+echo "== fuzzing (clang, libFuzzer + ASan + UBSan): the safetensors reader, ${SHARD_FUZZ_SECONDS:-60} s"
+CC=clang cmake -S . -B build-fuzz -DSHARD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug -DSHARD_FUZZ=ON \
+  -DSHARD_FUZZ_SECONDS="${SHARD_FUZZ_SECONDS:-60}" >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors
+(cd build-fuzz && ctest --output-on-failure -L fuzz)
 
 echo "== all test runs passed"
