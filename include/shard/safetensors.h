@@ -83,6 +83,9 @@ shard_status shard_st_writer_open(const char *path, const shard_st_entry *entrie
 shard_status shard_st_writer_write(shard_st_writer *w, const void *bytes, size_t size);
 /* Check that every byte was written, fsync, rename into place, fsync the directory; frees w. */
 shard_status shard_st_writer_commit(shard_st_writer *w);
+/* The same, also giving the file's xxh3-64 (XXH3_64bits of every byte, as
+ * `xxhsum -H3` prints it) and its size. */
+shard_status shard_st_writer_commit_digest(shard_st_writer *w, uint64_t *xxh3, uint64_t *file_bytes);
 /* Drop the temporary file; frees w. */
 void shard_st_writer_abort(shard_st_writer *w);
 

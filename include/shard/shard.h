@@ -2,6 +2,7 @@
 #ifndef SHARD_H
 #define SHARD_H
 
+#include "shard/checkpoint.h"
 #include "shard/comm.h"
 #include "shard/dtensor.h"
 #include "shard/dtype.h"
@@ -9,6 +10,7 @@
 #include "shard/memory.h"
 #include "shard/mesh.h"
 #include "shard/redistribute.h"
+#include "shard/safetensors.h"
 #include "shard/spec.h"
 #include "shard/status.h"
 #include "shard/tensor.h"

@@ -5,6 +5,7 @@
  * into a temporary file committed by rename. */
 #include <jansson.h>
 #include <stdio.h>
+#include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,8 @@ enum { BUFFER_BYTES = 1 << 20 };
 
 struct shard_st_writer {
     shard__atomic_file file;
+    XXH3_state_t *hash; /* over every byte of the file */
+    uint64_t file_bytes;
     uint64_t expected, written; /* data bytes */
     char *buffer;
     size_t buffered;
@@ -110,14 +113,18 @@ shard_status shard_st_writer_open(const char *path, const shard_st_entry *entrie
         if (!w->buffer) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     }
     free(json);
+    if (s == SHARD_OK && (!(w->hash = XXH3_createState()) || XXH3_64bits_reset(w->hash) != XXH_OK))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     if (s == SHARD_OK) s = shard__atomic_open(path, &w->file);
     if (s == SHARD_OK) {
         s = shard__atomic_write(&w->file, header, 8 + padded);
+        XXH3_64bits_update(w->hash, header, 8 + padded);
+        w->file_bytes = 8 + padded;
         if (s < 0) shard__atomic_abort(&w->file);
     }
     free(header);
     if (s < 0) {
-        if (w) free(w->buffer);
+        if (w) free(w->buffer), XXH3_freeState(w->hash);
         free(w);
         return s;
     }
@@ -126,8 +133,14 @@ shard_status shard_st_writer_open(const char *path, const shard_st_entry *entrie
     return SHARD_OK;
 }
 
+static shard_status put(shard_st_writer *w, const void *bytes, size_t size) {
+    XXH3_64bits_update(w->hash, bytes, size);
+    w->file_bytes += size;
+    return shard__atomic_write(&w->file, bytes, size);
+}
+
 static shard_status flush(shard_st_writer *w) {
-    shard_status s = shard__atomic_write(&w->file, w->buffer, w->buffered);
+    shard_status s = put(w, w->buffer, w->buffered);
     w->buffered = 0;
     return s;
 }
@@ -140,7 +153,7 @@ shard_status shard_st_writer_write(shard_st_writer *w, const void *bytes, size_t
     w->written += size;
     if (size >= BUFFER_BYTES) { /* large: straight through */
         SHARD_CHECK(flush(w));
-        return shard__atomic_write(&w->file, bytes, size);
+        return put(w, bytes, size);
     }
     if (w->buffered + size > BUFFER_BYTES) SHARD_CHECK(flush(w));
     memcpy(w->buffer + w->buffered, bytes, size);
@@ -148,7 +161,9 @@ shard_status shard_st_writer_write(shard_st_writer *w, const void *bytes, size_t
     return SHARD_OK;
 }
 
-shard_status shard_st_writer_commit(shard_st_writer *w) {
+shard_status shard_st_writer_commit(shard_st_writer *w) { return shard_st_writer_commit_digest(w, NULL, NULL); }
+
+shard_status shard_st_writer_commit_digest(shard_st_writer *w, uint64_t *xxh3, uint64_t *file_bytes) {
     if (!w) return shard_error(SHARD_ERR_INVALID_ARG, "shard_st_writer_commit: NULL writer");
     shard_status s = SHARD_OK;
     if (w->written != w->expected)
@@ -157,6 +172,9 @@ shard_status shard_st_writer_commit(shard_st_writer *w) {
     if (s == SHARD_OK) s = flush(w);
     if (s == SHARD_OK) s = shard__atomic_commit(&w->file); /* aborts itself on failure */
     else shard__atomic_abort(&w->file);
+    if (xxh3) *xxh3 = XXH3_64bits_digest(w->hash);
+    if (file_bytes) *file_bytes = w->file_bytes;
+    XXH3_freeState(w->hash);
     free(w->buffer);
     free(w);
     return s;
@@ -165,6 +183,7 @@ shard_status shard_st_writer_commit(shard_st_writer *w) {
 void shard_st_writer_abort(shard_st_writer *w) {
     if (!w) return;
     shard__atomic_abort(&w->file);
+    XXH3_freeState(w->hash);
     free(w->buffer);
     free(w);
 }

@@ -1,0 +1,267 @@
+/* checkpoint_load.c — load a sharded checkpoint onto any mesh and specs.
+ *
+ * Rank 0 picks the candidate directories (`latest`, then older complete
+ * steps, newest first) and broadcasts each; every rank reads the index, and
+ * the files' sizes and xxh3 checksums are checked with each file hashed by
+ * one rank (file i by rank i mod world).  The first candidate that passes
+ * everywhere is loaded; skipping one is said on stderr.  Each rank then maps
+ * the chunk files it needs and copies exactly the intersections of the
+ * chunks with its own blocks — no rank reads a block it does not hold. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../mesh/box.h"
+#include "ckpt_index.h"
+#include "ckpt_util.h"
+#include "shard/checkpoint.h"
+#include "shard/safetensors.h"
+
+enum { REASON_BYTES = 400 };
+
+/* ---------------------------------------------------------------- candidates */
+
+static int cmp_desc(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* "step_N" -> N; 0 if the name is not exactly that. */
+static int parse_step_name(const char *name, uint64_t *step) {
+    if (strncmp(name, "step_", 5) != 0 || !name[5]) return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(name + 5, &end, 10);
+    if (errno || *end || name[5] < '0' || name[5] > '9') return 0;
+    *step = v;
+    return 1;
+}
+
+/* Candidate steps under root, newest first: `latest`'s, then every other step_N older than it. */
+static shard_status candidates(const char *root, uint64_t **out, size_t *n) {
+    *out = NULL, *n = 0;
+    char path[PATH_MAX], text[64] = "";
+    uint64_t latest = 0;
+    int has_latest = 0;
+    snprintf(path, sizeof path, "%s/latest", root);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fgets(text, sizeof text, f)) {
+            text[strcspn(text, "\r\n")] = '\0';
+            has_latest = parse_step_name(text, &latest);
+        }
+        fclose(f);
+    }
+    DIR *d = opendir(root);
+    if (!d) return shard_error(SHARD_ERR_IO, "%s: cannot open the checkpoint directory: %s", root, strerror(errno));
+    size_t cap = 16;
+    uint64_t *steps = malloc(cap * sizeof *steps);
+    if (steps && has_latest) steps[(*n)++] = latest;
+    for (struct dirent *e; steps && (e = readdir(d));) {
+        uint64_t s;
+        if (!parse_step_name(e->d_name, &s) || (has_latest && s >= latest)) continue;
+        if (*n == cap) {
+            uint64_t *more = realloc(steps, 2 * cap * sizeof *steps);
+            if (!more) {
+                free(steps), steps = NULL;
+                break;
+            }
+            steps = more, cap *= 2;
+        }
+        steps[(*n)++] = s;
+    }
+    closedir(d);
+    if (!steps) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    qsort(steps + has_latest, *n - (size_t)has_latest, sizeof *steps, cmp_desc);
+    *out = steps;
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- checking */
+
+/* Size and xxh3 of one file against the index. */
+static int check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, f->name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_bytes, "%s: cannot open: %s", path, strerror(errno));
+        return 0;
+    }
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == f->bytes;
+    if (!ok) snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
+                      (unsigned long long)f->bytes);
+    if (ok && f->bytes) {
+        void *map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+        ok = map != MAP_FAILED;
+        if (ok) {
+            madvise(map, f->bytes, MADV_SEQUENTIAL);
+            uint64_t h = XXH3_64bits(map, f->bytes);
+            munmap(map, f->bytes);
+            ok = h == f->xxh3;
+            if (!ok) snprintf(why, why_bytes, "%s: checksum %016llx, the index says %016llx", path, (unsigned long long)h,
+                              (unsigned long long)f->xxh3);
+        } else {
+            snprintf(why, why_bytes, "%s: cannot map: %s", path, strerror(errno));
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+/* Collective: every rank reads the index; files are checked in turns.  On
+ * failure every rank returns the same reason (the first failing rank's). */
+static shard_status check_step(shard_comm *world, const char *dir, shard__ckpt_index *ix, char *why) {
+    int rank = shard_comm_rank(world), size = shard_comm_size(world);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    int have_index = shard__ckpt_index_read(path, ix) == SHARD_OK, ok = have_index;
+    if (!ok) snprintf(why, REASON_BYTES, "%s", shard_last_error());
+    for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size) ok = check_file(dir, &ix->files[i], why, REASON_BYTES);
+    int32_t first_bad = ok ? INT32_MAX : rank;
+    SHARD_CHECK(shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN));
+    if (first_bad == INT32_MAX) return SHARD_OK;
+    SHARD_CHECK(shard_comm_broadcast(world, why, REASON_BYTES, SHARD_U8, first_bad));
+    why[REASON_BYTES - 1] = '\0';
+    if (have_index) shard__ckpt_index_free(ix);
+    return SHARD_ERR_IO;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+typedef struct open_files {
+    const char *dir;
+    const shard__ckpt_index *ix;
+    shard_safetensors **files;
+} open_files;
+
+static shard_status file_of(open_files *of, int i, shard_safetensors **out) {
+    if (!of->files[i]) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", of->dir, of->ix->files[i].name);
+        SHARD_CHECK(shard_safetensors_open(path, &of->files[i]));
+    }
+    *out = of->files[i];
+    return SHARD_OK;
+}
+
+static shard_status load_item(open_files *of, const shard_ckpt_item *item) {
+    shard_dtensor *t = item->tensor;
+    const shard__ckpt_tensor *x = shard__ckpt_index_find(of->ix, item->name);
+    if (!x) return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint %s has no tensor '%s'", of->dir, item->name);
+    int same = x->dtype == t->dtype && x->ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = x->shape[d] == t->global_shape[d];
+    if (!same) {
+        char want[160];
+        shard_spec_type_string(&t->spec, &t->layout, t->dtype, t->global_shape, want, sizeof want);
+        return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint %s: tensor '%s' is %s with %d dims there, but %s here",
+                           of->dir, item->name, shard_safetensors_dtype_name(x->dtype), x->ndim, want);
+    }
+    int coords[SHARD_MESH_MAX_AXES];
+    shard__ckpt_my_coords(t->mesh, coords);
+    for (int k = 0; k < t->layout.ndim; k++) /* a pending sum keeps the value at coordinate 0 only */
+        if (t->spec.partial_op == SHARD_OP_SUM && (t->spec.partial_mask & (1u << k)) && coords[k] != 0)
+            return shard_tensor_fill(t->local, 0);
+    shard__box mine, chunk, both;
+    shard__block_of(&t->spec, &t->layout, t->ndim, t->global_shape, coords, &mine);
+    size_t covered = 0;
+    for (size_t c = 0; c < x->nchunks; c++) {
+        memcpy(chunk.off, x->chunks[c].off, sizeof chunk.off);
+        memcpy(chunk.len, x->chunks[c].len, sizeof chunk.len);
+        shard__box_intersect(&chunk, &mine, t->ndim, &both);
+        if (shard__box_numel(&both, t->ndim) == 0) continue;
+        shard_safetensors *f = NULL;
+        SHARD_CHECK(file_of(of, x->chunks[c].file, &f));
+        const shard_st_entry *e = shard_safetensors_find(f, item->name);
+        int fits = e && e->dtype == t->dtype && e->ndim == t->ndim;
+        for (int d = 0; fits && d < t->ndim; d++) fits = e->shape[d] == chunk.len[d];
+        if (!fits)
+            return shard_error(SHARD_ERR_IO, "checkpoint %s: %s does not hold the chunk of '%s' the index lists", of->dir,
+                               of->ix->files[x->chunks[c].file].name, item->name);
+        shard_tensor src = shard__contiguous_over((void *)shard_safetensors_data(f, e), t->dtype, t->ndim, &chunk);
+        shard_tensor from = shard__sub_view(&src, &chunk, &both), to = shard__sub_view(t->local, &mine, &both);
+        SHARD_CHECK(shard_tensor_copy(&to, &from));
+        covered += shard__box_numel(&both, t->ndim);
+    }
+    if (covered != shard__box_numel(&mine, t->ndim))
+        return shard_error(SHARD_ERR_IO, "checkpoint %s: the chunks of '%s' cover %zu of the %zu elements of this rank's block",
+                           of->dir, item->name, covered, shard__box_numel(&mine, t->ndim));
+    return SHARD_OK;
+}
+
+static shard_status load_all(const char *dir, const shard__ckpt_index *ix, const shard_ckpt_item *items, size_t count) {
+    open_files of = {dir, ix, calloc(ix->nfiles ? ix->nfiles : 1, sizeof(shard_safetensors *))};
+    if (!of.files) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    shard_status s = SHARD_OK;
+    for (size_t i = 0; i < count && s == SHARD_OK; i++) s = load_item(&of, &items[i]);
+    for (size_t i = 0; i < ix->nfiles; i++) shard_safetensors_close(of.files[i]);
+    free(of.files);
+    return s;
+}
+
+shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out) {
+    SHARD_CHECK(shard__ckpt_check_items("shard_ckpt_load", items, count));
+    if (!where || !*where) return shard_error(SHARD_ERR_INVALID_ARG, "shard_ckpt_load: no checkpoint given");
+    shard_comm *world = shard_mesh_comm(items[0].tensor->mesh);
+    int rank = shard_comm_rank(world);
+    char index_path[PATH_MAX];
+    snprintf(index_path, sizeof index_path, "%s/index.json", where);
+    int one_step = access(index_path, F_OK) == 0;
+    uint64_t *steps = NULL;
+    size_t nsteps = 0;
+    shard_status s = SHARD_OK;
+    if (!one_step && rank == 0) s = candidates(where, &steps, &nsteps);
+    int32_t ok = s == SHARD_OK;
+    SHARD_CHECK(shard_comm_all_reduce(world, &ok, &ok, 1, SHARD_I32, SHARD_OP_MIN));
+    if (!ok) {
+        free(steps);
+        return rank == 0 ? s : shard_error(SHARD_ERR_IO, "checkpoint %s: rank 0 could not list it", where);
+    }
+    char dir[PATH_MAX], why[REASON_BYTES] = "", tried[1024] = "";
+    shard__ckpt_index ix;
+    for (size_t i = 0;; i++) {
+        memset(dir, 0, sizeof dir);
+        if (one_step) {
+            if (i == 0) snprintf(dir, sizeof dir, "%s", where);
+        } else if (rank == 0 && i < nsteps) {
+            shard__ckpt_step_dir(where, steps[i], dir, sizeof dir);
+        }
+        if (!one_step) SHARD_CHECK(shard_comm_broadcast(world, dir, sizeof dir, SHARD_U8, 0));
+        dir[sizeof dir - 1] = '\0';
+        if (!dir[0]) {
+            free(steps);
+            if (one_step) return shard_error(SHARD_ERR_IO, "%s", why);
+            return shard_error(SHARD_ERR_IO, "no complete checkpoint under %s%s%s", where, tried[0] ? ": " : "", tried);
+        }
+        s = check_step(world, dir, &ix, why);
+        if (s == SHARD_OK) break;
+        if (s != SHARD_ERR_IO) {
+            free(steps);
+            return s;
+        }
+        size_t used = strlen(tried);
+        snprintf(tried + used, sizeof tried - used, "%s%s (%s)", used ? "; " : "", dir, why);
+        if (rank == 0 && !one_step)
+            fprintf(stderr, "shard: checkpoint %s is not usable (%s); trying the previous one\n", dir, why);
+    }
+    free(steps);
+    s = load_all(dir, &ix, items, count);
+    int32_t first_bad = s == SHARD_OK ? INT32_MAX : rank;
+    shard_status cs = shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN);
+    if (s == SHARD_OK && cs < 0) s = cs;
+    if (s == SHARD_OK && first_bad != INT32_MAX)
+        s = shard_error(SHARD_ERR_IO, "checkpoint %s: rank %d failed to load its shards", dir, first_bad);
+    if (s == SHARD_OK && step_out) *step_out = ix.step;
+    shard__ckpt_index_free(&ix);
+    return s;
+}

@@ -1,0 +1,207 @@
+/* ckpt_index.c — read and write a checkpoint's index.json (see ckpt_index.h).
+ * Reading checks everything later code relies on: known dtypes, at most 8
+ * dims, chunks that name a listed file and lie inside the global shape. */
+#include "ckpt_index.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "atomic_file.h"
+#include "shard/safetensors.h"
+
+shard_status shard__ckpt_dtype_parse(const char *text, shard_dtype *out) {
+    for (int d = 0; d < SHARD_DTYPE_COUNT; d++)
+        if (text && strcmp(text, shard_safetensors_dtype_name((shard_dtype)d)) == 0) {
+            *out = (shard_dtype)d;
+            return SHARD_OK;
+        }
+    return SHARD_ERR_INVALID_ARG;
+}
+
+static json_t *size_array(const size_t *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer((json_int_t)v[i]));
+    return a;
+}
+
+shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *ix) {
+    json_t *root = json_object(), *files = json_object(), *tensors = json_object();
+    int ok = root && files && tensors;
+    json_t *config = NULL;
+    if (ok && ix->config) {
+        json_error_t err;
+        config = json_loads(ix->config, JSON_DECODE_ANY, &err);
+        if (!config) {
+            json_decref(root), json_decref(files), json_decref(tensors);
+            return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint config is not JSON: %s (line %d, column %d)", err.text,
+                               err.line, err.column);
+        }
+    }
+    for (size_t i = 0; ok && i < ix->nfiles; i++) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016" PRIx64, ix->files[i].xxh3);
+        ok &= json_object_set_new(files, ix->files[i].name,
+                                  json_pack("{s:I, s:s}", "bytes", (json_int_t)ix->files[i].bytes, "xxh3", hex)) == 0;
+    }
+    for (size_t t = 0; ok && t < ix->ntensors; t++) {
+        const shard__ckpt_tensor *x = &ix->tensors[t];
+        json_t *chunks = json_array();
+        for (size_t c = 0; chunks && c < x->nchunks; c++)
+            ok &= json_array_append_new(chunks, json_pack("{s:s, s:o, s:o}", "file", ix->files[x->chunks[c].file].name,
+                                                          "offsets", size_array(x->chunks[c].off, x->ndim), "sizes",
+                                                          size_array(x->chunks[c].len, x->ndim))) == 0;
+        ok &= chunks && json_object_set_new(tensors, x->name,
+                                            json_pack("{s:s, s:o, s:s, s:o}", "dtype", shard_safetensors_dtype_name(x->dtype),
+                                                      "shape", size_array(x->shape, x->ndim), "spec", x->spec, "chunks",
+                                                      chunks)) == 0;
+    }
+    if (ok)
+        ok = json_object_set_new(root, "format", json_string("shard-checkpoint")) == 0 &&
+             json_object_set_new(root, "version", json_integer(1)) == 0 &&
+             json_object_set_new(root, "step", json_integer((json_int_t)ix->step)) == 0 &&
+             json_object_set_new(root, "mesh", json_string(ix->mesh)) == 0 &&
+             json_object_set_new(root, "world", json_integer(ix->world)) == 0 &&
+             json_object_set_new(root, "config", config ? config : json_null()) == 0 &&
+             json_object_set_new(root, "files", files) == 0 && json_object_set_new(root, "tensors", tensors) == 0;
+    char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "%s: cannot build the index (out of memory)", path);
+    size_t len = strlen(text);
+    text[len] = '\n'; /* over the terminating NUL: the file ends with a newline */
+    shard_status s = shard__atomic_write_file(path, text, len + 1);
+    free(text);
+    return s;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+static shard_status fail(const char *path, const char *what) {
+    return shard_error(SHARD_ERR_IO, "%s: %s", path, what);
+}
+
+static int read_sizes(const json_t *a, int ndim, size_t *out) {
+    if (!json_is_array(a) || (int)json_array_size(a) != ndim) return 0;
+    for (int i = 0; i < ndim; i++) {
+        const json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0) return 0;
+        out[i] = (size_t)json_integer_value(v);
+    }
+    return 1;
+}
+
+static shard_status read_tensor(const char *path, const char *name, const json_t *v, const shard__ckpt_index *ix,
+                                shard__ckpt_tensor *t) {
+    char why[256];
+    t->name = strdup(name);
+    const json_t *shape = json_object_get(v, "shape"), *chunks = json_object_get(v, "chunks");
+    const char *spec = json_string_value(json_object_get(v, "spec"));
+    if (!t->name) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    if (shard__ckpt_dtype_parse(json_string_value(json_object_get(v, "dtype")), &t->dtype) < 0) {
+        snprintf(why, sizeof why, "tensor '%s': field 'dtype' is missing or unknown", name);
+        return fail(path, why);
+    }
+    if (!json_is_array(shape) || json_array_size(shape) > SHARD_MAX_DIMS ||
+        !read_sizes(shape, (int)json_array_size(shape), t->shape)) {
+        snprintf(why, sizeof why, "tensor '%s': field 'shape' is not a list of at most %d sizes", name, SHARD_MAX_DIMS);
+        return fail(path, why);
+    }
+    t->ndim = (int)json_array_size(shape);
+    t->spec = strdup(spec ? spec : "");
+    if (!json_is_array(chunks)) {
+        snprintf(why, sizeof why, "tensor '%s': field 'chunks' is not a list", name);
+        return fail(path, why);
+    }
+    t->nchunks = json_array_size(chunks);
+    t->chunks = calloc(t->nchunks ? t->nchunks : 1, sizeof *t->chunks);
+    if (!t->spec || !t->chunks) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    for (size_t c = 0; c < t->nchunks; c++) {
+        const json_t *ch = json_array_get(chunks, c);
+        shard__ckpt_chunk *k = &t->chunks[c];
+        const char *file = json_string_value(json_object_get(ch, "file"));
+        k->file = -1;
+        for (size_t f = 0; file && f < ix->nfiles; f++)
+            if (strcmp(ix->files[f].name, file) == 0) k->file = (int)f;
+        int ok = k->file >= 0 && read_sizes(json_object_get(ch, "offsets"), t->ndim, k->off) &&
+                 read_sizes(json_object_get(ch, "sizes"), t->ndim, k->len);
+        for (int d = 0; ok && d < t->ndim; d++) ok = k->off[d] <= t->shape[d] && k->len[d] <= t->shape[d] - k->off[d];
+        if (!ok) {
+            snprintf(why, sizeof why, "tensor '%s': chunk %zu names no listed file or lies outside the shape", name, c);
+            return fail(path, why);
+        }
+    }
+    return SHARD_OK;
+}
+
+shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
+    memset(ix, 0, sizeof *ix);
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s", path, err.text);
+    shard_status s = SHARD_OK;
+    const json_t *files = json_object_get(root, "files"), *tensors = json_object_get(root, "tensors");
+    const json_t *step = json_object_get(root, "step"), *config = json_object_get(root, "config");
+    const char *format = json_string_value(json_object_get(root, "format"));
+    if (!format || strcmp(format, "shard-checkpoint") != 0 || !json_is_object(files) || !json_is_object(tensors) ||
+        !json_is_integer(step) || json_integer_value(step) < 0)
+        s = fail(path, "not a shard checkpoint index (needs format, step, files, tensors)");
+    if (s == SHARD_OK) {
+        ix->step = (uint64_t)json_integer_value(step);
+        ix->mesh = strdup(json_string_value(json_object_get(root, "mesh")) ? json_string_value(json_object_get(root, "mesh")) : "");
+        ix->world = (int)json_integer_value(json_object_get(root, "world"));
+        ix->config = config && !json_is_null(config) ? json_dumps(config, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+        ix->nfiles = json_object_size(files);
+        ix->files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *ix->files);
+        ix->tensors = calloc(json_object_size(tensors) ? json_object_size(tensors) : 1, sizeof *ix->tensors);
+        if (!ix->mesh || !ix->files || !ix->tensors) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    }
+    size_t f = 0;
+    const char *key;
+    json_t *v;
+    if (s == SHARD_OK) json_object_foreach((json_t *)files, key, v) {
+        const char *hex = json_string_value(json_object_get(v, "xxh3"));
+        char *end = NULL;
+        const json_t *bytes = json_object_get(v, "bytes");
+        if (strlen(key) >= SHARD__CKPT_NAME_BYTES || strchr(key, '/') || !hex || strlen(hex) != 16 ||
+            !json_is_integer(bytes) || json_integer_value(bytes) < 0) {
+            s = fail(path, "a file entry is malformed (name, bytes or xxh3)");
+            break;
+        }
+        snprintf(ix->files[f].name, sizeof ix->files[f].name, "%s", key);
+        ix->files[f].bytes = (uint64_t)json_integer_value(bytes);
+        ix->files[f].xxh3 = strtoull(hex, &end, 16);
+        if (!end || *end) {
+            s = fail(path, "a file's xxh3 is not 16 hex digits");
+            break;
+        }
+        f++;
+    }
+    if (s == SHARD_OK) json_object_foreach((json_t *)tensors, key, v) {
+        s = read_tensor(path, key, v, ix, &ix->tensors[ix->ntensors++]);
+        if (s < 0) break;
+    }
+    json_decref(root);
+    if (s < 0) shard__ckpt_index_free(ix);
+    return s;
+}
+
+void shard__ckpt_index_free(shard__ckpt_index *ix) {
+    for (size_t t = 0; ix->tensors && t < ix->ntensors; t++) {
+        free(ix->tensors[t].name);
+        free(ix->tensors[t].spec);
+        free(ix->tensors[t].chunks);
+    }
+    free(ix->tensors);
+    free(ix->files);
+    free(ix->mesh);
+    free(ix->config);
+    memset(ix, 0, sizeof *ix);
+}
+
+const shard__ckpt_tensor *shard__ckpt_index_find(const shard__ckpt_index *ix, const char *name) {
+    for (size_t t = 0; t < ix->ntensors; t++)
+        if (strcmp(ix->tensors[t].name, name) == 0) return &ix->tensors[t];
+    return NULL;
+}

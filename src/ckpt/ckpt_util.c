@@ -1,0 +1,75 @@
+/* ckpt_util.c — see ckpt_util.h. */
+#define _GNU_SOURCE
+#include "ckpt_util.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void shard__ckpt_rank_file(const char *dir, int rank, char *out, size_t out_bytes) {
+    if (dir) snprintf(out, out_bytes, "%s/rank_%05d.safetensors", dir, rank);
+    else snprintf(out, out_bytes, "rank_%05d.safetensors", rank);
+}
+
+void shard__ckpt_step_dir(const char *dir, uint64_t step, char *out, size_t out_bytes) {
+    snprintf(out, out_bytes, "%s/step_%llu", dir, (unsigned long long)step);
+}
+
+void shard__ckpt_my_coords(const shard_mesh *mesh, int *coords) {
+    for (int k = 0; k < shard_mesh_ndim(mesh); k++) coords[k] = shard_mesh_coord(mesh, k);
+}
+
+int shard__ckpt_writes_chunk(const shard_dtensor *t, const int *coords) {
+    unsigned split = shard_spec_split_axes(&t->spec);
+    for (int k = 0; k < t->layout.ndim; k++)
+        if (!(split & (1u << k)) && coords[k] != 0) return 0;
+    return 1;
+}
+
+shard_status shard__ckpt_mkdirs(const char *dir) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: path too long", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return shard_error(SHARD_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return shard_error(SHARD_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    return SHARD_OK;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+shard_status shard__ckpt_remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return SHARD_OK;
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return shard_error(SHARD_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return SHARD_OK;
+}
+
+shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *items, size_t count) {
+    if (!items || count == 0) return shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensors given", what);
+    for (size_t i = 0; i < count; i++) {
+        if (!items[i].tensor || !items[i].name || !*items[i].name)
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: item %zu has no tensor or no name", what, i);
+        if (items[i].tensor->mesh != items[0].tensor->mesh)
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: '%s' is on another mesh than '%s'; save one mesh at a time",
+                               what, items[i].name, items[0].name);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(items[i].name, items[j].name) == 0)
+                return shard_error(SHARD_ERR_INVALID_ARG, "%s: the name '%s' is given twice", what, items[i].name);
+    }
+    return SHARD_OK;
+}

@@ -1,0 +1,26 @@
+/* ckpt_util.h — internal helpers shared by checkpoint save, load and the
+ * CLI: file and directory names, which rank writes a chunk, directory
+ * creation and removal, argument checks. */
+#ifndef SHARD_CKPT_UTIL_H
+#define SHARD_CKPT_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/checkpoint.h"
+
+/* "rank_00003.safetensors", under dir when dir is not NULL. */
+void shard__ckpt_rank_file(const char *dir, int rank, char *out, size_t out_bytes);
+/* "dir/step_N" */
+void shard__ckpt_step_dir(const char *dir, uint64_t step, char *out, size_t out_bytes);
+void shard__ckpt_my_coords(const shard_mesh *mesh, int *coords);
+/* 1 when the rank at coords writes its block of t: coordinate 0 on every axis that splits no dim. */
+int shard__ckpt_writes_chunk(const shard_dtensor *t, const int *coords);
+/* mkdir -p */
+shard_status shard__ckpt_mkdirs(const char *dir);
+/* rm -rf (absent is fine) */
+shard_status shard__ckpt_remove_tree(const char *path);
+/* count > 0, tensors set and on one mesh, names non-empty and unique. */
+shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *items, size_t count);
+
+#endif
