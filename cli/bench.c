@@ -1,6 +1,7 @@
 /* bench.c — the `shard bench` verb: parses options and runs a benchmark:
  * `shard bench comm` (bench_comm.c), `shard bench redistribute` (bench_redistribute.c). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench_comm.h"
@@ -98,10 +99,50 @@ static int bench_redistribute_main(int argc, char **argv) {
     return 0;
 }
 
+static int bench_ckpt_main(int argc, char **argv) {
+    bench_ckpt_options opt = {.bytes = 1ULL << 30, .iters = 5};
+    cli_common common = {0};
+    for (int i = 1; i < argc; i++) {
+        int c = cli_common_option(&common, argc, argv, &i);
+        if (c < 0) return 2;
+        if (c > 0) continue;
+        const char *arg = argv[i], *v = NULL;
+        if (strcmp(arg, "--json") == 0) {
+            opt.json = 1;
+        } else if (strcmp(arg, "--keep") == 0) {
+            opt.keep = 1;
+        } else if (strcmp(arg, "--dir") == 0) {
+            if (!(opt.dir = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(arg, "--bytes") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--bytes", v, &opt.bytes)) return 2;
+            if (opt.bytes < (1u << 20)) {
+                cli_error("--bytes %s is too small: give at least 1M", v);
+                return 2;
+            }
+        } else if (strcmp(arg, "--iters") == 0) {
+            long n;
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, 5, 1000, &n)) return 2;
+            opt.iters = (int)n;
+        } else {
+            cli_error("bench ckpt: unknown option '%s' (see 'shard help')", arg);
+            return 2;
+        }
+    }
+    if (!common.ranks && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE")) common.ranks = 4;
+    opt.launch = cli_launch_config(&common);
+    shard_status s = bench_ckpt_run(&opt);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 int cli_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "comm") == 0) return bench_comm_main(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "redistribute") == 0) return bench_redistribute_main(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) return bench_ckpt_main(argc - 1, argv + 1);
     cli_error("bench: give what to benchmark: 'shard bench comm --op all_reduce --ranks 2' or "
-              "'shard bench redistribute --ranks 2'");
+              "'shard bench redistribute --ranks 2' or 'shard bench ckpt --ranks 4'");
     return 2;
 }

@@ -31,8 +31,20 @@ typedef struct bench_redist_options {
 } bench_redist_options;
 shard_status bench_redistribute_run(const bench_redist_options *opt);
 
+/* `shard bench ckpt` (bench_ckpt.c). */
+typedef struct bench_ckpt_options {
+    uint64_t bytes;  /* the model's size (default 1 GiB) */
+    int iters;       /* >= 5 */
+    int json, keep;  /* keep: leave the last checkpoint in dir */
+    const char *dir; /* NULL: a new directory under /tmp */
+    shard_launch_config launch;
+} bench_ckpt_options;
+shard_status bench_ckpt_run(const bench_ckpt_options *opt);
+
 int cli_bench(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
+int cli_inspect_ckpt(int argc, char **argv); /* ckpt.c */
+int cli_ckpt(int argc, char **argv);         /* ckpt.c */
 
 #endif

@@ -30,8 +30,9 @@ bad:
 }
 
 int cli_inspect(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) return cli_inspect_ckpt(argc, argv);
     if (argc < 2 || strcmp(argv[1], "spec") != 0) {
-        cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"'");
+        cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"' or 'shard inspect ckpt DIR|FILE [--verify]'");
         return 2;
     }
     const char *mesh = NULL, *spec_text = NULL, *shape_text = NULL, *to_text = NULL;

@@ -4,6 +4,8 @@
  *   shard bench redistribute --ranks 2 [--mesh data=2] [--bytes 64M] [--json]
  *   shard demo [--ranks 4]
  *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')"
+ *   shard inspect ckpt DIR|FILE [--verify]
+ *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]
  *   shard version */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,10 +25,16 @@ static void usage(FILE *to) {
             "               [--min 4K] [--max 256M] [--dtype f32] [--iters K] [--json]\n"
             "  bench redistribute  the common spec transitions of a 2-D f32 tensor timed against\n"
             "               their collective: --ranks N [--mesh data=N] [--bytes 64M] [--iters 7] [--json]\n"
+            "  bench ckpt   save / load throughput of a sharded model beside plain write / read:\n"
+            "               --ranks 4 [--bytes 1G] [--iters 5] [--dir DIR] [--keep] [--json]\n"
             "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
             "  inspect spec describe a sharding without running ranks: --mesh data=4,tensor=2\n"
             "               --shape 128,4096 --spec \"P('data','tensor')\" [--dtype f32]\n"
             "               [--to SPEC] (also print the redistribution plan to SPEC)\n"
+            "  inspect ckpt a checkpoint (DIR: a root or a step_N) or a .safetensors FILE: tensors,\n"
+            "               dtypes, shapes, specs, chunks; --verify checks sizes and xxh3 checksums\n"
+            "  ckpt export  a checkpoint as full tensors: DIR --out model.safetensors\n"
+            "               [--max-shard-size 5G] (past it: model-0000k-of-0000N + index, as Hugging Face)\n"
             "  version      print the version and the backends in this build\n"
             "\n"
             "options every verb that runs ranks takes:\n"
@@ -45,6 +53,7 @@ int main(int argc, char **argv) {
     if (strcmp(verb, "bench") == 0) return cli_bench(argc - 1, argv + 1);
     if (strcmp(verb, "demo") == 0) return cli_demo(argc - 1, argv + 1);
     if (strcmp(verb, "inspect") == 0) return cli_inspect(argc - 1, argv + 1);
+    if (strcmp(verb, "ckpt") == 0) return cli_ckpt(argc - 1, argv + 1);
     if (strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0) {
         printf("shard %s (backends: threads%s)\n", SHARD_VERSION_STRING, shard_have_mpi() ? ", mpi" : "");
         return 0;
@@ -53,6 +62,6 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    cli_error("unknown verb '%s': valid verbs are bench, demo, inspect, version, help", verb);
+    cli_error("unknown verb '%s': valid verbs are bench, ckpt, demo, inspect, version, help", verb);
     return 2;
 }

@@ -138,6 +138,14 @@ static void case_reshard(test_ctx *t) {
         char line[64] = "";
         CHECK(t, f && fgets(line, sizeof line, f) && strcmp(line, "step_5\n") == 0, "latest is '%s'", line);
         if (f) fclose(f);
+        snprintf(path, sizeof path, "%s/step_5/index.json", dir);
+        char index[8192] = "", want[64];
+        f = fopen(path, "r");
+        if (f) index[fread(index, 1, sizeof index - 1, f)] = '\0', fclose(f);
+        snprintf(want, sizeof want, "\"mesh\": \"d=%d\"", t->size);
+        CHECK(t, strstr(index, want) && strstr(index, "\"step\": 5") && strstr(index, "\"lr\": 0.001") &&
+                     strstr(index, "\"xxh3\": \"") && strstr(index, "\"spec\": \"P('d', None)\""),
+              "index.json lacks the mesh, step, config, checksums or specs: %s", index);
         snprintf(path, sizeof path, "%s/step_5/rank_00000.safetensors", dir);
         shard_safetensors *st = NULL;
         if (CHECK_OK(t, shard_safetensors_open(path, &st), "open rank 0 file")) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_cli.py — the shard command line as users and scripts see it.
 
-usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|bench_redistribute|demo|inspect
+usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|bench_redistribute|ckpt|demo|inspect
 
 errors:     every bad input gets exactly one 'shard: ...' line on stderr and exit 2
             (exit 1 for a well-formed request that cannot run), naming what would be valid.
@@ -10,6 +10,9 @@ bench_json: `bench comm --json` prints one object per size with the documented k
 bench_mpi:  under mpirun the same, plus the raw MPI baseline and the ratio (and bench redistribute).
 bench_redistribute: `bench redistribute --json` prints the five transitions with their steps,
             the bytes a rank sends as the formula says, and busbw = sent / time beside the collective's.
+ckpt:       `bench ckpt --keep` leaves a checkpoint; `inspect ckpt --verify` checks it and names a
+            corrupted file; `ckpt export` writes one file or Hugging Face's sharded layout, which
+            the independent Python reader (tools/reference) accepts.
 demo:       `shard demo` runs and checks its own answers.
 inspect:    `shard inspect spec` prints the type, the block grid and every rank's shard.
 """
@@ -40,7 +43,7 @@ def expect(cond, what):
 def errors():
     cases = [
         ([], 2, "usage: shard"),
-        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, demo, inspect, version, help"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, demo, inspect, version, help"),
         (["bench"], 2, "shard: bench: give what to benchmark"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
@@ -66,6 +69,11 @@ def errors():
         (["bench", "redistribute", "--mesh", "data=3", "--ranks", "2", "--bytes", "64K"], 1,
          "mesh data=3 needs 3 ranks, got 2"),
         (["bench", "redistribute", "--frob"], 2, "shard: bench redistribute: unknown option '--frob'"),
+        (["bench", "ckpt", "--bytes", "10K"], 2, "shard: --bytes 10K is too small: give at least 1M"),
+        (["ckpt"], 2, "shard: ckpt: give what to do"),
+        (["ckpt", "export", "x"], 2, "ckpt export: give a checkpoint directory and --out NAME.safetensors"),
+        (["inspect", "ckpt"], 2, "inspect ckpt: give a checkpoint directory or a .safetensors file"),
+        (["inspect", "ckpt", "/nonexistent/x.safetensors"], 1, "/nonexistent/x.safetensors: cannot open"),
     ]
     for args, code, text in cases:
         p = run(args)
@@ -167,6 +175,64 @@ def bench_redistribute():
            and "1. exchange over a,b" in p.stdout, f"inspect --to: {p.stdout!r}")
 
 
+def ckpt():
+    import shutil
+    import tempfile
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "reference"))
+    try:
+        import safetensors_ref  # needs numpy (Debian's python3-numpy)
+    except ImportError:
+        safetensors_ref = None
+    work = tempfile.mkdtemp(prefix="shard-cli-ckpt-")
+    try:
+        d = os.path.join(work, "ck")
+        p = run(["bench", "ckpt", "--ranks", "2", "--bytes", "4M", "--iters", "5", "--dir", d, "--keep", "--json"])
+        expect(p.returncode == 0, f"bench ckpt: exit {p.returncode}: {p.stderr}")
+        row = json.loads(p.stdout) if p.returncode == 0 else {}
+        keys = {"backend", "ranks", "bytes", "save_s", "load_s", "write_s", "read_s", "save_gbps", "load_gbps",
+                "write_gbps", "read_gbps", "save_ratio", "load_ratio"}
+        expect(set(row) == keys and row.get("bytes") == 4 << 20 and row.get("save_ratio", 0) > 0, f"bench ckpt: {row}")
+        p = run(["inspect", "ckpt", d, "--verify"])
+        expect(p.returncode == 0 and "step 5, saved on mesh data=2 (2 ranks), 8 tensors in 2 files" in p.stdout
+               and "P('data', None)" in p.stdout and "verified: 2 files" in p.stdout, f"inspect ckpt: {p.stdout} {p.stderr}")
+        f0 = os.path.join(d, "step_5", "rank_00000.safetensors")
+        p = run(["inspect", "ckpt", f0])
+        expect(p.returncode == 0 and "8 tensors" in p.stdout and "layer_0" in p.stdout, f"inspect file: {p.stdout}")
+        out = os.path.join(work, "model.safetensors")
+        p = run(["ckpt", "export", d, "--out", out])
+        expect(p.returncode == 0 and os.path.getsize(out) > 4 << 20, f"export: {p.stdout} {p.stderr}")
+        # 8 tensors of 512 KiB: two per 1 MiB part
+        p = run(["ckpt", "export", d, "--out", os.path.join(work, "sharded.safetensors"), "--max-shard-size", "1M"])
+        index = os.path.join(work, "sharded.safetensors.index.json")
+        expect(p.returncode == 0 and os.path.exists(index), f"sharded export: {p.stdout} {p.stderr}")
+        if safetensors_ref and os.path.exists(index):
+            _, whole = safetensors_ref.read(out)
+            weight_map = json.load(open(index))["weight_map"]
+            parts = {}
+            for name, fname in weight_map.items():
+                parts.setdefault(fname, safetensors_ref.read(os.path.join(work, fname))[1])
+            expect(sorted(whole) == [f"layer_{k}" for k in range(8)] and sorted(weight_map) == sorted(whole),
+                   f"exported names {sorted(whole)} {sorted(weight_map)}")
+            expect(len(parts) == 4 and all(parts[weight_map[n]][n] == whole[n] for n in whole),
+                   f"sharded export differs from the single file ({len(parts)} parts)")
+        # a flipped byte: --verify names the file, one line, exit 1
+        with open(os.path.join(d, "step_5", "rank_00001.safetensors"), "r+b") as f:
+            f.seek(-1, 2)
+            b = f.read(1)
+            f.seek(-1, 2)
+            f.write(bytes([b[0] ^ 0x5A]))
+        p = run(["inspect", "ckpt", d, "--verify"])
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode == 1 and len(lines) == 1 and "rank_00001.safetensors: checksum" in p.stderr,
+               f"verify of a corrupt checkpoint: {p.returncode} {p.stderr!r}")
+        p = run(["ckpt", "export", d, "--out", os.path.join(work, "bad.safetensors")])
+        expect(p.returncode == 1 and "checksum" in p.stderr, f"export of a corrupt checkpoint: {p.stderr!r}")
+        p = run(["inspect", "ckpt", os.path.join(work, "nothing")])
+        expect(p.returncode == 1 and "not a checkpoint" in p.stderr, f"inspect of nothing: {p.stderr!r}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def inspect():
     p = run(["inspect", "spec", "--mesh", "data=4,tensor=2", "--shape", "128,4096", "--spec", "P('data','tensor')"])
     expect(p.returncode == 0, f"inspect: exit {p.returncode}: {p.stderr}")
@@ -189,5 +255,5 @@ def demo():
 
 if __name__ == "__main__":
     {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
-     "demo": demo, "inspect": inspect}[sys.argv[2]]()
+     "ckpt": ckpt, "demo": demo, "inspect": inspect}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -18,7 +18,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "../mesh/box.h"
 #include "ckpt_index.h"
@@ -88,37 +87,6 @@ static shard_status candidates(const char *root, uint64_t **out, size_t *n) {
 
 /* ---------------------------------------------------------------- checking */
 
-/* Size and xxh3 of one file against the index. */
-static int check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, f->name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, why_bytes, "%s: cannot open: %s", path, strerror(errno));
-        return 0;
-    }
-    struct stat st;
-    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == f->bytes;
-    if (!ok) snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
-                      (unsigned long long)f->bytes);
-    if (ok && f->bytes) {
-        void *map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-        ok = map != MAP_FAILED;
-        if (ok) {
-            madvise(map, f->bytes, MADV_SEQUENTIAL);
-            uint64_t h = XXH3_64bits(map, f->bytes);
-            munmap(map, f->bytes);
-            ok = h == f->xxh3;
-            if (!ok) snprintf(why, why_bytes, "%s: checksum %016llx, the index says %016llx", path, (unsigned long long)h,
-                              (unsigned long long)f->xxh3);
-        } else {
-            snprintf(why, why_bytes, "%s: cannot map: %s", path, strerror(errno));
-        }
-    }
-    close(fd);
-    return ok;
-}
-
 /* Collective: every rank reads the index; files are checked in turns.  On
  * failure every rank returns the same reason (the first failing rank's). */
 static shard_status check_step(shard_comm *world, const char *dir, shard__ckpt_index *ix, char *why) {
@@ -127,7 +95,7 @@ static shard_status check_step(shard_comm *world, const char *dir, shard__ckpt_i
     snprintf(path, sizeof path, "%s/index.json", dir);
     int have_index = shard__ckpt_index_read(path, ix) == SHARD_OK, ok = have_index;
     if (!ok) snprintf(why, REASON_BYTES, "%s", shard_last_error());
-    for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size) ok = check_file(dir, &ix->files[i], why, REASON_BYTES);
+    for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size) ok = shard__ckpt_check_file(dir, &ix->files[i], why, REASON_BYTES);
     int32_t first_bad = ok ? INT32_MAX : rank;
     SHARD_CHECK(shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN));
     if (first_bad == INT32_MAX) return SHARD_OK;

@@ -115,12 +115,12 @@ static shard_status build_index(const shard_ckpt_item *items, const prepared *p,
     ix->step = step, ix->world = world, ix->config = (char *)config;
     char mesh[256];
     shard_mesh_string(t0->mesh, mesh, sizeof mesh);
-    ix->mesh = mesh;
+    ix->mesh = strdup(mesh);
     int *file_of_rank = calloc((size_t)world, sizeof *file_of_rank);
     ix->files = calloc((size_t)world, sizeof *ix->files);
     ix->tensors = calloc(count ? count : 1, sizeof *ix->tensors);
-    if (!file_of_rank || !ix->files || !ix->tensors) {
-        free(file_of_rank), free(ix->files), free(ix->tensors);
+    if (!file_of_rank || !ix->files || !ix->tensors || !ix->mesh) {
+        free(file_of_rank), free(ix->files), free(ix->tensors), free(ix->mesh);
         return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     }
     for (int r = 0; r < world; r++) {
@@ -162,6 +162,7 @@ static void free_built_index(shard__ckpt_index *ix) {
     for (size_t t = 0; t < ix->ntensors; t++) free(ix->tensors[t].spec), free(ix->tensors[t].chunks);
     free(ix->tensors);
     free(ix->files);
+    free(ix->mesh);
 }
 
 /* Rank 0's part after every file is in: index, rename, latest. */

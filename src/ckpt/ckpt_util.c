@@ -8,7 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 void shard__ckpt_rank_file(const char *dir, int rank, char *out, size_t out_bytes) {
     if (dir) snprintf(out, out_bytes, "%s/rank_%05d.safetensors", dir, rank);
@@ -71,5 +74,56 @@ shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *it
             if (strcmp(items[i].name, items[j].name) == 0)
                 return shard_error(SHARD_ERR_INVALID_ARG, "%s: the name '%s' is given twice", what, items[i].name);
     }
+    return SHARD_OK;
+}
+
+/* Size and xxh3 of one file against the index. */
+int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, f->name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_bytes, "%s: cannot open: %s", path, strerror(errno));
+        return 0;
+    }
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == f->bytes;
+    if (!ok) snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
+                      (unsigned long long)f->bytes);
+    if (ok && f->bytes) {
+        void *map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+        ok = map != MAP_FAILED;
+        if (ok) {
+            madvise(map, f->bytes, MADV_SEQUENTIAL);
+            uint64_t h = XXH3_64bits(map, f->bytes);
+            munmap(map, f->bytes);
+            ok = h == f->xxh3;
+            if (!ok) snprintf(why, why_bytes, "%s: checksum %016llx, the index says %016llx", path, (unsigned long long)h,
+                              (unsigned long long)f->xxh3);
+        } else {
+            snprintf(why, why_bytes, "%s: cannot map: %s", path, strerror(errno));
+        }
+    }
+    close(fd);
+    return ok;
+}
+
+shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes) {
+    char path[PATH_MAX], text[64] = "";
+    snprintf(path, sizeof path, "%s/index.json", where);
+    if (access(path, F_OK) == 0) {
+        snprintf(out, out_bytes, "%s", where);
+        return SHARD_OK;
+    }
+    snprintf(path, sizeof path, "%s/latest", where);
+    FILE *f = fopen(path, "r");
+    if (!f) return shard_error(SHARD_ERR_IO, "%s: not a checkpoint (no index.json) nor a checkpoint root (no latest): %s",
+                               where, strerror(errno));
+    int ok = fgets(text, sizeof text, f) != NULL;
+    fclose(f);
+    text[strcspn(text, "\r\n")] = '\0';
+    if (!ok || strncmp(text, "step_", 5) != 0 || strchr(text, '/'))
+        return shard_error(SHARD_ERR_IO, "%s: does not name a step_N directory", path);
+    snprintf(out, out_bytes, "%s/%s", where, text);
     return SHARD_OK;
 }

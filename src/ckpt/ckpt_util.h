@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt_index.h"
 #include "shard/checkpoint.h"
 
 /* "rank_00003.safetensors", under dir when dir is not NULL. */
@@ -22,5 +23,10 @@ shard_status shard__ckpt_mkdirs(const char *dir);
 shard_status shard__ckpt_remove_tree(const char *path);
 /* count > 0, tensors set and on one mesh, names non-empty and unique. */
 shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *items, size_t count);
+
+/* 1 when dir/f->name has the index's size and xxh3; else 0 with the reason. */
+int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes);
+/* A step directory from a step directory or a root (through `latest`, no fallback). */
+shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes);
 
 #endif

@@ -1,0 +1,198 @@
+/* bench_ckpt.c — `shard bench ckpt`: save and load throughput of a sharded
+ * model (8 f32 tensors of --bytes in all, split over data=N) next to the
+ * machine's plain sequential write (write + fsync) and read of the same bytes,
+ * each rank its share, measured in the same run and alternating iteration by
+ * iteration.  Throughput = total bytes / the slowest rank's time; the figure
+ * is the median over --iters (>= 5) iterations.  Every iteration saves a new
+ * step (index, checksums, rename and all) and loads it back, checked. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_comm.h"
+#include "ckpt/ckpt_util.h"
+#include "cli_util.h"
+#include "comm/comm_impl.h"
+#include "shard/shard.h"
+
+enum { NTENSORS = 8, COLS = 1024 };
+
+typedef struct ckpt_run {
+    const bench_ckpt_options *opt;
+    char dir[PATH_MAX]; /* set by rank 0 */
+    double save, load, write, read; /* medians, seconds (rank 0) */
+    uint64_t bytes;
+    int ranks;
+    char backend[16];
+} ckpt_run;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Plain sequential I/O of this rank's share: write + fsync, or read back. */
+static shard_status plain_io(const char *path, void *buf, size_t bytes, int writing) {
+    int fd = writing ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return shard_error(SHARD_ERR_IO, "%s: %s", path, strerror(errno));
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t n = writing ? write(fd, (char *)buf + done, bytes - done) : read(fd, (char *)buf + done, bytes - done);
+        if (n <= 0 && !(n < 0 && errno == EINTR)) {
+            close(fd);
+            return shard_error(SHARD_ERR_IO, "%s: %s", path, n < 0 ? strerror(errno) : "short transfer");
+        }
+        if (n > 0) done += (size_t)n;
+    }
+    int rc = writing ? fsync(fd) : 0;
+    close(fd);
+    return rc == 0 ? SHARD_OK : shard_error(SHARD_ERR_IO, "%s: fsync: %s", path, strerror(errno));
+}
+
+/* The slowest rank's time of fn. */
+#define TIMED(comm, out, expr)                                                                                         \
+    do {                                                                                                               \
+        SHARD_CHECK(shard_comm_barrier(comm));                                                                         \
+        double t0_ = shard__now();                                                                                     \
+        shard_status s_ = (expr);                                                                                      \
+        double dt_ = shard__now() - t0_;                                                                               \
+        SHARD_CHECK(s_);                                                                                               \
+        SHARD_CHECK(shard_comm_all_reduce(comm, &dt_, &(out), 1, SHARD_F64, SHARD_OP_MAX));                             \
+    } while (0)
+
+static shard_status bench_rank(shard_comm *comm, void *arg) {
+    ckpt_run *run = arg;
+    const bench_ckpt_options *opt = run->opt;
+    int rank = shard_comm_rank(comm), n = shard_comm_size(comm);
+    char dir[PATH_MAX] = "";
+    int32_t made = 0;
+    shard_status s = SHARD_OK;
+    if (rank == 0) { /* one directory for all ranks (under MPI they are other processes) */
+        if (opt->dir) {
+            snprintf(dir, sizeof dir, "%s", opt->dir);
+            s = shard__ckpt_mkdirs(dir);
+        } else {
+            snprintf(dir, sizeof dir, "/tmp/shard-bench-ckpt-XXXXXX");
+            made = mkdtemp(dir) != NULL;
+            if (!made) s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory under /tmp: %s", strerror(errno));
+        }
+        if (s < 0) dir[0] = '\0';
+        snprintf(run->dir, sizeof run->dir, "%s", dir);
+    }
+    SHARD_CHECK(shard_comm_broadcast(comm, dir, sizeof dir, SHARD_U8, 0));
+    if (!dir[0]) return rank == 0 ? s : shard_error(SHARD_ERR_IO, "bench ckpt: rank 0 could not make the directory");
+    char mesh_text[32];
+    snprintf(mesh_text, sizeof mesh_text, "data=%d", n);
+    shard_mesh *mesh = NULL;
+    SHARD_CHECK(shard_mesh_create(comm, mesh_text, &mesh));
+    shard_mesh_layout layout;
+    shard_mesh_layout_of(mesh, &layout);
+    size_t rows = (size_t)(opt->bytes / (NTENSORS * COLS * 4));
+    if (rows < (size_t)n) rows = (size_t)n;
+    size_t shape[2] = {rows, COLS};
+    shard_spec spec;
+    SHARD_CHECK(shard_spec_parse("P('data', None)", &layout, 2, &spec));
+    shard_ckpt_item saved[NTENSORS], loaded[NTENSORS];
+    char names[NTENSORS][16];
+    size_t mine = 0;
+    memset(saved, 0, sizeof saved), memset(loaded, 0, sizeof loaded);
+    for (int k = 0; k < NTENSORS && s == SHARD_OK; k++) {
+        snprintf(names[k], sizeof names[k], "layer_%d", k);
+        saved[k].name = loaded[k].name = names[k];
+        s = shard_dtensor_create(mesh, SHARD_F32, 2, shape, &spec, SHARD_MEM_PARAMS, &saved[k].tensor);
+        if (s == SHARD_OK) s = shard_dtensor_create(mesh, SHARD_F32, 2, shape, &spec, SHARD_MEM_PARAMS, &loaded[k].tensor);
+        if (s < 0) break;
+        float *v = saved[k].tensor->local->data;
+        for (size_t i = 0; i < shard_tensor_numel(saved[k].tensor->local); i++) v[i] = (float)(i % 977) + (float)k;
+        mine += shard_tensor_nbytes(saved[k].tensor->local);
+    }
+    char plain[PATH_MAX];
+    snprintf(plain, sizeof plain, "%s/plain_rank_%05d.bin", dir, rank);
+    void *buf = s == SHARD_OK ? malloc(mine ? mine : 1) : NULL;
+    if (s == SHARD_OK && !buf) s = shard_error(SHARD_ERR_NO_MEMORY, "bench ckpt: out of memory");
+    if (buf) memset(buf, 7, mine);
+    int iters = opt->iters;
+    double *t = calloc(4 * (size_t)iters, sizeof *t); /* save | load | write | read */
+    if (s == SHARD_OK && !t) s = shard_error(SHARD_ERR_NO_MEMORY, "bench ckpt: out of memory");
+    for (int it = 0; it < iters && s == SHARD_OK; it++) {
+        uint64_t step = (uint64_t)it + 1, got = 0;
+        TIMED(comm, t[2 * iters + it], plain_io(plain, buf, mine, 1));
+        TIMED(comm, t[it], shard_ckpt_save(dir, step, saved, NTENSORS, "{\"bench\": \"ckpt\"}"));
+        TIMED(comm, t[3 * iters + it], plain_io(plain, buf, mine, 0));
+        TIMED(comm, t[iters + it], shard_ckpt_load(dir, loaded, NTENSORS, &got));
+        for (int k = 0; k < NTENSORS && s == SHARD_OK; k++)
+            if (got != step || !shard_tensor_equal_bits(loaded[k].tensor->local, saved[k].tensor->local))
+                s = shard_error(SHARD_ERR_INTERNAL, "bench ckpt: step %llu loaded wrong data", (unsigned long long)step);
+        SHARD_CHECK(shard_comm_barrier(comm));
+        if (rank == 0 && it > 0) { /* keep the disk use to two checkpoints */
+            char old[PATH_MAX];
+            shard__ckpt_step_dir(dir, step - 1, old, sizeof old);
+            shard__ckpt_remove_tree(old);
+        }
+    }
+    unlink(plain);
+    shard_comm_barrier(comm);
+    if (rank == 0 && !opt->keep) { /* the last step too, and the directory if this run made it */
+        char last[PATH_MAX];
+        shard__ckpt_step_dir(dir, (uint64_t)iters, last, sizeof last);
+        shard__ckpt_remove_tree(last);
+        snprintf(last, sizeof last, "%s/latest", dir);
+        unlink(last);
+        if (made) rmdir(dir);
+    }
+    if (s == SHARD_OK && rank == 0) {
+        run->save = median(t, iters), run->load = median(t + iters, iters);
+        run->write = median(t + 2 * iters, iters), run->read = median(t + 3 * iters, iters);
+        run->bytes = (uint64_t)rows * COLS * 4 * NTENSORS;
+        run->ranks = n;
+        snprintf(run->backend, sizeof run->backend, "%s", shard_comm_backend(comm));
+    }
+    free(t);
+    free(buf);
+    for (int k = 0; k < NTENSORS; k++) shard_dtensor_destroy(saved[k].tensor), shard_dtensor_destroy(loaded[k].tensor);
+    shard_mesh_destroy(mesh);
+    return s;
+}
+
+shard_status bench_ckpt_run(const bench_ckpt_options *opt) {
+    ckpt_run *run = calloc(1, sizeof *run);
+    if (!run) return shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory");
+    run->opt = opt;
+    shard_status s = shard_launch_with(&opt->launch, bench_rank, run);
+    int mpi_rank = 0;
+    int printer = !(shard_launch_detect_mpi(NULL, 0, &mpi_rank, NULL) && mpi_rank != 0);
+    if (s == SHARD_OK && printer) {
+        double gb = (double)run->bytes / 1e9;
+        double save = gb / run->save, load = gb / run->load, wr = gb / run->write, rd = gb / run->read;
+        if (opt->json) {
+            printf("{\"backend\": \"%s\", \"ranks\": %d, \"bytes\": %llu, \"save_s\": %.4f, \"load_s\": %.4f, "
+                   "\"write_s\": %.4f, \"read_s\": %.4f, \"save_gbps\": %.4f, \"load_gbps\": %.4f, \"write_gbps\": %.4f, "
+                   "\"read_gbps\": %.4f, \"save_ratio\": %.4f, \"load_ratio\": %.4f}\n",
+                   run->backend, run->ranks, (unsigned long long)run->bytes, run->save, run->load, run->write, run->read,
+                   save, load, wr, rd, save / wr, load / rd);
+        } else {
+            char size[32];
+            cli_format_size(run->bytes, size, sizeof size);
+            printf("# shard bench ckpt: %s, %d ranks, %s in %d f32 tensors split over data=%d, in %s, median of %d\n",
+                   run->backend, run->ranks, size, NTENSORS, run->ranks, run->dir, opt->iters);
+            printf("%-6s %10s %10s   %-24s %10s %10s %7s\n", "", "time_s", "GB/s", "plain sequential", "time_s", "GB/s",
+                   "ratio");
+            printf("%-6s %10.3f %10.3f   %-24s %10.3f %10.3f %7.3f\n", "save", run->save, save, "write + fsync", run->write,
+                   wr, save / wr);
+            printf("%-6s %10.3f %10.3f   %-24s %10.3f %10.3f %7.3f\n", "load", run->load, load, "read", run->read, rd,
+                   load / rd);
+        }
+        fflush(stdout);
+    }
+    free(run);
+    return s;
+}

@@ -1,0 +1,331 @@
+/* ckpt.c — checkpoints on the command line, without starting ranks:
+ *   shard inspect ckpt DIR|FILE [--verify]
+ *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]
+ * inspect prints a safetensors file's tensors and metadata, or a checkpoint's
+ * step, mesh, files and tensors (dtype, global shape, spec, chunks);
+ * --verify also checks every file's size and xxh3 and that each chunk is in
+ * its file.  export writes the full tensors as one safetensors file, or past
+ * --max-shard-size as Hugging Face's sharded layout (model-00001-of-0000N
+ * files and model.safetensors.index.json), one tensor in memory at a time. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "ckpt/atomic_file.h"
+#include "ckpt/ckpt_index.h"
+#include "ckpt/ckpt_util.h"
+#include "cli_util.h"
+#include "mesh/box.h"
+#include "shard/safetensors.h"
+
+static void shape_text(const size_t *shape, int ndim, char *out, size_t out_bytes) {
+    size_t used = (size_t)snprintf(out, out_bytes, "[");
+    for (int d = 0; d < ndim && used < out_bytes; d++)
+        used += (size_t)snprintf(out + used, out_bytes - used, "%s%zu", d ? "," : "", shape[d]);
+    if (used < out_bytes) snprintf(out + used, out_bytes - used, "]");
+}
+
+static int inspect_file(const char *path, int verify) {
+    shard_safetensors *f = NULL;
+    if (shard_safetensors_open(path, &f) < 0) { /* opening checks every rule of the format */
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    printf("safetensors %s: %zu tensors\n", path, shard_safetensors_count(f));
+    for (size_t i = 0; i < shard_safetensors_metadata_count(f); i++) {
+        const char *k, *v;
+        shard_safetensors_metadata_pair(f, i, &k, &v);
+        printf("  metadata %s = %s\n", k, v);
+    }
+    for (size_t i = 0; i < shard_safetensors_count(f); i++) {
+        const shard_st_entry *e = shard_safetensors_entry(f, i);
+        char shape[160];
+        shape_text(e->shape, e->ndim, shape, sizeof shape);
+        printf("  %-40s %-4s %-20s bytes [%llu, %llu)\n", e->name, shard_safetensors_dtype_name(e->dtype), shape,
+               (unsigned long long)e->begin, (unsigned long long)e->end);
+    }
+    if (verify) printf("verified: the header and every tensor's extent follow the format\n");
+    shard_safetensors_close(f);
+    return 0;
+}
+
+/* Every chunk is in its file with the listed dtype and sizes. */
+static int verify_chunks(const char *dir, const shard__ckpt_index *ix) {
+    shard_safetensors **files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *files);
+    int ok = files != NULL;
+    for (size_t i = 0; ok && i < ix->nfiles; i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", dir, ix->files[i].name);
+        if (shard_safetensors_open(path, &files[i]) < 0) {
+            cli_error("%s", shard_last_error());
+            ok = 0;
+        }
+    }
+    for (size_t t = 0; ok && t < ix->ntensors; t++) {
+        const shard__ckpt_tensor *x = &ix->tensors[t];
+        for (size_t c = 0; ok && c < x->nchunks; c++) {
+            const shard_st_entry *e = shard_safetensors_find(files[x->chunks[c].file], x->name);
+            int fits = e && e->dtype == x->dtype && e->ndim == x->ndim;
+            for (int d = 0; fits && d < x->ndim; d++) fits = e->shape[d] == x->chunks[c].len[d];
+            if (!fits) {
+                cli_error("%s: %s does not hold chunk %zu of '%s' as the index lists it", dir,
+                          ix->files[x->chunks[c].file].name, c, x->name);
+                ok = 0;
+            }
+        }
+    }
+    for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
+    free(files);
+    return ok;
+}
+
+static int inspect_checkpoint(const char *where, int verify) {
+    char dir[PATH_MAX], path[PATH_MAX + 16];
+    if (shard__ckpt_resolve(where, dir, sizeof dir) < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    shard__ckpt_index ix;
+    if (shard__ckpt_index_read(path, &ix) < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; i < ix.nfiles; i++) total += ix.files[i].bytes;
+    char size[32];
+    cli_format_size(total, size, sizeof size);
+    printf("checkpoint %s: step %llu, saved on mesh %s (%d ranks), %zu tensors in %zu files (%s)\n", dir,
+           (unsigned long long)ix.step, ix.mesh, ix.world, ix.ntensors, ix.nfiles, size);
+    if (ix.config) printf("  config %s\n", ix.config);
+    for (size_t i = 0; i < ix.nfiles; i++)
+        printf("  file %-28s %12llu bytes  xxh3 %016llx\n", ix.files[i].name, (unsigned long long)ix.files[i].bytes,
+               (unsigned long long)ix.files[i].xxh3);
+    for (size_t t = 0; t < ix.ntensors; t++) {
+        const shard__ckpt_tensor *x = &ix.tensors[t];
+        char shape[160];
+        shape_text(x->shape, x->ndim, shape, sizeof shape);
+        printf("  tensor %-32s %-4s %-16s %-28s %zu chunk%s\n", x->name, shard_safetensors_dtype_name(x->dtype), shape,
+               x->spec, x->nchunks, x->nchunks == 1 ? "" : "s");
+        for (size_t c = 0; c < x->nchunks; c++) {
+            char off[160], len[160];
+            shape_text(x->chunks[c].off, x->ndim, off, sizeof off);
+            shape_text(x->chunks[c].len, x->ndim, len, sizeof len);
+            printf("    chunk %-4zu %-26s offsets %-16s sizes %s\n", c, ix.files[x->chunks[c].file].name, off, len);
+        }
+    }
+    int rc = 0;
+    if (verify) {
+        char why[512];
+        for (size_t i = 0; i < ix.nfiles && rc == 0; i++)
+            if (!shard__ckpt_check_file(dir, &ix.files[i], why, sizeof why)) {
+                cli_error("%s", why);
+                rc = 1;
+            }
+        if (rc == 0 && !verify_chunks(dir, &ix)) rc = 1;
+        if (rc == 0) printf("verified: %zu files match their sizes and xxh3 checksums; every chunk is where the index says\n",
+                            ix.nfiles);
+    }
+    shard__ckpt_index_free(&ix);
+    return rc;
+}
+
+int cli_inspect_ckpt(int argc, char **argv) {
+    const char *target = NULL;
+    int verify = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--verify") == 0) verify = 1;
+        else if (argv[i][0] == '-') {
+            cli_error("inspect ckpt: unknown option '%s' (give DIR|FILE [--verify])", argv[i]);
+            return 2;
+        } else if (!target) target = argv[i];
+        else {
+            cli_error("inspect ckpt: one checkpoint directory or safetensors file, not '%s' too", argv[i]);
+            return 2;
+        }
+    }
+    if (!target) {
+        cli_error("inspect ckpt: give a checkpoint directory or a .safetensors file");
+        return 2;
+    }
+    size_t n = strlen(target);
+    if (n > 12 && strcmp(target + n - 12, ".safetensors") == 0) return inspect_file(target, verify);
+    return inspect_checkpoint(target, verify);
+}
+
+/* ---------------------------------------------------------------- export */
+
+/* The full tensor x assembled from its chunks into `full` (contiguous). */
+static shard_status assemble(shard_safetensors **files, const shard__ckpt_tensor *x, void *full) {
+    shard__box whole = {{0}, {0}}, chunk;
+    for (int d = 0; d < x->ndim; d++) whole.len[d] = x->shape[d];
+    shard_tensor dst = shard__contiguous_over(full, x->dtype, x->ndim, &whole);
+    for (size_t c = 0; c < x->nchunks; c++) {
+        const shard_st_entry *e = shard_safetensors_find(files[x->chunks[c].file], x->name);
+        memcpy(chunk.off, x->chunks[c].off, sizeof chunk.off);
+        memcpy(chunk.len, x->chunks[c].len, sizeof chunk.len);
+        int fits = e && e->dtype == x->dtype && e->ndim == x->ndim;
+        for (int d = 0; fits && d < x->ndim; d++) fits = e->shape[d] == chunk.len[d];
+        if (!fits) return shard_error(SHARD_ERR_IO, "chunk %zu of '%s' is not in its file as the index lists it", c, x->name);
+        shard_tensor src = shard__contiguous_over((void *)shard_safetensors_data(files[x->chunks[c].file], e), x->dtype,
+                                                  x->ndim, &chunk);
+        shard_tensor to = shard__sub_view(&dst, &whole, &chunk);
+        SHARD_CHECK(shard_tensor_copy(&to, &src));
+    }
+    return SHARD_OK;
+}
+
+static uint64_t tensor_bytes(const shard__ckpt_tensor *x) {
+    uint64_t b = shard_dtype_size(x->dtype);
+    for (int d = 0; d < x->ndim; d++) b *= x->shape[d];
+    return b;
+}
+
+/* Write tensors [first, last) of ix into one safetensors file. */
+static shard_status write_part(const char *path, shard_safetensors **files, const shard__ckpt_index *ix, size_t first,
+                               size_t last, const char *step_text) {
+    shard_st_entry *entries = calloc(last - first ? last - first : 1, sizeof *entries);
+    if (!entries) return shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory");
+    uint64_t biggest = 1;
+    for (size_t t = first; t < last; t++) {
+        shard_st_entry *e = &entries[t - first];
+        e->name = ix->tensors[t].name, e->dtype = ix->tensors[t].dtype, e->ndim = ix->tensors[t].ndim;
+        memcpy(e->shape, ix->tensors[t].shape, sizeof e->shape);
+        if (tensor_bytes(&ix->tensors[t]) > biggest) biggest = tensor_bytes(&ix->tensors[t]);
+    }
+    const char *keys[2] = {"format", "step"}, *values[2] = {"pt", step_text};
+    shard_st_writer *w = NULL;
+    shard_status s = shard_st_writer_open(path, entries, last - first, keys, values, 2, &w);
+    free(entries);
+    void *buffer = s == SHARD_OK ? malloc(biggest) : NULL; /* one tensor at a time */
+    if (s == SHARD_OK && !buffer) s = shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %llu bytes",
+                                                  (unsigned long long)biggest);
+    for (size_t t = first; s == SHARD_OK && t < last; t++) {
+        s = assemble(files, &ix->tensors[t], buffer);
+        if (s == SHARD_OK) s = shard_st_writer_write(w, buffer, tensor_bytes(&ix->tensors[t]));
+    }
+    free(buffer);
+    if (s < 0) {
+        if (w) shard_st_writer_abort(w);
+        return s;
+    }
+    return shard_st_writer_commit(w);
+}
+
+/* Hugging Face's index of a sharded export. */
+static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix, const size_t *part_of, int parts,
+                                   const char *base, uint64_t total) {
+    size_t cap = 256 + ix->ntensors * 96, used = 0;
+    for (size_t t = 0; t < ix->ntensors; t++) cap += 2 * strlen(ix->tensors[t].name);
+    char *text = malloc(cap);
+    if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory");
+    used += (size_t)snprintf(text + used, cap - used, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
+                             (unsigned long long)total);
+    for (size_t t = 0; t < ix->ntensors; t++)
+        used += (size_t)snprintf(text + used, cap - used, "%s\n    \"%s\": \"%s-%05zu-of-%05d.safetensors\"", t ? "," : "",
+                                 ix->tensors[t].name, base, part_of[t] + 1, parts);
+    used += (size_t)snprintf(text + used, cap - used, "\n  }\n}\n");
+    shard_status s = shard__atomic_write_file(path, text, used);
+    free(text);
+    return s;
+}
+
+static int export_checkpoint(const char *where, const char *out, uint64_t max_shard) {
+    char dir[PATH_MAX], path[PATH_MAX + 16], why[512];
+    if (shard__ckpt_resolve(where, dir, sizeof dir) < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    shard__ckpt_index ix;
+    if (shard__ckpt_index_read(path, &ix) < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    for (size_t t = 0; t < ix.ntensors; t++) /* a name with '"' or '\\' would need escaping in the HF index */
+        if (strpbrk(ix.tensors[t].name, "\"\\")) {
+            cli_error("export: tensor name '%s' has a quote or backslash; rename it", ix.tensors[t].name);
+            shard__ckpt_index_free(&ix);
+            return 1;
+        }
+    shard_safetensors **files = calloc(ix.nfiles ? ix.nfiles : 1, sizeof *files);
+    size_t *part_of = calloc(ix.ntensors ? ix.ntensors : 1, sizeof *part_of);
+    int rc = files && part_of ? 0 : 1;
+    for (size_t i = 0; rc == 0 && i < ix.nfiles; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, ix.files[i].name);
+        if (!shard__ckpt_check_file(dir, &ix.files[i], why, sizeof why)) cli_error("%s", why), rc = 1;
+        else if (shard_safetensors_open(path, &files[i]) < 0) cli_error("%s", shard_last_error()), rc = 1;
+    }
+    /* parts: tensors in index order, a new part when the next would pass the limit */
+    int parts = 1;
+    uint64_t in_part = 0, total = 0;
+    for (size_t t = 0; rc == 0 && t < ix.ntensors; t++) {
+        uint64_t b = tensor_bytes(&ix.tensors[t]);
+        if (in_part && in_part + b > max_shard) parts++, in_part = 0;
+        part_of[t] = (size_t)(parts - 1), in_part += b, total += b;
+    }
+    char step_text[32];
+    snprintf(step_text, sizeof step_text, "%llu", (unsigned long long)ix.step);
+    if (rc == 0 && parts == 1) {
+        if (write_part(out, files, &ix, 0, ix.ntensors, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
+        else printf("exported %zu tensors (%llu bytes) of %s to %s\n", ix.ntensors, (unsigned long long)total, dir, out);
+    } else if (rc == 0) {
+        char out_dir[PATH_MAX], base[PATH_MAX];
+        shard__dir_of(out, out_dir, sizeof out_dir);
+        const char *name = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+        snprintf(base, sizeof base, "%s", name);
+        char *dot = strstr(base, ".safetensors");
+        if (dot) *dot = '\0';
+        size_t first = 0;
+        for (int p = 0; rc == 0 && p < parts; p++) {
+            size_t last = first;
+            while (last < ix.ntensors && part_of[last] == (size_t)p) last++;
+            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors", out_dir, base, p + 1, parts);
+            if (write_part(path, files, &ix, first, last, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
+            first = last;
+        }
+        snprintf(path, sizeof path, "%s/%s.safetensors.index.json", out_dir, base);
+        if (rc == 0 && write_hf_index(path, &ix, part_of, parts, base, total) < 0) cli_error("%s", shard_last_error()), rc = 1;
+        if (rc == 0)
+            printf("exported %zu tensors (%llu bytes) of %s as %d files %s/%s-0000k-of-%05d.safetensors and %s\n",
+                   ix.ntensors, (unsigned long long)total, dir, parts, out_dir, base, parts, path);
+    }
+    for (size_t i = 0; files && i < ix.nfiles; i++) shard_safetensors_close(files[i]);
+    free(files);
+    free(part_of);
+    shard__ckpt_index_free(&ix);
+    return rc;
+}
+
+int cli_ckpt(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "export") != 0) {
+        cli_error("ckpt: give what to do: 'shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]'");
+        return 2;
+    }
+    const char *dir = NULL, *out = NULL;
+    uint64_t max_shard = 5ULL << 30;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "--out") == 0) {
+            if (!(out = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(argv[i], "--max-shard-size") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--max-shard-size", v, &max_shard)) return 2;
+        } else if (argv[i][0] == '-') {
+            cli_error("ckpt export: unknown option '%s' (see 'shard help')", argv[i]);
+            return 2;
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            cli_error("ckpt export: one checkpoint directory, not '%s' too", argv[i]);
+            return 2;
+        }
+    }
+    size_t n = out ? strlen(out) : 0;
+    if (!dir || !out || n <= 12 || strcmp(out + n - 12, ".safetensors") != 0) {
+        cli_error("ckpt export: give a checkpoint directory and --out NAME.safetensors");
+        return 2;
+    }
+    return export_checkpoint(dir, out, max_shard ? max_shard : 1);
+}
