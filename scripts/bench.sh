@@ -11,3 +11,5 @@ done
 # the README's redistribution table: the five transitions at 64 MiB, threads and MPI
 build/shard bench redistribute --ranks 2
 mpiexec.openmpi --oversubscribe -np 2 build/shard bench redistribute
+# the README's checkpoint table: a 1 GiB model saved and loaded on 4 ranks
+build/shard bench ckpt --ranks 4
