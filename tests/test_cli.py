@@ -244,6 +244,10 @@ def inspect():
     p = run(["inspect", "spec", "--mesh", "data=4", "--shape", "10", "--spec", "P('data')", "--dtype", "bf16"])
     for text in ["[0:3]  local bf16[3]", "[3:6]  local bf16[3]", "[6:8]  local bf16[2]", "[8:10]  local bf16[2]"]:
         expect(text in p.stdout, f"uneven split lacks {text!r}: {p.stdout}")
+    # nested over two axes: 10 -> 5,5 -> 3,2,3,2, in the grid and in the shards alike
+    p = run(["inspect", "spec", "--mesh", "a=2,b=2", "--shape", "10", "--spec", "P(('a','b'))"])
+    expect(p.stdout.split("\n")[5].split() == ["0:3", "3:5", "5:8", "8:10"] and "[3:5]  local f32[2]" in p.stdout,
+           f"nested grid: {p.stdout}")
 
 
 def demo():

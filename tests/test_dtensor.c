@@ -9,7 +9,8 @@
  * redistribute between every pair of those specs (3-D meshes too) keeps the
  * tensor bitwise and sends exactly the bytes its plan counts; the named
  * transitions (all_gather, slice, all_reduce, reduce_scatter, all_to_all)
- * send what their formulas say.
+ * send what their formulas say; 3-D tensors whose boxes are strided blocks on
+ * some ranks only.
  *   test_dtensor --ranks N [--case NAME]     (or under mpiexec) */
 #include <stdio.h>
 #include <string.h>
@@ -211,6 +212,62 @@ static void all_pairs(test_ctx *t, const char *mesh_text) {
     shard_mesh_destroy(mesh);
 }
 
+/* 3-D tensors: boxes that are strided blocks for some ranks and not for others
+ * (every member of an exchange must still choose the same collective). */
+static void case_three_dims(test_ctx *t) {
+    static const char *const specs3[] = {
+        "P(None, 'a', 'b')", "P(None, None, 'a')", "P(('a','b'))", "P('b', None, 'a')", "P(None, ('b','a'))",
+        "P('a', 'b')", "P(None, 'b', None, partial='a')", "P()",
+    };
+    for (int a = 1; a <= t->size; a++) {
+        if (t->size % a) continue;
+        char text[64];
+        snprintf(text, sizeof text, "a=%d,b=%d", a, t->size / a);
+        shard_mesh *mesh = NULL;
+        if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh %s", text)) return;
+        warm_axis_comms(t, mesh);
+        shard_mesh_layout layout;
+        shard_mesh_layout_of(mesh, &layout);
+        int coords[SHARD_MESH_MAX_AXES];
+        my_coords(mesh, coords);
+        size_t shape[3] = {5, 9, 3};
+        shard_tensor *x = NULL, *back = NULL;
+        CHECK_OK(t, shard_tensor_create(SHARD_F32, 3, shape, SHARD_MEM_OTHER, &x), "x");
+        CHECK_OK(t, shard_tensor_create(SHARD_F32, 3, shape, SHARD_MEM_OTHER, &back), "back");
+        for (size_t i = 0; i < shard_tensor_numel(x); i++) shard_tensor_set(x, i, (double)i * 0.5 - 11.0);
+        size_t n = sizeof specs3 / sizeof specs3[0];
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < n; j++) {
+                shard_spec si, sj;
+                if (shard_spec_parse(specs3[i], &layout, 3, &si) < 0 || shard_spec_parse(specs3[j], &layout, 3, &sj) < 0) {
+                    CHECK(t, 0, "parse %s / %s: %s", specs3[i], specs3[j], shard_last_error());
+                    continue;
+                }
+                shard_dtensor *da = NULL, *db = NULL;
+                shard_redistribute_plan plan;
+                CHECK_OK(t, shard_redistribute_plan_make(&layout, SHARD_F32, 3, shape, &si, &sj, &plan), "plan");
+                CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 3, shape, &si, SHARD_MEM_ACTIVATIONS, &da), "a");
+                CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 3, shape, &sj, SHARD_MEM_ACTIVATIONS, &db), "b");
+                if (da && db) {
+                    CHECK_OK(t, shard_dtensor_distribute(da, x, -1), "distribute");
+                    uint64_t sent = shard_mesh_bytes_sent(mesh);
+                    CHECK_OK(t, shard_dtensor_redistribute(da, db), "%s: %s -> %s", text, specs3[i], specs3[j]);
+                    sent = shard_mesh_bytes_sent(mesh) - sent;
+                    CHECK(t, sent == shard_redistribute_plan_bytes(&plan, -1, coords), "%s: %s -> %s bytes", text,
+                          specs3[i], specs3[j]);
+                    CHECK_OK(t, shard_dtensor_gather(db, back, -1), "gather");
+                    CHECK(t, shard_tensor_equal_bits(back, x), "mesh %s: %s -> %s changed the tensor", text, specs3[i],
+                          specs3[j]);
+                }
+                shard_dtensor_destroy(da);
+                shard_dtensor_destroy(db);
+            }
+        shard_tensor_destroy(x);
+        shard_tensor_destroy(back);
+        shard_mesh_destroy(mesh);
+    }
+}
+
 static void case_redistribute_all_pairs(test_ctx *t) {
     char text[64];
     snprintf(text, sizeof text, "a=%d", t->size);
@@ -327,6 +384,7 @@ static const test_case cases[] = {
     {"local_shapes", case_local_shapes},
     {"redistribute_all_pairs", case_redistribute_all_pairs},
     {"transition_bytes", case_transition_bytes},
+    {"three_dims", case_three_dims},
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, "test_dtensor", cases, sizeof cases / sizeof cases[0]); }

@@ -184,6 +184,21 @@ static void redistribute_plans(void **state) {
     assert_string_equal(line, "all_gather over a, dim 0: P('a', None) -> P(None, None)");
     /* all_gather of 30 rows x 17 f32 over 4: every rank sends its rows to 3 others */
     assert_int_equal(shard_redistribute_plan_total_bytes(&p, -1), 3 * 30 * 17 * 4);
+    /* hand-built specs are checked too */
+    shard_mesh_layout l = layout("a=2,b=3");
+    shard_spec ok = shard_spec_replicated(2), bad = ok;
+    size_t shape[2] = {4, 4};
+    bad.partial_mask = 1, bad.partial_op = SHARD_OP_PROD;
+    assert_int_equal(shard_redistribute_plan_make(&l, SHARD_F32, 2, shape, &ok, &bad, &p), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "the target spec's pending reduction is 'prod'; valid: sum, max, min, avg"));
+    bad = ok;
+    bad.naxes[0] = 1, bad.axes[0][0] = 1, bad.naxes[1] = 1, bad.axes[1][0] = 1;
+    assert_int_equal(shard_redistribute_plan_make(&l, SHARD_F32, 2, shape, &bad, &ok, &p), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "the source spec uses axis 'b' twice"));
+    bad = ok;
+    bad.naxes[0] = 1, bad.axes[0][0] = 0, bad.partial_mask = 1;
+    assert_int_equal(shard_redistribute_plan_make(&l, SHARD_F32, 2, shape, &bad, &ok, &p), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "partial over axis 'a', which also splits a dim"));
 }
 
 int main(void) {

@@ -28,6 +28,8 @@ struct shard_mesh {
     shard_comm *axis_sets[MAX_AXIS_SETS]; /* indexed by the bit mask of axes; [0] unused */
     void *scratch[SHARD__SCRATCH_SLOTS];   /* staging buffers (mesh_scratch.h) */
     size_t scratch_bytes[SHARD__SCRATCH_SLOTS];
+    void *attached[SHARD__ATTACH_SLOTS];
+    void (*attached_destroy[SHARD__ATTACH_SLOTS])(void *);
 };
 
 /* ---------------------------------------------------------------- parsing */
@@ -167,6 +169,8 @@ void shard_mesh_destroy(shard_mesh *mesh) {
     if (!mesh) return;
     for (int i = 1; i < MAX_AXIS_SETS; i++) shard_comm_destroy(mesh->axis_sets[i]);
     for (int i = 0; i < SHARD__SCRATCH_SLOTS; i++) shard_free(mesh->scratch[i]);
+    for (int i = 0; i < SHARD__ATTACH_SLOTS; i++)
+        if (mesh->attached[i] && mesh->attached_destroy[i]) mesh->attached_destroy[i](mesh->attached[i]);
     free(mesh);
 }
 
@@ -262,4 +266,15 @@ void *shard__mesh_scratch(shard_mesh *mesh, int slot, size_t bytes) {
         mesh->scratch_bytes[slot] = mesh->scratch[slot] ? bytes : 0;
     }
     return mesh->scratch[slot];
+}
+
+void *shard__mesh_attachment(const shard_mesh *mesh, int slot) {
+    return mesh && slot >= 0 && slot < SHARD__ATTACH_SLOTS ? mesh->attached[slot] : NULL;
+}
+
+void shard__mesh_attach(shard_mesh *mesh, int slot, void *state, void (*destroy)(void *)) {
+    if (!mesh || slot < 0 || slot >= SHARD__ATTACH_SLOTS) return;
+    if (mesh->attached[slot] && mesh->attached_destroy[slot]) mesh->attached_destroy[slot](mesh->attached[slot]);
+    mesh->attached[slot] = state;
+    mesh->attached_destroy[slot] = destroy;
 }

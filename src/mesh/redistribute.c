@@ -234,6 +234,25 @@ static shard_status run_exchange(step_ctx *c, unsigned axes) {
         strided = strided && box_as_block(&c->in, &send.boxes[q], c->t->ndim, &sb[q]) &&
                   box_as_block(&c->out, &recv.boxes[q], c->t->ndim, &rb[q]);
     }
+    for (int p = 0; s == SHARD_OK && strided && p < c->members; p++) { /* every member must choose the same collective: check all pairs */
+        int pc[SHARD_MESH_MAX_AXES];
+        box pin, pout;
+        member_coords(c, axes, p, pc);
+        block_of(c->t, c->before, pc, &pin);
+        block_of(c->t, c->after, pc, &pout);
+        for (int q = 0; strided && q < c->members; q++) {
+            int mc[SHARD_MESH_MAX_AXES];
+            box tb, ta, x;
+            shard_block dummy;
+            member_coords(c, axes, q, mc);
+            block_of(c->t, c->before, mc, &tb);
+            block_of(c->t, c->after, mc, &ta);
+            shard__box_intersect(&pin, &ta, c->t->ndim, &x);
+            strided = box_as_block(&pin, &x, c->t->ndim, &dummy);
+            shard__box_intersect(&tb, &pout, c->t->ndim, &x);
+            strided = strided && box_as_block(&pout, &x, c->t->ndim, &dummy);
+        }
+    }
     if (s == SHARD_OK && strided) {
         s = shard_comm_all_to_allw(c->comm, c->src->data, sb, c->dst->data, rb, c->t->dtype);
     } else if (s == SHARD_OK) {
@@ -294,6 +313,45 @@ static shard_status run_step(const shard_dtensor *t, const shard_redistribute_pl
     return shard_error(SHARD_ERR_INTERNAL, "redistribute: unknown step kind %d", (int)st->kind);
 }
 
+/* Plans are computed once per (spec pair, shape, dtype) and mesh: making one
+ * prices the alternatives over every rank, which grows with the world. */
+enum { PLAN_CACHE_SIZE = 16 };
+typedef struct plan_cache {
+    int count, next;
+    shard_redistribute_plan plans[PLAN_CACHE_SIZE];
+} plan_cache;
+
+static int plan_matches(const shard_redistribute_plan *p, const shard_dtensor *src, const shard_spec *to) {
+    if (p->dtype != src->dtype || p->ndim != src->ndim || !shard_spec_equal(&p->from, &src->spec) ||
+        !shard_spec_equal(&p->to, to))
+        return 0;
+    for (int d = 0; d < src->ndim; d++)
+        if (p->shape[d] != src->global_shape[d]) return 0;
+    return 1;
+}
+
+static shard_status cached_plan(const shard_dtensor *src, const shard_spec *to, const shard_redistribute_plan **out) {
+    plan_cache *cache = shard__mesh_attachment(src->mesh, SHARD__ATTACH_PLAN_CACHE);
+    if (!cache) {
+        cache = calloc(1, sizeof *cache);
+        if (!cache) return shard_error(SHARD_ERR_NO_MEMORY, "redistribute: out of memory for the plan cache");
+        shard__mesh_attach(src->mesh, SHARD__ATTACH_PLAN_CACHE, cache, free);
+    }
+    for (int i = 0; i < cache->count; i++)
+        if (plan_matches(&cache->plans[i], src, to)) {
+            *out = &cache->plans[i];
+            return SHARD_OK;
+        }
+    shard_redistribute_plan made;
+    SHARD_CHECK(shard_redistribute_plan_make(&src->layout, src->dtype, src->ndim, src->global_shape, &src->spec, to, &made));
+    shard_redistribute_plan *slot = &cache->plans[cache->next];
+    *slot = made;
+    cache->next = (cache->next + 1) % PLAN_CACHE_SIZE;
+    if (cache->count < PLAN_CACHE_SIZE) cache->count++;
+    *out = slot;
+    return SHARD_OK;
+}
+
 shard_status shard_dtensor_redistribute(const shard_dtensor *src, shard_dtensor *dst) {
     if (!src || !dst) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_redistribute: NULL tensor");
     int same = src->mesh == dst->mesh && src->dtype == dst->dtype && src->ndim == dst->ndim;
@@ -305,9 +363,9 @@ shard_status shard_dtensor_redistribute(const shard_dtensor *src, shard_dtensor 
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "shard_dtensor_redistribute: %s and %s differ in mesh, dtype or global shape", a, b);
     }
-    shard_redistribute_plan plan;
-    SHARD_CHECK(shard_redistribute_plan_make(&src->layout, src->dtype, src->ndim, src->global_shape, &src->spec,
-                                             &dst->spec, &plan));
+    const shard_redistribute_plan *found = NULL;
+    SHARD_CHECK(cached_plan(src, &dst->spec, &found));
+    const shard_redistribute_plan plan = *found;
     if (plan.nsteps == 0) return shard_tensor_copy(dst->local, src->local);
     const shard_tensor *cur = src->local;
     shard_tensor *owned = NULL; /* the intermediate block, when cur is one */

@@ -29,9 +29,17 @@ static void ranks_of_block(const shard_spec *spec, const shard_mesh_layout *l, i
     free(hold);
 }
 
-static void range_text(size_t count, int pieces, int index, char *out, size_t bytes) {
+/* The range of piece `index` along dim `dim` (nested over the dim's axes, see spec.h). */
+static void range_text(const shard_spec *spec, const shard_mesh_layout *l, const size_t *shape, int dim, int index,
+                       char *out, size_t bytes) {
+    int coords[SHARD_MESH_MAX_AXES] = {0};
+    for (int i = spec->naxes[dim] - 1; i >= 0; i--) { /* the piece index read row-major over the dim's axes */
+        int k = spec->axes[dim][i];
+        coords[k] = index % l->sizes[k];
+        index /= l->sizes[k];
+    }
     size_t off, len;
-    shard_split_range(count, pieces, index, &off, &len);
+    shard_spec_local_range(spec, l, shape, coords, dim, &off, &len);
     snprintf(out, bytes, "%zu:%zu", off, off + len);
 }
 
@@ -48,18 +56,17 @@ void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *l, sha
     if (spec->ndim == 1 || spec->ndim == 2) {
         int rows = spec->ndim == 2 ? shard_spec_pieces(spec, l, 0) : 1;
         int cols = shard_spec_pieces(spec, l, spec->ndim - 1);
-        size_t col_count = shape[spec->ndim - 1];
         fprintf(to, "\nwhich ranks hold each block (%s):\n", spec->ndim == 2 ? "rows x columns" : "elements");
         enum { W = 14 };
         fprintf(to, "%*s", W, "");
         for (int j = 0; j < cols; j++) {
-            range_text(col_count, cols, j, text, sizeof text);
+            range_text(spec, l, shape, spec->ndim - 1, j, text, sizeof text);
             fprintf(to, " %-*s", W, text);
         }
         fprintf(to, "\n");
         for (int i = 0; i < rows; i++) {
             if (spec->ndim == 2)
-                range_text(shape[0], rows, i, text, sizeof text);
+                range_text(spec, l, shape, 0, i, text, sizeof text);
             else
                 snprintf(text, sizeof text, "ranks");
             fprintf(to, "%-*s", W, text);
