@@ -18,17 +18,17 @@ typedef struct tdef {
     shard_dtype dtype;
     int ndim;
     size_t shape[2];
-    const char *save_spec; /* over axis d */
-    const char *load_spec; /* over axes a, b of the loading mesh */
+    const char *save_spec; /* over the saving mesh data=N */
+    const char *load_spec; /* over data, tensor of the loading mesh */
 } tdef;
 
 static const tdef tensors[] = {
-    {"w", SHARD_F32, 2, {10, 7}, "P('d', None)", "P('b', 'a')"},
-    {"emb", SHARD_BF16, 2, {9, 5}, "P(None, 'd')", "P(('a','b'))"},
-    {"bias", SHARD_F32, 1, {7, 0}, "P()", "P('b')"},
-    {"grad", SHARD_F32, 2, {6, 4}, "P(None, None, partial='d')", "P(None, 'b', partial='a')"},
-    {"ids", SHARD_I32, 2, {5, 3}, "P('d')", "P()"},
-    {"scale", SHARD_F64, 0, {0, 0}, "P()", "P(partial='b', partial_op='max')"},
+    {"w", SHARD_F32, 2, {10, 7}, "P('data', None)", "P('tensor', 'data')"},
+    {"emb", SHARD_BF16, 2, {9, 5}, "P(None, 'data')", "P(('data','tensor'))"},
+    {"bias", SHARD_F32, 1, {7, 0}, "P()", "P('tensor')"},
+    {"grad", SHARD_F32, 2, {6, 4}, "P(None, None, partial='data')", "P(None, 'tensor', partial='data')"},
+    {"ids", SHARD_I32, 2, {5, 3}, "P('data')", "P()"},
+    {"scale", SHARD_F64, 0, {0, 0}, "P()", "P(partial='tensor', partial_op='max')"},
 };
 enum { NT = sizeof tensors / sizeof tensors[0] };
 
@@ -125,7 +125,7 @@ static void case_reshard(test_ctx *t) {
     char dir[256];
     shared_dir(t, dir, sizeof dir);
     char text[32];
-    snprintf(text, sizeof text, "d=%d", t->size);
+    snprintf(text, sizeof text, "data=%d", t->size);
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) return;
     save_step(t, mesh, dir, 5);
@@ -142,9 +142,9 @@ static void case_reshard(test_ctx *t) {
         char index[8192] = "", want[64];
         f = fopen(path, "r");
         if (f) index[fread(index, 1, sizeof index - 1, f)] = '\0', fclose(f);
-        snprintf(want, sizeof want, "\"mesh\": \"d=%d\"", t->size);
+        snprintf(want, sizeof want, "\"mesh\": \"data=%d\"", t->size);
         CHECK(t, strstr(index, want) && strstr(index, "\"step\": 5") && strstr(index, "\"lr\": 0.001") &&
-                     strstr(index, "\"xxh3\": \"") && strstr(index, "\"spec\": \"P('d', None)\""),
+                     strstr(index, "\"xxh3\": \"") && strstr(index, "\"spec\": \"P('data', None)\""),
               "index.json lacks the mesh, step, config, checksums or specs: %s", index);
         snprintf(path, sizeof path, "%s/step_5/rank_00000.safetensors", dir);
         shard_safetensors *st = NULL;
@@ -164,16 +164,16 @@ static void case_reshard(test_ctx *t) {
     }
     /* load on 2x2 (or whatever factorisation this world has), on 3 ranks, on 1 rank */
     int a = t->size % 2 == 0 ? 2 : 1;
-    snprintf(text, sizeof text, "a=%d,b=%d", a, t->size / a);
+    snprintf(text, sizeof text, "data=%d,tensor=%d", a, t->size / a);
     load_on(t, t->comm, text, dir, 5);
     for (int n = 3; n >= 1; n -= 2) {
         if (n > t->size) continue;
         shard_comm *sub = NULL;
         CHECK_OK(t, shard_comm_split(t->comm, t->rank < n ? 0 : -1, t->rank, &sub), "split %d", n);
         if (sub) {
-            snprintf(text, sizeof text, "a=1,b=%d", n);
+            snprintf(text, sizeof text, "data=1,tensor=%d", n);
             load_on(t, sub, text, dir, 5);
-            snprintf(text, sizeof text, "a=%d,b=1", n);
+            snprintf(text, sizeof text, "data=%d,tensor=1", n);
             char step_dir[300];
             snprintf(step_dir, sizeof step_dir, "%s/step_5", dir);
             load_on(t, sub, text, step_dir, 5); /* a step directory given directly */
@@ -188,8 +188,8 @@ static void case_crash_points(test_ctx *t) {
     static const char *const points[] = {"before_write", "after_write", "before_index", "before_rename", "before_latest"};
     char dir[256], text[32], load_text[32];
     shared_dir(t, dir, sizeof dir);
-    snprintf(text, sizeof text, "d=%d", t->size);
-    snprintf(load_text, sizeof load_text, "a=%d,b=1", t->size);
+    snprintf(text, sizeof text, "data=%d", t->size);
+    snprintf(load_text, sizeof load_text, "data=%d,tensor=1", t->size);
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) return;
     save_step(t, mesh, dir, 1);
@@ -229,8 +229,8 @@ static void corrupt(const char *path, long offset) {
 static void case_fallback(test_ctx *t) {
     char dir[256], text[32], path[512], load_text[32];
     shared_dir(t, dir, sizeof dir);
-    snprintf(text, sizeof text, "d=%d", t->size);
-    snprintf(load_text, sizeof load_text, "a=1,b=%d", t->size);
+    snprintf(text, sizeof text, "data=%d", t->size);
+    snprintf(load_text, sizeof load_text, "data=1,tensor=%d", t->size);
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) return;
     save_step(t, mesh, dir, 1);
