@@ -138,10 +138,40 @@ static int bench_ckpt_main(int argc, char **argv) {
     return 0;
 }
 
+static int bench_gemm_main(int argc, char **argv) {
+    bench_gemm_options opt = {.size = 4096, .threads = 1, .iters = 5};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v = NULL;
+        long n;
+        if (strcmp(arg, "--json") == 0) {
+            opt.json = 1;
+        } else if (strcmp(arg, "--size") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, 16, 16384, &n)) return 2;
+            opt.size = (size_t)n;
+        } else if (strcmp(arg, "--threads") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, 1, 64, &n)) return 2;
+            opt.threads = (int)n;
+        } else if (strcmp(arg, "--iters") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, 5, 1000, &n)) return 2;
+            opt.iters = (int)n;
+        } else {
+            cli_error("bench gemm: unknown option '%s' (see 'shard help')", arg);
+            return 2;
+        }
+    }
+    shard_status s = bench_gemm_run(&opt);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 int cli_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "comm") == 0) return bench_comm_main(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "redistribute") == 0) return bench_redistribute_main(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) return bench_ckpt_main(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return bench_gemm_main(argc - 1, argv + 1);
     cli_error("bench: give what to benchmark: 'shard bench comm --op all_reduce --ranks 2' or "
               "'shard bench redistribute --ranks 2' or 'shard bench ckpt --ranks 4'");
     return 2;

@@ -41,6 +41,13 @@ typedef struct bench_ckpt_options {
 } bench_ckpt_options;
 shard_status bench_ckpt_run(const bench_ckpt_options *opt);
 
+/* `shard bench gemm` (bench_gemm.c). */
+typedef struct bench_gemm_options {
+    size_t size; /* square M = N = K */
+    int threads, iters, json;
+} bench_gemm_options;
+shard_status bench_gemm_run(const bench_gemm_options *opt);
+
 int cli_bench(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 int cli_inspect(int argc, char **argv);

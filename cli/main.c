@@ -27,6 +27,8 @@ static void usage(FILE *to) {
             "               their collective: --ranks N [--mesh data=N] [--bytes 64M] [--iters 7] [--json]\n"
             "  bench ckpt   save / load throughput of a sharded model beside plain write / read:\n"
             "               --ranks 4 [--bytes 1G] [--iters 5] [--dir DIR] [--keep] [--json]\n"
+            "  bench gemm   sgemm GFLOP/s (OpenBLAS, kernels chosen for this CPU) against the FMA peak\n"
+            "               measured in the same run: [--size 4096] [--threads 1] [--iters 5] [--json]\n"
             "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
             "  inspect spec describe a sharding without running ranks: --mesh data=4,tensor=2\n"
             "               --shape 128,4096 --spec \"P('data','tensor')\" [--dtype f32]\n"

@@ -13,3 +13,5 @@ build/shard bench redistribute --ranks 2
 mpiexec.openmpi --oversubscribe -np 2 build/shard bench redistribute
 # the README's checkpoint table: a 1 GiB model saved and loaded on 4 ranks
 build/shard bench ckpt --ranks 4
+# the README's GEMM table (the environment's OPENBLAS_CORETYPE is overridden by shard)
+for t in 1 2; do OPENBLAS_CORETYPE=Haswell build/shard bench gemm --threads "$t"; done

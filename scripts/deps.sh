@@ -10,6 +10,7 @@ packages=(
   libcmocka-dev                      # unit-test framework
   libjansson-dev                     # JSON: safetensors headers, checkpoint indexes
   libxxhash-dev                      # xxh3 checksums of checkpoint files
+  libopenblas-dev                    # sgemm (loaded at run time with kernels chosen for the CPU)
   clang libclang-rt-dev              # libFuzzer for the fuzz tests
   python3 python3-numpy              # test drivers; the independent safetensors reference (tools/reference)
 )

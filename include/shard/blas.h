@@ -1,0 +1,44 @@
+/* blas.h — matrix multiply through OpenBLAS, at the speed this CPU allows.
+ *
+ * Debian's OpenBLAS is built for many CPUs and picks its kernels when the
+ * library is loaded, unless OPENBLAS_CORETYPE names a core; an environment
+ * that sets it to an older core (Haswell: AVX2) halves the speed on an
+ * AVX-512 machine.  So shard does not link OpenBLAS: shard_blas_init() first
+ * chooses the core from what this CPU supports (Cooperlake with AVX-512 bf16,
+ * SkylakeX with AVX-512, else OpenBLAS's own choice), overriding a weaker
+ * OPENBLAS_CORETYPE, and only then loads the library (dlopen), whose
+ * constructor reads the variable.  SHARD_BLAS_CORETYPE=NAME forces a core;
+ * SHARD_BLAS_CORETYPE=env keeps the environment's.
+ *
+ * With several thread ranks on the cores, each rank's GEMMs should run on
+ * one thread (shard_blas_set_threads(1)); with one rank, on all cores. */
+#ifndef SHARD_BLAS_H
+#define SHARD_BLAS_H
+
+#include <stddef.h>
+
+#include "shard/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Load OpenBLAS once (every other call here does it on first use). */
+shard_status shard_blas_init(void);
+
+/* Threads OpenBLAS may use per call (process-wide). */
+shard_status shard_blas_set_threads(int threads);
+int shard_blas_threads(void);
+
+/* "OpenBLAS 0.3.21 ..., core Cooperlake (chosen by shard; OPENBLAS_CORETYPE was Haswell)" */
+const char *shard_blas_description(void);
+
+/* Row-major C = alpha op(A) op(B) + beta C, with op(X) = X or X^T;
+ * op(A) is M x K, op(B) is K x N, C is M x N; lda/ldb/ldc are row strides. */
+shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
+                         size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,122 @@
+/* blas.c — OpenBLAS loaded at run time with the right kernels (see blas.h).
+ *
+ * The core is chosen from CPUID (with the OS's XSAVE support for AVX-512
+ * state checked through XGETBV): AVX-512 bf16 -> COOPERLAKE, AVX-512
+ * F/BW/DQ/VL -> SKYLAKEX.  OPENBLAS_CORETYPE is set to it before dlopen, so
+ * OpenBLAS's constructor picks those kernels. */
+#define _GNU_SOURCE
+#include "shard/blas.h"
+
+#include <cpuid.h>
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *,
+                         int);
+
+static struct {
+    pthread_once_t once;
+    shard_status status;
+    char error[512], description[512];
+    void *lib;
+    sgemm_fn sgemm;
+    void (*set_threads)(int);
+    int (*get_threads)(void);
+    char *(*corename)(void);
+    char *(*config)(void);
+} B = {.once = PTHREAD_ONCE_INIT};
+
+/* The best OpenBLAS core for this CPU, or NULL to let OpenBLAS choose. */
+static const char *best_core(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return NULL;
+    unsigned ebx7 = b;
+    int avx512 = (ebx7 >> 16 & 1) && (ebx7 >> 17 & 1) && (ebx7 >> 30 & 1) && (ebx7 >> 31 & 1); /* F, DQ, BW, VL */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return NULL; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    int os_avx512 = (lo & 0xE6) == 0xE6; /* XMM, YMM, opmask, ZMM state enabled */
+    if (!avx512 || !os_avx512) return NULL;
+    int bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
+    return bf16 ? "COOPERLAKE" : "SKYLAKEX";
+}
+
+static void load(void) {
+    const char *env = getenv("OPENBLAS_CORETYPE"), *force = getenv("SHARD_BLAS_CORETYPE");
+    char was[64] = "";
+    if (env) snprintf(was, sizeof was, "%s", env);
+    const char *chosen = NULL, *how = "";
+    if (force && strcasecmp(force, "env") == 0) {
+        how = "kept from the environment (SHARD_BLAS_CORETYPE=env)";
+    } else if (force && *force) {
+        chosen = force, how = "forced by SHARD_BLAS_CORETYPE";
+    } else if ((chosen = best_core())) {
+        how = "chosen by shard from CPUID";
+    } else {
+        how = env ? "kept from the environment" : "chosen by OpenBLAS";
+    }
+    if (chosen) setenv("OPENBLAS_CORETYPE", chosen, 1);
+    const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
+    for (size_t i = 0; i < 2 && !B.lib; i++) B.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!B.lib) {
+        snprintf(B.error, sizeof B.error, "OpenBLAS could not be loaded (%s); install libopenblas0 (make deps does)",
+                 dlerror());
+        B.status = SHARD_ERR_UNSUPPORTED;
+        return;
+    }
+    B.sgemm = (sgemm_fn)dlsym(B.lib, "cblas_sgemm");
+    B.set_threads = (void (*)(int))dlsym(B.lib, "openblas_set_num_threads");
+    B.get_threads = (int (*)(void))dlsym(B.lib, "openblas_get_num_threads");
+    B.corename = (char *(*)(void))dlsym(B.lib, "openblas_get_corename");
+    B.config = (char *(*)(void))dlsym(B.lib, "openblas_get_config");
+    if (!B.sgemm) {
+        snprintf(B.error, sizeof B.error, "the loaded OpenBLAS has no cblas_sgemm");
+        B.status = SHARD_ERR_UNSUPPORTED;
+        return;
+    }
+    int n = snprintf(B.description, sizeof B.description, "%s, core %s (%s", B.config ? B.config() : "OpenBLAS",
+                     B.corename ? B.corename() : "?", how);
+    if (chosen && was[0] && strcasecmp(was, chosen) != 0)
+        n += snprintf(B.description + n, sizeof B.description - (size_t)n, "; OPENBLAS_CORETYPE was %s", was);
+    snprintf(B.description + n, sizeof B.description - (size_t)n, ")");
+    B.status = SHARD_OK;
+}
+
+shard_status shard_blas_init(void) {
+    pthread_once(&B.once, load);
+    if (B.status < 0) return shard_error(B.status, "%s", B.error);
+    return SHARD_OK;
+}
+
+shard_status shard_blas_set_threads(int threads) {
+    SHARD_CHECK(shard_blas_init());
+    if (threads < 1) return shard_error(SHARD_ERR_INVALID_ARG, "shard_blas_set_threads: %d threads (need >= 1)", threads);
+    if (B.set_threads) B.set_threads(threads);
+    return SHARD_OK;
+}
+
+int shard_blas_threads(void) { return shard_blas_init() == SHARD_OK && B.get_threads ? B.get_threads() : 1; }
+
+const char *shard_blas_description(void) { return shard_blas_init() == SHARD_OK ? B.description : B.error; }
+
+shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
+                         size_t lda, const float *Bm, size_t ldb, float beta, float *C, size_t ldc) {
+    SHARD_CHECK(shard_blas_init());
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_sgemm: sizes %zu x %zu x %zu exceed the BLAS int range", M, N, K);
+    size_t a_cols = transpose_a ? M : K, b_cols = transpose_b ? K : N;
+    if ((M && N && !C) || ldc < N || lda < a_cols || ldb < b_cols)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_sgemm: %zu x %zu x %zu with lda %zu, ldb %zu, ldc %zu: a stride is "
+                           "shorter than its row", M, N, K, lda, ldb, ldc);
+    if (M == 0 || N == 0) return SHARD_OK;
+    B.sgemm(CBLAS_ROW_MAJOR, transpose_a ? CBLAS_TRANS : CBLAS_NO_TRANS, transpose_b ? CBLAS_TRANS : CBLAS_NO_TRANS,
+            (int)M, (int)N, (int)K, alpha, A, (int)(lda ? lda : 1), Bm, (int)(ldb ? ldb : 1), beta, C, (int)ldc);
+    return SHARD_OK;
+}
