@@ -1,0 +1,377 @@
+/* layers.c — forward and backward of the layers in layers.h.
+ *
+ * Matrix products go through shard_sgemm (OpenBLAS); convolution is im2col
+ * plus GEMM; the rest are loops written for clarity first, in the order the
+ * formulas read.  Reductions over a row run in a fixed order, so results are
+ * bitwise reproducible run to run. */
+#include "shard/layers.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard/blas.h"
+
+/* ---------------------------------------------------------------- linear */
+
+shard_status shard_linear_forward(const float *x, const float *W, const float *b, float *y, size_t N, size_t in,
+                                  size_t out) {
+    if (b)
+        for (size_t n = 0; n < N; n++) memcpy(y + n * out, b, out * sizeof *y);
+    return shard_sgemm(0, 0, N, out, in, 1.0f, x, in, W, out, b ? 1.0f : 0.0f, y, out);
+}
+
+shard_status shard_linear_backward(const float *x, const float *W, const float *dy, float *dx, float *dW, float *db,
+                                   size_t N, size_t in, size_t out) {
+    if (dx) SHARD_CHECK(shard_sgemm(0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in));
+    if (dW) SHARD_CHECK(shard_sgemm(1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out));
+    if (db)
+        for (size_t n = 0; n < N; n++)
+            for (size_t o = 0; o < out; o++) db[o] += dy[n * out + o];
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- element-wise */
+
+void shard_relu_forward(const float *x, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
+}
+
+void shard_relu_backward(const float *x, const float *dy, float *dx, size_t n) {
+    for (size_t i = 0; i < n; i++) dx[i] = x[i] > 0 ? dy[i] : 0.0f;
+}
+
+static const float GELU_S = 0.7978845608028654f; /* sqrt(2 / pi) */
+static const float GELU_C = 0.044715f;
+
+void shard_gelu_forward(const float *x, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GELU_S * (v + GELU_C * v * v * v)));
+    }
+}
+
+void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], t = tanhf(GELU_S * (v + GELU_C * v * v * v));
+        float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
+        dx[i] = dy[i] * d;
+    }
+}
+
+void shard_add(const float *a, const float *b, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+/* ---------------------------------------------------------------- layer norm */
+
+void shard_layernorm_forward(const float *x, const float *gamma, const float *beta, float eps, float *y, float *mean,
+                             float *rstd, size_t N, size_t C) {
+    for (size_t n = 0; n < N; n++) {
+        const float *r = x + n * C;
+        float m = 0, v = 0;
+        for (size_t c = 0; c < C; c++) m += r[c];
+        m /= (float)C;
+        for (size_t c = 0; c < C; c++) v += (r[c] - m) * (r[c] - m);
+        v /= (float)C;
+        float s = 1.0f / sqrtf(v + eps);
+        for (size_t c = 0; c < C; c++) y[n * C + c] = (r[c] - m) * s * gamma[c] + beta[c];
+        mean[n] = m, rstd[n] = s;
+    }
+}
+
+void shard_layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
+                              float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
+    for (size_t n = 0; n < N; n++) {
+        const float *r = x + n * C, *g = dy + n * C;
+        float m = mean[n], s = rstd[n], sum_dxhat = 0, sum_dxhat_xhat = 0;
+        for (size_t c = 0; c < C; c++) {
+            float xhat = (r[c] - m) * s, dxhat = g[c] * gamma[c];
+            sum_dxhat += dxhat;
+            sum_dxhat_xhat += dxhat * xhat;
+            dgamma[c] += g[c] * xhat;
+            dbeta[c] += g[c];
+        }
+        if (!dx) continue;
+        sum_dxhat /= (float)C, sum_dxhat_xhat /= (float)C;
+        for (size_t c = 0; c < C; c++) {
+            float xhat = (r[c] - m) * s;
+            dx[n * C + c] = s * (g[c] * gamma[c] - sum_dxhat - xhat * sum_dxhat_xhat);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- softmax, cross-entropy */
+
+void shard_softmax_forward(const float *x, float *y, size_t N, size_t C) {
+    for (size_t n = 0; n < N; n++) {
+        const float *r = x + n * C;
+        float *o = y + n * C, m = -INFINITY, sum = 0;
+        for (size_t c = 0; c < C; c++) m = r[c] > m ? r[c] : m;
+        for (size_t c = 0; c < C; c++) o[c] = expf(r[c] - m), sum += o[c];
+        for (size_t c = 0; c < C; c++) o[c] /= sum;
+    }
+}
+
+shard_status shard_cross_entropy(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N, size_t V,
+                                 float *loss, size_t *count, float *dlogits) {
+    size_t used = 0;
+    for (size_t n = 0; n < N; n++) {
+        if (targets[n] == ignore_index) continue;
+        if (targets[n] < 0 || (size_t)targets[n] >= V)
+            return shard_error(SHARD_ERR_INVALID_ARG, "cross_entropy: target %d at row %zu is outside 0..%zu (ignore index %d)",
+                               targets[n], n, V - 1, ignore_index);
+        used++;
+    }
+    double total = 0;
+    for (size_t n = 0; n < N; n++) {
+        const float *r = logits + n * V;
+        float *d = dlogits ? dlogits + n * V : NULL;
+        if (targets[n] == ignore_index) {
+            if (d) memset(d, 0, V * sizeof *d);
+            continue;
+        }
+        float m = -INFINITY;
+        double sum = 0;
+        for (size_t v = 0; v < V; v++) m = r[v] > m ? r[v] : m;
+        for (size_t v = 0; v < V; v++) sum += exp((double)(r[v] - m));
+        double lse = (double)m + log(sum);
+        total += lse - (double)r[targets[n]];
+        if (d) {
+            float scale = 1.0f / (float)used;
+            for (size_t v = 0; v < V; v++) d[v] = (float)(exp((double)r[v] - lse)) * scale;
+            d[targets[n]] -= scale;
+        }
+    }
+    *loss = used ? (float)(total / (double)used) : 0.0f;
+    if (count) *count = used;
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+static shard_status check_ids(const int32_t *ids, size_t N, size_t rows, const char *what) {
+    for (size_t n = 0; n < N; n++)
+        if (ids[n] < 0 || (size_t)ids[n] >= rows)
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: id %d at position %zu is outside the table's rows 0..%zu", what,
+                               ids[n], n, rows - 1);
+    return SHARD_OK;
+}
+
+shard_status shard_embedding_forward(const float *table, const int32_t *ids, float *y, size_t N, size_t rows, size_t C) {
+    SHARD_CHECK(check_ids(ids, N, rows, "embedding"));
+    for (size_t n = 0; n < N; n++) memcpy(y + n * C, table + (size_t)ids[n] * C, C * sizeof *y);
+    return SHARD_OK;
+}
+
+shard_status shard_embedding_backward(const int32_t *ids, const float *dy, float *dtable, size_t N, size_t rows,
+                                      size_t C) {
+    SHARD_CHECK(check_ids(ids, N, rows, "embedding backward"));
+    for (size_t n = 0; n < N; n++) {
+        float *row = dtable + (size_t)ids[n] * C;
+        for (size_t c = 0; c < C; c++) row[c] += dy[n * C + c];
+    }
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+static shard_status check_heads(size_t C, size_t H, const char *what) {
+    if (H == 0 || C % H)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: width %zu does not divide into %zu heads", what, C, H);
+    return SHARD_OK;
+}
+
+shard_status shard_attention_forward(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C, size_t H) {
+    SHARD_CHECK(check_heads(C, H, "attention"));
+    size_t D = C / H;
+    float scale = 1.0f / sqrtf((float)D);
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t t = 0; t < T; t++) {
+                const float *q = qkv + (b * T + t) * 3 * C + h * D;
+                float *a = att + ((b * H + h) * T + t) * T, m = -INFINITY, sum = 0;
+                for (size_t s = 0; s <= t; s++) {
+                    const float *k = qkv + (b * T + s) * 3 * C + C + h * D;
+                    float dot = 0;
+                    for (size_t d = 0; d < D; d++) dot += q[d] * k[d];
+                    a[s] = dot * scale;
+                    m = a[s] > m ? a[s] : m;
+                }
+                for (size_t s = 0; s <= t; s++) a[s] = expf(a[s] - m), sum += a[s];
+                for (size_t s = 0; s <= t; s++) a[s] /= sum;
+                for (size_t s = t + 1; s < T; s++) a[s] = 0;
+                float *o = y + (b * T + t) * C + h * D;
+                memset(o, 0, D * sizeof *o);
+                for (size_t s = 0; s <= t; s++) {
+                    const float *v = qkv + (b * T + s) * 3 * C + 2 * C + h * D;
+                    for (size_t d = 0; d < D; d++) o[d] += a[s] * v[d];
+                }
+            }
+    return SHARD_OK;
+}
+
+shard_status shard_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
+                                      size_t T, size_t C, size_t H) {
+    SHARD_CHECK(check_heads(C, H, "attention backward"));
+    size_t D = C / H;
+    float scale = 1.0f / sqrtf((float)D);
+    float *datt = malloc((T ? T : 1) * sizeof *datt);
+    if (!datt) return shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory");
+    memset(dqkv, 0, B * T * 3 * C * sizeof *dqkv);
+    for (size_t b = 0; b < B; b++)
+        for (size_t h = 0; h < H; h++)
+            for (size_t t = 0; t < T; t++) {
+                const float *a = att + ((b * H + h) * T + t) * T, *g = dy + (b * T + t) * C + h * D;
+                const float *q = qkv + (b * T + t) * 3 * C + h * D;
+                float *dq = dqkv + (b * T + t) * 3 * C + h * D, dot_sum = 0;
+                for (size_t s = 0; s <= t; s++) { /* through y = att v */
+                    const float *v = qkv + (b * T + s) * 3 * C + 2 * C + h * D;
+                    float *dv = dqkv + (b * T + s) * 3 * C + 2 * C + h * D, dot = 0;
+                    for (size_t d = 0; d < D; d++) dot += g[d] * v[d], dv[d] += a[s] * g[d];
+                    datt[s] = dot;
+                    dot_sum += a[s] * dot;
+                }
+                for (size_t s = 0; s <= t; s++) { /* through the softmax, then q k / sqrt(D) */
+                    float dpre = a[s] * (datt[s] - dot_sum) * scale;
+                    const float *k = qkv + (b * T + s) * 3 * C + C + h * D;
+                    float *dk = dqkv + (b * T + s) * 3 * C + C + h * D;
+                    for (size_t d = 0; d < D; d++) dq[d] += dpre * k[d], dk[d] += dpre * q[d];
+                }
+            }
+    free(datt);
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- dropout */
+
+static uint64_t mix(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static int keeps(uint64_t seed, uint64_t index, float p) {
+    uint64_t r = mix(seed * 0x9e3779b97f4a7c15ULL + index + 1);
+    return (float)((double)(r >> 11) * 0x1.0p-53) >= p;
+}
+
+void shard_dropout_forward(const float *x, float *y, size_t n, float p, uint64_t seed, uint64_t offset) {
+    float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    for (size_t i = 0; i < n; i++) y[i] = p > 0 ? (keeps(seed, offset + i, p) ? x[i] * scale : 0.0f) : x[i];
+}
+
+void shard_dropout_backward(const float *dy, float *dx, size_t n, float p, uint64_t seed, uint64_t offset) {
+    shard_dropout_forward(dy, dx, n, p, seed, offset);
+}
+
+/* ---------------------------------------------------------------- conv2d, max-pool */
+
+/* col[Cin*K*K, Ho*Wo] of image x[Cin,H,W] (zero padding). */
+static void im2col(const float *x, float *col, size_t Cin, size_t H, size_t W, size_t K, size_t pad, size_t Ho,
+                   size_t Wo) {
+    for (size_t c = 0; c < Cin; c++)
+        for (size_t ki = 0; ki < K; ki++)
+            for (size_t kj = 0; kj < K; kj++) {
+                float *row = col + ((c * K + ki) * K + kj) * Ho * Wo;
+                for (size_t i = 0; i < Ho; i++)
+                    for (size_t j = 0; j < Wo; j++) {
+                        long yi = (long)(i + ki) - (long)pad, xj = (long)(j + kj) - (long)pad;
+                        row[i * Wo + j] = yi < 0 || xj < 0 || yi >= (long)H || xj >= (long)W
+                                              ? 0.0f
+                                              : x[(c * H + (size_t)yi) * W + (size_t)xj];
+                    }
+            }
+}
+
+static void col2im(const float *col, float *x, size_t Cin, size_t H, size_t W, size_t K, size_t pad, size_t Ho,
+                   size_t Wo) {
+    memset(x, 0, Cin * H * W * sizeof *x);
+    for (size_t c = 0; c < Cin; c++)
+        for (size_t ki = 0; ki < K; ki++)
+            for (size_t kj = 0; kj < K; kj++) {
+                const float *row = col + ((c * K + ki) * K + kj) * Ho * Wo;
+                for (size_t i = 0; i < Ho; i++)
+                    for (size_t j = 0; j < Wo; j++) {
+                        long yi = (long)(i + ki) - (long)pad, xj = (long)(j + kj) - (long)pad;
+                        if (yi >= 0 && xj >= 0 && yi < (long)H && xj < (long)W)
+                            x[(c * H + (size_t)yi) * W + (size_t)xj] += row[i * Wo + j];
+                    }
+            }
+}
+
+static shard_status conv_sizes(size_t H, size_t W, size_t K, size_t pad, size_t *Ho, size_t *Wo) {
+    if (K == 0 || H + 2 * pad < K || W + 2 * pad < K)
+        return shard_error(SHARD_ERR_INVALID_ARG, "conv2d: a %zux%zu kernel does not fit a %zux%zu image padded by %zu", K,
+                           K, H, W, pad);
+    *Ho = H + 2 * pad - K + 1, *Wo = W + 2 * pad - K + 1;
+    return SHARD_OK;
+}
+
+shard_status shard_conv2d_forward(const float *x, const float *w, const float *b, float *y, size_t N, size_t Cin,
+                                  size_t H, size_t W, size_t Cout, size_t K, size_t pad) {
+    size_t Ho = 0, Wo = 0;
+    SHARD_CHECK(conv_sizes(H, W, K, pad, &Ho, &Wo));
+    size_t rows = Cin * K * K, cols = Ho * Wo, need = rows * cols;
+    float *col = malloc((need ? need : 1) * sizeof *col);
+    if (!col) return shard_error(SHARD_ERR_NO_MEMORY, "conv2d: out of memory");
+    shard_status s = SHARD_OK;
+    for (size_t n = 0; n < N && s == SHARD_OK; n++) {
+        im2col(x + n * Cin * H * W, col, Cin, H, W, K, pad, Ho, Wo);
+        float *out = y + n * Cout * cols;
+        for (size_t o = 0; b && o < Cout; o++)
+            for (size_t i = 0; i < cols; i++) out[o * cols + i] = b[o];
+        s = shard_sgemm(0, 0, Cout, cols, rows, 1.0f, w, rows, col, cols, b ? 1.0f : 0.0f, out, cols);
+    }
+    free(col);
+    return s;
+}
+
+shard_status shard_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
+                                   size_t N, size_t Cin, size_t H, size_t W, size_t Cout, size_t K, size_t pad) {
+    size_t Ho = 0, Wo = 0;
+    SHARD_CHECK(conv_sizes(H, W, K, pad, &Ho, &Wo));
+    size_t rows = Cin * K * K, cols = Ho * Wo, need = rows * cols;
+    float *col = malloc((need ? need : 1) * sizeof *col);
+    if (!col) return shard_error(SHARD_ERR_NO_MEMORY, "conv2d backward: out of memory");
+    shard_status s = SHARD_OK;
+    for (size_t n = 0; n < N && s == SHARD_OK; n++) {
+        const float *g = dy + n * Cout * cols;
+        for (size_t o = 0; db && o < Cout; o++)
+            for (size_t i = 0; i < cols; i++) db[o] += g[o * cols + i];
+        if (dw) {
+            im2col(x + n * Cin * H * W, col, Cin, H, W, K, pad, Ho, Wo);
+            s = shard_sgemm(0, 1, Cout, rows, cols, 1.0f, g, cols, col, cols, 1.0f, dw, rows);
+        }
+        if (s == SHARD_OK && dx) {
+            s = shard_sgemm(1, 0, rows, cols, Cout, 1.0f, w, rows, g, cols, 0.0f, col, cols);
+            if (s == SHARD_OK) col2im(col, dx + n * Cin * H * W, Cin, H, W, K, pad, Ho, Wo);
+        }
+    }
+    free(col);
+    return s;
+}
+
+void shard_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t N, size_t C, size_t H, size_t W,
+                             size_t P) {
+    size_t Ho = H / P, Wo = W / P;
+    for (size_t nc = 0; nc < N * C; nc++)
+        for (size_t i = 0; i < Ho; i++)
+            for (size_t j = 0; j < Wo; j++) {
+                size_t best = nc * H * W + i * P * W + j * P;
+                for (size_t a = 0; a < P; a++)
+                    for (size_t b = 0; b < P; b++) {
+                        size_t at = nc * H * W + (i * P + a) * W + j * P + b;
+                        if (x[at] > x[best]) best = at;
+                    }
+                y[(nc * Ho + i) * Wo + j] = x[best];
+                argmax[(nc * Ho + i) * Wo + j] = (uint32_t)best;
+            }
+}
+
+void shard_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H, size_t W,
+                              size_t P) {
+    size_t outputs = N * C * (H / P) * (W / P);
+    memset(dx, 0, N * C * H * W * sizeof *dx);
+    for (size_t i = 0; i < outputs; i++) dx[argmax[i]] += dy[i];
+}
