@@ -1,0 +1,60 @@
+/* optim.c — SGD with momentum, AdamW, clipping factors and the warm-up +
+ * cosine schedule (see optim.h).  The arithmetic follows PyTorch's
+ * single-tensor (foreach=False) implementations step for step in fp32, so
+ * the weights after a few steps agree with PyTorch's to rounding. */
+#include "shard/optim.h"
+
+#include <math.h>
+
+void shard_sgd_update(const shard_sgd_config *c, uint64_t step, float lr, float *p, const float *g, float *buf,
+                      size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float d = g[i];
+        if (c->weight_decay != 0) d += c->weight_decay * p[i];
+        if (c->momentum != 0) {
+            buf[i] = step <= 1 ? d : c->momentum * buf[i] + d;
+            d = buf[i];
+        }
+        p[i] -= lr * d;
+    }
+}
+
+shard_adamw_config shard_adamw_defaults(void) { return (shard_adamw_config){0.9f, 0.999f, 1e-8f, 0.01f}; }
+
+void shard_adamw_update(const shard_adamw_config *c, uint64_t step, float lr, float *p, const float *g, float *m,
+                        float *v, size_t n) {
+    /* the scalars in double, as PyTorch computes them in Python, then used as floats */
+    double bc1 = 1.0 - pow((double)c->beta1, (double)step), bc2 = 1.0 - pow((double)c->beta2, (double)step);
+    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    float decay = (float)(1.0 - (double)lr * (double)c->weight_decay);
+    for (size_t i = 0; i < n; i++) {
+        p[i] *= decay;
+        m[i] = c->beta1 * m[i] + (1.0f - c->beta1) * g[i];
+        v[i] = c->beta2 * v[i] + (1.0f - c->beta2) * g[i] * g[i];
+        float denom = sqrtf(v[i]) / bc2_sqrt + c->eps;
+        p[i] -= step_size * m[i] / denom;
+    }
+}
+
+double shard_sum_squares(const float *g, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
+    return s;
+}
+
+float shard_clip_factor(double global_norm, float max_norm) {
+    double f = (double)max_norm / (global_norm + 1e-6);
+    return f < 1.0 ? (float)f : 1.0f;
+}
+
+void shard_scale(float *g, size_t n, float factor) {
+    for (size_t i = 0; i < n; i++) g[i] *= factor;
+}
+
+float shard_lr_at(const shard_lr_schedule *s, uint64_t step) {
+    if (s->warmup && step <= s->warmup) return s->lr_max * (float)step / (float)s->warmup;
+    if (step >= s->total || s->total <= s->warmup) return s->total > s->warmup ? s->lr_min : s->lr_max;
+    double progress = (double)(step - s->warmup) / (double)(s->total - s->warmup);
+    const double pi = 3.14159265358979323846;
+    return (float)(s->lr_min + 0.5 * (1.0 + cos(pi * progress)) * (s->lr_max - s->lr_min));
+}
