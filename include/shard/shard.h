@@ -2,13 +2,17 @@
 #ifndef SHARD_H
 #define SHARD_H
 
+#include "shard/blas.h"
 #include "shard/checkpoint.h"
 #include "shard/comm.h"
 #include "shard/dtensor.h"
 #include "shard/dtype.h"
 #include "shard/launch.h"
+#include "shard/layers.h"
 #include "shard/memory.h"
 #include "shard/mesh.h"
+#include "shard/optim.h"
+#include "shard/params.h"
 #include "shard/redistribute.h"
 #include "shard/safetensors.h"
 #include "shard/spec.h"

@@ -1,0 +1,181 @@
+/* params.c — the parameter slab, counter-based initialisation, and
+ * safetensors load/save by name (see params.h). */
+#include "shard/params.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard/safetensors.h"
+
+enum { ALIGN_ELEMENTS = 16 }; /* 64 bytes of f32 */
+
+shard_status shard_params_create(const shard_param_info *tensors, size_t count, shard_mem_category category,
+                                 shard_params **out) {
+    if (!out || (count && !tensors)) return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: NULL argument");
+    *out = NULL;
+    shard_params *p = calloc(1, sizeof *p);
+    shard_param_info *info = calloc(count ? count : 1, sizeof *info);
+    if (!p || !info) {
+        free(p), free(info);
+        return shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory");
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < count; i++) {
+        info[i] = tensors[i];
+        if (!info[i].name[0] || memchr(info[i].name, '\0', SHARD_PARAM_NAME_BYTES) == NULL || info[i].ndim < 0 ||
+            info[i].ndim > SHARD_MAX_DIMS) {
+            free(p), free(info);
+            return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: tensor %zu has no name or %d dims", i,
+                               tensors[i].ndim);
+        }
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(info[i].name, info[j].name) == 0) {
+                free(p), free(info);
+                return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: the name '%s' is given twice", info[i].name);
+            }
+        size_t n = 1;
+        for (int d = 0; d < info[i].ndim; d++) n *= info[i].shape[d];
+        info[i].offset = total, info[i].numel = n;
+        total += (n + ALIGN_ELEMENTS - 1) / ALIGN_ELEMENTS * ALIGN_ELEMENTS;
+    }
+    p->data = shard_alloc((total ? total : 1) * sizeof(float), category);
+    if (!p->data) {
+        free(p), free(info);
+        return shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory for %zu parameters", total);
+    }
+    memset(p->data, 0, (total ? total : 1) * sizeof(float));
+    p->count = count, p->info = info, p->total = total, p->category = category;
+    *out = p;
+    return SHARD_OK;
+}
+
+shard_status shard_params_like(const shard_params *p, shard_mem_category category, shard_params **out) {
+    return shard_params_create(p->info, p->count, category, out);
+}
+
+void shard_params_destroy(shard_params *p) {
+    if (!p) return;
+    shard_free(p->data);
+    free(p->info);
+    free(p);
+}
+
+const shard_param_info *shard_params_find(const shard_params *p, const char *name) {
+    for (size_t i = 0; p && name && i < p->count; i++)
+        if (strcmp(p->info[i].name, name) == 0) return &p->info[i];
+    return NULL;
+}
+
+float *shard_params_data(const shard_params *p, const char *name) {
+    const shard_param_info *i = shard_params_find(p, name);
+    return i ? p->data + i->offset : NULL;
+}
+
+shard_tensor shard_params_view(const shard_params *p, size_t index) {
+    shard_tensor t;
+    memset(&t, 0, sizeof t);
+    const shard_param_info *i = &p->info[index];
+    t.dtype = SHARD_F32, t.ndim = i->ndim, t.data = p->data + i->offset, t.category = p->category;
+    size_t stride = 1;
+    for (int d = i->ndim - 1; d >= 0; d--) t.shape[d] = i->shape[d], t.strides[d] = stride, stride *= i->shape[d];
+    return t;
+}
+
+void shard_params_zero(shard_params *p) { memset(p->data, 0, p->total * sizeof(float)); }
+
+/* ---------------------------------------------------------------- initialisation */
+
+static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t name_stream(const char *name) { /* FNV-1a, stable across builds */
+    uint64_t h = 1469598103934665603ULL;
+    for (const unsigned char *c = (const unsigned char *)(name ? name : ""); *c; c++) h = (h ^ *c) * 1099511628211ULL;
+    return h;
+}
+
+static double unit(uint64_t seed, uint64_t stream, uint64_t i) { /* in (0, 1) */
+    uint64_t r = mix(mix(seed ^ 0x9e3779b97f4a7c15ULL) ^ mix(stream) ^ (i * 0xd1b54a32d192ed03ULL));
+    return ((double)(r >> 11) + 0.5) * 0x1.0p-53;
+}
+
+void shard_init_normal(float *x, size_t first, size_t n, float std, uint64_t seed, const char *name) {
+    uint64_t stream = name_stream(name);
+    const double two_pi = 6.28318530717958647692;
+    for (size_t k = 0; k < n; k++) { /* Box-Muller on the pair (2i, 2i+1) of element i */
+        uint64_t i = (uint64_t)(first + k);
+        double u1 = unit(seed, stream, 2 * i), u2 = unit(seed, stream, 2 * i + 1);
+        x[k] = (float)((double)std * sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+    }
+}
+
+void shard_init_uniform(float *x, size_t first, size_t n, float bound, uint64_t seed, const char *name) {
+    uint64_t stream = name_stream(name);
+    for (size_t k = 0; k < n; k++) x[k] = (float)((2.0 * unit(seed, stream, (uint64_t)(first + k)) - 1.0) * (double)bound);
+}
+
+/* ---------------------------------------------------------------- safetensors */
+
+shard_status shard_params_load(shard_params *p, const char *path, int require_all, size_t *loaded) {
+    shard_safetensors *f = NULL;
+    SHARD_CHECK(shard_safetensors_open(path, &f));
+    shard_status s = SHARD_OK;
+    size_t n = 0;
+    for (size_t i = 0; i < p->count && s == SHARD_OK; i++) {
+        const shard_param_info *info = &p->info[i];
+        const shard_st_entry *e = shard_safetensors_find(f, info->name);
+        if (!e) {
+            if (require_all)
+                s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, info->name);
+            continue;
+        }
+        int same = e->ndim == info->ndim;
+        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == info->shape[d];
+        if (!same) {
+            char have[160] = "", want[160] = "";
+            size_t hu = 0, wu = 0;
+            for (int d = 0; d < e->ndim; d++) hu += (size_t)snprintf(have + hu, sizeof have - hu, "%s%zu", d ? "," : "", e->shape[d]);
+            for (int d = 0; d < info->ndim; d++) wu += (size_t)snprintf(want + wu, sizeof want - wu, "%s%zu", d ? "," : "", info->shape[d]);
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' has shape [%s], the model needs [%s]", path, info->name,
+                            have, want);
+            break;
+        }
+        if (e->dtype != SHARD_F32 && e->dtype != SHARD_BF16 && e->dtype != SHARD_F16) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' is %s; parameters load from F32, BF16 or F16", path,
+                            info->name, shard_safetensors_dtype_name(e->dtype));
+            break;
+        }
+        shard_tensor *src = NULL;
+        s = shard_safetensors_tensor(f, info->name, SHARD_MEM_OTHER, &src, NULL);
+        if (s == SHARD_OK) {
+            shard_tensor dst = shard_params_view(p, i);
+            s = shard_tensor_cast(&dst, src);
+        }
+        shard_tensor_destroy(src);
+        n++;
+    }
+    shard_safetensors_close(f);
+    if (loaded) *loaded = n;
+    return s;
+}
+
+shard_status shard_params_save(const shard_params *p, const char *path, const char *const *meta_keys,
+                               const char *const *meta_values, size_t meta_count) {
+    const char **names = calloc(p->count ? p->count : 1, sizeof *names);
+    shard_tensor *views = calloc(p->count ? p->count : 1, sizeof *views);
+    const shard_tensor **ptrs = calloc(p->count ? p->count : 1, sizeof *ptrs);
+    shard_status s = names && views && ptrs ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
+        names[i] = p->info[i].name;
+        views[i] = shard_params_view(p, i);
+        ptrs[i] = &views[i];
+    }
+    if (s == SHARD_OK) s = shard_safetensors_write(path, names, ptrs, p->count, meta_keys, meta_values, meta_count);
+    free(names), free(views), free(ptrs);
+    return s;
+}
