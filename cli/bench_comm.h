@@ -53,5 +53,6 @@ int cli_demo(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_inspect_ckpt(int argc, char **argv); /* ckpt.c */
 int cli_ckpt(int argc, char **argv);         /* ckpt.c */
+int cli_data(int argc, char **argv);         /* data.c */
 
 #endif

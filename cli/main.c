@@ -6,6 +6,7 @@
  *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')"
  *   shard inspect ckpt DIR|FILE [--verify]
  *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]
+ *   shard data text FILE... --out DIR [--val-fraction 0.1]
  *   shard version */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,8 @@ static void usage(FILE *to) {
             "               --ranks 4 [--bytes 1G] [--iters 5] [--dir DIR] [--keep] [--json]\n"
             "  bench gemm   sgemm GFLOP/s (OpenBLAS, kernels chosen for this CPU) against the FMA peak\n"
             "               measured in the same run: [--size 4096] [--threads 1] [--iters 5] [--json]\n"
+            "  data text    byte-level tokens of text files: FILE... --out DIR [--val-fraction 0.1]\n"
+            "               (train.tokens, val.tokens, meta.json; token = byte value)\n"
             "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
             "  inspect spec describe a sharding without running ranks: --mesh data=4,tensor=2\n"
             "               --shape 128,4096 --spec \"P('data','tensor')\" [--dtype f32]\n"
@@ -56,6 +59,7 @@ int main(int argc, char **argv) {
     if (strcmp(verb, "demo") == 0) return cli_demo(argc - 1, argv + 1);
     if (strcmp(verb, "inspect") == 0) return cli_inspect(argc - 1, argv + 1);
     if (strcmp(verb, "ckpt") == 0) return cli_ckpt(argc - 1, argv + 1);
+    if (strcmp(verb, "data") == 0) return cli_data(argc - 1, argv + 1);
     if (strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0) {
         printf("shard %s (backends: threads%s)\n", SHARD_VERSION_STRING, shard_have_mpi() ? ", mpi" : "");
         return 0;
@@ -64,6 +68,6 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    cli_error("unknown verb '%s': valid verbs are bench, ckpt, demo, inspect, version, help", verb);
+    cli_error("unknown verb '%s': valid verbs are bench, ckpt, data, demo, inspect, version, help", verb);
     return 2;
 }

@@ -11,6 +11,8 @@ packages=(
   libjansson-dev                     # JSON: safetensors headers, checkpoint indexes
   libxxhash-dev                      # xxh3 checksums of checkpoint files
   libopenblas-dev                    # sgemm (loaded at run time with kernels chosen for the CPU)
+  zlib1g-dev                         # gzip-compressed IDX files (Fashion-MNIST)
+  fortunes dataset-fashion-mnist     # the corpora: text for the GPT, images for the CNN
   clang libclang-rt-dev              # libFuzzer for the fuzz tests
   python3 python3-numpy              # test drivers; the independent safetensors reference (tools/reference)
 )

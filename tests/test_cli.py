@@ -43,7 +43,7 @@ def expect(cond, what):
 def errors():
     cases = [
         ([], 2, "usage: shard"),
-        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, demo, inspect, version, help"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, data, demo, inspect, version, help"),
         (["bench"], 2, "shard: bench: give what to benchmark"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
@@ -73,6 +73,11 @@ def errors():
         (["ckpt"], 2, "shard: ckpt: give what to do"),
         (["ckpt", "export", "x"], 2, "ckpt export: give a checkpoint directory and --out NAME.safetensors"),
         (["inspect", "ckpt"], 2, "inspect ckpt: give a checkpoint directory or a .safetensors file"),
+        (["data"], 2, "shard: data: give what to prepare"),
+        (["data", "text", "--out", "/tmp/x"], 2, "data text: give at least one input file and --out DIR"),
+        (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", "1.5"], 2, "--val-fraction '1.5' is invalid"),
+        (["data", "text", "/nonexistent/f", "--out", "/tmp/shard-cli-never"], 1, "/nonexistent/f: cannot open"),
+        (["bench", "gemm", "--size", "3"], 2, "--size '3' is invalid: give an integer in 16..16384"),
         (["inspect", "ckpt", "/nonexistent/x.safetensors"], 1, "/nonexistent/x.safetensors: cannot open"),
     ]
     for args, code, text in cases:

@@ -5,6 +5,7 @@
 #include "shard/blas.h"
 #include "shard/checkpoint.h"
 #include "shard/comm.h"
+#include "shard/data.h"
 #include "shard/dtensor.h"
 #include "shard/dtype.h"
 #include "shard/launch.h"

@@ -33,7 +33,7 @@ shard_status shard_params_create(const shard_param_info *tensors, size_t count, 
         for (size_t j = 0; j < i; j++)
             if (strcmp(info[i].name, info[j].name) == 0) {
                 free(p), free(info);
-                return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: the name '%s' is given twice", info[i].name);
+                return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: the name '%s' is given twice", tensors[i].name);
             }
         size_t n = 1;
         for (int d = 0; d < info[i].ndim; d++) n *= info[i].shape[d];

@@ -1,0 +1,51 @@
+/* data.c — `shard data text FILE... --out DIR [--val-fraction 0.1]`: the
+ * byte-level tokenizer (token = byte value) writing train.tokens,
+ * val.tokens and meta.json (see include/shard/data.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "cli_util.h"
+#include "shard/data.h"
+
+int cli_data(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "text") != 0) {
+        cli_error("data: give what to prepare: 'shard data text FILE... --out DIR [--val-fraction 0.1]'");
+        return 2;
+    }
+    const char *out = NULL;
+    double val = 0.1;
+    const char **files = calloc((size_t)argc, sizeof *files);
+    size_t n = 0;
+    if (!files) return 1;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "--out") == 0) {
+            if (!(out = cli_value(argc, argv, &i))) return free(files), 2;
+        } else if (strcmp(argv[i], "--val-fraction") == 0) {
+            char *end = NULL;
+            if (!(v = cli_value(argc, argv, &i))) return free(files), 2;
+            val = strtod(v, &end);
+            if (!end || *end || !(val >= 0 && val < 1)) {
+                cli_error("--val-fraction '%s' is invalid: give a fraction in [0, 1), e.g. 0.1", v);
+                return free(files), 2;
+            }
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            cli_error("data text: unknown option '%s' (see 'shard help')", argv[i]);
+            return free(files), 2;
+        } else {
+            files[n++] = argv[i];
+        }
+    }
+    if (!out || !n) {
+        cli_error("data text: give at least one input file and --out DIR");
+        return free(files), 2;
+    }
+    shard_status s = shard_data_text(files, n, out, val, stdout);
+    free(files);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,247 @@
+/* data.c — token files, the batch loader, the byte-level tokenizer and the
+ * IDX reader (see data.h). */
+#define _GNU_SOURCE
+#include "shard/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zlib.h>
+
+#include "ckpt/atomic_file.h"
+#include "ckpt/ckpt_util.h"
+
+enum { HEADER_BYTES = 64 };
+static const char MAGIC[8] = {'S', 'H', 'R', 'D', 'T', 'O', 'K', '1'};
+
+struct shard_tokens {
+    char path[PATH_MAX];
+    void *map;
+    size_t map_bytes, count;
+    uint32_t vocab, token_bytes;
+    const unsigned char *tokens;
+};
+
+static void put32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+shard_status shard_tokens_write(const char *path, const uint32_t *tokens, size_t count, uint32_t vocab) {
+    uint32_t width = vocab <= 65536 ? 2 : 4;
+    unsigned char *buf = malloc(HEADER_BYTES + (count ? count : 1) * width);
+    if (!buf) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu tokens", path, count);
+    unsigned char *body = buf + HEADER_BYTES;
+    for (size_t i = 0; i < count; i++) {
+        if (tokens[i] >= vocab) {
+            free(buf);
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: token %u at %zu is outside the vocabulary of %u", path,
+                               tokens[i], i, vocab);
+        }
+        if (width == 2) body[2 * i] = (unsigned char)tokens[i], body[2 * i + 1] = (unsigned char)(tokens[i] >> 8);
+        else put32(body + 4 * i, tokens[i]);
+    }
+    memset(buf, 0, HEADER_BYTES);
+    memcpy(buf, MAGIC, 8);
+    put32(buf + 8, 1), put32(buf + 12, width), put32(buf + 16, vocab);
+    put64(buf + 24, count), put64(buf + 32, XXH3_64bits(body, count * width));
+    shard_status s = shard__atomic_write_file(path, buf, HEADER_BYTES + count * width);
+    free(buf);
+    return s;
+}
+
+shard_status shard_tokens_open(const char *path, shard_tokens **out) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < HEADER_BYTES) {
+        close(fd);
+        return shard_error(SHARD_ERR_IO, "%s: not a token file (shorter than its %d-byte header)", path, HEADER_BYTES);
+    }
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return shard_error(SHARD_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+    const unsigned char *h = map;
+    shard_tokens *t = calloc(1, sizeof *t);
+    shard_status s = t ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    if (s == SHARD_OK) {
+        snprintf(t->path, sizeof t->path, "%s", path);
+        t->map = map, t->map_bytes = (size_t)st.st_size, t->tokens = h + HEADER_BYTES;
+        t->token_bytes = get32(h + 12), t->vocab = get32(h + 16), t->count = (size_t)get64(h + 24);
+        if (memcmp(h, MAGIC, 8) != 0 || get32(h + 8) != 1)
+            s = shard_error(SHARD_ERR_IO, "%s: not a shard token file (magic or version)", path);
+        else if ((t->token_bytes != 2 && t->token_bytes != 4) || t->vocab == 0)
+            s = shard_error(SHARD_ERR_IO, "%s: header says %u bytes per token and vocab %u", path, t->token_bytes, t->vocab);
+        else if (t->count > (t->map_bytes - HEADER_BYTES) / t->token_bytes ||
+                 HEADER_BYTES + t->count * t->token_bytes != t->map_bytes)
+            s = shard_error(SHARD_ERR_IO, "%s: header says %zu tokens, the file holds %zu bytes of them", path, t->count,
+                            t->map_bytes - HEADER_BYTES);
+        else if (XXH3_64bits(t->tokens, t->count * t->token_bytes) != get64(h + 32))
+            s = shard_error(SHARD_ERR_IO, "%s: checksum mismatch: the tokens are corrupt", path);
+    }
+    if (s < 0) {
+        munmap(map, (size_t)st.st_size);
+        free(t);
+        return s;
+    }
+    *out = t;
+    return SHARD_OK;
+}
+
+void shard_tokens_close(shard_tokens *t) {
+    if (!t) return;
+    munmap(t->map, t->map_bytes);
+    free(t);
+}
+
+size_t shard_tokens_count(const shard_tokens *t) { return t ? t->count : 0; }
+uint32_t shard_tokens_vocab(const shard_tokens *t) { return t ? t->vocab : 0; }
+
+uint32_t shard_tokens_at(const shard_tokens *t, size_t i) {
+    const unsigned char *p = t->tokens + i * t->token_bytes;
+    return t->token_bytes == 2 ? (uint32_t)(p[0] | p[1] << 8) : get32(p);
+}
+
+static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+shard_status shard_tokens_batch(const shard_tokens *t, uint64_t seed, uint64_t step, size_t first_row, size_t rows,
+                                size_t T, int32_t *inputs, int32_t *targets) {
+    if (t->count < T + 1)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu tokens, too few for sequences of %zu (+1 target)", t->path,
+                           t->count, T);
+    uint64_t starts = t->count - T; /* positions 0 .. count - T - 1 */
+    for (size_t r = 0; r < rows; r++) {
+        uint64_t row = first_row + r;
+        uint64_t pos = mix(mix(seed * 0x9e3779b97f4a7c15ULL + step) ^ (row * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL)) %
+                       starts;
+        for (size_t i = 0; i < T; i++) {
+            inputs[r * T + i] = (int32_t)shard_tokens_at(t, pos + i);
+            targets[r * T + i] = (int32_t)shard_tokens_at(t, pos + i + 1);
+        }
+    }
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- shard data text */
+
+shard_status shard_data_text(const char *const *files, size_t count, const char *out_dir, double val_fraction,
+                             FILE *report) {
+    if (!count) return shard_error(SHARD_ERR_INVALID_ARG, "data text: no input files");
+    if (!(val_fraction >= 0 && val_fraction < 1))
+        return shard_error(SHARD_ERR_INVALID_ARG, "data text: --val-fraction %g is outside [0, 1)", val_fraction);
+    size_t total = 0, cap = 1 << 20;
+    uint32_t *tokens = malloc(cap * sizeof *tokens);
+    if (!tokens) return shard_error(SHARD_ERR_NO_MEMORY, "data text: out of memory");
+    shard_status s = SHARD_OK;
+    for (size_t f = 0; f < count && s == SHARD_OK; f++) {
+        FILE *in = fopen(files[f], "rb");
+        if (!in) {
+            s = shard_error(SHARD_ERR_IO, "%s: cannot open: %s", files[f], strerror(errno));
+            break;
+        }
+        for (int c; (c = fgetc(in)) != EOF;) {
+            if (total == cap) {
+                uint32_t *more = realloc(tokens, 2 * cap * sizeof *tokens);
+                if (!more) {
+                    s = shard_error(SHARD_ERR_NO_MEMORY, "data text: out of memory after %zu tokens", total);
+                    break;
+                }
+                tokens = more, cap *= 2;
+            }
+            tokens[total++] = (uint32_t)c; /* the byte-level tokenizer: token id = byte value */
+        }
+        if (ferror(in) && s == SHARD_OK) s = shard_error(SHARD_ERR_IO, "%s: read error", files[f]);
+        fclose(in);
+    }
+    size_t val = (size_t)((double)total * val_fraction), train = total - val;
+    char path[PATH_MAX];
+    if (s == SHARD_OK) s = shard__ckpt_mkdirs(out_dir);
+    if (s == SHARD_OK) {
+        snprintf(path, sizeof path, "%s/train.tokens", out_dir);
+        s = shard_tokens_write(path, tokens, train, 256);
+    }
+    if (s == SHARD_OK) {
+        snprintf(path, sizeof path, "%s/val.tokens", out_dir);
+        s = shard_tokens_write(path, tokens + train, val, 256);
+    }
+    if (s == SHARD_OK) {
+        char meta[512];
+        int n = snprintf(meta, sizeof meta,
+                         "{\n  \"tokenizer\": \"bytes\",\n  \"vocab_size\": 256,\n  \"train_tokens\": %zu,\n"
+                         "  \"val_tokens\": %zu,\n  \"files\": %zu\n}\n",
+                         train, val, count);
+        snprintf(path, sizeof path, "%s/meta.json", out_dir);
+        s = shard__atomic_write_file(path, meta, (size_t)n);
+    }
+    if (s == SHARD_OK && report)
+        fprintf(report, "data: %zu bytes from %zu file%s -> %s/train.tokens (%zu tokens), %s/val.tokens (%zu tokens)\n",
+                total, count, count == 1 ? "" : "s", out_dir, train, out_dir, val);
+    free(tokens);
+    return s;
+}
+
+/* ---------------------------------------------------------------- IDX */
+
+shard_status shard_idx_read(const char *path, shard_idx *out) {
+    memset(out, 0, sizeof *out);
+    gzFile gz = gzopen(path, "rb"); /* reads plain files too */
+    if (!gz) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    unsigned char head[4 + 4 * 4];
+    shard_status s = SHARD_OK;
+    if (gzread(gz, head, 4) != 4 || head[0] || head[1] || head[2] != 0x08 || head[3] < 1 || head[3] > 4)
+        s = shard_error(SHARD_ERR_IO, "%s: not an IDX file of unsigned bytes with 1 to 4 dims", path);
+    if (s == SHARD_OK) {
+        out->ndim = head[3];
+        if (gzread(gz, head + 4, (unsigned)(4 * out->ndim)) != 4 * out->ndim)
+            s = shard_error(SHARD_ERR_IO, "%s: truncated IDX header", path);
+        out->count = 1;
+        for (int d = 0; s == SHARD_OK && d < out->ndim; d++) {
+            const unsigned char *p = head + 4 + 4 * d;
+            out->dims[d] = (size_t)p[0] << 24 | (size_t)p[1] << 16 | (size_t)p[2] << 8 | p[3];
+            if (out->dims[d] && out->count > ((size_t)1 << 40) / out->dims[d])
+                s = shard_error(SHARD_ERR_IO, "%s: IDX dims too large", path);
+            out->count *= out->dims[d];
+        }
+    }
+    if (s == SHARD_OK) {
+        out->data = malloc(out->count ? out->count : 1);
+        if (!out->data) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu bytes", path, out->count);
+    }
+    for (size_t done = 0; s == SHARD_OK && done < out->count;) {
+        unsigned chunk = out->count - done > (1u << 30) ? (1u << 30) : (unsigned)(out->count - done);
+        int n = gzread(gz, out->data + done, chunk);
+        if (n <= 0) s = shard_error(SHARD_ERR_IO, "%s: truncated: %zu of %zu data bytes", path, done, out->count);
+        else done += (size_t)n;
+    }
+    gzclose(gz);
+    if (s < 0) shard_idx_free(out);
+    return s;
+}
+
+void shard_idx_free(shard_idx *idx) {
+    free(idx->data);
+    memset(idx, 0, sizeof *idx);
+}

@@ -1,0 +1,174 @@
+/* test_data.c — unit tests (cmocka) for the data layer: token files (both
+ * widths, corruption caught), the byte-level tokenizer, batches that depend
+ * only on (seed, step, row) so any split over ranks gives the same global
+ * batch, and the IDX reader (gzip and plain, refusals, and Debian's
+ * Fashion-MNIST test set). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "shard/data.h"
+
+static char dir[64];
+
+static void path_of(char *out, size_t n, const char *name) {
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/shard-data-XXXXXX");
+        assert_non_null(mkdtemp(dir));
+    }
+    snprintf(out, n, "%s/%s", dir, name);
+}
+
+static void token_files(void **state) {
+    (void)state;
+    char path[128];
+    path_of(path, sizeof path, "t.tokens");
+    uint32_t toks[5] = {1, 255, 0, 7, 300};
+    assert_int_equal(shard_tokens_write(path, toks, 5, 256), SHARD_ERR_INVALID_ARG); /* 300 >= 256 */
+    for (uint32_t vocab = 512; vocab <= 100000; vocab += 99488) { /* 2 and 4 bytes per token */
+        assert_int_equal(shard_tokens_write(path, toks, 5, vocab), SHARD_OK);
+        shard_tokens *t = NULL;
+        assert_int_equal(shard_tokens_open(path, &t), SHARD_OK);
+        assert_int_equal(shard_tokens_count(t), 5);
+        assert_int_equal(shard_tokens_vocab(t), vocab);
+        for (size_t i = 0; i < 5; i++) assert_int_equal(shard_tokens_at(t, i), toks[i]);
+        shard_tokens_close(t);
+    }
+    FILE *f = fopen(path, "r+b"); /* flip a token byte */
+    fseek(f, -1, SEEK_END);
+    fputc(0x77, f);
+    fclose(f);
+    shard_tokens *t = NULL;
+    assert_int_equal(shard_tokens_open(path, &t), SHARD_ERR_IO);
+    assert_non_null(strstr(shard_last_error(), "checksum mismatch"));
+    f = fopen(path, "r+b");
+    fputc('X', f);
+    fclose(f);
+    assert_int_equal(shard_tokens_open(path, &t), SHARD_ERR_IO);
+    assert_non_null(strstr(shard_last_error(), "not a shard token file"));
+}
+
+static void tokenizer_and_batches(void **state) {
+    (void)state;
+    char a[128], b[128], out[128];
+    path_of(a, sizeof a, "a.txt");
+    path_of(b, sizeof b, "b.txt");
+    path_of(out, sizeof out, "tok");
+    FILE *f = fopen(a, "wb");
+    for (int i = 0; i < 900; i++) fputc("The quick brown fox\n"[i % 20], f);
+    fclose(f);
+    f = fopen(b, "wb");
+    for (int i = 0; i < 100; i++) fputc(i + 128, f);
+    fclose(f);
+    const char *files[2] = {a, b};
+    assert_int_equal(shard_data_text(files, 2, out, 0.1, NULL), SHARD_OK);
+    char tp[160], vp[160];
+    snprintf(tp, sizeof tp, "%s/train.tokens", out);
+    snprintf(vp, sizeof vp, "%s/val.tokens", out);
+    shard_tokens *train = NULL, *val = NULL;
+    assert_int_equal(shard_tokens_open(tp, &train), SHARD_OK);
+    assert_int_equal(shard_tokens_open(vp, &val), SHARD_OK);
+    assert_int_equal(shard_tokens_count(train), 900);
+    assert_int_equal(shard_tokens_count(val), 100);
+    assert_int_equal(shard_tokens_at(train, 0), 'T'); /* token id = byte value */
+    assert_int_equal(shard_tokens_at(val, 5), 133);
+    /* batches: a function of (seed, step, row) only */
+    enum { B = 6, T = 16 };
+    int32_t in[B * T], tg[B * T], in2[B * T], tg2[B * T];
+    assert_int_equal(shard_tokens_batch(train, 7, 3, 0, B, T, in, tg), SHARD_OK);
+    assert_int_equal(shard_tokens_batch(train, 7, 3, 0, B, T, in2, tg2), SHARD_OK);
+    assert_memory_equal(in, in2, sizeof in);
+    for (int r = 0; r < B; r++) /* targets are the inputs shifted by one */
+        for (int i = 0; i + 1 < T; i++) assert_int_equal(tg[r * T + i], in[r * T + i + 1]);
+    for (int ranks = 2; ranks <= 3; ranks++) /* the same rows, split over ranks */
+        for (int k = 0; k < ranks; k++) {
+            size_t first = (size_t)(B * k / ranks), rows = (size_t)(B * (k + 1) / ranks) - first;
+            assert_int_equal(shard_tokens_batch(train, 7, 3, first, rows, T, in2, tg2), SHARD_OK);
+            assert_memory_equal(in + first * T, in2, rows * T * sizeof *in);
+            assert_memory_equal(tg + first * T, tg2, rows * T * sizeof *tg);
+        }
+    assert_int_equal(shard_tokens_batch(train, 7, 4, 0, B, T, in2, tg2), SHARD_OK);
+    assert_true(memcmp(in, in2, sizeof in) != 0); /* another step, another batch */
+    assert_int_equal(shard_tokens_batch(val, 7, 3, 0, 1, 100, in2, tg2), SHARD_ERR_INVALID_ARG); /* 100 tokens < 101 */
+    shard_tokens_close(train);
+    shard_tokens_close(val);
+}
+
+static void write_idx(const char *path, const unsigned char *head, size_t head_bytes, size_t data_bytes, int gzip) {
+    if (gzip) {
+        gzFile g = gzopen(path, "wb");
+        gzwrite(g, head, (unsigned)head_bytes);
+        for (size_t i = 0; i < data_bytes; i++) gzputc(g, (int)(i % 251));
+        gzclose(g);
+    } else {
+        FILE *f = fopen(path, "wb");
+        fwrite(head, 1, head_bytes, f);
+        for (size_t i = 0; i < data_bytes; i++) fputc((int)(i % 251), f);
+        fclose(f);
+    }
+}
+
+static void idx(void **state) {
+    (void)state;
+    char path[128];
+    path_of(path, sizeof path, "x.idx.gz");
+    const unsigned char head[16] = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4};
+    for (int gzip = 0; gzip <= 1; gzip++) {
+        write_idx(path, head, 16, 24, gzip);
+        shard_idx x;
+        assert_int_equal(shard_idx_read(path, &x), SHARD_OK);
+        assert_int_equal(x.ndim, 3);
+        assert_int_equal(x.dims[0], 2);
+        assert_int_equal(x.dims[2], 4);
+        assert_int_equal(x.count, 24);
+        assert_int_equal(x.data[23], 23);
+        shard_idx_free(&x);
+    }
+    write_idx(path, head, 16, 20, 1); /* truncated */
+    shard_idx x;
+    assert_int_equal(shard_idx_read(path, &x), SHARD_ERR_IO);
+    assert_non_null(strstr(shard_last_error(), "truncated: 20 of 24 data bytes"));
+    const unsigned char floats[8] = {0, 0, 0x0D, 1, 0, 0, 0, 1}; /* type 0x0D: floats */
+    write_idx(path, floats, 8, 4, 1);
+    assert_int_equal(shard_idx_read(path, &x), SHARD_ERR_IO);
+    assert_non_null(strstr(shard_last_error(), "not an IDX file of unsigned bytes"));
+    /* Debian's dataset-fashion-mnist (installed by make deps) */
+    assert_int_equal(shard_idx_read("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", &x), SHARD_OK);
+    assert_int_equal(x.ndim, 1);
+    assert_int_equal(x.dims[0], 10000);
+    size_t per_class[10] = {0};
+    for (size_t i = 0; i < x.count; i++) {
+        assert_true(x.data[i] < 10);
+        per_class[x.data[i]]++;
+    }
+    for (int c = 0; c < 10; c++) assert_int_equal(per_class[c], 1000);
+    shard_idx_free(&x);
+    assert_int_equal(shard_idx_read("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz", &x), SHARD_OK);
+    assert_int_equal(x.ndim, 3);
+    assert_int_equal(x.dims[1], 28);
+    assert_int_equal(x.dims[2], 28);
+    shard_idx_free(&x);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(token_files),
+        cmocka_unit_test(tokenizer_and_batches),
+        cmocka_unit_test(idx),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (dir[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    }
+    return rc;
+}
