@@ -22,7 +22,7 @@ extern "C" {
 /* ---- linear: y[N,out] = x[N,in] W[in,out] + b[out] (GPT-2's Conv1D layout; b may be NULL) ---- */
 shard_status shard_linear_forward(const float *x, const float *W, const float *b, float *y, size_t N, size_t in,
                                   size_t out);
-/* dx[N,in] = dy W^T; dW += x^T dy; db += column sums of dy (dx, db may be NULL) */
+/* dx[N,in] = dy W^T; dW += x^T dy; db += column sums of dy (dx, db may be NULL; dx must not alias x) */
 shard_status shard_linear_backward(const float *x, const float *W, const float *dy, float *dx, float *dW, float *db,
                                    size_t N, size_t in, size_t out);
 

@@ -8,6 +8,7 @@
 #include "shard/data.h"
 #include "shard/dtensor.h"
 #include "shard/dtype.h"
+#include "shard/engine.h"
 #include "shard/launch.h"
 #include "shard/layers.h"
 #include "shard/memory.h"

@@ -46,9 +46,9 @@ def reference():
     }
 
 
-def write(path):
-    tensors = reference()
-    header = {"__metadata__": {"format": "pt", "written_by": "numpy"}}
+def write_raw(path, tensors, metadata):
+    """tensors: {name: (dtype string, shape, numpy values)}"""
+    header = {"__metadata__": metadata}
     blobs, at = [], 0
     for name in sorted(tensors):  # name order, as Hugging Face's writer does for equal alignment
         dtype, shape, values = tensors[name]
@@ -60,6 +60,15 @@ def write(path):
     text += b" " * ((8 - (8 + len(text)) % 8) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def write_tensors(path, arrays, metadata):
+    """arrays: {name: float32 numpy array} written as F32."""
+    write_raw(path, {k: ("F32", list(v.shape), v.astype(np.float32).reshape(-1)) for k, v in arrays.items()}, metadata)
+
+
+def write(path):
+    write_raw(path, reference(), {"format": "pt", "written_by": "numpy"})
 
 
 def no_duplicates(pairs):
