@@ -9,6 +9,7 @@
 #include "shard/dtensor.h"
 #include "shard/dtype.h"
 #include "shard/engine.h"
+#include "shard/gpt.h"
 #include "shard/launch.h"
 #include "shard/layers.h"
 #include "shard/memory.h"

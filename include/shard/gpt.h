@@ -1,0 +1,58 @@
+/* gpt.h — a GPT-2-style decoder: Hugging Face GPT-2's config fields and
+ * tensor names (wte.weight, wpe.weight, h.0.ln_1.weight, h.0.attn.c_attn.weight
+ * ... with GPT-2's Conv1D in x out layout), the LM head tied to wte, so a
+ * GPT-2 checkpoint in safetensors loads by name.
+ *
+ * One block: x += c_proj(attn(c_attn(ln_1(x)))); x += c_proj(gelu(c_fc(ln_2(x)))).
+ * Forward keeps the activations backward needs (sized for max_batch x
+ * max_seq at creation); backward adds into a gradient slab of the
+ * parameters' layout. */
+#ifndef SHARD_GPT_H
+#define SHARD_GPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct shard_gpt_config {
+    size_t n_embd, n_layer, n_head, n_positions, vocab_size;
+    float layer_norm_epsilon; /* default 1e-5 */
+    float initializer_range;  /* default 0.02 */
+} shard_gpt_config;
+
+/* Parse a JSON config (`where` names it in messages).  Hugging Face's GPT-2
+ * config.json is accepted; an unknown key, a wrong type, or inconsistent
+ * sizes (n_embd not divisible by n_head, ...) is refused naming the key. */
+shard_status shard_gpt_config_parse(const char *json_text, const char *where, shard_gpt_config *out);
+shard_status shard_gpt_config_load(const char *path, shard_gpt_config *out);
+size_t shard_gpt_param_count(const shard_gpt_config *c);
+
+typedef struct shard_gpt shard_gpt;
+
+shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out);
+void shard_gpt_destroy(shard_gpt *g);
+shard_params *shard_gpt_params(shard_gpt *g);
+const shard_gpt_config *shard_gpt_config_of(const shard_gpt *g);
+
+/* GPT-2's initialisation: weights normal(0, initializer_range), the two
+ * c_proj weights of each block scaled by 1/sqrt(2 n_layer), biases 0,
+ * LayerNorm weights 1 (counter-based: see params.h). */
+void shard_gpt_init(shard_gpt *g, uint64_t seed);
+
+/* inputs[B,T] token ids; with targets (ignore index -100) *loss gets the
+ * mean cross-entropy.  Logits [B*T, vocab] stay readable until the next call. */
+shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
+                               float *loss);
+const float *shard_gpt_logits(const shard_gpt *g);
+/* After a forward with targets: adds d(loss)/d(parameter) into grads. */
+shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
