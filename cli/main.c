@@ -7,6 +7,8 @@
  *   shard inspect ckpt DIR|FILE [--verify]
  *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]
  *   shard data text FILE... --out DIR [--val-fraction 0.1]
+ *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S ...
+ *   shard generate (--ckpt DIR | --config CONFIG.json --init W.safetensors) --prompt "..." --tokens N
  *   shard version */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,12 @@ static void usage(FILE *to) {
             "               measured in the same run: [--size 4096] [--threads 1] [--iters 5] [--json]\n"
             "  data text    byte-level tokens of text files: FILE... --out DIR [--val-fraction 0.1]\n"
             "               (train.tokens, val.tokens, meta.json; token = byte value)\n"
+            "  train        train the GPT on one rank: --config CONFIG.json --data DIR [--batch 8]\n"
+            "               [--seq 128] [--steps N] [--lr 1e-3] [--seed S] [--init W.safetensors]\n"
+            "               [--log run.jsonl] [--save DIR] [--save-every K] [--warmup W] [--min-lr X]\n"
+            "               [--weight-decay 0.1] [--clip 1.0]\n"
+            "  generate     text from the GPT: (--ckpt DIR | --config C.json --init W.safetensors)\n"
+            "               --prompt TEXT [--tokens 64] [--temperature 0.8] [--top-k 40] [--seed S]\n"
             "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
             "  inspect spec describe a sharding without running ranks: --mesh data=4,tensor=2\n"
             "               --shape 128,4096 --spec \"P('data','tensor')\" [--dtype f32]\n"
@@ -60,6 +68,8 @@ int main(int argc, char **argv) {
     if (strcmp(verb, "inspect") == 0) return cli_inspect(argc - 1, argv + 1);
     if (strcmp(verb, "ckpt") == 0) return cli_ckpt(argc - 1, argv + 1);
     if (strcmp(verb, "data") == 0) return cli_data(argc - 1, argv + 1);
+    if (strcmp(verb, "train") == 0) return cli_train(argc - 1, argv + 1);
+    if (strcmp(verb, "generate") == 0) return cli_generate(argc - 1, argv + 1);
     if (strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0) {
         printf("shard %s (backends: threads%s)\n", SHARD_VERSION_STRING, shard_have_mpi() ? ", mpi" : "");
         return 0;
@@ -68,6 +78,6 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    cli_error("unknown verb '%s': valid verbs are bench, ckpt, data, demo, inspect, version, help", verb);
+    cli_error("unknown verb '%s': valid verbs are bench, ckpt, data, demo, generate, inspect, train, version, help", verb);
     return 2;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_cli.py — the shard command line as users and scripts see it.
 
-usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|bench_redistribute|ckpt|demo|inspect
+usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|bench_redistribute|ckpt|train|demo|inspect
 
 errors:     every bad input gets exactly one 'shard: ...' line on stderr and exit 2
             (exit 1 for a well-formed request that cannot run), naming what would be valid.
@@ -13,6 +13,8 @@ bench_redistribute: `bench redistribute --json` prints the five transitions with
 ckpt:       `bench ckpt --keep` leaves a checkpoint; `inspect ckpt --verify` checks it and names a
             corrupted file; `ckpt export` writes one file or Hugging Face's sharded layout, which
             the independent Python reader (tools/reference) accepts.
+train:      `data text`, `train` (log keys, loss falling, checkpoint, bitwise-identical losses on a
+            rerun, config errors naming the key), `generate` (greedy output reproducible).
 demo:       `shard demo` runs and checks its own answers.
 inspect:    `shard inspect spec` prints the type, the block grid and every rank's shard.
 """
@@ -43,7 +45,7 @@ def expect(cond, what):
 def errors():
     cases = [
         ([], 2, "usage: shard"),
-        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, data, demo, inspect, version, help"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, data, demo, generate, inspect, train, version, help"),
         (["bench"], 2, "shard: bench: give what to benchmark"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
@@ -78,6 +80,11 @@ def errors():
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", "1.5"], 2, "--val-fraction '1.5' is invalid"),
         (["data", "text", "/nonexistent/f", "--out", "/tmp/shard-cli-never"], 1, "/nonexistent/f: cannot open"),
         (["bench", "gemm", "--size", "3"], 2, "--size '3' is invalid: give an integer in 16..16384"),
+        (["train", "--data", "x"], 2, "train: --config CONFIG.json and --data DIR are required"),
+        (["train", "--config", "c", "--data", "d", "--lr", "0"], 2, "--lr '0' is invalid: give a number > 0"),
+        (["train", "--config", "c", "--data", "d", "--ranks", "2"], 2, "--ranks 2 is invalid: shard train runs one rank"),
+        (["generate", "--prompt", "x"], 2, "generate: give --prompt and either --ckpt DIR"),
+        (["generate", "--ckpt", "/nonexistent", "--prompt", "x"], 1, "/nonexistent: not a checkpoint"),
         (["inspect", "ckpt", "/nonexistent/x.safetensors"], 1, "/nonexistent/x.safetensors: cannot open"),
     ]
     for args, code, text in cases:
@@ -238,6 +245,51 @@ def ckpt():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def train():
+    import shutil
+    import tempfile
+    work = tempfile.mkdtemp(prefix="shard-cli-train-")
+    try:
+        text = os.path.join(work, "corpus.txt")
+        with open(text, "w") as f:
+            f.write("the cat sat on the mat. the dog sat on the log.\n" * 400)
+        p = run(["data", "text", text, "--out", os.path.join(work, "data")])
+        expect(p.returncode == 0 and "train.tokens" in p.stdout, f"data text: {p.stdout} {p.stderr}")
+        cfg = os.path.join(work, "gpt.json")
+        with open(cfg, "w") as f:
+            json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256}, f)
+        args = ["train", "--config", cfg, "--data", os.path.join(work, "data"), "--batch", "4", "--seq", "32",
+                "--steps", "20", "--lr", "3e-3", "--seed", "5"]
+        logs = []
+        for k in range(2):
+            log = os.path.join(work, f"run{k}.jsonl")
+            extra = ["--save", os.path.join(work, "ck"), "--save-every", "10"] if k == 0 else []
+            p = run(args + ["--log", log] + extra)
+            expect(p.returncode == 0 and "train: 20 steps" in p.stdout, f"train run {k}: {p.stdout} {p.stderr}")
+            logs.append([json.loads(l) for l in open(log)] if os.path.exists(log) else [])
+        rows = logs[0]
+        expect(len(rows) == 20 and {"step", "loss", "lr", "tokens_per_s", "ms"} <= set(rows[0]), f"log rows: {rows[:1]}")
+        expect(rows and rows[-1]["loss"] < rows[0]["loss"] - 1.0, f"loss did not fall: {rows[0]} -> {rows[-1]}")
+        expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
+        p = run(["inspect", "ckpt", os.path.join(work, "ck"), "--verify"])
+        expect(p.returncode == 0 and "step 20" in p.stdout and "wte.weight" in p.stdout, f"train checkpoint: {p.stdout}")
+        outs = [run(["generate", "--ckpt", os.path.join(work, "ck"), "--prompt", "the ", "--tokens", "20",
+                     "--temperature", "0"]) for _ in range(2)]
+        expect(all(o.returncode == 0 and o.stdout.startswith("the ") and len(o.stdout) >= 24 for o in outs)
+               and outs[0].stdout == outs[1].stdout, f"generate: {[o.stdout for o in outs]} {outs[0].stderr}")
+        with open(cfg, "w") as f:
+            json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256, "n_heads": 4}, f)
+        p = run(args)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode == 1 and len(lines) == 1 and "key 'n_heads' is unknown" in p.stderr, f"bad config: {p.stderr!r}")
+        with open(cfg, "w") as f:
+            json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 16, "vocab_size": 256}, f)
+        p = run(args)
+        expect(p.returncode == 1 and "key 'n_positions' = 16 is shorter than --seq 32" in p.stderr, f"seq: {p.stderr!r}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def inspect():
     p = run(["inspect", "spec", "--mesh", "data=4,tensor=2", "--shape", "128,4096", "--spec", "P('data','tensor')"])
     expect(p.returncode == 0, f"inspect: exit {p.returncode}: {p.stderr}")
@@ -264,5 +316,5 @@ def demo():
 
 if __name__ == "__main__":
     {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
-     "ckpt": ckpt, "demo": demo, "inspect": inspect}[sys.argv[2]]()
+     "ckpt": ckpt, "train": train, "demo": demo, "inspect": inspect}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -1,0 +1,161 @@
+/* generate.c — `shard generate`: text from the GPT, byte-level tokens.
+ *
+ *   shard generate (--ckpt DIR | --config CONFIG.json --init weights.safetensors)
+ *                  --prompt "..." --tokens N [--temperature T] [--top-k K] [--seed S]
+ *
+ * Token ids are the prompt's bytes (0-255).  Each new token comes from the
+ * logits of the last position over at most n_positions tokens: temperature
+ * 0 takes the arg-max (greedy); otherwise softmax(logits / T) restricted to
+ * the K most likely (K 0: all), sampled with a seeded generator. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "cli_util.h"
+#include "shard/shard.h"
+#include "train_util.h"
+
+typedef struct gen_opts {
+    const char *ckpt, *config, *init, *prompt;
+    long tokens, top_k;
+    double temperature;
+    unsigned long long seed;
+} gen_opts;
+
+static uint64_t next_random(uint64_t *state) { /* splitmix64 */
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static int pick(const float *logits, size_t V, double temperature, long top_k, uint64_t *rng) {
+    size_t best = 0;
+    for (size_t v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (temperature <= 0) return (int)best;
+    double *p = malloc(V * sizeof *p), sum = 0, cut = -INFINITY;
+    if (!p) return (int)best;
+    if (top_k > 0 && (size_t)top_k < V) { /* the K-th largest logit */
+        float *sorted = malloc(V * sizeof *sorted);
+        if (sorted) {
+            memcpy(sorted, logits, V * sizeof *sorted);
+            for (long k = 0; k < top_k; k++) { /* partial selection: K is small */
+                size_t m = (size_t)k;
+                for (size_t v = (size_t)k + 1; v < V; v++)
+                    if (sorted[v] > sorted[m]) m = v;
+                float t = sorted[k];
+                sorted[k] = sorted[m], sorted[m] = t;
+            }
+            cut = sorted[top_k - 1];
+            free(sorted);
+        }
+    }
+    for (size_t v = 0; v < V; v++) {
+        p[v] = logits[v] >= cut ? exp(((double)logits[v] - logits[best]) / temperature) : 0;
+        sum += p[v];
+    }
+    double u = (double)(next_random(rng) >> 11) * 0x1.0p-53 * sum;
+    int chosen = (int)best;
+    for (size_t v = 0; v < V; v++) {
+        if (u < p[v]) {
+            chosen = (int)v;
+            break;
+        }
+        u -= p[v];
+    }
+    free(p);
+    return chosen;
+}
+
+static shard_status generate_rank(shard_comm *comm, void *arg) {
+    const gen_opts *o = arg;
+    shard_gpt_config c;
+    if (o->ckpt) {
+        char *text = NULL;
+        SHARD_CHECK(train_checkpoint_config(o->ckpt, &text));
+        shard_status s = shard_gpt_config_parse(text, o->ckpt, &c);
+        free(text);
+        SHARD_CHECK(s);
+    } else {
+        SHARD_CHECK(shard_gpt_config_load(o->config, &c));
+    }
+    size_t plen = strlen(o->prompt), total = plen + (size_t)o->tokens, ctx = c.n_positions;
+    if (c.vocab_size < 256)
+        return shard_error(SHARD_ERR_INVALID_ARG, "generate: the model's vocab_size %zu cannot hold byte tokens (256)",
+                           c.vocab_size);
+    if (plen == 0) return shard_error(SHARD_ERR_INVALID_ARG, "generate: --prompt is empty; give at least one character");
+    shard_gpt *g = NULL;
+    SHARD_CHECK(shard_gpt_create(&c, 1, ctx, &g));
+    shard_status s = o->ckpt ? train_load_checkpoint(comm, o->ckpt, shard_gpt_params(g), NULL)
+                             : shard_params_load(shard_gpt_params(g), o->init, 1, NULL);
+    int32_t *ids = malloc(total * sizeof *ids);
+    if (s == SHARD_OK && !ids) s = shard_error(SHARD_ERR_NO_MEMORY, "generate: out of memory");
+    for (size_t i = 0; s == SHARD_OK && i < plen; i++) ids[i] = (unsigned char)o->prompt[i];
+    uint64_t rng = o->seed;
+    fwrite(o->prompt, 1, plen, stdout);
+    for (size_t n = plen; s == SHARD_OK && n < total; n++) {
+        size_t T = n < ctx ? n : ctx;
+        s = shard_gpt_forward(g, ids + (n - T), NULL, 1, T, NULL);
+        if (s < 0) break;
+        int next = pick(shard_gpt_logits(g) + (T - 1) * c.vocab_size, c.vocab_size, o->temperature, o->top_k, &rng);
+        if (next > 255) next = ' '; /* a model with a larger vocabulary: outside the byte range */
+        ids[n] = next;
+        fputc(next, stdout);
+        fflush(stdout);
+    }
+    if (s == SHARD_OK) fputc('\n', stdout);
+    free(ids);
+    shard_gpt_destroy(g);
+    return s;
+}
+
+int cli_generate(int argc, char **argv) {
+    gen_opts o = {.tokens = 64, .temperature = 0.8, .top_k = 40, .seed = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        long n;
+        if (strcmp(a, "--ckpt") == 0) {
+            if (!(o.ckpt = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--config") == 0) {
+            if (!(o.config = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--init") == 0) {
+            if (!(o.init = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--prompt") == 0) {
+            if (!(o.prompt = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--tokens") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, 1 << 20, &o.tokens)) return 2;
+        } else if (strcmp(a, "--top-k") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, 1 << 30, &o.top_k)) return 2;
+        } else if (strcmp(a, "--seed") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, 1L << 62, &n)) return 2;
+            o.seed = (unsigned long long)n;
+        } else if (strcmp(a, "--temperature") == 0) {
+            char *end = NULL;
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            o.temperature = strtod(v, &end);
+            if (!end || *end || !(o.temperature >= 0) || o.temperature > 100) {
+                cli_error("--temperature '%s' is invalid: give a number >= 0 (0: greedy)", v);
+                return 2;
+            }
+        } else {
+            cli_error("generate: unknown option '%s' (see 'shard help')", a);
+            return 2;
+        }
+    }
+    if (!o.prompt || (!o.ckpt && !(o.config && o.init)) || (o.ckpt && (o.config || o.init))) {
+        cli_error("generate: give --prompt and either --ckpt DIR or --config CONFIG.json with --init weights.safetensors");
+        return 2;
+    }
+    shard_launch_config launch = shard_launch_config_default();
+    launch.ranks = 1;
+    shard_status s = shard_launch_with(&launch, generate_rank, &o);
+    if (s < 0) {
+        fflush(stdout);
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,99 @@
+/* train_util.c — see train_util.h. */
+#include "train_util.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt_index.h"
+#include "ckpt/ckpt_util.h"
+
+void cli_progress(int tty, long step, long steps, float loss, float lr, double tps, double ms) {
+    if (tty) {
+        int width = 30, filled = (int)((double)width * (double)step / (double)steps);
+        printf("\r  [%.*s%*s] %ld/%ld  loss %.4f  lr %.2e  %.0f tok/s  %.1f ms/step ", filled,
+               "##############################", width - filled, "", step, steps, loss, lr, tps, ms);
+        fflush(stdout);
+    } else if (step == 1 || step == steps || step % (steps >= 20 ? steps / 20 : 1) == 0) {
+        printf("  step %ld/%ld  loss %.4f  lr %.2e  %.0f tok/s  %.1f ms/step\n", step, steps, loss, lr, tps, ms);
+        fflush(stdout);
+    }
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, len = 0;
+    char *text = malloc(cap);
+    for (int c; text && (c = fgetc(f)) != EOF;) {
+        if (len + 1 >= cap) {
+            char *more = realloc(text, cap *= 2);
+            if (!more) free(text);
+            text = more;
+        }
+        if (text) text[len++] = (char)c;
+    }
+    if (text) text[len] = '\0';
+    fclose(f);
+    return text;
+}
+
+/* One replicated dtensor per parameter on a one-rank mesh. */
+static shard_status make_items(shard_comm *comm, const shard_params *params, shard_mesh **mesh, shard_ckpt_item **items) {
+    SHARD_CHECK(shard_mesh_create(comm, "data=1", mesh));
+    *items = calloc(params->count, sizeof **items);
+    if (!*items) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    for (size_t i = 0; i < params->count; i++) {
+        shard_spec spec = shard_spec_replicated(params->info[i].ndim);
+        (*items)[i].name = params->info[i].name;
+        SHARD_CHECK(shard_dtensor_create(*mesh, SHARD_F32, params->info[i].ndim, params->info[i].shape, &spec,
+                                         SHARD_MEM_COMM, &(*items)[i].tensor));
+    }
+    return SHARD_OK;
+}
+
+static void free_items(shard_mesh *mesh, shard_ckpt_item *items, size_t n) {
+    for (size_t i = 0; items && i < n; i++) shard_dtensor_destroy(items[i].tensor);
+    free(items);
+    shard_mesh_destroy(mesh);
+}
+
+shard_status train_save_checkpoint(shard_comm *comm, const char *dir, uint64_t step, const shard_params *params,
+                                   const char *config_path) {
+    shard_mesh *mesh = NULL;
+    shard_ckpt_item *items = NULL;
+    char *config = read_text(config_path);
+    if (!config) return shard_error(SHARD_ERR_IO, "%s: cannot read the config to store it in the checkpoint", config_path);
+    shard_status s = make_items(comm, params, &mesh, &items);
+    for (size_t i = 0; s == SHARD_OK && i < params->count; i++)
+        memcpy(items[i].tensor->local->data, params->data + params->info[i].offset, params->info[i].numel * sizeof(float));
+    if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, params->count, config);
+    free(config);
+    free_items(mesh, items, params->count);
+    return s;
+}
+
+shard_status train_checkpoint_config(const char *where, char **json_text) {
+    char dir[PATH_MAX], path[PATH_MAX + 16];
+    SHARD_CHECK(shard__ckpt_resolve(where, dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    shard__ckpt_index ix;
+    SHARD_CHECK(shard__ckpt_index_read(path, &ix));
+    shard_status s = ix.config ? SHARD_OK
+                               : shard_error(SHARD_ERR_INVALID_ARG, "%s: the checkpoint carries no model config", dir);
+    *json_text = s == SHARD_OK ? strdup(ix.config) : NULL;
+    shard__ckpt_index_free(&ix);
+    return s;
+}
+
+shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_params *params, uint64_t *step) {
+    shard_mesh *mesh = NULL;
+    shard_ckpt_item *items = NULL;
+    shard_status s = make_items(comm, params, &mesh, &items);
+    if (s == SHARD_OK) s = shard_ckpt_load(where, items, params->count, step);
+    for (size_t i = 0; s == SHARD_OK && i < params->count; i++)
+        memcpy(params->data + params->info[i].offset, items[i].tensor->local->data, params->info[i].numel * sizeof(float));
+    free_items(mesh, items, params->count);
+    return s;
+}
