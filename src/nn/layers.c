@@ -124,6 +124,7 @@ shard_status shard_cross_entropy(const float *logits, const int32_t *targets, in
         used++;
     }
     double total = 0;
+    float scale = used ? 1.0f / (float)used : 0.0f;
     for (size_t n = 0; n < N; n++) {
         const float *r = logits + n * V;
         float *d = dlogits ? dlogits + n * V : NULL;
@@ -132,14 +133,17 @@ shard_status shard_cross_entropy(const float *logits, const int32_t *targets, in
             continue;
         }
         float m = -INFINITY;
-        double sum = 0;
         for (size_t v = 0; v < V; v++) m = r[v] > m ? r[v] : m;
-        for (size_t v = 0; v < V; v++) sum += exp((double)(r[v] - m));
-        double lse = (double)m + log(sum);
-        total += lse - (double)r[targets[n]];
+        double sum = 0; /* one pass of exp: kept in d (when wanted) for the gradient */
+        for (size_t v = 0; v < V; v++) {
+            float e = expf(r[v] - m);
+            if (d) d[v] = e;
+            sum += e;
+        }
+        total += (double)m + log(sum) - (double)r[targets[n]];
         if (d) {
-            float scale = 1.0f / (float)used;
-            for (size_t v = 0; v < V; v++) d[v] = (float)(exp((double)r[v] - lse)) * scale;
+            float k = (float)(1.0 / sum) * scale;
+            for (size_t v = 0; v < V; v++) d[v] *= k;
             d[targets[n]] -= scale;
         }
     }
@@ -182,65 +186,59 @@ static shard_status check_heads(size_t C, size_t H, const char *what) {
     return SHARD_OK;
 }
 
+/* Per (batch, head): S = Q K^T / sqrt(D) and Y = P V are GEMMs over the
+ * strided q, k, v columns of qkv; the causal softmax runs on the rows. */
 shard_status shard_attention_forward(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C, size_t H) {
     SHARD_CHECK(check_heads(C, H, "attention"));
     size_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
     for (size_t b = 0; b < B; b++)
-        for (size_t h = 0; h < H; h++)
-            for (size_t t = 0; t < T; t++) {
-                const float *q = qkv + (b * T + t) * 3 * C + h * D;
-                float *a = att + ((b * H + h) * T + t) * T, m = -INFINITY, sum = 0;
-                for (size_t s = 0; s <= t; s++) {
-                    const float *k = qkv + (b * T + s) * 3 * C + C + h * D;
-                    float dot = 0;
-                    for (size_t d = 0; d < D; d++) dot += q[d] * k[d];
-                    a[s] = dot * scale;
-                    m = a[s] > m ? a[s] : m;
-                }
+        for (size_t h = 0; h < H; h++) {
+            const float *q = qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
+            float *p = att + (b * H + h) * T * T;
+            SHARD_CHECK(shard_sgemm(0, 1, T, T, D, scale, q, 3 * C, k, 3 * C, 0.0f, p, T));
+            for (size_t t = 0; t < T; t++) { /* causal softmax of row t over 0..t */
+                float *a = p + t * T, m = -INFINITY, sum = 0;
+                for (size_t s = 0; s <= t; s++) m = a[s] > m ? a[s] : m;
                 for (size_t s = 0; s <= t; s++) a[s] = expf(a[s] - m), sum += a[s];
-                for (size_t s = 0; s <= t; s++) a[s] /= sum;
+                float inv = 1.0f / sum;
+                for (size_t s = 0; s <= t; s++) a[s] *= inv;
                 for (size_t s = t + 1; s < T; s++) a[s] = 0;
-                float *o = y + (b * T + t) * C + h * D;
-                memset(o, 0, D * sizeof *o);
-                for (size_t s = 0; s <= t; s++) {
-                    const float *v = qkv + (b * T + s) * 3 * C + 2 * C + h * D;
-                    for (size_t d = 0; d < D; d++) o[d] += a[s] * v[d];
-                }
             }
+            SHARD_CHECK(shard_sgemm(0, 0, T, D, T, 1.0f, p, T, v, 3 * C, 0.0f, y + b * T * C + h * D, C));
+        }
     return SHARD_OK;
 }
 
+/* dV = P^T dY; dP = dY V^T; dS = P (dP - rowsum(P dP)) / sqrt(D); dQ = dS K; dK = dS^T Q. */
 shard_status shard_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
                                       size_t T, size_t C, size_t H) {
     SHARD_CHECK(check_heads(C, H, "attention backward"));
     size_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
-    float *datt = malloc((T ? T : 1) * sizeof *datt);
-    if (!datt) return shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory");
-    memset(dqkv, 0, B * T * 3 * C * sizeof *dqkv);
-    for (size_t b = 0; b < B; b++)
-        for (size_t h = 0; h < H; h++)
-            for (size_t t = 0; t < T; t++) {
-                const float *a = att + ((b * H + h) * T + t) * T, *g = dy + (b * T + t) * C + h * D;
-                const float *q = qkv + (b * T + t) * 3 * C + h * D;
-                float *dq = dqkv + (b * T + t) * 3 * C + h * D, dot_sum = 0;
-                for (size_t s = 0; s <= t; s++) { /* through y = att v */
-                    const float *v = qkv + (b * T + s) * 3 * C + 2 * C + h * D;
-                    float *dv = dqkv + (b * T + s) * 3 * C + 2 * C + h * D, dot = 0;
-                    for (size_t d = 0; d < D; d++) dot += g[d] * v[d], dv[d] += a[s] * g[d];
-                    datt[s] = dot;
-                    dot_sum += a[s] * dot;
-                }
-                for (size_t s = 0; s <= t; s++) { /* through the softmax, then q k / sqrt(D) */
-                    float dpre = a[s] * (datt[s] - dot_sum) * scale;
-                    const float *k = qkv + (b * T + s) * 3 * C + C + h * D;
-                    float *dk = dqkv + (b * T + s) * 3 * C + C + h * D;
-                    for (size_t d = 0; d < D; d++) dq[d] += dpre * k[d], dk[d] += dpre * q[d];
-                }
+    size_t tt = T * T;
+    float *ds = malloc((tt ? tt : 1) * sizeof *ds);
+    if (!ds) return shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory");
+    shard_status s = SHARD_OK;
+    for (size_t b = 0; b < B && s == SHARD_OK; b++)
+        for (size_t h = 0; h < H && s == SHARD_OK; h++) {
+            const float *q = qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
+            const float *p = att + (b * H + h) * T * T, *g = dy + b * T * C + h * D;
+            float *dq = dqkv + b * T * 3 * C + h * D, *dk = dq + C, *dv = dq + 2 * C;
+            s = shard_sgemm(1, 0, T, D, T, 1.0f, p, T, g, C, 0.0f, dv, 3 * C);
+            if (s == SHARD_OK) s = shard_sgemm(0, 1, T, T, D, 1.0f, g, C, v, 3 * C, 0.0f, ds, T);
+            for (size_t t = 0; s == SHARD_OK && t < T; t++) {
+                const float *a = p + t * T;
+                float *d = ds + t * T, dot = 0;
+                for (size_t j = 0; j <= t; j++) dot += a[j] * d[j];
+                for (size_t j = 0; j <= t; j++) d[j] = a[j] * (d[j] - dot) * scale;
+                for (size_t j = t + 1; j < T; j++) d[j] = 0;
             }
-    free(datt);
-    return SHARD_OK;
+            if (s == SHARD_OK) s = shard_sgemm(0, 0, T, D, T, 1.0f, ds, T, k, 3 * C, 0.0f, dq, 3 * C);
+            if (s == SHARD_OK) s = shard_sgemm(1, 0, T, D, T, 1.0f, ds, T, q, 3 * C, 0.0f, dk, 3 * C);
+        }
+    free(ds);
+    return s;
 }
 
 /* ---------------------------------------------------------------- dropout */
