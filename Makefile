@@ -1,8 +1,8 @@
 # shard — top-level entry points.  CMake + CTest underneath.
-#   make demo    install missing packages, build, run the demo
+#   make demo    install missing packages, build, train the tiny GPT on fortunes (~2 min), sample it
 #   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests
 #                under TSan; MPI tests built against MPICH
-#   make bench   the communication benchmark table of the README
+#   make bench   the benchmark tables of the README
 #   make deps | build | clean
 
 BUILD ?= build
@@ -20,7 +20,7 @@ build: deps
 	@cmake --build $(BUILD) -j$(JOBS)
 
 demo: build
-	$(BUILD)/shard demo --ranks 4
+	@scripts/demo.sh
 
 test: deps
 	@scripts/test.sh
