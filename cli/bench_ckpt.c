@@ -30,16 +30,6 @@ typedef struct ckpt_run {
     char backend[16];
 } ckpt_run;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Plain sequential I/O of this rank's share: write + fsync, or read back. */
 static shard_status plain_io(const char *path, void *buf, size_t bytes, int writing) {
     int fd = writing ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : open(path, O_RDONLY | O_CLOEXEC);
@@ -150,8 +140,8 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         if (made) rmdir(dir);
     }
     if (s == SHARD_OK && rank == 0) {
-        run->save = median(t, iters), run->load = median(t + iters, iters);
-        run->write = median(t + 2 * iters, iters), run->read = median(t + 3 * iters, iters);
+        run->save = cli_median(t, iters), run->load = cli_median(t + iters, iters);
+        run->write = cli_median(t + 2 * iters, iters), run->read = cli_median(t + 3 * iters, iters);
         run->bytes = (uint64_t)rows * COLS * 4 * NTENSORS;
         run->ranks = n;
         snprintf(run->backend, sizeof run->backend, "%s", shard_comm_backend(comm));

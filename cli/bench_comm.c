@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bench_comm.h"
+#include "cli_util.h"
 #include "comm/comm_impl.h"
 #include "shard/shard.h"
 
@@ -71,16 +72,6 @@ static shard_status run_op(shard_comm *comm, const char *op, const void *send, v
     return s < 0 ? s : w;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static shard_status one_op(shard_comm *comm, const bench_options *opt, int raw, const void *send, void *recv,
                            size_t count) {
     return raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, opt->dtype)
@@ -122,8 +113,8 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
     if (s == SHARD_OK)
         s = shard_comm_all_reduce(comm, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
     if (s == SHARD_OK) {
-        *median_us = 1e6 * median(times, iters);
-        if (with_raw) *raw_median_us = 1e6 * median(times + iters, iters);
+        *median_us = 1e6 * cli_median(times, iters);
+        if (with_raw) *raw_median_us = 1e6 * cli_median(times + iters, iters);
     }
     free(times);
     return s;

@@ -79,16 +79,6 @@ static double fma_peak(int threads) {
     return total;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 shard_status bench_gemm_run(const bench_gemm_options *opt) {
     SHARD_CHECK(shard_blas_init());
     SHARD_CHECK(shard_blas_set_threads(opt->threads));
@@ -114,7 +104,7 @@ shard_status bench_gemm_run(const bench_gemm_options *opt) {
         double ratios[1000];
         int m = opt->iters < 1000 ? opt->iters : 1000;
         for (int i = 0; i < m; i++) ratios[i] = rates[i] / peaks[i];
-        double rate = median(rates, opt->iters), peak = median(peaks, opt->iters), ratio = median(ratios, m);
+        double rate = cli_median(rates, opt->iters), peak = cli_median(peaks, opt->iters), ratio = cli_median(ratios, m);
         if (opt->json)
             printf("{\"size\": %zu, \"threads\": %d, \"gflops\": %.2f, \"fma_peak_gflops\": %.2f, \"fraction_of_peak\": %.4f, "
                    "\"blas\": \"%s\"}\n",

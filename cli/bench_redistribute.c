@@ -48,16 +48,6 @@ typedef struct bench_redist {
     char backend[16], mesh[128];
 } bench_redist;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* The collective alone, on the two dtensors' local buffers (equal sizes). */
 static shard_status run_collective(shard_comm *comm, const char *op, shard_dtensor *a, shard_dtensor *b) {
     int n = shard_comm_size(comm);
@@ -120,8 +110,8 @@ static shard_status time_transition(shard_mesh *mesh, shard_comm *axis, const tr
         }
     if (s == SHARD_OK) s = shard_comm_all_reduce(world, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
     if (s == SHARD_OK) {
-        res->time_us = 1e6 * median(times, iters);
-        res->coll_time_us = tr->collective ? 1e6 * median(times + iters, iters) : 0;
+        res->time_us = 1e6 * cli_median(times, iters);
+        res->coll_time_us = tr->collective ? 1e6 * cli_median(times + iters, iters) : 0;
     }
     free(times);
     shard_dtensor_destroy(a);

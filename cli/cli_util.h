@@ -31,6 +31,9 @@ int cli_parse_size(const char *option, const char *text, uint64_t *out);
 int cli_parse_int(const char *option, const char *text, long min, long max, long *out);
 int cli_parse_seconds(const char *option, const char *text, double *out);
 
+/* The median of n values (sorts v in place). */
+double cli_median(double *v, int n);
+
 /* "4.0 KiB", "256 MiB" */
 void cli_format_size(uint64_t bytes, char *out, size_t out_bytes);
 
