@@ -4,6 +4,7 @@
 
 #include "shard/blas.h"
 #include "shard/checkpoint.h"
+#include "shard/cnn.h"
 #include "shard/comm.h"
 #include "shard/data.h"
 #include "shard/dtensor.h"
