@@ -47,6 +47,11 @@ typedef struct bench_gemm_options {
     int threads, iters, json;
 } bench_gemm_options;
 shard_status bench_gemm_run(const bench_gemm_options *opt);
+/* GFLOP/s of `threads` threads running independent FMA chains together (~0.2 s). */
+double bench_fma_peak(int threads);
+
+/* `shard bench train` (bench_train.c). */
+int cli_bench_train(int argc, char **argv);
 
 int cli_bench(int argc, char **argv);
 int cli_demo(int argc, char **argv);

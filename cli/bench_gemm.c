@@ -64,7 +64,7 @@ static void *peak_thread(void *arg) {
 }
 
 /* GFLOP/s of `threads` threads running FMA loops together (~0.2 s). */
-static double fma_peak(int threads) {
+double bench_fma_peak(int threads) {
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f");
     peak_job jobs[64];
@@ -93,7 +93,7 @@ shard_status bench_gemm_run(const bench_gemm_options *opt) {
     shard_status s = shard_sgemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
     double flops = 2.0 * (double)n * (double)n * (double)n;
     for (int it = 0; it < opt->iters && s == SHARD_OK; it++) { /* alternate: the peak and the GEMM see the same load */
-        peaks[it] = opt->threads * fma_peak(1); /* per core, times the cores: running the loops together on a
+        peaks[it] = opt->threads * bench_fma_peak(1); /* per core, times the cores: running the loops together on a
                                                    shared VM measured less than a GEMM on both reaches */
         int reps = n >= 2048 ? 1 : (int)(2048 / n) * (int)(2048 / n);
         double t0 = shard__now();

@@ -32,6 +32,8 @@ static void usage(FILE *to) {
             "               --ranks 4 [--bytes 1G] [--iters 5] [--dir DIR] [--keep] [--json]\n"
             "  bench gemm   sgemm GFLOP/s (OpenBLAS, kernels chosen for this CPU) against the FMA peak\n"
             "               measured in the same run: [--size 4096] [--threads 1] [--iters 5] [--json]\n"
+            "  bench train  the GPT's training step (ms/step, tokens/s, MFU) and PyTorch's in the same run:\n"
+            "               --config C.json [--batch 8] [--seq 128] [--steps 20] [--threads 2] [--no-torch] [--json]\n"
             "  data text    byte-level tokens of text files: FILE... --out DIR [--val-fraction 0.1]\n"
             "               (train.tokens, val.tokens, meta.json; token = byte value)\n"
             "  train        train the GPT on one rank: --config CONFIG.json --data DIR [--batch 8]\n"

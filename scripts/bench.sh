@@ -15,3 +15,5 @@ mpiexec.openmpi --oversubscribe -np 2 build/shard bench redistribute
 build/shard bench ckpt --ranks 4
 # the README's GEMM table (the environment's OPENBLAS_CORETYPE is overridden by shard)
 for t in 1 2; do OPENBLAS_CORETYPE=Haswell build/shard bench gemm --threads "$t"; done
+# the README's training-step comparison (PyTorch from Debian's python3-torch, if installed)
+build/shard bench train --config configs/gpt-brief5.json --batch 8 --seq 128

@@ -81,6 +81,8 @@ def errors():
         (["data", "text", "/nonexistent/f", "--out", "/tmp/shard-cli-never"], 1, "/nonexistent/f: cannot open"),
         (["bench", "gemm", "--size", "3"], 2, "--size '3' is invalid: give an integer in 16..16384"),
         (["train", "--data", "x"], 2, "train: --config CONFIG.json and --data DIR are required"),
+        (["bench", "train"], 2, "bench train: --config CONFIG.json is required"),
+        (["bench", "train", "--config", "c", "--steps", "5"], 2, "--steps '5' is invalid: give an integer in 20..100000"),
         (["train", "--config", "c", "--data", "d", "--lr", "0"], 2, "--lr '0' is invalid: give a number > 0"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2"], 2, "--ranks 2 is invalid: shard train runs one rank"),
         (["generate", "--prompt", "x"], 2, "generate: give --prompt and either --ckpt DIR"),
@@ -273,6 +275,10 @@ def train():
         expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
         p = run(["inspect", "ckpt", os.path.join(work, "ck"), "--verify"])
         expect(p.returncode == 0 and "step 20" in p.stdout and "wte.weight" in p.stdout, f"train checkpoint: {p.stdout}")
+        p = run(["bench", "train", "--config", cfg, "--batch", "2", "--seq", "16", "--no-torch", "--json"])
+        row = json.loads(p.stdout) if p.returncode == 0 else {}
+        expect({"ms_per_step", "tokens_per_s", "mfu", "fma_peak_gflops"} <= set(row) and row["ms_per_step"] > 0,
+               f"bench train: {p.stdout} {p.stderr}")
         outs = [run(["generate", "--ckpt", os.path.join(work, "ck"), "--prompt", "the ", "--tokens", "20",
                      "--temperature", "0"]) for _ in range(2)]
         expect(all(o.returncode == 0 and o.stdout.startswith("the ") and len(o.stdout) >= 24 for o in outs)

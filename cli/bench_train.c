@@ -1,0 +1,141 @@
+/* bench_train.c — `shard bench train`: the GPT's training step (forward,
+ * backward, clipping, AdamW) on random tokens, median ms/step over >= 20
+ * steps after warm-up, tokens/s and MFU (6 x parameters x tokens per step
+ * against the FMA peak measured in the same run), then — in the same run —
+ * tools/reference/bench_gpt_torch.py (PyTorch, Debian's python3-torch) on
+ * the same config and batch, and the ratio.
+ *
+ *   shard bench train --config CONFIG.json [--batch 8] [--seq 128] [--steps 20] [--warmup 3]
+ *                     [--threads 2] [--no-torch] [--json] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_comm.h"
+#include "cli_util.h"
+#include "comm/comm_impl.h"
+#include "shard/shard.h"
+
+#ifndef SHARD_SOURCE_DIR
+#define SHARD_SOURCE_DIR "."
+#endif
+
+/* PyTorch's median ms/step from the reference script, or < 0 with the reason printed. */
+static double torch_ms(const char *config, long batch, long seq, long steps, long warmup, long threads, char *why,
+                       size_t why_bytes) {
+    char cmd[4096], line[512] = "";
+    snprintf(cmd, sizeof cmd,
+             "OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 '%s/tools/reference/bench_gpt_torch.py' '%s' %ld %ld %ld %ld %ld 2>&1",
+             SHARD_SOURCE_DIR, config, batch, seq, steps, warmup, threads);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        snprintf(why, why_bytes, "could not start python3");
+        return -1;
+    }
+    double ms = -1;
+    while (fgets(line, sizeof line, p)) {
+        const char *k = strstr(line, "\"ms_per_step\": ");
+        if (k) ms = atof(k + 15);
+        else snprintf(why, why_bytes, "%.*s", (int)strcspn(line, "\n"), line);
+    }
+    int rc = pclose(p);
+    if (rc != 0 || ms <= 0) {
+        if (!why[0]) snprintf(why, why_bytes, "the script failed (exit %d)", rc);
+        return -1;
+    }
+    return ms;
+}
+
+int cli_bench_train(int argc, char **argv) {
+    const char *config = NULL;
+    long batch = 8, seq = 128, steps = 20, warmup = 3, threads = 2;
+    int json = 0, torch = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        long *ints[] = {&batch, &seq, &steps, &warmup, &threads};
+        const char *names[] = {"--batch", "--seq", "--steps", "--warmup", "--threads"};
+        const long lo[] = {1, 1, 20, 0, 1}, hi[] = {4096, 65536, 100000, 1000, 64};
+        int done = 0;
+        for (int k = 0; k < 5 && !done; k++)
+            if (strcmp(a, names[k]) == 0) {
+                if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, lo[k], hi[k], ints[k])) return 2;
+                done = 1;
+            }
+        if (done) continue;
+        if (strcmp(a, "--config") == 0) {
+            if (!(config = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--json") == 0) {
+            json = 1;
+        } else if (strcmp(a, "--no-torch") == 0) {
+            torch = 0;
+        } else {
+            cli_error("bench train: unknown option '%s' (see 'shard help')", a);
+            return 2;
+        }
+    }
+    if (!config) {
+        cli_error("bench train: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)");
+        return 2;
+    }
+    shard_gpt_config c;
+    shard_gpt *g = NULL;
+    shard_params *grads = NULL, *m = NULL, *v = NULL;
+    size_t B = (size_t)batch, T = (size_t)seq, N = B * T;
+    int32_t *in = malloc(N * sizeof *in), *tg = malloc(N * sizeof *tg);
+    double *ms = calloc((size_t)steps, sizeof *ms);
+    shard_status s = in && tg && ms ? shard_gpt_config_load(config, &c) : SHARD_ERR_NO_MEMORY;
+    if (s == SHARD_OK) s = shard_blas_set_threads((int)threads);
+    if (s == SHARD_OK) s = shard_gpt_create(&c, B, T, &g);
+    if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &grads);
+    if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_OPTIMIZER, &m);
+    if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_OPTIMIZER, &v);
+    if (s == SHARD_OK) shard_gpt_init(g, 1);
+    shard_adamw_config ac = shard_adamw_defaults();
+    uint64_t r = 1;
+    for (long step = 0; s == SHARD_OK && step < warmup + steps; step++) {
+        for (size_t i = 0; i < N; i++) { /* random tokens */
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            in[i] = (int32_t)((r >> 33) % c.vocab_size), tg[i] = (int32_t)((r >> 13) % c.vocab_size);
+        }
+        double t0 = shard__now();
+        float loss;
+        shard_params_zero(grads);
+        s = shard_gpt_forward(g, in, tg, B, T, &loss);
+        if (s == SHARD_OK) s = shard_gpt_backward(g, grads);
+        if (s == SHARD_OK) {
+            shard_params *p = shard_gpt_params(g);
+            shard_scale(grads->data, grads->total, shard_clip_factor(sqrt(shard_sum_squares(grads->data, grads->total)), 1.0f));
+            shard_adamw_update(&ac, (uint64_t)step + 1, 1e-3f, p->data, grads->data, m->data, v->data, p->total);
+        }
+        if (step >= warmup) ms[step - warmup] = (shard__now() - t0) * 1e3;
+    }
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    double med = cli_median(ms, (int)steps), peak = (double)threads * bench_fma_peak(1);
+    double flops = 6.0 * (double)shard_gpt_param_count(&c) * (double)N, mfu = flops / (med / 1e3) / (peak * 1e9);
+    double tms = -1;
+    char why[300] = "";
+    if (torch) tms = torch_ms(config, batch, seq, steps, warmup, threads, why, sizeof why);
+    if (json) {
+        printf("{\"config\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
+               "\"mfu\": %.4f, \"fma_peak_gflops\": %.1f",
+               config, batch, seq, threads, med, (double)N / (med / 1e3), mfu, peak);
+        if (tms > 0) printf(", \"torch_ms_per_step\": %.3f, \"speedup_vs_torch\": %.4f", tms, tms / med);
+        printf("}\n");
+    } else {
+        printf("# shard bench train: %s, batch %ld x %ld, %ld threads, median of %ld steps after %ld warm-up\n", config,
+               batch, seq, threads, steps, warmup);
+        printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s (%.2f M parameters, 6 N flops/token)\n", med,
+               (double)N / (med / 1e3), 100 * mfu, peak, (double)shard_gpt_param_count(&c) / 1e6);
+        if (tms > 0) printf("PyTorch: %8.1f ms/step  (tools/reference/bench_gpt_torch.py, same run)  speedup %.2fx\n", tms,
+                            tms / med);
+        else if (torch) printf("PyTorch: not measured: %s\n", why);
+    }
+    free(in), free(tg), free(ms);
+    shard_params_destroy(grads), shard_params_destroy(m), shard_params_destroy(v);
+    shard_gpt_destroy(g);
+    return 0;
+}
