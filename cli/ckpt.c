@@ -82,14 +82,9 @@ static int verify_chunks(const char *dir, const shard__ckpt_index *ix) {
 }
 
 static int inspect_checkpoint(const char *where, int verify) {
-    char dir[PATH_MAX], path[PATH_MAX + 16];
-    if (shard__ckpt_resolve(where, dir, sizeof dir) < 0) {
-        cli_error("%s", shard_last_error());
-        return 1;
-    }
-    snprintf(path, sizeof path, "%s/index.json", dir);
+    char dir[PATH_MAX];
     shard__ckpt_index ix;
-    if (shard__ckpt_index_read(path, &ix) < 0) {
+    if (shard__ckpt_open_index(where, dir, sizeof dir, &ix) < 0) {
         cli_error("%s", shard_last_error());
         return 1;
     }
@@ -234,13 +229,8 @@ static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix
 
 static int export_checkpoint(const char *where, const char *out, uint64_t max_shard) {
     char dir[PATH_MAX], path[PATH_MAX + 16], why[512];
-    if (shard__ckpt_resolve(where, dir, sizeof dir) < 0) {
-        cli_error("%s", shard_last_error());
-        return 1;
-    }
-    snprintf(path, sizeof path, "%s/index.json", dir);
     shard__ckpt_index ix;
-    if (shard__ckpt_index_read(path, &ix) < 0) {
+    if (shard__ckpt_open_index(where, dir, sizeof dir, &ix) < 0) {
         cli_error("%s", shard_last_error());
         return 1;
     }

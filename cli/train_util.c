@@ -75,11 +75,9 @@ shard_status train_save_checkpoint(shard_comm *comm, const char *dir, uint64_t s
 }
 
 shard_status train_checkpoint_config(const char *where, char **json_text) {
-    char dir[PATH_MAX], path[PATH_MAX + 16];
-    SHARD_CHECK(shard__ckpt_resolve(where, dir, sizeof dir));
-    snprintf(path, sizeof path, "%s/index.json", dir);
+    char dir[PATH_MAX];
     shard__ckpt_index ix;
-    SHARD_CHECK(shard__ckpt_index_read(path, &ix));
+    SHARD_CHECK(shard__ckpt_open_index(where, dir, sizeof dir, &ix));
     shard_status s = ix.config ? SHARD_OK
                                : shard_error(SHARD_ERR_INVALID_ARG, "%s: the checkpoint carries no model config", dir);
     *json_text = s == SHARD_OK ? strdup(ix.config) : NULL;

@@ -127,3 +127,10 @@ shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes)
     snprintf(out, out_bytes, "%s/%s", where, text);
     return SHARD_OK;
 }
+
+shard_status shard__ckpt_open_index(const char *where, char *dir, size_t dir_bytes, shard__ckpt_index *ix) {
+    char path[PATH_MAX + 16];
+    SHARD_CHECK(shard__ckpt_resolve(where, dir, dir_bytes));
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    return shard__ckpt_index_read(path, ix);
+}

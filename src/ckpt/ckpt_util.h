@@ -28,5 +28,7 @@ shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *it
 int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes);
 /* A step directory from a step directory or a root (through `latest`, no fallback). */
 shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes);
+/* shard__ckpt_resolve, then read that step's index.json into ix. */
+shard_status shard__ckpt_open_index(const char *where, char *dir, size_t dir_bytes, shard__ckpt_index *ix);
 
 #endif

@@ -365,24 +365,24 @@ shard_status shard_dtensor_redistribute(const shard_dtensor *src, shard_dtensor 
     }
     const shard_redistribute_plan *found = NULL;
     SHARD_CHECK(cached_plan(src, &dst->spec, &found));
-    const shard_redistribute_plan plan = *found;
-    if (plan.nsteps == 0) return shard_tensor_copy(dst->local, src->local);
+    const shard_redistribute_plan *plan = found; /* the cache's; nothing replaces it while this call runs */
+    if (plan->nsteps == 0) return shard_tensor_copy(dst->local, src->local);
     const shard_tensor *cur = src->local;
     shard_tensor *owned = NULL; /* the intermediate block, when cur is one */
     shard_status s = SHARD_OK;
-    for (int i = 0; i < plan.nsteps && s == SHARD_OK; i++) {
+    for (int i = 0; i < plan->nsteps && s == SHARD_OK; i++) {
         shard_tensor *next = dst->local;
-        if (i + 1 < plan.nsteps) {
+        if (i + 1 < plan->nsteps) {
             int coords[SHARD_MESH_MAX_AXES];
             box b;
             size_t shape[SHARD_MAX_DIMS];
             for (int k = 0; k < src->layout.ndim; k++) coords[k] = shard_mesh_coord(src->mesh, k);
-            block_of(src, &plan.steps[i].after, coords, &b);
+            block_of(src, &plan->steps[i].after, coords, &b);
             for (int d = 0; d < src->ndim; d++) shape[d] = b.len[d];
             s = shard_tensor_create(src->dtype, src->ndim, shape, SHARD_MEM_COMM, &next);
             if (s < 0) break;
         }
-        s = run_step(src, &plan, i, cur, next);
+        s = run_step(src, plan, i, cur, next);
         shard_tensor_destroy(owned);
         owned = next == dst->local ? NULL : next;
         cur = next;
