@@ -37,7 +37,10 @@ void shard_cnn_init(shard_cnn *m, uint64_t seed);
 /* images [B, in_channels, height, width]; with labels, *loss = mean cross-entropy. */
 shard_status shard_cnn_forward(shard_cnn *m, const float *images, const int32_t *labels, size_t B, float *loss);
 const float *shard_cnn_logits(const shard_cnn *m); /* [B, classes] */
+/* grads NULL: through the gradient pointers bound on shard_cnn_model(m). */
 shard_status shard_cnn_backward(shard_cnn *m, shard_params *grads);
+/* The CNN behind the generic model table (model.h): unit 0 = features, 1 = classifier.  Owned by m. */
+struct shard_model *shard_cnn_model(shard_cnn *m);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,8 @@ typedef struct shard_gpt_config {
     size_t n_embd, n_layer, n_head, n_positions, vocab_size;
     float layer_norm_epsilon; /* default 1e-5 */
     float initializer_range;  /* default 0.02 */
+    /* dropout probabilities (default 0: off), in training forwards only (with targets) */
+    float resid_pdrop, embd_pdrop, attn_pdrop;
 } shard_gpt_config;
 
 /* Parse a JSON config (`where` names it in messages).  Hugging Face's GPT-2
@@ -49,8 +51,12 @@ void shard_gpt_init(shard_gpt *g, uint64_t seed);
 shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
                                float *loss);
 const float *shard_gpt_logits(const shard_gpt *g);
-/* After a forward with targets: adds d(loss)/d(parameter) into grads. */
+/* After a forward with targets: adds d(loss)/d(parameter) into grads
+ * (NULL: through the gradient pointers bound on shard_gpt_model(g)). */
 shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads);
+/* The GPT behind the generic model table (model.h): units 0 = wte, wpe,
+ * ln_f; 1 + l = block l.  Owned by g. */
+struct shard_model *shard_gpt_model(shard_gpt *g);
 
 #ifdef __cplusplus
 }

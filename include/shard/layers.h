@@ -49,6 +49,11 @@ void shard_softmax_forward(const float *x, float *y, size_t N, size_t C);
  * ignore_index are refused. */
 shard_status shard_cross_entropy(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N, size_t V,
                                  float *loss, size_t *count, float *dlogits);
+/* The same with the mean taken over `denominator` items instead of this call's
+ * rows (a data-parallel rank's slice of a global batch): *loss = sum / denominator
+ * and dlogits = d(*loss)/d(logits). */
+shard_status shard_cross_entropy_sum(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N,
+                                     size_t V, double denominator, double *loss, size_t *count, float *dlogits);
 
 /* ---- embedding: y[N,C] = table[ids[n]]; backward adds dy rows into dtable ---- */
 shard_status shard_embedding_forward(const float *table, const int32_t *ids, float *y, size_t N, size_t rows, size_t C);
@@ -63,6 +68,14 @@ shard_status shard_attention_forward(const float *qkv, float *y, float *att, siz
 /* dqkv[B,T,3C] written from dy[B,T,C], qkv and the saved att. */
 shard_status shard_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
                                       size_t T, size_t C, size_t H);
+/* The same with dropout (probability p_drop) on the attention probabilities,
+ * the mask keyed by (seed, global row first_row + b, head, t, s); att keeps the
+ * probabilities before dropout. */
+shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
+                                             size_t H, float p_drop, uint64_t seed, size_t first_row);
+shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
+                                              size_t B, size_t T, size_t C, size_t H, float p_drop, uint64_t seed,
+                                              size_t first_row);
 
 /* ---- dropout: a seeded, counter-based mask (the same (seed, offset) gives the same mask) ----
  * keeps each element with probability 1 - p and scales it by 1 / (1 - p); p = 0 copies. */

@@ -15,6 +15,7 @@
 #include "shard/layers.h"
 #include "shard/memory.h"
 #include "shard/mesh.h"
+#include "shard/model.h"
 #include "shard/optim.h"
 #include "shard/params.h"
 #include "shard/redistribute.h"
@@ -22,6 +23,7 @@
 #include "shard/spec.h"
 #include "shard/status.h"
 #include "shard/tensor.h"
+#include "shard/trainer.h"
 
 #define SHARD_VERSION_STRING "0.1.0"
 

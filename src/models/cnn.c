@@ -4,12 +4,16 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "shard/data.h"
 #include "shard/layers.h"
+#include "models/model_impl.h"
 
 struct shard_cnn {
+    shard_model model; /* model.impl = this; units 0 = features, 1 = classifier */
     shard_cnn_config c;
     size_t max_b, B;
     shard_params *params;
@@ -18,6 +22,8 @@ struct shard_cnn {
     uint32_t *argmax;
     int32_t *labels;
     int have_labels;
+    shard_idx data_x, data_y; /* the model table's training set */
+    float *batch_x;           /* its loaded rows */
 };
 
 shard_status shard_cnn_config_parse(const char *text, const char *where, shard_cnn_config *out) {
@@ -73,6 +79,9 @@ shard_status shard_cnn_create(const shard_cnn_config *c, size_t max_batch, shard
                              {.name = "classifier.weight", .ndim = 2, .shape = {F, c->classes}},
                              {.name = "classifier.bias", .ndim = 1, .shape = {c->classes}}};
     shard_status s = shard_params_create(t, 4, SHARD_MEM_PARAMS, &m->params);
+    static const size_t unit_first[3] = {0, 2, 4};
+    m->model.impl = m;
+    if (s == SHARD_OK) s = shard_model_setup_units(&m->model, m->params, unit_first, 2);
     size_t map = max_batch * c->channels * c->height * c->width, pooled = max_batch * F, cls = max_batch * c->classes;
     if (s == SHARD_OK) {
         m->conv = malloc(map * sizeof(float)), m->relu = malloc(map * sizeof(float)), m->drelu = malloc(map * sizeof(float));
@@ -93,7 +102,9 @@ shard_status shard_cnn_create(const shard_cnn_config *c, size_t max_batch, shard
 
 void shard_cnn_destroy(shard_cnn *m) {
     if (!m) return;
+    shard__model_free_units(&m->model);
     shard_params_destroy(m->params);
+    shard_idx_free(&m->data_x), shard_idx_free(&m->data_y), free(m->batch_x);
     free(m->conv), free(m->relu), free(m->drelu), free(m->pool), free(m->dpool), free(m->logits), free(m->dlogits);
     free(m->argmax), free(m->labels);
     free(m);
@@ -109,43 +120,146 @@ void shard_cnn_init(shard_cnn *m, uint64_t seed) {
     for (size_t i = 0; i < m->params->count; i++) {
         const shard_param_info *info = &m->params->info[i];
         float bound = strncmp(info->name, "features", 8) == 0 ? conv_bound : dense_bound;
-        shard_init_uniform(m->params->data + info->offset, 0, info->numel, bound, seed, info->name);
+        shard_init_uniform(m->model.value[i], 0, info->numel, bound, seed, info->name);
     }
 }
 
-static float *param(const shard_cnn *m, const char *name) { return shard_params_data(m->params, name); }
+enum { CONV_W, CONV_B, DENSE_W, DENSE_B };
+static float *P(const shard_cnn *m, size_t i) { return m->model.value[i]; }
+static float *G(const shard_cnn *m, size_t i) { return m->model.grad[i]; }
 
-shard_status shard_cnn_forward(shard_cnn *m, const float *images, const int32_t *labels, size_t B, float *loss) {
+static shard_status cnn_forward(shard_cnn *m, const float *images, const int32_t *labels, size_t B, double denominator,
+                                double *loss) {
     const shard_cnn_config *c = &m->c;
     if (B == 0 || B > m->max_b)
         return shard_error(SHARD_ERR_INVALID_ARG, "cnn forward: batch %zu (this model was made for 1..%zu)", B, m->max_b);
     size_t HW = c->height * c->width, F = shard_cnn_features(c);
     m->B = B, m->images = images, m->have_labels = labels != NULL;
-    SHARD_CHECK(shard_conv2d_forward(images, param(m, "features.conv.weight"), param(m, "features.conv.bias"), m->conv, B,
-                                     c->in_channels, c->height, c->width, c->channels, c->kernel, c->kernel / 2));
+    SHARD_CHECK(shard_model_acquire(&m->model, 0, 0));
+    SHARD_CHECK(shard_conv2d_forward(images, P(m, CONV_W), P(m, CONV_B), m->conv, B, c->in_channels, c->height, c->width,
+                                     c->channels, c->kernel, c->kernel / 2));
+    SHARD_CHECK(shard_model_release(&m->model, 0, 0));
     shard_relu_forward(m->conv, m->relu, B * c->channels * HW);
     shard_maxpool2d_forward(m->relu, m->pool, m->argmax, B, c->channels, c->height, c->width, c->pool);
-    SHARD_CHECK(shard_linear_forward(m->pool, param(m, "classifier.weight"), param(m, "classifier.bias"), m->logits, B, F,
+    SHARD_CHECK(shard_model_acquire(&m->model, 1, 0));
+    SHARD_CHECK(shard_linear_forward(m->pool, P(m, DENSE_W), P(m, DENSE_B), m->logits, B, F,
                                      c->classes)); /* the pooled maps, flattened, feed the dense layer */
+    SHARD_CHECK(shard_model_release(&m->model, 1, 0));
     if (!labels) return SHARD_OK;
-    memcpy(m->labels, labels, B * sizeof *labels);
-    float l = 0;
-    SHARD_CHECK(shard_cross_entropy(m->logits, labels, -100, B, c->classes, &l, NULL, m->dlogits));
-    if (loss) *loss = l;
+    if (labels != m->labels) memcpy(m->labels, labels, B * sizeof *labels);
+    return shard_cross_entropy_sum(m->logits, labels, -100, B, c->classes, denominator, loss, NULL, m->dlogits);
+}
+
+shard_status shard_cnn_forward(shard_cnn *m, const float *images, const int32_t *labels, size_t B, float *loss) {
+    size_t used = 0;
+    for (size_t n = 0; labels && n < B; n++) used += labels[n] != -100;
+    double l = 0;
+    SHARD_CHECK(cnn_forward(m, images, labels, B, (double)used, &l));
+    if (loss && labels) *loss = (float)l;
     return SHARD_OK;
 }
 
-shard_status shard_cnn_backward(shard_cnn *m, shard_params *grads) {
+static shard_status cnn_backward(shard_cnn *m) {
     const shard_cnn_config *c = &m->c;
-    if (!m->have_labels) return shard_error(SHARD_ERR_INVALID_ARG, "cnn backward: the last forward had no labels");
     size_t B = m->B, F = shard_cnn_features(c), HW = c->height * c->width;
-    SHARD_CHECK(shard_linear_backward(m->pool, param(m, "classifier.weight"), m->dlogits, m->dpool,
-                                      shard_params_data(grads, "classifier.weight"),
-                                      shard_params_data(grads, "classifier.bias"), B, F, c->classes));
+    SHARD_CHECK(shard_model_acquire(&m->model, 1, 1));
+    SHARD_CHECK(shard_linear_backward(m->pool, P(m, DENSE_W), m->dlogits, m->dpool, G(m, DENSE_W), G(m, DENSE_B), B, F,
+                                      c->classes));
+    SHARD_CHECK(shard_model_release(&m->model, 1, 1));
+    SHARD_CHECK(shard_model_grads_ready(&m->model, 1));
     shard_maxpool2d_backward(m->dpool, m->argmax, m->drelu, B, c->channels, c->height, c->width, c->pool);
     shard_relu_backward(m->conv, m->drelu, m->drelu, B * c->channels * HW);
-    return shard_conv2d_backward(m->images, param(m, "features.conv.weight"), m->drelu, NULL,
-                                 shard_params_data(grads, "features.conv.weight"),
-                                 shard_params_data(grads, "features.conv.bias"), B, c->in_channels, c->height, c->width,
-                                 c->channels, c->kernel, c->kernel / 2);
+    SHARD_CHECK(shard_model_acquire(&m->model, 0, 1));
+    SHARD_CHECK(shard_conv2d_backward(m->images, P(m, CONV_W), m->drelu, NULL, G(m, CONV_W), G(m, CONV_B), B,
+                                      c->in_channels, c->height, c->width, c->channels, c->kernel, c->kernel / 2));
+    SHARD_CHECK(shard_model_release(&m->model, 0, 1));
+    return shard_model_grads_ready(&m->model, 0);
+}
+
+shard_status shard_cnn_backward(shard_cnn *m, shard_params *grads) {
+    if (!m->have_labels) return shard_error(SHARD_ERR_INVALID_ARG, "cnn backward: the last forward had no labels");
+    if (grads) {
+        if (grads->total != m->params->total)
+            return shard_error(SHARD_ERR_INVALID_ARG, "cnn backward: grads must have the parameters' layout (shard_params_like)");
+        shard_model_bind_grad_slab(&m->model, grads->data);
+    }
+    return cnn_backward(m);
+}
+
+shard_model *shard_cnn_model(shard_cnn *m) { return &m->model; }
+
+/* ---------------------------------------------------------------- the model table */
+
+static shard_cnn *impl(const shard_model *mm) { return (shard_cnn *)mm->impl; }
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Row r of step s's global batch: training image mix(seed, s, r) mod count, scaled to [0, 1]. */
+static shard_status model_load_batch(shard_model *mm, uint64_t seed, uint64_t step, size_t first_row, size_t rows) {
+    shard_cnn *m = impl(mm);
+    if (rows > m->max_b) return shard_error(SHARD_ERR_INVALID_ARG, "cnn: %zu rows; this model was made for up to %zu", rows, m->max_b);
+    mm->seed = seed, mm->step = step, mm->first_row = first_row, mm->rows = rows;
+    size_t pixels = m->c.in_channels * m->c.height * m->c.width, count = m->data_y.count;
+    for (size_t i = 0; i < rows; i++) {
+        size_t k = (size_t)(mix64(mix64(seed * 0x9e3779b97f4a7c15ULL + step) ^ (first_row + i)) % count);
+        for (size_t p = 0; p < pixels; p++) m->batch_x[i * pixels + p] = (float)m->data_x.data[k * pixels + p] / 255.0f;
+        m->labels[i] = m->data_y.data[k];
+    }
+    return SHARD_OK;
+}
+
+static size_t model_items(const shard_model *mm) { return mm->rows; }
+
+static shard_status model_forward(shard_model *mm, double denominator, double *loss) {
+    shard_cnn *m = impl(mm);
+    *loss = 0;
+    return mm->rows ? cnn_forward(m, m->batch_x, m->labels, mm->rows, denominator, loss) : SHARD_OK;
+}
+
+static shard_status model_backward(shard_model *mm) { return mm->rows ? cnn_backward(impl(mm)) : SHARD_OK; }
+static void model_init(shard_model *mm, uint64_t seed) { shard_cnn_init(impl(mm), seed); }
+static void model_destroy(shard_model *mm) { shard_cnn_destroy(impl(mm)); }
+
+static void model_describe(const shard_model *mm, char *out, size_t bytes) {
+    const shard_cnn_config *c = &impl(mm)->c;
+    snprintf(out, bytes, "CNN %zux%zux%zu images: conv %zux%zu -> %zu channels -> ReLU -> max-pool %zu -> dense %zu classes: %zu parameters",
+             c->in_channels, c->height, c->width, c->kernel, c->kernel, c->channels, c->pool, c->classes,
+             impl(mm)->params->total);
+}
+
+static const shard_model_ops cnn_model_ops = {"cnn",          model_load_batch, model_items,    model_forward,
+                                              model_backward, model_init,       model_describe, model_destroy};
+
+shard_status shard__cnn_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
+                                     shard_model **out) {
+    shard_cnn_config c;
+    SHARD_CHECK(shard_cnn_config_parse(text, where, &c));
+    shard_cnn *m = NULL;
+    SHARD_CHECK(shard_cnn_create(&c, max_rows ? max_rows : 1, &m));
+    char xp[4096], yp[4096];
+    snprintf(xp, sizeof xp, "%s/train-images-idx3-ubyte.gz", data_dir);
+    snprintf(yp, sizeof yp, "%s/train-labels-idx1-ubyte.gz", data_dir);
+    shard_status s = shard_idx_read(xp, &m->data_x);
+    if (s == SHARD_OK) s = shard_idx_read(yp, &m->data_y);
+    size_t pixels = c.in_channels * c.height * c.width;
+    if (s == SHARD_OK && (m->data_y.count == 0 || m->data_x.count != m->data_y.count * pixels))
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu labels for %zu pixels; the config wants %zu x %zu x %zu images", xp,
+                        m->data_y.count, m->data_x.count, c.in_channels, c.height, c.width);
+    for (size_t i = 0; s == SHARD_OK && i < m->data_y.count; i++)
+        if (m->data_y.data[i] >= c.classes)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: label %u at %zu is outside the config's %zu classes", yp,
+                            m->data_y.data[i], i, c.classes);
+    if (s == SHARD_OK && !(m->batch_x = malloc((max_rows ? max_rows : 1) * pixels * sizeof(float))))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory");
+    if (s < 0) {
+        shard_cnn_destroy(m);
+        return s;
+    }
+    m->model.ops = &cnn_model_ops;
+    *out = &m->model;
+    return SHARD_OK;
 }

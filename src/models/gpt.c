@@ -14,7 +14,9 @@
 #include <string.h>
 
 #include "shard/blas.h"
+#include "shard/data.h"
 #include "shard/layers.h"
+#include "models/model_impl.h"
 
 /* ---------------------------------------------------------------- config */
 
@@ -45,7 +47,7 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
         json_decref(root);
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
     }
-    shard_gpt_config c = {0, 0, 0, 0, 0, 1e-5f, 0.02f};
+    shard_gpt_config c = {0, 0, 0, 0, 0, 1e-5f, 0.02f, 0, 0, 0};
     shard_status s = SHARD_OK;
     const char *key;
     json_t *v;
@@ -72,10 +74,9 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
         } else if (strcmp(key, "n_inner") == 0) {
             if (!json_is_null(v) && !json_is_integer(v)) s = bad_key(where, key, "must be null or 4 * n_embd");
         } else if (strcmp(key, "resid_pdrop") == 0 || strcmp(key, "embd_pdrop") == 0 || strcmp(key, "attn_pdrop") == 0) {
-            float p = 0;
-            s = float_field(where, key, v, &p);
-            if (s == SHARD_OK && !(p >= 0 && p < 1)) s = bad_key(where, key, "must be in [0, 1)");
-            /* dropout is off in this model's training (deterministic math across strategies); the keys are accepted */
+            float *p = key[0] == 'r' ? &c.resid_pdrop : key[0] == 'e' ? &c.embd_pdrop : &c.attn_pdrop;
+            s = float_field(where, key, v, p);
+            if (s == SHARD_OK && !(*p >= 0 && *p < 1)) s = bad_key(where, key, "must be in [0, 1)");
         } else if (strcmp(key, "scale_attn_weights") == 0) {
             if (!json_is_true(v)) s = bad_key(where, key, "must be true (attention scaled by 1/sqrt(head size))");
         } else if (strcmp(key, "scale_attn_by_inverse_layer_idx") == 0 || strcmp(key, "reorder_and_upcast_attn") == 0) {
@@ -109,24 +110,8 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
 }
 
 shard_status shard_gpt_config_load(const char *path, shard_gpt_config *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return shard_error(SHARD_ERR_IO, "%s: cannot open the config", path);
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (int ch; (ch = fgetc(f)) != EOF;) {
-        if (len + 1 >= cap) {
-            char *more = realloc(text, cap ? 2 * cap : 4096);
-            if (!more) {
-                free(text), fclose(f);
-                return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
-            }
-            text = more, cap = cap ? 2 * cap : 4096;
-        }
-        text[len++] = (char)ch;
-    }
-    fclose(f);
-    if (!text) return shard_error(SHARD_ERR_INVALID_ARG, "%s: the config is empty", path);
-    text[len] = '\0';
+    char *text = shard__read_config(path);
+    if (!text) return SHARD_ERR_IO;
     shard_status s = shard_gpt_config_parse(text, path, out);
     free(text);
     return s;
@@ -146,6 +131,7 @@ typedef struct layer_acts {
 } layer_acts;
 
 struct shard_gpt {
+    shard_model model; /* units, value/grad pointers, hooks; model.impl = this */
     shard_gpt_config c;
     size_t max_b, max_t, B, T;
     shard_params *params;
@@ -154,12 +140,13 @@ struct shard_gpt {
     float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits;
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc;
     int32_t *inputs, *targets;
-    int have_targets;
-    float *slab; /* every activation buffer, one allocation */
+    int have_targets, dropout; /* dropout: this forward trains with it */
+    float *slab;               /* every activation buffer, one allocation */
+    shard_tokens *tokens;      /* the model table's data (shard_model_create) */
 };
 
-static float *P(const shard_gpt *g, size_t index) { return g->params->data + g->params->info[index].offset; }
-static float *G(shard_params *grads, const shard_gpt *g, size_t index) { return grads->data + g->params->info[index].offset; }
+static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
+static float *G(const shard_gpt *g, size_t index) { return g->model.grad[index]; }
 
 static void name_param(shard_param_info *t, const char *name, int ndim, size_t d0, size_t d1) {
     memset(t, 0, sizeof *t);
@@ -175,32 +162,40 @@ shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_
     shard_gpt *g = calloc(1, sizeof *g);
     size_t L = c->n_layer, C = c->n_embd, count = 2 + L * PER_LAYER + 2;
     shard_param_info *t = calloc(count, sizeof *t);
+    size_t *unit_first = calloc(L + 2, sizeof *unit_first);
     if (g) g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L, sizeof *g->acts);
-    if (!g || !t || !g->layer || !g->acts) {
+    if (!g || !t || !unit_first || !g->layer || !g->acts) {
         if (g) free(g->layer), free(g->acts);
-        free(g), free(t);
+        free(g), free(t), free(unit_first);
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
     g->c = *c, g->max_b = max_batch, g->max_t = max_seq;
+    /* unit 0: the embeddings (wte is also the LM head) and the final LayerNorm; unit 1 + l: block l */
     size_t n = 0;
     name_param(&t[n], "wte.weight", 2, c->vocab_size, C), g->wte = n++;
     name_param(&t[n], "wpe.weight", 2, c->n_positions, C), g->wpe = n++;
+    name_param(&t[n], "ln_f.weight", 1, C, 0), g->lnf_w = n++;
+    name_param(&t[n], "ln_f.bias", 1, C, 0), g->lnf_b = n++;
     static const char *const suffix[PER_LAYER] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
                                                   "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
                                                   "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
     const size_t rows[PER_LAYER] = {C, C, C, 3 * C, C, C, C, C, C, 4 * C, 4 * C, C};
     const size_t cols[PER_LAYER] = {0, 0, 3 * C, 0, C, 0, 0, 0, 4 * C, 0, C, 0};
-    for (size_t l = 0; l < L; l++)
+    for (size_t l = 0; l < L; l++) {
+        unit_first[1 + l] = n;
         for (int k = 0; k < PER_LAYER; k++) {
             char name[SHARD_PARAM_NAME_BYTES];
             snprintf(name, sizeof name, "h.%zu.%s", l, suffix[k]);
             name_param(&t[n], name, cols[k] ? 2 : 1, rows[k], cols[k]);
             g->layer[l * PER_LAYER + (size_t)k] = n++;
         }
-    name_param(&t[n], "ln_f.weight", 1, C, 0), g->lnf_w = n++;
-    name_param(&t[n], "ln_f.bias", 1, C, 0), g->lnf_b = n++;
+    }
+    unit_first[L + 1] = n;
     shard_status s = shard_params_create(t, n, SHARD_MEM_PARAMS, &g->params);
     free(t);
+    g->model.impl = g;
+    if (s == SHARD_OK) s = shard_model_setup_units(&g->model, g->params, unit_first, L + 1);
+    free(unit_first);
     /* activations: one accounted slab carved into buffers */
     size_t N = max_batch * max_seq, H = c->n_head, V = c->vocab_size, att = max_batch * H * max_seq * max_seq;
     size_t per_layer = N * C * 5 + N * 3 * C + att + N * 4 * C * 2 + N * 4;
@@ -232,8 +227,10 @@ shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_
 
 void shard_gpt_destroy(shard_gpt *g) {
     if (!g) return;
+    shard__model_free_units(&g->model);
     shard_params_destroy(g->params);
     shard_free(g->slab);
+    shard_tokens_close(g->tokens);
     free(g->inputs), free(g->targets), free(g->layer), free(g->acts);
     free(g);
 }
@@ -241,12 +238,13 @@ void shard_gpt_destroy(shard_gpt *g) {
 shard_params *shard_gpt_params(shard_gpt *g) { return g->params; }
 const shard_gpt_config *shard_gpt_config_of(const shard_gpt *g) { return &g->c; }
 const float *shard_gpt_logits(const shard_gpt *g) { return g->logits; }
+shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
 
 void shard_gpt_init(shard_gpt *g, uint64_t seed) {
     float std = g->c.initializer_range, proj_std = std / sqrtf(2.0f * (float)g->c.n_layer);
     for (size_t i = 0; i < g->params->count; i++) {
         const shard_param_info *info = &g->params->info[i];
-        float *x = g->params->data + info->offset;
+        float *x = P(g, i);
         const char *name = info->name;
         size_t len = strlen(name);
         if (len > 5 && strcmp(name + len - 5, ".bias") == 0) {
@@ -261,89 +259,205 @@ void shard_gpt_init(shard_gpt *g, uint64_t seed) {
 
 /* ---------------------------------------------------------------- forward */
 
-shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
-                               float *loss) {
+/* Dropout sites: 0 the embeddings; per block l: 1 + 3l attention probabilities,
+ * 2 + 3l the attention's output, 3 + 3l the MLP's output. */
+static float drop_p(const shard_gpt *g, float p) { return g->dropout ? p : 0.0f; }
+static uint64_t drop_seed(const shard_gpt *g, uint64_t site) { return shard_model_dropout_seed(&g->model, site); }
+static uint64_t drop_offset(const shard_gpt *g) { return (uint64_t)g->model.first_row * g->T * g->c.n_embd; }
+
+/* Forward with the loss sum divided by `denominator` (the model table's form). */
+static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
+                                double denominator, double *loss) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T, L = c->n_layer;
     if (B == 0 || T == 0 || B > g->max_b || T > g->max_t)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu",
                            B, T, g->max_b, g->max_t);
     g->B = B, g->T = T, g->have_targets = targets != NULL;
-    memcpy(g->inputs, inputs, N * sizeof *inputs);
-    if (targets) memcpy(g->targets, targets, N * sizeof *targets);
+    g->dropout = targets != NULL && (c->resid_pdrop > 0 || c->embd_pdrop > 0 || c->attn_pdrop > 0);
+    if (inputs != g->inputs) memcpy(g->inputs, inputs, N * sizeof *inputs);
+    if (targets && targets != g->targets) memcpy(g->targets, targets, N * sizeof *targets);
     /* embeddings: token + position */
     float *x = L ? g->acts[0].in : g->out;
+    SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs, x, N, V, C));
     for (size_t n = 0; n < N; n++) {
         const float *pos = P(g, g->wpe) + (n % T) * C;
         for (size_t k = 0; k < C; k++) x[n * C + k] += pos[k];
     }
+    SHARD_CHECK(shard_model_release(&g->model, 0, 0));
+    if (drop_p(g, c->embd_pdrop) > 0) shard_dropout_forward(x, x, N * C, c->embd_pdrop, drop_seed(g, 0), drop_offset(g));
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
         float *next = l + 1 < L ? g->acts[l + 1].in : g->out;
+        float pr = drop_p(g, c->resid_pdrop);
+        SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 0));
         shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1, a->ln1_mean,
                                 a->ln1_rstd, N, C);
         SHARD_CHECK(shard_linear_forward(a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * C));
-        SHARD_CHECK(shard_attention_forward(a->qkv, a->atty, a->att, B, T, C, H));
+        SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, C, H, drop_p(g, c->attn_pdrop),
+                                                    drop_seed(g, 1 + 3 * l), g->model.first_row));
         SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), P(g, w[APROJ_B]), a->mid, N, C, C));
+        if (pr > 0) shard_dropout_forward(a->mid, a->mid, N * C, pr, drop_seed(g, 2 + 3 * l), drop_offset(g));
         shard_add(a->in, a->mid, a->mid, N * C); /* mid = in + attention */
         shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2, a->ln2_mean,
                                 a->ln2_rstd, N, C);
         SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, 4 * C));
         shard_gelu_forward(a->fc, a->gelu, N * 4 * C);
         SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), next, N, 4 * C, C));
+        SHARD_CHECK(shard_model_release(&g->model, 1 + l, 0));
+        if (pr > 0) shard_dropout_forward(next, next, N * C, pr, drop_seed(g, 3 + 3 * l), drop_offset(g));
         shard_add(a->mid, next, next, N * C); /* next = mid + MLP */
     }
+    SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     shard_layernorm_forward(g->out, P(g, g->lnf_w), P(g, g->lnf_b), c->layer_norm_epsilon, g->lnf, g->lnf_mean,
                             g->lnf_rstd, N, C);
     SHARD_CHECK(shard_sgemm(0, 1, N, V, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f, g->logits, V)); /* tied head */
+    SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (!targets) return SHARD_OK;
-    float l = 0;
-    SHARD_CHECK(shard_cross_entropy(g->logits, targets, -100, N, V, &l, NULL, g->dlogits));
-    if (loss) *loss = l;
+    return shard_cross_entropy_sum(g->logits, targets, -100, N, V, denominator, loss, NULL, g->dlogits);
+}
+
+shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
+                               float *loss) {
+    size_t used = 0;
+    for (size_t n = 0; targets && n < B * T; n++) used += targets[n] != -100;
+    double l = 0;
+    SHARD_CHECK(gpt_forward(g, inputs, targets, B, T, (double)used, &l));
+    if (loss && targets) *loss = (float)l;
     return SHARD_OK;
 }
 
 /* ---------------------------------------------------------------- backward */
 
-shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads) {
+static shard_status gpt_backward(shard_gpt *g) {
     const shard_gpt_config *c = &g->c;
-    if (!g->have_targets) return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: the last forward had no targets");
-    if (!grads || grads->total != g->params->total)
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: grads must have the parameters' layout (shard_params_like)");
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T, L = c->n_layer;
     /* head (tied to wte) and the final LayerNorm */
+    SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
     SHARD_CHECK(shard_sgemm(0, 0, N, C, V, 1.0f, g->dlogits, V, P(g, g->wte), C, 0.0f, g->d_ln, C));
-    SHARD_CHECK(shard_sgemm(1, 0, V, C, N, 1.0f, g->dlogits, V, g->lnf, C, 1.0f, G(grads, g, g->wte), C));
-    shard_layernorm_backward(g->out, P(g, g->lnf_w), g->lnf_mean, g->lnf_rstd, g->d_ln, g->d_resid,
-                             G(grads, g, g->lnf_w), G(grads, g, g->lnf_b), N, C);
+    SHARD_CHECK(shard_sgemm(1, 0, V, C, N, 1.0f, g->dlogits, V, g->lnf, C, 1.0f, G(g, g->wte), C));
+    shard_layernorm_backward(g->out, P(g, g->lnf_w), g->lnf_mean, g->lnf_rstd, g->d_ln, g->d_resid, G(g, g->lnf_w),
+                             G(g, g->lnf_b), N, C);
+    SHARD_CHECK(shard_model_release(&g->model, 0, 1));
+    float pr = drop_p(g, c->resid_pdrop);
     for (size_t l = L; l-- > 0;) {
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
-        /* MLP: next = mid + c_proj(gelu(c_fc(ln_2(mid)))) */
-        SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), g->d_resid, g->d_fc, G(grads, g, w[MPROJ_W]),
-                                          G(grads, g, w[MPROJ_B]), N, 4 * C, C));
+        SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 1));
+        /* MLP: next = mid + drop(c_proj(gelu(c_fc(ln_2(mid))))) */
+        const float *dy = g->d_resid;
+        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, N * C, pr, drop_seed(g, 3 + 3 * l), drop_offset(g)), dy = g->d_tmp;
+        SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dy, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
+                                          4 * C, C));
         shard_gelu_backward(a->fc, g->d_fc, g->d_fc, N * 4 * C);
-        SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(grads, g, w[FC_W]),
-                                          G(grads, g, w[FC_B]), N, C, 4 * C));
-        shard_layernorm_backward(a->mid, P(g, w[LN2_W]), a->ln2_mean, a->ln2_rstd, g->d_ln, g->d_tmp,
-                                 G(grads, g, w[LN2_W]), G(grads, g, w[LN2_B]), N, C);
+        SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
+                                          4 * C));
+        shard_layernorm_backward(a->mid, P(g, w[LN2_W]), a->ln2_mean, a->ln2_rstd, g->d_ln, g->d_tmp, G(g, w[LN2_W]),
+                                 G(g, w[LN2_B]), N, C);
         shard_add(g->d_resid, g->d_tmp, g->d_resid, N * C);
-        /* attention: mid = in + c_proj(attn(c_attn(ln_1(in)))) */
-        SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), g->d_resid, g->d_atty, G(grads, g, w[APROJ_W]),
-                                          G(grads, g, w[APROJ_B]), N, C, C));
-        SHARD_CHECK(shard_attention_backward(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, C, H));
-        SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(grads, g, w[ATTN_W]),
-                                          G(grads, g, w[ATTN_B]), N, C, 3 * C));
-        shard_layernorm_backward(a->in, P(g, w[LN1_W]), a->ln1_mean, a->ln1_rstd, g->d_ln, g->d_tmp,
-                                 G(grads, g, w[LN1_W]), G(grads, g, w[LN1_B]), N, C);
+        /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
+        dy = g->d_resid;
+        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, N * C, pr, drop_seed(g, 2 + 3 * l), drop_offset(g)), dy = g->d_tmp;
+        SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), dy, g->d_atty, G(g, w[APROJ_W]), G(g, w[APROJ_B]),
+                                          N, C, C));
+        SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, C, H,
+                                                     drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row));
+        SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(g, w[ATTN_W]), G(g, w[ATTN_B]),
+                                          N, C, 3 * C));
+        shard_layernorm_backward(a->in, P(g, w[LN1_W]), a->ln1_mean, a->ln1_rstd, g->d_ln, g->d_tmp, G(g, w[LN1_W]),
+                                 G(g, w[LN1_B]), N, C);
         shard_add(g->d_resid, g->d_tmp, g->d_resid, N * C);
+        SHARD_CHECK(shard_model_release(&g->model, 1 + l, 1));
+        SHARD_CHECK(shard_model_grads_ready(&g->model, 1 + l));
     }
     /* embeddings */
-    SHARD_CHECK(shard_embedding_backward(g->inputs, g->d_resid, G(grads, g, g->wte), N, V, C));
-    float *dwpe = G(grads, g, g->wpe);
+    if (drop_p(g, c->embd_pdrop) > 0)
+        shard_dropout_backward(g->d_resid, g->d_resid, N * C, c->embd_pdrop, drop_seed(g, 0), drop_offset(g));
+    SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
+    SHARD_CHECK(shard_embedding_backward(g->inputs, g->d_resid, G(g, g->wte), N, V, C));
+    float *dwpe = G(g, g->wpe);
     for (size_t n = 0; n < N; n++)
         for (size_t k = 0; k < C; k++) dwpe[(n % T) * C + k] += g->d_resid[n * C + k];
+    SHARD_CHECK(shard_model_release(&g->model, 0, 1));
+    return shard_model_grads_ready(&g->model, 0);
+}
+
+shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads) {
+    if (!g->have_targets) return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: the last forward had no targets");
+    if (grads) {
+        if (grads->total != g->params->total)
+            return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: grads must have the parameters' layout (shard_params_like)");
+        shard_model_bind_grad_slab(&g->model, grads->data);
+    }
+    return gpt_backward(g);
+}
+
+/* ---------------------------------------------------------------- the model table */
+
+static shard_gpt *impl(const shard_model *m) { return (shard_gpt *)m->impl; }
+
+static shard_status model_load_batch(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows) {
+    shard_gpt *g = impl(m);
+    if (rows > g->max_b)
+        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: %zu rows; this model was made for up to %zu", rows, g->max_b);
+    m->seed = seed, m->step = step, m->first_row = first_row, m->rows = rows;
+    g->B = rows, g->T = g->max_t;
+    return rows ? shard_tokens_batch(g->tokens, seed, step, first_row, rows, g->max_t, g->inputs, g->targets) : SHARD_OK;
+}
+
+static size_t model_items(const shard_model *m) {
+    const shard_gpt *g = impl(m);
+    size_t used = 0;
+    for (size_t n = 0; n < m->rows * g->max_t; n++) used += g->targets[n] != -100;
+    return used;
+}
+
+static shard_status model_forward(shard_model *m, double denominator, double *loss) {
+    shard_gpt *g = impl(m);
+    *loss = 0;
+    if (!m->rows) return SHARD_OK;
+    return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss);
+}
+
+static shard_status model_backward(shard_model *m) { return m->rows ? gpt_backward(impl(m)) : SHARD_OK; }
+static void model_init(shard_model *m, uint64_t seed) { shard_gpt_init(impl(m), seed); }
+static void model_destroy(shard_model *m) { shard_gpt_destroy(impl(m)); }
+
+static void model_describe(const shard_model *m, char *out, size_t bytes) {
+    const shard_gpt_config *c = &impl(m)->c;
+    snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions: %.2f M parameters", c->n_layer,
+             c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
+}
+
+static const shard_model_ops gpt_model_ops = {"gpt2",     model_load_batch, model_items,    model_forward,
+                                              model_backward, model_init,   model_describe, model_destroy};
+
+shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
+                                     size_t seq, shard_model **out) {
+    shard_gpt_config c;
+    SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
+    if (seq > c.n_positions)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'n_positions' = %zu is shorter than the sequence %zu", where,
+                           c.n_positions, seq);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/train.tokens", data_dir);
+    shard_tokens *tokens = NULL;
+    SHARD_CHECK(shard_tokens_open(path, &tokens));
+    if (shard_tokens_vocab(tokens) > c.vocab_size) {
+        shard_status s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'vocab_size' = %zu is smaller than the data's vocabulary (%u)",
+                                     where, c.vocab_size, shard_tokens_vocab(tokens));
+        shard_tokens_close(tokens);
+        return s;
+    }
+    shard_gpt *g = NULL;
+    shard_status s = shard_gpt_create(&c, max_rows ? max_rows : 1, seq, &g);
+    if (s < 0) {
+        shard_tokens_close(tokens);
+        return s;
+    }
+    g->tokens = tokens, g->model.ops = &gpt_model_ops;
+    *out = &g->model;
     return SHARD_OK;
 }

@@ -134,18 +134,24 @@ void shard_softmax_forward(const float *x, float *y, size_t N, size_t C) {
     }
 }
 
-shard_status shard_cross_entropy(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N, size_t V,
-                                 float *loss, size_t *count, float *dlogits) {
-    size_t used = 0;
+static shard_status check_targets(const int32_t *targets, int32_t ignore_index, size_t N, size_t V, size_t *used) {
+    *used = 0;
     for (size_t n = 0; n < N; n++) {
         if (targets[n] == ignore_index) continue;
         if (targets[n] < 0 || (size_t)targets[n] >= V)
             return shard_error(SHARD_ERR_INVALID_ARG, "cross_entropy: target %d at row %zu is outside 0..%zu (ignore index %d)",
                                targets[n], n, V - 1, ignore_index);
-        used++;
+        (*used)++;
     }
+    return SHARD_OK;
+}
+
+shard_status shard_cross_entropy_sum(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N,
+                                     size_t V, double denominator, double *loss, size_t *count, float *dlogits) {
+    size_t used = 0;
+    SHARD_CHECK(check_targets(targets, ignore_index, N, V, &used));
     double total = 0;
-    float scale = used ? 1.0f / (float)used : 0.0f;
+    float scale = denominator > 0 ? (float)(1.0 / denominator) : 0.0f;
     for (size_t n = 0; n < N; n++) {
         const float *r = logits + n * V;
         float *d = dlogits ? dlogits + n * V : NULL;
@@ -168,8 +174,18 @@ shard_status shard_cross_entropy(const float *logits, const int32_t *targets, in
             d[targets[n]] -= scale;
         }
     }
-    *loss = used ? (float)(total / (double)used) : 0.0f;
+    *loss = denominator > 0 ? total / denominator : 0.0;
     if (count) *count = used;
+    return SHARD_OK;
+}
+
+shard_status shard_cross_entropy(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N, size_t V,
+                                 float *loss, size_t *count, float *dlogits) {
+    size_t used = 0;
+    double l = 0;
+    SHARD_CHECK(check_targets(targets, ignore_index, N, V, &used));
+    SHARD_CHECK(shard_cross_entropy_sum(logits, targets, ignore_index, N, V, (double)used, &l, count, dlogits));
+    *loss = (float)l;
     return SHARD_OK;
 }
 
@@ -210,35 +226,65 @@ static shard_status check_heads(size_t C, size_t H, const char *what) {
 /* Per (batch, head): S = Q K^T / sqrt(D) and Y = P V are GEMMs over the
  * strided q, k, v columns of qkv; the causal softmax runs on the rows. */
 shard_status shard_attention_forward(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C, size_t H) {
+    return shard_attention_forward_dropout(qkv, y, att, B, T, C, H, 0.0f, 0, 0);
+}
+
+/* The probabilities of (global row b, head h) use dropout offsets from ((b * H + h) * T * T). */
+static uint64_t att_offset(size_t first_row, size_t b, size_t H, size_t h, size_t T) {
+    return ((uint64_t)(first_row + b) * H + h) * T * T;
+}
+
+shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
+                                             size_t H, float p_drop, uint64_t seed, size_t first_row) {
     SHARD_CHECK(check_heads(C, H, "attention"));
     size_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
+    float *dropped = p_drop > 0 ? malloc(T * T * sizeof *dropped + 1) : NULL;
+    if (p_drop > 0 && !dropped) return shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory");
     for (size_t b = 0; b < B; b++)
         for (size_t h = 0; h < H; h++) {
             const float *q = qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
             float *p = att + (b * H + h) * T * T;
-            SHARD_CHECK(shard_sgemm(0, 1, T, T, D, scale, q, 3 * C, k, 3 * C, 0.0f, p, T));
+            shard_status s = shard_sgemm(0, 1, T, T, D, scale, q, 3 * C, k, 3 * C, 0.0f, p, T);
+            if (s < 0) {
+                free(dropped);
+                return s;
+            }
             for (size_t t = 0; t < T; t++) { /* causal softmax of row t over 0..t */
                 float *a = p + t * T, m = -INFINITY, sum = 0;
-                for (size_t s = 0; s <= t; s++) m = a[s] > m ? a[s] : m;
-                for (size_t s = 0; s <= t; s++) a[s] = expf(a[s] - m), sum += a[s];
+                for (size_t j = 0; j <= t; j++) m = a[j] > m ? a[j] : m;
+                for (size_t j = 0; j <= t; j++) a[j] = expf(a[j] - m), sum += a[j];
                 float inv = 1.0f / sum;
-                for (size_t s = 0; s <= t; s++) a[s] *= inv;
-                for (size_t s = t + 1; s < T; s++) a[s] = 0;
+                for (size_t j = 0; j <= t; j++) a[j] *= inv;
+                for (size_t j = t + 1; j < T; j++) a[j] = 0;
             }
-            SHARD_CHECK(shard_sgemm(0, 0, T, D, T, 1.0f, p, T, v, 3 * C, 0.0f, y + b * T * C + h * D, C));
+            const float *probs = p;
+            if (dropped) shard_dropout_forward(p, dropped, T * T, p_drop, seed, att_offset(first_row, b, H, h, T)), probs = dropped;
+            s = shard_sgemm(0, 0, T, D, T, 1.0f, probs, T, v, 3 * C, 0.0f, y + b * T * C + h * D, C);
+            if (s < 0) {
+                free(dropped);
+                return s;
+            }
         }
+    free(dropped);
     return SHARD_OK;
 }
 
 /* dV = P^T dY; dP = dY V^T; dS = P (dP - rowsum(P dP)) / sqrt(D); dQ = dS K; dK = dS^T Q. */
 shard_status shard_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
                                       size_t T, size_t C, size_t H) {
+    return shard_attention_backward_dropout(qkv, att, dy, dqkv, B, T, C, H, 0.0f, 0, 0);
+}
+
+/* With dropout on the probabilities: dV = drop(P)^T dY and dP = drop'(dY V^T), the mask drawn again. */
+shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
+                                              size_t B, size_t T, size_t C, size_t H, float p_drop, uint64_t seed,
+                                              size_t first_row) {
     SHARD_CHECK(check_heads(C, H, "attention backward"));
     size_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
     size_t tt = T * T;
-    float *ds = malloc((tt ? tt : 1) * sizeof *ds);
+    float *ds = malloc((tt ? 2 * tt : 1) * sizeof *ds), *dropped = ds + tt;
     if (!ds) return shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory");
     shard_status s = SHARD_OK;
     for (size_t b = 0; b < B && s == SHARD_OK; b++)
@@ -246,8 +292,11 @@ shard_status shard_attention_backward(const float *qkv, const float *att, const 
             const float *q = qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
             const float *p = att + (b * H + h) * T * T, *g = dy + b * T * C + h * D;
             float *dq = dqkv + b * T * 3 * C + h * D, *dk = dq + C, *dv = dq + 2 * C;
-            s = shard_sgemm(1, 0, T, D, T, 1.0f, p, T, g, C, 0.0f, dv, 3 * C);
+            uint64_t offset = att_offset(first_row, b, H, h, T);
+            if (p_drop > 0) shard_dropout_forward(p, dropped, tt, p_drop, seed, offset);
+            s = shard_sgemm(1, 0, T, D, T, 1.0f, p_drop > 0 ? dropped : p, T, g, C, 0.0f, dv, 3 * C);
             if (s == SHARD_OK) s = shard_sgemm(0, 1, T, T, D, 1.0f, g, C, v, 3 * C, 0.0f, ds, T);
+            if (s == SHARD_OK && p_drop > 0) shard_dropout_backward(ds, ds, tt, p_drop, seed, offset);
             for (size_t t = 0; s == SHARD_OK && t < T; t++) {
                 const float *a = p + t * T;
                 float *d = ds + t * T, dot = 0;

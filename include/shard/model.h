@@ -1,0 +1,105 @@
+/* model.h — a trainable model as parallel strategies see it, whatever its
+ * architecture: the GPT, the CNN and seed 002's MLP all sit behind this table,
+ * so a strategy (data parallel, ZeRO, ...) holds no model-specific code.
+ *
+ * Parameters live in one slab (params.h) cut into units: contiguous ranges of
+ * whole parameters, a layer or a group of layers (the GPT: unit 0 = the
+ * embeddings and the final LayerNorm, unit 1 + l = block l).  A model reads a
+ * parameter through value[i] and adds its gradient through grad[i]; both
+ * point into slabs by default, and a strategy may point a unit elsewhere
+ * (ZeRO-3's gathered buffer, ZeRO-2's per-unit gradient buffer).
+ *
+ * Around each use of a unit's parameters the model calls the hooks:
+ * acquire before reading them, release after, and grads_ready once the
+ * unit's gradients for this backward are complete (in backward order: the
+ * moment a gradient bucket may start its all_reduce).  A unit may be
+ * acquired more than once in a pass (the GPT's tied embedding).
+ *
+ * A step's loss is the mean over the global batch's items (tokens, images,
+ * rows): each rank loads its rows, the strategy sums the item counts over
+ * ranks, and forward divides the local loss sum by that global denominator,
+ * so the gradients of all ranks add up to the single-device gradient. */
+#ifndef SHARD_MODEL_H
+#define SHARD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct shard_model shard_model;
+
+typedef struct shard_model_hooks {
+    void *ctx;
+    shard_status (*acquire)(void *ctx, shard_model *m, size_t unit, int backward);
+    shard_status (*release)(void *ctx, shard_model *m, size_t unit, int backward);
+    shard_status (*grads_ready)(void *ctx, shard_model *m, size_t unit);
+} shard_model_hooks;
+
+typedef struct shard_model_ops {
+    const char *kind; /* "gpt2", "cnn", "mlp" */
+    /* Load rows [first_row, first_row + rows) of the global batch of `step`. */
+    shard_status (*load_batch)(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows);
+    /* Loss terms in the loaded rows (tokens with a target, images, rows). */
+    size_t (*batch_items)(const shard_model *m);
+    /* *loss = (sum of the loaded rows' item losses) / denominator; keeps what backward needs. */
+    shard_status (*forward)(shard_model *m, double denominator, double *loss);
+    /* Adds d(loss)/d(parameter) through grad[]. */
+    shard_status (*backward)(shard_model *m);
+    void (*init)(shard_model *m, uint64_t seed);
+    /* One line: the architecture and its sizes. */
+    void (*describe)(const shard_model *m, char *out, size_t bytes);
+    void (*destroy)(shard_model *m);
+} shard_model_ops;
+
+struct shard_model {
+    const shard_model_ops *ops;
+    shard_params *params;   /* the layout; values in params->data unless a strategy moved them */
+    size_t units;
+    size_t *unit_first;     /* [units + 1]: unit u holds parameters unit_first[u] .. unit_first[u+1]-1 */
+    size_t *unit_offset;    /* [units + 1]: and slab elements unit_offset[u] .. unit_offset[u+1]-1 */
+    size_t *unit_of;        /* [params->count]: the unit of each parameter */
+    float **value, **grad;  /* [params->count] */
+    shard_model_hooks hooks;
+    uint64_t seed, step;    /* of the loaded batch (dropout masks are keyed by them and the global row) */
+    size_t first_row, rows;
+    void *impl;
+};
+
+/* Build the model a JSON config describes ("model_type": "gpt2" (default),
+ * "cnn" or "mlp"), reading training data from data_dir (the GPT: train.tokens
+ * of `shard data text`; the CNN: Fashion-MNIST's IDX files; the MLP:
+ * generated), for batches of up to max_rows rows of seq tokens. */
+shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
+                                shard_model **out);
+void shard_model_destroy(shard_model *m);
+
+/* Parameters per unit (unit_first), given the layout; points value[] into
+ * params->data and grad[] nowhere (bind before backward).  For model makers. */
+shard_status shard_model_setup_units(shard_model *m, shard_params *params, const size_t *unit_first, size_t units);
+/* Point unit u's values (or gradients) at base, laid out as in the slab. */
+void shard_model_bind_values(shard_model *m, size_t unit, float *base);
+void shard_model_bind_grads(shard_model *m, size_t unit, float *base);
+/* Every unit's gradients into one slab of the parameters' layout. */
+void shard_model_bind_grad_slab(shard_model *m, float *slab);
+static inline size_t shard_model_unit_elems(const shard_model *m, size_t u) {
+    return m->unit_offset[u + 1] - m->unit_offset[u];
+}
+
+/* The hooks, for model code (no-ops when a hook is NULL). */
+shard_status shard_model_acquire(shard_model *m, size_t unit, int backward);
+shard_status shard_model_release(shard_model *m, size_t unit, int backward);
+shard_status shard_model_grads_ready(shard_model *m, size_t unit);
+
+/* Dropout keys for a site: a mask element is a function of (run seed, step,
+ * site, global position) only, so every strategy draws the same masks. */
+uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,74 @@
+/* trainer.h — a training run on a device mesh: the model of a config
+ * (model.h), its data, AdamW with warm-up + cosine learning rate and
+ * clipping by the global gradient norm, and the parallel strategy of the
+ * mesh's `data` axis (plain data parallel, or ZeRO-1/2/3 / FSDP).
+ *
+ * Batch arithmetic (BRIEF §4): global batch = micro-batch x accumulation
+ * steps x data size.  Given two, the third is derived; an inconsistent triple
+ * is refused with the numbers.  `batch` always means the global batch: each
+ * micro-step's rows are split over the data ranks (the first ones taking one
+ * more when uneven), rows are drawn by (seed, step, global row), and the loss
+ * is the mean over the global batch's items — so the same settings train the
+ * same model on 1 or N ranks. */
+#ifndef SHARD_TRAINER_H
+#define SHARD_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/mesh.h"
+#include "shard/model.h"
+#include "shard/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct shard_trainer_config {
+    const char *config_path, *data_dir;
+    size_t batch;       /* global rows per step (0: micro_batch x accum x data) */
+    size_t micro_batch; /* rows per rank per micro-step (0: derived) */
+    size_t accum;       /* micro-steps per step (0: derived, else 1) */
+    size_t seq;         /* tokens per row (the GPT) */
+    uint64_t seed;      /* initialisation, data order and dropout */
+    int zero;           /* 0 (plain data parallel), 1, 2 or 3 */
+    double bucket_mb;   /* gradient bucket size (MiB); <= 0: 25 */
+    shard_dtype grad_dtype; /* SHARD_F32, or SHARD_BF16 to halve gradient traffic */
+    shard_adamw_config adamw;
+    shard_lr_schedule lr;
+    float clip; /* max global gradient norm; 0: no clipping */
+} shard_trainer_config;
+
+typedef struct shard_step_result {
+    double loss, grad_norm; /* the global batch's mean loss; the gradient norm before clipping */
+    float lr;
+    double ms, exposed_comm_ms; /* the step; the part of it spent waiting on communication */
+    uint64_t grad_bytes;        /* gradient bytes this rank handed to collectives */
+} shard_step_result;
+
+typedef struct shard_trainer shard_trainer;
+
+/* Collective over the mesh.  Axes other than `data` must have size 1 (for now). */
+shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
+void shard_trainer_destroy(shard_trainer *t);
+shard_model *shard_trainer_model(shard_trainer *t);
+/* The resolved batch arithmetic. */
+void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, size_t *accum, size_t *data);
+
+/* One optimizer step (steps count from 1). */
+shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out);
+
+/* The whole parameter values (params->total floats, the slab's layout) on every rank. */
+shard_status shard_trainer_values(shard_trainer *t, float *whole);
+
+/* Checkpoints: parameters by name plus AdamW's moments
+ * ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>"), whole, so any
+ * strategy and any number of ranks can resume them.  config_json rides in the index. */
+shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json);
+/* *step gets the checkpoint's step; training resumes at *step + 1. */
+shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

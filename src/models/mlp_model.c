@@ -1,0 +1,155 @@
+/* mlp_model.c — seed 002's 2-layer MLP, y = ReLU(x W0) W1, behind the generic
+ * model table (model.h) so strategies can train it: parameters
+ * `layer_0/weights` [model_dim, hidden_dim] (unit 0) and `layer_1/weights`
+ * [hidden_dim, model_dim] (unit 1), as the seed's engine names them.
+ *
+ * Config: {"model_type": "mlp", "model_dim": 64, "hidden_dim": 256}.
+ * Data is generated, a regression onto a fixed teacher: row r of step s's
+ * global batch is x ~ N(0, 1) keyed by (seed, s, r), target tanh(x A) with A
+ * drawn once (seed 7, std 1/sqrt(model_dim)).  A row's loss is the mean
+ * squared error over its model_dim outputs. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/model_impl.h"
+#include "shard/blas.h"
+#include "shard/layers.h"
+
+typedef struct mlp_model {
+    shard_model model;
+    size_t d, h, max_rows;
+    shard_params *params;
+    float *teacher, *x, *target, *hidden, *relu, *y, *dy, *dhidden;
+} mlp_model;
+
+static mlp_model *impl(const shard_model *m) { return (mlp_model *)m->impl; }
+
+static shard_status parse(const char *text, const char *where, size_t *d, size_t *h) {
+    json_error_t err;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return shard_error(SHARD_ERR_INVALID_ARG, "%s: not valid JSON: %s (line %d)", where, err.text, err.line);
+    shard_status s = json_is_object(root) ? SHARD_OK : shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
+    const char *key;
+    json_t *v;
+    *d = 0, *h = 0;
+    json_object_foreach(root, key, v) {
+        if (s < 0) break;
+        size_t *field = strcmp(key, "model_dim") == 0 ? d : strcmp(key, "hidden_dim") == 0 ? h : NULL;
+        if (field) {
+            if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 20))
+                s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' must be an integer in 1..1048576", where, key);
+            else *field = (size_t)json_integer_value(v);
+        } else if (strcmp(key, "model_type") != 0 && strcmp(key, "comment") != 0) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' is unknown (MLP keys: model_type, model_dim, hidden_dim)",
+                            where, key);
+        }
+    }
+    json_decref(root);
+    if (s == SHARD_OK && (!*d || !*h))
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' is missing", where, *d ? "hidden_dim" : "model_dim");
+    return s;
+}
+
+static shard_status load_batch(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows) {
+    mlp_model *p = impl(m);
+    if (rows > p->max_rows) return shard_error(SHARD_ERR_INVALID_ARG, "mlp: %zu rows; made for up to %zu", rows, p->max_rows);
+    m->seed = seed, m->step = step, m->first_row = first_row, m->rows = rows;
+    char name[64];
+    snprintf(name, sizeof name, "mlp.data.%llu", (unsigned long long)step);
+    shard_init_normal(p->x, first_row * p->d, rows * p->d, 1.0f, seed, name);
+    if (rows) SHARD_CHECK(shard_sgemm(0, 0, rows, p->d, p->d, 1.0f, p->x, p->d, p->teacher, p->d, 0.0f, p->target, p->d));
+    for (size_t i = 0; i < rows * p->d; i++) p->target[i] = tanhf(p->target[i]);
+    return SHARD_OK;
+}
+
+static size_t items(const shard_model *m) { return m->rows; }
+
+static shard_status forward(shard_model *m, double denominator, double *loss) {
+    mlp_model *p = impl(m);
+    size_t n = m->rows, d = p->d, h = p->h;
+    *loss = 0;
+    if (!n) return SHARD_OK;
+    SHARD_CHECK(shard_model_acquire(m, 0, 0));
+    SHARD_CHECK(shard_linear_forward(p->x, m->value[0], NULL, p->hidden, n, d, h));
+    SHARD_CHECK(shard_model_release(m, 0, 0));
+    shard_relu_forward(p->hidden, p->relu, n * h);
+    SHARD_CHECK(shard_model_acquire(m, 1, 0));
+    SHARD_CHECK(shard_linear_forward(p->relu, m->value[1], NULL, p->y, n, h, d));
+    SHARD_CHECK(shard_model_release(m, 1, 0));
+    double total = 0, k = denominator > 0 ? 2.0 / ((double)d * denominator) : 0;
+    for (size_t i = 0; i < n * d; i++) {
+        float e = p->y[i] - p->target[i];
+        total += (double)e * e;
+        p->dy[i] = (float)(k * e);
+    }
+    *loss = denominator > 0 ? total / (double)d / denominator : 0;
+    return SHARD_OK;
+}
+
+static shard_status backward(shard_model *m) {
+    mlp_model *p = impl(m);
+    size_t n = m->rows, d = p->d, h = p->h;
+    if (!n) return SHARD_OK;
+    SHARD_CHECK(shard_model_acquire(m, 1, 1));
+    SHARD_CHECK(shard_linear_backward(p->relu, m->value[1], p->dy, p->dhidden, m->grad[1], NULL, n, h, d));
+    SHARD_CHECK(shard_model_release(m, 1, 1));
+    SHARD_CHECK(shard_model_grads_ready(m, 1));
+    shard_relu_backward(p->hidden, p->dhidden, p->dhidden, n * h);
+    SHARD_CHECK(shard_model_acquire(m, 0, 1));
+    SHARD_CHECK(shard_linear_backward(p->x, m->value[0], p->dhidden, NULL, m->grad[0], NULL, n, d, h));
+    SHARD_CHECK(shard_model_release(m, 0, 1));
+    return shard_model_grads_ready(m, 0);
+}
+
+static void init(shard_model *m, uint64_t seed) {
+    mlp_model *p = impl(m);
+    shard_init_normal(m->value[0], 0, p->d * p->h, 1.0f / sqrtf((float)p->d), seed, "layer_0/weights");
+    shard_init_normal(m->value[1], 0, p->h * p->d, 1.0f / sqrtf((float)p->h), seed, "layer_1/weights");
+}
+
+static void describe(const shard_model *m, char *out, size_t bytes) {
+    const mlp_model *p = impl(m);
+    snprintf(out, bytes, "MLP ReLU(x W0) W1, %zu -> %zu -> %zu: %zu parameters", p->d, p->h, p->d, 2 * p->d * p->h);
+}
+
+static void destroy(shard_model *m) {
+    mlp_model *p = impl(m);
+    shard__model_free_units(m);
+    shard_params_destroy(p->params);
+    free(p->teacher);
+    shard_free(p->x);
+    free(p);
+}
+
+static const shard_model_ops mlp_ops = {"mlp", load_batch, items, forward, backward, init, describe, destroy};
+
+shard_status shard__mlp_model_create(const char *text, const char *where, size_t max_rows, shard_model **out) {
+    size_t d, h;
+    SHARD_CHECK(parse(text, where, &d, &h));
+    mlp_model *p = calloc(1, sizeof *p);
+    if (!p) return shard_error(SHARD_ERR_NO_MEMORY, "mlp: out of memory");
+    p->d = d, p->h = h, p->max_rows = max_rows ? max_rows : 1, p->model.impl = p, p->model.ops = &mlp_ops;
+    shard_param_info t[2] = {{.name = "layer_0/weights", .ndim = 2, .shape = {d, h}},
+                             {.name = "layer_1/weights", .ndim = 2, .shape = {h, d}}};
+    static const size_t unit_first[3] = {0, 1, 2};
+    size_t R = p->max_rows;
+    shard_status s = shard_params_create(t, 2, SHARD_MEM_PARAMS, &p->params);
+    if (s == SHARD_OK) s = shard_model_setup_units(&p->model, p->params, unit_first, 2);
+    if (s == SHARD_OK) {
+        p->teacher = malloc(d * d * sizeof(float));
+        p->x = shard_alloc((R * d * 4 + R * h * 3) * sizeof(float), SHARD_MEM_ACTIVATIONS);
+        if (!p->teacher || !p->x) s = shard_error(SHARD_ERR_NO_MEMORY, "mlp: out of memory");
+    }
+    if (s < 0) {
+        destroy(&p->model);
+        return s;
+    }
+    p->target = p->x + R * d, p->y = p->target + R * d, p->dy = p->y + R * d;
+    p->hidden = p->dy + R * d, p->relu = p->hidden + R * h, p->dhidden = p->relu + R * h;
+    shard_init_normal(p->teacher, 0, d * d, 1.0f / sqrtf((float)d), 7, "mlp.teacher");
+    *out = &p->model;
+    return SHARD_OK;
+}

@@ -1,0 +1,18 @@
+/* model_impl.h — internal: the model makers behind shard_model_create, and
+ * helpers the model files share. */
+#ifndef SHARD_MODEL_IMPL_H
+#define SHARD_MODEL_IMPL_H
+
+#include "shard/model.h"
+
+shard_status shard__gpt_model_create(const char *config_text, const char *where, const char *data_dir, size_t max_rows,
+                                     size_t seq, shard_model **out);
+shard_status shard__cnn_model_create(const char *config_text, const char *where, const char *data_dir, size_t max_rows,
+                                     shard_model **out);
+shard_status shard__mlp_model_create(const char *config_text, const char *where, size_t max_rows, shard_model **out);
+
+void shard__model_free_units(shard_model *m);
+/* A config file's text (malloc'd), or NULL with the error set. */
+char *shard__read_config(const char *path);
+
+#endif

@@ -1,0 +1,121 @@
+/* model.c — the generic half of model.h: units, where each parameter and its
+ * gradient live, the hook calls, and the factory that reads a config's
+ * model_type and builds the GPT, the CNN or the MLP behind the same table. */
+#include "shard/model.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/model_impl.h"
+
+shard_status shard_model_setup_units(shard_model *m, shard_params *params, const size_t *unit_first, size_t units) {
+    size_t n = params->count;
+    m->params = params, m->units = units;
+    m->unit_first = malloc((units + 1) * sizeof *m->unit_first);
+    m->unit_offset = malloc((units + 1) * sizeof *m->unit_offset);
+    m->unit_of = malloc((n ? n : 1) * sizeof *m->unit_of);
+    m->value = calloc(n ? n : 1, sizeof *m->value), m->grad = calloc(n ? n : 1, sizeof *m->grad);
+    if (!m->unit_first || !m->unit_offset || !m->unit_of || !m->value || !m->grad)
+        return shard_error(SHARD_ERR_NO_MEMORY, "model: out of memory");
+    for (size_t u = 0; u < units; u++) {
+        if (unit_first[u] >= unit_first[u + 1] || unit_first[u + 1] > n)
+            return shard_error(SHARD_ERR_INTERNAL, "model: unit %zu holds no parameters", u);
+        m->unit_first[u] = unit_first[u];
+        m->unit_offset[u] = params->info[unit_first[u]].offset;
+        for (size_t i = unit_first[u]; i < unit_first[u + 1]; i++) m->unit_of[i] = u;
+    }
+    m->unit_first[units] = n, m->unit_offset[units] = params->total;
+    if (unit_first[0] != 0 || unit_first[units] != n)
+        return shard_error(SHARD_ERR_INTERNAL, "model: the units do not cover the parameters");
+    for (size_t i = 0; i < n; i++) m->value[i] = params->data ? params->data + params->info[i].offset : NULL;
+    return SHARD_OK;
+}
+
+void shard_model_bind_values(shard_model *m, size_t unit, float *base) {
+    for (size_t i = m->unit_first[unit]; i < m->unit_first[unit + 1]; i++)
+        m->value[i] = base ? base + (m->params->info[i].offset - m->unit_offset[unit]) : NULL;
+}
+
+void shard_model_bind_grads(shard_model *m, size_t unit, float *base) {
+    for (size_t i = m->unit_first[unit]; i < m->unit_first[unit + 1]; i++)
+        m->grad[i] = base ? base + (m->params->info[i].offset - m->unit_offset[unit]) : NULL;
+}
+
+void shard_model_bind_grad_slab(shard_model *m, float *slab) {
+    for (size_t u = 0; u < m->units; u++) shard_model_bind_grads(m, u, slab ? slab + m->unit_offset[u] : NULL);
+}
+
+shard_status shard_model_acquire(shard_model *m, size_t unit, int backward) {
+    return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, m, unit, backward) : SHARD_OK;
+}
+
+shard_status shard_model_release(shard_model *m, size_t unit, int backward) {
+    return m->hooks.release ? m->hooks.release(m->hooks.ctx, m, unit, backward) : SHARD_OK;
+}
+
+shard_status shard_model_grads_ready(shard_model *m, size_t unit) {
+    return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, m, unit) : SHARD_OK;
+}
+
+uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site) {
+    uint64_t z = m->seed * 0x9e3779b97f4a7c15ULL ^ (m->step + 1) * 0xbf58476d1ce4e5b9ULL ^ (site + 1) * 0x94d049bb133111ebULL;
+    z = (z ^ (z >> 31)) * 0xd6e8feb86659fd93ULL;
+    return z ^ (z >> 32);
+}
+
+void shard__model_free_units(shard_model *m) {
+    free(m->unit_first), free(m->unit_offset), free(m->unit_of), free(m->value), free(m->grad);
+}
+
+void shard_model_destroy(shard_model *m) {
+    if (m && m->ops) m->ops->destroy(m);
+}
+
+/* The whole config file as text (NULL with the error set). */
+char *shard__read_config(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        shard_error(SHARD_ERR_IO, "%s: cannot open the config", path);
+        return NULL;
+    }
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (int ch; (ch = fgetc(f)) != EOF;) {
+        if (len + 1 >= cap) {
+            char *more = realloc(text, cap ? 2 * cap : 4096);
+            if (!more) {
+                free(text), fclose(f);
+                shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+                return NULL;
+            }
+            text = more, cap = cap ? 2 * cap : 4096;
+        }
+        text[len++] = (char)ch;
+    }
+    fclose(f);
+    if (!text) {
+        shard_error(SHARD_ERR_INVALID_ARG, "%s: the config is empty", path);
+        return NULL;
+    }
+    text[len] = '\0';
+    return text;
+}
+
+shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
+                                shard_model **out) {
+    *out = NULL;
+    char *text = shard__read_config(config_path);
+    if (!text) return SHARD_ERR_IO;
+    json_t *root = json_loads(text, 0, NULL);
+    const char *type = "gpt2";
+    const json_t *t = root ? json_object_get(root, "model_type") : NULL;
+    if (json_is_string(t)) type = json_string_value(t);
+    shard_status s;
+    if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, out);
+    else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, max_rows, out);
+    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, out);
+    json_decref(root);
+    free(text);
+    return s;
+}

@@ -1,0 +1,456 @@
+/* data_parallel.c — the `data` axis (see data_parallel.h): plain DP and
+ * ZeRO-1/2/3, driven by the model's unit hooks.
+ *
+ *   zero 0  values, gradients, AdamW moments replicated.  Gradients go in
+ *           buckets (~bucket_bytes, units in backward order); a bucket's
+ *           non-blocking all_reduce starts when its last unit's gradients
+ *           are ready, while backward goes on.
+ *   zero 1  moments sharded: a bucket's units are reduce-scattered instead,
+ *           AdamW updates this rank's pieces, all_gather makes values whole.
+ *   zero 2  gradients sharded too: a unit's gradient buffer exists only from
+ *           its first backward use to its reduce-scatter (every micro-step,
+ *           summed into the shard), so no rank holds the whole gradient.
+ *   zero 3  values sharded: a unit is all-gathered into a buffer when the
+ *           model acquires it (forward and again in backward) and freed on
+ *           release; the next unit's gather (the order seen in the first
+ *           step) starts while this one computes.
+ *
+ * Gradients may travel as bf16 (grad_dtype), halving their bytes; the
+ * reduction itself adds in f32 and rounds once (comm's rule). */
+#include "parallel/data_parallel.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "shard/memory.h"
+
+typedef struct unit_state {
+    size_t n, mine, my_displ, shard_off; /* unit elements; this rank's piece and where it sits */
+    size_t *counts, *displs;             /* every rank's piece */
+    float *gathered;                     /* zero 3: the whole values while acquired */
+    shard_request *gather;
+    int in_use;                          /* zero 3: acquire count */
+    float *grad;                         /* zero 2/3: the whole gradient during backward */
+    shard_request *rs;                   /* the reduce-scatter of this unit's gradient */
+    void *rs_send, *rs_recv;             /* what it reads (a bf16 copy or a unit buffer) and writes */
+    int ready;                           /* grads_ready seen in this micro-step */
+} unit_state;
+
+typedef struct bucket {
+    size_t lo, hi, waiting; /* units lo..hi; units not ready yet */
+    shard_request *req;
+    uint16_t *wire;         /* bf16 copy while in flight */
+} bucket;
+
+struct shard_dp {
+    shard_comm *comm;
+    int rank, size, zero, sync;
+    shard_dtype grad_dtype;
+    shard_model *m;
+    unit_state *u;
+    size_t shard_total, n_buckets, *bucket_of;
+    bucket *buckets;
+    float *grads;      /* zero 0/1: the whole gradient slab */
+    float *grad_shard; /* zero >= 1: this rank's pieces, summed over ranks */
+    float *rs_out;     /* zero >= 1: a reduce-scatter's f32 result before it is added */
+    float *value_shard;
+    float *exp_avg, *exp_avg_sq;
+    size_t *order, order_len, order_cap, pos; /* zero 3: the acquire order of a step */
+    int order_known;
+    double exposed;
+    uint64_t grad_bytes;
+};
+
+static size_t total_of(const shard_dp *dp) { return dp->m->params->total; }
+static float *unit_values(const shard_dp *dp, size_t u) { return dp->m->params->data + dp->m->unit_offset[u]; }
+static size_t wire_bytes(const shard_dp *dp) { return shard_dtype_size(dp->grad_dtype); }
+
+/* ---------------------------------------------------------------- waiting */
+
+static shard_status timed_wait(shard_dp *dp, shard_request **req) {
+    if (!*req) return SHARD_OK;
+    double t0 = shard__now();
+    shard_status s = shard_request_wait(req);
+    dp->exposed += shard__now() - t0;
+    return s;
+}
+
+/* Finish unit u's reduce-scatter: add the piece into the shard; free what it used. */
+static shard_status finish_rs(shard_dp *dp, size_t k) {
+    unit_state *u = &dp->u[k];
+    if (!u->rs && !u->rs_send) return SHARD_OK;
+    shard_status s = timed_wait(dp, &u->rs);
+    float *dst = dp->grad_shard + u->shard_off, *got = dp->rs_out + u->shard_off;
+    if (dp->grad_dtype == SHARD_BF16) {
+        const uint16_t *w = u->rs_recv;
+        for (size_t i = 0; i < u->mine; i++) dst[i] += shard_f32_from_bf16(w[i]);
+        shard_free(u->rs_recv);
+    } else {
+        for (size_t i = 0; i < u->mine; i++) dst[i] += got[i];
+    }
+    if (u->rs_send != u->grad && u->rs_send != dp->grads + dp->m->unit_offset[k]) shard_free(u->rs_send);
+    u->rs_send = u->rs_recv = NULL;
+    if (dp->zero >= 2) { /* the whole unit gradient is gone once reduce-scattered */
+        shard_free(u->grad);
+        u->grad = NULL;
+        shard_model_bind_grads(dp->m, k, NULL);
+    }
+    return s;
+}
+
+static shard_status start_rs(shard_dp *dp, size_t k, const float *grad) {
+    unit_state *u = &dp->u[k];
+    SHARD_CHECK(finish_rs(dp, k)); /* a previous micro-step's, if still in flight */
+    if (dp->grad_dtype == SHARD_BF16) {
+        uint16_t *w = shard_alloc(u->n * 2, SHARD_MEM_COMM), *r = shard_alloc(u->mine * 2 + 2, SHARD_MEM_COMM);
+        if (!w || !r) {
+            shard_free(w), shard_free(r);
+            return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for a bf16 gradient copy");
+        }
+        for (size_t i = 0; i < u->n; i++) w[i] = shard_bf16_from_f32(grad[i]);
+        u->rs_send = w, u->rs_recv = r;
+    } else {
+        u->rs_send = (void *)grad, u->rs_recv = dp->rs_out + u->shard_off;
+    }
+    dp->grad_bytes += u->n * wire_bytes(dp);
+    return shard_comm_ireduce_scatterv(dp->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM, &u->rs);
+}
+
+static shard_status start_bucket(shard_dp *dp, bucket *b) {
+    if (dp->zero == 1) {
+        for (size_t k = b->lo; k <= b->hi; k++) SHARD_CHECK(start_rs(dp, k, dp->grads + dp->m->unit_offset[k]));
+        return SHARD_OK;
+    }
+    size_t off = dp->m->unit_offset[b->lo], n = dp->m->unit_offset[b->hi + 1] - off;
+    float *g = dp->grads + off;
+    dp->grad_bytes += n * wire_bytes(dp);
+    if (dp->grad_dtype == SHARD_BF16) {
+        if (!(b->wire = shard_alloc(n * 2, SHARD_MEM_COMM)))
+            return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for a bf16 bucket");
+        for (size_t i = 0; i < n; i++) b->wire[i] = shard_bf16_from_f32(g[i]);
+        return shard_comm_iall_reduce(dp->comm, b->wire, b->wire, n, SHARD_BF16, SHARD_OP_SUM, &b->req);
+    }
+    return shard_comm_iall_reduce(dp->comm, g, g, n, SHARD_F32, SHARD_OP_SUM, &b->req);
+}
+
+static shard_status finish_bucket(shard_dp *dp, bucket *b) {
+    if (dp->zero == 1) {
+        for (size_t k = b->lo; k <= b->hi; k++) SHARD_CHECK(finish_rs(dp, k));
+        return SHARD_OK;
+    }
+    shard_status s = timed_wait(dp, &b->req);
+    if (b->wire) {
+        size_t off = dp->m->unit_offset[b->lo], n = dp->m->unit_offset[b->hi + 1] - off;
+        for (size_t i = 0; i < n; i++) dp->grads[off + i] = shard_f32_from_bf16(b->wire[i]);
+        shard_free(b->wire);
+        b->wire = NULL;
+    }
+    return s;
+}
+
+/* ---------------------------------------------------------------- zero 3 gathers */
+
+static shard_status start_gather(shard_dp *dp, size_t k) {
+    unit_state *u = &dp->u[k];
+    if (u->gathered) return SHARD_OK;
+    if (!(u->gathered = shard_alloc(u->n * sizeof(float) + 1, SHARD_MEM_PARAMS)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
+    return shard_comm_iall_gatherv(dp->comm, dp->value_shard + u->shard_off, u->mine, u->gathered, u->counts, u->displs,
+                                   SHARD_F32, &u->gather);
+}
+
+static shard_status note_order(shard_dp *dp, size_t k) {
+    if (dp->order_known) return SHARD_OK;
+    if (dp->order_len == dp->order_cap) {
+        size_t cap = dp->order_cap ? 2 * dp->order_cap : 64;
+        size_t *more = realloc(dp->order, cap * sizeof *more);
+        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory");
+        dp->order = more, dp->order_cap = cap;
+    }
+    dp->order[dp->order_len++] = k;
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- hooks */
+
+static shard_status hook_acquire(void *ctx, shard_model *m, size_t k, int backward) {
+    shard_dp *dp = ctx;
+    unit_state *u = &dp->u[k];
+    if (dp->zero == 3) {
+        SHARD_CHECK(note_order(dp, k));
+        if (u->in_use++ == 0) {
+            SHARD_CHECK(start_gather(dp, k));
+            SHARD_CHECK(timed_wait(dp, &u->gather));
+            shard_model_bind_values(m, k, u->gathered);
+        }
+        /* prefetch: the unit that came next in the first step's order */
+        if (dp->order_known && dp->pos < dp->order_len && dp->order[dp->pos] == k) {
+            dp->pos++;
+            if (dp->pos < dp->order_len && dp->order[dp->pos] != k) SHARD_CHECK(start_gather(dp, dp->order[dp->pos]));
+        }
+    }
+    if (backward && dp->zero >= 2 && u->rs_send) /* the previous micro-step's gradient, still being reduce-scattered */
+        SHARD_CHECK(finish_rs(dp, k));
+    if (backward && dp->zero >= 2 && !u->grad) {
+        if (!(u->grad = shard_alloc_zeroed(u->n * sizeof(float) + 1, SHARD_MEM_GRADS)))
+            return shard_error(SHARD_ERR_NO_MEMORY, "zero %d: out of memory for unit %zu's gradient", dp->zero, k);
+        shard_model_bind_grads(m, k, u->grad);
+    }
+    return SHARD_OK;
+}
+
+static shard_status hook_release(void *ctx, shard_model *m, size_t k, int backward) {
+    (void)backward;
+    shard_dp *dp = ctx;
+    unit_state *u = &dp->u[k];
+    if (dp->zero == 3 && --u->in_use == 0) {
+        SHARD_CHECK(timed_wait(dp, &u->gather)); /* never in flight here; kept for safety */
+        /* the next acquire in order may be this very unit (prefetched): keep it then */
+        int next_is_me = dp->order_known && dp->pos < dp->order_len && dp->order[dp->pos] == k;
+        if (!next_is_me) {
+            shard_free(u->gathered);
+            u->gathered = NULL;
+            shard_model_bind_values(m, k, NULL);
+        }
+    }
+    return SHARD_OK;
+}
+
+static shard_status hook_grads_ready(void *ctx, shard_model *m, size_t k) {
+    (void)m;
+    shard_dp *dp = ctx;
+    if (dp->zero >= 2) return start_rs(dp, k, dp->u[k].grad);
+    if (!dp->sync || dp->u[k].ready) return SHARD_OK;
+    dp->u[k].ready = 1;
+    bucket *b = &dp->buckets[dp->bucket_of[k]];
+    if (--b->waiting == 0) SHARD_CHECK(start_bucket(dp, b));
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t bucket_bytes, shard_dtype grad_dtype,
+                              shard_dp **out) {
+    *out = NULL;
+    if (zero < 0 || zero > 3) return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
+    if (grad_dtype != SHARD_F32 && grad_dtype != SHARD_BF16)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--grad-dtype: gradients travel as f32 or bf16");
+    shard_dp *dp = calloc(1, sizeof *dp);
+    if (!dp) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
+    dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype;
+    dp->rank = shard_comm_rank(comm), dp->size = shard_comm_size(comm);
+    size_t U = m->units, D = (size_t)dp->size, total = total_of(dp);
+    dp->u = calloc(U, sizeof *dp->u);
+    dp->buckets = calloc(U, sizeof *dp->buckets), dp->bucket_of = calloc(U, sizeof *dp->bucket_of);
+    shard_status s = dp->u && dp->buckets && dp->bucket_of ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
+    for (size_t k = 0; s == SHARD_OK && k < U; k++) {
+        unit_state *u = &dp->u[k];
+        u->n = shard_model_unit_elems(m, k);
+        u->counts = calloc(D, sizeof *u->counts), u->displs = calloc(D, sizeof *u->displs);
+        if (!u->counts || !u->displs) {
+            s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
+            break;
+        }
+        for (size_t r = 0, at = 0; r < D; r++) {
+            u->counts[r] = u->n / D + (r < u->n % D), u->displs[r] = at;
+            at += u->counts[r];
+        }
+        u->mine = u->counts[dp->rank], u->my_displ = u->displs[dp->rank], u->shard_off = dp->shard_total;
+        dp->shard_total += u->mine;
+    }
+    /* buckets: units in backward order (last unit first), closed once they reach bucket_bytes */
+    for (size_t k = U, bytes = 0; s == SHARD_OK && k-- > 0;) {
+        bucket *b = &dp->buckets[dp->n_buckets];
+        if (bytes == 0) b->hi = k;
+        b->lo = k, b->waiting++, dp->bucket_of[k] = dp->n_buckets;
+        bytes += dp->u[k].n * sizeof(float);
+        if (bytes >= bucket_bytes || k == 0) dp->n_buckets++, bytes = 0;
+    }
+    size_t S = dp->shard_total;
+    if (s == SHARD_OK) {
+        size_t moments = zero == 0 ? total : S;
+        dp->exp_avg = shard_alloc_zeroed(moments * sizeof(float) + 1, SHARD_MEM_OPTIMIZER);
+        dp->exp_avg_sq = shard_alloc_zeroed(moments * sizeof(float) + 1, SHARD_MEM_OPTIMIZER);
+        if (zero <= 1) dp->grads = shard_alloc_zeroed(total * sizeof(float) + 1, SHARD_MEM_GRADS);
+        if (zero >= 1) {
+            dp->grad_shard = shard_alloc_zeroed(S * sizeof(float) + 1, SHARD_MEM_GRADS);
+            dp->rs_out = shard_alloc_zeroed(S * sizeof(float) + 1, SHARD_MEM_COMM);
+        }
+        if (zero == 3) dp->value_shard = shard_alloc(S * sizeof(float) + 1, SHARD_MEM_PARAMS);
+        if (!dp->exp_avg || !dp->exp_avg_sq || (zero <= 1 && !dp->grads) ||
+            (zero >= 1 && (!dp->grad_shard || !dp->rs_out)) || (zero == 3 && !dp->value_shard))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for the model states (zero %d)", zero);
+    }
+    if (s < 0) {
+        shard__dp_destroy(dp);
+        return s;
+    }
+    if (zero <= 1) shard_model_bind_grad_slab(m, dp->grads);
+    else shard_model_bind_grad_slab(m, NULL);
+    if (zero == 3) { /* keep this rank's pieces; the whole values go */
+        for (size_t k = 0; k < U; k++)
+            memcpy(dp->value_shard + dp->u[k].shard_off, unit_values(dp, k) + dp->u[k].my_displ, dp->u[k].mine * sizeof(float));
+        shard_free(m->params->data);
+        m->params->data = NULL;
+        for (size_t k = 0; k < U; k++) shard_model_bind_values(m, k, NULL);
+    }
+    m->hooks = (shard_model_hooks){dp, hook_acquire, hook_release, hook_grads_ready};
+    *out = dp;
+    return SHARD_OK;
+}
+
+void shard__dp_destroy(shard_dp *dp) {
+    if (!dp) return;
+    for (size_t k = 0; dp->u && k < dp->m->units; k++) {
+        unit_state *u = &dp->u[k];
+        if (u->gather) shard_request_wait(&u->gather);
+        if (u->rs || u->rs_send) finish_rs(dp, k);
+        shard_free(u->gathered), shard_free(u->grad);
+        free(u->counts), free(u->displs);
+    }
+    for (size_t b = 0; dp->buckets && b < dp->n_buckets; b++) {
+        if (dp->buckets[b].req) shard_request_wait(&dp->buckets[b].req);
+        shard_free(dp->buckets[b].wire);
+    }
+    dp->m->hooks = (shard_model_hooks){0};
+    free(dp->u), free(dp->buckets), free(dp->bucket_of), free(dp->order);
+    shard_free(dp->grads), shard_free(dp->grad_shard), shard_free(dp->rs_out), shard_free(dp->value_shard);
+    shard_free(dp->exp_avg), shard_free(dp->exp_avg_sq);
+    free(dp);
+}
+
+/* ---------------------------------------------------------------- a step */
+
+void shard__dp_begin_step(shard_dp *dp) {
+    if (dp->grads) memset(dp->grads, 0, total_of(dp) * sizeof(float));
+    if (dp->grad_shard) memset(dp->grad_shard, 0, dp->shard_total * sizeof(float));
+    dp->exposed = 0, dp->grad_bytes = 0;
+}
+
+shard_status shard__dp_begin_micro(shard_dp *dp, int sync) {
+    dp->sync = sync, dp->pos = 0;
+    for (size_t k = 0; k < dp->m->units; k++) dp->u[k].ready = 0;
+    for (size_t b = 0; b < dp->n_buckets; b++) dp->buckets[b].waiting = dp->buckets[b].hi - dp->buckets[b].lo + 1;
+    return dp->zero == 3 && dp->order_known && dp->order_len ? start_gather(dp, dp->order[0]) : SHARD_OK;
+}
+
+/* zero 3: drop gathered copies left over (a prefetch not used), before the values change. */
+static shard_status drop_gathered(shard_dp *dp) {
+    shard_status s = SHARD_OK;
+    for (size_t k = 0; k < dp->m->units; k++) {
+        unit_state *u = &dp->u[k];
+        shard_status t = u->gather ? shard_request_wait(&u->gather) : SHARD_OK;
+        if (s == SHARD_OK) s = t;
+        if (u->in_use == 0 && u->gathered) {
+            shard_free(u->gathered);
+            u->gathered = NULL;
+            shard_model_bind_values(dp->m, k, NULL);
+        }
+    }
+    return s;
+}
+
+shard_status shard__dp_finish(shard_dp *dp, double *norm) {
+    shard_status s = SHARD_OK;
+    if (dp->zero <= 1)
+        for (size_t b = 0; b < dp->n_buckets; b++) {
+            shard_status t = finish_bucket(dp, &dp->buckets[b]);
+            if (s == SHARD_OK) s = t;
+        }
+    if (dp->zero >= 1)
+        for (size_t k = 0; k < dp->m->units; k++) {
+            shard_status t = finish_rs(dp, k);
+            if (s == SHARD_OK) s = t;
+        }
+    if (dp->zero == 3 && !dp->order_known && dp->order_len) dp->order_known = 1;
+    if (s < 0) return s;
+    if (dp->zero == 0) {
+        *norm = sqrt(shard_sum_squares(dp->grads, total_of(dp)));
+        return SHARD_OK;
+    }
+    double local = shard_sum_squares(dp->grad_shard, dp->shard_total), global = 0;
+    SHARD_CHECK(shard_comm_all_reduce(dp->comm, &local, &global, 1, SHARD_F64, SHARD_OP_SUM));
+    *norm = sqrt(global);
+    return SHARD_OK;
+}
+
+shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip) {
+    if (dp->zero == 0) {
+        if (clip != 1.0f) shard_scale(dp->grads, total_of(dp), clip);
+        shard_adamw_update(c, step, lr, dp->m->params->data, dp->grads, dp->exp_avg, dp->exp_avg_sq, total_of(dp));
+        return SHARD_OK;
+    }
+    if (clip != 1.0f) shard_scale(dp->grad_shard, dp->shard_total, clip);
+    if (dp->zero == 3) SHARD_CHECK(drop_gathered(dp));
+    for (size_t k = 0; k < dp->m->units; k++) {
+        unit_state *u = &dp->u[k];
+        float *values = dp->zero == 3 ? dp->value_shard + u->shard_off : unit_values(dp, k) + u->my_displ;
+        shard_adamw_update(c, step, lr, values, dp->grad_shard + u->shard_off, dp->exp_avg + u->shard_off,
+                           dp->exp_avg_sq + u->shard_off, u->mine);
+    }
+    if (dp->zero == 3) return SHARD_OK;
+    /* zero 1/2: every replica's values whole again (in place) */
+    shard_request **reqs = calloc(dp->m->units, sizeof *reqs);
+    if (!reqs) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
+    shard_status s = SHARD_OK;
+    size_t started = 0;
+    for (size_t k = 0; k < dp->m->units && s == SHARD_OK; k++, started++) {
+        unit_state *u = &dp->u[k];
+        float *base = unit_values(dp, k);
+        s = shard_comm_iall_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32, &reqs[k]);
+    }
+    double t0 = shard__now();
+    shard_status w = shard_request_wait_all(started, reqs);
+    dp->exposed += shard__now() - t0;
+    free(reqs);
+    return s < 0 ? s : w;
+}
+
+void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out) {
+    out->exposed_comm_s = dp->exposed, out->grad_bytes = dp->grad_bytes;
+}
+
+/* ---------------------------------------------------------------- whole state */
+
+/* dst (whole, total floats) from each rank's pieces in src (a shard layout). */
+static shard_status gather_whole(shard_dp *dp, const float *src, float *dst) {
+    for (size_t k = 0; k < dp->m->units; k++) {
+        unit_state *u = &dp->u[k];
+        float *base = dst + dp->m->unit_offset[k];
+        memcpy(base + u->my_displ, src + u->shard_off, u->mine * sizeof(float));
+        SHARD_CHECK(shard_comm_all_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32));
+    }
+    return SHARD_OK;
+}
+
+static void take_pieces(const shard_dp *dp, const float *whole, float *shard) {
+    for (size_t k = 0; k < dp->m->units; k++)
+        memcpy(shard + dp->u[k].shard_off, whole + dp->m->unit_offset[k] + dp->u[k].my_displ, dp->u[k].mine * sizeof(float));
+}
+
+shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, float *exp_avg_sq) {
+    size_t bytes = total_of(dp) * sizeof(float);
+    memset(values, 0, bytes), memset(exp_avg, 0, bytes), memset(exp_avg_sq, 0, bytes);
+    if (dp->zero == 3) SHARD_CHECK(gather_whole(dp, dp->value_shard, values));
+    else memcpy(values, dp->m->params->data, bytes);
+    if (dp->zero == 0) {
+        memcpy(exp_avg, dp->exp_avg, bytes), memcpy(exp_avg_sq, dp->exp_avg_sq, bytes);
+        return SHARD_OK;
+    }
+    SHARD_CHECK(gather_whole(dp, dp->exp_avg, exp_avg));
+    return gather_whole(dp, dp->exp_avg_sq, exp_avg_sq);
+}
+
+shard_status shard__dp_set_state(shard_dp *dp, const float *values, const float *exp_avg, const float *exp_avg_sq) {
+    size_t bytes = total_of(dp) * sizeof(float);
+    if (dp->zero == 3) take_pieces(dp, values, dp->value_shard);
+    else memcpy(dp->m->params->data, values, bytes);
+    if (dp->zero == 0) {
+        memcpy(dp->exp_avg, exp_avg, bytes), memcpy(dp->exp_avg_sq, exp_avg_sq, bytes);
+    } else {
+        take_pieces(dp, exp_avg, dp->exp_avg), take_pieces(dp, exp_avg_sq, dp->exp_avg_sq);
+    }
+    return SHARD_OK;
+}

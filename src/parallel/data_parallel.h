@@ -1,0 +1,44 @@
+/* data_parallel.h — internal: the `data` axis strategy the trainer drives —
+ * plain data parallel (zero 0) and ZeRO stages 1, 2, 3 (FSDP) — through the
+ * model's hooks (model.h).  No model-specific code: it sees units only.
+ *
+ * Sharding (zero >= 1): each unit's slab range is split over the data ranks
+ * by the even rule (the first size % D ranks hold one element more); a
+ * rank's "shard" is its pieces of every unit, concatenated. */
+#ifndef SHARD_DATA_PARALLEL_H
+#define SHARD_DATA_PARALLEL_H
+
+#include "shard/comm.h"
+#include "shard/model.h"
+#include "shard/optim.h"
+
+typedef struct shard_dp shard_dp;
+
+typedef struct shard_dp_stats {
+    double exposed_comm_s; /* time the step waited on communication (not hidden behind compute) */
+    uint64_t grad_bytes;   /* gradient bytes this rank handed to collectives this step */
+} shard_dp_stats;
+
+/* The model's values must be initialised (or loaded) before: stage 3 keeps only this rank's pieces. */
+shard_status shard__dp_create(shard_comm *data_comm, shard_model *m, int zero, size_t bucket_bytes,
+                              shard_dtype grad_dtype, shard_dp **out);
+void shard__dp_destroy(shard_dp *dp);
+
+/* Before a step's first micro-step: zero the gradients. */
+void shard__dp_begin_step(shard_dp *dp);
+/* Before each micro-step: sync = this micro-step's gradients are communicated
+ * (the last one; stages 2 and 3 reduce-scatter every micro-step). */
+shard_status shard__dp_begin_micro(shard_dp *dp, int sync);
+/* After the last backward: wait for the gradients; *norm = the global gradient norm. */
+shard_status shard__dp_finish(shard_dp *dp, double *norm);
+/* Scale the gradients by clip, AdamW on what this rank owns, then make every
+ * replica's values whole again. */
+shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip);
+void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out);
+
+/* Whole values and AdamW moments (each params->total floats) on every rank,
+ * for checkpoints; and back (every rank passes the same arrays). */
+shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, float *exp_avg_sq);
+shard_status shard__dp_set_state(shard_dp *dp, const float *values, const float *exp_avg, const float *exp_avg_sq);
+
+#endif

@@ -1,0 +1,249 @@
+/* trainer.c — the path of a training step (trainer.h):
+ *
+ *   for each micro-step k: load this rank's rows of micro-batch k, forward
+ *     (the loss divided by the global item count), backward — the strategy's
+ *     hooks start gradient communication as units finish;
+ *   the strategy waits for the gradients and gives the global norm;
+ *   clip, AdamW on what this rank owns, values made whole again.
+ *
+ * The strategy of the `data` axis lives in src/parallel/data_parallel.c. */
+#include "shard/trainer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "parallel/data_parallel.h"
+#include "shard/checkpoint.h"
+#include "shard/dtensor.h"
+#include "shard/memory.h"
+
+struct shard_trainer {
+    shard_trainer_config c;
+    shard_mesh *mesh;
+    shard_comm *data;
+    int data_rank, data_size;
+    size_t global, micro, accum;
+    shard_model *model;
+    shard_dp *dp;
+};
+
+/* The even rule: part r of n over p parts. */
+static void split(size_t n, size_t p, size_t r, size_t *first, size_t *count) {
+    *count = n / p + (r < n % p);
+    *first = r * (n / p) + (r < n % p ? r : n % p);
+}
+
+static shard_status resolve_batch(shard_trainer *t) {
+    size_t B = t->c.batch, m = t->c.micro_batch, K = t->c.accum, D = (size_t)t->data_size;
+    if (B && m && K) {
+        if (m * K * D != B)
+            return shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch %zu != --micro-batch %zu x --accum %zu x data %zu = %zu; "
+                               "give two of them and the third is derived", B, m, K, D, m * K * D);
+    } else if (B && m) {
+        if (B % (m * D))
+            return shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch %zu is not --micro-batch %zu x data %zu = %zu times an "
+                               "accumulation count; give --accum instead", B, m, D, m * D);
+        K = B / (m * D);
+    } else if (m && K) {
+        B = m * K * D;
+    } else if (B) {
+        if (!K) K = 1;
+        m = (B / K + D - 1) / D;
+        if (B % K == 0 && (B / K) % D == 0) m = B / K / D;
+    } else {
+        return shard_error(SHARD_ERR_INVALID_ARG, "batch: give the global --batch, or --micro-batch with --accum");
+    }
+    if (B < K * D)
+        return shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch %zu is smaller than --accum %zu x data %zu: every rank needs "
+                           "at least one row per micro-step", B, K, D);
+    /* the largest slice any rank gets */
+    size_t first, rows_max = 0;
+    for (size_t k = 0; k < K; k++) {
+        size_t mf, mc, rc;
+        split(B, K, k, &mf, &mc);
+        split(mc, D, 0, &first, &rc);
+        rows_max = rc > rows_max ? rc : rows_max;
+    }
+    t->global = B, t->accum = K, t->micro = m > rows_max ? m : rows_max;
+    return SHARD_OK;
+}
+
+shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
+    *out = NULL;
+    int axis = shard_mesh_axis_index(mesh, "data");
+    for (int a = 0; a < shard_mesh_ndim(mesh); a++)
+        if (a != axis && shard_mesh_axis_size(mesh, a) > 1)
+            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: axis '%s' = %d: training splits over 'data' only so far; give "
+                               "%s=1 or leave it out", shard_mesh_axis_name(mesh, a), shard_mesh_axis_size(mesh, a),
+                               shard_mesh_axis_name(mesh, a));
+    shard_trainer *t = calloc(1, sizeof *t);
+    if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
+    t->c = *config, t->mesh = mesh;
+    t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : shard_mesh_comm(mesh);
+    t->data_rank = axis >= 0 ? shard_comm_rank(t->data) : 0, t->data_size = axis >= 0 ? shard_comm_size(t->data) : 1;
+    if (axis < 0) t->data = shard_mesh_comm(mesh);
+    shard_status s = resolve_batch(t);
+    if (s == SHARD_OK) s = shard_model_create(config->config_path, config->data_dir, t->micro, config->seq, &t->model);
+    if (s == SHARD_OK) {
+        t->model->ops->init(t->model, config->seed);
+        double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
+        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype, &t->dp);
+    }
+    if (s < 0) {
+        shard_trainer_destroy(t);
+        return s;
+    }
+    *out = t;
+    return SHARD_OK;
+}
+
+void shard_trainer_destroy(shard_trainer *t) {
+    if (!t) return;
+    shard__dp_destroy(t->dp);
+    shard_model_destroy(t->model);
+    free(t);
+}
+
+shard_model *shard_trainer_model(shard_trainer *t) { return t->model; }
+
+void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, size_t *accum, size_t *data) {
+    if (global) *global = t->global;
+    if (micro) *micro = t->micro;
+    if (accum) *accum = t->accum;
+    if (data) *data = (size_t)t->data_size;
+}
+
+/* This rank's rows of micro-batch k. */
+static void my_rows(const shard_trainer *t, size_t k, size_t *first, size_t *rows) {
+    size_t mf, mc, rf;
+    split(t->global, t->accum, k, &mf, &mc);
+    split(mc, (size_t)t->data_size, (size_t)t->data_rank, &rf, rows);
+    *first = mf + rf;
+}
+
+static shard_status load(shard_trainer *t, uint64_t step, size_t k) {
+    size_t first, rows;
+    my_rows(t, k, &first, &rows);
+    return t->model->ops->load_batch(t->model, t->c.seed, step, first, rows);
+}
+
+shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out) {
+    double t0 = shard__now();
+    shard_model *m = t->model;
+    memset(out, 0, sizeof *out);
+    /* the denominator: items of the whole global batch */
+    double items = 0, global_items = 0, loss = 0, global_loss = 0;
+    for (size_t k = 0; k < t->accum; k++) {
+        SHARD_CHECK(load(t, step, k));
+        items += (double)m->ops->batch_items(m);
+    }
+    SHARD_CHECK(shard_comm_all_reduce(t->data, &items, &global_items, 1, SHARD_F64, SHARD_OP_SUM));
+    shard__dp_begin_step(t->dp);
+    for (size_t k = 0; k < t->accum; k++) {
+        double l = 0;
+        if (t->accum > 1) SHARD_CHECK(load(t, step, k)); /* the last micro-batch is still loaded when accum is 1 */
+        SHARD_CHECK(shard__dp_begin_micro(t->dp, k + 1 == t->accum));
+        SHARD_CHECK(m->ops->forward(m, global_items, &l));
+        SHARD_CHECK(m->ops->backward(m));
+        loss += l;
+    }
+    SHARD_CHECK(shard__dp_finish(t->dp, &out->grad_norm));
+    out->lr = shard_lr_at(&t->c.lr, step);
+    float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
+    SHARD_CHECK(shard__dp_update(t->dp, &t->c.adamw, step, out->lr, clip));
+    SHARD_CHECK(shard_comm_all_reduce(t->data, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
+    shard_dp_stats st;
+    shard__dp_stats(t->dp, &st);
+    out->loss = global_loss, out->ms = (shard__now() - t0) * 1e3;
+    out->exposed_comm_ms = st.exposed_comm_s * 1e3, out->grad_bytes = st.grad_bytes;
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- whole state, checkpoints */
+
+typedef struct whole_state {
+    float *values, *exp_avg, *exp_avg_sq;
+} whole_state;
+
+static shard_status whole_alloc(const shard_trainer *t, whole_state *w) {
+    size_t bytes = t->model->params->total * sizeof(float) + 1;
+    w->values = shard_alloc(bytes, SHARD_MEM_OTHER), w->exp_avg = shard_alloc(bytes, SHARD_MEM_OTHER);
+    w->exp_avg_sq = shard_alloc(bytes, SHARD_MEM_OTHER);
+    return w->values && w->exp_avg && w->exp_avg_sq ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+}
+
+static void whole_free(whole_state *w) { shard_free(w->values), shard_free(w->exp_avg), shard_free(w->exp_avg_sq); }
+
+shard_status shard_trainer_values(shard_trainer *t, float *whole) {
+    whole_state w = {0};
+    shard_status s = whole_alloc(t, &w);
+    if (s == SHARD_OK) s = shard__dp_get_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
+    if (s == SHARD_OK) memcpy(whole, w.values, t->model->params->total * sizeof(float));
+    whole_free(&w);
+    return s;
+}
+
+/* Three replicated dtensors per parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh. */
+static shard_status make_items(shard_trainer *t, shard_ckpt_item **items, char (**names)[SHARD_PARAM_NAME_BYTES + 32]) {
+    const shard_params *p = t->model->params;
+    *items = calloc(3 * p->count, sizeof **items), *names = calloc(3 * p->count, sizeof **names);
+    if (!*items || !*names) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    static const char *const prefix[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
+    for (size_t j = 0; j < 3; j++)
+        for (size_t i = 0; i < p->count; i++) {
+            size_t at = j * p->count + i;
+            snprintf((*names)[at], sizeof (*names)[at], "%s%s", prefix[j], p->info[i].name);
+            shard_spec spec = shard_spec_replicated(p->info[i].ndim);
+            (*items)[at].name = (*names)[at];
+            SHARD_CHECK(shard_dtensor_create(t->mesh, SHARD_F32, p->info[i].ndim, p->info[i].shape, &spec, SHARD_MEM_COMM,
+                                             &(*items)[at].tensor));
+        }
+    return SHARD_OK;
+}
+
+static void free_items(shard_ckpt_item *items, void *names, size_t n) {
+    for (size_t i = 0; items && i < n; i++) shard_dtensor_destroy(items[i].tensor);
+    free(items), free(names);
+}
+
+shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json) {
+    const shard_params *p = t->model->params;
+    whole_state w = {0};
+    shard_ckpt_item *items = NULL;
+    char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
+    shard_status s = whole_alloc(t, &w);
+    if (s == SHARD_OK) s = shard__dp_get_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
+    if (s == SHARD_OK) s = make_items(t, &items, &names);
+    float *src[3] = {w.values, w.exp_avg, w.exp_avg_sq};
+    for (size_t j = 0; s == SHARD_OK && j < 3; j++)
+        for (size_t i = 0; i < p->count; i++)
+            memcpy(items[j * p->count + i].tensor->local->data, src[j] + p->info[i].offset, p->info[i].numel * sizeof(float));
+    if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, 3 * p->count, config_json);
+    free_items(items, names, 3 * p->count);
+    whole_free(&w);
+    return s;
+}
+
+shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step) {
+    const shard_params *p = t->model->params;
+    whole_state w = {0};
+    shard_ckpt_item *items = NULL;
+    char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
+    shard_status s = whole_alloc(t, &w);
+    if (s == SHARD_OK) s = make_items(t, &items, &names);
+    if (s == SHARD_OK) s = shard_ckpt_load(where, items, 3 * p->count, step);
+    if (s == SHARD_OK) {
+        float *dst[3] = {w.values, w.exp_avg, w.exp_avg_sq};
+        for (size_t j = 0; j < 3; j++) {
+            memset(dst[j], 0, p->total * sizeof(float));
+            for (size_t i = 0; i < p->count; i++)
+                memcpy(dst[j] + p->info[i].offset, items[j * p->count + i].tensor->local->data, p->info[i].numel * sizeof(float));
+        }
+        s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
+    }
+    free_items(items, names, 3 * p->count);
+    whole_free(&w);
+    return s;
+}
