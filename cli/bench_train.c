@@ -6,13 +6,15 @@
  * the same config and batch, and the ratio.
  *
  *   shard bench train --config CONFIG.json [--batch 8] [--seq 128] [--steps 20] [--warmup 3]
- *                     [--threads 2] [--no-torch] [--json] */
+ *                     [--threads 2] [--no-torch] [--json]
+ *                     [--ranks N --mesh data=N --zero K --bucket-mb M --grad-dtype bf16]   (bench_train_dp.c) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_comm.h"
+#include "bench_train.h"
 #include "cli_util.h"
 #include "comm/comm_impl.h"
 #include "shard/shard.h"
@@ -48,36 +50,69 @@ static double torch_ms(const char *config, long batch, long seq, long steps, lon
 }
 
 int cli_bench_train(int argc, char **argv) {
-    const char *config = NULL;
-    long batch = 8, seq = 128, steps = 20, warmup = 3, threads = 2;
-    int json = 0, torch = 1;
+    bench_train_opts o = {.batch = 8, .seq = 128, .steps = 20, .warmup = 3, .threads = 2, .zero = -1, .bucket_mb = 25,
+                          .torch = 1};
+    cli_common common = {0};
     for (int i = 1; i < argc; i++) {
+        int cc = cli_common_option(&common, argc, argv, &i);
+        if (cc < 0) return 2;
+        if (cc > 0) continue;
         const char *a = argv[i], *v = NULL;
-        long *ints[] = {&batch, &seq, &steps, &warmup, &threads};
-        const char *names[] = {"--batch", "--seq", "--steps", "--warmup", "--threads"};
-        const long lo[] = {1, 1, 20, 0, 1}, hi[] = {4096, 65536, 100000, 1000, 64};
+        long *ints[] = {&o.batch, &o.seq, &o.steps, &o.warmup, &o.threads, &o.zero};
+        const char *names[] = {"--batch", "--seq", "--steps", "--warmup", "--threads", "--zero"};
+        const long lo[] = {1, 1, 20, 0, 1, 0}, hi[] = {4096, 65536, 100000, 1000, 64, 3};
         int done = 0;
-        for (int k = 0; k < 5 && !done; k++)
+        for (int k = 0; k < 6 && !done; k++)
             if (strcmp(a, names[k]) == 0) {
                 if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, lo[k], hi[k], ints[k])) return 2;
                 done = 1;
             }
         if (done) continue;
         if (strcmp(a, "--config") == 0) {
-            if (!(config = cli_value(argc, argv, &i))) return 2;
+            if (!(o.config = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--mesh") == 0) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (strncmp(v, "data=", 5) != 0 || strchr(v, ',')) {
+                cli_error("bench train: --mesh '%s' is invalid here: give data=N (the ranks)", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--bucket-mb") == 0) {
+            char *end = NULL;
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            o.bucket_mb = strtod(v, &end);
+            if (!end || *end || !(o.bucket_mb > 0)) {
+                cli_error("--bucket-mb '%s' is invalid: give a number > 0 (MiB), e.g. 25", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--grad-dtype") == 0) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "f32") && strcmp(v, "bf16")) {
+                cli_error("--grad-dtype '%s' is invalid: give f32 or bf16", v);
+                return 2;
+            }
+            o.bf16 = strcmp(v, "bf16") == 0;
         } else if (strcmp(a, "--json") == 0) {
-            json = 1;
+            o.json = 1;
         } else if (strcmp(a, "--no-torch") == 0) {
-            torch = 0;
+            o.torch = 0;
         } else {
             cli_error("bench train: unknown option '%s' (see 'shard help')", a);
             return 2;
         }
     }
-    if (!config) {
+    if (!o.config) {
         cli_error("bench train: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)");
         return 2;
     }
+    char env[64];
+    int mrank, msize;
+    if (common.ranks > 1 || o.zero >= 0 || shard_launch_detect_mpi(env, sizeof env, &mrank, &msize)) {
+        if (o.zero < 0) o.zero = 0;
+        return cli_bench_train_dp(&o, &common);
+    }
+    const char *config = o.config;
+    long batch = o.batch, seq = o.seq, steps = o.steps, warmup = o.warmup, threads = o.threads;
+    int json = o.json, torch = o.torch;
     shard_gpt_config c;
     shard_gpt *g = NULL;
     shard_params *grads = NULL, *m = NULL, *v = NULL;

@@ -84,7 +84,11 @@ def errors():
         (["bench", "train"], 2, "bench train: --config CONFIG.json is required"),
         (["bench", "train", "--config", "c", "--steps", "5"], 2, "--steps '5' is invalid: give an integer in 20..100000"),
         (["train", "--config", "c", "--data", "d", "--lr", "0"], 2, "--lr '0' is invalid: give a number > 0"),
-        (["train", "--config", "c", "--data", "d", "--ranks", "2"], 2, "--ranks 2 is invalid: shard train runs one rank"),
+        (["train", "--config", "c", "--data", "d", "--zero", "4"], 2, "--zero '4' is invalid: give an integer in 0..3"),
+        (["train", "--config", "c", "--data", "d", "--grad-dtype", "f16"], 2, "--grad-dtype 'f16' is invalid: give f32 or bf16"),
+        (["train", "--config", "c", "--data", "d", "--ranks", "2", "--batch", "8", "--micro-batch", "3", "--accum", "1"], 1,
+         "batch: --batch 8 != --micro-batch 3 x --accum 1 x data 2 = 6"),
+        (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "data=3"], 1, "data=3"),
         (["generate", "--prompt", "x"], 2, "generate: give --prompt and either --ckpt DIR"),
         (["generate", "--ckpt", "/nonexistent", "--prompt", "x"], 1, "/nonexistent: not a checkpoint"),
         (["inspect", "ckpt", "/nonexistent/x.safetensors"], 1, "/nonexistent/x.safetensors: cannot open"),
@@ -273,6 +277,15 @@ def train():
         expect(len(rows) == 20 and {"step", "loss", "lr", "tokens_per_s", "ms"} <= set(rows[0]), f"log rows: {rows[:1]}")
         expect(rows and rows[-1]["loss"] < rows[0]["loss"] - 1.0, f"loss did not fall: {rows[0]} -> {rows[-1]}")
         expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
+        # the same global batch on 2 thread ranks (ZeRO-2), and a resume of step 10 under ZeRO-3
+        for extra, first in ((["--ranks", "2", "--zero", "2"], 1),
+                             (["--ranks", "2", "--zero", "3", "--resume", os.path.join(work, "ck", "step_10")], 11)):
+            log = os.path.join(work, "par.jsonl")
+            p = run(args + ["--log", log] + extra)
+            par = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            worst = max((abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(rows[first - 1:], par)), default=1)
+            expect(p.returncode == 0 and len(par) == 21 - first and worst <= 1e-5,
+                   f"train {extra}: {len(par)} steps, worst relative loss difference {worst}: {p.stderr}")
         p = run(["inspect", "ckpt", os.path.join(work, "ck"), "--verify"])
         expect(p.returncode == 0 and "step 20" in p.stdout and "wte.weight" in p.stdout, f"train checkpoint: {p.stdout}")
         p = run(["bench", "train", "--config", cfg, "--batch", "2", "--seq", "16", "--no-torch", "--json"])

@@ -439,7 +439,7 @@ shard_status shard__gpt_model_create(const char *text, const char *where, const 
     shard_gpt_config c;
     SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
     if (seq > c.n_positions)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'n_positions' = %zu is shorter than the sequence %zu", where,
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'n_positions' = %zu is shorter than --seq %zu", where,
                            c.n_positions, seq);
     char path[4096];
     snprintf(path, sizeof path, "%s/train.tokens", data_dir);

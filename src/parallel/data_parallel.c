@@ -59,6 +59,7 @@ struct shard_dp {
     float *exp_avg, *exp_avg_sq;
     size_t *order, order_len, order_cap, pos; /* zero 3: the acquire order of a step */
     int order_known;
+    size_t last_rs; /* zero 2/3: the unit whose reduce-scatter started last */
     double exposed;
     uint64_t grad_bytes;
 };
@@ -103,6 +104,10 @@ static shard_status finish_rs(shard_dp *dp, size_t k) {
 static shard_status start_rs(shard_dp *dp, size_t k, const float *grad) {
     unit_state *u = &dp->u[k];
     SHARD_CHECK(finish_rs(dp, k)); /* a previous micro-step's, if still in flight */
+    /* zero 2/3: one unit's reduce-scatter in flight at a time, so at most two
+     * unit gradients exist (that one and the one backward is filling) */
+    if (dp->zero >= 2 && dp->last_rs < dp->m->units && dp->last_rs != k) SHARD_CHECK(finish_rs(dp, dp->last_rs));
+    dp->last_rs = k;
     if (dp->grad_dtype == SHARD_BF16) {
         uint16_t *w = shard_alloc(u->n * 2, SHARD_MEM_COMM), *r = shard_alloc(u->mine * 2 + 2, SHARD_MEM_COMM);
         if (!w || !r) {
@@ -239,7 +244,7 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
         return shard_error(SHARD_ERR_INVALID_ARG, "--grad-dtype: gradients travel as f32 or bf16");
     shard_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
-    dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype;
+    dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype, dp->last_rs = (size_t)-1;
     dp->rank = shard_comm_rank(comm), dp->size = shard_comm_size(comm);
     size_t U = m->units, D = (size_t)dp->size, total = total_of(dp);
     dp->u = calloc(U, sizeof *dp->u);

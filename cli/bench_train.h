@@ -1,0 +1,18 @@
+/* bench_train.h — options of `shard bench train`, shared by the single-rank
+ * benchmark (bench_train.c) and the data-parallel one (bench_train_dp.c). */
+#ifndef SHARD_CLI_BENCH_TRAIN_H
+#define SHARD_CLI_BENCH_TRAIN_H
+
+#include "cli_util.h"
+
+typedef struct bench_train_opts {
+    const char *config;
+    long batch, seq, steps, warmup, threads, zero;
+    double bucket_mb;
+    int json, torch, bf16;
+} bench_train_opts;
+
+/* --ranks N > 1, --zero K, or under mpirun: the trainer on a data mesh. */
+int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common);
+
+#endif

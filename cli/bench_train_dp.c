@@ -1,0 +1,223 @@
+/* bench_train_dp.c — `shard bench train --ranks N --zero K`: the GPT trained
+ * by the trainer (data parallel / ZeRO) on N ranks, against, in the same run:
+ *   - one rank at the same per-rank batch (scaling efficiency; every rank,
+ *     that one included, runs BLAS on one thread: a rank is a core here);
+ *   - PyTorch DDP (tools/reference/bench_gpt_ddp_torch.py, gloo, N processes);
+ *   - the gradient collectives alone (blocking, no compute), which gives the
+ *     share of communication hidden behind compute: 1 - exposed / alone;
+ *   - peak bytes per rank by category next to BRIEF §4's formula (fp32
+ *     weights, gradients and AdamW's two moments: 4 + 4 + 8 bytes per
+ *     parameter, divided by N as the stage shards them).
+ * Data: random tokens (a temporary token file).  Under mpirun, N = the
+ * launcher's size. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_comm.h"
+#include "bench_train.h"
+#include "cli_util.h"
+#include "comm/comm_impl.h"
+#include "shard/shard.h"
+
+#ifndef SHARD_SOURCE_DIR
+#define SHARD_SOURCE_DIR "."
+#endif
+
+typedef struct dp_result {
+    double ms, single_ms, exposed_ms, alone_ms;
+    shard_mem_stats mem;
+    size_t params, largest_unit;
+} dp_result;
+
+typedef struct dp_args {
+    const bench_train_opts *o;
+    char dir[256], config_copy[300];
+    dp_result r;
+} dp_args;
+
+static shard_trainer_config make_config(const dp_args *a, size_t batch) {
+    shard_trainer_config c = {.config_path = a->o->config, .data_dir = a->dir, .batch = batch, .seq = (size_t)a->o->seq,
+                              .seed = 1, .zero = a->o->zero, .bucket_mb = a->o->bucket_mb,
+                              .grad_dtype = a->o->bf16 ? SHARD_BF16 : SHARD_F32, .adamw = shard_adamw_defaults(),
+                              .clip = 1.0f};
+    c.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, (uint64_t)(a->o->steps + a->o->warmup)};
+    return c;
+}
+
+/* Steps on a mesh over comm; median ms, exposed comm ms, and the blocking collectives alone. */
+static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, double *ms, double *exposed,
+                              double *alone, shard_mem_stats *mem, size_t *params, size_t *largest) {
+    char text[32];
+    snprintf(text, sizeof text, "data=%d", shard_comm_size(comm));
+    shard_mesh *mesh = NULL;
+    shard_trainer *t = NULL;
+    shard_trainer_config c = make_config(a, batch);
+    long steps = a->o->steps, warm = a->o->warmup;
+    double *v = calloc((size_t)steps, sizeof *v), *e = calloc((size_t)steps, sizeof *e), al[5];
+    shard_status s = v && e ? shard_mesh_create(comm, text, &mesh) : SHARD_ERR_NO_MEMORY;
+    if (s == SHARD_OK) s = shard_trainer_create(mesh, &c, &t);
+    shard_mem_stats_reset_peak(); /* the model was made whole, then sharded: count the training */
+    for (long i = 0; s == SHARD_OK && i < warm + steps; i++) {
+        shard_step_result r;
+        s = shard_comm_barrier(comm);
+        if (s == SHARD_OK) s = shard_trainer_step(t, (uint64_t)i + 1, &r);
+        if (i >= warm) v[i - warm] = r.ms, e[i - warm] = r.exposed_comm_ms;
+    }
+    if (s == SHARD_OK && mem) shard_mem_stats_get(mem);
+    if (s == SHARD_OK) {
+        shard_model *m = shard_trainer_model(t);
+        size_t n = m->params->total, D = (size_t)shard_comm_size(comm);
+        *params = n, *largest = 0;
+        for (size_t u = 0; u < m->units; u++)
+            if (shard_model_unit_elems(m, u) > *largest) *largest = shard_model_unit_elems(m, u);
+        size_t per = (n + D - 1) / D;
+        float *buf = shard_alloc(per * D * sizeof(float) + 4, SHARD_MEM_COMM);
+        shard_dtype dt = a->o->bf16 ? SHARD_BF16 : SHARD_F32;
+        if (!buf) s = SHARD_ERR_NO_MEMORY;
+        else memset(buf, 0, per * D * sizeof(float));
+        for (int i = 0; s == SHARD_OK && i < 5; i++) { /* what a step's gradients cost without compute */
+            s = shard_comm_barrier(comm);
+            double t0 = shard__now();
+            if (s == SHARD_OK && a->o->zero == 0) s = shard_comm_all_reduce(comm, buf, buf, n, dt, SHARD_OP_SUM);
+            if (s == SHARD_OK && a->o->zero > 0) s = shard_comm_reduce_scatter(comm, buf, buf, per, dt, SHARD_OP_SUM);
+            if (s == SHARD_OK && a->o->zero > 0 && a->o->zero < 3)
+                s = shard_comm_all_gather(comm, buf, buf, per, SHARD_F32);
+            al[i] = (shard__now() - t0) * 1e3;
+        }
+        shard_free(buf);
+        if (s == SHARD_OK) *alone = cli_median(al, 5);
+    }
+    if (s == SHARD_OK) *ms = cli_median(v, (int)steps), *exposed = cli_median(e, (int)steps);
+    shard_trainer_destroy(t);
+    shard_mesh_destroy(mesh);
+    free(v), free(e);
+    return s;
+}
+
+static shard_status dp_rank(shard_comm *comm, void *arg) {
+    dp_args *a = arg;
+    int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
+    if (rank == 0) SHARD_CHECK(shard_blas_set_threads(1));
+    SHARD_CHECK(shard_comm_barrier(comm));
+    /* one rank at the per-rank batch, the others waiting */
+    shard_comm *self = NULL;
+    SHARD_CHECK(shard_comm_split(comm, rank == 0 ? 0 : -1, 0, &self));
+    size_t per_rank = (size_t)a->o->batch / (size_t)world;
+    double x, y;
+    size_t p, l;
+    if (self) SHARD_CHECK(timed_run(self, a, per_rank ? per_rank : 1, &a->r.single_ms, &x, &y, NULL, &p, &l));
+    if (self) shard_comm_destroy(self);
+    SHARD_CHECK(shard_comm_barrier(comm));
+    shard_mem_stats mem;
+    dp_result r = {0};
+    SHARD_CHECK(timed_run(comm, a, (size_t)a->o->batch, &r.ms, &r.exposed_ms, &r.alone_ms, &mem, &r.params,
+                          &r.largest_unit));
+    /* the largest per-rank peak of each category */
+    int64_t mine[SHARD_MEM_CATEGORY_COUNT], most[SHARD_MEM_CATEGORY_COUNT];
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) mine[c] = (int64_t)mem.peak_bytes[c];
+    SHARD_CHECK(shard_comm_all_reduce(comm, mine, most, SHARD_MEM_CATEGORY_COUNT, SHARD_I64, SHARD_OP_MAX));
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) r.mem.peak_bytes[c] = (uint64_t)most[c];
+    if (rank == 0) r.single_ms = a->r.single_ms, a->r = r;
+    return SHARD_OK;
+}
+
+static double ddp_ms(const bench_train_opts *o, int world, char *why, size_t why_bytes) {
+    char cmd[4096], line[512] = "";
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tools/reference/bench_gpt_ddp_torch.py' '%s' %ld %ld %ld %ld %d 2>&1",
+             SHARD_SOURCE_DIR, o->config, o->batch, o->seq, o->steps, o->warmup, world);
+    FILE *p = popen(cmd, "r");
+    if (!p) return snprintf(why, why_bytes, "could not start python3"), -1;
+    double ms = -1;
+    while (fgets(line, sizeof line, p)) {
+        const char *k = strstr(line, "\"ms_per_step\": ");
+        if (k) ms = atof(k + 15);
+        else if (!why[0]) snprintf(why, why_bytes, "%.*s", (int)strcspn(line, "\n"), line);
+    }
+    if (pclose(p) != 0 || ms <= 0) return why[0] ? 0 : snprintf(why, why_bytes, "the script failed"), -1;
+    return ms;
+}
+
+int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
+    dp_args a = {.o = o};
+    /* random tokens over the config's vocabulary */
+    shard_gpt_config gc;
+    shard_status s = shard_gpt_config_load(o->config, &gc);
+    snprintf(a.dir, sizeof a.dir, "/tmp/shard-bench-train-XXXXXX");
+    if (s == SHARD_OK && !mkdtemp(a.dir)) s = shard_error(SHARD_ERR_IO, "bench train: cannot make a temporary directory");
+    if (s == SHARD_OK) {
+        size_t n = 1 << 20;
+        uint32_t *tok = malloc(n * sizeof *tok);
+        uint64_t r = 7;
+        for (size_t i = 0; tok && i < n; i++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            tok[i] = (uint32_t)((r >> 33) % gc.vocab_size);
+        }
+        char path[300];
+        snprintf(path, sizeof path, "%s/train.tokens", a.dir);
+        s = tok ? shard_tokens_write(path, tok, n, (uint32_t)gc.vocab_size) : SHARD_ERR_NO_MEMORY;
+        free(tok);
+    }
+    shard_launch_config launch = cli_launch_config(common);
+    if (s == SHARD_OK) s = shard_launch_with(&launch, dp_rank, &a);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", a.dir);
+    if (system(cmd) != 0) fprintf(stderr, "shard: could not remove %s\n", a.dir);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    if (a.r.ms <= 0) return 0; /* an MPI rank other than 0 */
+    int world = common->ranks > 0 ? common->ranks : 1;
+    char env[64] = "";
+    int mrank = 0, msize = 0;
+    if (shard_launch_detect_mpi(env, sizeof env, &mrank, &msize)) world = msize;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double N = (double)(o->batch * o->seq), peak = bench_fma_peak(1) * (world < cores ? world : cores);
+    double flops = 6.0 * (double)shard_gpt_param_count(&gc) * N, mfu = flops / (a.r.ms / 1e3) / (peak * 1e9);
+    double eff = a.r.single_ms / a.r.ms; /* equal per-rank batch: N x the work in the time of ... */
+    double hidden = a.r.alone_ms > 0 ? 1.0 - a.r.exposed_ms / a.r.alone_ms : 0;
+    hidden = hidden < 0 ? 0 : hidden;
+    char why[300] = "";
+    double tms = o->torch ? ddp_ms(o, world, why, sizeof why) : -1;
+    /* BRIEF §4: bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
+    double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
+    /* values: whole, or this rank's pieces + a gathered unit + the prefetched one; gradients: whole (+ the
+     * reduce-scattered pieces from zero 1), or the pieces + two unit buffers (one filling, one in flight) */
+    double pred[3] = {o->zero >= 3 ? P / Dn + 2 * U : P, o->zero >= 2 ? P / Dn + 2 * U : o->zero == 1 ? P + P / Dn : P,
+                      o->zero >= 1 ? 2 * P / Dn : 2 * P};
+    const char *cat[3] = {"params", "grads", "optimizer"};
+    shard_mem_category ids[3] = {SHARD_MEM_PARAMS, SHARD_MEM_GRADS, SHARD_MEM_OPTIMIZER};
+    double states = 0;
+    for (int i = 0; i < 3; i++) states += (double)a.r.mem.peak_bytes[ids[i]];
+    if (o->json) {
+        printf("{\"config\": \"%s\", \"ranks\": %d, \"zero\": %ld, \"batch\": %ld, \"seq\": %ld, \"grad_dtype\": \"%s\", "
+               "\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"single_rank_ms_per_step\": %.3f, "
+               "\"scaling_efficiency\": %.4f, \"exposed_comm_ms\": %.3f, \"comm_alone_ms\": %.3f, \"hidden_comm_fraction\": %.4f, "
+               "\"model_state_bytes\": %.0f, \"model_state_target_bytes\": %.0f",
+               o->config, world, o->zero, o->batch, o->seq, o->bf16 ? "bf16" : "f32", a.r.ms, N / (a.r.ms / 1e3), mfu,
+               a.r.single_ms, eff, a.r.exposed_ms, a.r.alone_ms, hidden, states, 1.05 * 4 * P / Dn + 3 * U);
+        for (int i = 0; i < 3; i++)
+            printf(", \"peak_%s_bytes\": %llu, \"predicted_%s_bytes\": %.0f", cat[i],
+                   (unsigned long long)a.r.mem.peak_bytes[ids[i]], cat[i], pred[i]);
+        if (tms > 0) printf(", \"torch_ddp_ms_per_step\": %.3f, \"speedup_vs_torch_ddp\": %.4f", tms, tms / a.r.ms);
+        printf("}\n");
+        return 0;
+    }
+    printf("# shard bench train: %s, global batch %ld x %ld over %d ranks, zero %ld, gradients %s; median of %ld steps\n",
+           o->config, o->batch, o->seq, world, o->zero, o->bf16 ? "bf16" : "f32", o->steps);
+    printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s\n", a.r.ms, N / (a.r.ms / 1e3), 100 * mfu, peak);
+    printf("scaling: 1 rank at the same per-rank batch %.1f ms/step -> efficiency %.2f\n", a.r.single_ms, eff);
+    printf("comm:    %.2f ms/step waited on, %.2f ms for the collectives alone: %.0f%% hidden behind compute\n",
+           a.r.exposed_ms, a.r.alone_ms, 100 * hidden);
+    for (int i = 0; i < 3; i++)
+        printf("memory:  %-9s peak %8.2f MiB per rank, predicted %8.2f MiB\n", cat[i],
+               (double)a.r.mem.peak_bytes[ids[i]] / 1048576.0, pred[i] / 1048576.0);
+    printf("memory:  model states %.2f MiB per rank; target 1.05 x 16 bytes x params / N + one unit's buffers = %.2f MiB\n",
+           states / 1048576.0, (1.05 * 4 * P / Dn + 3 * U) / 1048576.0);
+    if (tms > 0) printf("PyTorch DDP: %8.1f ms/step (gloo, %d processes x 1 thread, same run)  speedup %.2fx\n", tms, world,
+                        tms / a.r.ms);
+    else if (o->torch) printf("PyTorch DDP: not measured: %s\n", why);
+    return 0;
+}
