@@ -40,7 +40,6 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     char mesh_text[64];
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
     shard_mesh *mesh = NULL;
-    if (world > 1 && rank == 0) SHARD_CHECK(shard_blas_set_threads(1)); /* ranks share the cores */
     SHARD_CHECK(shard_mesh_create(comm, o->mesh ? o->mesh : mesh_text, &mesh));
     shard_trainer_config tc = {.config_path = o->config, .data_dir = o->data, .batch = (size_t)o->batch,
                                .micro_batch = (size_t)o->micro_batch, .accum = (size_t)o->accum, .seq = (size_t)o->seq,

@@ -267,5 +267,6 @@ static const test_case cases[] = {
 };
 
 int main(int argc, char **argv) {
+    shard_blas_set_threads(1); /* the single-rank references run beside the other ranks */
     return test_main(argc, argv, "test_data_parallel", cases, sizeof cases / sizeof cases[0]);
 }

@@ -15,6 +15,7 @@
 
 #include "comm/comm_impl.h"
 #include "parallel/data_parallel.h"
+#include "shard/blas.h"
 #include "shard/checkpoint.h"
 #include "shard/dtensor.h"
 #include "shard/memory.h"
@@ -84,7 +85,11 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
     t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : shard_mesh_comm(mesh);
     t->data_rank = axis >= 0 ? shard_comm_rank(t->data) : 0, t->data_size = axis >= 0 ? shard_comm_size(t->data) : 1;
     if (axis < 0) t->data = shard_mesh_comm(mesh);
-    shard_status s = resolve_batch(t);
+    /* several ranks share the cores: each rank's BLAS runs on one thread (BRIEF §5) */
+    shard_comm *all = shard_mesh_comm(mesh);
+    shard_status s = shard_comm_size(all) > 1 && shard_comm_rank(all) == 0 ? shard_blas_set_threads(1) : SHARD_OK;
+    if (s == SHARD_OK && shard_comm_size(all) > 1) s = shard_comm_barrier(all);
+    if (s == SHARD_OK) s = resolve_batch(t);
     if (s == SHARD_OK) s = shard_model_create(config->config_path, config->data_dir, t->micro, config->seq, &t->model);
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
