@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/simd.h"
 #include "shard/blas.h"
 
 /* ---------------------------------------------------------------- linear */
@@ -33,10 +34,12 @@ shard_status shard_linear_backward(const float *x, const float *W, const float *
 
 /* ---------------------------------------------------------------- element-wise */
 
+SHARD_VECTOR_CLONES
 void shard_relu_forward(const float *x, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
 }
 
+SHARD_VECTOR_CLONES
 void shard_relu_backward(const float *x, const float *dy, float *dx, size_t n) {
     for (size_t i = 0; i < n; i++) dx[i] = x[i] > 0 ? dy[i] : 0.0f;
 }
@@ -65,6 +68,7 @@ static inline float fast_tanh(float x) {
     return p / q;
 }
 
+SHARD_VECTOR_CLONES
 void shard_gelu_forward(const float *x, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
@@ -72,6 +76,7 @@ void shard_gelu_forward(const float *x, float *y, size_t n) {
     }
 }
 
+SHARD_VECTOR_CLONES
 void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i], t = fast_tanh(GELU_S * (v + GELU_C * v * v * v));
@@ -80,12 +85,14 @@ void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n) {
     }
 }
 
+SHARD_VECTOR_CLONES
 void shard_add(const float *a, const float *b, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
 /* ---------------------------------------------------------------- layer norm */
 
+SHARD_VECTOR_CLONES
 void shard_layernorm_forward(const float *x, const float *gamma, const float *beta, float eps, float *y, float *mean,
                              float *rstd, size_t N, size_t C) {
     for (size_t n = 0; n < N; n++) {
@@ -101,6 +108,7 @@ void shard_layernorm_forward(const float *x, const float *gamma, const float *be
     }
 }
 
+SHARD_VECTOR_CLONES
 void shard_layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
                               float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
     for (size_t n = 0; n < N; n++) {
@@ -124,13 +132,82 @@ void shard_layernorm_backward(const float *x, const float *gamma, const float *m
 
 /* ---------------------------------------------------------------- softmax, cross-entropy */
 
+/* exp(x) for x <= 0 (softmax after subtracting the row maximum): 2^k e^r with
+ * |r| <= ln2/2 and Cephes' polynomial, within 2 ulp of expf.  Written with
+ * GCC/Clang vector types, 8 lanes at a time (the rounding and the 2^k come
+ * from bit tricks a plain loop would not vectorise).  Below -87 it returns
+ * ~1e-38, not 0. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* out[0..7] = exp(in[0..7] - m); *sum += those (pointers, not vector values, cross the call) */
+static inline void exp8_nonpositive(const float *in, float m, float *out, v8f *sum) {
+    v8f x;
+    memcpy(&x, in, sizeof x);
+    x -= m;
+    const v8f lo = {-87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f};
+    v8i below = x < lo; /* all ones where x < -87 */
+    x = (v8f)(((v8i)x & ~below) | ((v8i)lo & below));
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    v8f kf = x * 1.44269504088896341f + magic;
+    v8i ki = (v8i)kf - (v8i)(v8f){magic, magic, magic, magic, magic, magic, magic, magic};
+    v8f k = kf - magic;
+    v8f r = x - k * 0.693359375f + k * 2.12194440e-4f;
+    v8f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    p *= (v8f)((ki + 127) << 23);
+    memcpy(out, &p, sizeof p);
+    *sum += p;
+}
+
+/* y[c] = exp(x[c] - m) (y may be x); returns the sum, added in a fixed order. */
+SHARD_VECTOR_CLONES
+static double exp_row(const float *x, float *y, size_t C, float m) {
+    v8f acc = {0}, tail = {0};
+    size_t c = 0;
+    for (; c + 8 <= C; c += 8) exp8_nonpositive(x + c, m, y + c, &acc);
+    size_t rest = C - c;
+    if (rest) {
+        float in[8] = {0}, out[8];
+        memcpy(in, x + c, rest * sizeof(float));
+        for (size_t k = rest; k < 8; k++) in[k] = m - 100.0f; /* lanes past the end: exp ~ 1e-38, dropped below */
+        exp8_nonpositive(in, m, out, &tail);
+        memcpy(y + c, out, rest * sizeof(float));
+        tail = (v8f){0};
+        for (size_t k = 0; k < rest; k++) tail[k] = out[k];
+    }
+    double sum = 0;
+    for (int k = 0; k < 8; k++) sum += (double)acc[k] + (double)tail[k];
+    return sum;
+}
+
+SHARD_VECTOR_CLONES
+static float row_max(const float *x, size_t C) {
+    float part[16], m = -INFINITY;
+    for (int k = 0; k < 16; k++) part[k] = -INFINITY;
+    size_t c = 0;
+    for (; c + 16 <= C; c += 16)
+        for (int k = 0; k < 16; k++) part[k] = x[c + (size_t)k] > part[k] ? x[c + (size_t)k] : part[k];
+    for (int k = 0; k < 16; k++) m = part[k] > m ? part[k] : m;
+    for (; c < C; c++) m = x[c] > m ? x[c] : m;
+    return m;
+}
+
+SHARD_VECTOR_CLONES
+static void scale_row(float *y, size_t C, float k) {
+    for (size_t c = 0; c < C; c++) y[c] *= k;
+}
+
 void shard_softmax_forward(const float *x, float *y, size_t N, size_t C) {
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C;
-        float *o = y + n * C, m = -INFINITY, sum = 0;
-        for (size_t c = 0; c < C; c++) m = r[c] > m ? r[c] : m;
-        for (size_t c = 0; c < C; c++) o[c] = expf(r[c] - m), sum += o[c];
-        for (size_t c = 0; c < C; c++) o[c] /= sum;
+        float *o = y + n * C;
+        double sum = exp_row(r, o, C, row_max(r, C));
+        scale_row(o, C, (float)(1.0 / sum));
     }
 }
 
@@ -152,28 +229,24 @@ shard_status shard_cross_entropy_sum(const float *logits, const int32_t *targets
     SHARD_CHECK(check_targets(targets, ignore_index, N, V, &used));
     double total = 0;
     float scale = denominator > 0 ? (float)(1.0 / denominator) : 0.0f;
+    float *row = dlogits ? NULL : malloc(V * sizeof *row);
+    if (!dlogits && !row) return shard_error(SHARD_ERR_NO_MEMORY, "cross_entropy: out of memory");
     for (size_t n = 0; n < N; n++) {
         const float *r = logits + n * V;
-        float *d = dlogits ? dlogits + n * V : NULL;
+        float *d = dlogits ? dlogits + n * V : row;
         if (targets[n] == ignore_index) {
-            if (d) memset(d, 0, V * sizeof *d);
+            if (dlogits) memset(d, 0, V * sizeof *d);
             continue;
         }
-        float m = -INFINITY;
-        for (size_t v = 0; v < V; v++) m = r[v] > m ? r[v] : m;
-        double sum = 0; /* one pass of exp: kept in d (when wanted) for the gradient */
-        for (size_t v = 0; v < V; v++) {
-            float e = expf(r[v] - m);
-            if (d) d[v] = e;
-            sum += e;
-        }
+        float m = row_max(r, V);
+        double sum = exp_row(r, d, V, m); /* one pass of exp, kept in d for the gradient */
         total += (double)m + log(sum) - (double)r[targets[n]];
-        if (d) {
-            float k = (float)(1.0 / sum) * scale;
-            for (size_t v = 0; v < V; v++) d[v] *= k;
+        if (dlogits) {
+            scale_row(d, V, (float)(1.0 / sum) * scale);
             d[targets[n]] -= scale;
         }
     }
+    free(row);
     *loss = denominator > 0 ? total / denominator : 0.0;
     if (count) *count = used;
     return SHARD_OK;
@@ -251,11 +324,9 @@ shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *
                 return s;
             }
             for (size_t t = 0; t < T; t++) { /* causal softmax of row t over 0..t */
-                float *a = p + t * T, m = -INFINITY, sum = 0;
-                for (size_t j = 0; j <= t; j++) m = a[j] > m ? a[j] : m;
-                for (size_t j = 0; j <= t; j++) a[j] = expf(a[j] - m), sum += a[j];
-                float inv = 1.0f / sum;
-                for (size_t j = 0; j <= t; j++) a[j] *= inv;
+                float *a = p + t * T;
+                double sum = exp_row(a, a, t + 1, row_max(a, t + 1));
+                scale_row(a, t + 1, (float)(1.0 / sum));
                 for (size_t j = t + 1; j < T; j++) a[j] = 0;
             }
             const float *probs = p;
