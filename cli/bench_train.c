@@ -7,7 +7,8 @@
  *
  *   shard bench train --config CONFIG.json [--batch 8] [--seq 128] [--steps 20] [--warmup 3]
  *                     [--threads 2] [--no-torch] [--json]
- *                     [--ranks N --mesh data=N --zero K --bucket-mb M --grad-dtype bf16]   (bench_train_dp.c) */
+ *                     [--ranks N --mesh data=N --zero K --bucket-mb M --grad-dtype bf16 --compute-dtype bf16]
+ *                     (those: bench_train_dp.c) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,14 @@ int cli_bench_train(int argc, char **argv) {
                 return 2;
             }
             o.bf16 = strcmp(v, "bf16") == 0;
+        } else if (strcmp(a, "--compute-dtype") == 0) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "f32") && strcmp(v, "bf16")) {
+                cli_error("--compute-dtype '%s' is invalid: give f32 or bf16", v);
+                return 2;
+            }
+            o.bf16_compute = strcmp(v, "bf16") == 0;
+            if (o.zero < 0) o.zero = 0;
         } else if (strcmp(a, "--json") == 0) {
             o.json = 1;
         } else if (strcmp(a, "--no-torch") == 0) {

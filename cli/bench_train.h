@@ -9,7 +9,7 @@ typedef struct bench_train_opts {
     const char *config;
     long batch, seq, steps, warmup, threads, zero;
     double bucket_mb;
-    int json, torch, bf16;
+    int json, torch, bf16, bf16_compute;
 } bench_train_opts;
 
 /* --ranks N > 1, --zero K, or under mpirun: the trainer on a data mesh. */

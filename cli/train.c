@@ -3,7 +3,7 @@
  *
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S
  *               [--ranks N] [--mesh data=N] [--zero 0|1|2|3] [--accum K] [--micro-batch M]
- *               [--bucket-mb 25] [--grad-dtype f32|bf16] [--resume DIR]
+ *               [--bucket-mb 25] [--grad-dtype f32|bf16] [--compute-dtype f32|bf16] [--resume DIR]
  *               [--init weights.safetensors] [--log run.jsonl] [--save DIR] [--save-every K]
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
  *
@@ -27,7 +27,7 @@
 #include "train_util.h"
 
 typedef struct train_opts {
-    const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype;
+    const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype;
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero;
     double lr, min_lr, weight_decay, clip, bucket_mb;
     unsigned long long seed;
@@ -45,6 +45,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                                .micro_batch = (size_t)o->micro_batch, .accum = (size_t)o->accum, .seq = (size_t)o->seq,
                                .seed = o->seed, .zero = (int)o->zero, .bucket_mb = o->bucket_mb,
                                .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
+                               .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
                                .adamw = shard_adamw_defaults(), .clip = (float)o->clip};
     tc.adamw.weight_decay = (float)o->weight_decay;
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
@@ -76,9 +77,10 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         char what[256], mesh_str[128];
         m->ops->describe(m, what, sizeof what);
         shard_mesh_string(mesh, mesh_str, sizeof mesh_str);
-        printf("train: %s\n  mesh %s (%s), zero %ld, global batch %zu = micro-batch %zu x accum %zu x data %zu; "
-               "%ld steps%s\n  blas: %s\n",
-               what, mesh_str, shard_comm_backend(comm), o->zero, B, micro, K, D, o->steps,
+        printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = micro-batch %zu x "
+               "accum %zu x data %zu; %ld steps%s\n  blas: %s\n",
+               what, mesh_str, shard_comm_backend(comm), o->zero, tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
+               tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, micro, K, D, o->steps,
                o->resume ? " (resumed)" : "", shard_blas_description());
     }
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
@@ -121,10 +123,11 @@ int cli_train(int argc, char **argv) {
         if (cc < 0) return 2;
         if (cc > 0) continue;
         const char *a = argv[i], *val = NULL;
-        const char **strs[] = {&o.config, &o.data, &o.init, &o.log, &o.save, &o.mesh, &o.resume, &o.grad_dtype};
-        const char *str_names[] = {"--config", "--data", "--init", "--log", "--save", "--mesh", "--resume", "--grad-dtype"};
+        const char **strs[] = {&o.config, &o.data, &o.init, &o.log, &o.save, &o.mesh, &o.resume, &o.grad_dtype, &o.compute_dtype};
+        const char *str_names[] = {"--config", "--data",   "--init",       "--log",          "--save",
+                                   "--mesh",   "--resume", "--grad-dtype", "--compute-dtype"};
         int done = 0;
-        for (int k = 0; k < 8 && !done; k++)
+        for (int k = 0; k < 9 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
                 if (!(*strs[k] = cli_value(argc, argv, &i))) return 2;
                 done = 1;
@@ -169,10 +172,12 @@ int cli_train(int argc, char **argv) {
         return 2;
     }
     if (!o.batch && !o.micro_batch) o.batch = 8;
-    if (o.grad_dtype && strcmp(o.grad_dtype, "f32") != 0 && strcmp(o.grad_dtype, "bf16") != 0) {
-        cli_error("--grad-dtype '%s' is invalid: give f32 or bf16", o.grad_dtype);
-        return 2;
-    }
+    const char *dtypes[2] = {o.grad_dtype, o.compute_dtype}, *dtype_names[2] = {"--grad-dtype", "--compute-dtype"};
+    for (int k = 0; k < 2; k++)
+        if (dtypes[k] && strcmp(dtypes[k], "f32") != 0 && strcmp(dtypes[k], "bf16") != 0) {
+            cli_error("%s '%s' is invalid: give f32 or bf16", dtype_names[k], dtypes[k]);
+            return 2;
+        }
     shard_launch_config launch = cli_launch_config(&common);
     shard_status s = shard_launch_with(&launch, train_rank, &o);
     if (s < 0) {

@@ -333,7 +333,36 @@ def demo():
            f"demo output: {p.stdout!r}")
 
 
+def train_mpi():
+    """shard train under mpiexec: 2 processes (ZeRO-1) and 3 (ZeRO-3, uneven slices) match one rank."""
+    import shutil
+    import tempfile
+    work = tempfile.mkdtemp(prefix="shard-cli-train-mpi-")
+    try:
+        text = os.path.join(work, "corpus.txt")
+        with open(text, "w") as f:
+            f.write("a rank holds a shard of the mesh. the mesh splits the batch.\n" * 300)
+        p = run(["data", "text", text, "--out", os.path.join(work, "data")])
+        expect(p.returncode == 0, f"data text: {p.stderr}")
+        cfg = os.path.join(work, "gpt.json")
+        with open(cfg, "w") as f:
+            json.dump({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 16, "vocab_size": 256}, f)
+        args = ["train", "--config", cfg, "--data", os.path.join(work, "data"), "--batch", "5", "--seq", "16",
+                "--steps", "12", "--lr", "3e-3"]
+        logs = {}
+        for name, extra, mpi in (("one", [], 0), ("zero1", ["--zero", "1"], 2), ("zero3", ["--zero", "3"], 3)):
+            log = os.path.join(work, name + ".jsonl")
+            p = run(args + ["--log", log] + extra, mpi=mpi, timeout=240)
+            logs[name] = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            expect(p.returncode == 0 and len(logs[name]) == 12, f"train {name}: exit {p.returncode}: {p.stderr}")
+            if mpi:
+                worst = max((abs(a - b) / a for a, b in zip(logs["one"], logs[name])), default=1)
+                expect(worst <= 1e-5, f"train {name} under mpiexec -np {mpi}: worst relative loss difference {worst}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 if __name__ == "__main__":
     {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
-     "ckpt": ckpt, "train": train, "demo": demo, "inspect": inspect}[sys.argv[2]]()
+     "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

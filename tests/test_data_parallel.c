@@ -10,6 +10,8 @@
  *   dropout    GPT dropout on (masks keyed by global row): the same losses
  *   models     the MLP (zero 0, 3) and the CNN on Fashion-MNIST (zero 2)
  *   bf16       gradients sent as bf16: half the bytes, losses within 1e-2
+ *   mixed      bf16 compute copies of f32 masters, zero 0..3: the single-rank
+ *              bf16 run's losses within 1e-4, f32 training's within 2e-2
  *   checkpoint saved under ZeRO-3 on all ranks at step 10, resumed by a
  *              single rank (zero 0) and by ZeRO-1 on min(3, N) ranks: steps
  *              11..20 match the uninterrupted run's within 1e-5 */
@@ -68,7 +70,7 @@ typedef struct run_opts {
     const char *config, *data; /* config file name in g_dir; data dir (NULL: g_dir) */
     size_t batch, accum;
     int zero;
-    shard_dtype grad_dtype;
+    shard_dtype grad_dtype, compute_dtype;
     uint64_t first, last;        /* steps */
     const char *save, *resume;   /* checkpoint dir (save at `last`) */
     int check_replicas;
@@ -79,6 +81,7 @@ static shard_trainer_config trainer_config(const run_opts *o, char *config_path,
     shard_trainer_config c = {.config_path = config_path, .data_dir = o->data ? o->data : g_dir, .batch = o->batch,
                               .accum = o->accum, .seq = 16, .seed = 3, .zero = o->zero,
                               .bucket_mb = 0.01 /* several buckets */, .grad_dtype = o->grad_dtype,
+                              .compute_dtype = o->compute_dtype,
                               .adamw = shard_adamw_defaults(), .clip = 1.0f};
     c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
     return c;
@@ -124,7 +127,7 @@ static shard_comm *self_comm(test_ctx *t) {
 
 static void reference(test_ctx *t, run_opts o, double *losses) {
     shard_comm *self = self_comm(t);
-    o.zero = 0, o.accum = 0, o.grad_dtype = SHARD_F32, o.check_replicas = 0;
+    o.zero = 0, o.accum = 0, o.grad_dtype = SHARD_F32, o.check_replicas = 0; /* compute_dtype kept */
     if (self) run(t, self, &o, losses, NULL);
     shard_comm_destroy(self);
 }
@@ -224,6 +227,29 @@ static void case_bf16(test_ctx *t) {
           (unsigned long long)bf16_bytes, (unsigned long long)f32_bytes);
 }
 
+/* Mixed precision: bf16 compute copies of f32 masters.  Against the single-rank
+ * bf16 run, 1e-4 (a master differing in its last bits may round to another
+ * bf16); against f32 training, 2e-2 (bf16 keeps 8 significant bits). */
+static void case_mixed(test_ctx *t) {
+    shared_setup(t);
+    run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = 10, .compute_dtype = SHARD_BF16,
+                  .check_replicas = 1};
+    double ref16[STEPS], ref32[STEPS], got[STEPS];
+    reference(t, o, ref16);
+    run_opts f32 = o;
+    f32.compute_dtype = SHARD_F32;
+    reference(t, f32, ref32);
+    compare(t, ref32, ref16, 1, 10, 2e-2, "bf16 compute (one rank) against f32");
+    CHECK(t, ref16[9] != ref32[9], "bf16 compute changes the numbers: %.9g vs %.9g", ref16[9], ref32[9]);
+    for (int z = 0; z <= 3; z++) {
+        char what[48];
+        snprintf(what, sizeof what, "bf16 compute, zero %d", z);
+        o.zero = z;
+        run(t, t->comm, &o, got, NULL);
+        compare(t, ref16, got, 1, 10, 1e-4, what);
+    }
+}
+
 static void case_checkpoint(test_ctx *t) {
     shared_setup(t);
     char ckpt[300];
@@ -263,7 +289,7 @@ static void case_cleanup(test_ctx *t) {
 
 static const test_case cases[] = {
     {"gpt", case_gpt},         {"accum", case_accum}, {"dropout", case_dropout},       {"models", case_models},
-    {"bf16", case_bf16},       {"checkpoint", case_checkpoint}, {"cleanup", case_cleanup},
+    {"bf16", case_bf16},       {"mixed", case_mixed}, {"checkpoint", case_checkpoint}, {"cleanup", case_cleanup},
 };
 
 int main(int argc, char **argv) {

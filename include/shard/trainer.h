@@ -34,6 +34,8 @@ typedef struct shard_trainer_config {
     int zero;           /* 0 (plain data parallel), 1, 2 or 3 */
     double bucket_mb;   /* gradient bucket size (MiB); <= 0: 25 */
     shard_dtype grad_dtype; /* SHARD_F32, or SHARD_BF16 to halve gradient traffic */
+    shard_dtype compute_dtype; /* SHARD_F32 (0), or SHARD_BF16: mixed precision, bf16 compute copies of
+                                  f32 master values (AdamW's state stays f32) */
     shard_adamw_config adamw;
     shard_lr_schedule lr;
     float clip; /* max global gradient norm; 0: no clipping */

@@ -16,7 +16,14 @@
  *           step) starts while this one computes.
  *
  * Gradients may travel as bf16 (grad_dtype), halving their bytes; the
- * reduction itself adds in f32 and rounds once (comm's rule). */
+ * reduction itself adds in f32 and rounds once (comm's rule).
+ *
+ * Mixed precision (compute_dtype bf16): the f32 values (and AdamW's moments)
+ * stay the master copy; forward and backward read bf16 compute copies —
+ * kept whole in bf16 (zero 0..2) or all-gathered in bf16 (zero 3, half the
+ * bytes) — widened unit by unit into f32 buffers while acquired, since the
+ * GEMMs here are f32 (Debian's OpenBLAS has no bf16 GEMM): the arithmetic of
+ * bf16 inputs with f32 accumulation, the memory of bf16 copies. */
 #include "parallel/data_parallel.h"
 
 #include <math.h>
@@ -24,12 +31,14 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "core/simd.h"
 #include "shard/memory.h"
 
 typedef struct unit_state {
     size_t n, mine, my_displ, shard_off; /* unit elements; this rank's piece and where it sits */
     size_t *counts, *displs;             /* every rank's piece */
-    float *gathered;                     /* zero 3: the whole values while acquired */
+    float *gathered;                     /* zero 3 or bf16 compute: the whole values while acquired */
+    uint16_t *gathered16;                /* zero 3 with bf16 compute: what the all_gather fills */
     shard_request *gather;
     int in_use;                          /* zero 3: acquire count */
     float *grad;                         /* zero 2/3: the whole gradient during backward */
@@ -56,6 +65,8 @@ struct shard_dp {
     float *grad_shard; /* zero >= 1: this rank's pieces, summed over ranks */
     float *rs_out;     /* zero >= 1: a reduce-scatter's f32 result before it is added */
     float *value_shard;
+    int bf16_compute;
+    uint16_t *compute16;  /* bf16 compute copy: whole (zero 0..2) or this rank's pieces (zero 3) */
     float *exp_avg, *exp_avg_sq;
     size_t *order, order_len, order_cap, pos; /* zero 3: the acquire order of a step */
     int order_known;
@@ -159,11 +170,67 @@ static shard_status finish_bucket(shard_dp *dp, bucket *b) {
 
 static shard_status start_gather(shard_dp *dp, size_t k) {
     unit_state *u = &dp->u[k];
-    if (u->gathered) return SHARD_OK;
+    if (dp->zero != 3 || u->gathered || u->gathered16) return SHARD_OK;
+    if (dp->bf16_compute) {
+        if (!(u->gathered16 = shard_alloc(u->n * 2 + 2, SHARD_MEM_PARAMS)))
+            return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
+        return shard_comm_iall_gatherv(dp->comm, dp->compute16 + u->shard_off, u->mine, u->gathered16, u->counts,
+                                       u->displs, SHARD_BF16, &u->gather);
+    }
     if (!(u->gathered = shard_alloc(u->n * sizeof(float) + 1, SHARD_MEM_PARAMS)))
         return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
     return shard_comm_iall_gatherv(dp->comm, dp->value_shard + u->shard_off, u->mine, u->gathered, u->counts, u->displs,
                                    SHARD_F32, &u->gather);
+}
+
+/* bf16 <-> f32 over arrays, as shard_bf16_from_f32 / shard_f32_from_bf16 (round to nearest even, NaN
+ * kept quiet), written on the bits so the loops vectorise. */
+typedef uint32_t u32_alias __attribute__((may_alias));
+
+SHARD_VECTOR_CLONES
+static void widen_bf16(const uint16_t *in, float *out, size_t n) {
+    u32_alias *o = (u32_alias *)out;
+    for (size_t i = 0; i < n; i++) o[i] = (uint32_t)in[i] << 16;
+}
+
+SHARD_VECTOR_CLONES
+static void round_to_bf16(const float *in, uint16_t *out, size_t n) {
+    const u32_alias *x = (const u32_alias *)in;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = x[i], nearest = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+        out[i] = (uint16_t)((b & 0x7fffffffu) > 0x7f800000u ? (b >> 16) | 0x0040u : nearest);
+    }
+}
+
+/* Unit k's compute values in u->gathered (f32): gathered (zero 3), widened from bf16 (bf16 compute). */
+static shard_status materialize(shard_dp *dp, size_t k) {
+    unit_state *u = &dp->u[k];
+    SHARD_CHECK(start_gather(dp, k));
+    SHARD_CHECK(timed_wait(dp, &u->gather));
+    if (!dp->bf16_compute) return SHARD_OK;
+    const uint16_t *src = dp->zero == 3 ? u->gathered16 : dp->compute16 + dp->m->unit_offset[k];
+    if (!u->gathered && !(u->gathered = shard_alloc(u->n * sizeof(float) + 1, SHARD_MEM_PARAMS)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "bf16 compute: out of memory for unit %zu (%zu values)", k, u->n);
+    if (!u->gathered16 && dp->zero == 3) return SHARD_OK; /* kept from an earlier acquire */
+    widen_bf16(src, u->gathered, u->n);
+    shard_free(u->gathered16);
+    u->gathered16 = NULL;
+    return SHARD_OK;
+}
+
+static void free_unit_values(shard_dp *dp, size_t k) {
+    unit_state *u = &dp->u[k];
+    shard_free(u->gathered), shard_free(u->gathered16);
+    u->gathered = NULL, u->gathered16 = NULL;
+    shard_model_bind_values(dp->m, k, NULL);
+}
+
+/* The bf16 compute copy from the f32 masters (after every update). */
+static void refresh_compute_copy(shard_dp *dp) {
+    if (!dp->bf16_compute) return;
+    const float *src = dp->zero == 3 ? dp->value_shard : dp->m->params->data;
+    size_t n = dp->zero == 3 ? dp->shard_total : total_of(dp);
+    round_to_bf16(src, dp->compute16, n);
 }
 
 static shard_status note_order(shard_dp *dp, size_t k) {
@@ -183,11 +250,10 @@ static shard_status note_order(shard_dp *dp, size_t k) {
 static shard_status hook_acquire(void *ctx, shard_model *m, size_t k, int backward) {
     shard_dp *dp = ctx;
     unit_state *u = &dp->u[k];
-    if (dp->zero == 3) {
+    if (dp->zero == 3 || dp->bf16_compute) {
         SHARD_CHECK(note_order(dp, k));
         if (u->in_use++ == 0) {
-            SHARD_CHECK(start_gather(dp, k));
-            SHARD_CHECK(timed_wait(dp, &u->gather));
+            SHARD_CHECK(materialize(dp, k));
             shard_model_bind_values(m, k, u->gathered);
         }
         /* prefetch: the unit that came next in the first step's order */
@@ -210,15 +276,12 @@ static shard_status hook_release(void *ctx, shard_model *m, size_t k, int backwa
     (void)backward;
     shard_dp *dp = ctx;
     unit_state *u = &dp->u[k];
-    if (dp->zero == 3 && --u->in_use == 0) {
+    (void)m;
+    if ((dp->zero == 3 || dp->bf16_compute) && --u->in_use == 0) {
         SHARD_CHECK(timed_wait(dp, &u->gather)); /* never in flight here; kept for safety */
         /* the next acquire in order may be this very unit (prefetched): keep it then */
         int next_is_me = dp->order_known && dp->pos < dp->order_len && dp->order[dp->pos] == k;
-        if (!next_is_me) {
-            shard_free(u->gathered);
-            u->gathered = NULL;
-            shard_model_bind_values(m, k, NULL);
-        }
+        if (!next_is_me) free_unit_values(dp, k);
     }
     return SHARD_OK;
 }
@@ -237,14 +300,17 @@ static shard_status hook_grads_ready(void *ctx, shard_model *m, size_t k) {
 /* ---------------------------------------------------------------- life cycle */
 
 shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t bucket_bytes, shard_dtype grad_dtype,
-                              shard_dp **out) {
+                              shard_dtype compute_dtype, shard_dp **out) {
     *out = NULL;
     if (zero < 0 || zero > 3) return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
     if (grad_dtype != SHARD_F32 && grad_dtype != SHARD_BF16)
         return shard_error(SHARD_ERR_INVALID_ARG, "--grad-dtype: gradients travel as f32 or bf16");
+    if (compute_dtype != SHARD_F32 && compute_dtype != SHARD_BF16)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--compute-dtype: compute copies are f32 or bf16");
     shard_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
     dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype, dp->last_rs = (size_t)-1;
+    dp->bf16_compute = compute_dtype == SHARD_BF16;
     dp->rank = shard_comm_rank(comm), dp->size = shard_comm_size(comm);
     size_t U = m->units, D = (size_t)dp->size, total = total_of(dp);
     dp->u = calloc(U, sizeof *dp->u);
@@ -284,6 +350,8 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
             dp->rs_out = shard_alloc_zeroed(S * sizeof(float) + 1, SHARD_MEM_COMM);
         }
         if (zero == 3) dp->value_shard = shard_alloc(S * sizeof(float) + 1, SHARD_MEM_PARAMS);
+        if (dp->bf16_compute && !(dp->compute16 = shard_alloc((zero == 3 ? S : total) * 2 + 2, SHARD_MEM_PARAMS)))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for the bf16 compute copy");
         if (!dp->exp_avg || !dp->exp_avg_sq || (zero <= 1 && !dp->grads) ||
             (zero >= 1 && (!dp->grad_shard || !dp->rs_out)) || (zero == 3 && !dp->value_shard))
             s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for the model states (zero %d)", zero);
@@ -301,6 +369,10 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
         m->params->data = NULL;
         for (size_t k = 0; k < U; k++) shard_model_bind_values(m, k, NULL);
     }
+    if (dp->bf16_compute) {
+        refresh_compute_copy(dp);
+        for (size_t k = 0; k < U; k++) shard_model_bind_values(m, k, NULL); /* read only through the copies */
+    }
     m->hooks = (shard_model_hooks){dp, hook_acquire, hook_release, hook_grads_ready};
     *out = dp;
     return SHARD_OK;
@@ -312,7 +384,7 @@ void shard__dp_destroy(shard_dp *dp) {
         unit_state *u = &dp->u[k];
         if (u->gather) shard_request_wait(&u->gather);
         if (u->rs || u->rs_send) finish_rs(dp, k);
-        shard_free(u->gathered), shard_free(u->grad);
+        shard_free(u->gathered), shard_free(u->gathered16), shard_free(u->grad);
         free(u->counts), free(u->displs);
     }
     for (size_t b = 0; dp->buckets && b < dp->n_buckets; b++) {
@@ -322,7 +394,9 @@ void shard__dp_destroy(shard_dp *dp) {
     dp->m->hooks = (shard_model_hooks){0};
     free(dp->u), free(dp->buckets), free(dp->bucket_of), free(dp->order);
     shard_free(dp->grads), shard_free(dp->grad_shard), shard_free(dp->rs_out), shard_free(dp->value_shard);
-    shard_free(dp->exp_avg), shard_free(dp->exp_avg_sq);
+    shard_free(dp->exp_avg), shard_free(dp->exp_avg_sq), shard_free(dp->compute16);
+    if (dp->m->params->data) /* the model reads its values in place again */
+        for (size_t k = 0; k < dp->m->units; k++) shard_model_bind_values(dp->m, k, unit_values(dp, k));
     free(dp);
 }
 
@@ -348,11 +422,7 @@ static shard_status drop_gathered(shard_dp *dp) {
         unit_state *u = &dp->u[k];
         shard_status t = u->gather ? shard_request_wait(&u->gather) : SHARD_OK;
         if (s == SHARD_OK) s = t;
-        if (u->in_use == 0 && u->gathered) {
-            shard_free(u->gathered);
-            u->gathered = NULL;
-            shard_model_bind_values(dp->m, k, NULL);
-        }
+        if (u->in_use == 0 && (u->gathered || u->gathered16)) free_unit_values(dp, k);
     }
     return s;
 }
@@ -369,7 +439,7 @@ shard_status shard__dp_finish(shard_dp *dp, double *norm) {
             shard_status t = finish_rs(dp, k);
             if (s == SHARD_OK) s = t;
         }
-    if (dp->zero == 3 && !dp->order_known && dp->order_len) dp->order_known = 1;
+    if ((dp->zero == 3 || dp->bf16_compute) && !dp->order_known && dp->order_len) dp->order_known = 1;
     if (s < 0) return s;
     if (dp->zero == 0) {
         *norm = sqrt(shard_sum_squares(dp->grads, total_of(dp)));
@@ -382,20 +452,24 @@ shard_status shard__dp_finish(shard_dp *dp, double *norm) {
 }
 
 shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip) {
+    if (dp->zero == 3 || dp->bf16_compute) SHARD_CHECK(drop_gathered(dp));
     if (dp->zero == 0) {
         if (clip != 1.0f) shard_scale(dp->grads, total_of(dp), clip);
         shard_adamw_update(c, step, lr, dp->m->params->data, dp->grads, dp->exp_avg, dp->exp_avg_sq, total_of(dp));
+        refresh_compute_copy(dp);
         return SHARD_OK;
     }
     if (clip != 1.0f) shard_scale(dp->grad_shard, dp->shard_total, clip);
-    if (dp->zero == 3) SHARD_CHECK(drop_gathered(dp));
     for (size_t k = 0; k < dp->m->units; k++) {
         unit_state *u = &dp->u[k];
         float *values = dp->zero == 3 ? dp->value_shard + u->shard_off : unit_values(dp, k) + u->my_displ;
         shard_adamw_update(c, step, lr, values, dp->grad_shard + u->shard_off, dp->exp_avg + u->shard_off,
                            dp->exp_avg_sq + u->shard_off, u->mine);
     }
-    if (dp->zero == 3) return SHARD_OK;
+    if (dp->zero == 3) {
+        refresh_compute_copy(dp);
+        return SHARD_OK;
+    }
     /* zero 1/2: every replica's values whole again (in place) */
     shard_request **reqs = calloc(dp->m->units, sizeof *reqs);
     if (!reqs) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
@@ -410,6 +484,7 @@ shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_
     shard_status w = shard_request_wait_all(started, reqs);
     dp->exposed += shard__now() - t0;
     free(reqs);
+    refresh_compute_copy(dp);
     return s < 0 ? s : w;
 }
 
@@ -457,5 +532,6 @@ shard_status shard__dp_set_state(shard_dp *dp, const float *values, const float 
     } else {
         take_pieces(dp, exp_avg, dp->exp_avg), take_pieces(dp, exp_avg_sq, dp->exp_avg_sq);
     }
+    refresh_compute_copy(dp);
     return SHARD_OK;
 }

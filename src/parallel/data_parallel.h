@@ -21,7 +21,7 @@ typedef struct shard_dp_stats {
 
 /* The model's values must be initialised (or loaded) before: stage 3 keeps only this rank's pieces. */
 shard_status shard__dp_create(shard_comm *data_comm, shard_model *m, int zero, size_t bucket_bytes,
-                              shard_dtype grad_dtype, shard_dp **out);
+                              shard_dtype grad_dtype, shard_dtype compute_dtype, shard_dp **out);
 void shard__dp_destroy(shard_dp *dp);
 
 /* Before a step's first micro-step: zero the gradients. */

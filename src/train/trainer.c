@@ -94,7 +94,8 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
-        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype, &t->dp);
+        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype,
+                             config->compute_dtype == SHARD_BF16 ? SHARD_BF16 : SHARD_F32, &t->dp);
     }
     if (s < 0) {
         shard_trainer_destroy(t);
