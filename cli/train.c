@@ -167,8 +167,8 @@ int cli_train(int argc, char **argv) {
         cli_error("train: unknown option '%s' (see 'shard help')", a);
         return 2;
     }
-    if (!o.config || !o.data) {
-        cli_error("train: --config CONFIG.json and --data DIR are required");
+    if (!o.config) {
+        cli_error("train: --config CONFIG.json is required (and --data DIR for a GPT's token files)");
         return 2;
     }
     if (!o.batch && !o.micro_batch) o.batch = 8;

@@ -80,7 +80,7 @@ def errors():
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", "1.5"], 2, "--val-fraction '1.5' is invalid"),
         (["data", "text", "/nonexistent/f", "--out", "/tmp/shard-cli-never"], 1, "/nonexistent/f: cannot open"),
         (["bench", "gemm", "--size", "3"], 2, "--size '3' is invalid: give an integer in 16..16384"),
-        (["train", "--data", "x"], 2, "train: --config CONFIG.json and --data DIR are required"),
+        (["train", "--data", "x"], 2, "train: --config CONFIG.json is required"),
         (["bench", "train"], 2, "bench train: --config CONFIG.json is required"),
         (["bench", "train", "--config", "c", "--steps", "5"], 2, "--steps '5' is invalid: give an integer in 20..100000"),
         (["train", "--config", "c", "--data", "d", "--lr", "0"], 2, "--lr '0' is invalid: give a number > 0"),
@@ -286,6 +286,15 @@ def train():
             worst = max((abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(rows[first - 1:], par)), default=1)
             expect(p.returncode == 0 and len(par) == 21 - first and worst <= 1e-5,
                    f"train {extra}: {len(par)} steps, worst relative loss difference {worst}: {p.stderr}")
+        # the CNN (Fashion-MNIST) and seed 002's MLP through the same command
+        configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
+        for name, extra in (("cnn-fashion-mnist.json", ["--ranks", "2", "--zero", "1", "--batch", "32"]),
+                            ("mlp-seed002.json", ["--batch", "16"])):
+            log = os.path.join(work, name + ".jsonl")
+            p = run(["train", "--config", os.path.join(configs, name), "--steps", "40", "--lr", "3e-3", "--log", log]
+                    + extra)
+            got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            expect(len(got) == 40 and sum(got[-5:]) < 0.8 * sum(got[:5]), f"train {name}: {got[:3]}..{got[-3:]} {p.stderr}")
         p = run(["inspect", "ckpt", os.path.join(work, "ck"), "--verify"])
         expect(p.returncode == 0 and "step 20" in p.stdout and "wte.weight" in p.stdout, f"train checkpoint: {p.stdout}")
         p = run(["bench", "train", "--config", cfg, "--batch", "2", "--seq", "16", "--no-torch", "--json"])

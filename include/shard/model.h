@@ -72,8 +72,9 @@ struct shard_model {
 
 /* Build the model a JSON config describes ("model_type": "gpt2" (default),
  * "cnn" or "mlp"), reading training data from data_dir (the GPT: train.tokens
- * of `shard data text`; the CNN: Fashion-MNIST's IDX files; the MLP:
- * generated), for batches of up to max_rows rows of seq tokens. */
+ * of `shard data text`, required; the CNN: Fashion-MNIST's IDX files, by
+ * default Debian's /usr/share/datasets/fashion-mnist; the MLP: generated,
+ * data_dir unused), for batches of up to max_rows rows of seq tokens. */
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
                                 shard_model **out);
 void shard_model_destroy(shard_model *m);

@@ -240,6 +240,7 @@ shard_status shard__cnn_model_create(const char *text, const char *where, const 
     SHARD_CHECK(shard_cnn_config_parse(text, where, &c));
     shard_cnn *m = NULL;
     SHARD_CHECK(shard_cnn_create(&c, max_rows ? max_rows : 1, &m));
+    if (!data_dir) data_dir = "/usr/share/datasets/fashion-mnist"; /* Debian's dataset-fashion-mnist */
     char xp[4096], yp[4096];
     snprintf(xp, sizeof xp, "%s/train-images-idx3-ubyte.gz", data_dir);
     snprintf(yp, sizeof yp, "%s/train-labels-idx1-ubyte.gz", data_dir);

@@ -441,6 +441,7 @@ shard_status shard__gpt_model_create(const char *text, const char *where, const 
     if (seq > c.n_positions)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'n_positions' = %zu is shorter than --seq %zu", where,
                            c.n_positions, seq);
+    if (!data_dir) return shard_error(SHARD_ERR_INVALID_ARG, "%s: a GPT trains on token files: give --data DIR (shard data text)", where);
     char path[4096];
     snprintf(path, sizeof path, "%s/train.tokens", data_dir);
     shard_tokens *tokens = NULL;
