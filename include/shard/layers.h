@@ -69,13 +69,15 @@ shard_status shard_attention_forward(const float *qkv, float *y, float *att, siz
 shard_status shard_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
                                       size_t T, size_t C, size_t H);
 /* The same with dropout (probability p_drop) on the attention probabilities,
- * the mask keyed by (seed, global row first_row + b, head, t, s); att keeps the
- * probabilities before dropout. */
+ * the mask keyed by (seed, global row first_row + b, global head head0 + h of
+ * heads_total, t, s) — so a rank holding some heads (tensor parallel) draws
+ * their part of the whole mask; att keeps the probabilities before dropout. */
 shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
-                                             size_t H, float p_drop, uint64_t seed, size_t first_row);
+                                             size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
+                                             size_t head0);
 shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
                                               size_t B, size_t T, size_t C, size_t H, float p_drop, uint64_t seed,
-                                              size_t first_row);
+                                              size_t first_row, size_t heads_total, size_t head0);
 
 /* ---- dropout: a seeded, counter-based mask (the same (seed, offset) gives the same mask) ----
  * keeps each element with probability 1 - p and scales it by 1 / (1 - p); p = 0 copies. */

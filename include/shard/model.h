@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shard/comm.h"
 #include "shard/params.h"
 
 #ifdef __cplusplus
@@ -64,6 +65,7 @@ struct shard_model {
     size_t *unit_offset;    /* [units + 1]: and slab elements unit_offset[u] .. unit_offset[u+1]-1 */
     size_t *unit_of;        /* [params->count]: the unit of each parameter */
     float **value, **grad;  /* [params->count] */
+    const unsigned char *tensor_replicated; /* [params->count] or NULL: held whole by every tensor rank */
     shard_model_hooks hooks;
     uint64_t seed, step;    /* of the loaded batch (dropout masks are keyed by them and the global row) */
     size_t first_row, rows;
@@ -74,9 +76,11 @@ struct shard_model {
  * "cnn" or "mlp"), reading training data from data_dir (the GPT: train.tokens
  * of `shard data text`, required; the CNN: Fashion-MNIST's IDX files, by
  * default Debian's /usr/share/datasets/fashion-mnist; the MLP: generated,
- * data_dir unused), for batches of up to max_rows rows of seq tokens. */
+ * data_dir unused), for batches of up to max_rows rows of seq tokens.
+ * `tensor` (NULL: none): the mesh's tensor axis; the GPT then holds its
+ * Megatron pieces (heads, MLP columns, vocabulary rows) of every layer. */
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
-                                shard_model **out);
+                                shard_comm *tensor, shard_model **out);
 void shard_model_destroy(shard_model *m);
 
 /* Parameters per unit (unit_first), given the layout; points value[] into

@@ -17,6 +17,7 @@
 #include "shard/data.h"
 #include "shard/layers.h"
 #include "models/model_impl.h"
+#include "parallel/tensor_parallel.h"
 
 /* ---------------------------------------------------------------- config */
 
@@ -130,9 +131,20 @@ typedef struct layer_acts {
     float *in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu;
 } layer_acts;
 
+/* How a rank's piece of a parameter sits in the whole (tensor parallel). */
+enum { WHOLE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV };
+
 struct shard_gpt {
     shard_model model; /* units, value/grad pointers, hooks; model.impl = this */
     shard_gpt_config c;
+    /* tensor parallel (Megatron): heads h0.. (Hl of them), MLP columns f0.. (Fl of 4C), vocabulary
+     * rows v0.. (Vl of V) on this rank; tp NULL or of size 1: everything, single-device math */
+    shard_comm *tp;
+    int tp_rank;
+    size_t D, Hl, h0, Cl, Fl, f0, Vl, v0;
+    int *split;        /* per parameter: WHOLE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV */
+    unsigned char *whole; /* per parameter: split == WHOLE (the model table's tensor_replicated) */
+    size_t *split_at;  /* per parameter: the first whole row (SPLIT_ROWS) or column (SPLIT_COLS) held */
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
@@ -154,7 +166,8 @@ static void name_param(shard_param_info *t, const char *name, int ndim, size_t d
     t->ndim = ndim, t->shape[0] = d0, t->shape[1] = d1;
 }
 
-shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
+static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
+                               shard_gpt **out) {
     *out = NULL;
     if (!max_batch || !max_seq || max_seq > c->n_positions)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)",
@@ -170,22 +183,44 @@ shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
     g->c = *c, g->max_b = max_batch, g->max_t = max_seq;
+    int parts = tp ? shard_comm_size(tp) : 1;
+    g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / c->n_head;
+    shard__tp_split(c->n_head, parts, g->tp_rank, &g->h0, &g->Hl);
+    shard__tp_split(4 * C, parts, g->tp_rank, &g->f0, &g->Fl);
+    shard__tp_split(c->vocab_size, parts, g->tp_rank, &g->v0, &g->Vl);
+    g->Cl = g->Hl * g->D;
+    size_t Cl = g->Cl, Fl = g->Fl;
+    g->split = calloc(count, sizeof *g->split), g->split_at = calloc(count, sizeof *g->split_at);
+    if (!g->split || !g->split_at || !g->Hl || !g->Vl) {
+        shard_status bad = !g->split || !g->split_at ? shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory")
+                                     : shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu heads (n_head) "
+                                                   "the GPT can split attention over", parts, c->n_head);
+        free(t), free(unit_first);
+        shard_gpt_destroy(g);
+        return bad;
+    }
     /* unit 0: the embeddings (wte is also the LM head) and the final LayerNorm; unit 1 + l: block l */
     size_t n = 0;
-    name_param(&t[n], "wte.weight", 2, c->vocab_size, C), g->wte = n++;
+    g->split[n] = SPLIT_ROWS, g->split_at[n] = g->v0;
+    name_param(&t[n], "wte.weight", 2, g->Vl, C), g->wte = n++;
     name_param(&t[n], "wpe.weight", 2, c->n_positions, C), g->wpe = n++;
     name_param(&t[n], "ln_f.weight", 1, C, 0), g->lnf_w = n++;
     name_param(&t[n], "ln_f.bias", 1, C, 0), g->lnf_b = n++;
     static const char *const suffix[PER_LAYER] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
                                                   "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
                                                   "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
-    const size_t rows[PER_LAYER] = {C, C, C, 3 * C, C, C, C, C, C, 4 * C, 4 * C, C};
-    const size_t cols[PER_LAYER] = {0, 0, 3 * C, 0, C, 0, 0, 0, 4 * C, 0, C, 0};
+    /* local shapes: c_attn and c_fc column-parallel, the two c_proj row-parallel (their biases whole) */
+    const size_t rows[PER_LAYER] = {C, C, C, 3 * Cl, Cl, C, C, C, C, Fl, Fl, C};
+    const size_t cols[PER_LAYER] = {0, 0, 3 * Cl, 0, C, 0, 0, 0, Fl, 0, C, 0};
+    const int splits[PER_LAYER] = {WHOLE, WHOLE, SPLIT_QKV, SPLIT_QKV, SPLIT_ROWS, WHOLE,
+                                   WHOLE, WHOLE, SPLIT_COLS, SPLIT_COLS, SPLIT_ROWS, WHOLE};
     for (size_t l = 0; l < L; l++) {
         unit_first[1 + l] = n;
         for (int k = 0; k < PER_LAYER; k++) {
             char name[SHARD_PARAM_NAME_BYTES];
             snprintf(name, sizeof name, "h.%zu.%s", l, suffix[k]);
+            g->split[n] = splits[k];
+            g->split_at[n] = k == APROJ_W ? g->h0 * g->D : k == FC_W || k == FC_B || k == MPROJ_W ? g->f0 : 0;
             name_param(&t[n], name, cols[k] ? 2 : 1, rows[k], cols[k]);
             g->layer[l * PER_LAYER + (size_t)k] = n++;
         }
@@ -195,11 +230,14 @@ shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_
     free(t);
     g->model.impl = g;
     if (s == SHARD_OK) s = shard_model_setup_units(&g->model, g->params, unit_first, L + 1);
+    if (s == SHARD_OK && !(g->whole = calloc(n, 1))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+    for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = g->split[i] == WHOLE;
+    if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
     /* activations: one accounted slab carved into buffers */
-    size_t N = max_batch * max_seq, H = c->n_head, V = c->vocab_size, att = max_batch * H * max_seq * max_seq;
-    size_t per_layer = N * C * 5 + N * 3 * C + att + N * 4 * C * 2 + N * 4;
-    size_t total = L * per_layer + N * C * 2 + N * 2 + N * V * 2 + N * C * 4 + N * 3 * C + N * 4 * C;
+    size_t N = max_batch * max_seq, V = g->Vl, att = max_batch * g->Hl * max_seq * max_seq;
+    size_t per_layer = N * C * 4 + N * Cl + N * 3 * Cl + att + N * Fl * 2 + N * 4;
+    size_t total = L * per_layer + N * C * 2 + N * 2 + N * V * 2 + N * C * 3 + N * Cl + N * 3 * Cl + N * Fl;
     if (s == SHARD_OK) {
         g->slab = shard_alloc(total * sizeof(float), SHARD_MEM_ACTIVATIONS);
         g->inputs = calloc(N, sizeof *g->inputs), g->targets = calloc(N, sizeof *g->targets);
@@ -213,16 +251,20 @@ shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_
 #define TAKE(ptr, n_) (ptr = p, p += (n_))
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &g->acts[l];
-        TAKE(a->in, N * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, N), TAKE(a->ln1_rstd, N), TAKE(a->qkv, N * 3 * C);
-        TAKE(a->att, att), TAKE(a->atty, N * C), TAKE(a->mid, N * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, N);
-        TAKE(a->ln2_rstd, N), TAKE(a->fc, N * 4 * C), TAKE(a->gelu, N * 4 * C);
+        TAKE(a->in, N * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, N), TAKE(a->ln1_rstd, N), TAKE(a->qkv, N * 3 * Cl);
+        TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, N * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, N);
+        TAKE(a->ln2_rstd, N), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
     }
     TAKE(g->out, N * C), TAKE(g->lnf, N * C), TAKE(g->lnf_mean, N), TAKE(g->lnf_rstd, N), TAKE(g->logits, N * V);
-    TAKE(g->dlogits, N * V), TAKE(g->d_resid, N * C), TAKE(g->d_tmp, N * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * C);
-    TAKE(g->d_qkv, N * 3 * C), TAKE(g->d_fc, N * 4 * C);
+    TAKE(g->dlogits, N * V), TAKE(g->d_resid, N * C), TAKE(g->d_tmp, N * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
+    TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
 #undef TAKE
     *out = g;
     return SHARD_OK;
+}
+
+shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
+    return gpt_create(c, max_batch, max_seq, NULL, out);
 }
 
 void shard_gpt_destroy(shard_gpt *g) {
@@ -231,7 +273,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     shard_tokens_close(g->tokens);
-    free(g->inputs), free(g->targets), free(g->layer), free(g->acts);
+    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->split), free(g->split_at), free(g->whole);
     free(g);
 }
 
@@ -239,6 +281,34 @@ shard_params *shard_gpt_params(shard_gpt *g) { return g->params; }
 const shard_gpt_config *shard_gpt_config_of(const shard_gpt *g) { return &g->c; }
 const float *shard_gpt_logits(const shard_gpt *g) { return g->logits; }
 shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
+
+/* Where element 0 of a rank's piece of row r sits in the whole tensor, and in how many runs. */
+static void piece_rows(const shard_gpt *g, size_t i, size_t *first_row, size_t *col0, size_t *whole_cols) {
+    const shard_param_info *info = &g->params->info[i];
+    size_t cols = info->ndim == 2 ? info->shape[1] : info->shape[0];
+    *first_row = 0, *col0 = 0, *whole_cols = cols;
+    if (g->split[i] == SPLIT_ROWS) *first_row = g->split_at[i];
+    if (g->split[i] == SPLIT_COLS) *col0 = g->split_at[i], *whole_cols = 4 * g->c.n_embd;
+    if (g->split[i] == SPLIT_QKV) *whole_cols = 3 * g->c.n_embd;
+}
+
+/* The counter-based draw of this rank's piece: element (r, c) of the whole tensor, whatever the split. */
+static void init_piece(const shard_gpt *g, size_t i, float std, uint64_t seed) {
+    const shard_param_info *info = &g->params->info[i];
+    float *x = P(g, i);
+    size_t rows = info->ndim == 2 ? info->shape[0] : 1, cols = info->ndim == 2 ? info->shape[1] : info->shape[0];
+    size_t r0, c0, wc;
+    piece_rows(g, i, &r0, &c0, &wc);
+    for (size_t r = 0; r < rows; r++) {
+        if (g->split[i] != SPLIT_QKV) {
+            shard_init_normal(x + r * cols, (r0 + r) * wc + c0, cols, std, seed, info->name);
+            continue;
+        }
+        for (size_t part = 0; part < 3; part++) /* q, k, v: this rank's heads of each */
+            shard_init_normal(x + r * cols + part * g->Cl, r * wc + part * g->c.n_embd + g->h0 * g->D, g->Cl, std, seed,
+                              info->name);
+    }
+}
 
 void shard_gpt_init(shard_gpt *g, uint64_t seed) {
     float std = g->c.initializer_range, proj_std = std / sqrtf(2.0f * (float)g->c.n_layer);
@@ -252,7 +322,7 @@ void shard_gpt_init(shard_gpt *g, uint64_t seed) {
         } else if (strstr(name, "ln_") != NULL) {
             for (size_t k = 0; k < info->numel; k++) x[k] = 1.0f;
         } else {
-            shard_init_normal(x, 0, info->numel, strstr(name, "c_proj.weight") ? proj_std : std, seed, name);
+            init_piece(g, i, strstr(name, "c_proj.weight") ? proj_std : std, seed);
         }
     }
 }
@@ -269,7 +339,8 @@ static uint64_t drop_offset(const shard_gpt *g) { return (uint64_t)g->model.firs
 static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
                                 double denominator, double *loss) {
     const shard_gpt_config *c = &g->c;
-    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T, L = c->n_layer;
+    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T, L = c->n_layer, Cl = g->Cl, Fl = g->Fl;
+    const float *no_bias = NULL; /* a row-parallel layer's bias is added by tensor rank 0 only */
     if (B == 0 || T == 0 || B > g->max_b || T > g->max_t)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu",
                            B, T, g->max_b, g->max_t);
@@ -280,7 +351,7 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     /* embeddings: token + position */
     float *x = L ? g->acts[0].in : g->out;
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
-    SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs, x, N, V, C));
+    SHARD_CHECK(shard__tp_embedding_forward(g->tp, P(g, g->wte), inputs, x, N, g->v0, g->Vl, V, C));
     for (size_t n = 0; n < N; n++) {
         const float *pos = P(g, g->wpe) + (n % T) * C;
         for (size_t k = 0; k < C; k++) x[n * C + k] += pos[k];
@@ -295,17 +366,21 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 0));
         shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1, a->ln1_mean,
                                 a->ln1_rstd, N, C);
-        SHARD_CHECK(shard_linear_forward(a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * C));
-        SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, C, H, drop_p(g, c->attn_pdrop),
-                                                    drop_seed(g, 1 + 3 * l), g->model.first_row));
-        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), P(g, w[APROJ_B]), a->mid, N, C, C));
+        SHARD_CHECK(shard_linear_forward(a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
+        SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, Cl, g->Hl, drop_p(g, c->attn_pdrop),
+                                                    drop_seed(g, 1 + 3 * l), g->model.first_row, H, g->h0));
+        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), g->tp_rank == 0 ? P(g, w[APROJ_B]) : no_bias, a->mid,
+                                         N, Cl, C));
+        SHARD_CHECK(shard__tp_sum(g->tp, a->mid, N * C));
         if (pr > 0) shard_dropout_forward(a->mid, a->mid, N * C, pr, drop_seed(g, 2 + 3 * l), drop_offset(g));
         shard_add(a->in, a->mid, a->mid, N * C); /* mid = in + attention */
         shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2, a->ln2_mean,
                                 a->ln2_rstd, N, C);
-        SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, 4 * C));
-        shard_gelu_forward(a->fc, a->gelu, N * 4 * C);
-        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), next, N, 4 * C, C));
+        SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
+        shard_gelu_forward(a->fc, a->gelu, N * Fl);
+        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), g->tp_rank == 0 ? P(g, w[MPROJ_B]) : no_bias, next, N,
+                                         Fl, C));
+        SHARD_CHECK(shard__tp_sum(g->tp, next, N * C));
         SHARD_CHECK(shard_model_release(&g->model, 1 + l, 0));
         if (pr > 0) shard_dropout_forward(next, next, N * C, pr, drop_seed(g, 3 + 3 * l), drop_offset(g));
         shard_add(a->mid, next, next, N * C); /* next = mid + MLP */
@@ -313,10 +388,11 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     shard_layernorm_forward(g->out, P(g, g->lnf_w), P(g, g->lnf_b), c->layer_norm_epsilon, g->lnf, g->lnf_mean,
                             g->lnf_rstd, N, C);
-    SHARD_CHECK(shard_sgemm(0, 1, N, V, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f, g->logits, V)); /* tied head */
+    /* the tied head; vocabulary-parallel: this rank's columns of the logits only */
+    SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f, g->logits, g->Vl));
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (!targets) return SHARD_OK;
-    return shard_cross_entropy_sum(g->logits, targets, -100, N, V, denominator, loss, NULL, g->dlogits);
+    return shard__tp_cross_entropy(g->tp, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator, loss, g->dlogits);
 }
 
 shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
@@ -334,10 +410,12 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
 static shard_status gpt_backward(shard_gpt *g) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T, L = c->n_layer;
-    /* head (tied to wte) and the final LayerNorm */
+    size_t Cl = g->Cl, Fl = g->Fl, Vl = g->Vl;
+    /* head (tied to wte) and the final LayerNorm; with the vocabulary split, d(lnf) is summed over tensor ranks */
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
-    SHARD_CHECK(shard_sgemm(0, 0, N, C, V, 1.0f, g->dlogits, V, P(g, g->wte), C, 0.0f, g->d_ln, C));
-    SHARD_CHECK(shard_sgemm(1, 0, V, C, N, 1.0f, g->dlogits, V, g->lnf, C, 1.0f, G(g, g->wte), C));
+    SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, P(g, g->wte), C, 0.0f, g->d_ln, C));
+    SHARD_CHECK(shard__tp_sum(g->tp, g->d_ln, N * C));
+    SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, G(g, g->wte), C));
     shard_layernorm_backward(g->out, P(g, g->lnf_w), g->lnf_mean, g->lnf_rstd, g->d_ln, g->d_resid, G(g, g->lnf_w),
                              G(g, g->lnf_b), N, C);
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
@@ -350,10 +428,11 @@ static shard_status gpt_backward(shard_gpt *g) {
         const float *dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, N * C, pr, drop_seed(g, 3 + 3 * l), drop_offset(g)), dy = g->d_tmp;
         SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dy, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
-                                          4 * C, C));
-        shard_gelu_backward(a->fc, g->d_fc, g->d_fc, N * 4 * C);
+                                          Fl, C));
+        shard_gelu_backward(a->fc, g->d_fc, g->d_fc, N * Fl);
         SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
-                                          4 * C));
+                                          Fl));
+        SHARD_CHECK(shard__tp_sum(g->tp, g->d_ln, N * C)); /* column-parallel: the input's gradient summed */
         shard_layernorm_backward(a->mid, P(g, w[LN2_W]), a->ln2_mean, a->ln2_rstd, g->d_ln, g->d_tmp, G(g, w[LN2_W]),
                                  G(g, w[LN2_B]), N, C);
         shard_add(g->d_resid, g->d_tmp, g->d_resid, N * C);
@@ -361,11 +440,13 @@ static shard_status gpt_backward(shard_gpt *g) {
         dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, N * C, pr, drop_seed(g, 2 + 3 * l), drop_offset(g)), dy = g->d_tmp;
         SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), dy, g->d_atty, G(g, w[APROJ_W]), G(g, w[APROJ_B]),
-                                          N, C, C));
-        SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, C, H,
-                                                     drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row));
+                                          N, Cl, C));
+        SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, Cl, g->Hl,
+                                                     drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row,
+                                                     H, g->h0));
         SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(g, w[ATTN_W]), G(g, w[ATTN_B]),
-                                          N, C, 3 * C));
+                                          N, C, 3 * Cl));
+        SHARD_CHECK(shard__tp_sum(g->tp, g->d_ln, N * C));
         shard_layernorm_backward(a->in, P(g, w[LN1_W]), a->ln1_mean, a->ln1_rstd, g->d_ln, g->d_tmp, G(g, w[LN1_W]),
                                  G(g, w[LN1_B]), N, C);
         shard_add(g->d_resid, g->d_tmp, g->d_resid, N * C);
@@ -376,7 +457,8 @@ static shard_status gpt_backward(shard_gpt *g) {
     if (drop_p(g, c->embd_pdrop) > 0)
         shard_dropout_backward(g->d_resid, g->d_resid, N * C, c->embd_pdrop, drop_seed(g, 0), drop_offset(g));
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
-    SHARD_CHECK(shard_embedding_backward(g->inputs, g->d_resid, G(g, g->wte), N, V, C));
+    if (g->tp && shard_comm_size(g->tp) > 1) shard__tp_embedding_backward(g->inputs, g->d_resid, G(g, g->wte), N, g->v0, g->Vl, C);
+    else SHARD_CHECK(shard_embedding_backward(g->inputs, g->d_resid, G(g, g->wte), N, V, C));
     float *dwpe = G(g, g->wpe);
     for (size_t n = 0; n < N; n++)
         for (size_t k = 0; k < C; k++) dwpe[(n % T) * C + k] += g->d_resid[n * C + k];
@@ -435,7 +517,7 @@ static const shard_model_ops gpt_model_ops = {"gpt2",     model_load_batch, mode
                                               model_backward, model_init,   model_describe, model_destroy};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
-                                     size_t seq, shard_model **out) {
+                                     size_t seq, shard_comm *tensor, shard_model **out) {
     shard_gpt_config c;
     SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
     if (seq > c.n_positions)
@@ -453,7 +535,7 @@ shard_status shard__gpt_model_create(const char *text, const char *where, const 
         return s;
     }
     shard_gpt *g = NULL;
-    shard_status s = shard_gpt_create(&c, max_rows ? max_rows : 1, seq, &g);
+    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, &g);
     if (s < 0) {
         shard_tokens_close(tokens);
         return s;

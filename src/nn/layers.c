@@ -299,7 +299,7 @@ static shard_status check_heads(size_t C, size_t H, const char *what) {
 /* Per (batch, head): S = Q K^T / sqrt(D) and Y = P V are GEMMs over the
  * strided q, k, v columns of qkv; the causal softmax runs on the rows. */
 shard_status shard_attention_forward(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C, size_t H) {
-    return shard_attention_forward_dropout(qkv, y, att, B, T, C, H, 0.0f, 0, 0);
+    return shard_attention_forward_dropout(qkv, y, att, B, T, C, H, 0.0f, 0, 0, H, 0);
 }
 
 /* The probabilities of (global row b, head h) use dropout offsets from ((b * H + h) * T * T). */
@@ -308,7 +308,8 @@ static uint64_t att_offset(size_t first_row, size_t b, size_t H, size_t h, size_
 }
 
 shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
-                                             size_t H, float p_drop, uint64_t seed, size_t first_row) {
+                                             size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
+                                             size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention"));
     size_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
@@ -330,7 +331,7 @@ shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *
                 for (size_t j = t + 1; j < T; j++) a[j] = 0;
             }
             const float *probs = p;
-            if (dropped) shard_dropout_forward(p, dropped, T * T, p_drop, seed, att_offset(first_row, b, H, h, T)), probs = dropped;
+            if (dropped) shard_dropout_forward(p, dropped, T * T, p_drop, seed, att_offset(first_row, b, heads_total, head0 + h, T)), probs = dropped;
             s = shard_sgemm(0, 0, T, D, T, 1.0f, probs, T, v, 3 * C, 0.0f, y + b * T * C + h * D, C);
             if (s < 0) {
                 free(dropped);
@@ -344,13 +345,13 @@ shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *
 /* dV = P^T dY; dP = dY V^T; dS = P (dP - rowsum(P dP)) / sqrt(D); dQ = dS K; dK = dS^T Q. */
 shard_status shard_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
                                       size_t T, size_t C, size_t H) {
-    return shard_attention_backward_dropout(qkv, att, dy, dqkv, B, T, C, H, 0.0f, 0, 0);
+    return shard_attention_backward_dropout(qkv, att, dy, dqkv, B, T, C, H, 0.0f, 0, 0, H, 0);
 }
 
 /* With dropout on the probabilities: dV = drop(P)^T dY and dP = drop'(dY V^T), the mask drawn again. */
 shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
                                               size_t B, size_t T, size_t C, size_t H, float p_drop, uint64_t seed,
-                                              size_t first_row) {
+                                              size_t first_row, size_t heads_total, size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention backward"));
     size_t D = C / H;
     float scale = 1.0f / sqrtf((float)D);
@@ -363,7 +364,7 @@ shard_status shard_attention_backward_dropout(const float *qkv, const float *att
             const float *q = qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
             const float *p = att + (b * H + h) * T * T, *g = dy + b * T * C + h * D;
             float *dq = dqkv + b * T * 3 * C + h * D, *dk = dq + C, *dv = dq + 2 * C;
-            uint64_t offset = att_offset(first_row, b, H, h, T);
+            uint64_t offset = att_offset(first_row, b, heads_total, head0 + h, T);
             if (p_drop > 0) shard_dropout_forward(p, dropped, tt, p_drop, seed, offset);
             s = shard_sgemm(1, 0, T, D, T, 1.0f, p_drop > 0 ? dropped : p, T, g, C, 0.0f, dv, 3 * C);
             if (s == SHARD_OK) s = shard_sgemm(0, 1, T, T, D, 1.0f, g, C, v, 3 * C, 0.0f, ds, T);

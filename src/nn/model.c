@@ -103,7 +103,7 @@ char *shard__read_config(const char *path) {
 }
 
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
-                                shard_model **out) {
+                                shard_comm *tensor, shard_model **out) {
     *out = NULL;
     char *text = shard__read_config(config_path);
     if (!text) return SHARD_ERR_IO;
@@ -112,9 +112,13 @@ shard_status shard_model_create(const char *config_path, const char *data_dir, s
     const json_t *t = root ? json_object_get(root, "model_type") : NULL;
     if (json_is_string(t)) type = json_string_value(t);
     shard_status s;
-    if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, out);
+    int split = tensor && shard_comm_size(tensor) > 1;
+    if (split && (strcmp(type, "cnn") == 0 || strcmp(type, "mlp") == 0))
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' has no tensor-parallel layout here (the GPT has): give "
+                        "tensor=1", config_path, type);
+    else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, out);
     else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, max_rows, out);
-    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, out);
+    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, out);
     json_decref(root);
     free(text);
     return s;

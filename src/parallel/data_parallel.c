@@ -65,7 +65,7 @@ struct shard_dp {
     float *grad_shard; /* zero >= 1: this rank's pieces, summed over ranks */
     float *rs_out;     /* zero >= 1: a reduce-scatter's f32 result before it is added */
     float *value_shard;
-    int bf16_compute;
+    int bf16_compute, count_replicated;
     uint16_t *compute16;  /* bf16 compute copy: whole (zero 0..2) or this rank's pieces (zero 3) */
     float *exp_avg, *exp_avg_sq;
     size_t *order, order_len, order_cap, pos; /* zero 3: the acquire order of a step */
@@ -300,7 +300,7 @@ static shard_status hook_grads_ready(void *ctx, shard_model *m, size_t k) {
 /* ---------------------------------------------------------------- life cycle */
 
 shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t bucket_bytes, shard_dtype grad_dtype,
-                              shard_dtype compute_dtype, shard_dp **out) {
+                              int count_replicated, shard_dtype compute_dtype, shard_dp **out) {
     *out = NULL;
     if (zero < 0 || zero > 3) return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
     if (grad_dtype != SHARD_F32 && grad_dtype != SHARD_BF16)
@@ -310,7 +310,7 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
     shard_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
     dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype, dp->last_rs = (size_t)-1;
-    dp->bf16_compute = compute_dtype == SHARD_BF16;
+    dp->bf16_compute = compute_dtype == SHARD_BF16, dp->count_replicated = count_replicated;
     dp->rank = shard_comm_rank(comm), dp->size = shard_comm_size(comm);
     size_t U = m->units, D = (size_t)dp->size, total = total_of(dp);
     dp->u = calloc(U, sizeof *dp->u);
@@ -427,7 +427,21 @@ static shard_status drop_gathered(shard_dp *dp) {
     return s;
 }
 
-shard_status shard__dp_finish(shard_dp *dp, double *norm) {
+/* Squares of g[at .. at + n) holding slab elements [offset, offset + n), leaving out the parameters
+ * the model marks tensor_replicated when this rank does not count them. */
+static double counted_squares(const shard_dp *dp, size_t offset, size_t n, const float *g, size_t at) {
+    const shard_model *m = dp->m;
+    if (dp->count_replicated || !m->tensor_replicated) return shard_sum_squares(g + at, n);
+    double sum = 0;
+    for (size_t i = 0; i < m->params->count; i++) {
+        const shard_param_info *p = &m->params->info[i];
+        size_t lo = p->offset > offset ? p->offset : offset, hi = p->offset + p->numel < offset + n ? p->offset + p->numel : offset + n;
+        if (lo < hi && !m->tensor_replicated[i]) sum += shard_sum_squares(g + at + (lo - offset), hi - lo);
+    }
+    return sum;
+}
+
+shard_status shard__dp_finish(shard_dp *dp, double *squares) {
     shard_status s = SHARD_OK;
     if (dp->zero <= 1)
         for (size_t b = 0; b < dp->n_buckets; b++) {
@@ -442,13 +456,15 @@ shard_status shard__dp_finish(shard_dp *dp, double *norm) {
     if ((dp->zero == 3 || dp->bf16_compute) && !dp->order_known && dp->order_len) dp->order_known = 1;
     if (s < 0) return s;
     if (dp->zero == 0) {
-        *norm = sqrt(shard_sum_squares(dp->grads, total_of(dp)));
+        *squares = counted_squares(dp, 0, total_of(dp), dp->grads, 0);
         return SHARD_OK;
     }
-    double local = shard_sum_squares(dp->grad_shard, dp->shard_total), global = 0;
-    SHARD_CHECK(shard_comm_all_reduce(dp->comm, &local, &global, 1, SHARD_F64, SHARD_OP_SUM));
-    *norm = sqrt(global);
-    return SHARD_OK;
+    double local = 0;
+    for (size_t k = 0; k < dp->m->units; k++) {
+        unit_state *u = &dp->u[k];
+        local += counted_squares(dp, dp->m->unit_offset[k] + u->my_displ, u->mine, dp->grad_shard, u->shard_off);
+    }
+    return shard_comm_all_reduce(dp->comm, &local, squares, 1, SHARD_F64, SHARD_OP_SUM);
 }
 
 shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip) {

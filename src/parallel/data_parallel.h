@@ -20,8 +20,10 @@ typedef struct shard_dp_stats {
 } shard_dp_stats;
 
 /* The model's values must be initialised (or loaded) before: stage 3 keeps only this rank's pieces. */
+/* count_replicated 0: parameters the model marks tensor_replicated stay out of the squared norm (a
+ * tensor rank other than 0 holds copies of them). */
 shard_status shard__dp_create(shard_comm *data_comm, shard_model *m, int zero, size_t bucket_bytes,
-                              shard_dtype grad_dtype, shard_dtype compute_dtype, shard_dp **out);
+                              shard_dtype grad_dtype, int count_replicated, shard_dtype compute_dtype, shard_dp **out);
 void shard__dp_destroy(shard_dp *dp);
 
 /* Before a step's first micro-step: zero the gradients. */
@@ -29,8 +31,9 @@ void shard__dp_begin_step(shard_dp *dp);
 /* Before each micro-step: sync = this micro-step's gradients are communicated
  * (the last one; stages 2 and 3 reduce-scatter every micro-step). */
 shard_status shard__dp_begin_micro(shard_dp *dp, int sync);
-/* After the last backward: wait for the gradients; *norm = the global gradient norm. */
-shard_status shard__dp_finish(shard_dp *dp, double *norm);
+/* After the last backward: wait for the gradients; *squares = the sum of the squared gradients over
+ * the data axis (this rank's parameters). */
+shard_status shard__dp_finish(shard_dp *dp, double *squares);
 /* Scale the gradients by clip, AdamW on what this rank owns, then make every
  * replica's values whole again. */
 shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip);

@@ -9,6 +9,7 @@
  * The strategy of the `data` axis lives in src/parallel/data_parallel.c. */
 #include "shard/trainer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,8 @@
 struct shard_trainer {
     shard_trainer_config c;
     shard_mesh *mesh;
-    shard_comm *data;
+    shard_comm *data, *tensor; /* tensor: NULL without that axis */
+    shard_comm *own_data;      /* made when the mesh has no data axis */
     int data_rank, data_size;
     size_t global, micro, accum;
     shard_model *model;
@@ -73,28 +75,39 @@ static shard_status resolve_batch(shard_trainer *t) {
 
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
     *out = NULL;
-    int axis = shard_mesh_axis_index(mesh, "data");
+    int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
     for (int a = 0; a < shard_mesh_ndim(mesh); a++)
-        if (a != axis && shard_mesh_axis_size(mesh, a) > 1)
-            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: axis '%s' = %d: training splits over 'data' only so far; give "
-                               "%s=1 or leave it out", shard_mesh_axis_name(mesh, a), shard_mesh_axis_size(mesh, a),
+        if (a != axis && a != tensor_axis && shard_mesh_axis_size(mesh, a) > 1)
+            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: axis '%s' = %d: training splits over 'data' and 'tensor' so "
+                               "far; give %s=1 or leave it out", shard_mesh_axis_name(mesh, a), shard_mesh_axis_size(mesh, a),
                                shard_mesh_axis_name(mesh, a));
     shard_trainer *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
     t->c = *config, t->mesh = mesh;
-    t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : shard_mesh_comm(mesh);
-    t->data_rank = axis >= 0 ? shard_comm_rank(t->data) : 0, t->data_size = axis >= 0 ? shard_comm_size(t->data) : 1;
-    if (axis < 0) t->data = shard_mesh_comm(mesh);
+    t->tensor = tensor_axis >= 0 ? shard_mesh_axis_comm(mesh, tensor_axis) : NULL;
+    t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : NULL;
+    if (!t->data) { /* no data axis: a one-rank data communicator of this rank's own */
+        shard_status s0 = shard_comm_split(shard_mesh_comm(mesh), shard_comm_rank(shard_mesh_comm(mesh)), 0, &t->own_data);
+        if (s0 < 0) {
+            free(t);
+            return s0;
+        }
+        t->data = t->own_data;
+    }
+    t->data_rank = shard_comm_rank(t->data), t->data_size = shard_comm_size(t->data);
     /* several ranks share the cores: each rank's BLAS runs on one thread (BRIEF §5) */
     shard_comm *all = shard_mesh_comm(mesh);
     shard_status s = shard_comm_size(all) > 1 && shard_comm_rank(all) == 0 ? shard_blas_set_threads(1) : SHARD_OK;
     if (s == SHARD_OK && shard_comm_size(all) > 1) s = shard_comm_barrier(all);
     if (s == SHARD_OK) s = resolve_batch(t);
-    if (s == SHARD_OK) s = shard_model_create(config->config_path, config->data_dir, t->micro, config->seq, &t->model);
+    if (s == SHARD_OK) s = shard_model_create(config->config_path, config->data_dir, t->micro, config->seq, t->tensor,
+                                                  &t->model);
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
-        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype,
+        /* on tensor ranks other than 0, parameters every tensor rank holds whole stay out of the norm */
+        int count_replicated = !t->tensor || shard_comm_rank(t->tensor) == 0;
+        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype, count_replicated,
                              config->compute_dtype == SHARD_BF16 ? SHARD_BF16 : SHARD_F32, &t->dp);
     }
     if (s < 0) {
@@ -109,6 +122,7 @@ void shard_trainer_destroy(shard_trainer *t) {
     if (!t) return;
     shard__dp_destroy(t->dp);
     shard_model_destroy(t->model);
+    shard_comm_destroy(t->own_data);
     free(t);
 }
 
@@ -155,7 +169,14 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
         SHARD_CHECK(m->ops->backward(m));
         loss += l;
     }
-    SHARD_CHECK(shard__dp_finish(t->dp, &out->grad_norm));
+    /* the global norm: squares summed over the data axis by the strategy, then over the tensor axis (each
+     * tensor-replicated parameter counted once) */
+    double squares = 0, all_squares = 0;
+    SHARD_CHECK(shard__dp_finish(t->dp, &squares));
+    if (t->tensor && shard_comm_size(t->tensor) > 1)
+        SHARD_CHECK(shard_comm_all_reduce(t->tensor, &squares, &all_squares, 1, SHARD_F64, SHARD_OP_SUM));
+    else all_squares = squares;
+    out->grad_norm = sqrt(all_squares);
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
     SHARD_CHECK(shard__dp_update(t->dp, &t->c.adamw, step, out->lr, clip));
