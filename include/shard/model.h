@@ -55,6 +55,11 @@ typedef struct shard_model_ops {
     /* One line: the architecture and its sizes. */
     void (*describe)(const shard_model *m, char *out, size_t bytes);
     void (*destroy)(shard_model *m);
+    /* Models split over a tensor axis (NULL otherwise: pieces are whole): parameter i's whole shape,
+     * the whole tensor from every tensor rank's piece (collective over that axis), this rank's piece. */
+    void (*whole_shape)(const shard_model *m, size_t i, size_t *shape);
+    shard_status (*gather_piece)(shard_model *m, size_t i, const float *piece, float *whole);
+    void (*take_piece)(const shard_model *m, size_t i, const float *whole, float *piece);
 } shard_model_ops;
 
 struct shard_model {

@@ -144,7 +144,7 @@ struct shard_gpt {
     size_t D, Hl, h0, Cl, Fl, f0, Vl, v0;
     int *split;        /* per parameter: WHOLE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV */
     unsigned char *whole; /* per parameter: split == WHOLE (the model table's tensor_replicated) */
-    size_t *split_at;  /* per parameter: the first whole row (SPLIT_ROWS) or column (SPLIT_COLS) held */
+    size_t *split_n, *split_unit; /* per parameter: the split dim has split_n blocks of split_unit (heads of D) */
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
@@ -190,9 +190,10 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     shard__tp_split(c->vocab_size, parts, g->tp_rank, &g->v0, &g->Vl);
     g->Cl = g->Hl * g->D;
     size_t Cl = g->Cl, Fl = g->Fl;
-    g->split = calloc(count, sizeof *g->split), g->split_at = calloc(count, sizeof *g->split_at);
-    if (!g->split || !g->split_at || !g->Hl || !g->Vl) {
-        shard_status bad = !g->split || !g->split_at ? shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory")
+    g->split = calloc(count, sizeof *g->split), g->split_n = calloc(count, sizeof(size_t));
+    g->split_unit = calloc(count, sizeof(size_t));
+    if (!g->split || !g->split_n || !g->split_unit || !g->Hl || !g->Vl) {
+        shard_status bad = !g->split || !g->split_n || !g->split_unit ? shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory")
                                      : shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu heads (n_head) "
                                                    "the GPT can split attention over", parts, c->n_head);
         free(t), free(unit_first);
@@ -201,7 +202,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     }
     /* unit 0: the embeddings (wte is also the LM head) and the final LayerNorm; unit 1 + l: block l */
     size_t n = 0;
-    g->split[n] = SPLIT_ROWS, g->split_at[n] = g->v0;
+    g->split[n] = SPLIT_ROWS, g->split_n[n] = c->vocab_size, g->split_unit[n] = 1;
     name_param(&t[n], "wte.weight", 2, g->Vl, C), g->wte = n++;
     name_param(&t[n], "wpe.weight", 2, c->n_positions, C), g->wpe = n++;
     name_param(&t[n], "ln_f.weight", 1, C, 0), g->lnf_w = n++;
@@ -220,7 +221,8 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
             char name[SHARD_PARAM_NAME_BYTES];
             snprintf(name, sizeof name, "h.%zu.%s", l, suffix[k]);
             g->split[n] = splits[k];
-            g->split_at[n] = k == APROJ_W ? g->h0 * g->D : k == FC_W || k == FC_B || k == MPROJ_W ? g->f0 : 0;
+            int by_heads = k == ATTN_W || k == ATTN_B || k == APROJ_W;
+            g->split_n[n] = by_heads ? c->n_head : 4 * C, g->split_unit[n] = by_heads ? g->D : 1;
             name_param(&t[n], name, cols[k] ? 2 : 1, rows[k], cols[k]);
             g->layer[l * PER_LAYER + (size_t)k] = n++;
         }
@@ -273,7 +275,8 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     shard_tokens_close(g->tokens);
-    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->split), free(g->split_at), free(g->whole);
+    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->split), free(g->split_n), free(g->split_unit);
+    free(g->whole);
     free(g);
 }
 
@@ -282,32 +285,95 @@ const shard_gpt_config *shard_gpt_config_of(const shard_gpt *g) { return &g->c; 
 const float *shard_gpt_logits(const shard_gpt *g) { return g->logits; }
 shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
 
-/* Where element 0 of a rank's piece of row r sits in the whole tensor, and in how many runs. */
-static void piece_rows(const shard_gpt *g, size_t i, size_t *first_row, size_t *col0, size_t *whole_cols) {
+/* ---------------------------------------------------------------- tensor-parallel pieces */
+
+typedef void (*run_fn)(void *ctx, size_t whole_at, size_t piece_at, size_t n);
+
+/* fn for each contiguous run of tensor rank `part`'s piece of parameter i: where it sits in the whole
+ * tensor (row-major) and in the piece.  Rows split: one run; columns: one per row; q|k|v: three per row. */
+static size_t piece_runs(const shard_gpt *g, size_t i, int part, run_fn fn, void *ctx) {
     const shard_param_info *info = &g->params->info[i];
-    size_t cols = info->ndim == 2 ? info->shape[1] : info->shape[0];
-    *first_row = 0, *col0 = 0, *whole_cols = cols;
-    if (g->split[i] == SPLIT_ROWS) *first_row = g->split_at[i];
-    if (g->split[i] == SPLIT_COLS) *col0 = g->split_at[i], *whole_cols = 4 * g->c.n_embd;
-    if (g->split[i] == SPLIT_QKV) *whole_cols = 3 * g->c.n_embd;
+    size_t first, count, u = g->split_unit[i], rows = info->ndim == 2 ? info->shape[0] : 1;
+    shard__tp_split(g->split_n[i], g->tp ? shard_comm_size(g->tp) : 1, part, &first, &count);
+    size_t f = first * u, w = count * u, wc = g->split_n[i] * u;
+    switch (g->split[i]) {
+    case SPLIT_ROWS:
+        if (fn) fn(ctx, f * info->shape[1], 0, w * info->shape[1]);
+        return w * info->shape[1];
+    case SPLIT_COLS:
+        for (size_t r = 0; fn && r < rows; r++) fn(ctx, r * wc + f, r * w, w);
+        return rows * w;
+    case SPLIT_QKV:
+        for (size_t r = 0; fn && r < rows; r++)
+            for (size_t q = 0; q < 3; q++) fn(ctx, r * 3 * wc + q * wc + f, r * 3 * w + q * w, w);
+        return rows * 3 * w;
+    default:
+        if (fn) fn(ctx, 0, 0, info->numel);
+        return info->numel;
+    }
 }
 
-/* The counter-based draw of this rank's piece: element (r, c) of the whole tensor, whatever the split. */
+typedef struct copy_ctx {
+    const float *from;
+    float *to;
+    int to_whole;
+    float std;
+    uint64_t seed;
+    const char *name;
+} copy_ctx;
+
+static void copy_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
+    copy_ctx *c = ctx;
+    if (c->to_whole) memcpy(c->to + whole_at, c->from + piece_at, n * sizeof(float));
+    else memcpy(c->to + piece_at, c->from + whole_at, n * sizeof(float));
+}
+
+static void init_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
+    copy_ctx *c = ctx;
+    shard_init_normal(c->to + piece_at, whole_at, n, c->std, c->seed, c->name);
+}
+
+/* The counter-based draw of this rank's piece: element e of the whole tensor, whatever the split. */
 static void init_piece(const shard_gpt *g, size_t i, float std, uint64_t seed) {
+    copy_ctx c = {.to = P(g, i), .std = std, .seed = seed, .name = g->params->info[i].name};
+    piece_runs(g, i, g->tp_rank, init_run, &c);
+}
+
+static void model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
+    const shard_gpt *g = m->impl;
     const shard_param_info *info = &g->params->info[i];
-    float *x = P(g, i);
-    size_t rows = info->ndim == 2 ? info->shape[0] : 1, cols = info->ndim == 2 ? info->shape[1] : info->shape[0];
-    size_t r0, c0, wc;
-    piece_rows(g, i, &r0, &c0, &wc);
-    for (size_t r = 0; r < rows; r++) {
-        if (g->split[i] != SPLIT_QKV) {
-            shard_init_normal(x + r * cols, (r0 + r) * wc + c0, cols, std, seed, info->name);
-            continue;
-        }
-        for (size_t part = 0; part < 3; part++) /* q, k, v: this rank's heads of each */
-            shard_init_normal(x + r * cols + part * g->Cl, r * wc + part * g->c.n_embd + g->h0 * g->D, g->Cl, std, seed,
-                              info->name);
+    memcpy(shape, info->shape, sizeof info->shape);
+    size_t whole = g->split_n[i] * g->split_unit[i];
+    if (g->split[i] == SPLIT_ROWS) shape[0] = whole;
+    if (g->split[i] == SPLIT_COLS) shape[info->ndim - 1] = whole;
+    if (g->split[i] == SPLIT_QKV) shape[info->ndim - 1] = 3 * whole;
+}
+
+/* whole = every tensor rank's piece of parameter i put in place (collective over the tensor axis). */
+static shard_status model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole) {
+    shard_gpt *g = m->impl;
+    int parts = g->tp ? shard_comm_size(g->tp) : 1;
+    if (parts <= 1 || g->split[i] == WHOLE) {
+        memcpy(whole, piece, g->params->info[i].numel * sizeof *whole);
+        return SHARD_OK;
     }
+    size_t *counts = calloc((size_t)parts, sizeof *counts), *displs = calloc((size_t)parts, sizeof *displs), sum = 0;
+    for (int r = 0; counts && displs && r < parts; r++) displs[r] = sum, counts[r] = piece_runs(g, i, r, NULL, NULL), sum += counts[r];
+    float *all = counts && displs ? malloc(sum * sizeof *all + 1) : NULL;
+    shard_status s = all ? shard_comm_all_gatherv(g->tp, piece, counts[g->tp_rank], all, counts, displs, SHARD_F32)
+                         : shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory gathering %s", g->params->info[i].name);
+    for (int r = 0; s == SHARD_OK && r < parts; r++) {
+        copy_ctx c = {.from = all + displs[r], .to = whole, .to_whole = 1};
+        piece_runs(g, i, r, copy_run, &c);
+    }
+    free(all), free(counts), free(displs);
+    return s;
+}
+
+static void model_take_piece(const shard_model *m, size_t i, const float *whole, float *piece) {
+    const shard_gpt *g = m->impl;
+    copy_ctx c = {.from = whole, .to = piece};
+    piece_runs(g, i, g->tp_rank, copy_run, &c);
 }
 
 void shard_gpt_init(shard_gpt *g, uint64_t seed) {
@@ -513,8 +579,9 @@ static void model_describe(const shard_model *m, char *out, size_t bytes) {
              c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
 }
 
-static const shard_model_ops gpt_model_ops = {"gpt2",     model_load_batch, model_items,    model_forward,
-                                              model_backward, model_init,   model_describe, model_destroy};
+static const shard_model_ops gpt_model_ops = {"gpt2",         model_load_batch, model_items,        model_forward,
+                                              model_backward, model_init,       model_describe,     model_destroy,
+                                              model_whole_shape, model_gather_piece, model_take_piece};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
                                      size_t seq, shard_comm *tensor, shard_model **out) {

@@ -212,7 +212,8 @@ shard_status shard_trainer_values(shard_trainer *t, float *whole) {
     return s;
 }
 
-/* Three replicated dtensors per parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh. */
+/* Three replicated dtensors per parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh, with the
+ * whole shapes (a tensor-parallel model's pieces are put together). */
 static shard_status make_items(shard_trainer *t, shard_ckpt_item **items, char (**names)[SHARD_PARAM_NAME_BYTES + 32]) {
     const shard_params *p = t->model->params;
     *items = calloc(3 * p->count, sizeof **items), *names = calloc(3 * p->count, sizeof **names);
@@ -223,8 +224,11 @@ static shard_status make_items(shard_trainer *t, shard_ckpt_item **items, char (
             size_t at = j * p->count + i;
             snprintf((*names)[at], sizeof (*names)[at], "%s%s", prefix[j], p->info[i].name);
             shard_spec spec = shard_spec_replicated(p->info[i].ndim);
+            size_t shape[SHARD_MAX_DIMS];
+            memcpy(shape, p->info[i].shape, sizeof shape);
+            if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, shape);
             (*items)[at].name = (*names)[at];
-            SHARD_CHECK(shard_dtensor_create(t->mesh, SHARD_F32, p->info[i].ndim, p->info[i].shape, &spec, SHARD_MEM_COMM,
+            SHARD_CHECK(shard_dtensor_create(t->mesh, SHARD_F32, p->info[i].ndim, shape, &spec, SHARD_MEM_COMM,
                                              &(*items)[at].tensor));
         }
     return SHARD_OK;
@@ -245,8 +249,11 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
     if (s == SHARD_OK) s = make_items(t, &items, &names);
     float *src[3] = {w.values, w.exp_avg, w.exp_avg_sq};
     for (size_t j = 0; s == SHARD_OK && j < 3; j++)
-        for (size_t i = 0; i < p->count; i++)
-            memcpy(items[j * p->count + i].tensor->local->data, src[j] + p->info[i].offset, p->info[i].numel * sizeof(float));
+        for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
+            float *whole = items[j * p->count + i].tensor->local->data;
+            if (t->model->ops->gather_piece) s = t->model->ops->gather_piece(t->model, i, src[j] + p->info[i].offset, whole);
+            else memcpy(whole, src[j] + p->info[i].offset, p->info[i].numel * sizeof(float));
+        }
     if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, 3 * p->count, config_json);
     free_items(items, names, 3 * p->count);
     whole_free(&w);
@@ -265,8 +272,11 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
         float *dst[3] = {w.values, w.exp_avg, w.exp_avg_sq};
         for (size_t j = 0; j < 3; j++) {
             memset(dst[j], 0, p->total * sizeof(float));
-            for (size_t i = 0; i < p->count; i++)
-                memcpy(dst[j] + p->info[i].offset, items[j * p->count + i].tensor->local->data, p->info[i].numel * sizeof(float));
+            for (size_t i = 0; i < p->count; i++) {
+                const float *whole = items[j * p->count + i].tensor->local->data;
+                if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, whole, dst[j] + p->info[i].offset);
+                else memcpy(dst[j] + p->info[i].offset, whole, p->info[i].numel * sizeof(float));
+            }
         }
         s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
     }
