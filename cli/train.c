@@ -2,7 +2,7 @@
  * processes under mpirun).
  *
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S
- *               [--ranks N] [--mesh data=N] [--zero 0|1|2|3] [--accum K] [--micro-batch M]
+ *               [--ranks N] [--mesh data=N,tensor=T] [--sequence-parallel] [--zero 0|1|2|3] [--accum K] [--micro-batch M]
  *               [--bucket-mb 25] [--grad-dtype f32|bf16] [--compute-dtype f32|bf16] [--resume DIR]
  *               [--init weights.safetensors] [--log run.jsonl] [--save DIR] [--save-every K]
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
@@ -31,7 +31,7 @@ typedef struct train_opts {
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero;
     double lr, min_lr, weight_decay, clip, bucket_mb;
     unsigned long long seed;
-    int have_min_lr, have_warmup;
+    int have_min_lr, have_warmup, sequence_parallel;
 } train_opts;
 
 static shard_status train_rank(shard_comm *comm, void *arg) {
@@ -46,7 +46,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                                .seed = o->seed, .zero = (int)o->zero, .bucket_mb = o->bucket_mb,
                                .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
                                .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-                               .adamw = shard_adamw_defaults(), .clip = (float)o->clip};
+                               .adamw = shard_adamw_defaults(), .clip = (float)o->clip,
+                               .sequence_parallel = o->sequence_parallel};
     tc.adamw.weight_decay = (float)o->weight_decay;
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
@@ -158,6 +159,10 @@ int cli_train(int argc, char **argv) {
                 done = 1;
             }
         if (done) continue;
+        if (strcmp(a, "--sequence-parallel") == 0) {
+            o.sequence_parallel = 1;
+            continue;
+        }
         if (strcmp(a, "--seed") == 0) {
             long sd;
             if (!(val = cli_value(argc, argv, &i)) || cli_parse_int(a, val, 0, 1L << 62, &sd)) return 2;

@@ -278,7 +278,7 @@ def train():
         expect(rows and rows[-1]["loss"] < rows[0]["loss"] - 1.0, f"loss did not fall: {rows[0]} -> {rows[-1]}")
         expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
         # the same global batch on 2 thread ranks (ZeRO-2), and a resume of step 10 under ZeRO-3
-        for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1),
+        for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1), (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--zero", "1"], 1),
                              (["--ranks", "2", "--zero", "3", "--resume", os.path.join(work, "ck", "step_10")], 11)):
             log = os.path.join(work, "par.jsonl")
             p = run(args + ["--log", log] + extra)

@@ -2,14 +2,16 @@
  * meshes) give the single-device math.  Each rank also trains the
  * single-device reference on a one-rank communicator of its own.
  *
- *   grads   on mesh tensor=N: every parameter piece's gradient equals the
+ *   grads   on mesh tensor=N, with and without sequence parallel (the GPT's
+ *           dropout on: masks keyed by global positions): every parameter piece's gradient equals the
  *           matching slice of the single-device gradient (slices computed
  *           here from the Megatron layout: heads of q, k, v; MLP columns;
  *           vocabulary rows), within 1e-5 of the tensor's largest element
  *   losses  20 steps on every mesh of the world with a tensor axis (tensor=N,
- *           data x tensor: 2x2, 1x3, 3x1), plain and with ZeRO-1 / ZeRO-3 on
- *           the data axis: losses within 1e-5 relative of one rank's
- *   checkpoint saved on tensor=N with ZeRO-1 at step 10 (pieces put together
+ *           data x tensor: 2x2, 1x3, 3x1), with and without sequence
+ *           parallel, plain and with ZeRO-3 on the data axis: losses within
+ *           1e-5 relative of one rank's
+ *   checkpoint saved on tensor=N with ZeRO-1 and sequence parallel at step 10 (pieces put together
  *           into whole tensors), resumed by one rank: steps 11..20 the same */
 #include <math.h>
 #include <stdio.h>
@@ -86,11 +88,11 @@ static void slice_of(const char *name, const float *whole, size_t rows, size_t c
     }
 }
 
-static shard_model *make(test_ctx *t, shard_comm *tensor, size_t rows) {
+static shard_model *make(test_ctx *t, shard_comm *tensor, size_t rows, int sp) {
     char path[512];
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
     shard_model *m = NULL;
-    if (!CHECK_OK(t, shard_model_create(path, g_dir, rows, T, tensor, &m), "model")) return NULL;
+    if (!CHECK_OK(t, shard_model_create(path, g_dir, rows, T, tensor, sp, &m), "model")) return NULL;
     m->ops->init(m, 11);
     return m;
 }
@@ -102,7 +104,8 @@ static void case_grads(test_ctx *t) {
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) return;
     shard_comm *tensor = shard_mesh_axis_comm(mesh, shard_mesh_axis_index(mesh, "tensor"));
-    shard_model *tp = make(t, tensor, 3), *one = make(t, NULL, 3);
+    for (int sp = 0; sp <= 1; sp++) {
+    shard_model *tp = make(t, tensor, 3, sp), *one = make(t, NULL, 3, 0);
     float *g_tp = tp ? calloc(tp->params->total, sizeof *g_tp) : NULL, *g_one = one ? calloc(one->params->total, sizeof *g_one) : NULL;
     if (tp && one && g_tp && g_one) {
         shard_model *ms[2] = {tp, one};
@@ -123,23 +126,25 @@ static void case_grads(test_ctx *t) {
             double worst = 0, big = 1e-12;
             for (size_t e = 0; e < wi->numel; e++) big = fmax(big, fabs(g_one[wi->offset + e]));
             for (size_t e = 0; e < pi->numel; e++) worst = fmax(worst, fabs(g_tp[pi->offset + e] - want[e]));
-            CHECK(t, worst <= 1e-5 * big, "tensor=%d rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)",
-                  t->size, t->rank, pi->name, worst, big);
+            CHECK(t, worst <= 1e-5 * big, "tensor=%d%s rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)",
+                  t->size, sp ? " sequence parallel" : "", t->rank, pi->name, worst, big);
             free(want);
         }
     }
     free(g_tp), free(g_one);
     shard_model_destroy(tp), shard_model_destroy(one);
+    }
     shard_mesh_destroy(mesh);
 }
 
 /* Steps first..last on a mesh; a checkpoint saved at `last` (save) or resumed from (resume). */
-static void train_span(test_ctx *t, shard_comm *comm, const char *mesh_text, int zero, double *losses, uint64_t first,
-                       uint64_t last, const char *save, const char *resume) {
+static void train_span(test_ctx *t, shard_comm *comm, const char *mesh_text, int zero, int sp, double *losses,
+                       uint64_t first, uint64_t last, const char *save, const char *resume) {
     char path[512];
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
     shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = 6, .seq = T, .seed = 3, .zero = zero,
-                              .bucket_mb = 0.01, .adamw = shard_adamw_defaults(), .clip = 1.0f};
+                              .bucket_mb = 0.01, .adamw = shard_adamw_defaults(), .clip = 1.0f,
+                              .sequence_parallel = sp};
     c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
@@ -157,8 +162,8 @@ static void train_span(test_ctx *t, shard_comm *comm, const char *mesh_text, int
     shard_mesh_destroy(mesh);
 }
 
-static void train(test_ctx *t, shard_comm *comm, const char *mesh_text, int zero, double *losses) {
-    train_span(t, comm, mesh_text, zero, losses, 1, STEPS, NULL, NULL);
+static void train(test_ctx *t, shard_comm *comm, const char *mesh_text, int zero, int sp, double *losses) {
+    train_span(t, comm, mesh_text, zero, sp, losses, 1, STEPS, NULL, NULL);
 }
 
 /* Saved on tensor=N (ZeRO-1 on data=1) at step 10, resumed by one rank: steps 11..20 as uninterrupted. */
@@ -168,12 +173,12 @@ static void case_checkpoint(test_ctx *t) {
     snprintf(dir, sizeof dir, "%s/ckpt", g_dir);
     snprintf(text, sizeof text, "data=1,tensor=%d", t->size);
     double whole[STEPS] = {0}, got[STEPS] = {0};
-    train_span(t, t->comm, text, 1, whole, 1, STEPS, NULL, NULL);
-    train_span(t, t->comm, text, 1, got, 1, 10, dir, NULL);
+    train_span(t, t->comm, text, 1, 1, whole, 1, STEPS, NULL, NULL);
+    train_span(t, t->comm, text, 1, 1, got, 1, 10, dir, NULL);
     CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
     shard_comm *self = NULL;
     CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
-    if (self) train_span(t, self, "data=1", 0, got, 11, STEPS, NULL, dir);
+    if (self) train_span(t, self, "data=1", 0, 0, got, 11, STEPS, NULL, dir);
     shard_comm_destroy(self);
     for (int s = 10; s < STEPS; s++)
         CHECK(t, fabs(got[s] - whole[s]) <= 1e-5 * fabs(whole[s]), "resumed from tensor=%d: step %d loss %.9g, uninterrupted %.9g",
@@ -186,22 +191,23 @@ static void case_losses(test_ctx *t) {
     double ref[STEPS] = {0}, got[STEPS];
     shard_comm *self = NULL;
     CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
-    if (self) train(t, self, "data=1", 0, ref);
+    if (self) train(t, self, "data=1", 0, 0, ref);
     shard_comm_destroy(self);
     const char *meshes[5][3] = {{NULL}, {"tensor=1"}, {"tensor=2"}, {"tensor=3", "data=1,tensor=3", "data=3,tensor=1"},
                                 {"tensor=4", "data=2,tensor=2"}};
     for (int k = 0; t->size <= 4 && k < 3 && meshes[t->size][k]; k++)
-        for (int zero = 0; zero <= 3; zero += 3) {
+        for (int run = 0; run < 4; run++) {
+            int zero = run & 1 ? 3 : 0, sp = run >> 1;
             memset(got, 0, sizeof got);
-            train(t, t->comm, meshes[t->size][k], zero, got);
+            train(t, t->comm, meshes[t->size][k], zero, sp, got);
             double worst = 0;
             int at = 0;
             for (int s = 0; s < STEPS; s++) {
                 double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
                 if (!(rel <= worst)) worst = rel, at = s;
             }
-            CHECK(t, worst <= 1e-5, "mesh %s, zero %d: loss at step %d is %.9g, one rank %.9g (relative %.3g)",
-                  meshes[t->size][k], zero, at + 1, got[at], ref[at], worst);
+            CHECK(t, worst <= 1e-5, "mesh %s, zero %d%s: loss at step %d is %.9g, one rank %.9g (relative %.3g)",
+                  meshes[t->size][k], zero, sp ? ", sequence parallel" : "", at + 1, got[at], ref[at], worst);
         }
 }
 

@@ -83,9 +83,11 @@ struct shard_model {
  * default Debian's /usr/share/datasets/fashion-mnist; the MLP: generated,
  * data_dir unused), for batches of up to max_rows rows of seq tokens.
  * `tensor` (NULL: none): the mesh's tensor axis; the GPT then holds its
- * Megatron pieces (heads, MLP columns, vocabulary rows) of every layer. */
+ * Megatron pieces (heads, MLP columns, vocabulary rows) of every layer;
+ * sequence_parallel: its residual stream, LayerNorms and dropout hold only
+ * this rank's tokens (all_gather / reduce_scatter instead of all_reduce). */
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
-                                shard_comm *tensor, shard_model **out);
+                                shard_comm *tensor, int sequence_parallel, shard_model **out);
 void shard_model_destroy(shard_model *m);
 
 /* Parameters per unit (unit_first), given the layout; points value[] into

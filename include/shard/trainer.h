@@ -39,6 +39,7 @@ typedef struct shard_trainer_config {
     shard_adamw_config adamw;
     shard_lr_schedule lr;
     float clip; /* max global gradient norm; 0: no clipping */
+    int sequence_parallel; /* with a tensor axis: LayerNorm / dropout / residual regions split over tokens */
 } shard_trainer_config;
 
 typedef struct shard_step_result {

@@ -144,13 +144,18 @@ struct shard_gpt {
     size_t D, Hl, h0, Cl, Fl, f0, Vl, v0;
     int *split;        /* per parameter: WHOLE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV */
     unsigned char *whole; /* per parameter: split == WHOLE (the model table's tensor_replicated) */
+    /* sequence parallel: the residual stream, LayerNorms and dropout hold this rank's tokens n0 .. n0+Nl-1
+     * of the batch's N; all_gather / reduce_scatter replace the all_reduce around each tensor-parallel pair */
+    int sp;
+    size_t n0, Nl, *row_counts, *row_displs; /* this forward's split of the tokens (elements: rows x C) */
+    float *full, *d_lnl, *ln_scratch, *wpe_scratch;
     size_t *split_n, *split_unit; /* per parameter: the split dim has split_n blocks of split_unit (heads of D) */
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
     layer_acts *acts;
     float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits;
-    float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc;
+    float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
     int32_t *inputs, *targets;
     int have_targets, dropout; /* dropout: this forward trains with it */
     float *slab;               /* every activation buffer, one allocation */
@@ -167,7 +172,7 @@ static void name_param(shard_param_info *t, const char *name, int ndim, size_t d
 }
 
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
-                               shard_gpt **out) {
+                               int sequence_parallel, shard_gpt **out) {
     *out = NULL;
     if (!max_batch || !max_seq || max_seq > c->n_positions)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)",
@@ -185,6 +190,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     g->c = *c, g->max_b = max_batch, g->max_t = max_seq;
     int parts = tp ? shard_comm_size(tp) : 1;
     g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / c->n_head;
+    g->sp = sequence_parallel && parts > 1;
     shard__tp_split(c->n_head, parts, g->tp_rank, &g->h0, &g->Hl);
     shard__tp_split(4 * C, parts, g->tp_rank, &g->f0, &g->Fl);
     shard__tp_split(c->vocab_size, parts, g->tp_rank, &g->v0, &g->Vl);
@@ -237,13 +243,17 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
     /* activations: one accounted slab carved into buffers */
+    /* Nr: rows of the residual stream this rank keeps (all N without sequence parallel) */
     size_t N = max_batch * max_seq, V = g->Vl, att = max_batch * g->Hl * max_seq * max_seq;
-    size_t per_layer = N * C * 4 + N * Cl + N * 3 * Cl + att + N * Fl * 2 + N * 4;
-    size_t total = L * per_layer + N * C * 2 + N * 2 + N * V * 2 + N * C * 3 + N * Cl + N * 3 * Cl + N * Fl;
+    size_t Nr = g->sp ? (N + (size_t)parts - 1) / (size_t)parts : N, spare = g->sp ? N * C + Nr * C + 2 * C + c->n_positions * C : 0;
+    size_t per_layer = Nr * C * 2 + N * C * 2 + N * Cl + N * 3 * Cl + att + N * Fl * 2 + Nr * 4;
+    size_t total = L * per_layer + Nr * C + N * C + Nr * 2 + N * V * 2 + Nr * C * 2 + N * C + N * Cl + N * 3 * Cl + N * Fl + spare;
     if (s == SHARD_OK) {
         g->slab = shard_alloc(total * sizeof(float), SHARD_MEM_ACTIVATIONS);
         g->inputs = calloc(N, sizeof *g->inputs), g->targets = calloc(N, sizeof *g->targets);
-        if (!g->slab || !g->inputs || !g->targets) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for activations");
+        g->row_counts = calloc((size_t)parts, sizeof(size_t)), g->row_displs = calloc((size_t)parts, sizeof(size_t));
+        if (!g->slab || !g->inputs || !g->targets || !g->row_counts || !g->row_displs)
+            s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for activations");
     }
     if (s < 0) {
         shard_gpt_destroy(g);
@@ -253,20 +263,21 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
 #define TAKE(ptr, n_) (ptr = p, p += (n_))
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &g->acts[l];
-        TAKE(a->in, N * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, N), TAKE(a->ln1_rstd, N), TAKE(a->qkv, N * 3 * Cl);
-        TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, N * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, N);
-        TAKE(a->ln2_rstd, N), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
+        TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
+        TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
+        TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
     }
-    TAKE(g->out, N * C), TAKE(g->lnf, N * C), TAKE(g->lnf_mean, N), TAKE(g->lnf_rstd, N), TAKE(g->logits, N * V);
-    TAKE(g->dlogits, N * V), TAKE(g->d_resid, N * C), TAKE(g->d_tmp, N * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
+    TAKE(g->out, Nr * C), TAKE(g->lnf, N * C), TAKE(g->lnf_mean, Nr), TAKE(g->lnf_rstd, Nr), TAKE(g->logits, N * V);
+    TAKE(g->dlogits, N * V), TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
     TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
+    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, c->n_positions * C);
 #undef TAKE
     *out = g;
     return SHARD_OK;
 }
 
 shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
-    return gpt_create(c, max_batch, max_seq, NULL, out);
+    return gpt_create(c, max_batch, max_seq, NULL, 0, out);
 }
 
 void shard_gpt_destroy(shard_gpt *g) {
@@ -276,7 +287,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_free(g->slab);
     shard_tokens_close(g->tokens);
     free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->split), free(g->split_n), free(g->split_unit);
-    free(g->whole);
+    free(g->whole), free(g->row_counts), free(g->row_displs);
     free(g);
 }
 
@@ -401,12 +412,62 @@ static float drop_p(const shard_gpt *g, float p) { return g->dropout ? p : 0.0f;
 static uint64_t drop_seed(const shard_gpt *g, uint64_t site) { return shard_model_dropout_seed(&g->model, site); }
 static uint64_t drop_offset(const shard_gpt *g) { return (uint64_t)g->model.first_row * g->T * g->c.n_embd; }
 
-/* Forward with the loss sum divided by `denominator` (the model table's form). */
+/* ---- the token split of sequence parallelism (without it: one rank's view, n0 = 0, Nl = N) ---- */
+
+static void split_tokens(shard_gpt *g, size_t N) {
+    int parts = g->tp ? shard_comm_size(g->tp) : 1;
+    g->n0 = 0, g->Nl = N;
+    if (!g->sp) return;
+    for (int r = 0; r < parts; r++) {
+        size_t first, count;
+        shard__tp_split(N, parts, r, &first, &count);
+        g->row_counts[r] = count * g->c.n_embd, g->row_displs[r] = first * g->c.n_embd;
+        if (r == g->tp_rank) g->n0 = first, g->Nl = count;
+    }
+}
+
+/* full[N, C], this rank's rows in place, made whole on every tensor rank (sp: all_gather). */
+static shard_status gather_rows(shard_gpt *g, float *full) {
+    if (!g->sp) return SHARD_OK;
+    return shard_comm_all_gatherv(g->tp, full + g->n0 * g->c.n_embd, g->Nl * g->c.n_embd, full, g->row_counts,
+                                  g->row_displs, SHARD_F32);
+}
+
+/* partial[N, C] summed over tensor ranks into local (this rank's rows): sp: reduce_scatter; else an
+ * all_reduce in place (local == partial). */
+static shard_status sum_rows(shard_gpt *g, float *partial, float *local, size_t N) {
+    if (!g->sp) return shard__tp_sum(g->tp, partial, N * g->c.n_embd);
+    return shard_comm_reduce_scatterv(g->tp, partial, local, g->row_counts, SHARD_F32, SHARD_OP_SUM);
+}
+
+/* this rank's rows of y += b (sp adds a row-parallel bias after the reduce_scatter) */
+static void add_bias_rows(const shard_gpt *g, float *y, const float *b) {
+    for (size_t n = 0; n < g->Nl; n++) shard_add(y + n * g->c.n_embd, b, y + n * g->c.n_embd, g->c.n_embd);
+}
+
+/* LayerNorm backward on this rank's rows; under sp the weight and bias gradients come from these rows
+ * only, so they are summed over tensor ranks before being added. */
+static shard_status ln_backward(shard_gpt *g, const float *x, size_t w, size_t b, const float *mean, const float *rstd,
+                                const float *dy, float *dx) {
+    size_t C = g->c.n_embd;
+    if (!g->sp) {
+        shard_layernorm_backward(x, P(g, w), mean, rstd, dy, dx, G(g, w), G(g, b), g->Nl, C);
+        return SHARD_OK;
+    }
+    memset(g->ln_scratch, 0, 2 * C * sizeof(float));
+    shard_layernorm_backward(x, P(g, w), mean, rstd, dy, dx, g->ln_scratch, g->ln_scratch + C, g->Nl, C);
+    SHARD_CHECK(shard__tp_sum(g->tp, g->ln_scratch, 2 * C));
+    shard_add(G(g, w), g->ln_scratch, G(g, w), C);
+    shard_add(G(g, b), g->ln_scratch + C, G(g, b), C);
+    return SHARD_OK;
+}
+
+/* Forward with the loss sum divided by `denominator` (the model table's form).  Rows of the residual
+ * stream (x, mid, out; their LayerNorm statistics) are this rank's tokens under sequence parallel. */
 static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
                                 double denominator, double *loss) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T, L = c->n_layer, Cl = g->Cl, Fl = g->Fl;
-    const float *no_bias = NULL; /* a row-parallel layer's bias is added by tensor rank 0 only */
     if (B == 0 || T == 0 || B > g->max_b || T > g->max_t)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu",
                            B, T, g->max_b, g->max_t);
@@ -414,46 +475,59 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     g->dropout = targets != NULL && (c->resid_pdrop > 0 || c->embd_pdrop > 0 || c->attn_pdrop > 0);
     if (inputs != g->inputs) memcpy(g->inputs, inputs, N * sizeof *inputs);
     if (targets && targets != g->targets) memcpy(g->targets, targets, N * sizeof *targets);
-    /* embeddings: token + position */
-    float *x = L ? g->acts[0].in : g->out;
+    split_tokens(g, N);
+    size_t r0 = g->n0, Nl = g->Nl;
+    uint64_t rows_offset = drop_offset(g) + r0 * C; /* dropout keys of this rank's rows */
+    int tp_on = g->tp && shard_comm_size(g->tp) > 1, bias_before = !g->sp && g->tp_rank == 0;
+    /* embeddings: token (vocabulary-parallel: a partial lookup, summed) + position */
+    float *x = L ? g->acts[0].in : g->out, *lookup = g->sp ? g->full : x;
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
-    SHARD_CHECK(shard__tp_embedding_forward(g->tp, P(g, g->wte), inputs, x, N, g->v0, g->Vl, V, C));
-    for (size_t n = 0; n < N; n++) {
-        const float *pos = P(g, g->wpe) + (n % T) * C;
-        for (size_t k = 0; k < C; k++) x[n * C + k] += pos[k];
+    if (tp_on) {
+        SHARD_CHECK(shard__tp_embedding_partial(P(g, g->wte), inputs, lookup, N, g->v0, g->Vl, V, C));
+        SHARD_CHECK(sum_rows(g, lookup, x, N));
+    } else {
+        SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs, x, N, V, C));
     }
+    for (size_t n = 0; n < Nl; n++) shard_add(x + n * C, P(g, g->wpe) + ((r0 + n) % T) * C, x + n * C, C);
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
-    if (drop_p(g, c->embd_pdrop) > 0) shard_dropout_forward(x, x, N * C, c->embd_pdrop, drop_seed(g, 0), drop_offset(g));
+    if (drop_p(g, c->embd_pdrop) > 0) shard_dropout_forward(x, x, Nl * C, c->embd_pdrop, drop_seed(g, 0), rows_offset);
     for (size_t l = 0; l < L; l++) {
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
         float *next = l + 1 < L ? g->acts[l + 1].in : g->out;
-        float pr = drop_p(g, c->resid_pdrop);
+        float pr = drop_p(g, c->resid_pdrop), *part;
         SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 0));
-        shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1, a->ln1_mean,
-                                a->ln1_rstd, N, C);
+        /* attention: column-parallel c_attn, this rank's heads, row-parallel c_proj */
+        shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1 + r0 * C, a->ln1_mean,
+                                a->ln1_rstd, Nl, C);
+        SHARD_CHECK(gather_rows(g, a->ln1));
         SHARD_CHECK(shard_linear_forward(a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
         SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, Cl, g->Hl, drop_p(g, c->attn_pdrop),
                                                     drop_seed(g, 1 + 3 * l), g->model.first_row, H, g->h0));
-        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), g->tp_rank == 0 ? P(g, w[APROJ_B]) : no_bias, a->mid,
-                                         N, Cl, C));
-        SHARD_CHECK(shard__tp_sum(g->tp, a->mid, N * C));
-        if (pr > 0) shard_dropout_forward(a->mid, a->mid, N * C, pr, drop_seed(g, 2 + 3 * l), drop_offset(g));
-        shard_add(a->in, a->mid, a->mid, N * C); /* mid = in + attention */
-        shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2, a->ln2_mean,
-                                a->ln2_rstd, N, C);
+        part = g->sp ? g->full : a->mid;
+        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), bias_before ? P(g, w[APROJ_B]) : NULL, part, N, Cl, C));
+        SHARD_CHECK(sum_rows(g, part, a->mid, N));
+        if (g->sp) add_bias_rows(g, a->mid, P(g, w[APROJ_B]));
+        if (pr > 0) shard_dropout_forward(a->mid, a->mid, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset);
+        shard_add(a->in, a->mid, a->mid, Nl * C); /* mid = in + attention */
+        /* MLP: column-parallel c_fc, GELU on this rank's columns, row-parallel c_proj */
+        shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C, a->ln2_mean,
+                                a->ln2_rstd, Nl, C);
+        SHARD_CHECK(gather_rows(g, a->ln2));
         SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
         shard_gelu_forward(a->fc, a->gelu, N * Fl);
-        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), g->tp_rank == 0 ? P(g, w[MPROJ_B]) : no_bias, next, N,
-                                         Fl, C));
-        SHARD_CHECK(shard__tp_sum(g->tp, next, N * C));
+        part = g->sp ? g->full : next;
+        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), bias_before ? P(g, w[MPROJ_B]) : NULL, part, N, Fl, C));
+        SHARD_CHECK(sum_rows(g, part, next, N));
+        if (g->sp) add_bias_rows(g, next, P(g, w[MPROJ_B]));
         SHARD_CHECK(shard_model_release(&g->model, 1 + l, 0));
-        if (pr > 0) shard_dropout_forward(next, next, N * C, pr, drop_seed(g, 3 + 3 * l), drop_offset(g));
-        shard_add(a->mid, next, next, N * C); /* next = mid + MLP */
+        if (pr > 0) shard_dropout_forward(next, next, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset);
+        shard_add(a->mid, next, next, Nl * C); /* next = mid + MLP */
     }
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
-    shard_layernorm_forward(g->out, P(g, g->lnf_w), P(g, g->lnf_b), c->layer_norm_epsilon, g->lnf, g->lnf_mean,
-                            g->lnf_rstd, N, C);
+    shard_layernorm_forward(g->out, P(g, g->lnf_w), P(g, g->lnf_b), c->layer_norm_epsilon, g->lnf + r0 * C, g->lnf_mean,
+                            g->lnf_rstd, Nl, C);
+    SHARD_CHECK(gather_rows(g, g->lnf));
     /* the tied head; vocabulary-parallel: this rank's columns of the logits only */
     SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f, g->logits, g->Vl));
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
@@ -473,17 +547,31 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
 
 /* ---------------------------------------------------------------- backward */
 
+/* dy (this rank's rows) as whole rows: itself without sequence parallel, else gathered into g->full. */
+static shard_status whole_rows(shard_gpt *g, const float *dy, const float **whole) {
+    if (!g->sp) {
+        *whole = dy;
+        return SHARD_OK;
+    }
+    memcpy(g->full + g->n0 * g->c.n_embd, dy, g->Nl * g->c.n_embd * sizeof(float));
+    *whole = g->full;
+    return gather_rows(g, g->full);
+}
+
 static shard_status gpt_backward(shard_gpt *g) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T, L = c->n_layer;
-    size_t Cl = g->Cl, Fl = g->Fl, Vl = g->Vl;
+    size_t Cl = g->Cl, Fl = g->Fl, Vl = g->Vl, r0 = g->n0, Nl = g->Nl;
+    uint64_t rows_offset = drop_offset(g) + r0 * C;
+    float *dln = g->sp ? g->d_lnl : g->d_ln; /* an LayerNorm output's gradient, summed: this rank's rows */
+    const float *dyw;
     /* head (tied to wte) and the final LayerNorm; with the vocabulary split, d(lnf) is summed over tensor ranks */
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
     SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, P(g, g->wte), C, 0.0f, g->d_ln, C));
-    SHARD_CHECK(shard__tp_sum(g->tp, g->d_ln, N * C));
+    SHARD_CHECK(sum_rows(g, g->d_ln, dln, N));
     SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, G(g, g->wte), C));
-    shard_layernorm_backward(g->out, P(g, g->lnf_w), g->lnf_mean, g->lnf_rstd, g->d_ln, g->d_resid, G(g, g->lnf_w),
-                             G(g, g->lnf_b), N, C);
+    memset(g->d_resid, 0, Nl * C * sizeof(float));
+    SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
     float pr = drop_p(g, c->resid_pdrop);
     for (size_t l = L; l-- > 0;) {
@@ -492,42 +580,47 @@ static shard_status gpt_backward(shard_gpt *g) {
         SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 1));
         /* MLP: next = mid + drop(c_proj(gelu(c_fc(ln_2(mid))))) */
         const float *dy = g->d_resid;
-        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, N * C, pr, drop_seed(g, 3 + 3 * l), drop_offset(g)), dy = g->d_tmp;
-        SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dy, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
+        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset), dy = g->d_tmp;
+        SHARD_CHECK(whole_rows(g, dy, &dyw));
+        SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dyw, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
                                           Fl, C));
         shard_gelu_backward(a->fc, g->d_fc, g->d_fc, N * Fl);
         SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
                                           Fl));
-        SHARD_CHECK(shard__tp_sum(g->tp, g->d_ln, N * C)); /* column-parallel: the input's gradient summed */
-        shard_layernorm_backward(a->mid, P(g, w[LN2_W]), a->ln2_mean, a->ln2_rstd, g->d_ln, g->d_tmp, G(g, w[LN2_W]),
-                                 G(g, w[LN2_B]), N, C);
-        shard_add(g->d_resid, g->d_tmp, g->d_resid, N * C);
+        SHARD_CHECK(sum_rows(g, g->d_ln, dln, N)); /* column-parallel: the input's gradient summed */
+        SHARD_CHECK(ln_backward(g, a->mid, w[LN2_W], w[LN2_B], a->ln2_mean, a->ln2_rstd, dln, g->d_tmp));
+        shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
         dy = g->d_resid;
-        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, N * C, pr, drop_seed(g, 2 + 3 * l), drop_offset(g)), dy = g->d_tmp;
-        SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), dy, g->d_atty, G(g, w[APROJ_W]), G(g, w[APROJ_B]),
+        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset), dy = g->d_tmp;
+        SHARD_CHECK(whole_rows(g, dy, &dyw));
+        SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), dyw, g->d_atty, G(g, w[APROJ_W]), G(g, w[APROJ_B]),
                                           N, Cl, C));
         SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, Cl, g->Hl,
                                                      drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row,
                                                      H, g->h0));
         SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(g, w[ATTN_W]), G(g, w[ATTN_B]),
                                           N, C, 3 * Cl));
-        SHARD_CHECK(shard__tp_sum(g->tp, g->d_ln, N * C));
-        shard_layernorm_backward(a->in, P(g, w[LN1_W]), a->ln1_mean, a->ln1_rstd, g->d_ln, g->d_tmp, G(g, w[LN1_W]),
-                                 G(g, w[LN1_B]), N, C);
-        shard_add(g->d_resid, g->d_tmp, g->d_resid, N * C);
+        SHARD_CHECK(sum_rows(g, g->d_ln, dln, N));
+        SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_tmp));
+        shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         SHARD_CHECK(shard_model_release(&g->model, 1 + l, 1));
         SHARD_CHECK(shard_model_grads_ready(&g->model, 1 + l));
     }
     /* embeddings */
     if (drop_p(g, c->embd_pdrop) > 0)
-        shard_dropout_backward(g->d_resid, g->d_resid, N * C, c->embd_pdrop, drop_seed(g, 0), drop_offset(g));
+        shard_dropout_backward(g->d_resid, g->d_resid, Nl * C, c->embd_pdrop, drop_seed(g, 0), rows_offset);
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
-    if (g->tp && shard_comm_size(g->tp) > 1) shard__tp_embedding_backward(g->inputs, g->d_resid, G(g, g->wte), N, g->v0, g->Vl, C);
-    else SHARD_CHECK(shard_embedding_backward(g->inputs, g->d_resid, G(g, g->wte), N, V, C));
-    float *dwpe = G(g, g->wpe);
-    for (size_t n = 0; n < N; n++)
-        for (size_t k = 0; k < C; k++) dwpe[(n % T) * C + k] += g->d_resid[n * C + k];
+    float *dwpe = g->sp ? g->wpe_scratch : G(g, g->wpe);
+    if (g->sp) memset(dwpe, 0, c->n_positions * C * sizeof(float));
+    for (size_t n = 0; n < Nl; n++) shard_add(dwpe + ((r0 + n) % T) * C, g->d_resid + n * C, dwpe + ((r0 + n) % T) * C, C);
+    if (g->sp) { /* position rows from this rank's tokens: summed over tensor ranks */
+        SHARD_CHECK(shard__tp_sum(g->tp, dwpe, c->n_positions * C));
+        shard_add(G(g, g->wpe), dwpe, G(g, g->wpe), c->n_positions * C);
+    }
+    SHARD_CHECK(whole_rows(g, g->d_resid, &dyw));
+    if (g->tp && shard_comm_size(g->tp) > 1) shard__tp_embedding_backward(g->inputs, dyw, G(g, g->wte), N, g->v0, g->Vl, C);
+    else SHARD_CHECK(shard_embedding_backward(g->inputs, dyw, G(g, g->wte), N, V, C));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
     return shard_model_grads_ready(&g->model, 0);
 }
@@ -584,7 +677,7 @@ static const shard_model_ops gpt_model_ops = {"gpt2",         model_load_batch, 
                                               model_whole_shape, model_gather_piece, model_take_piece};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
-                                     size_t seq, shard_comm *tensor, shard_model **out) {
+                                     size_t seq, shard_comm *tensor, int sequence_parallel, shard_model **out) {
     shard_gpt_config c;
     SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
     if (seq > c.n_positions)
@@ -602,7 +695,7 @@ shard_status shard__gpt_model_create(const char *text, const char *where, const 
         return s;
     }
     shard_gpt *g = NULL;
-    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, &g);
+    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, &g);
     if (s < 0) {
         shard_tokens_close(tokens);
         return s;

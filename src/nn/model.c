@@ -103,7 +103,7 @@ char *shard__read_config(const char *path) {
 }
 
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
-                                shard_comm *tensor, shard_model **out) {
+                                shard_comm *tensor, int sequence_parallel, shard_model **out) {
     *out = NULL;
     char *text = shard__read_config(config_path);
     if (!text) return SHARD_ERR_IO;
@@ -118,7 +118,7 @@ shard_status shard_model_create(const char *config_path, const char *data_dir, s
                         "tensor=1", config_path, type);
     else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, out);
     else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, max_rows, out);
-    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, out);
+    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, out);
     json_decref(root);
     free(text);
     return s;

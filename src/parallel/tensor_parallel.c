@@ -20,9 +20,8 @@ shard_status shard__tp_sum(shard_comm *tp, float *x, size_t n) {
     return active(tp) ? shard_comm_all_reduce(tp, x, x, n, SHARD_F32, SHARD_OP_SUM) : SHARD_OK;
 }
 
-shard_status shard__tp_embedding_forward(shard_comm *tp, const float *table, const int32_t *ids, float *y, size_t N,
-                                         size_t v0, size_t Vl, size_t V, size_t C) {
-    if (!active(tp)) return shard_embedding_forward(table, ids, y, N, V, C);
+shard_status shard__tp_embedding_partial(const float *table, const int32_t *ids, float *y, size_t N, size_t v0, size_t Vl,
+                                         size_t V, size_t C) {
     for (size_t n = 0; n < N; n++) {
         if (ids[n] < 0 || (size_t)ids[n] >= V)
             return shard_error(SHARD_ERR_INVALID_ARG, "embedding: id %d at position %zu is outside the table's rows 0..%zu",
@@ -31,7 +30,7 @@ shard_status shard__tp_embedding_forward(shard_comm *tp, const float *table, con
         if (id >= v0 && id < v0 + Vl) memcpy(y + n * C, table + (id - v0) * C, C * sizeof *y);
         else memset(y + n * C, 0, C * sizeof *y);
     }
-    return shard__tp_sum(tp, y, N * C);
+    return SHARD_OK;
 }
 
 void shard__tp_embedding_backward(const int32_t *ids, const float *dy, float *dtable, size_t N, size_t v0, size_t Vl,

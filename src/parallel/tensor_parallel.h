@@ -25,9 +25,10 @@ void shard__tp_split(size_t n, int parts, int part, size_t *first, size_t *count
 shard_status shard__tp_sum(shard_comm *tp, float *x, size_t n);
 
 /* y[N, C] = rows of table[Vl, C] (rows v0 .. v0 + Vl - 1 of the whole) for the ids this rank holds,
- * zero for the others; summed over tp, every rank has the whole lookup. */
-shard_status shard__tp_embedding_forward(shard_comm *tp, const float *table, const int32_t *ids, float *y, size_t N,
-                                         size_t v0, size_t Vl, size_t V, size_t C);
+ * zero for the others: summed over the tensor ranks (all_reduce, or reduce_scatter under sequence
+ * parallel), every token has its row. */
+shard_status shard__tp_embedding_partial(const float *table, const int32_t *ids, float *y, size_t N, size_t v0, size_t Vl,
+                                         size_t V, size_t C);
 /* dtable rows this rank holds += dy rows of their ids. */
 void shard__tp_embedding_backward(const int32_t *ids, const float *dy, float *dtable, size_t N, size_t v0, size_t Vl,
                                   size_t C);
