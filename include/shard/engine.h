@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 
+#include "shard/comm.h"
 #include "shard/params.h"
 #include "shard/tensor.h"
 
@@ -67,6 +68,12 @@ shard_status shard_engine_inference_loop(shard_engine *e, shard_stream_read next
 
 /* seed 002's MLP on one device. */
 shard_status shard_mlp_engine_create(size_t model_dim, size_t hidden_dim, shard_engine **out);
+/* The same MLP tensor parallel over `tensor` (Megatron): layer_0/weights split
+ * by columns and layer_1/weights by rows over the ranks (the even rule over
+ * hidden units), one all_reduce of the output in forward.  load_checkpoint
+ * takes the whole tensors and keeps this rank's block; backward's gradients
+ * are this rank's blocks.  tensor NULL or of one rank: the single device. */
+shard_status shard_mlp_engine_create_tp(shard_comm *tensor, size_t model_dim, size_t hidden_dim, shard_engine **out);
 
 #ifdef __cplusplus
 }

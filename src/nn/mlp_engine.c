@@ -1,9 +1,12 @@
-/* mlp_engine.c — seed 002's SingleDevice engine: ReLU(x W0) W1 with a tape
- * of (x, z) pairs for backward, and the engine helpers shared by every
+/* mlp_engine.c — seed 002's engine: ReLU(x W0) W1 with a tape of (x, z)
+ * pairs for backward — on one device, or tensor parallel over a communicator
+ * (Megatron's MLP: W0 split by columns, W1 by rows, one all_reduce of the
+ * output), the same code for both — and the engine helpers shared by every
  * engine (destroy, inference_loop).  See engine.h. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/tensor_parallel.h"
 #include "shard/engine.h"
 #include "shard/layers.h"
 
@@ -11,7 +14,9 @@ enum { TAPE_DEPTH = 64 };
 
 typedef struct mlp_engine {
     shard_engine base;
-    size_t model, hidden;
+    size_t model, hidden;     /* hidden: this rank's columns of W0 (rows of W1) */
+    size_t hidden_whole, h0;  /* all of them; where this rank's start */
+    shard_comm *tp;           /* NULL: one device */
     shard_tensor *tape_x[TAPE_DEPTH], *tape_z[TAPE_DEPTH]; /* copies of each forward's input and pre-activation */
     int depth;
 } mlp_engine;
@@ -32,13 +37,17 @@ static shard_status load_checkpoint(shard_engine *e, const shard_named *params, 
             return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: no parameter '%s' (the MLP has layer_0/weights, layer_1/weights)",
                                params[i].name ? params[i].name : "(null)");
         const shard_tensor *src = params[i].tensor;
-        int same = src && src->ndim == info->ndim;
-        for (int d = 0; same && d < info->ndim; d++) same = src->shape[d] == info->shape[d];
+        mlp_engine *m = (mlp_engine *)e;
+        int first = info == e->params->info; /* layer_0: [model, hidden], split by columns; layer_1 by rows */
+        size_t want[2] = {first ? m->model : m->hidden_whole, first ? m->hidden_whole : m->model};
+        int same = src && src->ndim == 2 && src->shape[0] == want[0] && src->shape[1] == want[1];
         if (!same)
-            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' must be [%zu,%zu]", info->name, info->shape[0],
-                               info->shape[1]);
+            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' must be [%zu,%zu]", info->name, want[0], want[1]);
+        shard_tensor piece = *src; /* this rank's block of the whole (a view) */
+        size_t d = first ? 1 : 0;
+        piece.shape[d] = m->hidden, piece.data = (char *)src->data + m->h0 * src->strides[d] * shard_dtype_size(src->dtype);
         shard_tensor dst = shard_params_view(e->params, (size_t)(info - e->params->info));
-        SHARD_CHECK(shard_tensor_cast(&dst, src));
+        SHARD_CHECK(shard_tensor_cast(&dst, &piece));
     }
     return SHARD_OK;
 }
@@ -53,6 +62,7 @@ static shard_status run(mlp_engine *m, const shard_tensor *x, shard_tensor *y, s
     shard_relu_forward(z->data, h->data, B * m->hidden);
     shard_status s = shard_linear_forward(h->data, shard_params_data(m->base.params, "layer_1/weights"), NULL, y->data, B,
                                           m->hidden, m->model);
+    if (s == SHARD_OK) s = shard__tp_sum(m->tp, y->data, B * m->model); /* row-parallel: the partial outputs summed */
     shard_tensor_destroy(h);
     return s;
 }
@@ -123,13 +133,24 @@ static void destroy(shard_engine *e) {
 }
 
 static const shard_engine_ops mlp_ops = {"mlp (single device)", load_checkpoint, forward, backward, infer, destroy};
+static const shard_engine_ops mlp_tp_ops = {"mlp (tensor parallel)", load_checkpoint, forward, backward, infer, destroy};
 
 shard_status shard_mlp_engine_create(size_t model_dim, size_t hidden_dim, shard_engine **out) {
+    return shard_mlp_engine_create_tp(NULL, model_dim, hidden_dim, out);
+}
+
+shard_status shard_mlp_engine_create_tp(shard_comm *tensor, size_t model_dim, size_t hidden_dim, shard_engine **out) {
     if (!out || !model_dim || !hidden_dim)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_mlp_engine_create: sizes must be > 0");
     *out = NULL;
+    int parts = tensor ? shard_comm_size(tensor) : 1;
+    if ((size_t)parts > hidden_dim)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_mlp_engine_create: %d tensor ranks for %zu hidden units", parts,
+                           hidden_dim);
     mlp_engine *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "shard_mlp_engine_create: out of memory");
+    m->tp = tensor, m->hidden_whole = hidden_dim;
+    shard__tp_split(hidden_dim, parts, tensor ? shard_comm_rank(tensor) : 0, &m->h0, &hidden_dim);
     shard_param_info t[2] = {{.name = "layer_0/weights", .ndim = 2, .shape = {model_dim, hidden_dim}},
                              {.name = "layer_1/weights", .ndim = 2, .shape = {hidden_dim, model_dim}}};
     shard_status s = shard_params_create(t, 2, SHARD_MEM_PARAMS, &m->base.params);
@@ -137,7 +158,7 @@ shard_status shard_mlp_engine_create(size_t model_dim, size_t hidden_dim, shard_
         free(m);
         return s;
     }
-    m->base.ops = &mlp_ops, m->model = model_dim, m->hidden = hidden_dim;
+    m->base.ops = parts > 1 ? &mlp_tp_ops : &mlp_ops, m->model = model_dim, m->hidden = hidden_dim;
     *out = &m->base;
     return SHARD_OK;
 }
