@@ -4,6 +4,7 @@
 #define SHARD_CLI_BENCH_TRAIN_H
 
 #include "cli_util.h"
+#include "shard/shard.h"
 
 typedef struct bench_train_opts {
     const char *config;
@@ -14,5 +15,12 @@ typedef struct bench_train_opts {
 
 /* --ranks N > 1, --zero K, or under mpirun: the trainer on a data mesh. */
 int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common);
+
+/* A temporary directory with a token file of random tokens over the GPT config's vocabulary. */
+shard_status bench_random_tokens(const char *config, shard_gpt_config *gc, char *dir, size_t dir_bytes);
+void bench_remove_dir(const char *dir);
+
+/* `shard bench tensor`: tensor parallel (and sequence parallel) against one rank (bench_tensor.c). */
+int cli_bench_tensor(int argc, char **argv);
 
 #endif

@@ -148,31 +148,37 @@ static double ddp_ms(const bench_train_opts *o, int world, char *why, size_t why
     return ms;
 }
 
+shard_status bench_random_tokens(const char *config, shard_gpt_config *gc, char *dir, size_t dir_bytes) {
+    SHARD_CHECK(shard_gpt_config_load(config, gc));
+    snprintf(dir, dir_bytes, "/tmp/shard-bench-train-XXXXXX");
+    if (!mkdtemp(dir)) return shard_error(SHARD_ERR_IO, "bench train: cannot make a temporary directory");
+    size_t n = 1 << 20;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    uint64_t r = 7;
+    for (size_t i = 0; tok && i < n; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        tok[i] = (uint32_t)((r >> 33) % gc->vocab_size);
+    }
+    char path[300];
+    snprintf(path, sizeof path, "%s/train.tokens", dir);
+    shard_status s = tok ? shard_tokens_write(path, tok, n, (uint32_t)gc->vocab_size) : SHARD_ERR_NO_MEMORY;
+    free(tok);
+    return s;
+}
+
+void bench_remove_dir(const char *dir) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "shard: could not remove %s\n", dir);
+}
+
 int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     dp_args a = {.o = o};
-    /* random tokens over the config's vocabulary */
-    shard_gpt_config gc;
-    shard_status s = shard_gpt_config_load(o->config, &gc);
-    snprintf(a.dir, sizeof a.dir, "/tmp/shard-bench-train-XXXXXX");
-    if (s == SHARD_OK && !mkdtemp(a.dir)) s = shard_error(SHARD_ERR_IO, "bench train: cannot make a temporary directory");
-    if (s == SHARD_OK) {
-        size_t n = 1 << 20;
-        uint32_t *tok = malloc(n * sizeof *tok);
-        uint64_t r = 7;
-        for (size_t i = 0; tok && i < n; i++) {
-            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
-            tok[i] = (uint32_t)((r >> 33) % gc.vocab_size);
-        }
-        char path[300];
-        snprintf(path, sizeof path, "%s/train.tokens", a.dir);
-        s = tok ? shard_tokens_write(path, tok, n, (uint32_t)gc.vocab_size) : SHARD_ERR_NO_MEMORY;
-        free(tok);
-    }
+    shard_gpt_config gc; /* random tokens over the config's vocabulary */
+    shard_status s = bench_random_tokens(o->config, &gc, a.dir, sizeof a.dir);
     shard_launch_config launch = cli_launch_config(common);
     if (s == SHARD_OK) s = shard_launch_with(&launch, dp_rank, &a);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", a.dir);
-    if (system(cmd) != 0) fprintf(stderr, "shard: could not remove %s\n", a.dir);
+    bench_remove_dir(a.dir);
     if (s < 0) {
         cli_error("%s", shard_last_error());
         return 1;

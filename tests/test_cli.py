@@ -295,6 +295,12 @@ def train():
                     + extra)
             got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
             expect(len(got) == 40 and sum(got[-5:]) < 0.8 * sum(got[:5]), f"train {name}: {got[:3]}..{got[-3:]} {p.stderr}")
+        # tensor parallel: bytes on the tensor axis equal the formula exactly (uneven split over 3 ranks)
+        p = run(["bench", "tensor", "--config", cfg, "--ranks", "3", "--batch", "5", "--seq", "32", "--steps", "3", "--json"])
+        rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
+        expect(len(rows) == 3 and all(r["tensor_bytes_sent"] == r["tensor_bytes_formula"] for r in rows)
+               and rows[1]["tensor_bytes_sent"] > 0 and rows[2]["activation_bytes"] < rows[1]["activation_bytes"],
+               f"bench tensor: {p.stdout} {p.stderr}")
         p = run(["inspect", "ckpt", os.path.join(work, "ck"), "--verify"])
         expect(p.returncode == 0 and "step 20" in p.stdout and "wte.weight" in p.stdout, f"train checkpoint: {p.stdout}")
         p = run(["bench", "train", "--config", cfg, "--batch", "2", "--seq", "16", "--no-torch", "--json"])
