@@ -42,7 +42,7 @@ static void usage(FILE *to) {
             "  data text    byte-level tokens of text files: FILE... --out DIR [--val-fraction 0.1]\n"
             "               (train.tokens, val.tokens, meta.json; token = byte value)\n"
             "  train        train a model (the config's model_type: gpt2, cnn, mlp) on a data mesh:\n"
-            "               --config CONFIG.json --data DIR [--batch 8 (global)] [--ranks N] [--mesh data=N]\n"
+            "               --config CONFIG.json --data DIR [--batch 8 (global)] [--ranks N]\n"
             "               [--mesh data=D,tensor=T] [--sequence-parallel] [--zero 0|1|2|3] [--accum K]\n"
             "               [--micro-batch M] [--bucket-mb 25]\n"
             "               [--grad-dtype f32|bf16] [--compute-dtype f32|bf16] [--resume DIR]\n"
