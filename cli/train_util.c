@@ -21,24 +21,6 @@ void cli_progress(int tty, long step, long steps, float loss, float lr, double t
     }
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, len = 0;
-    char *text = malloc(cap);
-    for (int c; text && (c = fgetc(f)) != EOF;) {
-        if (len + 1 >= cap) {
-            char *more = realloc(text, cap *= 2);
-            if (!more) free(text);
-            text = more;
-        }
-        if (text) text[len++] = (char)c;
-    }
-    if (text) text[len] = '\0';
-    fclose(f);
-    return text;
-}
-
 /* One replicated dtensor per parameter on a one-rank mesh. */
 static shard_status make_items(shard_comm *comm, const shard_params *params, shard_mesh **mesh, shard_ckpt_item **items) {
     SHARD_CHECK(shard_mesh_create(comm, "data=1", mesh));
@@ -57,21 +39,6 @@ static void free_items(shard_mesh *mesh, shard_ckpt_item *items, size_t n) {
     for (size_t i = 0; items && i < n; i++) shard_dtensor_destroy(items[i].tensor);
     free(items);
     shard_mesh_destroy(mesh);
-}
-
-shard_status train_save_checkpoint(shard_comm *comm, const char *dir, uint64_t step, const shard_params *params,
-                                   const char *config_path) {
-    shard_mesh *mesh = NULL;
-    shard_ckpt_item *items = NULL;
-    char *config = read_text(config_path);
-    if (!config) return shard_error(SHARD_ERR_IO, "%s: cannot read the config to store it in the checkpoint", config_path);
-    shard_status s = make_items(comm, params, &mesh, &items);
-    for (size_t i = 0; s == SHARD_OK && i < params->count; i++)
-        memcpy(items[i].tensor->local->data, params->data + params->info[i].offset, params->info[i].numel * sizeof(float));
-    if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, params->count, config);
-    free(config);
-    free_items(mesh, items, params->count);
-    return s;
 }
 
 shard_status train_checkpoint_config(const char *where, char **json_text) {

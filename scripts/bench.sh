@@ -17,3 +17,9 @@ build/shard bench ckpt --ranks 4
 for t in 1 2; do OPENBLAS_CORETYPE=Haswell build/shard bench gemm --threads "$t"; done
 # the README's training-step comparison (PyTorch from Debian's python3-torch, if installed)
 build/shard bench train --config configs/gpt-brief5.json --batch 8 --seq 128
+# the README's data-parallel / ZeRO table (PyTorch DDP in the same run for zero 0) and memory on 4 ranks
+build/shard bench train --config configs/gpt-brief5.json --ranks 2 --zero 0 --bucket-mb 4
+for z in 1 2 3; do build/shard bench train --config configs/gpt-brief5.json --ranks 2 --zero "$z" --bucket-mb 4 --no-torch; done
+for z in 0 1 2 3; do build/shard bench train --config configs/gpt-brief5.json --ranks 4 --zero "$z" --no-torch --warmup 1; done
+# the README's tensor-parallel table
+build/shard bench tensor --config configs/gpt-brief5.json --ranks 2

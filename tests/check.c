@@ -128,3 +128,33 @@ int test_main(int argc, char **argv, const char *program, const test_case *cases
     if (mpi_rank == 0) printf("%s: all cases passed on %d ranks\n", program, world_ranks);
     return 0;
 }
+
+void test_shared_dir(test_ctx *t, const char *prefix, char *dir, size_t bytes) {
+    memset(dir, 0, bytes);
+    if (t->rank == 0) {
+        snprintf(dir, bytes, "/tmp/%s-XXXXXX", prefix);
+        CHECK(t, mkdtemp(dir) != NULL, "mkdtemp %s", dir);
+    }
+    CHECK_OK(t, shard_comm_broadcast(t->comm, dir, bytes, SHARD_U8, 0), "share dir");
+}
+
+void test_remove_dir(test_ctx *t, const char *dir) {
+    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
+    if (t->rank == 0) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        CHECK(t, system(cmd) == 0, "rm %s", dir);
+    }
+}
+
+void test_write_words(test_ctx *t, const char *path, const char *const *words, size_t nwords, size_t n, uint64_t seed) {
+    uint32_t *tok = malloc(n * sizeof *tok);
+    if (!CHECK(t, tok != NULL, "out of memory")) return;
+    uint64_t r = seed;
+    for (size_t i = 0; i < n;) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        for (const char *w = words[(r >> 33) % nwords]; *w && i < n; w++) tok[i++] = (uint8_t)*w;
+    }
+    CHECK_OK(t, shard_tokens_write(path, tok, n, 256), "tokens %s", path);
+    free(tok);
+}

@@ -44,4 +44,11 @@ int test_check_ok(test_ctx *t, shard_status s, const char *file, int line, const
 /* Parse --ranks N, --case NAME, --timeout S; run the cases; 0 when all passed. */
 int test_main(int argc, char **argv, const char *program, const test_case *cases, size_t ncases);
 
+/* A fresh directory /tmp/<prefix>-XXXXXX made by rank 0 and shared with every rank (collective). */
+void test_shared_dir(test_ctx *t, const char *prefix, char *dir, size_t bytes);
+/* After a barrier, rank 0 removes dir and all it holds (collective). */
+void test_remove_dir(test_ctx *t, const char *dir);
+/* A token file of n byte tokens: words from the list, picked by a seeded LCG (a corpus with structure). */
+void test_write_words(test_ctx *t, const char *path, const char *const *words, size_t nwords, size_t n, uint64_t seed);
+
 #endif

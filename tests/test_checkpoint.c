@@ -80,25 +80,6 @@ static void check_items(test_ctx *t, shard_ckpt_item *items, uint64_t step, cons
     }
 }
 
-/* A fresh directory made by rank 0 and shared with every rank. */
-static void shared_dir(test_ctx *t, char *dir, size_t bytes) {
-    memset(dir, 0, bytes);
-    if (t->rank == 0) {
-        snprintf(dir, bytes, "/tmp/shard-ckpt-XXXXXX");
-        CHECK(t, mkdtemp(dir) != NULL, "mkdtemp");
-    }
-    CHECK_OK(t, shard_comm_broadcast(t->comm, dir, bytes, SHARD_U8, 0), "share dir");
-}
-
-static void remove_dir(test_ctx *t, const char *dir) {
-    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
-    if (t->rank == 0) {
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        CHECK(t, system(cmd) == 0, "rm %s", dir);
-    }
-}
-
 static void save_step(test_ctx *t, shard_mesh *mesh, const char *dir, uint64_t step) {
     shard_ckpt_item items[NT];
     make_items(t, mesh, 0, step, 1, items);
@@ -123,7 +104,7 @@ static void load_on(test_ctx *t, shard_comm *comm, const char *mesh_text, const 
 
 static void case_reshard(test_ctx *t) {
     char dir[256];
-    shared_dir(t, dir, sizeof dir);
+    test_shared_dir(t, "shard-ckpt", dir, sizeof dir);
     char text[32];
     snprintf(text, sizeof text, "data=%d", t->size);
     shard_mesh *mesh = NULL;
@@ -181,13 +162,13 @@ static void case_reshard(test_ctx *t) {
         }
         CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
     }
-    remove_dir(t, dir);
+    test_remove_dir(t, dir);
 }
 
 static void case_crash_points(test_ctx *t) {
     static const char *const points[] = {"before_write", "after_write", "before_index", "before_rename", "before_latest"};
     char dir[256], text[32], load_text[32];
-    shared_dir(t, dir, sizeof dir);
+    test_shared_dir(t, "shard-ckpt", dir, sizeof dir);
     snprintf(text, sizeof text, "data=%d", t->size);
     snprintf(load_text, sizeof load_text, "data=%d,tensor=1", t->size);
     shard_mesh *mesh = NULL;
@@ -213,7 +194,7 @@ static void case_crash_points(test_ctx *t) {
     save_step(t, mesh, dir, step); /* and the next save goes through, over the debris */
     load_on(t, t->comm, load_text, dir, step);
     shard_mesh_destroy(mesh);
-    remove_dir(t, dir);
+    test_remove_dir(t, dir);
 }
 
 static void corrupt(const char *path, long offset) {
@@ -228,7 +209,7 @@ static void corrupt(const char *path, long offset) {
 
 static void case_fallback(test_ctx *t) {
     char dir[256], text[32], path[512], load_text[32];
-    shared_dir(t, dir, sizeof dir);
+    test_shared_dir(t, "shard-ckpt", dir, sizeof dir);
     snprintf(text, sizeof text, "data=%d", t->size);
     snprintf(load_text, sizeof load_text, "data=1,tensor=%d", t->size);
     shard_mesh *mesh = NULL;
@@ -266,7 +247,7 @@ static void case_fallback(test_ctx *t) {
     s = shard_ckpt_load("/nonexistent/ckpt", items, 0, NULL);
     CHECK(t, s == SHARD_ERR_INVALID_ARG, "no items");
     shard_mesh_destroy(mesh);
-    remove_dir(t, dir);
+    test_remove_dir(t, dir);
 }
 
 static const test_case cases[] = {

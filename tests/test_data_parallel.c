@@ -31,23 +31,14 @@ static _Thread_local char g_dir[256]; /* per rank: thread ranks share the proces
 
 static void shared_setup(test_ctx *t) {
     if (g_dir[0]) return;
-    char dir[256] = {0};
+    char dir[256];
+    test_shared_dir(t, "shard-dp", dir, sizeof dir);
     if (t->rank == 0) {
-        snprintf(dir, sizeof dir, "/tmp/shard-dp-XXXXXX");
-        CHECK(t, mkdtemp(dir) != NULL, "mkdtemp");
         /* a byte corpus with structure to learn: words from a small list, LCG-chosen */
         static const char *const words[] = {"the ", "shard ", "of ", "a ", "mesh ", "rank ", "splits ", "data ", "\n"};
-        size_t n = 20000;
-        uint32_t *tok = malloc(n * sizeof *tok);
-        uint64_t r = 42;
-        for (size_t i = 0; i < n;) {
-            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
-            for (const char *w = words[(r >> 33) % 9]; *w && i < n; w++) tok[i++] = (uint8_t)*w;
-        }
         char path[512];
         snprintf(path, sizeof path, "%s/train.tokens", dir);
-        CHECK_OK(t, shard_tokens_write(path, tok, n, 256), "tokens");
-        free(tok);
+        test_write_words(t, path, words, 9, 20000, 42);
         const char *configs[][2] = {
             {"gpt.json", "{\"n_embd\": 32, \"n_layer\": 2, \"n_head\": 2, \"n_positions\": 16, \"vocab_size\": 256}"},
             {"gpt_drop.json", "{\"n_embd\": 32, \"n_layer\": 2, \"n_head\": 2, \"n_positions\": 16, \"vocab_size\": 256, "
@@ -62,7 +53,7 @@ static void shared_setup(test_ctx *t) {
             if (f) fputs(configs[i][1], f), fclose(f);
         }
     }
-    CHECK_OK(t, shard_comm_broadcast(t->comm, dir, sizeof dir, SHARD_U8, 0), "share dir");
+    CHECK_OK(t, shard_comm_barrier(t->comm), "files written");
     memcpy(g_dir, dir, sizeof dir);
 }
 
@@ -279,12 +270,7 @@ static void case_checkpoint(test_ctx *t) {
 
 static void case_cleanup(test_ctx *t) {
     shared_setup(t);
-    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
-    if (t->rank == 0) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-        CHECK(t, system(cmd) == 0, "rm");
-    }
+    test_remove_dir(t, g_dir);
 }
 
 static const test_case cases[] = {

@@ -29,22 +29,13 @@ static _Thread_local char g_dir[256]; /* per rank: thread ranks share the proces
 
 static void setup(test_ctx *t) {
     if (g_dir[0]) return;
-    char dir[256] = {0};
+    char dir[256];
+    test_shared_dir(t, "shard-tp", dir, sizeof dir);
     if (t->rank == 0) {
-        snprintf(dir, sizeof dir, "/tmp/shard-tp-XXXXXX");
-        CHECK(t, mkdtemp(dir) != NULL, "mkdtemp");
-        size_t n = 20000;
-        uint32_t *tok = malloc(n * sizeof *tok);
-        uint64_t r = 9;
         static const char *const words[] = {"heads ", "split ", "over ", "the ", "tensor ", "axis ", "rows ", "\n"};
-        for (size_t i = 0; i < n;) {
-            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
-            for (const char *w = words[(r >> 33) % 8]; *w && i < n; w++) tok[i++] = (uint8_t)*w;
-        }
         char path[512];
         snprintf(path, sizeof path, "%s/train.tokens", dir);
-        CHECK_OK(t, shard_tokens_write(path, tok, n, 256), "tokens");
-        free(tok);
+        test_write_words(t, path, words, 8, 20000, 9);
         snprintf(path, sizeof path, "%s/gpt.json", dir);
         FILE *f = fopen(path, "w");
         CHECK(t, f != NULL, "config");
@@ -54,7 +45,7 @@ static void setup(test_ctx *t) {
             fclose(f);
         }
     }
-    CHECK_OK(t, shard_comm_broadcast(t->comm, dir, sizeof dir, SHARD_U8, 0), "share dir");
+    CHECK_OK(t, shard_comm_barrier(t->comm), "files written");
     memcpy(g_dir, dir, sizeof dir);
 }
 
@@ -213,12 +204,7 @@ static void case_losses(test_ctx *t) {
 
 static void case_cleanup(test_ctx *t) {
     setup(t);
-    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
-    if (t->rank == 0) {
-        char cmd[400];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-        CHECK(t, system(cmd) == 0, "rm");
-    }
+    test_remove_dir(t, g_dir);
 }
 
 static const test_case cases[] = {
