@@ -86,6 +86,15 @@ def errors():
         (["train", "--config", "c", "--data", "d", "--lr", "0"], 2, "--lr '0' is invalid: give a number > 0"),
         (["train", "--config", "c", "--data", "d", "--zero", "4"], 2, "--zero '4' is invalid: give an integer in 0..3"),
         (["train", "--config", "c", "--data", "d", "--grad-dtype", "f16"], 2, "--grad-dtype 'f16' is invalid: give f32 or bf16"),
+        (["train", "--config", "c", "--data", "d", "--compute-dtype", "f16"], 2,
+         "--compute-dtype 'f16' is invalid: give f32 or bf16"),
+        (["train", "--config", "c", "--data", "d", "--sequence-parallel"], 1,
+         "--sequence-parallel splits the tokens over the tensor axis, and this mesh has none of more than one rank"),
+        (["train", "--config", "c", "--data", "d", "--ranks", "4", "--mesh", "data=2,pipe=2"], 1,
+         "--mesh: axis 'pipe' = 2: training splits over 'data' and 'tensor' so far"),
+        (["bench", "tensor", "--ranks", "2"], 2, "bench tensor: --config CONFIG.json is required"),
+        (["bench", "train", "--config", "c", "--zero", "4"], 2, "--zero '4' is invalid: give an integer in 0..3"),
+        (["bench", "train", "--config", "c", "--compute-dtype", "f8"], 2, "--compute-dtype 'f8' is invalid: give f32 or bf16"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--batch", "8", "--micro-batch", "3", "--accum", "1"], 1,
          "batch: --batch 8 != --micro-batch 3 x --accum 1 x data 2 = 6"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "data=3"], 1, "data=3"),
@@ -295,6 +304,22 @@ def train():
                     + extra)
             got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
             expect(len(got) == 40 and sum(got[-5:]) < 0.8 * sum(got[:5]), f"train {name}: {got[:3]}..{got[-3:]} {p.stderr}")
+        # bad input to the new entry points: one line each, non-zero exit
+        bad = os.path.join(work, "bad.json")
+        cases = [({"model_type": "mlp", "model_dim": 8, "hidden": 16}, [], "key 'hidden' is unknown (MLP keys"),
+                 ({"model_type": "cnn", "channels": 4}, ["--ranks", "2", "--mesh", "tensor=2"],
+                  "model_type 'cnn' has no tensor-parallel layout here (the GPT has): give tensor=1"),
+                 ({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 32, "vocab_size": 256},
+                  ["--ranks", "3", "--mesh", "tensor=3"], "--mesh: tensor=3 is more than the 2 heads"),
+                 ({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256},
+                  ["--resume", os.path.join(work, "nothing")], "nothing")]
+        for conf, extra, want in cases:
+            with open(bad, "w") as f:
+                json.dump(conf, f)
+            p = run(["train", "--config", bad, "--data", os.path.join(work, "data"), "--batch", "4", "--seq", "32",
+                     "--steps", "2"] + extra)
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            expect(p.returncode == 1 and len(lines) == 1 and want in p.stderr, f"bad input {conf} {extra}: {p.stderr!r}")
         # tensor parallel: bytes on the tensor axis equal the formula exactly (uneven split over 3 ranks)
         p = run(["bench", "tensor", "--config", cfg, "--ranks", "3", "--batch", "5", "--seq", "32", "--steps", "3", "--json"])
         rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
