@@ -8,8 +8,8 @@ out=build/demo
 rm -rf "$out/ckpt"
 mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
 build/shard data text "${texts[@]}" --out "$out/data"
-build/shard train --config configs/gpt-tiny.json --data "$out/data" --batch 8 --seq 128 --steps 700 \
-  --lr 2e-3 --seed 1 --log "$out/run.jsonl" --save "$out/ckpt" --save-every 350
+build/shard train --config configs/gpt-tiny.json --data "$out/data" --batch 8 --seq 128 --steps 1600 \
+  --lr 2e-3 --seed 1 --log "$out/run.jsonl" --save "$out/ckpt" --save-every 800
 echo
 echo "== a sample (build/shard generate --ckpt $out/ckpt --prompt ... --temperature 0.7)"
 build/shard generate --ckpt "$out/ckpt" --prompt "Q: What is the meaning of life?" --tokens 240 \
