@@ -89,7 +89,7 @@ def errors():
         (["train", "--config", "c", "--data", "d", "--compute-dtype", "f16"], 2,
          "--compute-dtype 'f16' is invalid: give f32 or bf16"),
         (["train", "--config", "c", "--data", "d", "--sequence-parallel"], 1,
-         "--sequence-parallel splits the tokens over the tensor axis, and this mesh has none of more than one rank"),
+         "--sequence-parallel splits the tokens over the tensor axis, and this mesh has none: give e.g. --mesh data=1,tensor=2"),
         (["train", "--config", "c", "--data", "d", "--ranks", "4", "--mesh", "data=2,pipe=2"], 1,
          "--mesh: axis 'pipe' = 2: training splits over 'data' and 'tensor' so far"),
         (["bench", "tensor", "--ranks", "2"], 2, "bench tensor: --config CONFIG.json is required"),

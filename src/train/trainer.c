@@ -81,9 +81,10 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
             return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: axis '%s' = %d: training splits over 'data' and 'tensor' so "
                                "far; give %s=1 or leave it out", shard_mesh_axis_name(mesh, a), shard_mesh_axis_size(mesh, a),
                                shard_mesh_axis_name(mesh, a));
-    if (config->sequence_parallel && (tensor_axis < 0 || shard_mesh_axis_size(mesh, tensor_axis) < 2))
+    /* a tensor axis of one rank is accepted (sequence parallel is then the single-device math) */
+    if (config->sequence_parallel && tensor_axis < 0)
         return shard_error(SHARD_ERR_INVALID_ARG, "--sequence-parallel splits the tokens over the tensor axis, and this mesh "
-                           "has none of more than one rank: give e.g. --mesh data=1,tensor=2");
+                           "has none: give e.g. --mesh data=1,tensor=2");
     shard_trainer *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
     t->c = *config, t->mesh = mesh;
