@@ -3,6 +3,7 @@
  *
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S
  *               [--ranks N] [--mesh data=N,tensor=T] [--sequence-parallel] [--zero 0|1|2|3] [--accum K] [--micro-batch M]
+ *               [--spec NAME=SPEC ...] [--print-specs]
  *               [--bucket-mb 25] [--grad-dtype f32|bf16] [--compute-dtype f32|bf16] [--resume DIR]
  *               [--init weights.safetensors] [--log run.jsonl] [--save DIR] [--save-every K]
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
@@ -31,8 +32,29 @@ typedef struct train_opts {
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero;
     double lr, min_lr, weight_decay, clip, bucket_mb;
     unsigned long long seed;
-    int have_min_lr, have_warmup, sequence_parallel;
+    int have_min_lr, have_warmup, sequence_parallel, print_specs;
+    char specs[4096]; /* --spec NAME=SPEC, repeated: joined with ';' */
 } train_opts;
+
+/* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
+static void print_specs(shard_model *m) {
+    printf("  parameters (name, whole shape, spec on the tensor axis, rank 0's piece):\n");
+    for (size_t i = 0; i < m->params->count; i++) {
+        const shard_param_info *pi = &m->params->info[i];
+        size_t whole[SHARD_MAX_DIMS] = {0};
+        memcpy(whole, pi->shape, sizeof pi->shape);
+        if (m->ops->whole_shape) m->ops->whole_shape(m, i, whole);
+        char spec[192] = "P()", ws[64], ls[64];
+        if (m->ops->param_spec) m->ops->param_spec(m, i, spec, sizeof spec);
+        int a = snprintf(ws, sizeof ws, "[%zu", whole[0]), b = snprintf(ls, sizeof ls, "[%zu", pi->shape[0]);
+        for (int d = 1; d < pi->ndim; d++) {
+            a += snprintf(ws + a, sizeof ws - (size_t)a, ", %zu", whole[d]);
+            b += snprintf(ls + b, sizeof ls - (size_t)b, ", %zu", pi->shape[d]);
+        }
+        snprintf(ws + a, sizeof ws - (size_t)a, "]"), snprintf(ls + b, sizeof ls - (size_t)b, "]");
+        printf("    %-26s %-14s %-48s %s\n", pi->name, ws, spec, ls);
+    }
+}
 
 static shard_status train_rank(shard_comm *comm, void *arg) {
     const train_opts *o = arg;
@@ -47,7 +69,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                                .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
                                .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
                                .adamw = shard_adamw_defaults(), .clip = (float)o->clip,
-                               .sequence_parallel = o->sequence_parallel};
+                               .sequence_parallel = o->sequence_parallel, .param_specs = o->specs};
     tc.adamw.weight_decay = (float)o->weight_decay;
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
@@ -83,6 +105,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                what, mesh_str, shard_comm_backend(comm), o->zero, tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, micro, K, D, o->steps,
                o->resume ? " (resumed)" : "", shard_blas_description());
+        if (o->print_specs) print_specs(m);
     }
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
         shard_step_result r;
@@ -161,6 +184,20 @@ int cli_train(int argc, char **argv) {
         if (done) continue;
         if (strcmp(a, "--sequence-parallel") == 0) {
             o.sequence_parallel = 1;
+            continue;
+        }
+        if (strcmp(a, "--print-specs") == 0) {
+            o.print_specs = 1;
+            continue;
+        }
+        if (strcmp(a, "--spec") == 0) {
+            if (!(val = cli_value(argc, argv, &i))) return 2;
+            size_t used = strlen(o.specs);
+            if (!strchr(val, '=') || strchr(val, ';') || used + strlen(val) + 2 > sizeof o.specs) {
+                cli_error("--spec '%s' is invalid: give NAME=SPEC, one per --spec, e.g. --spec 'h.*.mlp.*=P()'", val);
+                return 2;
+            }
+            snprintf(o.specs + used, sizeof o.specs - used, "%s%s", used ? ";" : "", val);
             continue;
         }
         if (strcmp(a, "--seed") == 0) {

@@ -93,6 +93,8 @@ def errors():
         (["train", "--config", "c", "--data", "d", "--ranks", "4", "--mesh", "data=2,pipe=2"], 1,
          "--mesh: axis 'pipe' = 2: training splits over 'data' and 'tensor' so far"),
         (["bench", "tensor", "--ranks", "2"], 2, "bench tensor: --config CONFIG.json is required"),
+        (["train", "--config", "c", "--data", "d", "--spec", "wte.weight"], 2,
+         "--spec 'wte.weight' is invalid: give NAME=SPEC, one per --spec"),
         (["bench", "train", "--config", "c", "--zero", "4"], 2, "--zero '4' is invalid: give an integer in 0..3"),
         (["bench", "train", "--config", "c", "--compute-dtype", "f8"], 2, "--compute-dtype 'f8' is invalid: give f32 or bf16"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--batch", "8", "--micro-batch", "3", "--accum", "1"], 1,
@@ -288,6 +290,8 @@ def train():
         expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
         # the same global batch on 2 thread ranks (ZeRO-2), and a resume of step 10 under ZeRO-3
         for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1), (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--zero", "1"], 1),
+                             (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--spec", "h.*.mlp.*=P()",
+                               "--spec", "wte.weight=P()"], 1),
                              (["--ranks", "2", "--zero", "3", "--resume", os.path.join(work, "ck", "step_10")], 11)):
             log = os.path.join(work, "par.jsonl")
             p = run(args + ["--log", log] + extra)
@@ -312,7 +316,16 @@ def train():
                  ({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 32, "vocab_size": 256},
                   ["--ranks", "3", "--mesh", "tensor=3"], "--mesh: tensor=3 is more than the 2 heads"),
                  ({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256},
-                  ["--resume", os.path.join(work, "nothing")], "nothing")]
+                  ["--resume", os.path.join(work, "nothing")], "nothing"),
+                 (json.load(open(cfg)), ["--ranks", "2", "--mesh", "tensor=2", "--spec", "h.0.mlp.c_fc.weight=P()"],
+                  "a column-parallel linear and the row-parallel one after it (and its bias) split together"),
+                 (json.load(open(cfg)), ["--ranks", "2", "--mesh", "tensor=2", "--spec", "wte.weight=P(None, 'tensor')"],
+                  "wte.weight [256, 32] can be P('tensor', None) (vocab-parallel) or P() (replicated)"),
+                 (json.load(open(cfg)), ["--ranks", "2", "--mesh", "tensor=2", "--spec", "h.0.ln_1.weight=P('tensor')"],
+                  "h.0.ln_1.weight [32] can be only P() (replicated)"),
+                 (json.load(open(cfg)), ["--spec", "h.9.*=P()"], "--spec 'h.9.*': no parameter is named so"),
+                 ({"model_type": "mlp", "model_dim": 8, "hidden_dim": 16}, ["--spec", "layer_0/weights=P()"],
+                  "--spec: model_type 'mlp' places every parameter whole")]
         for conf, extra, want in cases:
             with open(bad, "w") as f:
                 json.dump(conf, f)
@@ -320,6 +333,16 @@ def train():
                      "--steps", "2"] + extra)
             lines = [l for l in p.stderr.splitlines() if l.strip()]
             expect(p.returncode == 1 and len(lines) == 1 and want in p.stderr, f"bad input {conf} {extra}: {p.stderr!r}")
+        # placement as specs: --print-specs lists them; attention placed whole trains on more ranks than heads
+        p = run(args[:-6] + ["--steps", "2", "--ranks", "2", "--mesh", "tensor=2", "--print-specs"])
+        line = next((l for l in p.stdout.splitlines() if "h.0.attn.c_attn.weight" in l), "")
+        expect(p.returncode == 0 and "P(None, None, 'tensor', None) of [32, 3, 4, 8]" in line and line.endswith("[32, 48]"),
+               f"--print-specs: {line!r} {p.stderr}")
+        with open(bad, "w") as f:
+            json.dump({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 32, "vocab_size": 256}, f)
+        p = run(["train", "--config", bad, "--data", os.path.join(work, "data"), "--batch", "4", "--seq", "32", "--steps",
+                 "2", "--ranks", "3", "--mesh", "tensor=3", "--spec", "h.*.attn.*=P()"])
+        expect(p.returncode == 0 and "train: 2 steps" in p.stdout, f"tensor=3 with 2 heads placed whole: {p.stderr}")
         # tensor parallel: bytes on the tensor axis equal the formula exactly (uneven split over 3 ranks)
         p = run(["bench", "tensor", "--config", cfg, "--ranks", "3", "--batch", "5", "--seq", "32", "--steps", "3", "--json"])
         rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []

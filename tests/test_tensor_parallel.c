@@ -12,7 +12,12 @@
  *           parallel, plain and with ZeRO-3 on the data axis: losses within
  *           1e-5 relative of one rank's
  *   checkpoint saved on tensor=N with ZeRO-1 and sequence parallel at step 10 (pieces put together
- *           into whole tensors), resumed by one rank: steps 11..20 the same */
+ *           into whole tensors), resumed by one rank: steps 11..20 the same
+ *   specs   the layers read their placement from their parameters' specs: other choices than
+ *           Megatron's (an MLP, an attention or the vocabulary placed whole, P(), per block) give
+ *           the same gradients (grads, second layout) and losses (with and without sequence
+ *           parallel, data x tensor too) */
+#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,14 +59,28 @@ static void split(size_t n, size_t parts, size_t part, size_t *first, size_t *co
     *first = part * (n / parts) + (part < n % parts ? part : n % parts);
 }
 
-/* The slice of the whole tensor `name` (shape rows x cols, row-major) that tensor rank r of p holds. */
-static void slice_of(const char *name, const float *whole, size_t rows, size_t cols, size_t r, size_t p, float *out) {
+/* Layouts of the tests: Megatron's (NULL), and one with some pairs placed whole on every tensor rank. */
+#define MIXED_SPECS "h.0.mlp.*=P();h.1.attn.*=P();wte.weight=P()"
+static const char *const mixed_whole[] = {"h.0.mlp.*", "h.1.attn.*", "wte.weight"};
+
+static int whole_under(const char *specs, const char *name) {
+    for (size_t k = 0; specs && k < sizeof mixed_whole / sizeof mixed_whole[0]; k++)
+        if (fnmatch(mixed_whole[k], name, 0) == 0) return 1;
+    return 0;
+}
+
+/* The slice of the whole tensor `name` (shape rows x cols, row-major) that tensor rank r of p holds
+ * (under `specs`: NULL, or MIXED_SPECS). */
+static void slice_of(const char *specs, const char *name, const float *whole, size_t rows, size_t cols, size_t r,
+                     size_t p, float *out) {
     size_t h0, hl, f0, fl, v0, vl;
     split(H, p, r, &h0, &hl);
     split(4 * C, p, r, &f0, &fl);
     split(V, p, r, &v0, &vl);
     size_t at = 0;
-    if (strstr(name, "c_attn")) { /* q, k, v: this rank's heads of each */
+    if (whole_under(specs, name)) {
+        memcpy(out, whole, rows * cols * sizeof *out);
+    } else if (strstr(name, "c_attn")) { /* q, k, v: this rank's heads of each */
         for (size_t i = 0; i < rows; i++)
             for (size_t part = 0; part < 3; part++)
                 for (size_t c = 0; c < hl * D; c++) out[at++] = whole[i * cols + part * C + h0 * D + c];
@@ -79,11 +98,11 @@ static void slice_of(const char *name, const float *whole, size_t rows, size_t c
     }
 }
 
-static shard_model *make(test_ctx *t, shard_comm *tensor, size_t rows, int sp) {
+static shard_model *make(test_ctx *t, shard_comm *tensor, size_t rows, int sp, const char *specs) {
     char path[512];
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
     shard_model *m = NULL;
-    if (!CHECK_OK(t, shard_model_create(path, g_dir, rows, T, tensor, sp, &m), "model")) return NULL;
+    if (!CHECK_OK(t, shard_model_create_placed(path, g_dir, rows, T, tensor, sp, specs, &m), "model")) return NULL;
     m->ops->init(m, 11);
     return m;
 }
@@ -95,8 +114,10 @@ static void case_grads(test_ctx *t) {
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) return;
     shard_comm *tensor = shard_mesh_axis_comm(mesh, shard_mesh_axis_index(mesh, "tensor"));
-    for (int sp = 0; sp <= 1; sp++) {
-    shard_model *tp = make(t, tensor, 3, sp), *one = make(t, NULL, 3, 0);
+    for (int run = 0; run < 4; run++) {
+    int sp = run & 1;
+    const char *specs = run >> 1 ? MIXED_SPECS : NULL;
+    shard_model *tp = make(t, tensor, 3, sp, specs), *one = make(t, NULL, 3, 0, NULL);
     float *g_tp = tp ? calloc(tp->params->total, sizeof *g_tp) : NULL, *g_one = one ? calloc(one->params->total, sizeof *g_one) : NULL;
     if (tp && one && g_tp && g_one) {
         shard_model *ms[2] = {tp, one};
@@ -113,12 +134,13 @@ static void case_grads(test_ctx *t) {
             if (!CHECK(t, wi != NULL, "%s: not in the single-device model", pi->name)) continue;
             size_t rows = wi->ndim == 2 ? wi->shape[0] : 1, cols = wi->ndim == 2 ? wi->shape[1] : wi->shape[0];
             float *want = calloc(wi->numel, sizeof *want);
-            slice_of(pi->name, g_one + wi->offset, rows, cols, (size_t)t->rank, (size_t)t->size, want);
+            slice_of(specs, pi->name, g_one + wi->offset, rows, cols, (size_t)t->rank, (size_t)t->size, want);
             double worst = 0, big = 1e-12;
             for (size_t e = 0; e < wi->numel; e++) big = fmax(big, fabs(g_one[wi->offset + e]));
             for (size_t e = 0; e < pi->numel; e++) worst = fmax(worst, fabs(g_tp[pi->offset + e] - want[e]));
-            CHECK(t, worst <= 1e-5 * big, "tensor=%d%s rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)",
-                  t->size, sp ? " sequence parallel" : "", t->rank, pi->name, worst, big);
+            CHECK(t, worst <= 1e-5 * big, "tensor=%d%s%s rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)",
+                  t->size, sp ? " sequence parallel" : "", specs ? " --spec " MIXED_SPECS : "", t->rank, pi->name, worst,
+                  big);
             free(want);
         }
     }
@@ -129,13 +151,13 @@ static void case_grads(test_ctx *t) {
 }
 
 /* Steps first..last on a mesh; a checkpoint saved at `last` (save) or resumed from (resume). */
-static void train_span(test_ctx *t, shard_comm *comm, const char *mesh_text, int zero, int sp, double *losses,
-                       uint64_t first, uint64_t last, const char *save, const char *resume) {
+static void train_span(test_ctx *t, shard_comm *comm, const char *mesh_text, int zero, int sp, const char *specs,
+                       double *losses, uint64_t first, uint64_t last, const char *save, const char *resume) {
     char path[512];
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
     shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = 6, .seq = T, .seed = 3, .zero = zero,
                               .bucket_mb = 0.01, .adamw = shard_adamw_defaults(), .clip = 1.0f,
-                              .sequence_parallel = sp};
+                              .sequence_parallel = sp, .param_specs = specs};
     c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
@@ -154,7 +176,7 @@ static void train_span(test_ctx *t, shard_comm *comm, const char *mesh_text, int
 }
 
 static void train(test_ctx *t, shard_comm *comm, const char *mesh_text, int zero, int sp, double *losses) {
-    train_span(t, comm, mesh_text, zero, sp, losses, 1, STEPS, NULL, NULL);
+    train_span(t, comm, mesh_text, zero, sp, NULL, losses, 1, STEPS, NULL, NULL);
 }
 
 /* Saved on tensor=N (ZeRO-1 on data=1) at step 10, resumed by one rank: steps 11..20 as uninterrupted. */
@@ -164,12 +186,12 @@ static void case_checkpoint(test_ctx *t) {
     snprintf(dir, sizeof dir, "%s/ckpt", g_dir);
     snprintf(text, sizeof text, "data=1,tensor=%d", t->size);
     double whole[STEPS] = {0}, got[STEPS] = {0};
-    train_span(t, t->comm, text, 1, 1, whole, 1, STEPS, NULL, NULL);
-    train_span(t, t->comm, text, 1, 1, got, 1, 10, dir, NULL);
+    train_span(t, t->comm, text, 1, 1, NULL, whole, 1, STEPS, NULL, NULL);
+    train_span(t, t->comm, text, 1, 1, NULL, got, 1, 10, dir, NULL);
     CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
     shard_comm *self = NULL;
     CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
-    if (self) train_span(t, self, "data=1", 0, 0, got, 11, STEPS, NULL, dir);
+    if (self) train_span(t, self, "data=1", 0, 0, NULL, got, 11, STEPS, NULL, dir);
     shard_comm_destroy(self);
     for (int s = 10; s < STEPS; s++)
         CHECK(t, fabs(got[s] - whole[s]) <= 1e-5 * fabs(whole[s]), "resumed from tensor=%d: step %d loss %.9g, uninterrupted %.9g",
@@ -202,13 +224,43 @@ static void case_losses(test_ctx *t) {
         }
 }
 
+/* Placement choices as specs: each trains as one rank does. */
+static void case_specs(test_ctx *t) {
+    setup(t);
+    double ref[STEPS] = {0}, got[STEPS];
+    shard_comm *self = NULL;
+    CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
+    if (self) train(t, self, "data=1", 0, 0, ref);
+    shard_comm_destroy(self);
+    static const char *const layouts[] = {MIXED_SPECS, "h.*.mlp.*=P()", "h.*.attn.*=P()",
+                                          "h.*.attn.*=P();h.*.mlp.*=P();wte.weight=P()"};
+    char mesh[2][32];
+    snprintf(mesh[0], sizeof mesh[0], "tensor=%d", t->size);
+    snprintf(mesh[1], sizeof mesh[1], "data=2,tensor=%d", t->size / 2);
+    for (int m = 0; m < (t->size == 4 ? 2 : 1); m++)
+        for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++)
+            for (int sp = 0; sp <= 1; sp++) {
+                memset(got, 0, sizeof got);
+                train_span(t, t->comm, mesh[m], m ? 1 : 0, sp, layouts[k], got, 1, STEPS, NULL, NULL);
+                double worst = 0;
+                int at = 0;
+                for (int s = 0; s < STEPS; s++) {
+                    double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
+                    if (!(rel <= worst)) worst = rel, at = s;
+                }
+                CHECK(t, worst <= 1e-5, "mesh %s --spec '%s'%s: loss at step %d is %.9g, one rank %.9g (relative %.3g)",
+                      mesh[m], layouts[k], sp ? ", sequence parallel" : "", at + 1, got[at], ref[at], worst);
+            }
+}
+
 static void case_cleanup(test_ctx *t) {
     setup(t);
     test_remove_dir(t, g_dir);
 }
 
 static const test_case cases[] = {
-    {"grads", case_grads}, {"losses", case_losses}, {"checkpoint", case_checkpoint}, {"cleanup", case_cleanup}};
+    {"grads", case_grads}, {"losses", case_losses}, {"checkpoint", case_checkpoint}, {"specs", case_specs},
+    {"cleanup", case_cleanup}};
 
 int main(int argc, char **argv) {
     shard_blas_set_threads(1);

@@ -60,6 +60,9 @@ typedef struct shard_model_ops {
     void (*whole_shape)(const shard_model *m, size_t i, size_t *shape);
     shard_status (*gather_piece)(shard_model *m, size_t i, const float *piece, float *whole);
     void (*take_piece)(const shard_model *m, size_t i, const float *whole, float *piece);
+    /* Parameter i's placement on the tensor axis as text, e.g. "P(None, 'tensor') of [256, 1024]"
+     * (the spec and the logical shape it is written on); NULL: every parameter whole. */
+    void (*param_spec)(const shard_model *m, size_t i, char *out, size_t bytes);
 } shard_model_ops;
 
 struct shard_model {
@@ -88,6 +91,13 @@ struct shard_model {
  * this rank's tokens (all_gather / reduce_scatter instead of all_reduce). */
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
                                 shard_comm *tensor, int sequence_parallel, shard_model **out);
+/* The same, with the parameters' placement chosen by `specs`: "NAME=SPEC;NAME=SPEC", each NAME a glob
+ * over parameter names, each SPEC the parameter's default split (Megatron's: heads of c_attn and
+ * attn.c_proj, columns of c_fc and rows of mlp.c_proj, rows of wte) or P() (whole on every tensor
+ * rank).  E.g. "h.*.mlp.*=P()" computes every MLP whole on each tensor rank, "wte.weight=P()" keeps the
+ * whole vocabulary.  The layers read their placement from these specs.  NULL or "": the defaults. */
+shard_status shard_model_create_placed(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
+                                       shard_comm *tensor, int sequence_parallel, const char *specs, shard_model **out);
 void shard_model_destroy(shard_model *m);
 
 /* Parameters per unit (unit_first), given the layout; points value[] into

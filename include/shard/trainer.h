@@ -40,6 +40,8 @@ typedef struct shard_trainer_config {
     shard_lr_schedule lr;
     float clip; /* max global gradient norm; 0: no clipping */
     int sequence_parallel; /* with a tensor axis: LayerNorm / dropout / residual regions split over tokens */
+    const char *param_specs; /* placement of parameters on the tensor axis, "NAME=SPEC;..." (model.h,
+                                shard_model_create_placed); NULL: Megatron's layout */
 } shard_trainer_config;
 
 typedef struct shard_step_result {

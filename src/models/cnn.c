@@ -233,7 +233,7 @@ static void model_describe(const shard_model *mm, char *out, size_t bytes) {
 
 static const shard_model_ops cnn_model_ops = {"cnn",          model_load_batch, model_items,    model_forward,
                                               model_backward, model_init,       model_describe, model_destroy,
-                                              NULL,           NULL,             NULL};
+                                              NULL,           NULL,             NULL,           NULL};
 
 shard_status shard__cnn_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
                                      shard_model **out) {

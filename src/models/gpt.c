@@ -7,6 +7,7 @@
  * residual in the middle, and the MLP's pre- and post-GELU activations. */
 #include "shard/gpt.h"
 
+#include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "shard/data.h"
 #include "shard/layers.h"
 #include "models/model_impl.h"
+#include "parallel/placement.h"
 #include "parallel/tensor_parallel.h"
 
 /* ---------------------------------------------------------------- config */
@@ -131,25 +133,34 @@ typedef struct layer_acts {
     float *in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu;
 } layer_acts;
 
-/* How a rank's piece of a parameter sits in the whole (tensor parallel). */
-enum { WHOLE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV };
+/* Per block: the heads and MLP columns this rank holds, read from the specs of c_attn and c_fc; a pair
+ * whose specs split it over `tensor` (column- then row-parallel) sums its partial output, a pair
+ * placed P() is computed whole by every tensor rank. */
+typedef struct layer_split {
+    size_t h0, Hl, Cl; /* heads h0 .. h0 + Hl - 1; Cl = Hl * D */
+    size_t f0, Fl;     /* MLP columns f0 .. f0 + Fl - 1 of 4C */
+    int attn_split, mlp_split;
+} layer_split;
 
 struct shard_gpt {
     shard_model model; /* units, value/grad pointers, hooks; model.impl = this */
     shard_gpt_config c;
-    /* tensor parallel (Megatron): heads h0.. (Hl of them), MLP columns f0.. (Fl of 4C), vocabulary
-     * rows v0.. (Vl of V) on this rank; tp NULL or of size 1: everything, single-device math */
+    /* tensor parallel (Megatron), as the parameters' specs place it: tp NULL or of size 1, or every
+     * spec P(): everything whole, the single-device math */
     shard_comm *tp;
     int tp_rank;
-    size_t D, Hl, h0, Cl, Fl, f0, Vl, v0;
-    int *split;        /* per parameter: WHOLE, SPLIT_ROWS, SPLIT_COLS, SPLIT_QKV */
-    unsigned char *whole; /* per parameter: split == WHOLE (the model table's tensor_replicated) */
+    shard_mesh_layout layout;  /* tensor=<tp size>: what the specs are written on */
+    shard__placement *place;   /* per parameter: logical shape and spec */
+    layer_split *ls;           /* per block */
+    size_t D, Cmax, Fmax;      /* the widest block's Cl and Fl (buffer sizes) */
+    size_t Vl, v0;             /* vocabulary rows v0 .. v0 + Vl - 1 of wte (and logit columns) */
+    int vocab_split;
+    unsigned char *whole; /* per parameter: not split (the model table's tensor_replicated) */
     /* sequence parallel: the residual stream, LayerNorms and dropout hold this rank's tokens n0 .. n0+Nl-1
      * of the batch's N; all_gather / reduce_scatter replace the all_reduce around each tensor-parallel pair */
     int sp;
     size_t n0, Nl, *row_counts, *row_displs; /* this forward's split of the tokens (elements: rows x C) */
     float *full, *d_lnl, *ln_scratch, *wpe_scratch;
-    size_t *split_n, *split_unit; /* per parameter: the split dim has split_n blocks of split_unit (heads of D) */
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
@@ -165,86 +176,180 @@ struct shard_gpt {
 static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
 static float *G(const shard_gpt *g, size_t index) { return g->model.grad[index]; }
 
-static void name_param(shard_param_info *t, const char *name, int ndim, size_t d0, size_t d1) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = ndim, t->shape[0] = d0, t->shape[1] = d1;
+/* ---------------------------------------------------------------- placement: specs of the parameters */
+
+/* Parameter i's logical shape (dims d[0..ndim-1], merged into stored dims by `groups`) and the dim it
+ * can split over `tensor` (-1: none); the default spec splits it (Megatron's layout). */
+static void place(shard__placement *p, int ndim, const size_t *dims, int stored_ndim, const int *groups, int split_dim) {
+    memset(p, 0, sizeof *p);
+    p->ndim = ndim, p->stored_ndim = stored_ndim, p->split_dim = split_dim;
+    memcpy(p->shape, dims, (size_t)ndim * sizeof *dims);
+    memcpy(p->groups, groups, (size_t)stored_ndim * sizeof *groups);
+    p->spec = shard__placement_split_spec(p);
+}
+
+static const char *split_help(size_t k, int is_wte) {
+    if (is_wte) return "vocab-parallel";
+    return k == ATTN_W || k == ATTN_B ? "heads, column-parallel"
+           : k == APROJ_W             ? "heads, row-parallel"
+           : k == MPROJ_W             ? "row-parallel"
+                                      : "column-parallel";
+}
+
+/* --spec overrides, "NAME=SPEC;NAME=SPEC" (NAME a glob over parameter names), applied in order. */
+static shard_status apply_specs(shard_gpt *g, const shard_param_info *t, size_t n, const char *specs) {
+    if (!specs || !*specs) return SHARD_OK;
+    char *copy = strdup(specs), *save = NULL;
+    if (!copy) return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+    shard_status s = SHARD_OK;
+    for (char *item = strtok_r(copy, ";", &save); item && s == SHARD_OK; item = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq || eq == item) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "--spec '%s': give NAME=SPEC, e.g. 'h.*.mlp.*=P()' or "
+                            "'wte.weight=P(\'tensor\', None)'", item);
+            break;
+        }
+        *eq = '\0';
+        size_t matched = 0;
+        for (size_t i = 0; i < n && s == SHARD_OK; i++) {
+            if (fnmatch(item, t[i].name, 0) != 0) continue;
+            matched++;
+            int k = i >= 4 ? (int)((i - 4) % PER_LAYER) : -1;
+            s = shard__placement_set(&g->place[i], &g->layout, t[i].name, eq + 1, split_help((size_t)k, i == g->wte));
+        }
+        if (s == SHARD_OK && !matched)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "--spec '%s': no parameter is named so (names look like wte.weight, "
+                            "h.0.attn.c_attn.weight, h.*.mlp.*)", item);
+    }
+    free(copy);
+    return s;
+}
+
+/* A pair of column- then row-parallel linears is split as a whole or not at all. */
+static shard_status check_pair(const shard_gpt *g, const shard_param_info *t, const size_t *idx, int count) {
+    int first = shard__placement_is_split(&g->place[idx[0]], &g->layout);
+    for (int k = 1; k < count; k++)
+        if (shard__placement_is_split(&g->place[idx[k]], &g->layout) != first) {
+            char a[96], b[96];
+            shard__placement_spec_text(&g->place[idx[0]], &g->layout, a, sizeof a);
+            shard__placement_spec_text(&g->place[idx[k]], &g->layout, b, sizeof b);
+            return shard_error(SHARD_ERR_INVALID_ARG, "--spec: %s is %s but %s is %s: a column-parallel linear and the "
+                               "row-parallel one after it (and its bias) split together; give both split or both P()",
+                               t[idx[0]].name, a, t[idx[k]].name, b);
+        }
+    return SHARD_OK;
+}
+
+/* The blocks' heads, MLP columns and the vocabulary rows this rank holds, from the specs. */
+static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
+    const shard_gpt_config *c = &g->c;
+    int parts = g->layout.sizes[0];
+    g->Cmax = g->Fmax = 0;
+    for (size_t l = 0; l < c->n_layer; l++) {
+        const size_t *w = &g->layer[l * PER_LAYER];
+        const size_t attn[3] = {w[ATTN_W], w[ATTN_B], w[APROJ_W]}, mlp[3] = {w[FC_W], w[FC_B], w[MPROJ_W]};
+        SHARD_CHECK(check_pair(g, t, attn, 3));
+        SHARD_CHECK(check_pair(g, t, mlp, 3));
+        layer_split *ls = &g->ls[l];
+        ls->attn_split = shard__placement_is_split(&g->place[w[ATTN_W]], &g->layout);
+        ls->mlp_split = shard__placement_is_split(&g->place[w[FC_W]], &g->layout);
+        shard__placement_range(&g->place[w[ATTN_W]], &g->layout, g->tp_rank, &ls->h0, &ls->Hl);
+        shard__placement_range(&g->place[w[FC_W]], &g->layout, g->tp_rank, &ls->f0, &ls->Fl);
+        if (!ls->Hl)
+            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu heads (n_head) the GPT can "
+                               "split attention over (or place h.*.attn.* as P())", parts, c->n_head);
+        if (!ls->Fl)
+            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu MLP columns", parts, 4 * c->n_embd);
+        ls->Cl = ls->Hl * g->D;
+        g->Cmax = ls->Cl > g->Cmax ? ls->Cl : g->Cmax, g->Fmax = ls->Fl > g->Fmax ? ls->Fl : g->Fmax;
+    }
+    g->vocab_split = shard__placement_is_split(&g->place[g->wte], &g->layout);
+    shard__placement_range(&g->place[g->wte], &g->layout, g->tp_rank, &g->v0, &g->Vl);
+    if (!g->Vl)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu vocabulary rows (vocab_size)", parts,
+                           c->vocab_size);
+    return SHARD_OK;
 }
 
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
-                               int sequence_parallel, shard_gpt **out) {
+                               int sequence_parallel, const char *specs, shard_gpt **out) {
     *out = NULL;
     if (!max_batch || !max_seq || max_seq > c->n_positions)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)",
                            max_batch, max_seq, c->n_positions);
     shard_gpt *g = calloc(1, sizeof *g);
-    size_t L = c->n_layer, C = c->n_embd, count = 2 + L * PER_LAYER + 2;
+    size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2;
     shard_param_info *t = calloc(count, sizeof *t);
     size_t *unit_first = calloc(L + 2, sizeof *unit_first);
-    if (g) g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L, sizeof *g->acts);
-    if (!g || !t || !unit_first || !g->layer || !g->acts) {
-        if (g) free(g->layer), free(g->acts);
+    if (g) {
+        g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L, sizeof *g->acts);
+        g->ls = calloc(L, sizeof *g->ls), g->place = calloc(count, sizeof *g->place);
+    }
+    if (!g || !t || !unit_first || !g->layer || !g->acts || !g->ls || !g->place) {
+        if (g) free(g->layer), free(g->acts), free(g->ls), free(g->place);
         free(g), free(t), free(unit_first);
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
     g->c = *c, g->max_b = max_batch, g->max_t = max_seq;
     int parts = tp ? shard_comm_size(tp) : 1;
-    g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / c->n_head;
+    g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / H;
     g->sp = sequence_parallel && parts > 1;
-    shard__tp_split(c->n_head, parts, g->tp_rank, &g->h0, &g->Hl);
-    shard__tp_split(4 * C, parts, g->tp_rank, &g->f0, &g->Fl);
-    shard__tp_split(c->vocab_size, parts, g->tp_rank, &g->v0, &g->Vl);
-    g->Cl = g->Hl * g->D;
-    size_t Cl = g->Cl, Fl = g->Fl;
-    g->split = calloc(count, sizeof *g->split), g->split_n = calloc(count, sizeof(size_t));
-    g->split_unit = calloc(count, sizeof(size_t));
-    if (!g->split || !g->split_n || !g->split_unit || !g->Hl || !g->Vl) {
-        shard_status bad = !g->split || !g->split_n || !g->split_unit ? shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory")
-                                     : shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu heads (n_head) "
-                                                   "the GPT can split attention over", parts, c->n_head);
-        free(t), free(unit_first);
-        shard_gpt_destroy(g);
-        return bad;
-    }
-    /* unit 0: the embeddings (wte is also the LM head) and the final LayerNorm; unit 1 + l: block l */
+    g->layout = shard__placement_layout(parts);
+    /* logical shapes: c_attn [C, 3, H, D] (whole heads of q, k, v), attn.c_proj [H, D, C]; stored as
+     * Hugging Face's [C, 3C] and [C, C].  unit 0: the embeddings (wte is also the LM head) and the final
+     * LayerNorm; unit 1 + l: block l */
+    const int one[1] = {1}, two[2] = {1, 1}, qkv[2] = {1, 3}, heads[2] = {2, 1}, three[1] = {3};
     size_t n = 0;
-    g->split[n] = SPLIT_ROWS, g->split_n[n] = c->vocab_size, g->split_unit[n] = 1;
-    name_param(&t[n], "wte.weight", 2, g->Vl, C), g->wte = n++;
-    name_param(&t[n], "wpe.weight", 2, c->n_positions, C), g->wpe = n++;
-    name_param(&t[n], "ln_f.weight", 1, C, 0), g->lnf_w = n++;
-    name_param(&t[n], "ln_f.bias", 1, C, 0), g->lnf_b = n++;
+    place(&g->place[n], 2, (size_t[]){c->vocab_size, C}, 2, two, 0), snprintf(t[n].name, sizeof t[n].name, "wte.weight"), g->wte = n++;
+    place(&g->place[n], 2, (size_t[]){c->n_positions, C}, 2, two, -1), snprintf(t[n].name, sizeof t[n].name, "wpe.weight"), g->wpe = n++;
+    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.weight"), g->lnf_w = n++;
+    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.bias"), g->lnf_b = n++;
     static const char *const suffix[PER_LAYER] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
                                                   "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
                                                   "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
-    /* local shapes: c_attn and c_fc column-parallel, the two c_proj row-parallel (their biases whole) */
-    const size_t rows[PER_LAYER] = {C, C, C, 3 * Cl, Cl, C, C, C, C, Fl, Fl, C};
-    const size_t cols[PER_LAYER] = {0, 0, 3 * Cl, 0, C, 0, 0, 0, Fl, 0, C, 0};
-    const int splits[PER_LAYER] = {WHOLE, WHOLE, SPLIT_QKV, SPLIT_QKV, SPLIT_ROWS, WHOLE,
-                                   WHOLE, WHOLE, SPLIT_COLS, SPLIT_COLS, SPLIT_ROWS, WHOLE};
     for (size_t l = 0; l < L; l++) {
         unit_first[1 + l] = n;
         for (int k = 0; k < PER_LAYER; k++) {
-            char name[SHARD_PARAM_NAME_BYTES];
-            snprintf(name, sizeof name, "h.%zu.%s", l, suffix[k]);
-            g->split[n] = splits[k];
-            int by_heads = k == ATTN_W || k == ATTN_B || k == APROJ_W;
-            g->split_n[n] = by_heads ? c->n_head : 4 * C, g->split_unit[n] = by_heads ? g->D : 1;
-            name_param(&t[n], name, cols[k] ? 2 : 1, rows[k], cols[k]);
+            shard__placement *p = &g->place[n];
+            switch (k) {
+            case ATTN_W: place(p, 4, (size_t[]){C, 3, H, g->D}, 2, qkv, 2); break;
+            case ATTN_B: place(p, 3, (size_t[]){3, H, g->D}, 1, three, 1); break;
+            case APROJ_W: place(p, 3, (size_t[]){H, g->D, C}, 2, heads, 0); break;
+            case FC_W: place(p, 2, (size_t[]){C, 4 * C}, 2, two, 1); break;
+            case FC_B: place(p, 1, (size_t[]){4 * C}, 1, one, 0); break;
+            case MPROJ_W: place(p, 2, (size_t[]){4 * C, C}, 2, two, 0); break;
+            default: place(p, 1, (size_t[]){C}, 1, one, -1);
+            }
+            snprintf(t[n].name, sizeof t[n].name, "h.%zu.%s", l, suffix[k]);
             g->layer[l * PER_LAYER + (size_t)k] = n++;
         }
     }
     unit_first[L + 1] = n;
-    shard_status s = shard_params_create(t, n, SHARD_MEM_PARAMS, &g->params);
+    shard_status s = apply_specs(g, t, n, specs);
+    if (s == SHARD_OK) s = read_placement(g, t);
+    /* each parameter's stored local shape: its block of the logical shape, dims merged */
+    for (size_t i = 0; s == SHARD_OK && i < n; i++) {
+        size_t off[SHARD_PLACEMENT_MAX_DIMS], len[SHARD_PLACEMENT_MAX_DIMS];
+        shard__placement_block(&g->place[i], &g->layout, g->tp_rank, off, len);
+        t[i].ndim = g->place[i].stored_ndim;
+        shard__placement_stored_shape(&g->place[i], len, t[i].shape);
+    }
+    if (s == SHARD_OK) s = shard_params_create(t, n, SHARD_MEM_PARAMS, &g->params);
     free(t);
+    if (s < 0) {
+        free(unit_first);
+        shard_gpt_destroy(g);
+        return s;
+    }
     g->model.impl = g;
-    if (s == SHARD_OK) s = shard_model_setup_units(&g->model, g->params, unit_first, L + 1);
+    s = shard_model_setup_units(&g->model, g->params, unit_first, L + 1);
     if (s == SHARD_OK && !(g->whole = calloc(n, 1))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
-    for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = g->split[i] == WHOLE;
+    for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
     /* activations: one accounted slab carved into buffers */
     /* Nr: rows of the residual stream this rank keeps (all N without sequence parallel) */
-    size_t N = max_batch * max_seq, V = g->Vl, att = max_batch * g->Hl * max_seq * max_seq;
+    size_t N = max_batch * max_seq, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = max_batch * (Cl / g->D) * max_seq * max_seq;
     size_t Nr = g->sp ? (N + (size_t)parts - 1) / (size_t)parts : N, spare = g->sp ? N * C + Nr * C + 2 * C + c->n_positions * C : 0;
     size_t per_layer = Nr * C * 2 + N * C * 2 + N * Cl + N * 3 * Cl + att + N * Fl * 2 + Nr * 4;
     size_t total = L * per_layer + Nr * C + N * C + Nr * 2 + N * V * 2 + Nr * C * 2 + N * C + N * Cl + N * 3 * Cl + N * Fl + spare;
@@ -277,7 +382,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
 }
 
 shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
-    return gpt_create(c, max_batch, max_seq, NULL, 0, out);
+    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, out);
 }
 
 void shard_gpt_destroy(shard_gpt *g) {
@@ -286,7 +391,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     shard_tokens_close(g->tokens);
-    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->split), free(g->split_n), free(g->split_unit);
+    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
     free(g->whole), free(g->row_counts), free(g->row_displs);
     free(g);
 }
@@ -298,30 +403,9 @@ shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
 
 /* ---------------------------------------------------------------- tensor-parallel pieces */
 
-typedef void (*run_fn)(void *ctx, size_t whole_at, size_t piece_at, size_t n);
-
-/* fn for each contiguous run of tensor rank `part`'s piece of parameter i: where it sits in the whole
- * tensor (row-major) and in the piece.  Rows split: one run; columns: one per row; q|k|v: three per row. */
-static size_t piece_runs(const shard_gpt *g, size_t i, int part, run_fn fn, void *ctx) {
-    const shard_param_info *info = &g->params->info[i];
-    size_t first, count, u = g->split_unit[i], rows = info->ndim == 2 ? info->shape[0] : 1;
-    shard__tp_split(g->split_n[i], g->tp ? shard_comm_size(g->tp) : 1, part, &first, &count);
-    size_t f = first * u, w = count * u, wc = g->split_n[i] * u;
-    switch (g->split[i]) {
-    case SPLIT_ROWS:
-        if (fn) fn(ctx, f * info->shape[1], 0, w * info->shape[1]);
-        return w * info->shape[1];
-    case SPLIT_COLS:
-        for (size_t r = 0; fn && r < rows; r++) fn(ctx, r * wc + f, r * w, w);
-        return rows * w;
-    case SPLIT_QKV:
-        for (size_t r = 0; fn && r < rows; r++)
-            for (size_t q = 0; q < 3; q++) fn(ctx, r * 3 * wc + q * wc + f, r * 3 * w + q * w, w);
-        return rows * 3 * w;
-    default:
-        if (fn) fn(ctx, 0, 0, info->numel);
-        return info->numel;
-    }
+/* Runs of tensor rank `part`'s piece of parameter i inside the whole tensor (placement.h). */
+static size_t piece_runs(const shard_gpt *g, size_t i, int part, shard__run_fn fn, void *ctx) {
+    return shard__placement_runs(&g->place[i], &g->layout, part, fn, ctx);
 }
 
 typedef struct copy_ctx {
@@ -352,19 +436,25 @@ static void init_piece(const shard_gpt *g, size_t i, float std, uint64_t seed) {
 
 static void model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
     const shard_gpt *g = m->impl;
-    const shard_param_info *info = &g->params->info[i];
-    memcpy(shape, info->shape, sizeof info->shape);
-    size_t whole = g->split_n[i] * g->split_unit[i];
-    if (g->split[i] == SPLIT_ROWS) shape[0] = whole;
-    if (g->split[i] == SPLIT_COLS) shape[info->ndim - 1] = whole;
-    if (g->split[i] == SPLIT_QKV) shape[info->ndim - 1] = 3 * whole;
+    shard__placement_stored_shape(&g->place[i], g->place[i].shape, shape);
+}
+
+/* "P(None, None, 'tensor', None) of [256, 3, 4, 64]": parameter i's spec and the logical shape it is written on. */
+static void model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes) {
+    const shard_gpt *g = m->impl;
+    const shard__placement *p = &g->place[i];
+    char spec[128], shape[96] = "";
+    shard__placement_spec_text(p, &g->layout, spec, sizeof spec);
+    for (int d = 0, at = 0; d < p->ndim && at < (int)sizeof shape; d++)
+        at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%zu", d ? ", " : "", p->shape[d]);
+    snprintf(out, bytes, "%s of [%s]", spec, shape);
 }
 
 /* whole = every tensor rank's piece of parameter i put in place (collective over the tensor axis). */
 static shard_status model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole) {
     shard_gpt *g = m->impl;
     int parts = g->tp ? shard_comm_size(g->tp) : 1;
-    if (parts <= 1 || g->split[i] == WHOLE) {
+    if (parts <= 1 || g->whole[i]) {
         memcpy(whole, piece, g->params->info[i].numel * sizeof *whole);
         return SHARD_OK;
     }
@@ -433,11 +523,15 @@ static shard_status gather_rows(shard_gpt *g, float *full) {
                                   g->row_displs, SHARD_F32);
 }
 
-/* partial[N, C] summed over tensor ranks into local (this rank's rows): sp: reduce_scatter; else an
- * all_reduce in place (local == partial). */
-static shard_status sum_rows(shard_gpt *g, float *partial, float *local, size_t N) {
-    if (!g->sp) return shard__tp_sum(g->tp, partial, N * g->c.n_embd);
-    return shard_comm_reduce_scatterv(g->tp, partial, local, g->row_counts, SHARD_F32, SHARD_OP_SUM);
+/* y[N, C] of a layer into local (this rank's rows).  A split layer's y is partial: summed over tensor
+ * ranks (sp: reduce_scatter; else an all_reduce in place, local == y).  A layer placed whole (P()) has
+ * y complete on every rank: sp keeps this rank's rows, else nothing to do. */
+static shard_status finish_rows(shard_gpt *g, int partial, float *y, float *local, size_t N) {
+    size_t C = g->c.n_embd;
+    if (partial && !g->sp) return shard__tp_sum(g->tp, y, N * C);
+    if (partial) return shard_comm_reduce_scatterv(g->tp, y, local, g->row_counts, SHARD_F32, SHARD_OP_SUM);
+    if (g->sp) memcpy(local, y + g->n0 * C, g->Nl * C * sizeof *local);
+    return SHARD_OK;
 }
 
 /* this rank's rows of y += b (sp adds a row-parallel bias after the reduce_scatter) */
@@ -467,7 +561,7 @@ static shard_status ln_backward(shard_gpt *g, const float *x, size_t w, size_t b
 static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
                                 double denominator, double *loss) {
     const shard_gpt_config *c = &g->c;
-    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T, L = c->n_layer, Cl = g->Cl, Fl = g->Fl;
+    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T, L = c->n_layer;
     if (B == 0 || T == 0 || B > g->max_b || T > g->max_t)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu",
                            B, T, g->max_b, g->max_t);
@@ -478,15 +572,16 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     split_tokens(g, N);
     size_t r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C; /* dropout keys of this rank's rows */
-    int tp_on = g->tp && shard_comm_size(g->tp) > 1, bias_before = !g->sp && g->tp_rank == 0;
+    /* a row-parallel bias is added once: by tensor rank 0 before the all_reduce, or after the reduce_scatter */
+    int bias_before = !g->sp && g->tp_rank == 0;
     /* embeddings: token (vocabulary-parallel: a partial lookup, summed) + position */
     float *x = L ? g->acts[0].in : g->out, *lookup = g->sp ? g->full : x;
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
-    if (tp_on) {
+    if (g->vocab_split) {
         SHARD_CHECK(shard__tp_embedding_partial(P(g, g->wte), inputs, lookup, N, g->v0, g->Vl, V, C));
-        SHARD_CHECK(sum_rows(g, lookup, x, N));
+        SHARD_CHECK(finish_rows(g, 1, lookup, x, N));
     } else {
-        SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs, x, N, V, C));
+        SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs + r0, x, Nl, V, C));
     }
     for (size_t n = 0; n < Nl; n++) shard_add(x + n * C, P(g, g->wpe) + ((r0 + n) % T) * C, x + n * C, C);
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
@@ -496,18 +591,21 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         const size_t *w = &g->layer[l * PER_LAYER];
         float *next = l + 1 < L ? g->acts[l + 1].in : g->out;
         float pr = drop_p(g, c->resid_pdrop), *part;
+        const layer_split *ls = &g->ls[l];
+        size_t Cl = ls->Cl, Fl = ls->Fl;
         SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 0));
         /* attention: column-parallel c_attn, this rank's heads, row-parallel c_proj */
         shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1 + r0 * C, a->ln1_mean,
                                 a->ln1_rstd, Nl, C);
         SHARD_CHECK(gather_rows(g, a->ln1));
         SHARD_CHECK(shard_linear_forward(a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
-        SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, Cl, g->Hl, drop_p(g, c->attn_pdrop),
-                                                    drop_seed(g, 1 + 3 * l), g->model.first_row, H, g->h0));
+        SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, Cl, ls->Hl, drop_p(g, c->attn_pdrop),
+                                                    drop_seed(g, 1 + 3 * l), g->model.first_row, H, ls->h0));
         part = g->sp ? g->full : a->mid;
-        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), bias_before ? P(g, w[APROJ_B]) : NULL, part, N, Cl, C));
-        SHARD_CHECK(sum_rows(g, part, a->mid, N));
-        if (g->sp) add_bias_rows(g, a->mid, P(g, w[APROJ_B]));
+        int bias_now = !ls->attn_split || bias_before; /* the bias in the GEMM: whole layers, or rank 0's partial */
+        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), bias_now ? P(g, w[APROJ_B]) : NULL, part, N, Cl, C));
+        SHARD_CHECK(finish_rows(g, ls->attn_split, part, a->mid, N));
+        if (ls->attn_split && g->sp) add_bias_rows(g, a->mid, P(g, w[APROJ_B]));
         if (pr > 0) shard_dropout_forward(a->mid, a->mid, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset);
         shard_add(a->in, a->mid, a->mid, Nl * C); /* mid = in + attention */
         /* MLP: column-parallel c_fc, GELU on this rank's columns, row-parallel c_proj */
@@ -517,9 +615,10 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
         shard_gelu_forward(a->fc, a->gelu, N * Fl);
         part = g->sp ? g->full : next;
-        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), bias_before ? P(g, w[MPROJ_B]) : NULL, part, N, Fl, C));
-        SHARD_CHECK(sum_rows(g, part, next, N));
-        if (g->sp) add_bias_rows(g, next, P(g, w[MPROJ_B]));
+        bias_now = !ls->mlp_split || bias_before;
+        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), bias_now ? P(g, w[MPROJ_B]) : NULL, part, N, Fl, C));
+        SHARD_CHECK(finish_rows(g, ls->mlp_split, part, next, N));
+        if (ls->mlp_split && g->sp) add_bias_rows(g, next, P(g, w[MPROJ_B]));
         SHARD_CHECK(shard_model_release(&g->model, 1 + l, 0));
         if (pr > 0) shard_dropout_forward(next, next, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset);
         shard_add(a->mid, next, next, Nl * C); /* next = mid + MLP */
@@ -532,7 +631,8 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f, g->logits, g->Vl));
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (!targets) return SHARD_OK;
-    return shard__tp_cross_entropy(g->tp, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator, loss, g->dlogits);
+    return shard__tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator,
+                                   loss, g->dlogits);
 }
 
 shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
@@ -561,14 +661,14 @@ static shard_status whole_rows(shard_gpt *g, const float *dy, const float **whol
 static shard_status gpt_backward(shard_gpt *g) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T, L = c->n_layer;
-    size_t Cl = g->Cl, Fl = g->Fl, Vl = g->Vl, r0 = g->n0, Nl = g->Nl;
+    size_t Vl = g->Vl, r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C;
     float *dln = g->sp ? g->d_lnl : g->d_ln; /* an LayerNorm output's gradient, summed: this rank's rows */
     const float *dyw;
     /* head (tied to wte) and the final LayerNorm; with the vocabulary split, d(lnf) is summed over tensor ranks */
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
     SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, P(g, g->wte), C, 0.0f, g->d_ln, C));
-    SHARD_CHECK(sum_rows(g, g->d_ln, dln, N));
+    SHARD_CHECK(finish_rows(g, g->vocab_split, g->d_ln, dln, N));
     SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, G(g, g->wte), C));
     memset(g->d_resid, 0, Nl * C * sizeof(float));
     SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
@@ -577,6 +677,8 @@ static shard_status gpt_backward(shard_gpt *g) {
     for (size_t l = L; l-- > 0;) {
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
+        const layer_split *ls = &g->ls[l];
+        size_t Cl = ls->Cl, Fl = ls->Fl;
         SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 1));
         /* MLP: next = mid + drop(c_proj(gelu(c_fc(ln_2(mid))))) */
         const float *dy = g->d_resid;
@@ -587,7 +689,7 @@ static shard_status gpt_backward(shard_gpt *g) {
         shard_gelu_backward(a->fc, g->d_fc, g->d_fc, N * Fl);
         SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
                                           Fl));
-        SHARD_CHECK(sum_rows(g, g->d_ln, dln, N)); /* column-parallel: the input's gradient summed */
+        SHARD_CHECK(finish_rows(g, ls->mlp_split, g->d_ln, dln, N)); /* column-parallel: the input's gradient summed */
         SHARD_CHECK(ln_backward(g, a->mid, w[LN2_W], w[LN2_B], a->ln2_mean, a->ln2_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
@@ -596,12 +698,12 @@ static shard_status gpt_backward(shard_gpt *g) {
         SHARD_CHECK(whole_rows(g, dy, &dyw));
         SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), dyw, g->d_atty, G(g, w[APROJ_W]), G(g, w[APROJ_B]),
                                           N, Cl, C));
-        SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, Cl, g->Hl,
+        SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, Cl, ls->Hl,
                                                      drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row,
-                                                     H, g->h0));
+                                                     H, ls->h0));
         SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(g, w[ATTN_W]), G(g, w[ATTN_B]),
                                           N, C, 3 * Cl));
-        SHARD_CHECK(sum_rows(g, g->d_ln, dln, N));
+        SHARD_CHECK(finish_rows(g, ls->attn_split, g->d_ln, dln, N));
         SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         SHARD_CHECK(shard_model_release(&g->model, 1 + l, 1));
@@ -619,7 +721,7 @@ static shard_status gpt_backward(shard_gpt *g) {
         shard_add(G(g, g->wpe), dwpe, G(g, g->wpe), c->n_positions * C);
     }
     SHARD_CHECK(whole_rows(g, g->d_resid, &dyw));
-    if (g->tp && shard_comm_size(g->tp) > 1) shard__tp_embedding_backward(g->inputs, dyw, G(g, g->wte), N, g->v0, g->Vl, C);
+    if (g->vocab_split) shard__tp_embedding_backward(g->inputs, dyw, G(g, g->wte), N, g->v0, g->Vl, C);
     else SHARD_CHECK(shard_embedding_backward(g->inputs, dyw, G(g, g->wte), N, V, C));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
     return shard_model_grads_ready(&g->model, 0);
@@ -674,10 +776,12 @@ static void model_describe(const shard_model *m, char *out, size_t bytes) {
 
 static const shard_model_ops gpt_model_ops = {"gpt2",         model_load_batch, model_items,        model_forward,
                                               model_backward, model_init,       model_describe,     model_destroy,
-                                              model_whole_shape, model_gather_piece, model_take_piece};
+                                              model_whole_shape, model_gather_piece, model_take_piece,
+                                              model_param_spec};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
-                                     size_t seq, shard_comm *tensor, int sequence_parallel, shard_model **out) {
+                                     size_t seq, shard_comm *tensor, int sequence_parallel, const char *specs,
+                                     shard_model **out) {
     shard_gpt_config c;
     SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
     if (seq > c.n_positions)
@@ -695,7 +799,7 @@ shard_status shard__gpt_model_create(const char *text, const char *where, const 
         return s;
     }
     shard_gpt *g = NULL;
-    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, &g);
+    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, &g);
     if (s < 0) {
         shard_tokens_close(tokens);
         return s;

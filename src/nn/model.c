@@ -104,6 +104,11 @@ char *shard__read_config(const char *path) {
 
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
                                 shard_comm *tensor, int sequence_parallel, shard_model **out) {
+    return shard_model_create_placed(config_path, data_dir, max_rows, seq, tensor, sequence_parallel, NULL, out);
+}
+
+shard_status shard_model_create_placed(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
+                                       shard_comm *tensor, int sequence_parallel, const char *specs, shard_model **out) {
     *out = NULL;
     char *text = shard__read_config(config_path);
     if (!text) return SHARD_ERR_IO;
@@ -116,9 +121,12 @@ shard_status shard_model_create(const char *config_path, const char *data_dir, s
     if (split && (strcmp(type, "cnn") == 0 || strcmp(type, "mlp") == 0))
         s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' has no tensor-parallel layout here (the GPT has): give "
                         "tensor=1", config_path, type);
+    else if (specs && *specs && strcmp(type, "gpt2") != 0 && strcmp(type, "gpt") != 0)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "--spec: model_type '%s' places every parameter whole; specs are for the "
+                        "GPT's parameters", type);
     else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, out);
     else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, max_rows, out);
-    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, out);
+    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, out);
     json_decref(root);
     free(text);
     return s;

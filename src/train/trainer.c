@@ -104,8 +104,9 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
     shard_status s = shard_comm_size(all) > 1 && shard_comm_rank(all) == 0 ? shard_blas_set_threads(1) : SHARD_OK;
     if (s == SHARD_OK && shard_comm_size(all) > 1) s = shard_comm_barrier(all);
     if (s == SHARD_OK) s = resolve_batch(t);
-    if (s == SHARD_OK) s = shard_model_create(config->config_path, config->data_dir, t->micro, config->seq, t->tensor,
-                                                  config->sequence_parallel, &t->model);
+    if (s == SHARD_OK)
+        s = shard_model_create_placed(config->config_path, config->data_dir, t->micro, config->seq, t->tensor,
+                                      config->sequence_parallel, config->param_specs, &t->model);
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;

@@ -1,0 +1,111 @@
+/* placement.c — see placement.h: a parameter's block on the tensor axis from
+ * its spec, the contiguous runs of that block inside the whole tensor (for
+ * initialisation, checkpoints and tests), and checked spec choices. */
+#include "parallel/placement.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "shard/status.h"
+
+shard_mesh_layout shard__placement_layout(int parts) {
+    shard_mesh_layout l;
+    memset(&l, 0, sizeof l);
+    l.ndim = 1, l.sizes[0] = parts > 0 ? parts : 1;
+    snprintf(l.names[0], sizeof l.names[0], "tensor");
+    return l;
+}
+
+void shard__placement_block(const shard__placement *p, const shard_mesh_layout *layout, int part, size_t *off,
+                            size_t *len) {
+    int coords[SHARD_MESH_MAX_AXES] = {part};
+    for (int d = 0; d < p->ndim; d++) shard_spec_local_range(&p->spec, layout, p->shape, coords, d, &off[d], &len[d]);
+}
+
+void shard__placement_range(const shard__placement *p, const shard_mesh_layout *layout, int part, size_t *first,
+                            size_t *count) {
+    size_t off[SHARD_PLACEMENT_MAX_DIMS], len[SHARD_PLACEMENT_MAX_DIMS];
+    shard__placement_block(p, layout, part, off, len);
+    int d = p->split_dim >= 0 ? p->split_dim : 0;
+    *first = off[d], *count = len[d];
+}
+
+int shard__placement_is_split(const shard__placement *p, const shard_mesh_layout *layout) {
+    for (int d = 0; d < p->ndim; d++)
+        if (shard_spec_pieces(&p->spec, layout, d) > 1) return 1;
+    return 0;
+}
+
+void shard__placement_stored_shape(const shard__placement *p, const size_t *logical, size_t *stored) {
+    int d = 0;
+    for (int k = 0; k < p->stored_ndim; k++) {
+        stored[k] = 1;
+        for (int g = 0; g < p->groups[k]; g++) stored[k] *= logical[d++];
+    }
+}
+
+size_t shard__placement_runs(const shard__placement *p, const shard_mesh_layout *layout, int part, shard__run_fn fn,
+                             void *ctx) {
+    size_t off[SHARD_PLACEMENT_MAX_DIMS], len[SHARD_PLACEMENT_MAX_DIMS], stride[SHARD_PLACEMENT_MAX_DIMS];
+    shard__placement_block(p, layout, part, off, len);
+    size_t total = 1;
+    for (int d = p->ndim; d-- > 0;) stride[d] = total, total *= p->shape[d];
+    size_t count = 1;
+    for (int d = 0; d < p->ndim; d++) count *= len[d];
+    if (!fn || count == 0) return count;
+    /* the innermost dims held whole join the run; `cut` is the innermost dim held in part */
+    int cut = p->ndim - 1;
+    size_t run = 1;
+    while (cut >= 0 && len[cut] == p->shape[cut]) run *= len[cut--];
+    if (cut < 0) {
+        fn(ctx, 0, 0, count);
+        return count;
+    }
+    run *= len[cut];
+    size_t idx[SHARD_PLACEMENT_MAX_DIMS] = {0}, piece_at = 0;
+    for (;;) { /* every index of the dims before `cut`, row-major */
+        size_t whole_at = off[cut] * stride[cut];
+        for (int d = 0; d < cut; d++) whole_at += (off[d] + idx[d]) * stride[d];
+        fn(ctx, whole_at, piece_at, run);
+        piece_at += run;
+        int d = cut - 1;
+        while (d >= 0 && ++idx[d] == len[d]) idx[d--] = 0;
+        if (d < 0) break;
+    }
+    return count;
+}
+
+shard_spec shard__placement_split_spec(const shard__placement *p) {
+    shard_spec s = shard_spec_replicated(p->ndim);
+    if (p->split_dim >= 0) s.naxes[p->split_dim] = 1, s.axes[p->split_dim][0] = 0;
+    return s;
+}
+
+void shard__placement_spec_text(const shard__placement *p, const shard_mesh_layout *layout, char *out, size_t bytes) {
+    shard_spec_string(&p->spec, layout, out, bytes);
+}
+
+shard_status shard__placement_set(shard__placement *p, const shard_mesh_layout *layout, const char *name,
+                                  const char *text, const char *split_help) {
+    char shape[96] = "", split_text[96] = "";
+    for (int d = 0, at = 0; d < p->ndim && at < (int)sizeof shape; d++)
+        at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%zu", d ? ", " : "", p->shape[d]);
+    shard_spec split = shard__placement_split_spec(p), want;
+    shard_spec_string(&split, layout, split_text, sizeof split_text);
+    char valid[256];
+    if (p->split_dim >= 0)
+        snprintf(valid, sizeof valid, "%s (%s) or P() (replicated)", split_text, split_help);
+    else
+        snprintf(valid, sizeof valid, "only P() (replicated)");
+    if (shard_spec_parse(text, layout, p->ndim, &want) < 0) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", shard_last_error());
+        return shard_error(SHARD_ERR_INVALID_ARG, "--spec \"%s=%s\": %s; %s [%s] can be %s", name, text, why, name, shape,
+                           valid);
+    }
+    shard_spec replicated = shard_spec_replicated(p->ndim);
+    if (!shard_spec_equal(&want, &replicated) && !(p->split_dim >= 0 && shard_spec_equal(&want, &split)))
+        return shard_error(SHARD_ERR_INVALID_ARG, "--spec \"%s=%s\": %s [%s] can be %s", name, text, name, shape, valid);
+    p->spec = want;
+    return SHARD_OK;
+}
