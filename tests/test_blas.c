@@ -1,7 +1,9 @@
 /* test_blas.c — unit tests (cmocka) for shard_sgemm: every transpose
  * combination with padded strides and odd sizes against a plain triple loop
  * (in double), alpha/beta, empty shapes, refusals; and that OpenBLAS was
- * loaded with a core named in the description. */
+ * loaded with a core named in the description; large products, which are cut
+ * into blocks of C over shard's threads, give the same bits on 1, 2 or 3
+ * threads and when two callers (thread ranks) run products at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +12,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "shard/blas.h"
@@ -56,10 +59,69 @@ static void edges_and_refusals(void **state) {
     assert_int_equal(shard_blas_threads(), 1);
 }
 
+/* A product large enough to be split (M * N * K >= 4e6), wide or tall, every transpose. */
+typedef struct big_product {
+    size_t M, N, K;
+    int ta, tb;
+    float *A, *B, *C;
+} big_product;
+
+static void big_fill(big_product *p, size_t M, size_t N, size_t K, int ta, int tb) {
+    *p = (big_product){M, N, K, ta, tb, malloc(M * K * sizeof(float)), malloc(K * N * sizeof(float)), malloc(M * N * sizeof(float))};
+    for (size_t i = 0; i < M * K; i++) p->A[i] = (float)((int)(i * 7 % 23) - 11) / 16.0f;
+    for (size_t i = 0; i < K * N; i++) p->B[i] = (float)((int)(i * 5 % 19) - 9) / 8.0f;
+    for (size_t i = 0; i < M * N; i++) p->C[i] = (float)(i % 5);
+}
+
+static shard_status big_run(big_product *p) {
+    return shard_sgemm(p->ta, p->tb, p->M, p->N, p->K, 0.75f, p->A, p->ta ? p->M : p->K, p->B, p->tb ? p->K : p->N, 0.5f,
+                       p->C, p->N);
+}
+
+static void *big_run_thread(void *arg) { return big_run(arg) == SHARD_OK ? arg : NULL; }
+
+static void split_products_same_bits(void **state) {
+    (void)state;
+    size_t shapes[2][3] = {{301, 97, 160}, {67, 411, 200}}; /* split by rows, by columns */
+    for (int sh = 0; sh < 2; sh++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                big_product one, many;
+                big_fill(&one, shapes[sh][0], shapes[sh][1], shapes[sh][2], ta, tb);
+                assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
+                assert_int_equal(big_run(&one), SHARD_OK);
+                for (int threads = 2; threads <= 3; threads++) {
+                    big_fill(&many, shapes[sh][0], shapes[sh][1], shapes[sh][2], ta, tb);
+                    assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
+                    assert_int_equal(shard_blas_threads(), threads);
+                    assert_int_equal(big_run(&many), SHARD_OK);
+                    if (memcmp(one.C, many.C, one.M * one.N * sizeof(float)) != 0)
+                        fail_msg("%zu x %zu x %zu (ta %d tb %d) on %d threads differs from 1 thread", one.M, one.N, one.K, ta,
+                                 tb, threads);
+                    free(many.A), free(many.B), free(many.C);
+                }
+                /* two callers at once: one has the helpers, the other runs its blocks itself */
+                big_product twin[2];
+                pthread_t t[2];
+                for (int i = 0; i < 2; i++) big_fill(&twin[i], one.M, one.N, one.K, ta, tb);
+                for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&t[i], NULL, big_run_thread, &twin[i]), 0);
+                for (int i = 0; i < 2; i++) {
+                    void *ok = NULL;
+                    pthread_join(t[i], &ok);
+                    assert_non_null(ok);
+                    assert_memory_equal(one.C, twin[i].C, one.M * one.N * sizeof(float));
+                    free(twin[i].A), free(twin[i].B), free(twin[i].C);
+                }
+                free(one.A), free(one.B), free(one.C);
+            }
+    assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(against_loops),
         cmocka_unit_test(edges_and_refusals),
+        cmocka_unit_test(split_products_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,10 @@ void shard_adamw_update(const shard_adamw_config *c, uint64_t step, float lr, fl
                         float *v, size_t n);
 
 /* Sum of squares of a gradient array (double, fixed order): pieces of the global norm. */
+/* The same update with the gradient multiplied by `clip` (a clipping factor) on the way in, leaving g
+ * zeroed for the next step's accumulation: one pass over memory instead of three. */
+void shard_adamw_update_clipped(const shard_adamw_config *c, uint64_t step, float lr, float clip, float *p, float *g,
+                                float *m, float *v, size_t n);
 double shard_sum_squares(const float *g, size_t n);
 /* The factor clip_grad_norm_ scales gradients by: min(1, max_norm / (norm + 1e-6)). */
 float shard_clip_factor(double global_norm, float max_norm);

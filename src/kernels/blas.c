@@ -7,6 +7,8 @@
 #define _GNU_SOURCE
 #include "shard/blas.h"
 
+#include "core/parallel.h"
+
 #include <cpuid.h>
 #include <dlfcn.h>
 #include <limits.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 
@@ -63,8 +66,18 @@ static void load(void) {
         how = env ? "kept from the environment" : "chosen by OpenBLAS";
     }
     if (chosen) setenv("OPENBLAS_CORETYPE", chosen, 1);
+    /* OpenBLAS starts no threads of its own (it reads OPENBLAS_NUM_THREADS as it loads): shard spreads the
+     * work over the cores itself; the environment is put back for child processes (the PyTorch reference) */
+    const char *user_threads = getenv("OPENBLAS_NUM_THREADS");
+    char saved[32] = "";
+    if (user_threads) snprintf(saved, sizeof saved, "%s", user_threads);
+    long width = user_threads && atoi(user_threads) > 0 ? atoi(user_threads) : sysconf(_SC_NPROCESSORS_ONLN);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
     for (size_t i = 0; i < 2 && !B.lib; i++) B.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (user_threads) setenv("OPENBLAS_NUM_THREADS", saved, 1);
+    else unsetenv("OPENBLAS_NUM_THREADS");
+    shard__parallel_set_threads(width > 0 ? (int)width : 1);
     if (!B.lib) {
         snprintf(B.error, sizeof B.error, "OpenBLAS could not be loaded (%s); install libopenblas0 (make deps does)",
                  dlerror());
@@ -98,13 +111,40 @@ shard_status shard_blas_init(void) {
 shard_status shard_blas_set_threads(int threads) {
     SHARD_CHECK(shard_blas_init());
     if (threads < 1) return shard_error(SHARD_ERR_INVALID_ARG, "shard_blas_set_threads: %d threads (need >= 1)", threads);
-    if (B.set_threads) B.set_threads(threads);
+    /* OpenBLAS runs each call on one thread; shard spreads products and element-wise kernels over
+     * `threads` itself (parallel.h), so no BLAS thread spins on a core the next loop needs */
+    if (B.set_threads) B.set_threads(1);
+    shard__parallel_set_threads(threads);
     return SHARD_OK;
 }
 
-int shard_blas_threads(void) { return shard_blas_init() == SHARD_OK && B.get_threads ? B.get_threads() : 1; }
+int shard_blas_threads(void) { return shard_blas_init() == SHARD_OK ? shard__parallel_threads() : 1; }
 
 const char *shard_blas_description(void) { return shard_blas_init() == SHARD_OK ? B.description : B.error; }
+
+/* A product cut into blocks of C's rows (or columns, when there are more), one single-threaded BLAS call
+ * per block on the process's threads (parallel.h). */
+typedef struct gemm_job {
+    int ta, tb, by_rows;
+    size_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *Bm;
+    float *C;
+} gemm_job;
+
+static void gemm_chunk(void *ctx, size_t chunk, size_t chunks) {
+    const gemm_job *j = ctx;
+    size_t at, n;
+    shard__chunk_range(j->by_rows ? j->M : j->N, chunks, chunk, &at, &n);
+    if (!n) return;
+    const float *A = j->A, *Bm = j->Bm;
+    float *C = j->C;
+    size_t M = j->M, N = j->N;
+    if (j->by_rows) A += j->ta ? at : at * j->lda, C += at * j->ldc, M = n;
+    else Bm += j->tb ? at * j->ldb : at, C += at, N = n;
+    B.sgemm(CBLAS_ROW_MAJOR, j->ta ? CBLAS_TRANS : CBLAS_NO_TRANS, j->tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)M, (int)N,
+            (int)j->K, j->alpha, A, (int)(j->lda ? j->lda : 1), Bm, (int)(j->ldb ? j->ldb : 1), j->beta, C, (int)j->ldc);
+}
 
 shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
                          size_t lda, const float *Bm, size_t ldb, float beta, float *C, size_t ldc) {
@@ -116,6 +156,13 @@ shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, s
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_sgemm: %zu x %zu x %zu with lda %zu, ldb %zu, ldc %zu: a stride is "
                            "shorter than its row", M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return SHARD_OK;
+    int threads = shard__parallel_threads();
+    if (threads > 1 && (double)M * (double)N * (double)K >= 4.0e6) {
+        gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, C};
+        size_t along = M >= N ? M : N, chunks = (size_t)threads < along / 16 ? (size_t)threads : along / 16;
+        shard__parallel_for(chunks ? chunks : 1, gemm_chunk, &j);
+        return SHARD_OK;
+    }
     B.sgemm(CBLAS_ROW_MAJOR, transpose_a ? CBLAS_TRANS : CBLAS_NO_TRANS, transpose_b ? CBLAS_TRANS : CBLAS_NO_TRANS,
             (int)M, (int)N, (int)K, alpha, A, (int)(lda ? lda : 1), Bm, (int)(ldb ? ldb : 1), beta, C, (int)ldc);
     return SHARD_OK;

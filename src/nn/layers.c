@@ -10,8 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/parallel.h"
 #include "core/simd.h"
 #include "shard/blas.h"
+
+/* Element-wise loops over more than this many elements are cut into chunks for the process's threads. */
+enum { GRAIN = 32768 };
 
 /* ---------------------------------------------------------------- linear */
 
@@ -69,7 +73,7 @@ static inline float fast_tanh(float x) {
 }
 
 SHARD_VECTOR_CLONES
-void shard_gelu_forward(const float *x, float *y, size_t n) {
+static void gelu_forward_range(const float *x, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i];
         y[i] = 0.5f * v * (1.0f + fast_tanh(GELU_S * (v + GELU_C * v * v * v)));
@@ -77,7 +81,7 @@ void shard_gelu_forward(const float *x, float *y, size_t n) {
 }
 
 SHARD_VECTOR_CLONES
-void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n) {
+static void gelu_backward_range(const float *x, const float *dy, float *dx, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i], t = fast_tanh(GELU_S * (v + GELU_C * v * v * v));
         float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
@@ -86,15 +90,41 @@ void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n) {
 }
 
 SHARD_VECTOR_CLONES
-void shard_add(const float *a, const float *b, float *y, size_t n) {
+static void add_range(const float *a, const float *b, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
+
+/* An element-wise kernel over n elements, its chunks on the process's threads. */
+typedef struct ew_job {
+    int kind; /* 0 gelu forward, 1 gelu backward, 2 add */
+    const float *a, *b;
+    float *y;
+    size_t n;
+} ew_job;
+
+static void ew_chunk(void *ctx, size_t chunk, size_t chunks) {
+    const ew_job *j = ctx;
+    size_t at, n;
+    shard__chunk_range(j->n, chunks, chunk, &at, &n);
+    if (j->kind == 0) gelu_forward_range(j->a + at, j->y + at, n);
+    else if (j->kind == 1) gelu_backward_range(j->a + at, j->b + at, j->y + at, n);
+    else add_range(j->a + at, j->b + at, j->y + at, n);
+}
+
+static void elementwise(int kind, const float *a, const float *b, float *y, size_t n) {
+    ew_job j = {kind, a, b, y, n};
+    shard__parallel_for(shard__chunks_for(n, GRAIN), ew_chunk, &j);
+}
+
+void shard_gelu_forward(const float *x, float *y, size_t n) { elementwise(0, x, NULL, y, n); }
+void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n) { elementwise(1, x, dy, dx, n); }
+void shard_add(const float *a, const float *b, float *y, size_t n) { elementwise(2, a, b, y, n); }
 
 /* ---------------------------------------------------------------- layer norm */
 
 SHARD_VECTOR_CLONES
-void shard_layernorm_forward(const float *x, const float *gamma, const float *beta, float eps, float *y, float *mean,
-                             float *rstd, size_t N, size_t C) {
+static void layernorm_forward_rows(const float *x, const float *gamma, const float *beta, float eps, float *y,
+                                   float *mean, float *rstd, size_t N, size_t C) {
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C;
         float m = 0, v = 0;
@@ -109,8 +139,8 @@ void shard_layernorm_forward(const float *x, const float *gamma, const float *be
 }
 
 SHARD_VECTOR_CLONES
-void shard_layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
-                              float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
+static void layernorm_backward_rows(const float *x, const float *gamma, const float *mean, const float *rstd,
+                                    const float *dy, float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C, *g = dy + n * C;
         float m = mean[n], s = rstd[n], sum_dxhat = 0, sum_dxhat_xhat = 0;
@@ -128,6 +158,59 @@ void shard_layernorm_backward(const float *x, const float *gamma, const float *m
             dx[n * C + c] = s * (g[c] * gamma[c] - sum_dxhat - xhat * sum_dxhat_xhat);
         }
     }
+}
+
+/* LayerNorm over rows, the rows' chunks on the process's threads.  Backward: each chunk sums its rows'
+ * dgamma and dbeta into a partial of its own; the partials are added in chunk order. */
+typedef struct ln_job {
+    const float *x, *gamma, *beta, *mean_in, *rstd_in, *dy;
+    float eps, *y, *mean, *rstd, *dx, *partial;
+    size_t N, C;
+} ln_job;
+
+static void ln_forward_chunk(void *ctx, size_t chunk, size_t chunks) {
+    const ln_job *j = ctx;
+    size_t r, n;
+    shard__chunk_range(j->N, chunks, chunk, &r, &n);
+    layernorm_forward_rows(j->x + r * j->C, j->gamma, j->beta, j->eps, j->y + r * j->C, j->mean + r, j->rstd + r, n, j->C);
+}
+
+void shard_layernorm_forward(const float *x, const float *gamma, const float *beta, float eps, float *y, float *mean,
+                             float *rstd, size_t N, size_t C) {
+    ln_job j = {.x = x, .gamma = gamma, .beta = beta, .eps = eps, .y = y, .mean = mean, .rstd = rstd, .N = N, .C = C};
+    shard__parallel_for(shard__chunks_for(N * C, GRAIN), ln_forward_chunk, &j);
+}
+
+static void ln_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
+    const ln_job *j = ctx;
+    size_t r, n, C = j->C;
+    shard__chunk_range(j->N, chunks, chunk, &r, &n);
+    float *dg = j->partial + chunk * 2 * C;
+    layernorm_backward_rows(j->x + r * C, j->gamma, j->mean_in + r, j->rstd_in + r, j->dy + r * C, j->dx ? j->dx + r * C : NULL,
+                            dg, dg + C, n, C);
+}
+
+SHARD_VECTOR_CLONES
+static void add_partials(float *to, const float *partial, size_t C) {
+    for (size_t c = 0; c < C; c++) to[c] += partial[c];
+}
+
+void shard_layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
+                              float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
+    size_t chunks = shard__chunks_for(N * C, GRAIN);
+    float *partial = chunks > 1 ? calloc(chunks * 2 * C, sizeof *partial) : NULL;
+    if (!partial) { /* one chunk (or no memory for partials): straight into dgamma and dbeta */
+        layernorm_backward_rows(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, N, C);
+        return;
+    }
+    ln_job j = {.x = x, .gamma = gamma, .mean_in = mean, .rstd_in = rstd, .dy = dy, .dx = dx, .partial = partial,
+                .N = N, .C = C};
+    shard__parallel_for(chunks, ln_backward_chunk, &j);
+    for (size_t k = 0; k < chunks; k++) {
+        add_partials(dgamma, partial + k * 2 * C, C);
+        add_partials(dbeta, partial + k * 2 * C + C, C);
+    }
+    free(partial);
 }
 
 /* ---------------------------------------------------------------- softmax, cross-entropy */
@@ -223,30 +306,57 @@ static shard_status check_targets(const int32_t *targets, int32_t ignore_index, 
     return SHARD_OK;
 }
 
-shard_status shard_cross_entropy_sum(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N,
-                                     size_t V, double denominator, double *loss, size_t *count, float *dlogits) {
-    size_t used = 0;
-    SHARD_CHECK(check_targets(targets, ignore_index, N, V, &used));
+/* Rows of one chunk: their loss terms summed into *total; dlogits of those rows (or a scratch row). */
+typedef struct ce_job {
+    const float *logits;
+    const int32_t *targets;
+    int32_t ignore_index;
+    size_t N, V;
+    float scale, *dlogits;
+    double total[SHARD_MAX_CHUNKS];
+    int failed;
+} ce_job;
+
+static void ce_chunk(void *ctx, size_t chunk, size_t chunks) {
+    ce_job *j = ctx;
+    size_t r0, rows, V = j->V;
+    shard__chunk_range(j->N, chunks, chunk, &r0, &rows);
+    float *row = j->dlogits ? NULL : malloc(V * sizeof *row);
+    if (!j->dlogits && !row) {
+        j->failed = 1;
+        return;
+    }
     double total = 0;
-    float scale = denominator > 0 ? (float)(1.0 / denominator) : 0.0f;
-    float *row = dlogits ? NULL : malloc(V * sizeof *row);
-    if (!dlogits && !row) return shard_error(SHARD_ERR_NO_MEMORY, "cross_entropy: out of memory");
-    for (size_t n = 0; n < N; n++) {
-        const float *r = logits + n * V;
-        float *d = dlogits ? dlogits + n * V : row;
-        if (targets[n] == ignore_index) {
-            if (dlogits) memset(d, 0, V * sizeof *d);
+    for (size_t n = r0; n < r0 + rows; n++) {
+        const float *r = j->logits + n * V;
+        float *d = j->dlogits ? j->dlogits + n * V : row;
+        if (j->targets[n] == j->ignore_index) {
+            if (j->dlogits) memset(d, 0, V * sizeof *d);
             continue;
         }
         float m = row_max(r, V);
         double sum = exp_row(r, d, V, m); /* one pass of exp, kept in d for the gradient */
-        total += (double)m + log(sum) - (double)r[targets[n]];
-        if (dlogits) {
-            scale_row(d, V, (float)(1.0 / sum) * scale);
-            d[targets[n]] -= scale;
+        total += (double)m + log(sum) - (double)r[j->targets[n]];
+        if (j->dlogits) {
+            scale_row(d, V, (float)(1.0 / sum) * j->scale);
+            d[j->targets[n]] -= j->scale;
         }
     }
     free(row);
+    j->total[chunk] = total;
+}
+
+shard_status shard_cross_entropy_sum(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N,
+                                     size_t V, double denominator, double *loss, size_t *count, float *dlogits) {
+    size_t used = 0;
+    SHARD_CHECK(check_targets(targets, ignore_index, N, V, &used));
+    ce_job j = {.logits = logits, .targets = targets, .ignore_index = ignore_index, .N = N, .V = V,
+                .scale = denominator > 0 ? (float)(1.0 / denominator) : 0.0f, .dlogits = dlogits};
+    size_t chunks = shard__chunks_for(N * V, 4 * GRAIN);
+    shard__parallel_for(chunks, ce_chunk, &j);
+    if (j.failed) return shard_error(SHARD_ERR_NO_MEMORY, "cross_entropy: out of memory");
+    double total = 0;
+    for (size_t k = 0; k < chunks; k++) total += j.total[k];
     *loss = denominator > 0 ? total / denominator : 0.0;
     if (count) *count = used;
     return SHARD_OK;

@@ -73,6 +73,7 @@ struct shard_dp {
     size_t last_rs; /* zero 2/3: the unit whose reduce-scatter started last */
     double exposed;
     uint64_t grad_bytes;
+    int grads_zeroed, shard_zeroed; /* the last update left grads / grad_shard zero */
 };
 
 static size_t total_of(const shard_dp *dp) { return dp->m->params->total; }
@@ -403,8 +404,10 @@ void shard__dp_destroy(shard_dp *dp) {
 /* ---------------------------------------------------------------- a step */
 
 void shard__dp_begin_step(shard_dp *dp) {
-    if (dp->grads) memset(dp->grads, 0, total_of(dp) * sizeof(float));
-    if (dp->grad_shard) memset(dp->grad_shard, 0, dp->shard_total * sizeof(float));
+    /* the last update left the gradients zeroed (shard_adamw_update_clipped) unless it did not run */
+    if (dp->grads && !dp->grads_zeroed) memset(dp->grads, 0, total_of(dp) * sizeof(float));
+    if (dp->grad_shard && !dp->shard_zeroed) memset(dp->grad_shard, 0, dp->shard_total * sizeof(float));
+    dp->grads_zeroed = dp->shard_zeroed = 0;
     dp->exposed = 0, dp->grad_bytes = 0;
 }
 
@@ -470,18 +473,21 @@ shard_status shard__dp_finish(shard_dp *dp, double *squares) {
 shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip) {
     if (dp->zero == 3 || dp->bf16_compute) SHARD_CHECK(drop_gathered(dp));
     if (dp->zero == 0) {
-        if (clip != 1.0f) shard_scale(dp->grads, total_of(dp), clip);
-        shard_adamw_update(c, step, lr, dp->m->params->data, dp->grads, dp->exp_avg, dp->exp_avg_sq, total_of(dp));
+        shard_adamw_update_clipped(c, step, lr, clip, dp->m->params->data, dp->grads, dp->exp_avg, dp->exp_avg_sq,
+                                   total_of(dp));
+        dp->grads_zeroed = 1;
         refresh_compute_copy(dp);
         return SHARD_OK;
     }
-    if (clip != 1.0f) shard_scale(dp->grad_shard, dp->shard_total, clip);
+    size_t covered = 0;
     for (size_t k = 0; k < dp->m->units; k++) {
         unit_state *u = &dp->u[k];
         float *values = dp->zero == 3 ? dp->value_shard + u->shard_off : unit_values(dp, k) + u->my_displ;
-        shard_adamw_update(c, step, lr, values, dp->grad_shard + u->shard_off, dp->exp_avg + u->shard_off,
-                           dp->exp_avg_sq + u->shard_off, u->mine);
+        shard_adamw_update_clipped(c, step, lr, clip, values, dp->grad_shard + u->shard_off, dp->exp_avg + u->shard_off,
+                                   dp->exp_avg_sq + u->shard_off, u->mine);
+        covered += u->mine;
     }
+    dp->shard_zeroed = covered == dp->shard_total;
     if (dp->zero == 3) {
         refresh_compute_copy(dp);
         return SHARD_OK;

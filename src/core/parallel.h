@@ -1,0 +1,39 @@
+/* parallel.h — internal: a parallel-for over the process's cores for the
+ * element-wise kernels (LayerNorm, GELU, cross-entropy, AdamW ...).
+ *
+ * One rank alone in a process owns every core: OpenBLAS spreads each GEMM
+ * over them, and between GEMMs these loops would otherwise run on one core
+ * while the others wait.  shard_blas_set_threads(n) sets the width here too.
+ * Several ranks sharing the process (thread ranks) set it to 1, and a caller
+ * that finds the helpers busy runs its chunks itself, so nothing is shared by
+ * accident.
+ *
+ * Work is cut into chunks by its size alone, never by the number of threads,
+ * and reductions combine per-chunk partials in chunk order: a result is the
+ * same bits on 1 thread or 8. */
+#ifndef SHARD_PARALLEL_H
+#define SHARD_PARALLEL_H
+
+#include <stddef.h>
+
+#define SHARD_MAX_CHUNKS 8
+
+typedef void (*shard__chunk_fn)(void *ctx, size_t chunk, size_t chunks);
+
+/* Threads running chunks (1: the caller alone). */
+void shard__parallel_set_threads(int threads);
+int shard__parallel_threads(void);
+
+/* Chunks for `work` elements: 1 below `grain`, up to SHARD_MAX_CHUNKS. */
+size_t shard__chunks_for(size_t work, size_t grain);
+
+/* fn(ctx, c, chunks) for every c in 0..chunks-1, spread over the threads; returns when all are done. */
+void shard__parallel_for(size_t chunks, shard__chunk_fn fn, void *ctx);
+
+/* [first, first + count) of n items cut in `chunks` (the first n % chunks one larger). */
+static inline void shard__chunk_range(size_t n, size_t chunks, size_t chunk, size_t *first, size_t *count) {
+    *count = n / chunks + (chunk < n % chunks);
+    *first = chunk * (n / chunks) + (chunk < n % chunks ? chunk : n % chunks);
+}
+
+#endif
