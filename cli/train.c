@@ -4,6 +4,7 @@
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S
  *               [--ranks N] [--mesh data=N,tensor=T] [--sequence-parallel] [--zero 0|1|2|3] [--accum K] [--micro-batch M]
  *               [--spec NAME=SPEC ...] [--print-specs]
+ *               [--mesh data=D,pipe=P --schedule gpipe|1f1b --micro-batches M [--recompute] [--layers-per-stage 3,3,2]]
  *               [--bucket-mb 25] [--grad-dtype f32|bf16] [--compute-dtype f32|bf16] [--resume DIR]
  *               [--init weights.safetensors] [--log run.jsonl] [--save DIR] [--save-every K]
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
@@ -28,8 +29,9 @@
 #include "train_util.h"
 
 typedef struct train_opts {
-    const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype;
-    long batch, micro_batch, accum, seq, steps, save_every, warmup, zero;
+    const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype, *schedule, *layers_per_stage;
+    long batch, micro_batch, accum, seq, steps, save_every, warmup, zero, micro_batches, virtual_stages;
+    int recompute;
     double lr, min_lr, weight_decay, clip, bucket_mb;
     unsigned long long seed;
     int have_min_lr, have_warmup, sequence_parallel, print_specs;
@@ -69,7 +71,10 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                                .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
                                .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
                                .adamw = shard_adamw_defaults(), .clip = (float)o->clip,
-                               .sequence_parallel = o->sequence_parallel, .param_specs = o->specs};
+                               .sequence_parallel = o->sequence_parallel, .param_specs = o->specs,
+                               .schedule = o->schedule, .micro_batches = (size_t)o->micro_batches,
+                               .virtual_stages = (int)o->virtual_stages, .recompute = o->recompute,
+                               .layers_per_stage = o->layers_per_stage};
     tc.adamw.weight_decay = (float)o->weight_decay;
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
@@ -106,6 +111,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, micro, K, D, o->steps,
                o->resume ? " (resumed)" : "", shard_blas_description());
         if (o->print_specs) print_specs(m);
+        shard_trainer_print_schedule(t, stdout);
     }
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
         shard_step_result r;
@@ -147,20 +153,25 @@ int cli_train(int argc, char **argv) {
         if (cc < 0) return 2;
         if (cc > 0) continue;
         const char *a = argv[i], *val = NULL;
-        const char **strs[] = {&o.config, &o.data, &o.init, &o.log, &o.save, &o.mesh, &o.resume, &o.grad_dtype, &o.compute_dtype};
-        const char *str_names[] = {"--config", "--data",   "--init",       "--log",          "--save",
-                                   "--mesh",   "--resume", "--grad-dtype", "--compute-dtype"};
+        const char **strs[] = {&o.config, &o.data,       &o.init,          &o.log,      &o.save,
+                               &o.mesh,   &o.resume,     &o.grad_dtype,    &o.compute_dtype, &o.schedule,
+                               &o.layers_per_stage};
+        const char *str_names[] = {"--config", "--data",   "--init",       "--log",          "--save",     "--mesh",
+                                   "--resume", "--grad-dtype", "--compute-dtype", "--schedule", "--layers-per-stage"};
         int done = 0;
-        for (int k = 0; k < 9 && !done; k++)
+        for (int k = 0; k < 11 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
                 if (!(*strs[k] = cli_value(argc, argv, &i))) return 2;
                 done = 1;
             }
         if (done) continue;
-        long *ints[] = {&o.batch, &o.seq, &o.steps, &o.save_every, &o.warmup, &o.zero, &o.accum, &o.micro_batch};
-        const char *int_names[] = {"--batch", "--seq", "--steps", "--save-every", "--warmup", "--zero", "--accum", "--micro-batch"};
-        const long lo[] = {1, 1, 1, 0, 0, 0, 1, 1}, hi[] = {1 << 20, 1 << 20, 1L << 40, 1L << 40, 1L << 40, 3, 1 << 20, 1 << 20};
-        for (int k = 0; k < 8 && !done; k++)
+        long *ints[] = {&o.batch, &o.seq,   &o.steps,       &o.save_every,   &o.warmup,
+                        &o.zero,  &o.accum, &o.micro_batch, &o.micro_batches, &o.virtual_stages};
+        const char *int_names[] = {"--batch", "--seq",   "--steps",       "--save-every",    "--warmup",
+                                   "--zero",  "--accum", "--micro-batch", "--micro-batches", "--virtual-stages"};
+        const long lo[] = {1, 1, 1, 0, 0, 0, 1, 1, 1, 1};
+        const long hi[] = {1 << 20, 1 << 20, 1L << 40, 1L << 40, 1L << 40, 3, 1 << 20, 1 << 20, 1 << 16, 64};
+        for (int k = 0; k < 10 && !done; k++)
             if (strcmp(a, int_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i)) || cli_parse_int(a, val, lo[k], hi[k], ints[k])) return 2;
                 if (k == 4) o.have_warmup = 1;
@@ -184,6 +195,10 @@ int cli_train(int argc, char **argv) {
         if (done) continue;
         if (strcmp(a, "--sequence-parallel") == 0) {
             o.sequence_parallel = 1;
+            continue;
+        }
+        if (strcmp(a, "--recompute") == 0) {
+            o.recompute = 1;
             continue;
         }
         if (strcmp(a, "--print-specs") == 0) {
@@ -220,6 +235,11 @@ int cli_train(int argc, char **argv) {
             cli_error("%s '%s' is invalid: give f32 or bf16", dtype_names[k], dtypes[k]);
             return 2;
         }
+    if (o.schedule && strcmp(o.schedule, "gpipe") != 0 && strcmp(o.schedule, "1f1b") != 0 &&
+        strcmp(o.schedule, "interleaved") != 0) {
+        cli_error("--schedule '%s': use gpipe, 1f1b or interleaved", o.schedule);
+        return 2;
+    }
     shard_launch_config launch = cli_launch_config(&common);
     shard_status s = shard_launch_with(&launch, train_rank, &o);
     if (s < 0) {

@@ -63,7 +63,31 @@ typedef struct shard_model_ops {
     /* Parameter i's placement on the tensor axis as text, e.g. "P(None, 'tensor') of [256, 1024]"
      * (the spec and the logical shape it is written on); NULL: every parameter whole. */
     void (*param_spec)(const shard_model *m, size_t i, char *out, size_t bytes);
+    /* Pipelining (NULL: the model runs whole).  A stage model (shard_model_create_stage) holds a run of
+     * the layers; between stages travels one activation of stage_io floats for the loaded rows (the
+     * GPT: the residual stream [rows, T, C], this rank's tokens under sequence parallel).
+     * stage_forward: `in` is the previous stage's output (NULL on the first stage), `out` receives this
+     * stage's (NULL on the last, which computes the loss).  stage_backward: d_out is the gradient of
+     * `out` (NULL on the last stage), d_in receives the gradient of `in` (NULL on the first).
+     * use_slot: the activation buffers of the next forward/backward (one per micro-batch in flight;
+     * the model was made with `slots` of them).  stage_tied: a parameter the first and last stages
+     * share (the GPT's wte: embedding and LM head): its elements, and where its value and gradient
+     * live on this stage (the last stage's copy is not among its parameters); 0 when none. */
+    size_t (*stage_io)(const shard_model *m);
+    shard_status (*stage_forward)(shard_model *m, const float *in, float *out, double denominator, double *loss);
+    shard_status (*stage_backward)(shard_model *m, const float *d_out, float *d_in);
+    void (*use_slot)(shard_model *m, size_t slot);
+    size_t (*stage_tied)(shard_model *m, float **value, float **grad);
 } shard_model_ops;
+
+/* A pipeline stage: layers [first, last) of the model's `layers` (the GPT: its blocks; the embeddings
+ * live on stage 0, the final LayerNorm and the LM head on the last), and activation buffers for
+ * `slots` micro-batches in flight. */
+typedef struct shard_model_stage {
+    size_t first, last;
+    int index, count;
+    size_t slots;
+} shard_model_stage;
 
 struct shard_model {
     const shard_model_ops *ops;
@@ -98,6 +122,12 @@ shard_status shard_model_create(const char *config_path, const char *data_dir, s
  * whole vocabulary.  The layers read their placement from these specs.  NULL or "": the defaults. */
 shard_status shard_model_create_placed(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
                                        shard_comm *tensor, int sequence_parallel, const char *specs, shard_model **out);
+/* The same, holding only one pipeline stage's layers (stage NULL: the whole model, one slot). */
+shard_status shard_model_create_stage(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
+                                      shard_comm *tensor, int sequence_parallel, const char *specs,
+                                      const shard_model_stage *stage, shard_model **out);
+/* Layers a pipeline cuts into stages (the GPT's n_layer); 0 when the config's model cannot be pipelined. */
+shard_status shard_model_stage_layers(const char *config_path, size_t *layers);
 void shard_model_destroy(shard_model *m);
 
 /* Parameters per unit (unit_first), given the layout; points value[] into

@@ -14,6 +14,7 @@
 #define SHARD_TRAINER_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "shard/mesh.h"
@@ -42,6 +43,15 @@ typedef struct shard_trainer_config {
     int sequence_parallel; /* with a tensor axis: LayerNorm / dropout / residual regions split over tokens */
     const char *param_specs; /* placement of parameters on the tensor axis, "NAME=SPEC;..." (model.h,
                                 shard_model_create_placed); NULL: Megatron's layout */
+    /* the pipe axis (a mesh with pipe > 1): the schedule ("gpipe" (NULL), "1f1b", "interleaved"), its
+     * micro-batches (the accumulation count of the batch arithmetic; 0: accum), chunks per rank,
+     * recomputation of each stage's forward in backward, and the layers per stage ("3,3,2"; NULL: even,
+     * the remainder on the first stages) */
+    const char *schedule;
+    size_t micro_batches;
+    int virtual_stages;
+    int recompute;
+    const char *layers_per_stage;
 } shard_trainer_config;
 
 typedef struct shard_step_result {
@@ -53,12 +63,15 @@ typedef struct shard_step_result {
 
 typedef struct shard_trainer shard_trainer;
 
-/* Collective over the mesh.  Axes other than `data` must have size 1 (for now). */
+/* Collective over the mesh: axes `data`, `tensor` and `pipe` (others must have size 1). */
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
 void shard_trainer_destroy(shard_trainer *t);
 shard_model *shard_trainer_model(shard_trainer *t);
 /* The resolved batch arithmetic. */
 void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, size_t *accum, size_t *data);
+/* The pipe axis: this rank's stage (blocks first .. last-1 of `of` stages) and the schedule printed as
+ * an ASCII timeline to out (nothing without a pipe axis). */
+void shard_trainer_print_schedule(const shard_trainer *t, FILE *out);
 
 /* One optimizer step (steps count from 1). */
 shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out);

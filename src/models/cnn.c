@@ -231,9 +231,9 @@ static void model_describe(const shard_model *mm, char *out, size_t bytes) {
              impl(mm)->params->total);
 }
 
-static const shard_model_ops cnn_model_ops = {"cnn",          model_load_batch, model_items,    model_forward,
-                                              model_backward, model_init,       model_describe, model_destroy,
-                                              NULL,           NULL,             NULL,           NULL};
+static const shard_model_ops cnn_model_ops = {.kind = "cnn", .load_batch = model_load_batch, .batch_items = model_items,
+                                              .forward = model_forward, .backward = model_backward, .init = model_init,
+                                              .describe = model_describe, .destroy = model_destroy};
 
 shard_status shard__cnn_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
                                      shard_model **out) {

@@ -142,9 +142,25 @@ typedef struct layer_split {
     int attn_split, mlp_split;
 } layer_split;
 
+/* A micro-batch's activations kept from forward to backward (a pipeline stage holds one per micro-batch
+ * in flight; the whole model one). */
+typedef struct slot_bufs {
+    layer_acts *acts; /* [n_layer]: the stage's blocks only carved */
+    float *out, *lnf, *lnf_mean, *lnf_rstd, *dlogits;
+} slot_bufs;
+
 struct shard_gpt {
     shard_model model; /* units, value/grad pointers, hooks; model.impl = this */
     shard_gpt_config c;
+    /* pipeline stage: blocks l0 .. l1-1; the embeddings on the first stage, ln_f and the head on the last
+     * (whole model: l0 = 0, l1 = n_layer, first = last = 1).  u0: the unit of the embeddings / ln_f
+     * (has_u0 0 on a middle stage), blocks from unit ub.  The last stage's copy of wte (tied_value,
+     * tied_grad) when the first stage is another: the pipeline keeps it equal to stage 0's. */
+    size_t l0, l1, ub;
+    int first, last, has_u0;
+    float *tied_value, *tied_grad;
+    slot_bufs *sb;
+    size_t slots;
     /* tensor parallel (Megatron), as the parameters' specs place it: tp NULL or of size 1, or every
      * spec P(): everything whole, the single-device math */
     shard_comm *tp;
@@ -164,8 +180,8 @@ struct shard_gpt {
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
-    layer_acts *acts;
-    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits;
+    layer_acts *acts;                                          /* the current slot's (use_slot) */
+    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch */
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
     int32_t *inputs, *targets;
     int have_targets, dropout; /* dropout: this forward trains with it */
@@ -175,6 +191,10 @@ struct shard_gpt {
 
 static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
 static float *G(const shard_gpt *g, size_t index) { return g->model.grad[index]; }
+/* wte as the LM head sees it: the parameter, or the last stage's copy */
+static float *head_w(const shard_gpt *g) { return g->first ? P(g, g->wte) : g->tied_value; }
+static float *head_g(const shard_gpt *g) { return g->first ? G(g, g->wte) : g->tied_grad; }
+static size_t block_unit(const shard_gpt *g, size_t l) { return g->ub + l - g->l0; }
 
 /* ---------------------------------------------------------------- placement: specs of the parameters */
 
@@ -271,26 +291,83 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
     return SHARD_OK;
 }
 
+/* Activation buffers carved from one slab (base NULL: only count the floats).  Per slot (micro-batch in
+ * flight): the stage's blocks' activations, its output and, on the last stage, ln_f and the loss's
+ * gradient; shared: the logits and backward's scratch. */
+static size_t carve(shard_gpt *g, float *base, size_t N, size_t Nr) {
+    const shard_gpt_config *c = &g->c;
+    size_t C = c->n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = g->max_b * (Cl / g->D) * g->max_t * g->max_t;
+    size_t at = 0;
+#define TAKE(ptr, n_) ((ptr) = base ? base + at : NULL, at += (n_))
+    for (size_t k = 0; k < g->slots; k++) {
+        slot_bufs *b = &g->sb[k];
+        for (size_t l = g->l0; l < g->l1; l++) {
+            layer_acts *a = &b->acts[l];
+            TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
+            TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
+            TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
+        }
+        TAKE(b->out, Nr * C);
+        if (g->last) TAKE(b->lnf, N * C), TAKE(b->lnf_mean, Nr), TAKE(b->lnf_rstd, Nr), TAKE(b->dlogits, N * V);
+    }
+    if (g->last) TAKE(g->logits, N * V);
+    TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
+    TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
+    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, c->n_positions * C);
+#undef TAKE
+    return at;
+}
+
+static void use_slot(shard_gpt *g, size_t k) {
+    const slot_bufs *b = &g->sb[k < g->slots ? k : 0];
+    g->acts = b->acts, g->out = b->out, g->lnf = b->lnf, g->lnf_mean = b->lnf_mean, g->lnf_rstd = b->lnf_rstd;
+    g->dlogits = b->dlogits;
+}
+
+/* Keep the stage's parameters of the whole model's list t[0..n-1] (placements already read), renumbered. */
+static size_t keep_stage_params(shard_gpt *g, shard_param_info *t, size_t n) {
+    size_t *map = malloc(n * sizeof *map), kept = 0, L = g->c.n_layer;
+    if (!map) return 0;
+    for (size_t i = 0; i < n; i++) {
+        int keep = i < 4 ? (i < 2 ? g->first : g->last) : ((i - 4) / PER_LAYER >= g->l0 && (i - 4) / PER_LAYER < g->l1);
+        map[i] = keep ? kept : SIZE_MAX;
+        if (keep) t[kept] = t[i], g->place[kept] = g->place[i], kept++;
+    }
+    g->wte = map[g->wte], g->wpe = map[g->wpe], g->lnf_w = map[g->lnf_w], g->lnf_b = map[g->lnf_b];
+    for (size_t k = 0; k < L * PER_LAYER; k++) g->layer[k] = map[g->layer[k]];
+    free(map);
+    return kept;
+}
+
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
-                               int sequence_parallel, const char *specs, shard_gpt **out) {
+                               int sequence_parallel, const char *specs, const shard_model_stage *stage, shard_gpt **out) {
     *out = NULL;
     if (!max_batch || !max_seq || max_seq > c->n_positions)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)",
                            max_batch, max_seq, c->n_positions);
-    shard_gpt *g = calloc(1, sizeof *g);
     size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2;
+    if (stage && (stage->first >= stage->last || stage->last > L || stage->index < 0 || stage->index >= stage->count))
+        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: pipeline stage %d of %d with blocks %zu..%zu of %zu", stage->index,
+                           stage->count, stage->first, stage->last, L);
+    shard_gpt *g = calloc(1, sizeof *g);
     shard_param_info *t = calloc(count, sizeof *t);
     size_t *unit_first = calloc(L + 2, sizeof *unit_first);
+    size_t slots = stage && stage->slots ? stage->slots : 1;
     if (g) {
-        g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L, sizeof *g->acts);
+        g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->sb = calloc(slots, sizeof *g->sb);
         g->ls = calloc(L, sizeof *g->ls), g->place = calloc(count, sizeof *g->place);
+        for (size_t k = 0; g->sb && k < slots; k++) g->sb[k].acts = calloc(L ? L : 1, sizeof *g->sb[k].acts);
     }
-    if (!g || !t || !unit_first || !g->layer || !g->acts || !g->ls || !g->place) {
-        if (g) free(g->layer), free(g->acts), free(g->ls), free(g->place);
+    if (!g || !t || !unit_first || !g->layer || !g->sb || !g->sb[slots - 1].acts || !g->ls || !g->place) {
+        for (size_t k = 0; g && g->sb && k < slots; k++) free(g->sb[k].acts);
+        if (g) free(g->layer), free(g->sb), free(g->ls), free(g->place);
         free(g), free(t), free(unit_first);
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
-    g->c = *c, g->max_b = max_batch, g->max_t = max_seq;
+    g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->slots = slots;
+    g->l0 = stage ? stage->first : 0, g->l1 = stage ? stage->last : L;
+    g->first = !stage || stage->index == 0, g->last = !stage || stage->index == stage->count - 1;
+    g->has_u0 = g->first || g->last, g->ub = g->has_u0 ? 1 : 0;
     int parts = tp ? shard_comm_size(tp) : 1;
     g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / H;
     g->sp = sequence_parallel && parts > 1;
@@ -308,7 +385,6 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
                                                   "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
                                                   "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
     for (size_t l = 0; l < L; l++) {
-        unit_first[1 + l] = n;
         for (int k = 0; k < PER_LAYER; k++) {
             shard__placement *p = &g->place[n];
             switch (k) {
@@ -324,9 +400,18 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
             g->layer[l * PER_LAYER + (size_t)k] = n++;
         }
     }
-    unit_first[L + 1] = n;
     shard_status s = apply_specs(g, t, n, specs);
     if (s == SHARD_OK) s = read_placement(g, t);
+    shard__placement wte_place = g->place[g->wte];
+    /* a pipeline stage keeps its own parameters: unit 0 (the embeddings on the first stage, ln_f on the
+     * last), then one unit per block */
+    if (s == SHARD_OK && !(n = keep_stage_params(g, t, n))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+    size_t units = 0;
+    if (s == SHARD_OK) {
+        if (g->has_u0) unit_first[units++] = 0;
+        for (size_t l = g->l0; l < g->l1; l++) unit_first[units++] = g->layer[l * PER_LAYER];
+        unit_first[units] = n;
+    }
     /* each parameter's stored local shape: its block of the logical shape, dims merged */
     for (size_t i = 0; s == SHARD_OK && i < n; i++) {
         size_t off[SHARD_PLACEMENT_MAX_DIMS], len[SHARD_PLACEMENT_MAX_DIMS];
@@ -342,19 +427,22 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         return s;
     }
     g->model.impl = g;
-    s = shard_model_setup_units(&g->model, g->params, unit_first, L + 1);
+    s = shard_model_setup_units(&g->model, g->params, unit_first, units);
     if (s == SHARD_OK && !(g->whole = calloc(n, 1))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
-    /* activations: one accounted slab carved into buffers */
-    /* Nr: rows of the residual stream this rank keeps (all N without sequence parallel) */
-    size_t N = max_batch * max_seq, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = max_batch * (Cl / g->D) * max_seq * max_seq;
-    size_t Nr = g->sp ? (N + (size_t)parts - 1) / (size_t)parts : N, spare = g->sp ? N * C + Nr * C + 2 * C + c->n_positions * C : 0;
-    size_t per_layer = Nr * C * 2 + N * C * 2 + N * Cl + N * 3 * Cl + att + N * Fl * 2 + Nr * 4;
-    size_t total = L * per_layer + Nr * C + N * C + Nr * 2 + N * V * 2 + Nr * C * 2 + N * C + N * Cl + N * 3 * Cl + N * Fl + spare;
+    if (s == SHARD_OK && g->last && !g->first) { /* the LM head's copy of wte */
+        size_t e = g->Vl * C * sizeof(float);
+        g->tied_value = shard_alloc(e, SHARD_MEM_PARAMS), g->tied_grad = shard_alloc_zeroed(e, SHARD_MEM_GRADS);
+        if (!g->tied_value || !g->tied_grad) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for the head's wte");
+        g->place[n] = wte_place; /* kept past the parameters for the copy's initial draw */
+    }
+    /* activations: one accounted slab carved into buffers; Nr: rows of the residual stream this rank keeps
+     * (all N without sequence parallel) */
+    size_t N = max_batch * max_seq, Nr = g->sp ? (N + (size_t)parts - 1) / (size_t)parts : N;
     if (s == SHARD_OK) {
-        g->slab = shard_alloc(total * sizeof(float), SHARD_MEM_ACTIVATIONS);
+        g->slab = shard_alloc(carve(g, NULL, N, Nr) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
         g->inputs = calloc(N, sizeof *g->inputs), g->targets = calloc(N, sizeof *g->targets);
         g->row_counts = calloc((size_t)parts, sizeof(size_t)), g->row_displs = calloc((size_t)parts, sizeof(size_t));
         if (!g->slab || !g->inputs || !g->targets || !g->row_counts || !g->row_displs)
@@ -364,25 +452,14 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         shard_gpt_destroy(g);
         return s;
     }
-    float *p = g->slab;
-#define TAKE(ptr, n_) (ptr = p, p += (n_))
-    for (size_t l = 0; l < L; l++) {
-        layer_acts *a = &g->acts[l];
-        TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
-        TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
-        TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
-    }
-    TAKE(g->out, Nr * C), TAKE(g->lnf, N * C), TAKE(g->lnf_mean, Nr), TAKE(g->lnf_rstd, Nr), TAKE(g->logits, N * V);
-    TAKE(g->dlogits, N * V), TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
-    TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
-    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, c->n_positions * C);
-#undef TAKE
+    carve(g, g->slab, N, Nr);
+    use_slot(g, 0);
     *out = g;
     return SHARD_OK;
 }
 
 shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
-    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, out);
+    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, NULL, out);
 }
 
 void shard_gpt_destroy(shard_gpt *g) {
@@ -391,7 +468,9 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     shard_tokens_close(g->tokens);
-    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
+    for (size_t k = 0; g->sb && k < g->slots; k++) free(g->sb[k].acts);
+    shard_free(g->tied_value), shard_free(g->tied_grad);
+    free(g->inputs), free(g->targets), free(g->layer), free(g->sb), free(g->ls), free(g->place);
     free(g->whole), free(g->row_counts), free(g->row_displs);
     free(g);
 }
@@ -492,6 +571,10 @@ void shard_gpt_init(shard_gpt *g, uint64_t seed) {
             init_piece(g, i, strstr(name, "c_proj.weight") ? proj_std : std, seed);
         }
     }
+    if (g->tied_value) { /* the last stage's copy of wte: the same draw (the pipeline keeps it equal to stage 0's) */
+        copy_ctx ctx = {.to = g->tied_value, .std = std, .seed = seed, .name = "wte.weight"};
+        shard__placement_runs(&g->place[g->params->count], &g->layout, g->tp_rank, init_run, &ctx);
+    }
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -559,9 +642,9 @@ static shard_status ln_backward(shard_gpt *g, const float *x, size_t w, size_t b
 /* Forward with the loss sum divided by `denominator` (the model table's form).  Rows of the residual
  * stream (x, mid, out; their LayerNorm statistics) are this rank's tokens under sequence parallel. */
 static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
-                                double denominator, double *loss) {
+                                double denominator, double *loss, const float *stage_in, float *stage_out) {
     const shard_gpt_config *c = &g->c;
-    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T, L = c->n_layer;
+    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T;
     if (B == 0 || T == 0 || B > g->max_b || T > g->max_t)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu",
                            B, T, g->max_b, g->max_t);
@@ -575,7 +658,10 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     /* a row-parallel bias is added once: by tensor rank 0 before the all_reduce, or after the reduce_scatter */
     int bias_before = !g->sp && g->tp_rank == 0;
     /* embeddings: token (vocabulary-parallel: a partial lookup, summed) + position */
-    float *x = L ? g->acts[0].in : g->out, *lookup = g->sp ? g->full : x;
+    float *x = g->l1 > g->l0 ? g->acts[g->l0].in : g->out, *lookup = g->sp ? g->full : x;
+    if (!g->first) { /* a later pipeline stage: the previous stage's output */
+        memcpy(x, stage_in, Nl * C * sizeof *x);
+    } else {
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     if (g->vocab_split) {
         SHARD_CHECK(shard__tp_embedding_partial(P(g, g->wte), inputs, lookup, N, g->v0, g->Vl, V, C));
@@ -586,14 +672,15 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     for (size_t n = 0; n < Nl; n++) shard_add(x + n * C, P(g, g->wpe) + ((r0 + n) % T) * C, x + n * C, C);
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (drop_p(g, c->embd_pdrop) > 0) shard_dropout_forward(x, x, Nl * C, c->embd_pdrop, drop_seed(g, 0), rows_offset);
-    for (size_t l = 0; l < L; l++) {
+    }
+    for (size_t l = g->l0; l < g->l1; l++) {
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
-        float *next = l + 1 < L ? g->acts[l + 1].in : g->out;
+        float *next = l + 1 < g->l1 ? g->acts[l + 1].in : g->out;
         float pr = drop_p(g, c->resid_pdrop), *part;
         const layer_split *ls = &g->ls[l];
         size_t Cl = ls->Cl, Fl = ls->Fl;
-        SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 0));
+        SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 0));
         /* attention: column-parallel c_attn, this rank's heads, row-parallel c_proj */
         shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1 + r0 * C, a->ln1_mean,
                                 a->ln1_rstd, Nl, C);
@@ -619,16 +706,20 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), bias_now ? P(g, w[MPROJ_B]) : NULL, part, N, Fl, C));
         SHARD_CHECK(finish_rows(g, ls->mlp_split, part, next, N));
         if (ls->mlp_split && g->sp) add_bias_rows(g, next, P(g, w[MPROJ_B]));
-        SHARD_CHECK(shard_model_release(&g->model, 1 + l, 0));
+        SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 0));
         if (pr > 0) shard_dropout_forward(next, next, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset);
         shard_add(a->mid, next, next, Nl * C); /* next = mid + MLP */
+    }
+    if (!g->last) { /* the next pipeline stage takes it from here */
+        memcpy(stage_out, g->out, Nl * C * sizeof *stage_out);
+        return SHARD_OK;
     }
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     shard_layernorm_forward(g->out, P(g, g->lnf_w), P(g, g->lnf_b), c->layer_norm_epsilon, g->lnf + r0 * C, g->lnf_mean,
                             g->lnf_rstd, Nl, C);
     SHARD_CHECK(gather_rows(g, g->lnf));
     /* the tied head; vocabulary-parallel: this rank's columns of the logits only */
-    SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, P(g, g->wte), C, 0.0f, g->logits, g->Vl));
+    SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, head_w(g), C, 0.0f, g->logits, g->Vl));
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (!targets) return SHARD_OK;
     return shard__tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator,
@@ -640,7 +731,7 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
     size_t used = 0;
     for (size_t n = 0; targets && n < B * T; n++) used += targets[n] != -100;
     double l = 0;
-    SHARD_CHECK(gpt_forward(g, inputs, targets, B, T, (double)used, &l));
+    SHARD_CHECK(gpt_forward(g, inputs, targets, B, T, (double)used, &l, NULL, NULL));
     if (loss && targets) *loss = (float)l;
     return SHARD_OK;
 }
@@ -658,28 +749,32 @@ static shard_status whole_rows(shard_gpt *g, const float *dy, const float **whol
     return gather_rows(g, g->full);
 }
 
-static shard_status gpt_backward(shard_gpt *g) {
+static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *stage_d_in) {
     const shard_gpt_config *c = &g->c;
-    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T, L = c->n_layer;
+    size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T;
     size_t Vl = g->Vl, r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C;
     float *dln = g->sp ? g->d_lnl : g->d_ln; /* an LayerNorm output's gradient, summed: this rank's rows */
     const float *dyw;
     /* head (tied to wte) and the final LayerNorm; with the vocabulary split, d(lnf) is summed over tensor ranks */
+    if (g->last) {
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
-    SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, P(g, g->wte), C, 0.0f, g->d_ln, C));
+    SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, head_w(g), C, 0.0f, g->d_ln, C));
     SHARD_CHECK(finish_rows(g, g->vocab_split, g->d_ln, dln, N));
-    SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, G(g, g->wte), C));
+    SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, head_g(g), C));
     memset(g->d_resid, 0, Nl * C * sizeof(float));
     SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
+    } else { /* the next pipeline stage's gradient of this stage's output */
+        memcpy(g->d_resid, stage_d_out, Nl * C * sizeof(float));
+    }
     float pr = drop_p(g, c->resid_pdrop);
-    for (size_t l = L; l-- > 0;) {
+    for (size_t l = g->l1; l-- > g->l0;) {
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
         const layer_split *ls = &g->ls[l];
         size_t Cl = ls->Cl, Fl = ls->Fl;
-        SHARD_CHECK(shard_model_acquire(&g->model, 1 + l, 1));
+        SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 1));
         /* MLP: next = mid + drop(c_proj(gelu(c_fc(ln_2(mid))))) */
         const float *dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset), dy = g->d_tmp;
@@ -706,8 +801,12 @@ static shard_status gpt_backward(shard_gpt *g) {
         SHARD_CHECK(finish_rows(g, ls->attn_split, g->d_ln, dln, N));
         SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
-        SHARD_CHECK(shard_model_release(&g->model, 1 + l, 1));
-        SHARD_CHECK(shard_model_grads_ready(&g->model, 1 + l));
+        SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 1));
+        SHARD_CHECK(shard_model_grads_ready(&g->model, block_unit(g, l)));
+    }
+    if (!g->first) { /* the previous pipeline stage goes on with the gradient of this stage's input */
+        memcpy(stage_d_in, g->d_resid, Nl * C * sizeof(float));
+        return g->has_u0 ? shard_model_grads_ready(&g->model, 0) : SHARD_OK;
     }
     /* embeddings */
     if (drop_p(g, c->embd_pdrop) > 0)
@@ -734,7 +833,7 @@ shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads) {
             return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: grads must have the parameters' layout (shard_params_like)");
         shard_model_bind_grad_slab(&g->model, grads->data);
     }
-    return gpt_backward(g);
+    return gpt_backward(g, NULL, NULL);
 }
 
 /* ---------------------------------------------------------------- the model table */
@@ -761,10 +860,41 @@ static shard_status model_forward(shard_model *m, double denominator, double *lo
     shard_gpt *g = impl(m);
     *loss = 0;
     if (!m->rows) return SHARD_OK;
-    return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss);
+    return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, NULL, NULL);
 }
 
-static shard_status model_backward(shard_model *m) { return m->rows ? gpt_backward(impl(m)) : SHARD_OK; }
+static shard_status model_backward(shard_model *m) { return m->rows ? gpt_backward(impl(m), NULL, NULL) : SHARD_OK; }
+
+/* ---- pipeline stages (model.h): the residual stream of this rank's tokens travels between stages ---- */
+
+static size_t model_stage_io(const shard_model *m) {
+    const shard_gpt *g = impl(m);
+    size_t N = m->rows * g->max_t, parts = g->tp ? (size_t)shard_comm_size(g->tp) : 1;
+    if (!g->sp) return N * g->c.n_embd;
+    size_t first, count;
+    shard__tp_split(N, (int)parts, g->tp_rank, &first, &count);
+    return count * g->c.n_embd;
+}
+
+static shard_status model_stage_forward(shard_model *m, const float *in, float *out, double denominator, double *loss) {
+    shard_gpt *g = impl(m);
+    *loss = 0;
+    if (!m->rows) return SHARD_OK;
+    return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
+}
+
+static shard_status model_stage_backward(shard_model *m, const float *d_out, float *d_in) {
+    return m->rows ? gpt_backward(impl(m), d_out, d_in) : SHARD_OK;
+}
+
+static void model_use_slot(shard_model *m, size_t slot) { use_slot(impl(m), slot); }
+
+static size_t model_stage_tied(shard_model *m, float **value, float **grad) {
+    shard_gpt *g = impl(m);
+    if (g->first == g->last) return 0; /* the whole model, or a middle stage */
+    *value = head_w(g), *grad = head_g(g);
+    return g->Vl * g->c.n_embd;
+}
 static void model_init(shard_model *m, uint64_t seed) { shard_gpt_init(impl(m), seed); }
 static void model_destroy(shard_model *m) { shard_gpt_destroy(impl(m)); }
 
@@ -777,11 +907,12 @@ static void model_describe(const shard_model *m, char *out, size_t bytes) {
 static const shard_model_ops gpt_model_ops = {"gpt2",         model_load_batch, model_items,        model_forward,
                                               model_backward, model_init,       model_describe,     model_destroy,
                                               model_whole_shape, model_gather_piece, model_take_piece,
-                                              model_param_spec};
+                                              model_param_spec, model_stage_io, model_stage_forward,
+                                              model_stage_backward, model_use_slot, model_stage_tied};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
                                      size_t seq, shard_comm *tensor, int sequence_parallel, const char *specs,
-                                     shard_model **out) {
+                                     const shard_model_stage *stage, shard_model **out) {
     shard_gpt_config c;
     SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
     if (seq > c.n_positions)
@@ -799,7 +930,7 @@ shard_status shard__gpt_model_create(const char *text, const char *where, const 
         return s;
     }
     shard_gpt *g = NULL;
-    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, &g);
+    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, stage, &g);
     if (s < 0) {
         shard_tokens_close(tokens);
         return s;

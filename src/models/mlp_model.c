@@ -124,7 +124,8 @@ static void destroy(shard_model *m) {
     free(p);
 }
 
-static const shard_model_ops mlp_ops = {"mlp", load_batch, items, forward, backward, init, describe, destroy, NULL, NULL, NULL, NULL};
+static const shard_model_ops mlp_ops = {.kind = "mlp", .load_batch = load_batch, .batch_items = items, .forward = forward,
+                                        .backward = backward, .init = init, .describe = describe, .destroy = destroy};
 
 shard_status shard__mlp_model_create(const char *text, const char *where, size_t max_rows, shard_model **out) {
     size_t d, h;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "models/model_impl.h"
+#include "shard/gpt.h"
 
 shard_status shard_model_setup_units(shard_model *m, shard_params *params, const size_t *unit_first, size_t units) {
     size_t n = params->count;
@@ -109,14 +110,45 @@ shard_status shard_model_create(const char *config_path, const char *data_dir, s
 
 shard_status shard_model_create_placed(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
                                        shard_comm *tensor, int sequence_parallel, const char *specs, shard_model **out) {
+    return shard_model_create_stage(config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, NULL, out);
+}
+
+/* The config's model_type ("gpt2" when absent); NULL text or root on failure. */
+static const char *model_type(const char *config_path, char **text, json_t **root) {
+    *root = NULL;
+    if (!(*text = shard__read_config(config_path))) return NULL;
+    *root = json_loads(*text, 0, NULL);
+    const json_t *t = *root ? json_object_get(*root, "model_type") : NULL;
+    return json_is_string(t) ? json_string_value(t) : "gpt2";
+}
+
+shard_status shard_model_stage_layers(const char *config_path, size_t *layers) {
+    *layers = 0;
+    char *text;
+    json_t *root;
+    const char *type = model_type(config_path, &text, &root);
+    if (!type) return SHARD_ERR_IO;
+    shard_status s = SHARD_OK;
+    if (strcmp(type, "cnn") != 0 && strcmp(type, "mlp") != 0) {
+        shard_gpt_config c;
+        s = shard_gpt_config_parse(text, config_path, &c);
+        if (s == SHARD_OK) *layers = c.n_layer;
+    }
+    json_decref(root);
+    free(text);
+    return s;
+}
+
+shard_status shard_model_create_stage(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
+                                      shard_comm *tensor, int sequence_parallel, const char *specs,
+                                      const shard_model_stage *stage, shard_model **out) {
     *out = NULL;
-    char *text = shard__read_config(config_path);
-    if (!text) return SHARD_ERR_IO;
-    json_t *root = json_loads(text, 0, NULL);
-    const char *type = "gpt2";
-    const json_t *t = root ? json_object_get(root, "model_type") : NULL;
-    if (json_is_string(t)) type = json_string_value(t);
+    char *text;
+    json_t *root;
+    const char *type = model_type(config_path, &text, &root);
+    if (!type) return SHARD_ERR_IO;
     shard_status s;
+    int pipelined = stage && stage->count > 1;
     int split = tensor && shard_comm_size(tensor) > 1;
     if (split && (strcmp(type, "cnn") == 0 || strcmp(type, "mlp") == 0))
         s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' has no tensor-parallel layout here (the GPT has): give "
@@ -124,9 +156,12 @@ shard_status shard_model_create_placed(const char *config_path, const char *data
     else if (specs && *specs && strcmp(type, "gpt2") != 0 && strcmp(type, "gpt") != 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--spec: model_type '%s' places every parameter whole; specs are for the "
                         "GPT's parameters", type);
+    else if (pipelined && (strcmp(type, "cnn") == 0 || strcmp(type, "mlp") == 0))
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' is not cut into pipeline stages by the trainer yet (the GPT "
+                        "is): give pipe=1", config_path, type);
     else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, out);
     else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, max_rows, out);
-    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, out);
+    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, stage, out);
     json_decref(root);
     free(text);
     return s;

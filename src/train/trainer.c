@@ -6,7 +6,9 @@
  *   the strategy waits for the gradients and gives the global norm;
  *   clip, AdamW on what this rank owns, values made whole again.
  *
- * The strategy of the `data` axis lives in src/parallel/data_parallel.c. */
+ * The strategy of the `data` axis lives in src/parallel/data_parallel.c; with
+ * a `pipe` axis the micro-batches run as src/parallel/pipeline.c's schedule
+ * instead of one after the other. */
 #include "shard/trainer.h"
 
 #include <math.h>
@@ -16,6 +18,7 @@
 
 #include "comm/comm_impl.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 #include "shard/blas.h"
 #include "shard/checkpoint.h"
 #include "shard/dtensor.h"
@@ -30,6 +33,12 @@ struct shard_trainer {
     size_t global, micro, accum;
     shard_model *model;
     shard_dp *dp;
+    /* the pipe axis (pipe NULL without one of size > 1) */
+    shard_comm *pipe;
+    shard_pipe_schedule *sched;
+    shard_pp *pp;
+    shard_model_stage stage;
+    uint64_t step_now;
 };
 
 /* The even rule: part r of n over p parts. */
@@ -40,6 +49,10 @@ static void split(size_t n, size_t p, size_t r, size_t *first, size_t *count) {
 
 static shard_status resolve_batch(shard_trainer *t) {
     size_t B = t->c.batch, m = t->c.micro_batch, K = t->c.accum, D = (size_t)t->data_size;
+    if (t->c.micro_batches && K && K != t->c.micro_batches)
+        return shard_error(SHARD_ERR_INVALID_ARG, "batch: --micro-batches %zu and --accum %zu disagree (a pipeline's micro-batches "
+                           "are its accumulation steps): give one", t->c.micro_batches, K);
+    if (t->c.micro_batches) K = t->c.micro_batches;
     if (B && m && K) {
         if (m * K * D != B)
             return shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch %zu != --micro-batch %zu x --accum %zu x data %zu = %zu; "
@@ -73,14 +86,47 @@ static shard_status resolve_batch(shard_trainer *t) {
     return SHARD_OK;
 }
 
+/* The pipe axis: the schedule, this rank's stage (its blocks) and the activation slots it needs. */
+static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
+    int p = shard_comm_size(pipe), r = shard_comm_rank(pipe), v = t->c.virtual_stages > 0 ? t->c.virtual_stages : 1;
+    shard_pipe_kind kind = SHARD_PIPE_GPIPE;
+    if (t->c.schedule) SHARD_CHECK(shard__pipe_kind_parse(t->c.schedule, &kind));
+    size_t layers = 0;
+    SHARD_CHECK(shard_model_stage_layers(t->c.config_path, &layers));
+    if (!layers)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--mesh pipe=%d: %s's model is not cut into pipeline stages by the trainer "
+                           "yet (the GPT is): give pipe=1", p, t->c.config_path);
+    SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
+    size_t *first = calloc((size_t)p + 1, sizeof *first);
+    if (!first) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
+    shard_status s = shard__pipe_partition(layers, p, t->c.layers_per_stage, first);
+    if (s == SHARD_OK)
+        t->stage = (shard_model_stage){first[r], first[r + 1], r, p, (size_t)shard__pp_slots(t->sched, r, t->c.recompute)};
+    free(first);
+    t->pipe = pipe;
+    return s;
+}
+
+void shard_trainer_print_schedule(const shard_trainer *t, FILE *out) {
+    if (t->sched) shard__pipe_schedule_print(t->sched, out);
+}
+
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
     *out = NULL;
     int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
+    int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
     for (int a = 0; a < shard_mesh_ndim(mesh); a++)
-        if (a != axis && a != tensor_axis && shard_mesh_axis_size(mesh, a) > 1)
-            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: axis '%s' = %d: training splits over 'data' and 'tensor' so "
-                               "far; give %s=1 or leave it out", shard_mesh_axis_name(mesh, a), shard_mesh_axis_size(mesh, a),
-                               shard_mesh_axis_name(mesh, a));
+        if (a != axis && a != tensor_axis && a != pipe_axis && shard_mesh_axis_size(mesh, a) > 1)
+            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and "
+                               "'pipe'; give %s=1 or leave it out", shard_mesh_axis_name(mesh, a),
+                               shard_mesh_axis_size(mesh, a), shard_mesh_axis_name(mesh, a));
+    int pipe_size = pipe_axis >= 0 ? shard_mesh_axis_size(mesh, pipe_axis) : 1;
+    if (pipe_size > 1 && config->zero >= 2)
+        return shard_error(SHARD_ERR_UNSUPPORTED, "--zero %d with pipe=%d: the pipeline composes with --zero 0 and 1 so far "
+                           "(ZeRO-2/3 gather and reduce-scatter per micro-batch, which the schedule interleaves)",
+                           config->zero, pipe_size);
+    if (pipe_size > 1 && config->compute_dtype == SHARD_BF16)
+        return shard_error(SHARD_ERR_UNSUPPORTED, "--compute-dtype bf16 with pipe=%d: the pipeline runs f32 so far", pipe_size);
     /* a tensor axis of one rank is accepted (sequence parallel is then the single-device math) */
     if (config->sequence_parallel && tensor_axis < 0)
         return shard_error(SHARD_ERR_INVALID_ARG, "--sequence-parallel splits the tokens over the tensor axis, and this mesh "
@@ -104,9 +150,10 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
     shard_status s = shard_comm_size(all) > 1 && shard_comm_rank(all) == 0 ? shard_blas_set_threads(1) : SHARD_OK;
     if (s == SHARD_OK && shard_comm_size(all) > 1) s = shard_comm_barrier(all);
     if (s == SHARD_OK) s = resolve_batch(t);
+    if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
     if (s == SHARD_OK)
-        s = shard_model_create_placed(config->config_path, config->data_dir, t->micro, config->seq, t->tensor,
-                                      config->sequence_parallel, config->param_specs, &t->model);
+        s = shard_model_create_stage(config->config_path, config->data_dir, t->micro, config->seq, t->tensor,
+                                     config->sequence_parallel, config->param_specs, t->pipe ? &t->stage : NULL, &t->model);
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
@@ -115,6 +162,7 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
         s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype, count_replicated,
                              config->compute_dtype == SHARD_BF16 ? SHARD_BF16 : SHARD_F32, &t->dp);
     }
+    if (s == SHARD_OK && t->pipe) s = shard__pp_create(t->pipe, t->model, t->sched, config->recompute, &t->pp);
     if (s < 0) {
         shard_trainer_destroy(t);
         return s;
@@ -125,6 +173,8 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
 
 void shard_trainer_destroy(shard_trainer *t) {
     if (!t) return;
+    shard__pp_destroy(t->pp);
+    shard__pipe_schedule_destroy(t->sched);
     shard__dp_destroy(t->dp);
     shard_model_destroy(t->model);
     shard_comm_destroy(t->own_data);
@@ -154,9 +204,16 @@ static shard_status load(shard_trainer *t, uint64_t step, size_t k) {
     return t->model->ops->load_batch(t->model, t->c.seed, step, first, rows);
 }
 
+/* The pipeline's loader: micro-batch k of the step being run. */
+static shard_status pp_load(void *ctx, size_t k) {
+    shard_trainer *t = ctx;
+    return load(t, t->step_now, k);
+}
+
 shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out) {
     double t0 = shard__now();
     shard_model *m = t->model;
+    t->step_now = step;
     memset(out, 0, sizeof *out);
     /* the denominator: items of the whole global batch */
     double items = 0, global_items = 0, loss = 0, global_loss = 0;
@@ -166,6 +223,9 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     }
     SHARD_CHECK(shard_comm_all_reduce(t->data, &items, &global_items, 1, SHARD_F64, SHARD_OP_SUM));
     shard__dp_begin_step(t->dp);
+    if (t->pp) {
+        SHARD_CHECK(shard__pp_run(t->pp, t->dp, pp_load, t, global_items, &loss));
+    } else
     for (size_t k = 0; k < t->accum; k++) {
         double l = 0;
         if (t->accum > 1) SHARD_CHECK(load(t, step, k)); /* the last micro-batch is still loaded when accum is 1 */
@@ -181,11 +241,19 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     if (t->tensor && shard_comm_size(t->tensor) > 1)
         SHARD_CHECK(shard_comm_all_reduce(t->tensor, &squares, &all_squares, 1, SHARD_F64, SHARD_OP_SUM));
     else all_squares = squares;
+    if (t->pipe) { /* each stage's parameters (the tied one counted on stage 0 only) */
+        squares = all_squares;
+        SHARD_CHECK(shard_comm_all_reduce(t->pipe, &squares, &all_squares, 1, SHARD_F64, SHARD_OP_SUM));
+    }
     out->grad_norm = sqrt(all_squares);
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
     SHARD_CHECK(shard__dp_update(t->dp, &t->c.adamw, step, out->lr, clip));
     SHARD_CHECK(shard_comm_all_reduce(t->data, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
+    if (t->pipe) { /* the loss is the last stage's */
+        loss = global_loss;
+        SHARD_CHECK(shard_comm_all_reduce(t->pipe, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
+    }
     shard_dp_stats st;
     shard__dp_stats(t->dp, &st);
     out->loss = global_loss, out->ms = (shard__now() - t0) * 1e3;
@@ -208,7 +276,15 @@ static shard_status whole_alloc(const shard_trainer *t, whole_state *w) {
 
 static void whole_free(whole_state *w) { shard_free(w->values), shard_free(w->exp_avg), shard_free(w->exp_avg_sq); }
 
+/* Checkpoints put every parameter together on every rank; a pipeline's stages hold different ones. */
+static shard_status whole_model_only(const shard_trainer *t, const char *what) {
+    if (!t->pipe) return SHARD_OK;
+    return shard_error(SHARD_ERR_UNSUPPORTED, "%s with pipe=%d: checkpoints of a pipelined run are not written yet (each "
+                       "stage holds its own layers); train with pipe=1 to save or resume", what, shard_comm_size(t->pipe));
+}
+
 shard_status shard_trainer_values(shard_trainer *t, float *whole) {
+    SHARD_CHECK(whole_model_only(t, "the whole values"));
     whole_state w = {0};
     shard_status s = whole_alloc(t, &w);
     if (s == SHARD_OK) s = shard__dp_get_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
@@ -245,6 +321,7 @@ static void free_items(shard_ckpt_item *items, void *names, size_t n) {
 }
 
 shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json) {
+    SHARD_CHECK(whole_model_only(t, "--save"));
     const shard_params *p = t->model->params;
     whole_state w = {0};
     shard_ckpt_item *items = NULL;
@@ -266,6 +343,7 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
 }
 
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step) {
+    SHARD_CHECK(whole_model_only(t, "--resume"));
     const shard_params *p = t->model->params;
     whole_state w = {0};
     shard_ckpt_item *items = NULL;

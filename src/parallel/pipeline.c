@@ -1,0 +1,280 @@
+/* pipeline.c — see pipeline.h: the executor of a pipe rank's schedule.
+ *
+ * Two pools per rank: holders (communication buffers of a micro-batch from
+ * the moment its input's receive is posted until its backward is sent:
+ * input, output, gradient in, gradient out) and activation slots of the
+ * model (from its forward to its backward; one with recompute).  Tags: 2j the
+ * activation of micro-batch j, 2j + 1 its gradient, TAG_TIED* the shared
+ * parameter. */
+#include "parallel/pipeline.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "shard/layers.h"
+#include "shard/memory.h"
+
+enum { TAG_TIED_GRAD = 1 << 24, TAG_TIED_VALUE };
+
+typedef struct holder {
+    float *in, *out, *g_in, *g_out; /* stage input, output, gradient of the output, of the input */
+    shard_request *in_req, *out_req, *g_in_req, *g_out_req;
+} holder;
+
+struct shard_pp {
+    shard_comm *comm;
+    int rank, p, recompute;
+    shard_model *m;
+    const shard_pipe_schedule *s;
+    size_t io_cap;       /* floats each holder buffer has room for */
+    size_t *io;          /* [m]: floats of micro-batch j's activation on this rank */
+    int n_holders, n_slots;
+    holder *h;
+    int *holder_of, *slot_of; /* [m] */
+    int *holder_free, *slot_free;
+    size_t held, peak_held;
+    /* the tied parameter (GPT: wte) */
+    size_t tied_n;
+    float *tied_value, *tied_grad, *tied_in;
+    shard_request *tied_req;
+    /* timing */
+    double t_begin, compute, wall;
+    shard_pp_span *span;
+    size_t spans, span_cap;
+};
+
+int shard__pp_slots(const shard_pipe_schedule *s, int rank, int recompute) {
+    int *peak = calloc((size_t)s->p, sizeof *peak), r = 1;
+    if (peak && shard__pipe_schedule_timeline(s, 1, 1, NULL, NULL, peak) == SHARD_OK) r = peak[rank];
+    free(peak);
+    return recompute || r < 1 ? 1 : r;
+}
+
+shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe_schedule *s, int recompute,
+                              shard_pp **out) {
+    *out = NULL;
+    if (!m->ops->stage_forward)
+        return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: model_type '%s' cannot be cut into stages", m->ops->kind);
+    if (s->v != 1)
+        return shard_error(SHARD_ERR_UNSUPPORTED, "pipeline: the executor runs one chunk per rank; --virtual-stages %d is "
+                           "printed and timed (shard inspect schedule) but not trained yet", s->v);
+    shard_pp *pp = calloc(1, sizeof *pp);
+    if (!pp) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
+    pp->comm = pipe, pp->rank = shard_comm_rank(pipe), pp->p = shard_comm_size(pipe), pp->m = m, pp->s = s;
+    pp->recompute = recompute;
+    pp->n_slots = shard__pp_slots(s, pp->rank, recompute);
+    pp->n_holders = shard__pp_slots(s, pp->rank, 0) + 1; /* one more: the next op's receive is posted early */
+    if (pp->n_holders > s->m) pp->n_holders = s->m;
+    size_t M = (size_t)s->m;
+    pp->io = calloc(M, sizeof *pp->io), pp->holder_of = calloc(M, sizeof(int)), pp->slot_of = calloc(M, sizeof(int));
+    pp->h = calloc((size_t)pp->n_holders, sizeof *pp->h);
+    pp->holder_free = calloc((size_t)pp->n_holders, sizeof(int)), pp->slot_free = calloc((size_t)pp->n_slots, sizeof(int));
+    if (!pp->io || !pp->holder_of || !pp->slot_of || !pp->h || !pp->holder_free || !pp->slot_free) {
+        shard__pp_destroy(pp);
+        return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
+    }
+    float *value = NULL, *grad = NULL;
+    pp->tied_n = pp->p > 1 && m->ops->stage_tied ? m->ops->stage_tied(m, &value, &grad) : 0;
+    pp->tied_value = value, pp->tied_grad = grad;
+    if (pp->tied_n && pp->rank == 0 && !(pp->tied_in = shard_alloc(pp->tied_n * sizeof(float), SHARD_MEM_COMM))) {
+        shard__pp_destroy(pp);
+        return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory for the tied parameter's gradient");
+    }
+    *out = pp;
+    return SHARD_OK;
+}
+
+static void free_holders(shard_pp *pp) {
+    for (int i = 0; pp->h && i < pp->n_holders; i++) {
+        holder *h = &pp->h[i];
+        shard_request **reqs[4] = {&h->in_req, &h->out_req, &h->g_in_req, &h->g_out_req};
+        for (int k = 0; k < 4; k++)
+            if (*reqs[k]) shard_request_wait(reqs[k]);
+        shard_free(h->in), shard_free(h->out), shard_free(h->g_in), shard_free(h->g_out);
+        memset(h, 0, sizeof *h);
+    }
+}
+
+void shard__pp_destroy(shard_pp *pp) {
+    if (!pp) return;
+    free_holders(pp);
+    if (pp->tied_req) shard_request_wait(&pp->tied_req);
+    shard_free(pp->tied_in);
+    free(pp->io), free(pp->holder_of), free(pp->slot_of), free(pp->h), free(pp->holder_free), free(pp->slot_free);
+    free(pp->span);
+    free(pp);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static void note(shard_pp *pp, char what, int micro, double t0) {
+    if (pp->spans == pp->span_cap) {
+        size_t cap = pp->span_cap ? 2 * pp->span_cap : 64;
+        shard_pp_span *more = realloc(pp->span, cap * sizeof *more);
+        if (!more) return; /* the trace loses a span; the run goes on */
+        pp->span = more, pp->span_cap = cap;
+    }
+    pp->span[pp->spans++] = (shard_pp_span){what, micro, t0 - pp->t_begin, shard__now() - pp->t_begin};
+}
+
+/* Wait for a request, noting the time as `what` when it had not finished. */
+static shard_status wait_noted(shard_pp *pp, shard_request **req, char what, int micro) {
+    if (!*req) return SHARD_OK;
+    double t0 = shard__now();
+    shard_status s = shard_request_wait(req);
+    if (what) note(pp, what, micro, t0);
+    return s;
+}
+
+/* Room for io floats in every holder buffer this rank uses. */
+static shard_status size_holders(shard_pp *pp, size_t io) {
+    if (io <= pp->io_cap) return SHARD_OK;
+    free_holders(pp);
+    int first = pp->rank == 0, last = pp->rank == pp->p - 1;
+    for (int i = 0; i < pp->n_holders; i++) {
+        holder *h = &pp->h[i];
+        size_t b = io * sizeof(float);
+        if (!first) h->in = shard_alloc(b, SHARD_MEM_ACTIVATIONS), h->g_out = shard_alloc(b, SHARD_MEM_COMM);
+        if (!last) h->out = shard_alloc(b, SHARD_MEM_COMM), h->g_in = shard_alloc(b, SHARD_MEM_COMM);
+        if ((!first && (!h->in || !h->g_out)) || (!last && (!h->out || !h->g_in)))
+            return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory for %zu-float activation buffers", io);
+    }
+    pp->io_cap = io;
+    return SHARD_OK;
+}
+
+static int take(int *free_list, int n) {
+    for (int i = 0; i < n; i++)
+        if (!free_list[i]) {
+            free_list[i] = 1;
+            return i;
+        }
+    return -1;
+}
+
+/* Post the receive op i needs (F: the previous stage's output; B: the next stage's gradient). */
+static shard_status post(shard_pp *pp, const shard_pipe_op *op) {
+    int j = op->micro;
+    if (op->what == 'F') {
+        int h = take(pp->holder_free, pp->n_holders);
+        if (h < 0) return shard_error(SHARD_ERR_INTERNAL, "pipeline: no free holder for micro-batch %d", j);
+        pp->holder_of[j] = h;
+        if (pp->rank == 0) return SHARD_OK;
+        return shard_comm_irecv(pp->comm, pp->h[h].in, pp->io[j], SHARD_F32, pp->rank - 1, 2 * j, &pp->h[h].in_req);
+    }
+    if (pp->rank == pp->p - 1) return SHARD_OK;
+    holder *h = &pp->h[pp->holder_of[j]];
+    return shard_comm_irecv(pp->comm, h->g_in, pp->io[j], SHARD_F32, pp->rank + 1, 2 * j + 1, &h->g_in_req);
+}
+
+static shard_status run_forward(shard_pp *pp, int j, shard_pp_load_fn load, void *ctx, double denominator, double *loss) {
+    int first = pp->rank == 0, last = pp->rank == pp->p - 1;
+    holder *h = &pp->h[pp->holder_of[j]];
+    SHARD_CHECK(load(ctx, (size_t)j));
+    SHARD_CHECK(wait_noted(pp, &h->in_req, 'f', j));
+    SHARD_CHECK(wait_noted(pp, &h->out_req, 0, j));
+    int slot = take(pp->slot_free, pp->n_slots);
+    if (slot < 0) return shard_error(SHARD_ERR_INTERNAL, "pipeline: no free activation slot for micro-batch %d", j);
+    pp->slot_of[j] = slot;
+    if (++pp->held > pp->peak_held) pp->peak_held = pp->held;
+    if (pp->recompute) pp->slot_free[slot] = 0; /* nothing is kept but the input */
+    pp->m->ops->use_slot(pp->m, (size_t)slot);
+    double t0 = shard__now(), l = 0;
+    SHARD_CHECK(pp->m->ops->stage_forward(pp->m, first ? NULL : h->in, last ? NULL : h->out, denominator, &l));
+    pp->compute += shard__now() - t0;
+    note(pp, 'F', j, t0);
+    *loss += l;
+    if (last) return SHARD_OK;
+    return shard_comm_isend(pp->comm, h->out, pp->io[j], SHARD_F32, pp->rank + 1, 2 * j, &h->out_req);
+}
+
+static shard_status run_backward(shard_pp *pp, int j, int final, shard_dp *dp, shard_pp_load_fn load, void *ctx,
+                                 double denominator) {
+    int first = pp->rank == 0, last = pp->rank == pp->p - 1, hi = pp->holder_of[j];
+    holder *h = &pp->h[hi];
+    if (final && first && pp->tied_n) { /* the last stage's part of the tied gradient, then the usual backward */
+        double t0 = shard__now();
+        SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_in, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_GRAD));
+        note(pp, 't', j, t0);
+        shard_add(pp->tied_grad, pp->tied_in, pp->tied_grad, pp->tied_n);
+    }
+    SHARD_CHECK(shard__dp_begin_micro(dp, final));
+    SHARD_CHECK(load(ctx, (size_t)j));
+    int slot = pp->recompute ? 0 : pp->slot_of[j];
+    pp->m->ops->use_slot(pp->m, (size_t)slot);
+    if (pp->recompute) { /* the forward again, from the kept input */
+        double t0 = shard__now(), l = 0;
+        SHARD_CHECK(wait_noted(pp, &h->out_req, 0, j));
+        SHARD_CHECK(pp->m->ops->stage_forward(pp->m, first ? NULL : h->in, last ? NULL : h->out, denominator, &l));
+        pp->compute += shard__now() - t0;
+        note(pp, 'r', j, t0);
+    }
+    SHARD_CHECK(wait_noted(pp, &h->g_in_req, 'b', j));
+    SHARD_CHECK(wait_noted(pp, &h->g_out_req, 0, j));
+    double t0 = shard__now();
+    SHARD_CHECK(pp->m->ops->stage_backward(pp->m, last ? NULL : h->g_in, first ? NULL : h->g_out));
+    pp->compute += shard__now() - t0;
+    note(pp, 'B', j, t0);
+    if (!pp->recompute) pp->slot_free[slot] = 0;
+    pp->held--;
+    if (!first) SHARD_CHECK(shard_comm_isend(pp->comm, h->g_out, pp->io[j], SHARD_F32, pp->rank - 1, 2 * j + 1, &h->g_out_req));
+    if (final && last && pp->tied_n)
+        SHARD_CHECK(shard_comm_isend(pp->comm, pp->tied_grad, pp->tied_n, SHARD_F32, 0, TAG_TIED_GRAD, &pp->tied_req));
+    /* the holder's sends may still be in flight: they are waited for before it is used again */
+    pp->holder_free[hi] = 0;
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- a step */
+
+shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, void *ctx, double denominator,
+                           double *loss) {
+    const shard_pipe_schedule *s = pp->s;
+    const shard_pipe_op *ops = s->ops[pp->rank];
+    int n = s->count[pp->rank], final_b = -1;
+    *loss = 0;
+    pp->t_begin = shard__now(), pp->compute = 0, pp->spans = 0, pp->held = 0, pp->peak_held = 0;
+    for (int i = 0; i < n; i++)
+        if (ops[i].what == 'B') final_b = i;
+    /* every micro-batch's activation size on this rank (rows may differ between micro-batches) */
+    size_t io_max = 0;
+    for (int j = 0; j < s->m; j++) {
+        SHARD_CHECK(load(ctx, (size_t)j));
+        pp->io[j] = pp->m->ops->stage_io(pp->m);
+        io_max = pp->io[j] > io_max ? pp->io[j] : io_max;
+    }
+    SHARD_CHECK(size_holders(pp, io_max ? io_max : 1));
+    memset(pp->holder_free, 0, (size_t)pp->n_holders * sizeof(int));
+    memset(pp->slot_free, 0, (size_t)pp->n_slots * sizeof(int));
+    /* the last stage's copy of the tied parameter: stage 0's values */
+    if (pp->tied_n && pp->rank == 0)
+        SHARD_CHECK(shard_comm_send(pp->comm, pp->tied_value, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_VALUE));
+    if (pp->tied_n && pp->rank == pp->p - 1) {
+        SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_value, pp->tied_n, SHARD_F32, 0, TAG_TIED_VALUE));
+        memset(pp->tied_grad, 0, pp->tied_n * sizeof(float));
+    }
+    shard_status st = n ? post(pp, &ops[0]) : SHARD_OK;
+    for (int i = 0; i < n && st == SHARD_OK; i++) {
+        if (i + 1 < n) st = post(pp, &ops[i + 1]);
+        if (st == SHARD_OK)
+            st = ops[i].what == 'F' ? run_forward(pp, ops[i].micro, load, ctx, denominator, loss)
+                                    : run_backward(pp, ops[i].micro, i == final_b, dp, load, ctx, denominator);
+    }
+    /* the sends still in flight (a failed run's receives too: the job is being aborted) */
+    for (int i = 0; i < pp->n_holders; i++) {
+        holder *h = &pp->h[i];
+        shard_request **reqs[4] = {&h->out_req, &h->g_out_req, &h->in_req, &h->g_in_req};
+        for (int k = 0; k < 4; k++) {
+            shard_status w = wait_noted(pp, reqs[k], 0, -1);
+            if (st == SHARD_OK) st = w;
+        }
+    }
+    shard_status w = wait_noted(pp, &pp->tied_req, 0, -1);
+    pp->wall = shard__now() - pp->t_begin;
+    return st == SHARD_OK ? w : st;
+}
+
+void shard__pp_stats(const shard_pp *pp, shard_pp_stats *out) {
+    *out = (shard_pp_stats){pp->compute, pp->wall, pp->spans, pp->span, pp->peak_held};
+}

@@ -1,0 +1,233 @@
+/* test_pipeline.c — pipeline parallelism gives the single-device math, and its
+ * schedules are what they claim.
+ *
+ *   schedules  for p 1..4 and m 1..16 (interleaved: v 2, 3 and m a multiple
+ *              of p): every rank runs F and B of each micro-batch exactly once,
+ *              F before B; the equal-cost timeline never deadlocks; its bubble
+ *              is (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved;
+ *              1F1B's rank i holds at most min(p-i, m) micro-batches, GPipe's m;
+ *              layer partitions (even with the remainder first, explicit, bad)
+ *   losses     20 steps of the GPT (dropout on, so recomputation must redraw the
+ *              same masks) on every pipelined mesh of the world — pipe=N; data x
+ *              pipe 2x2, 3x2; data x tensor x pipe 2x2x2 with and without
+ *              sequence parallel — with GPipe and 1F1B, with and without
+ *              --recompute, ZeRO-1 where there is a data axis: losses within
+ *              1e-5 relative of one rank's with the same global batch
+ *   refusals   ZeRO-2 with a pipe axis, more stages than layers, a bad layer
+ *              list, saving a pipelined run: one clear error each */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "parallel/pipeline_schedule.h"
+#include "shard/shard.h"
+
+#define STEPS 20
+enum { C = 32, H = 4, V = 256, T = 16, L = 4, BATCH = 12 };
+
+static _Thread_local char g_dir[256];
+
+static void setup(test_ctx *t) {
+    if (g_dir[0]) return;
+    char dir[256];
+    test_shared_dir(t, "shard-pp", dir, sizeof dir);
+    if (t->rank == 0) {
+        static const char *const words[] = {"stages ", "pass ", "micro ", "batches ", "down ", "the ", "pipe ", "\n"};
+        char path[512];
+        snprintf(path, sizeof path, "%s/train.tokens", dir);
+        test_write_words(t, path, words, 8, 20000, 5);
+        snprintf(path, sizeof path, "%s/gpt.json", dir);
+        FILE *f = fopen(path, "w");
+        CHECK(t, f != NULL, "config");
+        if (f) {
+            fprintf(f, "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
+                       "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}", C, L, H, T, V);
+            fclose(f);
+        }
+    }
+    CHECK_OK(t, shard_comm_barrier(t->comm), "files written");
+    memcpy(g_dir, dir, sizeof dir);
+}
+
+/* ---------------------------------------------------------------- schedules (rank 0) */
+
+static void check_schedule(test_ctx *t, shard_pipe_kind kind, int p, int m, int v) {
+    shard_pipe_schedule *s = NULL;
+    const char *name = shard__pipe_kind_name(kind);
+    if (!CHECK_OK(t, shard__pipe_schedule_create(kind, p, m, v, &s), "%s p %d m %d v %d", name, p, m, v)) return;
+    int *seen = calloc((size_t)(m * v), sizeof *seen), *peak = calloc((size_t)p, sizeof *peak), total = 0;
+    for (int r = 0; seen && r < p; r++) {
+        memset(seen, 0, (size_t)(m * v) * sizeof *seen);
+        CHECK_EQ_INT(t, s->count[r], 2 * m * v, "%s p %d m %d: rank %d's ops", name, p, m, r);
+        for (int i = 0; i < s->count[r]; i++) {
+            const shard_pipe_op *op = &s->ops[r][i];
+            int *state = &seen[op->chunk * m + op->micro];
+            CHECK(t, op->what == 'F' ? *state == 0 : *state == 1, "%s p %d m %d v %d: rank %d op %d (%c%d chunk %d) out of "
+                  "order", name, p, m, v, r, i, op->what, op->micro, op->chunk);
+            (*state)++;
+        }
+        for (int k = 0; k < m * v; k++) CHECK_EQ_INT(t, seen[k], 2, "%s p %d m %d: rank %d, F and B of %d", name, p, m, r, k);
+    }
+    CHECK_OK(t, shard__pipe_schedule_timeline(s, 1, 1, NULL, &total, peak), "%s p %d m %d v %d: timeline", name, p, m, v);
+    double bubble = shard__pipe_schedule_bubble(s, 1, 1), want = shard__pipe_bubble_formula(kind, p, m, v);
+    if (kind != SHARD_PIPE_INTERLEAVED || p == 1)
+        CHECK_NEAR(t, bubble, want, 1e-12, "%s p %d m %d: bubble of the equal-cost timeline", name, p, m);
+    else /* interleaved: the formula, or less when a rank's warm-up fills the gaps */
+        CHECK(t, bubble <= want + 1e-12, "interleaved p %d m %d v %d: bubble %.4f above (p-1)/(vm+p-1) = %.4f", p, m, v, bubble,
+              want);
+    for (int r = 0; r < p; r++) {
+        int limit = kind == SHARD_PIPE_GPIPE ? m : kind == SHARD_PIPE_1F1B ? (p - r < m ? p - r : m) : m * v;
+        CHECK(t, peak[r] <= limit, "%s p %d m %d: rank %d holds %d micro-batches (at most %d)", name, p, m, r, peak[r], limit);
+        if (kind == SHARD_PIPE_GPIPE) CHECK_EQ_INT(t, peak[r], m, "gpipe p %d m %d: rank %d holds every micro-batch", p, m, r);
+    }
+    free(seen), free(peak);
+    shard__pipe_schedule_destroy(s);
+}
+
+static void case_schedules(test_ctx *t) {
+    if (t->rank != 0) return;
+    for (int p = 1; p <= 4; p++)
+        for (int m = 1; m <= 16; m++) {
+            check_schedule(t, SHARD_PIPE_GPIPE, p, m, 1);
+            check_schedule(t, SHARD_PIPE_1F1B, p, m, 1);
+            for (int v = 2; v <= 3 && m % p == 0; v++) check_schedule(t, SHARD_PIPE_INTERLEAVED, p, m, v);
+        }
+    /* 1F1B with enough micro-batches: rank i holds exactly p - i */
+    shard_pipe_schedule *s = NULL;
+    int peak[4];
+    if (CHECK_OK(t, shard__pipe_schedule_create(SHARD_PIPE_1F1B, 4, 8, 1, &s), "1f1b") &&
+        CHECK_OK(t, shard__pipe_schedule_timeline(s, 1, 2, NULL, NULL, peak), "timeline"))
+        for (int r = 0; r < 4; r++) CHECK_EQ_INT(t, peak[r], 4 - r, "1f1b p 4 m 8: rank %d's micro-batches in flight", r);
+    shard__pipe_schedule_destroy(s);
+    CHECK(t, shard__pipe_schedule_create(SHARD_PIPE_INTERLEAVED, 4, 6, 2, &s) == SHARD_ERR_INVALID_ARG,
+          "interleaved needs m a multiple of p");
+    CHECK(t, shard__pipe_schedule_create(SHARD_PIPE_1F1B, 2, 4, 2, &s) == SHARD_ERR_INVALID_ARG, "v > 1 needs interleaved");
+    shard_pipe_kind kind;
+    CHECK(t, shard__pipe_kind_parse("zigzag", &kind) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "gpipe, 1f1b"),
+          "unknown schedule: %s", shard_last_error());
+    /* partitions */
+    size_t first[5];
+    CHECK_OK(t, shard__pipe_partition(10, 4, NULL, first), "even");
+    CHECK(t, first[1] == 3 && first[2] == 6 && first[3] == 8 && first[4] == 10, "10 layers over 4: 3,3,2,2 (%zu %zu %zu %zu)",
+          first[1], first[2], first[3], first[4]);
+    CHECK_OK(t, shard__pipe_partition(8, 3, "3,3,2", first), "explicit");
+    CHECK(t, first[1] == 3 && first[2] == 6 && first[3] == 8, "3,3,2");
+    CHECK(t, shard__pipe_partition(8, 3, "3,3,3", first) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "adds up to 9"),
+          "bad sum: %s", shard_last_error());
+    CHECK(t, shard__pipe_partition(8, 3, "4,4", first) == SHARD_ERR_INVALID_ARG, "too few counts");
+    CHECK(t, shard__pipe_partition(8, 3, "4,0,4", first) == SHARD_ERR_INVALID_ARG, "an empty stage");
+    CHECK(t, shard__pipe_partition(2, 3, NULL, first) == SHARD_ERR_INVALID_ARG, "more stages than layers");
+}
+
+/* ---------------------------------------------------------------- losses */
+
+typedef struct run_opts {
+    const char *mesh, *schedule;
+    int recompute, zero, sp;
+    size_t micro_batches;
+} run_opts;
+
+static shard_status train(test_ctx *t, shard_comm *comm, const run_opts *o, double *losses) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/gpt.json", g_dir);
+    shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = BATCH, .seq = T, .seed = 3, .zero = o->zero,
+                              .adamw = shard_adamw_defaults(), .clip = 1.0f, .sequence_parallel = o->sp,
+                              .schedule = o->schedule, .micro_batches = o->micro_batches, .recompute = o->recompute};
+    c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
+    shard_mesh *mesh = NULL;
+    shard_trainer *tr = NULL;
+    shard_status s = shard_mesh_create(comm, o->mesh, &mesh);
+    if (s == SHARD_OK) s = shard_trainer_create(mesh, &c, &tr);
+    for (uint64_t step = 1; s == SHARD_OK && step <= STEPS; step++) {
+        shard_step_result r;
+        s = shard_trainer_step(tr, step, &r);
+        losses[step - 1] = r.loss;
+    }
+    shard_trainer_destroy(tr);
+    shard_mesh_destroy(mesh);
+    return s;
+}
+
+static void case_losses(test_ctx *t) {
+    setup(t);
+    static const char *const meshes[9][3] = {{NULL}, {NULL}, {"pipe=2"}, {"pipe=3"}, {"pipe=4", "data=2,pipe=2"}, {NULL},
+                                             {"data=3,pipe=2", "data=1,tensor=3,pipe=2"}, {NULL}, {"data=2,tensor=2,pipe=2"}};
+    static const size_t micro_batches[3] = {4, 6, 2}; /* the reference accumulates the same micro-batches */
+    for (int mb = 0; mb < 3; mb++) {
+        double ref[STEPS] = {0}, got[STEPS];
+        shard_comm *self = NULL;
+        CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
+        run_opts one = {.mesh = "data=1", .micro_batches = micro_batches[mb]};
+        if (self) CHECK_OK(t, train(t, self, &one, ref), "one rank, %zu micro-batches", micro_batches[mb]);
+        shard_comm_destroy(self);
+        for (int k = 0; t->size <= 8 && k < 3 && meshes[t->size][k]; k++) {
+            const char *mesh = meshes[t->size][k];
+            int data = strstr(mesh, "data=2") || strstr(mesh, "data=3"), tensor = strstr(mesh, "tensor") != NULL;
+            if ((size_t)BATCH / micro_batches[mb] < (size_t)(data ? (strstr(mesh, "data=3") ? 3 : 2) : 1)) continue;
+            for (int run = 0; run < 4 + 2 * tensor; run++) {
+                run_opts o = {.mesh = mesh, .schedule = run & 1 ? "1f1b" : "gpipe", .recompute = (run >> 1) & 1,
+                              .zero = data && (run & 2) ? 1 : 0, .sp = run >= 4, .micro_batches = micro_batches[mb]};
+                memset(got, 0, sizeof got);
+                if (!CHECK_OK(t, train(t, t->comm, &o, got), "mesh %s %s", mesh, o.schedule)) continue;
+                double worst = 0;
+                int at = 0;
+                for (int s = 0; s < STEPS; s++) {
+                    double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
+                    if (!(rel <= worst)) worst = rel, at = s;
+                }
+                CHECK(t, worst <= 1e-5, "mesh %s, %s, %zu micro-batches%s%s, zero %d: loss at step %d is %.9g, one rank %.9g "
+                      "(relative %.3g)", mesh, o.schedule, o.micro_batches, o.recompute ? ", recompute" : "",
+                      o.sp ? ", sequence parallel" : "", o.zero, at + 1, got[at], ref[at], worst);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- refusals */
+
+static void expect_error(test_ctx *t, shard_status s, const char *needle, const char *what) {
+    CHECK(t, s < 0 && strstr(shard_last_error(), needle) != NULL, "%s: status %d, error '%s' (want '%s')", what, (int)s,
+          shard_last_error(), needle);
+}
+
+static void case_refusals(test_ctx *t) {
+    setup(t);
+    if (t->size != 2) return;
+    double losses[STEPS];
+    char path[512];
+    snprintf(path, sizeof path, "%s/gpt.json", g_dir);
+    run_opts zero2 = {.mesh = "pipe=2", .zero = 2, .micro_batches = 4};
+    expect_error(t, train(t, t->comm, &zero2, losses), "--zero 2 with pipe=2", "ZeRO-2 with a pipe axis");
+    shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = BATCH, .seq = T, .seed = 3,
+                              .adamw = shard_adamw_defaults(), .micro_batches = 4, .layers_per_stage = "3,3"};
+    c.lr = (shard_lr_schedule){1e-3f, 1e-3f, 0, STEPS};
+    shard_mesh *mesh = NULL;
+    shard_trainer *tr = NULL;
+    if (!CHECK_OK(t, shard_mesh_create(t->comm, "pipe=2", &mesh), "mesh")) return;
+    expect_error(t, shard_trainer_create(mesh, &c, &tr), "adds up to 6 layers; the model has 4", "a bad layer list");
+    c.layers_per_stage = "1,3";
+    if (CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "layers 1,3")) {
+        shard_step_result r;
+        CHECK_OK(t, shard_trainer_step(tr, 1, &r), "a step with uneven stages");
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/ckpt", g_dir);
+        expect_error(t, shard_trainer_save(tr, dir, 1, NULL), "not written yet", "saving a pipelined run");
+    }
+    shard_trainer_destroy(tr);
+    shard_mesh_destroy(mesh);
+}
+
+static void case_cleanup(test_ctx *t) {
+    setup(t);
+    test_remove_dir(t, g_dir);
+}
+
+static const test_case cases[] = {
+    {"schedules", case_schedules}, {"losses", case_losses}, {"refusals", case_refusals}, {"cleanup", case_cleanup}};
+
+int main(int argc, char **argv) {
+    shard_blas_set_threads(1);
+    return test_main(argc, argv, "test_pipeline", cases, sizeof cases / sizeof cases[0]);
+}
