@@ -10,9 +10,10 @@
  *   losses     20 steps of the GPT (dropout on, so recomputation must redraw the
  *              same masks) on every pipelined mesh of the world — pipe=N; data x
  *              pipe 2x2, 3x2; data x tensor x pipe 2x2x2 with and without
- *              sequence parallel — with GPipe and 1F1B, with and without
- *              --recompute, ZeRO-1 where there is a data axis: losses within
- *              1e-5 relative of one rank's with the same global batch
+ *              sequence parallel — with GPipe and 1F1B (and interleaved 1F1B,
+ *              two chunks per rank, on pipe=2), with and without --recompute,
+ *              ZeRO-1 where there is a data axis: losses within 1e-5 relative
+ *              of one rank's with the same global batch
  *   refusals   ZeRO-2 with a pipe axis, more stages than layers, a bad layer
  *              list, saving a pipelined run: one clear error each */
 #include <math.h>
@@ -125,7 +126,7 @@ static void case_schedules(test_ctx *t) {
 
 typedef struct run_opts {
     const char *mesh, *schedule;
-    int recompute, zero, sp;
+    int recompute, zero, sp, virtual_stages;
     size_t micro_batches;
 } run_opts;
 
@@ -134,7 +135,8 @@ static shard_status train(test_ctx *t, shard_comm *comm, const run_opts *o, doub
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
     shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = BATCH, .seq = T, .seed = 3, .zero = o->zero,
                               .adamw = shard_adamw_defaults(), .clip = 1.0f, .sequence_parallel = o->sp,
-                              .schedule = o->schedule, .micro_batches = o->micro_batches, .recompute = o->recompute};
+                              .schedule = o->schedule, .micro_batches = o->micro_batches, .recompute = o->recompute,
+                              .virtual_stages = o->virtual_stages};
     c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
@@ -166,9 +168,13 @@ static void case_losses(test_ctx *t) {
             const char *mesh = meshes[t->size][k];
             int data = strstr(mesh, "data=2") || strstr(mesh, "data=3"), tensor = strstr(mesh, "tensor") != NULL;
             if ((size_t)BATCH / micro_batches[mb] < (size_t)(data ? (strstr(mesh, "data=3") ? 3 : 2) : 1)) continue;
-            for (int run = 0; run < 4 + 2 * tensor; run++) {
-                run_opts o = {.mesh = mesh, .schedule = run & 1 ? "1f1b" : "gpipe", .recompute = (run >> 1) & 1,
-                              .zero = data && (run & 2) ? 1 : 0, .sp = run >= 4, .micro_batches = micro_batches[mb]};
+            /* interleaved: two chunks of the 4 blocks per rank on pipe=2, micro-batches a multiple of 2 */
+            int interleaved = strstr(mesh, "pipe=2") && micro_batches[mb] % 2 == 0;
+            for (int run = 0; run < 8; run++) {
+                if ((run >= 4 && run < 6 && !tensor) || (run >= 6 && !interleaved)) continue;
+                run_opts o = {.mesh = mesh, .schedule = run >= 6 ? "interleaved" : run & 1 ? "1f1b" : "gpipe",
+                              .recompute = (run >> 1) & 1, .zero = data && (run & 2) ? 1 : 0, .sp = run == 4 || run == 5,
+                              .virtual_stages = run >= 6 ? 2 : 1, .micro_batches = micro_batches[mb]};
                 memset(got, 0, sizeof got);
                 if (!CHECK_OK(t, train(t, t->comm, &o, got), "mesh %s %s", mesh, o.schedule)) continue;
                 double worst = 0;

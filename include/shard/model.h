@@ -74,18 +74,23 @@ typedef struct shard_model_ops {
      * share (the GPT's wte: embedding and LM head): its elements, and where its value and gradient
      * live on this stage (the last stage's copy is not among its parameters); 0 when none. */
     size_t (*stage_io)(const shard_model *m);
-    shard_status (*stage_forward)(shard_model *m, const float *in, float *out, double denominator, double *loss);
-    shard_status (*stage_backward)(shard_model *m, const float *d_out, float *d_in);
+    shard_status (*stage_forward)(shard_model *m, size_t chunk, const float *in, float *out, double denominator,
+                                  double *loss);
+    shard_status (*stage_backward)(shard_model *m, size_t chunk, const float *d_out, float *d_in);
     void (*use_slot)(shard_model *m, size_t slot);
     size_t (*stage_tied)(shard_model *m, float **value, float **grad);
 } shard_model_ops;
 
-/* A pipeline stage: layers [first, last) of the model's `layers` (the GPT: its blocks; the embeddings
- * live on stage 0, the final LayerNorm and the LM head on the last), and activation buffers for
- * `slots` micro-batches in flight. */
+/* A pipe rank's part of the model: `chunks` runs of layers (one; v with virtual stages, chunk c being
+ * virtual stage c * count + index), chunk c holding layers first[c] .. last[c]-1 of the model's
+ * `layers` (the GPT: its blocks; the embeddings live on virtual stage 0, the final LayerNorm and the
+ * LM head on the last), and activation buffers for `slots` micro-batch chunks in flight.  The
+ * stage_forward / stage_backward ops take the chunk. */
+#define SHARD_MAX_STAGE_CHUNKS 16
 typedef struct shard_model_stage {
-    size_t first, last;
     int index, count;
+    size_t chunks;
+    size_t first[SHARD_MAX_STAGE_CHUNKS], last[SHARD_MAX_STAGE_CHUNKS];
     size_t slots;
 } shard_model_stage;
 

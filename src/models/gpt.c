@@ -152,12 +152,15 @@ typedef struct slot_bufs {
 struct shard_gpt {
     shard_model model; /* units, value/grad pointers, hooks; model.impl = this */
     shard_gpt_config c;
-    /* pipeline stage: blocks l0 .. l1-1; the embeddings on the first stage, ln_f and the head on the last
-     * (whole model: l0 = 0, l1 = n_layer, first = last = 1).  u0: the unit of the embeddings / ln_f
-     * (has_u0 0 on a middle stage), blocks from unit ub.  The last stage's copy of wte (tied_value,
-     * tied_grad) when the first stage is another: the pipeline keeps it equal to stage 0's. */
-    size_t l0, l1, ub;
-    int first, last, has_u0;
+    /* pipeline stage: chunks of blocks ch0[c] .. ch1[c]-1; the embeddings on the first virtual stage
+     * (own_first), ln_f and the head on the last (own_last); whole model: one chunk of every block, both.
+     * l0, l1, first, last: the chunk a forward or backward runs (first: it embeds, last: it ends in the
+     * loss).  Unit 0: the embeddings / ln_f (has_u0 0 on a middle stage); block l's unit: unit_of[l].
+     * The last stage's copy of wte (tied_value, tied_grad) when the first is another rank: the
+     * pipeline keeps it equal to stage 0's. */
+    size_t chunks, ch0[SHARD_MAX_STAGE_CHUNKS], ch1[SHARD_MAX_STAGE_CHUNKS], *unit_of;
+    size_t l0, l1;
+    int first, last, own_first, own_last, has_u0;
     float *tied_value, *tied_grad;
     slot_bufs *sb;
     size_t slots;
@@ -192,9 +195,22 @@ struct shard_gpt {
 static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
 static float *G(const shard_gpt *g, size_t index) { return g->model.grad[index]; }
 /* wte as the LM head sees it: the parameter, or the last stage's copy */
-static float *head_w(const shard_gpt *g) { return g->first ? P(g, g->wte) : g->tied_value; }
-static float *head_g(const shard_gpt *g) { return g->first ? G(g, g->wte) : g->tied_grad; }
-static size_t block_unit(const shard_gpt *g, size_t l) { return g->ub + l - g->l0; }
+static float *head_w(const shard_gpt *g) { return g->own_first ? P(g, g->wte) : g->tied_value; }
+static float *head_g(const shard_gpt *g) { return g->own_first ? G(g, g->wte) : g->tied_grad; }
+static size_t block_unit(const shard_gpt *g, size_t l) { return g->unit_of[l]; }
+
+/* Block l is this stage's (in one of its chunks). */
+static int holds_block(const shard_gpt *g, size_t l) {
+    for (size_t c = 0; c < g->chunks; c++)
+        if (l >= g->ch0[c] && l < g->ch1[c]) return 1;
+    return 0;
+}
+
+/* The chunk the next forward / backward runs. */
+static void use_chunk(shard_gpt *g, size_t c) {
+    g->l0 = g->ch0[c], g->l1 = g->ch1[c];
+    g->first = g->own_first && c == 0, g->last = g->own_last && c + 1 == g->chunks;
+}
 
 /* ---------------------------------------------------------------- placement: specs of the parameters */
 
@@ -301,16 +317,17 @@ static size_t carve(shard_gpt *g, float *base, size_t N, size_t Nr) {
 #define TAKE(ptr, n_) ((ptr) = base ? base + at : NULL, at += (n_))
     for (size_t k = 0; k < g->slots; k++) {
         slot_bufs *b = &g->sb[k];
-        for (size_t l = g->l0; l < g->l1; l++) {
+        for (size_t l = 0; l < g->c.n_layer; l++) {
+            if (!holds_block(g, l)) continue;
             layer_acts *a = &b->acts[l];
             TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
             TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
             TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
         }
         TAKE(b->out, Nr * C);
-        if (g->last) TAKE(b->lnf, N * C), TAKE(b->lnf_mean, Nr), TAKE(b->lnf_rstd, Nr), TAKE(b->dlogits, N * V);
+        if (g->own_last) TAKE(b->lnf, N * C), TAKE(b->lnf_mean, Nr), TAKE(b->lnf_rstd, Nr), TAKE(b->dlogits, N * V);
     }
-    if (g->last) TAKE(g->logits, N * V);
+    if (g->own_last) TAKE(g->logits, N * V);
     TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
     TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
     if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, c->n_positions * C);
@@ -329,7 +346,7 @@ static size_t keep_stage_params(shard_gpt *g, shard_param_info *t, size_t n) {
     size_t *map = malloc(n * sizeof *map), kept = 0, L = g->c.n_layer;
     if (!map) return 0;
     for (size_t i = 0; i < n; i++) {
-        int keep = i < 4 ? (i < 2 ? g->first : g->last) : ((i - 4) / PER_LAYER >= g->l0 && (i - 4) / PER_LAYER < g->l1);
+        int keep = i < 4 ? (i < 2 ? g->own_first : g->own_last) : holds_block(g, (i - 4) / PER_LAYER);
         map[i] = keep ? kept : SIZE_MAX;
         if (keep) t[kept] = t[i], g->place[kept] = g->place[i], kept++;
     }
@@ -346,9 +363,13 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)",
                            max_batch, max_seq, c->n_positions);
     size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2;
-    if (stage && (stage->first >= stage->last || stage->last > L || stage->index < 0 || stage->index >= stage->count))
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: pipeline stage %d of %d with blocks %zu..%zu of %zu", stage->index,
-                           stage->count, stage->first, stage->last, L);
+    int bad_stage = stage && (stage->index < 0 || stage->index >= stage->count || !stage->chunks ||
+                              stage->chunks > SHARD_MAX_STAGE_CHUNKS);
+    for (size_t k = 0; stage && !bad_stage && k < stage->chunks; k++)
+        bad_stage = stage->first[k] >= stage->last[k] || stage->last[k] > L || (k && stage->first[k] < stage->last[k - 1]);
+    if (bad_stage)
+        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: pipeline stage %d of %d: %zu chunks of blocks, not ascending runs "
+                           "within the %zu blocks", stage->index, stage->count, stage->chunks, L);
     shard_gpt *g = calloc(1, sizeof *g);
     shard_param_info *t = calloc(count, sizeof *t);
     size_t *unit_first = calloc(L + 2, sizeof *unit_first);
@@ -365,9 +386,11 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
     g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->slots = slots;
-    g->l0 = stage ? stage->first : 0, g->l1 = stage ? stage->last : L;
-    g->first = !stage || stage->index == 0, g->last = !stage || stage->index == stage->count - 1;
-    g->has_u0 = g->first || g->last, g->ub = g->has_u0 ? 1 : 0;
+    g->chunks = stage ? stage->chunks : 1;
+    for (size_t k = 0; k < g->chunks; k++) g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
+    g->own_first = !stage || stage->index == 0, g->own_last = !stage || stage->index == stage->count - 1;
+    g->has_u0 = g->own_first || g->own_last;
+    use_chunk(g, 0);
     int parts = tp ? shard_comm_size(tp) : 1;
     g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / H;
     g->sp = sequence_parallel && parts > 1;
@@ -409,7 +432,9 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     size_t units = 0;
     if (s == SHARD_OK) {
         if (g->has_u0) unit_first[units++] = 0;
-        for (size_t l = g->l0; l < g->l1; l++) unit_first[units++] = g->layer[l * PER_LAYER];
+        if (!(g->unit_of = calloc(L ? L : 1, sizeof *g->unit_of))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+        for (size_t l = 0; s == SHARD_OK && l < L; l++)
+            if (holds_block(g, l)) g->unit_of[l] = units, unit_first[units++] = g->layer[l * PER_LAYER];
         unit_first[units] = n;
     }
     /* each parameter's stored local shape: its block of the logical shape, dims merged */
@@ -432,7 +457,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
-    if (s == SHARD_OK && g->last && !g->first) { /* the LM head's copy of wte */
+    if (s == SHARD_OK && g->own_last && !g->own_first) { /* the LM head's copy of wte */
         size_t e = g->Vl * C * sizeof(float);
         g->tied_value = shard_alloc(e, SHARD_MEM_PARAMS), g->tied_grad = shard_alloc_zeroed(e, SHARD_MEM_GRADS);
         if (!g->tied_value || !g->tied_grad) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for the head's wte");
@@ -471,7 +496,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     for (size_t k = 0; g->sb && k < g->slots; k++) free(g->sb[k].acts);
     shard_free(g->tied_value), shard_free(g->tied_grad);
     free(g->inputs), free(g->targets), free(g->layer), free(g->sb), free(g->ls), free(g->place);
-    free(g->whole), free(g->row_counts), free(g->row_displs);
+    free(g->whole), free(g->row_counts), free(g->row_displs), free(g->unit_of);
     free(g);
 }
 
@@ -876,22 +901,33 @@ static size_t model_stage_io(const shard_model *m) {
     return count * g->c.n_embd;
 }
 
-static shard_status model_stage_forward(shard_model *m, const float *in, float *out, double denominator, double *loss) {
+static shard_status model_stage_forward(shard_model *m, size_t chunk, const float *in, float *out, double denominator,
+                                        double *loss) {
     shard_gpt *g = impl(m);
     *loss = 0;
+    if (chunk >= g->chunks) return shard_error(SHARD_ERR_INVALID_ARG, "gpt: chunk %zu of a stage of %zu", chunk, g->chunks);
     if (!m->rows) return SHARD_OK;
-    return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
+    use_chunk(g, chunk);
+    shard_status s = gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
+    use_chunk(g, 0);
+    return s;
 }
 
-static shard_status model_stage_backward(shard_model *m, const float *d_out, float *d_in) {
-    return m->rows ? gpt_backward(impl(m), d_out, d_in) : SHARD_OK;
+static shard_status model_stage_backward(shard_model *m, size_t chunk, const float *d_out, float *d_in) {
+    shard_gpt *g = impl(m);
+    if (chunk >= g->chunks) return shard_error(SHARD_ERR_INVALID_ARG, "gpt: chunk %zu of a stage of %zu", chunk, g->chunks);
+    if (!m->rows) return SHARD_OK;
+    use_chunk(g, chunk);
+    shard_status s = gpt_backward(g, d_out, d_in);
+    use_chunk(g, 0);
+    return s;
 }
 
 static void model_use_slot(shard_model *m, size_t slot) { use_slot(impl(m), slot); }
 
 static size_t model_stage_tied(shard_model *m, float **value, float **grad) {
     shard_gpt *g = impl(m);
-    if (g->first == g->last) return 0; /* the whole model, or a middle stage */
+    if (g->own_first == g->own_last) return 0; /* the whole model, or a middle stage */
     *value = head_w(g), *grad = head_g(g);
     return g->Vl * g->c.n_embd;
 }

@@ -3,9 +3,11 @@
  * Two pools per rank: holders (communication buffers of a micro-batch from
  * the moment its input's receive is posted until its backward is sent:
  * input, output, gradient in, gradient out) and activation slots of the
- * model (from its forward to its backward; one with recompute).  Tags: 2j the
- * activation of micro-batch j, 2j + 1 its gradient, TAG_TIED* the shared
- * parameter. */
+ * model (from its forward to its backward; one with recompute), both per
+ * (chunk, micro-batch).  Virtual stage s = chunk * p + rank; what enters
+ * virtual stage s for micro-batch j is tagged 2 (s m + j) (the activation,
+ * from s - 1) or 2 (s m + j) + 1 (the gradient, from s + 1); TAG_TIED* the
+ * shared parameter. */
 #include "parallel/pipeline.h"
 
 #include <stdlib.h>
@@ -29,9 +31,10 @@ struct shard_pp {
     const shard_pipe_schedule *s;
     size_t io_cap;       /* floats each holder buffer has room for */
     size_t *io;          /* [m]: floats of micro-batch j's activation on this rank */
+    int S;               /* virtual stages: p * v */
     int n_holders, n_slots;
     holder *h;
-    int *holder_of, *slot_of; /* [m] */
+    int *holder_of, *slot_of; /* [v * m]: of (chunk, micro-batch) */
     int *holder_free, *slot_free;
     size_t held, peak_held;
     /* the tied parameter (GPT: wte) */
@@ -56,18 +59,15 @@ shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe
     *out = NULL;
     if (!m->ops->stage_forward)
         return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: model_type '%s' cannot be cut into stages", m->ops->kind);
-    if (s->v != 1)
-        return shard_error(SHARD_ERR_UNSUPPORTED, "pipeline: the executor runs one chunk per rank; --virtual-stages %d is "
-                           "printed and timed (shard inspect schedule) but not trained yet", s->v);
     shard_pp *pp = calloc(1, sizeof *pp);
     if (!pp) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
     pp->comm = pipe, pp->rank = shard_comm_rank(pipe), pp->p = shard_comm_size(pipe), pp->m = m, pp->s = s;
-    pp->recompute = recompute;
+    pp->recompute = recompute, pp->S = pp->p * s->v;
     pp->n_slots = shard__pp_slots(s, pp->rank, recompute);
     pp->n_holders = shard__pp_slots(s, pp->rank, 0) + 1; /* one more: the next op's receive is posted early */
-    if (pp->n_holders > s->m) pp->n_holders = s->m;
-    size_t M = (size_t)s->m;
-    pp->io = calloc(M, sizeof *pp->io), pp->holder_of = calloc(M, sizeof(int)), pp->slot_of = calloc(M, sizeof(int));
+    if (pp->n_holders > s->m * s->v) pp->n_holders = s->m * s->v;
+    size_t M = (size_t)s->m, MV = M * (size_t)s->v;
+    pp->io = calloc(M, sizeof *pp->io), pp->holder_of = calloc(MV, sizeof(int)), pp->slot_of = calloc(MV, sizeof(int));
     pp->h = calloc((size_t)pp->n_holders, sizeof *pp->h);
     pp->holder_free = calloc((size_t)pp->n_holders, sizeof(int)), pp->slot_free = calloc((size_t)pp->n_slots, sizeof(int));
     if (!pp->io || !pp->holder_of || !pp->slot_of || !pp->h || !pp->holder_free || !pp->slot_free) {
@@ -131,7 +131,7 @@ static shard_status wait_noted(shard_pp *pp, shard_request **req, char what, int
 static shard_status size_holders(shard_pp *pp, size_t io) {
     if (io <= pp->io_cap) return SHARD_OK;
     free_holders(pp);
-    int first = pp->rank == 0, last = pp->rank == pp->p - 1;
+    int first = pp->rank == 0 && pp->S == pp->p, last = pp->rank == pp->p - 1 && pp->S == pp->p;
     for (int i = 0; i < pp->n_holders; i++) {
         holder *h = &pp->h[i];
         size_t b = io * sizeof(float);
@@ -153,47 +153,56 @@ static int take(int *free_list, int n) {
     return -1;
 }
 
-/* Post the receive op i needs (F: the previous stage's output; B: the next stage's gradient). */
+static int stage_of(const shard_pp *pp, const shard_pipe_op *op) { return op->chunk * pp->p + pp->rank; }
+static int rank_of(const shard_pp *pp, int stage) { return stage % pp->p; }
+static int tag_of(const shard_pp *pp, int stage, int micro, int grad) { return 2 * (stage * pp->s->m + micro) + grad; }
+static int key_of(const shard_pp *pp, const shard_pipe_op *op) { return op->chunk * pp->s->m + op->micro; }
+
+/* Post the receive an op needs (F: the previous stage's output; B: the next stage's gradient). */
 static shard_status post(shard_pp *pp, const shard_pipe_op *op) {
-    int j = op->micro;
+    int j = op->micro, st = stage_of(pp, op), k = key_of(pp, op);
     if (op->what == 'F') {
         int h = take(pp->holder_free, pp->n_holders);
         if (h < 0) return shard_error(SHARD_ERR_INTERNAL, "pipeline: no free holder for micro-batch %d", j);
-        pp->holder_of[j] = h;
-        if (pp->rank == 0) return SHARD_OK;
-        return shard_comm_irecv(pp->comm, pp->h[h].in, pp->io[j], SHARD_F32, pp->rank - 1, 2 * j, &pp->h[h].in_req);
+        pp->holder_of[k] = h;
+        if (st == 0) return SHARD_OK;
+        return shard_comm_irecv(pp->comm, pp->h[h].in, pp->io[j], SHARD_F32, rank_of(pp, st - 1), tag_of(pp, st, j, 0),
+                                &pp->h[h].in_req);
     }
-    if (pp->rank == pp->p - 1) return SHARD_OK;
-    holder *h = &pp->h[pp->holder_of[j]];
-    return shard_comm_irecv(pp->comm, h->g_in, pp->io[j], SHARD_F32, pp->rank + 1, 2 * j + 1, &h->g_in_req);
+    if (st == pp->S - 1) return SHARD_OK;
+    holder *h = &pp->h[pp->holder_of[k]];
+    return shard_comm_irecv(pp->comm, h->g_in, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st, j, 1), &h->g_in_req);
 }
 
-static shard_status run_forward(shard_pp *pp, int j, shard_pp_load_fn load, void *ctx, double denominator, double *loss) {
-    int first = pp->rank == 0, last = pp->rank == pp->p - 1;
-    holder *h = &pp->h[pp->holder_of[j]];
+static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_load_fn load, void *ctx, double denominator,
+                                double *loss) {
+    int j = op->micro, st = stage_of(pp, op), k = key_of(pp, op), first = st == 0, last = st == pp->S - 1;
+    holder *h = &pp->h[pp->holder_of[k]];
     SHARD_CHECK(load(ctx, (size_t)j));
     SHARD_CHECK(wait_noted(pp, &h->in_req, 'f', j));
     SHARD_CHECK(wait_noted(pp, &h->out_req, 0, j));
     int slot = take(pp->slot_free, pp->n_slots);
     if (slot < 0) return shard_error(SHARD_ERR_INTERNAL, "pipeline: no free activation slot for micro-batch %d", j);
-    pp->slot_of[j] = slot;
+    pp->slot_of[k] = slot;
     if (++pp->held > pp->peak_held) pp->peak_held = pp->held;
     if (pp->recompute) pp->slot_free[slot] = 0; /* nothing is kept but the input */
     pp->m->ops->use_slot(pp->m, (size_t)slot);
     double t0 = shard__now(), l = 0;
-    SHARD_CHECK(pp->m->ops->stage_forward(pp->m, first ? NULL : h->in, last ? NULL : h->out, denominator, &l));
+    SHARD_CHECK(pp->m->ops->stage_forward(pp->m, (size_t)op->chunk, first ? NULL : h->in, last ? NULL : h->out, denominator,
+                                          &l));
     pp->compute += shard__now() - t0;
     note(pp, 'F', j, t0);
     *loss += l;
     if (last) return SHARD_OK;
-    return shard_comm_isend(pp->comm, h->out, pp->io[j], SHARD_F32, pp->rank + 1, 2 * j, &h->out_req);
+    return shard_comm_isend(pp->comm, h->out, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st + 1, j, 0), &h->out_req);
 }
 
-static shard_status run_backward(shard_pp *pp, int j, int final, shard_dp *dp, shard_pp_load_fn load, void *ctx,
-                                 double denominator) {
-    int first = pp->rank == 0, last = pp->rank == pp->p - 1, hi = pp->holder_of[j];
+static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int final, shard_dp *dp, shard_pp_load_fn load,
+                                 void *ctx, double denominator) {
+    int j = op->micro, st = stage_of(pp, op), k = key_of(pp, op), first = st == 0, last = st == pp->S - 1;
+    int hi = pp->holder_of[k];
     holder *h = &pp->h[hi];
-    if (final && first && pp->tied_n) { /* the last stage's part of the tied gradient, then the usual backward */
+    if (final && pp->rank == 0 && pp->tied_n) { /* the last stage's part of the tied gradient, then the usual backward */
         double t0 = shard__now();
         SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_in, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_GRAD));
         note(pp, 't', j, t0);
@@ -201,26 +210,32 @@ static shard_status run_backward(shard_pp *pp, int j, int final, shard_dp *dp, s
     }
     SHARD_CHECK(shard__dp_begin_micro(dp, final));
     SHARD_CHECK(load(ctx, (size_t)j));
-    int slot = pp->recompute ? 0 : pp->slot_of[j];
+    int slot = pp->recompute ? 0 : pp->slot_of[k];
     pp->m->ops->use_slot(pp->m, (size_t)slot);
     if (pp->recompute) { /* the forward again, from the kept input */
         double t0 = shard__now(), l = 0;
         SHARD_CHECK(wait_noted(pp, &h->out_req, 0, j));
-        SHARD_CHECK(pp->m->ops->stage_forward(pp->m, first ? NULL : h->in, last ? NULL : h->out, denominator, &l));
+        SHARD_CHECK(pp->m->ops->stage_forward(pp->m, (size_t)op->chunk, first ? NULL : h->in, last ? NULL : h->out,
+                                              denominator, &l));
         pp->compute += shard__now() - t0;
         note(pp, 'r', j, t0);
     }
     SHARD_CHECK(wait_noted(pp, &h->g_in_req, 'b', j));
     SHARD_CHECK(wait_noted(pp, &h->g_out_req, 0, j));
     double t0 = shard__now();
-    SHARD_CHECK(pp->m->ops->stage_backward(pp->m, last ? NULL : h->g_in, first ? NULL : h->g_out));
+    SHARD_CHECK(pp->m->ops->stage_backward(pp->m, (size_t)op->chunk, last ? NULL : h->g_in, first ? NULL : h->g_out));
     pp->compute += shard__now() - t0;
     note(pp, 'B', j, t0);
     if (!pp->recompute) pp->slot_free[slot] = 0;
     pp->held--;
-    if (!first) SHARD_CHECK(shard_comm_isend(pp->comm, h->g_out, pp->io[j], SHARD_F32, pp->rank - 1, 2 * j + 1, &h->g_out_req));
-    if (final && last && pp->tied_n)
+    if (!first)
+        SHARD_CHECK(shard_comm_isend(pp->comm, h->g_out, pp->io[j], SHARD_F32, rank_of(pp, st - 1), tag_of(pp, st - 1, j, 1),
+                                     &h->g_out_req));
+    if (final && pp->rank == pp->p - 1 && pp->tied_n)
         SHARD_CHECK(shard_comm_isend(pp->comm, pp->tied_grad, pp->tied_n, SHARD_F32, 0, TAG_TIED_GRAD, &pp->tied_req));
+    /* every unit's gradient is complete after the rank's last backward (with chunks, that backward ran one
+     * chunk's units only): the data axis may start on the others */
+    for (size_t u = 0; final && u < pp->m->units; u++) SHARD_CHECK(shard_model_grads_ready(pp->m, u));
     /* the holder's sends may still be in flight: they are waited for before it is used again */
     pp->holder_free[hi] = 0;
     return SHARD_OK;
@@ -258,8 +273,8 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
     for (int i = 0; i < n && st == SHARD_OK; i++) {
         if (i + 1 < n) st = post(pp, &ops[i + 1]);
         if (st == SHARD_OK)
-            st = ops[i].what == 'F' ? run_forward(pp, ops[i].micro, load, ctx, denominator, loss)
-                                    : run_backward(pp, ops[i].micro, i == final_b, dp, load, ctx, denominator);
+            st = ops[i].what == 'F' ? run_forward(pp, &ops[i], load, ctx, denominator, loss)
+                                    : run_backward(pp, &ops[i], i == final_b, dp, load, ctx, denominator);
     }
     /* the sends still in flight (a failed run's receives too: the job is being aborted) */
     for (int i = 0; i < pp->n_holders; i++) {

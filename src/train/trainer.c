@@ -96,12 +96,16 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     if (!layers)
         return shard_error(SHARD_ERR_INVALID_ARG, "--mesh pipe=%d: %s's model is not cut into pipeline stages by the trainer "
                            "yet (the GPT is): give pipe=1", p, t->c.config_path);
+    if (v > SHARD_MAX_STAGE_CHUNKS)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v, SHARD_MAX_STAGE_CHUNKS);
     SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
-    size_t *first = calloc((size_t)p + 1, sizeof *first);
+    /* p * v virtual stages; rank r holds virtual stages r, p + r, 2p + r, ... */
+    size_t *first = calloc((size_t)(p * v) + 1, sizeof *first);
     if (!first) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
-    shard_status s = shard__pipe_partition(layers, p, t->c.layers_per_stage, first);
-    if (s == SHARD_OK)
-        t->stage = (shard_model_stage){first[r], first[r + 1], r, p, (size_t)shard__pp_slots(t->sched, r, t->c.recompute)};
+    shard_status s = shard__pipe_partition(layers, p * v, t->c.layers_per_stage, first);
+    t->stage = (shard_model_stage){.index = r, .count = p, .chunks = (size_t)v,
+                                   .slots = (size_t)shard__pp_slots(t->sched, r, t->c.recompute)};
+    for (int c = 0; s == SHARD_OK && c < v; c++) t->stage.first[c] = first[c * p + r], t->stage.last[c] = first[c * p + r + 1];
     free(first);
     t->pipe = pipe;
     return s;
