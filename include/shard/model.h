@@ -72,13 +72,14 @@ typedef struct shard_model_ops {
      * use_slot: the activation buffers of the next forward/backward (one per micro-batch in flight;
      * the model was made with `slots` of them).  stage_tied: a parameter the first and last stages
      * share (the GPT's wte: embedding and LM head): its elements, and where its value and gradient
-     * live on this stage (the last stage's copy is not among its parameters); 0 when none. */
+     * live on this stage now (the first stage's: its unit's, valid between acquire and release; the
+     * last stage's copy is not among its parameters, *unit = SIZE_MAX); 0 when none. */
     size_t (*stage_io)(const shard_model *m);
     shard_status (*stage_forward)(shard_model *m, size_t chunk, const float *in, float *out, double denominator,
                                   double *loss);
     shard_status (*stage_backward)(shard_model *m, size_t chunk, const float *d_out, float *d_in);
     void (*use_slot)(shard_model *m, size_t slot);
-    size_t (*stage_tied)(shard_model *m, float **value, float **grad);
+    size_t (*stage_tied)(shard_model *m, size_t *unit, float **value, float **grad);
 } shard_model_ops;
 
 /* A pipe rank's part of the model: `chunks` runs of layers (one; v with virtual stages, chunk c being

@@ -790,6 +790,7 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     memset(g->d_resid, 0, Nl * C * sizeof(float));
     SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
+    if (!g->own_first) SHARD_CHECK(shard_model_grads_ready(&g->model, 0)); /* the last stage's unit 0: ln_f */
     } else { /* the next pipeline stage's gradient of this stage's output */
         memcpy(g->d_resid, stage_d_out, Nl * C * sizeof(float));
     }
@@ -831,7 +832,7 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     }
     if (!g->first) { /* the previous pipeline stage goes on with the gradient of this stage's input */
         memcpy(stage_d_in, g->d_resid, Nl * C * sizeof(float));
-        return g->has_u0 ? shard_model_grads_ready(&g->model, 0) : SHARD_OK;
+        return SHARD_OK;
     }
     /* embeddings */
     if (drop_p(g, c->embd_pdrop) > 0)
@@ -925,10 +926,10 @@ static shard_status model_stage_backward(shard_model *m, size_t chunk, const flo
 
 static void model_use_slot(shard_model *m, size_t slot) { use_slot(impl(m), slot); }
 
-static size_t model_stage_tied(shard_model *m, float **value, float **grad) {
+static size_t model_stage_tied(shard_model *m, size_t *unit, float **value, float **grad) {
     shard_gpt *g = impl(m);
     if (g->own_first == g->own_last) return 0; /* the whole model, or a middle stage */
-    *value = head_w(g), *grad = head_g(g);
+    *unit = g->own_first ? 0 : SIZE_MAX, *value = head_w(g), *grad = head_g(g);
     return g->Vl * g->c.n_embd;
 }
 static void model_init(shard_model *m, uint64_t seed) { shard_gpt_init(impl(m), seed); }

@@ -290,7 +290,10 @@ static shard_status hook_release(void *ctx, shard_model *m, size_t k, int backwa
 static shard_status hook_grads_ready(void *ctx, shard_model *m, size_t k) {
     (void)m;
     shard_dp *dp = ctx;
-    if (dp->zero >= 2) return start_rs(dp, k, dp->u[k].grad);
+    if (dp->zero >= 2) { /* nothing new since the last reduce-scatter (no gradient, or that one on its way): done */
+        unit_state *u = &dp->u[k];
+        return u->grad && u->rs_send != (void *)u->grad ? start_rs(dp, k, u->grad) : SHARD_OK;
+    }
     if (!dp->sync || dp->u[k].ready) return SHARD_OK;
     dp->u[k].ready = 1;
     bucket *b = &dp->buckets[dp->bucket_of[k]];
@@ -417,6 +420,8 @@ shard_status shard__dp_begin_micro(shard_dp *dp, int sync) {
     for (size_t b = 0; b < dp->n_buckets; b++) dp->buckets[b].waiting = dp->buckets[b].hi - dp->buckets[b].lo + 1;
     return dp->zero == 3 && dp->order_known && dp->order_len ? start_gather(dp, dp->order[0]) : SHARD_OK;
 }
+
+void shard__dp_set_sync(shard_dp *dp, int sync) { dp->sync = sync; }
 
 /* zero 3: drop gathered copies left over (a prefetch not used), before the values change. */
 static shard_status drop_gathered(shard_dp *dp) {

@@ -31,6 +31,10 @@ void shard__dp_begin_step(shard_dp *dp);
 /* Before each micro-step: sync = this micro-step's gradients are communicated
  * (the last one; stages 2 and 3 reduce-scatter every micro-step). */
 shard_status shard__dp_begin_micro(shard_dp *dp, int sync);
+/* A pipeline runs the micro-batches' forwards and backwards interleaved: one begin_micro(0) before the
+ * step's first op (the ZeRO-3 prefetch order is then the whole step's), and set_sync(1) before the
+ * rank's last backward. */
+void shard__dp_set_sync(shard_dp *dp, int sync);
 /* After the last backward: wait for the gradients; *squares = the sum of the squared gradients over
  * the data axis (this rank's parameters). */
 shard_status shard__dp_finish(shard_dp *dp, double *squares);

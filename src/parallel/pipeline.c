@@ -39,7 +39,8 @@ struct shard_pp {
     size_t held, peak_held;
     /* the tied parameter (GPT: wte) */
     size_t tied_n;
-    float *tied_value, *tied_grad, *tied_in;
+    size_t tied_unit; /* the tied parameter's unit on stage 0 (acquired around each use: ZeRO-3 gathers it) */
+    float *tied_in;
     shard_request *tied_req;
     /* timing */
     double t_begin, compute, wall;
@@ -75,8 +76,7 @@ shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe
         return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
     }
     float *value = NULL, *grad = NULL;
-    pp->tied_n = pp->p > 1 && m->ops->stage_tied ? m->ops->stage_tied(m, &value, &grad) : 0;
-    pp->tied_value = value, pp->tied_grad = grad;
+    pp->tied_n = pp->p > 1 && m->ops->stage_tied ? m->ops->stage_tied(m, &pp->tied_unit, &value, &grad) : 0;
     if (pp->tied_n && pp->rank == 0 && !(pp->tied_in = shard_alloc(pp->tied_n * sizeof(float), SHARD_MEM_COMM))) {
         shard__pp_destroy(pp);
         return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory for the tied parameter's gradient");
@@ -107,6 +107,18 @@ void shard__pp_destroy(shard_pp *pp) {
 }
 
 /* ---------------------------------------------------------------- helpers */
+
+/* The tied parameter's value or gradient, with its unit acquired on stage 0 (release with tied_done). */
+static shard_status tied_begin(shard_pp *pp, int backward, float **value, float **grad) {
+    if (pp->tied_unit != SIZE_MAX) SHARD_CHECK(shard_model_acquire(pp->m, pp->tied_unit, backward));
+    size_t unit;
+    pp->m->ops->stage_tied(pp->m, &unit, value, grad);
+    return SHARD_OK;
+}
+
+static shard_status tied_done(shard_pp *pp, int backward) {
+    return pp->tied_unit != SIZE_MAX ? shard_model_release(pp->m, pp->tied_unit, backward) : SHARD_OK;
+}
 
 static void note(shard_pp *pp, char what, int micro, double t0) {
     if (pp->spans == pp->span_cap) {
@@ -206,9 +218,12 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
         double t0 = shard__now();
         SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_in, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_GRAD));
         note(pp, 't', j, t0);
-        shard_add(pp->tied_grad, pp->tied_in, pp->tied_grad, pp->tied_n);
+        float *value, *grad;
+        SHARD_CHECK(tied_begin(pp, 1, &value, &grad));
+        shard_add(grad, pp->tied_in, grad, pp->tied_n);
+        SHARD_CHECK(tied_done(pp, 1));
     }
-    SHARD_CHECK(shard__dp_begin_micro(dp, final));
+    if (final) shard__dp_set_sync(dp, 1);
     SHARD_CHECK(load(ctx, (size_t)j));
     int slot = pp->recompute ? 0 : pp->slot_of[k];
     pp->m->ops->use_slot(pp->m, (size_t)slot);
@@ -231,8 +246,11 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     if (!first)
         SHARD_CHECK(shard_comm_isend(pp->comm, h->g_out, pp->io[j], SHARD_F32, rank_of(pp, st - 1), tag_of(pp, st - 1, j, 1),
                                      &h->g_out_req));
-    if (final && pp->rank == pp->p - 1 && pp->tied_n)
-        SHARD_CHECK(shard_comm_isend(pp->comm, pp->tied_grad, pp->tied_n, SHARD_F32, 0, TAG_TIED_GRAD, &pp->tied_req));
+    if (final && pp->rank == pp->p - 1 && pp->tied_n) {
+        float *value, *grad;
+        SHARD_CHECK(tied_begin(pp, 1, &value, &grad));
+        SHARD_CHECK(shard_comm_isend(pp->comm, grad, pp->tied_n, SHARD_F32, 0, TAG_TIED_GRAD, &pp->tied_req));
+    }
     /* every unit's gradient is complete after the rank's last backward (with chunks, that backward ran one
      * chunk's units only): the data axis may start on the others */
     for (size_t u = 0; final && u < pp->m->units; u++) SHARD_CHECK(shard_model_grads_ready(pp->m, u));
@@ -262,12 +280,18 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
     SHARD_CHECK(size_holders(pp, io_max ? io_max : 1));
     memset(pp->holder_free, 0, (size_t)pp->n_holders * sizeof(int));
     memset(pp->slot_free, 0, (size_t)pp->n_slots * sizeof(int));
+    SHARD_CHECK(shard__dp_begin_micro(dp, 0));
     /* the last stage's copy of the tied parameter: stage 0's values */
-    if (pp->tied_n && pp->rank == 0)
-        SHARD_CHECK(shard_comm_send(pp->comm, pp->tied_value, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_VALUE));
-    if (pp->tied_n && pp->rank == pp->p - 1) {
-        SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_value, pp->tied_n, SHARD_F32, 0, TAG_TIED_VALUE));
-        memset(pp->tied_grad, 0, pp->tied_n * sizeof(float));
+    if (pp->tied_n && (pp->rank == 0 || pp->rank == pp->p - 1)) {
+        float *value, *grad;
+        SHARD_CHECK(tied_begin(pp, 0, &value, &grad));
+        if (pp->rank == 0) {
+            SHARD_CHECK(shard_comm_send(pp->comm, value, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_VALUE));
+        } else {
+            SHARD_CHECK(shard_comm_recv(pp->comm, value, pp->tied_n, SHARD_F32, 0, TAG_TIED_VALUE));
+            memset(grad, 0, pp->tied_n * sizeof(float));
+        }
+        SHARD_CHECK(tied_done(pp, 0));
     }
     shard_status st = n ? post(pp, &ops[0]) : SHARD_OK;
     for (int i = 0; i < n && st == SHARD_OK; i++) {

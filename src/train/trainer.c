@@ -91,14 +91,14 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     int p = shard_comm_size(pipe), r = shard_comm_rank(pipe), v = t->c.virtual_stages > 0 ? t->c.virtual_stages : 1;
     shard_pipe_kind kind = SHARD_PIPE_GPIPE;
     if (t->c.schedule) SHARD_CHECK(shard__pipe_kind_parse(t->c.schedule, &kind));
+    if (v > SHARD_MAX_STAGE_CHUNKS)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v, SHARD_MAX_STAGE_CHUNKS);
+    SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
     size_t layers = 0;
     SHARD_CHECK(shard_model_stage_layers(t->c.config_path, &layers));
     if (!layers)
         return shard_error(SHARD_ERR_INVALID_ARG, "--mesh pipe=%d: %s's model is not cut into pipeline stages by the trainer "
                            "yet (the GPT is): give pipe=1", p, t->c.config_path);
-    if (v > SHARD_MAX_STAGE_CHUNKS)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v, SHARD_MAX_STAGE_CHUNKS);
-    SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
     /* p * v virtual stages; rank r holds virtual stages r, p + r, 2p + r, ... */
     size_t *first = calloc((size_t)(p * v) + 1, sizeof *first);
     if (!first) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
@@ -125,12 +125,6 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
                                "'pipe'; give %s=1 or leave it out", shard_mesh_axis_name(mesh, a),
                                shard_mesh_axis_size(mesh, a), shard_mesh_axis_name(mesh, a));
     int pipe_size = pipe_axis >= 0 ? shard_mesh_axis_size(mesh, pipe_axis) : 1;
-    if (pipe_size > 1 && config->zero >= 2)
-        return shard_error(SHARD_ERR_UNSUPPORTED, "--zero %d with pipe=%d: the pipeline composes with --zero 0 and 1 so far "
-                           "(ZeRO-2/3 gather and reduce-scatter per micro-batch, which the schedule interleaves)",
-                           config->zero, pipe_size);
-    if (pipe_size > 1 && config->compute_dtype == SHARD_BF16)
-        return shard_error(SHARD_ERR_UNSUPPORTED, "--compute-dtype bf16 with pipe=%d: the pipeline runs f32 so far", pipe_size);
     /* a tensor axis of one rank is accepted (sequence parallel is then the single-device math) */
     if (config->sequence_parallel && tensor_axis < 0)
         return shard_error(SHARD_ERR_INVALID_ARG, "--sequence-parallel splits the tokens over the tensor axis, and this mesh "
