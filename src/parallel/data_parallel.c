@@ -292,7 +292,7 @@ static shard_status hook_grads_ready(void *ctx, shard_model *m, size_t k) {
     shard_dp *dp = ctx;
     if (dp->zero >= 2) { /* nothing new since the last reduce-scatter (no gradient, or that one on its way): done */
         unit_state *u = &dp->u[k];
-        return u->grad && u->rs_send != (void *)u->grad ? start_rs(dp, k, u->grad) : SHARD_OK;
+        return u->grad && !u->rs_send ? start_rs(dp, k, u->grad) : SHARD_OK;
     }
     if (!dp->sync || dp->u[k].ready) return SHARD_OK;
     dp->u[k].ready = 1;
