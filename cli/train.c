@@ -4,7 +4,8 @@
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S
  *               [--ranks N] [--mesh data=N,tensor=T] [--sequence-parallel] [--zero 0|1|2|3] [--accum K] [--micro-batch M]
  *               [--spec NAME=SPEC ...] [--print-specs]
- *               [--mesh data=D,pipe=P --schedule gpipe|1f1b --micro-batches M [--recompute] [--layers-per-stage 3,3,2]]
+ *               [--mesh data=D,pipe=P --schedule gpipe|1f1b|interleaved --micro-batches M [--virtual-stages V]
+ *                [--recompute] [--layers-per-stage 3,3,2] [--trace run.json]]
  *               [--bucket-mb 25] [--grad-dtype f32|bf16] [--compute-dtype f32|bf16] [--resume DIR]
  *               [--init weights.safetensors] [--log run.jsonl] [--save DIR] [--save-every K]
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
@@ -26,10 +27,12 @@
 #include "comm/comm_impl.h"
 #include "shard/shard.h"
 #include "models/model_impl.h"
+#include "trace.h"
 #include "train_util.h"
 
 typedef struct train_opts {
     const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype, *schedule, *layers_per_stage;
+    const char *trace;
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero, micro_batches, virtual_stages;
     int recompute;
     double lr, min_lr, weight_decay, clip, bucket_mb;
@@ -134,6 +137,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             s = shard_trainer_save(t, o->save, step, config_text);
     }
     if (tty) printf("\n");
+    if (s == SHARD_OK && o->trace) { /* the last step's schedule as it ran */
+        shard_pipeline_stats ps;
+        s = shard_trainer_pipeline_stats(t, &ps);
+        if (s < 0) s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1",
+                                   o->trace);
+        else s = cli_write_trace(comm, &ps, o->trace);
+        if (s == SHARD_OK && rank == 0) printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
+    }
     if (s == SHARD_OK && rank == 0)
         printf("train: %ld steps in %.1f s, loss %.4f -> %.4f, %.0f %s/s on average%s%s\n", o->steps - (long)first + 1,
                shard__now() - started, first_loss, last_loss, tokens_done / (shard__now() - started),
@@ -155,11 +166,12 @@ int cli_train(int argc, char **argv) {
         const char *a = argv[i], *val = NULL;
         const char **strs[] = {&o.config, &o.data,       &o.init,          &o.log,      &o.save,
                                &o.mesh,   &o.resume,     &o.grad_dtype,    &o.compute_dtype, &o.schedule,
-                               &o.layers_per_stage};
+                               &o.layers_per_stage, &o.trace};
         const char *str_names[] = {"--config", "--data",   "--init",       "--log",          "--save",     "--mesh",
-                                   "--resume", "--grad-dtype", "--compute-dtype", "--schedule", "--layers-per-stage"};
+                                   "--resume", "--grad-dtype", "--compute-dtype", "--schedule", "--layers-per-stage",
+                                   "--trace"};
         int done = 0;
-        for (int k = 0; k < 11 && !done; k++)
+        for (int k = 0; k < 12 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
                 if (!(*strs[k] = cli_value(argc, argv, &i))) return 2;
                 done = 1;

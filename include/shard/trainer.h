@@ -69,9 +69,27 @@ void shard_trainer_destroy(shard_trainer *t);
 shard_model *shard_trainer_model(shard_trainer *t);
 /* The resolved batch arithmetic. */
 void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, size_t *accum, size_t *data);
-/* The pipe axis: this rank's stage (blocks first .. last-1 of `of` stages) and the schedule printed as
- * an ASCII timeline to out (nothing without a pipe axis). */
+/* The pipe axis: the schedule printed as an ASCII timeline to out (nothing without a pipe axis). */
 void shard_trainer_print_schedule(const shard_trainer *t, FILE *out);
+
+/* What this pipe rank did in the last step: spans of compute ('F', 'B', 'r' recompute) and of waiting
+ * ('f' for an activation, 'b' for a gradient, 't' for the tied parameter's gradient), in seconds from
+ * begin_s (a monotonic clock shared by the ranks of one machine). */
+typedef struct shard_trace_span {
+    char what;
+    int micro, chunk;
+    double t0, t1;
+} shard_trace_span;
+
+typedef struct shard_pipeline_stats {
+    int stage, stages, chunks;  /* this pipe rank, the pipe size, chunks per rank */
+    double begin_s, wall_s, compute_s;
+    size_t held_peak, slots;     /* micro-batches held at once in the step; activation slots made */
+    size_t spans;
+    const shard_trace_span *span;
+} shard_pipeline_stats;
+/* SHARD_ERR_INVALID_ARG without a pipe axis. */
+shard_status shard_trainer_pipeline_stats(const shard_trainer *t, shard_pipeline_stats *out);
 
 /* One optimizer step (steps count from 1). */
 shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out);

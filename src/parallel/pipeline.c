@@ -44,7 +44,7 @@ struct shard_pp {
     shard_request *tied_req;
     /* timing */
     double t_begin, compute, wall;
-    shard_pp_span *span;
+    shard_trace_span *span;
     size_t spans, span_cap;
 };
 
@@ -120,22 +120,23 @@ static shard_status tied_done(shard_pp *pp, int backward) {
     return pp->tied_unit != SIZE_MAX ? shard_model_release(pp->m, pp->tied_unit, backward) : SHARD_OK;
 }
 
-static void note(shard_pp *pp, char what, int micro, double t0) {
+static void note(shard_pp *pp, char what, const shard_pipe_op *op, double t0) {
     if (pp->spans == pp->span_cap) {
         size_t cap = pp->span_cap ? 2 * pp->span_cap : 64;
-        shard_pp_span *more = realloc(pp->span, cap * sizeof *more);
+        shard_trace_span *more = realloc(pp->span, cap * sizeof *more);
         if (!more) return; /* the trace loses a span; the run goes on */
         pp->span = more, pp->span_cap = cap;
     }
-    pp->span[pp->spans++] = (shard_pp_span){what, micro, t0 - pp->t_begin, shard__now() - pp->t_begin};
+    pp->span[pp->spans++] = (shard_trace_span){what, op ? op->micro : -1, op ? op->chunk : 0, t0 - pp->t_begin,
+                                               shard__now() - pp->t_begin};
 }
 
 /* Wait for a request, noting the time as `what` when it had not finished. */
-static shard_status wait_noted(shard_pp *pp, shard_request **req, char what, int micro) {
+static shard_status wait_noted(shard_pp *pp, shard_request **req, char what, const shard_pipe_op *op) {
     if (!*req) return SHARD_OK;
     double t0 = shard__now();
     shard_status s = shard_request_wait(req);
-    if (what) note(pp, what, micro, t0);
+    if (what) note(pp, what, op, t0);
     return s;
 }
 
@@ -191,8 +192,8 @@ static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_
     int j = op->micro, st = stage_of(pp, op), k = key_of(pp, op), first = st == 0, last = st == pp->S - 1;
     holder *h = &pp->h[pp->holder_of[k]];
     SHARD_CHECK(load(ctx, (size_t)j));
-    SHARD_CHECK(wait_noted(pp, &h->in_req, 'f', j));
-    SHARD_CHECK(wait_noted(pp, &h->out_req, 0, j));
+    SHARD_CHECK(wait_noted(pp, &h->in_req, 'f', op));
+    SHARD_CHECK(wait_noted(pp, &h->out_req, 0, op));
     int slot = take(pp->slot_free, pp->n_slots);
     if (slot < 0) return shard_error(SHARD_ERR_INTERNAL, "pipeline: no free activation slot for micro-batch %d", j);
     pp->slot_of[k] = slot;
@@ -203,7 +204,7 @@ static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_
     SHARD_CHECK(pp->m->ops->stage_forward(pp->m, (size_t)op->chunk, first ? NULL : h->in, last ? NULL : h->out, denominator,
                                           &l));
     pp->compute += shard__now() - t0;
-    note(pp, 'F', j, t0);
+    note(pp, 'F', op, t0);
     *loss += l;
     if (last) return SHARD_OK;
     return shard_comm_isend(pp->comm, h->out, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st + 1, j, 0), &h->out_req);
@@ -217,7 +218,7 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     if (final && pp->rank == 0 && pp->tied_n) { /* the last stage's part of the tied gradient, then the usual backward */
         double t0 = shard__now();
         SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_in, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_GRAD));
-        note(pp, 't', j, t0);
+        note(pp, 't', op, t0);
         float *value, *grad;
         SHARD_CHECK(tied_begin(pp, 1, &value, &grad));
         shard_add(grad, pp->tied_in, grad, pp->tied_n);
@@ -229,18 +230,18 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     pp->m->ops->use_slot(pp->m, (size_t)slot);
     if (pp->recompute) { /* the forward again, from the kept input */
         double t0 = shard__now(), l = 0;
-        SHARD_CHECK(wait_noted(pp, &h->out_req, 0, j));
+        SHARD_CHECK(wait_noted(pp, &h->out_req, 0, op));
         SHARD_CHECK(pp->m->ops->stage_forward(pp->m, (size_t)op->chunk, first ? NULL : h->in, last ? NULL : h->out,
                                               denominator, &l));
         pp->compute += shard__now() - t0;
-        note(pp, 'r', j, t0);
+        note(pp, 'r', op, t0);
     }
-    SHARD_CHECK(wait_noted(pp, &h->g_in_req, 'b', j));
-    SHARD_CHECK(wait_noted(pp, &h->g_out_req, 0, j));
+    SHARD_CHECK(wait_noted(pp, &h->g_in_req, 'b', op));
+    SHARD_CHECK(wait_noted(pp, &h->g_out_req, 0, op));
     double t0 = shard__now();
     SHARD_CHECK(pp->m->ops->stage_backward(pp->m, (size_t)op->chunk, last ? NULL : h->g_in, first ? NULL : h->g_out));
     pp->compute += shard__now() - t0;
-    note(pp, 'B', j, t0);
+    note(pp, 'B', op, t0);
     if (!pp->recompute) pp->slot_free[slot] = 0;
     pp->held--;
     if (!first)
@@ -305,15 +306,17 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
         holder *h = &pp->h[i];
         shard_request **reqs[4] = {&h->out_req, &h->g_out_req, &h->in_req, &h->g_in_req};
         for (int k = 0; k < 4; k++) {
-            shard_status w = wait_noted(pp, reqs[k], 0, -1);
+            shard_status w = wait_noted(pp, reqs[k], 0, NULL);
             if (st == SHARD_OK) st = w;
         }
     }
-    shard_status w = wait_noted(pp, &pp->tied_req, 0, -1);
+    shard_status w = wait_noted(pp, &pp->tied_req, 0, NULL);
     pp->wall = shard__now() - pp->t_begin;
     return st == SHARD_OK ? w : st;
 }
 
-void shard__pp_stats(const shard_pp *pp, shard_pp_stats *out) {
-    *out = (shard_pp_stats){pp->compute, pp->wall, pp->spans, pp->span, pp->peak_held};
+void shard__pp_stats(const shard_pp *pp, shard_pipeline_stats *out) {
+    *out = (shard_pipeline_stats){.stage = pp->rank, .stages = pp->p, .chunks = pp->s->v, .begin_s = pp->t_begin,
+                                  .wall_s = pp->wall, .compute_s = pp->compute, .held_peak = pp->peak_held,
+                                  .slots = (size_t)pp->n_slots, .spans = pp->spans, .span = pp->span};
 }

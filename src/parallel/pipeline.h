@@ -22,6 +22,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "shard/comm.h"
 #include "shard/model.h"
+#include "shard/trainer.h"
 
 typedef struct shard_pp shard_pp;
 
@@ -42,19 +43,7 @@ typedef shard_status (*shard_pp_load_fn)(void *ctx, size_t micro);
 shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, void *ctx, double denominator,
                            double *loss);
 
-/* Timing of the last run: compute seconds (F and B), the run's wall seconds, and the spans for a trace. */
-typedef struct shard_pp_span {
-    char what;       /* 'F', 'B' compute; 'f', 'b': waiting for the activation / gradient; 'r' recompute */
-    int micro;
-    double t0, t1;   /* seconds since the run began */
-} shard_pp_span;
-
-typedef struct shard_pp_stats {
-    double compute_s, wall_s;
-    size_t spans;
-    const shard_pp_span *span;
-    size_t peak_held; /* micro-batches held at once */
-} shard_pp_stats;
-void shard__pp_stats(const shard_pp *pp, shard_pp_stats *out);
+/* Timing of the last run (trainer.h's shard_pipeline_stats, less the stage and schedule). */
+void shard__pp_stats(const shard_pp *pp, shard_pipeline_stats *out);
 
 #endif

@@ -115,6 +115,12 @@ void shard_trainer_print_schedule(const shard_trainer *t, FILE *out) {
     if (t->sched) shard__pipe_schedule_print(t->sched, out);
 }
 
+shard_status shard_trainer_pipeline_stats(const shard_trainer *t, shard_pipeline_stats *out) {
+    if (!t->pp) return shard_error(SHARD_ERR_INVALID_ARG, "pipeline stats: this mesh has no pipe axis of more than one rank");
+    shard__pp_stats(t->pp, out);
+    return SHARD_OK;
+}
+
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
     *out = NULL;
     int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
