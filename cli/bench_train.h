@@ -22,5 +22,8 @@ void bench_remove_dir(const char *dir);
 
 /* `shard bench tensor`: tensor parallel (and sequence parallel) against one rank (bench_tensor.c). */
 int cli_bench_tensor(int argc, char **argv);
+/* `shard bench pipeline`: bubbles of the schedules, activations per stage, pipe=P against one rank
+ * (bench_pipeline.c). */
+int cli_bench_pipeline(int argc, char **argv);
 
 #endif
