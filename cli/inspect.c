@@ -7,6 +7,7 @@
 
 #include "bench_comm.h"
 #include "cli_util.h"
+#include "inspect_schedule.h"
 #include "shard/redistribute.h"
 #include "shard/spec.h"
 
@@ -31,8 +32,9 @@ bad:
 
 int cli_inspect(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) return cli_inspect_ckpt(argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "schedule") == 0) return cli_inspect_schedule(argc, argv);
     if (argc < 2 || strcmp(argv[1], "spec") != 0) {
-        cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"' or 'shard inspect ckpt DIR|FILE [--verify]'");
+        cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"', 'shard inspect ckpt DIR|FILE [--verify]' or 'shard inspect schedule --pipe 4 --micro-batches 8'");
         return 2;
     }
     const char *mesh = NULL, *spec_text = NULL, *shape_text = NULL, *to_text = NULL;

@@ -299,6 +299,10 @@ def train():
         for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1), (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--zero", "1"], 1),
                              (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--spec", "h.*.mlp.*=P()",
                                "--spec", "wte.weight=P()"], 1),
+                             (["--ranks", "2", "--mesh", "pipe=2", "--schedule", "1f1b", "--micro-batches", "2",
+                               "--recompute"], 1),
+                             (["--ranks", "4", "--mesh", "data=2,pipe=2", "--schedule", "gpipe", "--micro-batches", "2",
+                               "--zero", "3"], 1),
                              (["--ranks", "2", "--zero", "3", "--resume", os.path.join(work, "ck", "step_10")], 11)):
             log = os.path.join(work, "par.jsonl")
             p = run(args + ["--log", log] + extra)
@@ -340,6 +344,35 @@ def train():
                      "--steps", "2"] + extra)
             lines = [l for l in p.stderr.splitlines() if l.strip()]
             expect(p.returncode == 1 and len(lines) == 1 and want in p.stderr, f"bad input {conf} {extra}: {p.stderr!r}")
+        # a pipelined run's last step as a Chrome trace: a process row per rank, F and B of each micro-batch
+        trace = os.path.join(work, "trace.json")
+        p = run(args[:-6] + ["--steps", "2", "--ranks", "2", "--mesh", "pipe=2", "--micro-batches", "2", "--schedule",
+                             "1f1b", "--trace", trace])
+        events = json.load(open(trace))["traceEvents"] if p.returncode == 0 and os.path.exists(trace) else []
+        names = {(e["pid"], e["name"]) for e in events if e.get("ph") == "X" and e.get("cat") == "compute"}
+        procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+        expect(names == {(r, n) for r in (0, 1) for n in ("F0", "F1", "B0", "B1")}
+               and procs == {"rank 0 (pipe stage 0)", "rank 1 (pipe stage 1)"}
+               and "rank 0 |F0 F1 .  B0 .  B1 |" in p.stdout, f"--trace: {sorted(names)} {procs} {p.stdout} {p.stderr}")
+        for extra, want in ((["--trace", trace], "--trace " + trace + " records a pipeline's last step"),
+                            (["--ranks", "2", "--mesh", "pipe=2", "--save", os.path.join(work, "pp")],
+                             "--save with pipe=2: checkpoints of a pipelined run are not written yet"),
+                            (["--ranks", "2", "--mesh", "pipe=2", "--layers-per-stage", "1,2"],
+                             "--layers-per-stage '1,2' adds up to 3 layers; the model has 2")):
+            p = run(args[:-6] + ["--steps", "2"] + extra)
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            expect(p.returncode == 1 and len(lines) == 1 and want in p.stderr, f"pipeline bad input {extra}: {p.stderr!r}")
+        # the pipeline benchmark: measured bubbles near their formula, activation bytes as counted
+        p = run(["bench", "pipeline", "--config", cfg, "--ranks", "2", "--seq", "32", "--steps", "3", "--json"], timeout=300)
+        rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
+        bub = [r for r in rows if r["table"] == "bubble"]
+        act = [r for r in rows if r["table"] == "activations"]
+        expect(len(bub) == 9 and all(0 <= r["bubble_measured"] < 0.6 and r["bubble_replayed_p4"] == r["bubble_formula_p4"]
+                                     for r in bub)
+               and len(act) == 6 and all(r["held_measured"] == r["held_formula"] for r in act if not r["recompute"])
+               and all(abs(r["activation_bytes"] - r["activation_bytes_predicted"]) <= 64 for r in act)
+               and any(r["table"] == "speed" and r["ms_per_step_pipe"] > 0 for r in rows),
+               f"bench pipeline: {p.stdout} {p.stderr}")
         # placement as specs: --print-specs lists them; attention placed whole trains on more ranks than heads
         p = run(args[:-6] + ["--steps", "2", "--ranks", "2", "--mesh", "tensor=2", "--print-specs"])
         line = next((l for l in p.stdout.splitlines() if "h.0.attn.c_attn.weight" in l), "")
@@ -396,6 +429,15 @@ def inspect():
            f"nested grid: {p.stdout}")
 
 
+def inspect_schedule():
+    p = run(["inspect", "schedule", "--pipe", "3", "--micro-batches", "5"])
+    for text in ["rank 0 |F0 F1 F2 .  .  B0 F3 B1 F4 B2 .  B3 .  B4 |", "rank 2 |.  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 .  .  |",
+                 "micro-batches held at the peak: rank 0: 3, rank 1: 2, rank 2: 1", "formula 28.6%"]:
+        expect(p.returncode == 0 and text in p.stdout, f"inspect schedule lacks {text!r}: {p.stdout} {p.stderr}")
+    p = run(["inspect", "schedule", "--pipe", "4", "--micro-batches", "6", "--schedule", "interleaved", "--virtual-stages", "2"])
+    expect(p.returncode == 2 and "--micro-batches 6 must be a multiple of pipe = 4" in p.stderr, f"interleaved: {p.stderr}")
+
+
 def demo():
     p = run(["demo", "--ranks", "3"], timeout=300)
     expect(p.returncode == 0, f"demo: exit {p.returncode}: {p.stderr}")
@@ -404,7 +446,8 @@ def demo():
 
 
 def train_mpi():
-    """shard train under mpiexec: 2 processes (ZeRO-1) and 3 (ZeRO-3, uneven slices) match one rank."""
+    """shard train under mpiexec: 2 processes (ZeRO-1), 3 (ZeRO-3, uneven slices) and a 2-stage 1F1B pipeline match
+    one rank."""
     import shutil
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-train-mpi-")
@@ -420,7 +463,8 @@ def train_mpi():
         args = ["train", "--config", cfg, "--data", os.path.join(work, "data"), "--batch", "5", "--seq", "16",
                 "--steps", "12", "--lr", "3e-3"]
         logs = {}
-        for name, extra, mpi in (("one", [], 0), ("zero1", ["--zero", "1"], 2), ("zero3", ["--zero", "3"], 3)):
+        for name, extra, mpi in (("one", [], 0), ("zero1", ["--zero", "1"], 2), ("zero3", ["--zero", "3"], 3),
+                                 ("pipe", ["--mesh", "pipe=2", "--schedule", "1f1b", "--micro-batches", "5"], 2)):
             log = os.path.join(work, name + ".jsonl")
             p = run(args + ["--log", log] + extra, mpi=mpi, timeout=240)
             logs[name] = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
@@ -434,5 +478,6 @@ def train_mpi():
 
 if __name__ == "__main__":
     {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
-     "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect}[sys.argv[2]]()
+     "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
+     "inspect_schedule": inspect_schedule}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -1,0 +1,61 @@
+/* inspect_schedule.c — `shard inspect schedule`: a pipeline schedule as data,
+ * without running ranks: the ASCII timeline per rank (one slot per F or B),
+ * the micro-batches each rank holds at its peak, and the bubble of the
+ * equal-cost timeline against its formula.
+ *
+ *   shard inspect schedule --pipe 4 --micro-batches 8 [--schedule gpipe|1f1b|interleaved] [--virtual-stages 2]
+ *                          [--backward-cost 2] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "inspect_schedule.h"
+#include "parallel/pipeline_schedule.h"
+
+int cli_inspect_schedule(int argc, char **argv) {
+    long p = 0, m = 0, v = 1, b_cost = 2;
+    const char *kind_text = "1f1b";
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        long *ints[] = {&p, &m, &v, &b_cost};
+        const char *names[] = {"--pipe", "--micro-batches", "--virtual-stages", "--backward-cost"};
+        const long hi[] = {64, 1024, 16, 16};
+        int done = 0;
+        for (int k = 0; k < 4 && !done; k++)
+            if (strcmp(a, names[k]) == 0) {
+                if (!(val = cli_value(argc, argv, &i)) || cli_parse_int(a, val, 1, hi[k], ints[k])) return 2;
+                done = 1;
+            }
+        if (done) continue;
+        if (strcmp(a, "--schedule") == 0) {
+            if (!(kind_text = cli_value(argc, argv, &i))) return 2;
+            continue;
+        }
+        cli_error("inspect schedule: unknown option '%s' (see 'shard help')", a);
+        return 2;
+    }
+    if (!p || !m) {
+        cli_error("inspect schedule: give --pipe P and --micro-batches M, e.g. --pipe 4 --micro-batches 8 --schedule 1f1b");
+        return 2;
+    }
+    shard_pipe_kind kind;
+    shard_pipe_schedule *s = NULL;
+    if (shard__pipe_kind_parse(kind_text, &kind) != SHARD_OK ||
+        shard__pipe_schedule_create(kind, (int)p, (int)m, (int)v, &s) != SHARD_OK) {
+        cli_error("%s", shard_last_error());
+        return 2;
+    }
+    shard__pipe_schedule_print(s, stdout);
+    int *peak = calloc((size_t)p, sizeof *peak);
+    if (peak && shard__pipe_schedule_timeline(s, 1, (int)b_cost, NULL, NULL, peak) == SHARD_OK) {
+        printf("micro-batches held at the peak:");
+        for (int r = 0; r < p; r++) printf(" rank %d: %d%s", r, peak[r], r + 1 < p ? "," : "\n");
+    }
+    free(peak);
+    double f1 = shard__pipe_schedule_bubble(s, 1, 1), f2 = shard__pipe_schedule_bubble(s, 1, (int)b_cost);
+    printf("bubble of the equal-cost timeline: %.1f%% (B = F), %.1f%% (B = %ld F); formula %.1f%%\n", 100 * f1, 100 * f2,
+           b_cost, 100 * shard__pipe_bubble_formula(kind, (int)p, (int)m, (int)v));
+    shard__pipe_schedule_destroy(s);
+    return 0;
+}
