@@ -1,5 +1,8 @@
 /* cnn.c — seed 000's image classifier (see cnn.h): conv -> ReLU -> max-pool
- * -> dense, forward and backward on the layers of layers.h. */
+ * -> dense, forward and backward on the layers of layers.h.  As a pipeline it
+ * has two layers, seed 000's two shards: the features (conv, ReLU, pool) on
+ * stage 0 and the classifier (dense, loss) on stage 1; the pooled maps travel
+ * between them. */
 #include "shard/cnn.h"
 
 #include <jansson.h>
@@ -12,13 +15,23 @@
 #include "shard/layers.h"
 #include "models/model_impl.h"
 
+/* A micro-batch's activations from forward to backward (one per micro-batch a pipeline stage holds). */
+typedef struct cnn_slot {
+    float *conv, *relu, *pool, *logits, *dlogits;
+    uint32_t *argmax;
+} cnn_slot;
+
 struct shard_cnn {
-    shard_model model; /* model.impl = this; units 0 = features, 1 = classifier */
+    shard_model model; /* model.impl = this; units: features (if held), classifier (if held) */
     shard_cnn_config c;
     size_t max_b, B;
     shard_params *params;
+    int features, classifier; /* the layers this model (stage) holds */
+    size_t idx[4];            /* parameter indices of CONV_W, CONV_B, DENSE_W, DENSE_B (SIZE_MAX: not held) */
+    cnn_slot *slot;
+    size_t slots;
     const float *images; /* the caller's, kept for backward */
-    float *conv, *relu, *pool, *logits, *dlogits, *dpool, *drelu;
+    float *conv, *relu, *pool, *logits, *dlogits, *dpool, *drelu; /* the current slot's, and backward's scratch */
     uint32_t *argmax;
     int32_t *labels;
     int have_labels;
@@ -68,36 +81,72 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
 
 size_t shard_cnn_features(const shard_cnn_config *c) { return c->channels * (c->height / c->pool) * (c->width / c->pool); }
 
-shard_status shard_cnn_create(const shard_cnn_config *c, size_t max_batch, shard_cnn **out) {
+static void use_slot(shard_cnn *m, size_t k) {
+    const cnn_slot *b = &m->slot[k < m->slots ? k : 0];
+    m->conv = b->conv, m->relu = b->relu, m->pool = b->pool, m->logits = b->logits, m->dlogits = b->dlogits;
+    m->argmax = b->argmax;
+}
+
+/* The whole model (stage NULL) or one pipeline stage of its two layers. */
+static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, const shard_model_stage *stage, shard_cnn **out) {
     *out = NULL;
+    if (stage && (stage->chunks != 1 || stage->first[0] >= stage->last[0] || stage->last[0] > 2))
+        return shard_error(SHARD_ERR_INVALID_ARG, "cnn: a pipeline stage holds one run of its 2 layers (features, classifier)");
     shard_cnn *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory");
-    m->c = *c, m->max_b = max_batch;
+    m->c = *c, m->max_b = max_batch, m->slots = stage && stage->slots ? stage->slots : 1;
+    m->features = !stage || stage->first[0] == 0, m->classifier = !stage || stage->last[0] == 2;
     size_t F = shard_cnn_features(c), K = c->kernel;
-    shard_param_info t[4] = {{.name = "features.conv.weight", .ndim = 4, .shape = {c->channels, c->in_channels, K, K}},
-                             {.name = "features.conv.bias", .ndim = 1, .shape = {c->channels}},
-                             {.name = "classifier.weight", .ndim = 2, .shape = {F, c->classes}},
-                             {.name = "classifier.bias", .ndim = 1, .shape = {c->classes}}};
-    shard_status s = shard_params_create(t, 4, SHARD_MEM_PARAMS, &m->params);
-    static const size_t unit_first[3] = {0, 2, 4};
+    shard_param_info all[4] = {{.name = "features.conv.weight", .ndim = 4, .shape = {c->channels, c->in_channels, K, K}},
+                               {.name = "features.conv.bias", .ndim = 1, .shape = {c->channels}},
+                               {.name = "classifier.weight", .ndim = 2, .shape = {F, c->classes}},
+                               {.name = "classifier.bias", .ndim = 1, .shape = {c->classes}}};
+    shard_param_info t[4];
+    size_t n = 0, units = 0, unit_first[3];
+    for (size_t i = 0; i < 4; i++) {
+        int held = i < 2 ? m->features : m->classifier;
+        if (held && (i == 0 || i == 2)) unit_first[units++] = n;
+        m->idx[i] = held ? n : SIZE_MAX;
+        if (held) t[n++] = all[i];
+    }
+    unit_first[units] = n;
+    shard_status s = shard_params_create(t, n, SHARD_MEM_PARAMS, &m->params);
     m->model.impl = m;
-    if (s == SHARD_OK) s = shard_model_setup_units(&m->model, m->params, unit_first, 2);
+    if (s == SHARD_OK) s = shard_model_setup_units(&m->model, m->params, unit_first, units);
     size_t map = max_batch * c->channels * c->height * c->width, pooled = max_batch * F, cls = max_batch * c->classes;
+    if (s == SHARD_OK && !(m->slot = calloc(m->slots, sizeof *m->slot))) s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory");
+    for (size_t k = 0; s == SHARD_OK && k < m->slots; k++) {
+        cnn_slot *b = &m->slot[k];
+        b->pool = shard_alloc(pooled * sizeof(float), SHARD_MEM_ACTIVATIONS);
+        if (m->features) {
+            b->conv = shard_alloc(map * sizeof(float), SHARD_MEM_ACTIVATIONS);
+            b->relu = shard_alloc(map * sizeof(float), SHARD_MEM_ACTIVATIONS);
+            b->argmax = shard_alloc(pooled * sizeof(uint32_t), SHARD_MEM_ACTIVATIONS);
+        }
+        if (m->classifier) {
+            b->logits = shard_alloc(cls * sizeof(float), SHARD_MEM_ACTIVATIONS);
+            b->dlogits = shard_alloc(cls * sizeof(float), SHARD_MEM_ACTIVATIONS);
+        }
+        if (!b->pool || (m->features && (!b->conv || !b->relu || !b->argmax)) || (m->classifier && (!b->logits || !b->dlogits)))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory for activations");
+    }
     if (s == SHARD_OK) {
-        m->conv = malloc(map * sizeof(float)), m->relu = malloc(map * sizeof(float)), m->drelu = malloc(map * sizeof(float));
-        m->pool = malloc(pooled * sizeof(float)), m->dpool = malloc(pooled * sizeof(float));
-        m->logits = malloc(cls * sizeof(float)), m->dlogits = malloc(cls * sizeof(float));
-        m->argmax = malloc(pooled * sizeof(uint32_t)), m->labels = malloc(max_batch * sizeof(int32_t));
-        if (!m->conv || !m->relu || !m->drelu || !m->pool || !m->dpool || !m->logits || !m->dlogits || !m->argmax ||
-            !m->labels)
+        m->dpool = shard_alloc(pooled * sizeof(float), SHARD_MEM_ACTIVATIONS), m->labels = malloc(max_batch * sizeof(int32_t));
+        if (m->features) m->drelu = shard_alloc(map * sizeof(float), SHARD_MEM_ACTIVATIONS);
+        if (!m->dpool || !m->labels || (m->features && !m->drelu))
             s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory for activations");
     }
     if (s < 0) {
         shard_cnn_destroy(m);
         return s;
     }
+    use_slot(m, 0);
     *out = m;
     return SHARD_OK;
+}
+
+shard_status shard_cnn_create(const shard_cnn_config *c, size_t max_batch, shard_cnn **out) {
+    return cnn_create(c, max_batch, NULL, out);
 }
 
 void shard_cnn_destroy(shard_cnn *m) {
@@ -105,8 +154,12 @@ void shard_cnn_destroy(shard_cnn *m) {
     shard__model_free_units(&m->model);
     shard_params_destroy(m->params);
     shard_idx_free(&m->data_x), shard_idx_free(&m->data_y), free(m->batch_x);
-    free(m->conv), free(m->relu), free(m->drelu), free(m->pool), free(m->dpool), free(m->logits), free(m->dlogits);
-    free(m->argmax), free(m->labels);
+    for (size_t k = 0; m->slot && k < m->slots; k++) {
+        cnn_slot *b = &m->slot[k];
+        shard_free(b->conv), shard_free(b->relu), shard_free(b->pool), shard_free(b->logits), shard_free(b->dlogits);
+        shard_free(b->argmax);
+    }
+    free(m->slot), shard_free(m->drelu), shard_free(m->dpool), free(m->labels);
     free(m);
 }
 
@@ -125,26 +178,37 @@ void shard_cnn_init(shard_cnn *m, uint64_t seed) {
 }
 
 enum { CONV_W, CONV_B, DENSE_W, DENSE_B };
-static float *P(const shard_cnn *m, size_t i) { return m->model.value[i]; }
-static float *G(const shard_cnn *m, size_t i) { return m->model.grad[i]; }
+static float *P(const shard_cnn *m, size_t i) { return m->model.value[m->idx[i]]; }
+static float *G(const shard_cnn *m, size_t i) { return m->model.grad[m->idx[i]]; }
+static size_t classifier_unit(const shard_cnn *m) { return m->features ? 1 : 0; }
 
+/* in: the pooled maps from the previous stage (the classifier alone); out: this stage's (the features
+ * alone); both NULL for the whole model. */
 static shard_status cnn_forward(shard_cnn *m, const float *images, const int32_t *labels, size_t B, double denominator,
-                                double *loss) {
+                                double *loss, const float *in, float *out) {
     const shard_cnn_config *c = &m->c;
     if (B == 0 || B > m->max_b)
         return shard_error(SHARD_ERR_INVALID_ARG, "cnn forward: batch %zu (this model was made for 1..%zu)", B, m->max_b);
     size_t HW = c->height * c->width, F = shard_cnn_features(c);
     m->B = B, m->images = images, m->have_labels = labels != NULL;
+    if (!m->features) {
+        if (in) memcpy(m->pool, in, B * F * sizeof *m->pool);
+    } else {
     SHARD_CHECK(shard_model_acquire(&m->model, 0, 0));
     SHARD_CHECK(shard_conv2d_forward(images, P(m, CONV_W), P(m, CONV_B), m->conv, B, c->in_channels, c->height, c->width,
                                      c->channels, c->kernel, c->kernel / 2));
     SHARD_CHECK(shard_model_release(&m->model, 0, 0));
     shard_relu_forward(m->conv, m->relu, B * c->channels * HW);
     shard_maxpool2d_forward(m->relu, m->pool, m->argmax, B, c->channels, c->height, c->width, c->pool);
-    SHARD_CHECK(shard_model_acquire(&m->model, 1, 0));
+    }
+    if (!m->classifier) { /* seed 000's first shard ends here: the next stage classifies */
+        if (out) memcpy(out, m->pool, B * F * sizeof *out);
+        return SHARD_OK;
+    }
+    SHARD_CHECK(shard_model_acquire(&m->model, classifier_unit(m), 0));
     SHARD_CHECK(shard_linear_forward(m->pool, P(m, DENSE_W), P(m, DENSE_B), m->logits, B, F,
                                      c->classes)); /* the pooled maps, flattened, feed the dense layer */
-    SHARD_CHECK(shard_model_release(&m->model, 1, 0));
+    SHARD_CHECK(shard_model_release(&m->model, classifier_unit(m), 0));
     if (!labels) return SHARD_OK;
     if (labels != m->labels) memcpy(m->labels, labels, B * sizeof *labels);
     return shard_cross_entropy_sum(m->logits, labels, -100, B, c->classes, denominator, loss, NULL, m->dlogits);
@@ -154,19 +218,27 @@ shard_status shard_cnn_forward(shard_cnn *m, const float *images, const int32_t 
     size_t used = 0;
     for (size_t n = 0; labels && n < B; n++) used += labels[n] != -100;
     double l = 0;
-    SHARD_CHECK(cnn_forward(m, images, labels, B, (double)used, &l));
+    SHARD_CHECK(cnn_forward(m, images, labels, B, (double)used, &l, NULL, NULL));
     if (loss && labels) *loss = (float)l;
     return SHARD_OK;
 }
 
-static shard_status cnn_backward(shard_cnn *m) {
+static shard_status cnn_backward(shard_cnn *m, const float *d_out, float *d_in) {
     const shard_cnn_config *c = &m->c;
     size_t B = m->B, F = shard_cnn_features(c), HW = c->height * c->width;
-    SHARD_CHECK(shard_model_acquire(&m->model, 1, 1));
+    if (!m->classifier) {
+        if (d_out) memcpy(m->dpool, d_out, B * F * sizeof *m->dpool);
+    } else {
+    SHARD_CHECK(shard_model_acquire(&m->model, classifier_unit(m), 1));
     SHARD_CHECK(shard_linear_backward(m->pool, P(m, DENSE_W), m->dlogits, m->dpool, G(m, DENSE_W), G(m, DENSE_B), B, F,
                                       c->classes));
-    SHARD_CHECK(shard_model_release(&m->model, 1, 1));
-    SHARD_CHECK(shard_model_grads_ready(&m->model, 1));
+    SHARD_CHECK(shard_model_release(&m->model, classifier_unit(m), 1));
+    SHARD_CHECK(shard_model_grads_ready(&m->model, classifier_unit(m)));
+    }
+    if (!m->features) { /* the previous stage goes on with the gradient of the pooled maps */
+        if (d_in) memcpy(d_in, m->dpool, B * F * sizeof *d_in);
+        return SHARD_OK;
+    }
     shard_maxpool2d_backward(m->dpool, m->argmax, m->drelu, B, c->channels, c->height, c->width, c->pool);
     shard_relu_backward(m->conv, m->drelu, m->drelu, B * c->channels * HW);
     SHARD_CHECK(shard_model_acquire(&m->model, 0, 1));
@@ -183,7 +255,7 @@ shard_status shard_cnn_backward(shard_cnn *m, shard_params *grads) {
             return shard_error(SHARD_ERR_INVALID_ARG, "cnn backward: grads must have the parameters' layout (shard_params_like)");
         shard_model_bind_grad_slab(&m->model, grads->data);
     }
-    return cnn_backward(m);
+    return cnn_backward(m, NULL, NULL);
 }
 
 shard_model *shard_cnn_model(shard_cnn *m) { return &m->model; }
@@ -217,10 +289,29 @@ static size_t model_items(const shard_model *mm) { return mm->rows; }
 static shard_status model_forward(shard_model *mm, double denominator, double *loss) {
     shard_cnn *m = impl(mm);
     *loss = 0;
-    return mm->rows ? cnn_forward(m, m->batch_x, m->labels, mm->rows, denominator, loss) : SHARD_OK;
+    return mm->rows ? cnn_forward(m, m->batch_x, m->labels, mm->rows, denominator, loss, NULL, NULL) : SHARD_OK;
 }
 
-static shard_status model_backward(shard_model *mm) { return mm->rows ? cnn_backward(impl(mm)) : SHARD_OK; }
+static shard_status model_backward(shard_model *mm) { return mm->rows ? cnn_backward(impl(mm), NULL, NULL) : SHARD_OK; }
+
+/* ---- pipeline stages (model.h): the pooled maps travel between the two stages ---- */
+
+static size_t model_stage_io(const shard_model *mm) { return mm->rows * shard_cnn_features(&impl(mm)->c); }
+
+static shard_status model_stage_forward(shard_model *mm, size_t chunk, const float *in, float *out, double denominator,
+                                        double *loss) {
+    shard_cnn *m = impl(mm);
+    *loss = 0;
+    if (chunk) return shard_error(SHARD_ERR_INVALID_ARG, "cnn: chunk %zu of a one-chunk stage", chunk);
+    return mm->rows ? cnn_forward(m, m->batch_x, m->labels, mm->rows, denominator, loss, in, out) : SHARD_OK;
+}
+
+static shard_status model_stage_backward(shard_model *mm, size_t chunk, const float *d_out, float *d_in) {
+    if (chunk) return shard_error(SHARD_ERR_INVALID_ARG, "cnn: chunk %zu of a one-chunk stage", chunk);
+    return mm->rows ? cnn_backward(impl(mm), d_out, d_in) : SHARD_OK;
+}
+
+static void model_use_slot(shard_model *mm, size_t slot) { use_slot(impl(mm), slot); }
 static void model_init(shard_model *mm, uint64_t seed) { shard_cnn_init(impl(mm), seed); }
 static void model_destroy(shard_model *mm) { shard_cnn_destroy(impl(mm)); }
 
@@ -233,14 +324,16 @@ static void model_describe(const shard_model *mm, char *out, size_t bytes) {
 
 static const shard_model_ops cnn_model_ops = {.kind = "cnn", .load_batch = model_load_batch, .batch_items = model_items,
                                               .forward = model_forward, .backward = model_backward, .init = model_init,
-                                              .describe = model_describe, .destroy = model_destroy};
+                                              .describe = model_describe, .destroy = model_destroy,
+                                              .stage_io = model_stage_io, .stage_forward = model_stage_forward,
+                                              .stage_backward = model_stage_backward, .use_slot = model_use_slot};
 
 shard_status shard__cnn_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
-                                     shard_model **out) {
+                                     const shard_model_stage *stage, shard_model **out) {
     shard_cnn_config c;
     SHARD_CHECK(shard_cnn_config_parse(text, where, &c));
     shard_cnn *m = NULL;
-    SHARD_CHECK(shard_cnn_create(&c, max_rows ? max_rows : 1, &m));
+    SHARD_CHECK(cnn_create(&c, max_rows ? max_rows : 1, stage, &m));
     if (!data_dir) data_dir = "/usr/share/datasets/fashion-mnist"; /* Debian's dataset-fashion-mnist */
     char xp[4096], yp[4096];
     snprintf(xp, sizeof xp, "%s/train-images-idx3-ubyte.gz", data_dir);

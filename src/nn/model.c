@@ -129,7 +129,9 @@ shard_status shard_model_stage_layers(const char *config_path, size_t *layers) {
     const char *type = model_type(config_path, &text, &root);
     if (!type) return SHARD_ERR_IO;
     shard_status s = SHARD_OK;
-    if (strcmp(type, "cnn") != 0 && strcmp(type, "mlp") != 0) {
+    if (strcmp(type, "cnn") == 0) {
+        *layers = 2; /* seed 000's two shards: features, classifier */
+    } else if (strcmp(type, "mlp") != 0) {
         shard_gpt_config c;
         s = shard_gpt_config_parse(text, config_path, &c);
         if (s == SHARD_OK) *layers = c.n_layer;
@@ -156,10 +158,10 @@ shard_status shard_model_create_stage(const char *config_path, const char *data_
     else if (specs && *specs && strcmp(type, "gpt2") != 0 && strcmp(type, "gpt") != 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--spec: model_type '%s' places every parameter whole; specs are for the "
                         "GPT's parameters", type);
-    else if (pipelined && (strcmp(type, "cnn") == 0 || strcmp(type, "mlp") == 0))
-        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' is not cut into pipeline stages by the trainer yet (the GPT "
-                        "is): give pipe=1", config_path, type);
-    else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, out);
+    else if (pipelined && strcmp(type, "mlp") == 0)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type 'mlp' is not cut into pipeline stages (the GPT and the CNN "
+                        "are): give pipe=1", config_path);
+    else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, stage, out);
     else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, max_rows, out);
     else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, stage, out);
     json_decref(root);
