@@ -15,8 +15,10 @@
  *              ZeRO-0/1/2/3 in turn where there is a data axis: losses within
  *              1e-5 relative of one rank's with the same global batch (1e-4
  *              with gradients sent as bf16, ZeRO-2/3)
- *   refusals   a bad layer list, saving a pipelined run: one clear error each;
- *              uneven explicit stages train */
+ *   checkpoint saved at step 10 by pipe=N (1F1B, ZeRO-1 on data x pipe for 4
+ *              ranks), resumed by one rank, and saved by one rank, resumed
+ *              pipelined: steps 11..20 as uninterrupted; a bad layer list is
+ *              refused with one clear error, uneven explicit stages train */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,7 +133,9 @@ typedef struct run_opts {
     size_t micro_batches;
 } run_opts;
 
-static shard_status train(test_ctx *t, shard_comm *comm, const run_opts *o, double *losses) {
+/* Steps first..last (of a 20-step schedule), resumed from `resume` and saved at `last` to `save` if given. */
+static shard_status train_span(test_ctx *t, shard_comm *comm, const run_opts *o, double *losses, uint64_t first,
+                               uint64_t last, const char *save, const char *resume) {
     char path[512];
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
     shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = BATCH, .seq = T, .seed = 3, .zero = o->zero,
@@ -143,14 +147,21 @@ static shard_status train(test_ctx *t, shard_comm *comm, const run_opts *o, doub
     shard_trainer *tr = NULL;
     shard_status s = shard_mesh_create(comm, o->mesh, &mesh);
     if (s == SHARD_OK) s = shard_trainer_create(mesh, &c, &tr);
-    for (uint64_t step = 1; s == SHARD_OK && step <= STEPS; step++) {
+    uint64_t done = 0;
+    if (s == SHARD_OK && resume) s = shard_trainer_resume(tr, resume, &done);
+    for (uint64_t step = first; s == SHARD_OK && step <= last; step++) {
         shard_step_result r;
         s = shard_trainer_step(tr, step, &r);
         losses[step - 1] = r.loss;
     }
+    if (s == SHARD_OK && save) s = shard_trainer_save(tr, save, last, NULL);
     shard_trainer_destroy(tr);
     shard_mesh_destroy(mesh);
     return s;
+}
+
+static shard_status train(test_ctx *t, shard_comm *comm, const run_opts *o, double *losses) {
+    return train_span(t, comm, o, losses, 1, STEPS, NULL, NULL);
 }
 
 static void case_losses(test_ctx *t) {
@@ -198,11 +209,45 @@ static void case_losses(test_ctx *t) {
     }
 }
 
-/* ---------------------------------------------------------------- refusals */
+/* ---------------------------------------------------------------- checkpoints, refusals */
 
 static void expect_error(test_ctx *t, shard_status s, const char *needle, const char *what) {
     CHECK(t, s < 0 && strstr(shard_last_error(), needle) != NULL, "%s: status %d, error '%s' (want '%s')", what, (int)s,
           shard_last_error(), needle);
+}
+
+static void compare_tail(test_ctx *t, const double *got, const double *want, const char *what) {
+    for (int s = 10; s < STEPS; s++)
+        CHECK(t, fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s]), "%s: step %d loss %.9g, uninterrupted %.9g", what, s + 1,
+              got[s], want[s]);
+}
+
+static void case_checkpoint(test_ctx *t) {
+    setup(t);
+    char dir[2][300], mesh[32];
+    snprintf(dir[0], sizeof dir[0], "%s/ckpt-pipe", g_dir);
+    snprintf(dir[1], sizeof dir[1], "%s/ckpt-one", g_dir);
+    snprintf(mesh, sizeof mesh, t->size == 4 ? "data=2,pipe=2" : "pipe=%d", t->size);
+    if (t->size > 4) return;
+    run_opts piped = {.mesh = mesh, .schedule = "1f1b", .zero = t->size == 4 ? 1 : 0, .micro_batches = 4};
+    run_opts one = {.mesh = "data=1", .micro_batches = 4};
+    double whole[STEPS] = {0}, got[STEPS] = {0};
+    shard_comm *self = NULL;
+    CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
+    if (self) CHECK_OK(t, train(t, self, &one, whole), "uninterrupted");
+    /* pipelined, saved at 10, resumed by one rank */
+    CHECK_OK(t, train_span(t, t->comm, &piped, got, 1, 10, dir[0], NULL), "pipelined to step 10, saved");
+    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
+    if (self) CHECK_OK(t, train_span(t, self, &one, got, 11, STEPS, NULL, dir[0]), "one rank resumes");
+    compare_tail(t, got, whole, "saved pipelined, resumed by one rank");
+    /* one rank saves, the pipeline resumes */
+    if (t->rank == 0 && self) CHECK_OK(t, train_span(t, self, &one, got, 1, 10, dir[1], NULL), "one rank to step 10");
+    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
+    memset(got, 0, sizeof got);
+    CHECK_OK(t, train_span(t, t->comm, &piped, got, 11, STEPS, NULL, dir[1]), "the pipeline resumes");
+    compare_tail(t, got, whole, "saved by one rank, resumed pipelined");
+    shard_comm_destroy(self);
+    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
 }
 
 static void case_refusals(test_ctx *t) {
@@ -221,9 +266,6 @@ static void case_refusals(test_ctx *t) {
     if (CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "layers 1,3")) {
         shard_step_result r;
         CHECK_OK(t, shard_trainer_step(tr, 1, &r), "a step with uneven stages");
-        char dir[300];
-        snprintf(dir, sizeof dir, "%s/ckpt", g_dir);
-        expect_error(t, shard_trainer_save(tr, dir, 1, NULL), "not written yet", "saving a pipelined run");
     }
     shard_trainer_destroy(tr);
     shard_mesh_destroy(mesh);
@@ -235,7 +277,8 @@ static void case_cleanup(test_ctx *t) {
 }
 
 static const test_case cases[] = {
-    {"schedules", case_schedules}, {"losses", case_losses}, {"refusals", case_refusals}, {"cleanup", case_cleanup}};
+    {"schedules", case_schedules}, {"losses", case_losses}, {"checkpoint", case_checkpoint}, {"refusals", case_refusals},
+    {"cleanup", case_cleanup}};
 
 int main(int argc, char **argv) {
     shard_blas_set_threads(1);

@@ -280,15 +280,7 @@ static shard_status whole_alloc(const shard_trainer *t, whole_state *w) {
 
 static void whole_free(whole_state *w) { shard_free(w->values), shard_free(w->exp_avg), shard_free(w->exp_avg_sq); }
 
-/* Checkpoints put every parameter together on every rank; a pipeline's stages hold different ones. */
-static shard_status whole_model_only(const shard_trainer *t, const char *what) {
-    if (!t->pipe) return SHARD_OK;
-    return shard_error(SHARD_ERR_UNSUPPORTED, "%s with pipe=%d: checkpoints of a pipelined run are not written yet (each "
-                       "stage holds its own layers); train with pipe=1 to save or resume", what, shard_comm_size(t->pipe));
-}
-
 shard_status shard_trainer_values(shard_trainer *t, float *whole) {
-    SHARD_CHECK(whole_model_only(t, "the whole values"));
     whole_state w = {0};
     shard_status s = whole_alloc(t, &w);
     if (s == SHARD_OK) s = shard__dp_get_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
@@ -297,23 +289,67 @@ shard_status shard_trainer_values(shard_trainer *t, float *whole) {
     return s;
 }
 
-/* Three replicated dtensors per parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh, with the
- * whole shapes (a tensor-parallel model's pieces are put together). */
-static shard_status make_items(shard_trainer *t, shard_ckpt_item **items, char (**names)[SHARD_PARAM_NAME_BYTES + 32]) {
+/* The checkpoint's parameters: this rank's, and with a pipe axis every stage's (names and whole shapes
+ * gathered over `pipe`, in stage order); mine[j]: the index among this rank's parameters, or SIZE_MAX. */
+typedef struct ckpt_param {
+    char name[SHARD_PARAM_NAME_BYTES];
+    int64_t ndim, shape[SHARD_MAX_DIMS];
+} ckpt_param;
+
+static shard_status ckpt_params(shard_trainer *t, ckpt_param **out, size_t **mine, size_t *count) {
     const shard_params *p = t->model->params;
-    *items = calloc(3 * p->count, sizeof **items), *names = calloc(3 * p->count, sizeof **names);
+    ckpt_param *own = calloc(p->count + 1, sizeof *own), *all = NULL;
+    shard_status s = own ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
+        size_t shape[SHARD_MAX_DIMS];
+        memcpy(shape, p->info[i].shape, sizeof shape);
+        if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, shape);
+        memcpy(own[i].name, p->info[i].name, sizeof own[i].name);
+        own[i].ndim = p->info[i].ndim;
+        for (int d = 0; d < SHARD_MAX_DIMS; d++) own[i].shape[d] = (int64_t)shape[d];
+    }
+    size_t n = p->count;
+    if (s == SHARD_OK && t->pipe) { /* every stage's list, in stage order */
+        int P = shard_comm_size(t->pipe);
+        int64_t mine_n = (int64_t)(p->count * sizeof *own), *sizes = calloc((size_t)P, sizeof *sizes);
+        size_t *counts = calloc((size_t)P, sizeof *counts), *displs = calloc((size_t)P, sizeof *displs), bytes = 0;
+        if (!sizes || !counts || !displs) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+        if (s == SHARD_OK) s = shard_comm_all_gather(t->pipe, &mine_n, sizes, 1, SHARD_I64);
+        for (int r = 0; s == SHARD_OK && r < P; r++) counts[r] = (size_t)sizes[r], displs[r] = bytes, bytes += counts[r];
+        if (s == SHARD_OK && !(all = malloc(bytes + sizeof *all))) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+        if (s == SHARD_OK) s = shard_comm_all_gatherv(t->pipe, own, (size_t)mine_n, all, counts, displs, SHARD_U8);
+        free(sizes), free(counts), free(displs);
+        free(own);
+        own = all, n = bytes / sizeof *own;
+    }
+    *mine = s == SHARD_OK ? calloc(n + 1, sizeof **mine) : NULL;
+    if (s == SHARD_OK && !*mine) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    for (size_t j = 0; s == SHARD_OK && j < n; j++) {
+        const shard_param_info *info = shard_params_find(p, own[j].name);
+        (*mine)[j] = info ? (size_t)(info - p->info) : SIZE_MAX;
+    }
+    if (s < 0) {
+        free(own);
+        return s;
+    }
+    *out = own, *count = n;
+    return SHARD_OK;
+}
+
+/* Three replicated dtensors per checkpoint parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh. */
+static shard_status make_items(shard_trainer *t, const ckpt_param *cp, size_t n, shard_ckpt_item **items,
+                               char (**names)[SHARD_PARAM_NAME_BYTES + 32]) {
+    *items = calloc(3 * n, sizeof **items), *names = calloc(3 * n, sizeof **names);
     if (!*items || !*names) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     static const char *const prefix[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
     for (size_t j = 0; j < 3; j++)
-        for (size_t i = 0; i < p->count; i++) {
-            size_t at = j * p->count + i;
-            snprintf((*names)[at], sizeof (*names)[at], "%s%s", prefix[j], p->info[i].name);
-            shard_spec spec = shard_spec_replicated(p->info[i].ndim);
-            size_t shape[SHARD_MAX_DIMS];
-            memcpy(shape, p->info[i].shape, sizeof shape);
-            if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, shape);
+        for (size_t i = 0; i < n; i++) {
+            size_t at = j * n + i, shape[SHARD_MAX_DIMS] = {0};
+            snprintf((*names)[at], sizeof (*names)[at], "%s%s", prefix[j], cp[i].name);
+            for (int d = 0; d < cp[i].ndim; d++) shape[d] = (size_t)cp[i].shape[d];
+            shard_spec spec = shard_spec_replicated((int)cp[i].ndim);
             (*items)[at].name = (*names)[at];
-            SHARD_CHECK(shard_dtensor_create(t->mesh, SHARD_F32, p->info[i].ndim, shape, &spec, SHARD_MEM_COMM,
+            SHARD_CHECK(shard_dtensor_create(t->mesh, SHARD_F32, (int)cp[i].ndim, shape, &spec, SHARD_MEM_COMM,
                                              &(*items)[at].tensor));
         }
     return SHARD_OK;
@@ -325,49 +361,63 @@ static void free_items(shard_ckpt_item *items, void *names, size_t n) {
 }
 
 shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json) {
-    SHARD_CHECK(whole_model_only(t, "--save"));
     const shard_params *p = t->model->params;
     whole_state w = {0};
     shard_ckpt_item *items = NULL;
     char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
+    ckpt_param *cp = NULL;
+    size_t *mine = NULL, n = 0;
     shard_status s = whole_alloc(t, &w);
     if (s == SHARD_OK) s = shard__dp_get_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
-    if (s == SHARD_OK) s = make_items(t, &items, &names);
+    if (s == SHARD_OK) s = ckpt_params(t, &cp, &mine, &n);
+    if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
     float *src[3] = {w.values, w.exp_avg, w.exp_avg_sq};
     for (size_t j = 0; s == SHARD_OK && j < 3; j++)
-        for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
-            float *whole = items[j * p->count + i].tensor->local->data;
-            if (t->model->ops->gather_piece) s = t->model->ops->gather_piece(t->model, i, src[j] + p->info[i].offset, whole);
+        for (size_t k = 0; s == SHARD_OK && k < n; k++) {
+            shard_dtensor *d = items[j * n + k].tensor;
+            float *whole = d->local->data;
+            size_t i = mine[k];
+            if (i == SIZE_MAX) memset(whole, 0, shard_tensor_numel(d->local) * sizeof *whole);
+            else if (t->model->ops->gather_piece) s = t->model->ops->gather_piece(t->model, i, src[j] + p->info[i].offset, whole);
             else memcpy(whole, src[j] + p->info[i].offset, p->info[i].numel * sizeof(float));
+            /* a pipeline: the stage that holds it gives it to the others (the rest add zeros) */
+            if (s == SHARD_OK && t->pipe)
+                s = shard_comm_all_reduce(t->pipe, whole, whole, shard_tensor_numel(d->local), SHARD_F32, SHARD_OP_SUM);
         }
-    if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, 3 * p->count, config_json);
-    free_items(items, names, 3 * p->count);
+    if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, 3 * n, config_json);
+    free_items(items, names, 3 * n);
+    free(cp), free(mine);
     whole_free(&w);
     return s;
 }
 
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step) {
-    SHARD_CHECK(whole_model_only(t, "--resume"));
     const shard_params *p = t->model->params;
     whole_state w = {0};
     shard_ckpt_item *items = NULL;
     char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
+    ckpt_param *cp = NULL;
+    size_t *mine = NULL, n = 0;
     shard_status s = whole_alloc(t, &w);
-    if (s == SHARD_OK) s = make_items(t, &items, &names);
-    if (s == SHARD_OK) s = shard_ckpt_load(where, items, 3 * p->count, step);
+    if (s == SHARD_OK) s = ckpt_params(t, &cp, &mine, &n);
+    if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
+    if (s == SHARD_OK) s = shard_ckpt_load(where, items, 3 * n, step);
     if (s == SHARD_OK) {
         float *dst[3] = {w.values, w.exp_avg, w.exp_avg_sq};
         for (size_t j = 0; j < 3; j++) {
             memset(dst[j], 0, p->total * sizeof(float));
-            for (size_t i = 0; i < p->count; i++) {
-                const float *whole = items[j * p->count + i].tensor->local->data;
+            for (size_t k = 0; k < n; k++) {
+                size_t i = mine[k];
+                if (i == SIZE_MAX) continue; /* another stage's */
+                const float *whole = items[j * n + k].tensor->local->data;
                 if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, whole, dst[j] + p->info[i].offset);
                 else memcpy(dst[j] + p->info[i].offset, whole, p->info[i].numel * sizeof(float));
             }
         }
         s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
     }
-    free_items(items, names, 3 * p->count);
+    free_items(items, names, 3 * n);
+    free(cp), free(mine);
     whole_free(&w);
     return s;
 }
