@@ -61,6 +61,35 @@ static void print_specs(shard_model *m) {
     }
 }
 
+/* Collective: rank 0 prints each rank's mesh coordinates and peak bytes by category (the accounted
+ * allocator's ledger of that rank). */
+static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
+    enum { CATS = SHARD_MEM_CATEGORY_COUNT, F = CATS + 1 };
+    int world = shard_comm_size(comm);
+    shard_mem_stats st;
+    shard_mem_stats_get(&st);
+    double mine[F], *all = calloc((size_t)(world * F), sizeof *all);
+    if (!all) return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory");
+    for (int c = 0; c < CATS; c++) mine[c] = (double)st.peak_bytes[c];
+    mine[CATS] = (double)st.total_peak_bytes;
+    shard_status s = shard_comm_all_gather(comm, mine, all, F, SHARD_F64);
+    if (s == SHARD_OK && shard_comm_rank(comm) == 0) {
+        printf("  peak MiB per rank   params    grads  optimizer  activations     comm    other    total\n");
+        for (int r = 0; r < world; r++) {
+            char where[64] = "";
+            int coords[8], at = 0, rest = r;
+            for (int a = shard_mesh_ndim(mesh) - 1; a >= 0; a--) coords[a] = rest % shard_mesh_axis_size(mesh, a), rest /= shard_mesh_axis_size(mesh, a);
+            for (int a = 0; a < shard_mesh_ndim(mesh) && at < (int)sizeof where; a++)
+                at += snprintf(where + at, sizeof where - (size_t)at, "%s%s=%d", a ? "," : "", shard_mesh_axis_name(mesh, a), coords[a]);
+            const double *v = all + r * F, M = 1048576.0;
+            printf("  rank %-2d %-18s %7.2f %8.2f %10.2f %12.2f %8.2f %8.2f %8.2f\n", r, where, v[0] / M, v[1] / M, v[2] / M,
+                   v[3] / M, v[4] / M, v[5] / M, v[CATS] / M);
+        }
+    }
+    free(all);
+    return s;
+}
+
 static shard_status train_rank(shard_comm *comm, void *arg) {
     const train_opts *o = arg;
     int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
@@ -137,6 +166,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             s = shard_trainer_save(t, o->save, step, config_text);
     }
     if (tty) printf("\n");
+    if (s == SHARD_OK && world > 1) s = print_memory(comm, mesh);
     if (s == SHARD_OK && o->trace) { /* the last step's schedule as it ran */
         shard_pipeline_stats ps;
         s = shard_trainer_pipeline_stats(t, &ps);
