@@ -56,7 +56,7 @@ static void usage(FILE *to) {
             "               (default Megatron: heads, MLP columns, vocabulary split; P(): whole),\n"
             "               e.g. --spec 'h.*.mlp.*=P()'; [--print-specs] lists every parameter's\n"
             "               pipe > 1: [--schedule gpipe|1f1b|interleaved] [--micro-batches M (= --accum)]\n"
-            "               [--virtual-stages V] [--recompute] [--layers-per-stage 3,3,2] [--trace run.json]\n"
+            "               [--virtual-stages V] [--recompute] [--layers-per-stage 3,3,2|balanced] [--trace run.json]\n"
             "  generate     text from the GPT: (--ckpt DIR | --config C.json --init W.safetensors)\n"
             "               --prompt TEXT [--tokens 64] [--temperature 0.8] [--top-k 40] [--seed S]\n"
             "  demo         ranks exchanging data, then the all_reduce benchmark at a few sizes\n"

@@ -262,12 +262,21 @@ static void case_refusals(test_ctx *t) {
     shard_trainer *tr = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, "pipe=2", &mesh), "mesh")) return;
     expect_error(t, shard_trainer_create(mesh, &c, &tr), "adds up to 6 layers; the model has 4", "a bad layer list");
-    c.layers_per_stage = "1,3";
-    if (CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "layers 1,3")) {
-        shard_step_result r;
-        CHECK_OK(t, shard_trainer_step(tr, 1, &r), "a step with uneven stages");
+    for (int k = 0; k < 2; k++) { /* uneven, and balanced by measured time */
+        c.layers_per_stage = k ? "balanced" : "1,3";
+        if (CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "layers %s", c.layers_per_stage)) {
+            shard_step_result r;
+            CHECK_OK(t, shard_trainer_step(tr, 1, &r), "a step with layers %s", c.layers_per_stage);
+            char text[2048] = "";
+            FILE *f = fmemopen(text, sizeof text - 1, "w");
+            if (f) shard_trainer_print_schedule(tr, f), fclose(f);
+            CHECK(t, strstr(text, !k ? "layers per stage 1,3; given" : t->rank ? "; balanced on the world's rank 0's"
+                                                                                : "; balanced on measured ms per stage") != NULL,
+                  "the partition's line: %s", text);
+        }
+        shard_trainer_destroy(tr);
+        tr = NULL;
     }
-    shard_trainer_destroy(tr);
     shard_mesh_destroy(mesh);
 }
 

@@ -38,6 +38,7 @@ struct shard_trainer {
     shard_pipe_schedule *sched;
     shard_pp *pp;
     shard_model_stage stage;
+    char partition[512]; /* how the layers were cut (printed with the schedule) */
     uint64_t step_now;
 };
 
@@ -102,7 +103,43 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     /* p * v virtual stages; rank r holds virtual stages r, p + r, 2p + r, ... */
     size_t *first = calloc((size_t)(p * v) + 1, sizeof *first);
     if (!first) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
-    shard_status s = shard__pipe_partition(layers, p * v, t->c.layers_per_stage, first);
+    shard_status s = SHARD_OK;
+    const char *list = t->c.layers_per_stage;
+    if (list && strcmp(list, "balanced") == 0) { /* measured on the world's rank 0, the cut sent to all */
+        shard_comm *all = shard_mesh_comm(t->mesh);
+        int64_t *cut = calloc((size_t)(p * v) + 1, sizeof *cut);
+        if (!cut) s = shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
+        if (s == SHARD_OK && shard_comm_rank(all) == 0) {
+            shard_model *whole = NULL;
+            s = shard_model_create(t->c.config_path, t->c.data_dir, t->micro, t->c.seq, NULL, 0, &whole);
+            if (s == SHARD_OK) whole->ops->init(whole, t->c.seed);
+            if (s == SHARD_OK)
+                s = shard__pipe_balance(whole, layers, p * v, t->c.seed, t->micro, first, t->partition, sizeof t->partition);
+            shard_model_destroy(whole);
+            for (int i = 0; s == SHARD_OK && i <= p * v; i++) cut[i] = (int64_t)first[i];
+            if (s < 0) cut[0] = -1; /* the others learn of the failure */
+        }
+        shard_status b = cut ? shard_comm_broadcast(all, cut, (size_t)(p * v) + 1, SHARD_I64, 0) : SHARD_OK;
+        if (s == SHARD_OK && b < 0) s = b;
+        if (s == SHARD_OK && cut[0] < 0)
+            s = shard_error(SHARD_ERR_INTERNAL, "--layers-per-stage balanced: rank 0 could not measure the layers");
+        for (int i = 0; s == SHARD_OK && i <= p * v; i++) first[i] = (size_t)cut[i];
+        free(cut);
+    } else {
+        s = shard__pipe_partition(layers, p * v, list, first);
+    }
+    if (s == SHARD_OK) { /* "layers per stage 3,1" and how they were chosen */
+        char counts[256];
+        int at = 0;
+        for (int i = 0; i < p * v && at < (int)sizeof counts; i++)
+            at += snprintf(counts + at, sizeof counts - (size_t)at, "%s%zu", i ? "," : "", first[i + 1] - first[i]);
+        char how[512];
+        snprintf(how, sizeof how, "%s", t->partition[0]                      ? t->partition
+                                        : list && strcmp(list, "balanced") == 0 ? "balanced on the world's rank 0's measurement"
+                                        : list && *list                        ? "given"
+                                                                               : "even, the remainder on the first stages");
+        snprintf(t->partition, sizeof t->partition, "layers per stage %s; %s", counts, how);
+    }
     t->stage = (shard_model_stage){.index = r, .count = p, .chunks = (size_t)v,
                                    .slots = (size_t)shard__pp_slots(t->sched, r, t->c.recompute)};
     for (int c = 0; s == SHARD_OK && c < v; c++) t->stage.first[c] = first[c * p + r], t->stage.last[c] = first[c * p + r + 1];
@@ -112,7 +149,9 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
 }
 
 void shard_trainer_print_schedule(const shard_trainer *t, FILE *out) {
-    if (t->sched) shard__pipe_schedule_print(t->sched, out);
+    if (!t->sched) return;
+    fprintf(out, "  %s\n", t->partition);
+    shard__pipe_schedule_print(t->sched, out);
 }
 
 shard_status shard_trainer_pipeline_stats(const shard_trainer *t, shard_pipeline_stats *out) {
