@@ -1,5 +1,5 @@
 # shard — top-level entry points.  CMake + CTest underneath.
-#   make demo    install missing packages, build, train the tiny GPT on fortunes (~2 min), sample it
+#   make demo    install missing packages, build, train the tiny GPT on fortunes on 4 ranks (~2 min), sample it
 #   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests
 #                under TSan; MPI tests built against MPICH
 #   make bench   the benchmark tables of the README
