@@ -261,38 +261,13 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
 }
 
 int cli_bench_pipeline(int argc, char **argv) {
-    pp_args a = {.batch = 8, .seq = 128, .steps = 10};
-    cli_common common = {0};
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        int cc = cli_common_option(&common, argc, argv, &i);
-        if (cc < 0) return 2;
-        if (cc > 0) continue;
-        const char *o = argv[i], *v = NULL;
-        long *ints[] = {&a.batch, &a.seq, &a.steps};
-        const char *names[] = {"--batch", "--seq", "--steps"};
-        const long lo[] = {8, 1, 3}, hi[] = {4096, 65536, 100000};
-        int done = 0;
-        for (int k = 0; k < 3 && !done; k++)
-            if (strcmp(o, names[k]) == 0) {
-                if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(o, v, lo[k], hi[k], ints[k])) return 2;
-                done = 1;
-            }
-        if (done) continue;
-        if (strcmp(o, "--config") == 0) {
-            if (!(a.config = cli_value(argc, argv, &i))) return 2;
-        } else if (strcmp(o, "--json") == 0) {
-            json = 1;
-        } else {
-            cli_error("bench pipeline: unknown option '%s' (see 'shard help')", o);
-            return 2;
-        }
-    }
-    if (!a.config) {
-        cli_error("bench pipeline: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)");
-        return 2;
-    }
-    if (common.ranks == 0) common.ranks = 2;
+    pp_args a = {0};
+    bench_model_opts mo = {.batch = 8, .seq = 128, .steps = 10, .batch_min = 8};
+    int rc = bench_model_options(argc, argv, "bench pipeline", &mo);
+    if (rc) return rc;
+    a.config = mo.config, a.batch = mo.batch, a.seq = mo.seq, a.steps = mo.steps;
+    int json = mo.json;
+    cli_common common = mo.common;
     char env[64];
     int mr, ms;
     a.P = shard_launch_detect_mpi(env, sizeof env, &mr, &ms) ? ms : common.ranks;

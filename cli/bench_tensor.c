@@ -129,39 +129,47 @@ static shard_status tp_rank(shard_comm *world, void *arg) {
     return SHARD_OK;
 }
 
-int cli_bench_tensor(int argc, char **argv) {
-    tp_args a = {.batch = 8, .seq = 128, .steps = 10};
-    cli_common common = {0};
-    int json = 0;
+int bench_model_options(int argc, char **argv, const char *verb, bench_model_opts *o) {
     for (int i = 1; i < argc; i++) {
-        int cc = cli_common_option(&common, argc, argv, &i);
+        int cc = cli_common_option(&o->common, argc, argv, &i);
         if (cc < 0) return 2;
         if (cc > 0) continue;
-        const char *o = argv[i], *v = NULL;
-        long *ints[] = {&a.batch, &a.seq, &a.steps};
+        const char *a = argv[i], *v = NULL;
+        long *ints[] = {&o->batch, &o->seq, &o->steps};
         const char *names[] = {"--batch", "--seq", "--steps"};
-        const long lo[] = {1, 1, 3}, hi[] = {4096, 65536, 100000};
+        const long lo[] = {o->batch_min > 0 ? o->batch_min : 1, 1, 3}, hi[] = {4096, 65536, 100000};
         int done = 0;
         for (int k = 0; k < 3 && !done; k++)
-            if (strcmp(o, names[k]) == 0) {
-                if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(o, v, lo[k], hi[k], ints[k])) return 2;
+            if (strcmp(a, names[k]) == 0) {
+                if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, lo[k], hi[k], ints[k])) return 2;
                 done = 1;
             }
         if (done) continue;
-        if (strcmp(o, "--config") == 0) {
-            if (!(a.config = cli_value(argc, argv, &i))) return 2;
-        } else if (strcmp(o, "--json") == 0) {
-            json = 1;
+        if (strcmp(a, "--config") == 0) {
+            if (!(o->config = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = 1;
         } else {
-            cli_error("bench tensor: unknown option '%s' (see 'shard help')", o);
+            cli_error("%s: unknown option '%s' (see 'shard help')", verb, a);
             return 2;
         }
     }
-    if (!a.config) {
-        cli_error("bench tensor: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)");
+    if (!o->config) {
+        cli_error("%s: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)", verb);
         return 2;
     }
-    if (common.ranks == 0) common.ranks = 2;
+    if (o->common.ranks == 0) o->common.ranks = 2;
+    return 0;
+}
+
+int cli_bench_tensor(int argc, char **argv) {
+    tp_args a = {0};
+    bench_model_opts mo = {.batch = 8, .seq = 128, .steps = 10};
+    int rc = bench_model_options(argc, argv, "bench tensor", &mo);
+    if (rc) return rc;
+    a.config = mo.config, a.batch = mo.batch, a.seq = mo.seq, a.steps = mo.steps;
+    int json = mo.json;
+    cli_common common = mo.common;
     shard_status s = bench_random_tokens(a.config, &a.gc, a.dir, sizeof a.dir);
     shard_launch_config launch = cli_launch_config(&common);
     if (s == SHARD_OK) s = shard_launch_with(&launch, tp_rank, &a);

@@ -20,6 +20,16 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common);
 shard_status bench_random_tokens(const char *config, shard_gpt_config *gc, char *dir, size_t dir_bytes);
 void bench_remove_dir(const char *dir);
 
+/* The options `bench tensor` and `bench pipeline` share: --config C.json [--batch B] [--seq T] [--steps S]
+ * [--json] and the rank options (ranks default 2).  0, or the exit code after one error line. */
+typedef struct bench_model_opts {
+    const char *config;
+    long batch, seq, steps, batch_min;
+    int json;
+    cli_common common;
+} bench_model_opts;
+int bench_model_options(int argc, char **argv, const char *verb, bench_model_opts *o);
+
 /* `shard bench tensor`: tensor parallel (and sequence parallel) against one rank (bench_tensor.c). */
 int cli_bench_tensor(int argc, char **argv);
 /* `shard bench pipeline`: bubbles of the schedules, activations per stage, pipe=P against one rank

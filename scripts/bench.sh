@@ -23,3 +23,5 @@ for z in 1 2 3; do build/shard bench train --config configs/gpt-brief5.json --ra
 for z in 0 1 2 3; do build/shard bench train --config configs/gpt-brief5.json --ranks 4 --zero "$z" --no-torch --warmup 1; done
 # the README's tensor-parallel table
 build/shard bench tensor --config configs/gpt-brief5.json --ranks 2
+# the README's pipeline tables (bubbles, activations per stage, pipe=2 against one rank)
+build/shard bench pipeline --config configs/gpt-brief5.json --ranks 2
