@@ -15,6 +15,8 @@
  *              ZeRO-0/1/2/3 in turn where there is a data axis: losses within
  *              1e-5 relative of one rank's with the same global batch (1e-4
  *              with gradients sent as bf16, ZeRO-2/3)
+ *   interleaved  interleaved 1F1B on pipe 3 and 4 (two chunks of an 8-block
+ *              GPT per rank), m = p and 2p, with and without recompute
  *   checkpoint saved at step 10 by pipe=N (1F1B, ZeRO-1 on data x pipe for 4
  *              ranks), resumed by one rank, and saved by one rank, resumed
  *              pipelined: steps 11..20 as uninterrupted; a bad layer list is
@@ -42,13 +44,15 @@ static void setup(test_ctx *t) {
         char path[512];
         snprintf(path, sizeof path, "%s/train.tokens", dir);
         test_write_words(t, path, words, 8, 20000, 5);
-        snprintf(path, sizeof path, "%s/gpt.json", dir);
-        FILE *f = fopen(path, "w");
-        CHECK(t, f != NULL, "config");
-        if (f) {
-            fprintf(f, "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
-                       "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}", C, L, H, T, V);
-            fclose(f);
+        for (int k = 0; k < 2; k++) { /* gpt.json, and gpt8.json with 8 blocks (interleaved on pipe 3 and 4) */
+            snprintf(path, sizeof path, "%s/%s", dir, k ? "gpt8.json" : "gpt.json");
+            FILE *f = fopen(path, "w");
+            CHECK(t, f != NULL, "config");
+            if (f) {
+                fprintf(f, "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
+                           "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}", C, k ? 8 : L, H, T, V);
+                fclose(f);
+            }
         }
     }
     CHECK_OK(t, shard_comm_barrier(t->comm), "files written");
@@ -128,7 +132,7 @@ static void case_schedules(test_ctx *t) {
 /* ---------------------------------------------------------------- losses */
 
 typedef struct run_opts {
-    const char *mesh, *schedule;
+    const char *mesh, *schedule, *config; /* config: NULL for gpt.json */
     int recompute, zero, sp, virtual_stages, grad_bf16;
     size_t micro_batches;
 } run_opts;
@@ -137,7 +141,7 @@ typedef struct run_opts {
 static shard_status train_span(test_ctx *t, shard_comm *comm, const run_opts *o, double *losses, uint64_t first,
                                uint64_t last, const char *save, const char *resume) {
     char path[512];
-    snprintf(path, sizeof path, "%s/gpt.json", g_dir);
+    snprintf(path, sizeof path, "%s/%s", g_dir, o->config ? o->config : "gpt.json");
     shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = BATCH, .seq = T, .seed = 3, .zero = o->zero,
                               .adamw = shard_adamw_defaults(), .clip = 1.0f, .sequence_parallel = o->sp,
                               .schedule = o->schedule, .micro_batches = o->micro_batches, .recompute = o->recompute,
@@ -168,8 +172,8 @@ static void case_losses(test_ctx *t) {
     setup(t);
     static const char *const meshes[9][3] = {{NULL}, {NULL}, {"pipe=2"}, {"pipe=3"}, {"pipe=4", "data=2,pipe=2"}, {NULL},
                                              {"data=3,pipe=2", "data=1,tensor=3,pipe=2"}, {NULL}, {"data=2,tensor=2,pipe=2"}};
-    static const size_t micro_batches[3] = {4, 6, 2}; /* the reference accumulates the same micro-batches */
-    for (int mb = 0; mb < 3; mb++) {
+    static const size_t micro_batches[4] = {4, 6, 2, 5}; /* the reference accumulates the same micro-batches; 5: uneven */
+    for (int mb = 0; mb < 4; mb++) {
         double ref[STEPS] = {0}, got[STEPS];
         shard_comm *self = NULL;
         CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
@@ -205,6 +209,37 @@ static void case_losses(test_ctx *t) {
                       o.sp ? ", sequence parallel" : "", o.grad_bf16 ? ", bf16 gradients" : "", o.zero, at + 1, got[at],
                       ref[at], worst);
             }
+        }
+    }
+}
+
+/* Interleaved 1F1B on pipe = 3 and 4 (two chunks of the 8-block GPT per rank), m = p and 2p, with and
+ * without recompute, against one rank. */
+static void case_interleaved(test_ctx *t) {
+    setup(t);
+    if (t->size < 3 || t->size > 4) return;
+    char mesh[16];
+    snprintf(mesh, sizeof mesh, "pipe=%d", t->size);
+    for (size_t m = (size_t)t->size; m <= 2 * (size_t)t->size && m <= BATCH; m += (size_t)t->size) {
+        double ref[STEPS] = {0}, got[STEPS];
+        shard_comm *self = NULL;
+        CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
+        run_opts one = {.mesh = "data=1", .config = "gpt8.json", .micro_batches = m};
+        if (self) CHECK_OK(t, train(t, self, &one, ref), "one rank, %zu micro-batches", m);
+        shard_comm_destroy(self);
+        for (int rc = 0; rc < 2; rc++) {
+            run_opts o = {.mesh = mesh, .schedule = "interleaved", .config = "gpt8.json", .virtual_stages = 2,
+                          .recompute = rc, .micro_batches = m};
+            memset(got, 0, sizeof got);
+            if (!CHECK_OK(t, train(t, t->comm, &o, got), "%s interleaved m %zu", mesh, m)) continue;
+            double worst = 0;
+            int at = 0;
+            for (int s = 0; s < STEPS; s++) {
+                double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
+                if (!(rel <= worst)) worst = rel, at = s;
+            }
+            CHECK(t, worst <= 1e-5, "%s interleaved (2 chunks per rank), %zu micro-batches%s: loss at step %d is %.9g, one "
+                  "rank %.9g (relative %.3g)", mesh, m, rc ? ", recompute" : "", at + 1, got[at], ref[at], worst);
         }
     }
 }
@@ -286,7 +321,8 @@ static void case_cleanup(test_ctx *t) {
 }
 
 static const test_case cases[] = {
-    {"schedules", case_schedules}, {"losses", case_losses}, {"checkpoint", case_checkpoint}, {"refusals", case_refusals},
+    {"schedules", case_schedules}, {"losses", case_losses}, {"interleaved", case_interleaved},
+    {"checkpoint", case_checkpoint}, {"refusals", case_refusals},
     {"cleanup", case_cleanup}};
 
 int main(int argc, char **argv) {

@@ -308,7 +308,10 @@ static shard_status model_stage_forward(shard_model *mm, size_t chunk, const flo
 
 static shard_status model_stage_backward(shard_model *mm, size_t chunk, const float *d_out, float *d_in) {
     if (chunk) return shard_error(SHARD_ERR_INVALID_ARG, "cnn: chunk %zu of a one-chunk stage", chunk);
-    return mm->rows ? cnn_backward(impl(mm), d_out, d_in) : SHARD_OK;
+    shard_cnn *m = impl(mm);
+    /* this micro-batch's rows and images (a pipeline may have run another micro-batch's forward since) */
+    m->B = mm->rows, m->images = m->batch_x;
+    return mm->rows ? cnn_backward(m, d_out, d_in) : SHARD_OK;
 }
 
 static void model_use_slot(shard_model *mm, size_t slot) { use_slot(impl(mm), slot); }

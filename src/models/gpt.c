@@ -777,6 +777,8 @@ static shard_status whole_rows(shard_gpt *g, const float *dy, const float **whol
 static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *stage_d_in) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T;
+    /* this micro-batch's token split (a pipeline may have run another micro-batch's forward since) */
+    split_tokens(g, N);
     size_t Vl = g->Vl, r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C;
     float *dln = g->sp ? g->d_lnl : g->d_ln; /* an LayerNorm output's gradient, summed: this rank's rows */
