@@ -99,8 +99,9 @@ static shard_status rank_main(shard_comm *world, void *arg) {
     SHARD_CHECK(shard_cnn_create(&c, 1, &layout));
     shard_params *whole = NULL;
     shard_status s = shard_params_like(shard_cnn_params(layout), SHARD_MEM_OTHER, &whole);
-    if (s == SHARD_OK) s = train(world, a, "pipe=2", whole, &a->loss[0]);
-    if (s == SHARD_OK && rank == 0) s = score(whole, &a->correct[0]);
+    double loss = 0; /* every rank's; rank 0 reports (thread ranks share `a`) */
+    if (s == SHARD_OK) s = train(world, a, "pipe=2", whole, &loss);
+    if (s == SHARD_OK && rank == 0) a->loss[0] = loss, s = score(whole, &a->correct[0]);
     shard_comm *self = NULL;
     if (s == SHARD_OK) s = shard_comm_split(world, rank == 0 ? 0 : -1, 0, &self);
     if (s == SHARD_OK && self) { /* one device: the same global batches, accumulated over the same micro-batches */

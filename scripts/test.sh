@@ -27,7 +27,7 @@ configure_and_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DSHARD_SANITIZE=thread
 # newer kernels; running without address randomisation avoids that.
 norandom=()
 if setarch "$(uname -m)" -R true 2>/dev/null; then norandom=(setarch "$(uname -m)" -R); fi
-(cd build-tsan && "${norandom[@]}" ctest --output-on-failure -j"$jobs" -L "unit|comm|mesh|parallel" -LE mpi)
+(cd build-tsan && "${norandom[@]}" ctest --output-on-failure -j"$jobs" -L "unit|comm|mesh|parallel" -LE "mpi|heavy")
 
 if [[ -x /usr/bin/mpicc.mpich ]]; then
   echo "== MPICH build: the MPI tests against MPICH (hydra launcher)"
