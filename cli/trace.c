@@ -4,6 +4,7 @@
  * waits for activations, gradients and the tied parameter on thread 1, in
  * microseconds from the earliest rank's start.  Every rank's spans are
  * gathered to rank 0, which writes the file atomically. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,40 @@ static const char *span_name(char what) {
     }
 }
 
-/* Rank 0: the JSON text of every rank's spans (all[r * ...]); malloc'd. */
+/* A growing text buffer: appends never write past it (a failed growth leaves ok = 0). */
+typedef struct text_buf {
+    char *p;
+    size_t len, cap;
+    int ok;
+} text_buf;
+
+static void append(text_buf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void append(text_buf *t, const char *fmt, ...) {
+    if (!t->ok) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->p + t->len, t->cap - t->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            t->ok = 0;
+            return;
+        }
+        if ((size_t)n < t->cap - t->len) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t cap = 2 * t->cap + (size_t)n;
+        char *more = realloc(t->p, cap);
+        if (!more) {
+            t->ok = 0;
+            return;
+        }
+        t->p = more, t->cap = cap;
+    }
+}
+
+/* Rank 0: the JSON text of every rank's spans (all[r * ...]); malloc'd, NULL when out of memory. */
 static char *render(const double *all, const size_t *counts, const size_t *displs, const int64_t *stage, int ranks,
                     size_t *len) {
     double origin = 0;
@@ -34,20 +68,17 @@ static char *render(const double *all, const size_t *counts, const size_t *displ
             double t = all[displs[r] + i + 3];
             if (!have || t < origin) origin = t, have = 1;
         }
-    size_t cap = 4096, at = 0, spans = 0;
-    for (int r = 0; r < ranks; r++) spans += counts[r] / FIELDS;
-    cap += spans * 160 + (size_t)ranks * 160;
-    char *out = malloc(cap);
-    if (!out) return NULL;
-    at += (size_t)snprintf(out + at, cap - at, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    text_buf out = {malloc(4096), 0, 4096, 1};
+    if (!out.p) return NULL;
+    append(&out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     const char *sep = "";
     for (int r = 0; r < ranks; r++) {
-        at += (size_t)snprintf(out + at, cap - at,
-                               "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d "
-                               "(pipe stage %lld)\"}},\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
-                               "\"args\": {\"name\": \"compute\"}},\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, "
-                               "\"tid\": 1, \"args\": {\"name\": \"communication wait\"}}",
-                               sep, r, r, (long long)stage[r], r, r);
+        append(&out,
+               "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d "
+               "(pipe stage %lld)\"}},\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
+               "\"args\": {\"name\": \"compute\"}},\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, "
+               "\"tid\": 1, \"args\": {\"name\": \"communication wait\"}}",
+               sep, r, r, (long long)stage[r], r, r);
         sep = ",\n";
         for (size_t i = 0; i < counts[r]; i += FIELDS) {
             const double *f = all + displs[r] + i;
@@ -55,17 +86,20 @@ static char *render(const double *all, const size_t *counts, const size_t *displ
             int compute = what == 'F' || what == 'B' || what == 'r';
             char chunk[24] = "";
             if (f[2] > 0) snprintf(chunk, sizeof chunk, " chunk %.0f", f[2]);
-            at += (size_t)snprintf(out + at, cap - at,
-                                   ",\n{\"name\": \"%s%s%.0f%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
-                                   "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"micro_batch\": %.0f, \"chunk\": %.0f}}",
-                                   span_name(what), compute ? "" : " ", f[1] < 0 ? 0 : f[1], chunk,
-                                   compute ? "compute" : "communication", r, compute ? 0 : 1, (f[3] - origin) * 1e6,
-                                   (f[4] - f[3]) * 1e6, f[1], f[2]);
+            append(&out,
+                   ",\n{\"name\": \"%s%s%.0f%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+                   "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"micro_batch\": %.0f, \"chunk\": %.0f}}",
+                   span_name(what), compute ? "" : " ", f[1] < 0 ? 0 : f[1], chunk, compute ? "compute" : "communication", r,
+                   compute ? 0 : 1, (f[3] - origin) * 1e6, (f[4] - f[3]) * 1e6, f[1], f[2]);
         }
     }
-    at += (size_t)snprintf(out + at, cap - at, "\n]}\n");
-    *len = at;
-    return out;
+    append(&out, "\n]}\n");
+    if (!out.ok) {
+        free(out.p);
+        return NULL;
+    }
+    *len = out.len;
+    return out.p;
 }
 
 shard_status cli_write_trace(shard_comm *world, const shard_pipeline_stats *st, const char *path) {
