@@ -227,18 +227,48 @@ static void embedding(void **state) {
 typedef struct att_ctx {
     float *qkv, *y, *att, *r;
     size_t B, T, C, H;
+    float p_drop;
 } att_ctx;
 
 static double att_loss(void *p) {
     att_ctx *c = p;
-    assert_int_equal(shard_attention_forward(c->qkv, c->y, c->att, c->B, c->T, c->C, c->H), SHARD_OK);
+    assert_int_equal(shard_attention_forward_dropout(c->qkv, c->y, c->att, c->B, c->T, c->C, c->H, c->p_drop, 7, 0, c->H, 0),
+                     SHARD_OK);
     return dot(c->y, c->r, c->B * c->T * c->C);
+}
+
+/* 70 positions: the products run in blocks of 32 rows that skip the masked keys (32, 32 and a part block of
+ * 6), with and without dropout on the probabilities */
+static void attention_blocks(void **state) {
+    (void)state;
+    size_t B = 1, T = 70, C = 8, H = 2;
+    for (int drop = 0; drop < 2; drop++) {
+        att_ctx c = {randv(B * T * 3 * C, 1), zeros(B * T * C), zeros(B * H * T * T), randv(B * T * C, 1), B, T, C, H,
+                     drop ? 0.2f : 0.0f};
+        float *d = zeros(B * T * 3 * C);
+        att_loss(&c);
+        for (size_t h = 0; h < H; h++) /* each probability row sums to 1 over the causal keys, zeros beyond */
+            for (size_t t = 0; t < T; t++) {
+                double sum = 0;
+                for (size_t j = 0; j < T; j++) {
+                    float a = c.att[(h * T + t) * T + j];
+                    if (j > t) assert_true(a == 0.0f);
+                    sum += a;
+                }
+                assert_true(fabs(sum - 1.0) < 1e-5);
+            }
+        assert_int_equal(shard_attention_backward_dropout(c.qkv, c.att, c.r, d, B, T, C, H, c.p_drop, 7, 0, H, 0),
+                         SHARD_OK);
+        grad_check(drop ? "attention dqkv (70 positions, dropout)" : "attention dqkv (70 positions)", c.qkv,
+                   B * T * 3 * C, d, att_loss, &c);
+        free(c.qkv), free(c.y), free(c.att), free(c.r), free(d);
+    }
 }
 
 static void attention(void **state) {
     (void)state;
     size_t B = 2, T = 5, C = 6, H = 2;
-    att_ctx c = {randv(B * T * 3 * C, 1), zeros(B * T * C), zeros(B * H * T * T), randv(B * T * C, 1), B, T, C, H};
+    att_ctx c = {randv(B * T * 3 * C, 1), zeros(B * T * C), zeros(B * H * T * T), randv(B * T * C, 1), B, T, C, H, 0.0f};
     float *d = zeros(B * T * 3 * C);
     att_loss(&c);
     assert_int_equal(shard_attention_backward(c.qkv, c.att, c.r, d, B, T, C, H), SHARD_OK);
@@ -308,6 +338,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(linear),    cmocka_unit_test(elementwise), cmocka_unit_test(layernorm),
         cmocka_unit_test(cross_entropy), cmocka_unit_test(embedding), cmocka_unit_test(attention),
+        cmocka_unit_test(attention_blocks),
         cmocka_unit_test(conv2d),    cmocka_unit_test(maxpool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -417,39 +417,77 @@ static uint64_t att_offset(size_t first_row, size_t b, size_t H, size_t h, size_
     return ((uint64_t)(first_row + b) * H + h) * T * T;
 }
 
+/* Causal attention skips what the mask zeroes: rows go in blocks of ATT_BLOCK, and a block of rows [r0, r1)
+ * multiplies only keys 0..r1 - 1 (the probabilities beyond are exact zeros, so the sums are the same). */
+#define ATT_BLOCK 32
+
+/* One attention call cut over its (batch, head) pairs: each pair is independent, so any cut gives the same bits. */
+typedef struct att_job {
+    const float *qkv, *att, *dy;
+    float *y, *att_out, *dqkv;
+    size_t B, T, C, H;
+    float p_drop;
+    uint64_t seed;
+    size_t first_row, heads_total, head0;
+    shard_status status[SHARD_MAX_CHUNKS];
+} att_job;
+
+static shard_status att_forward_pair(const att_job *j, size_t b, size_t h, float *dropped) {
+    size_t T = j->T, C = j->C, D = C / j->H;
+    float scale = 1.0f / sqrtf((float)D);
+    const float *q = j->qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
+    float *p = j->att_out + (b * j->H + h) * T * T;
+    for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+        size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+        SHARD_CHECK(shard_sgemm(0, 1, r1 - r0, r1, D, scale, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.0f, p + r0 * T, T));
+    }
+    for (size_t t = 0; t < T; t++) { /* causal softmax of row t over 0..t */
+        float *a = p + t * T;
+        double sum = exp_row(a, a, t + 1, row_max(a, t + 1));
+        scale_row(a, t + 1, (float)(1.0 / sum));
+        for (size_t i = t + 1; i < T; i++) a[i] = 0;
+    }
+    const float *probs = p;
+    if (dropped) {
+        shard_dropout_forward(p, dropped, T * T, j->p_drop, j->seed,
+                              att_offset(j->first_row, b, j->heads_total, j->head0 + h, T));
+        probs = dropped;
+    }
+    for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+        size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+        SHARD_CHECK(shard_sgemm(0, 0, r1 - r0, D, r1, 1.0f, probs + r0 * T, T, v, 3 * C, 0.0f,
+                                j->y + (b * T + r0) * C + h * D, C));
+    }
+    return SHARD_OK;
+}
+
+static void att_forward_chunk(void *ctx, size_t chunk, size_t chunks) {
+    att_job *j = ctx;
+    size_t first, count;
+    shard__chunk_range(j->B * j->H, chunks, chunk, &first, &count);
+    float *dropped = j->p_drop > 0 && count ? malloc(j->T * j->T * sizeof *dropped + 1) : NULL;
+    shard_status s = j->p_drop > 0 && count && !dropped ? shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory")
+                                                        : SHARD_OK;
+    for (size_t i = first; i < first + count && s == SHARD_OK; i++) s = att_forward_pair(j, i / j->H, i % j->H, dropped);
+    free(dropped);
+    j->status[chunk] = s;
+}
+
+static shard_status att_run(att_job *j, shard__chunk_fn fn) {
+    size_t pairs = j->B * j->H, chunks = pairs < SHARD_MAX_CHUNKS ? pairs : SHARD_MAX_CHUNKS;
+    if (!chunks) return SHARD_OK;
+    shard__parallel_for(chunks, fn, j);
+    for (size_t c = 0; c < chunks; c++) SHARD_CHECK(j->status[c]);
+    return SHARD_OK;
+}
+
 shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
                                              size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
                                              size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention"));
-    size_t D = C / H;
-    float scale = 1.0f / sqrtf((float)D);
-    float *dropped = p_drop > 0 ? malloc(T * T * sizeof *dropped + 1) : NULL;
-    if (p_drop > 0 && !dropped) return shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory");
-    for (size_t b = 0; b < B; b++)
-        for (size_t h = 0; h < H; h++) {
-            const float *q = qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
-            float *p = att + (b * H + h) * T * T;
-            shard_status s = shard_sgemm(0, 1, T, T, D, scale, q, 3 * C, k, 3 * C, 0.0f, p, T);
-            if (s < 0) {
-                free(dropped);
-                return s;
-            }
-            for (size_t t = 0; t < T; t++) { /* causal softmax of row t over 0..t */
-                float *a = p + t * T;
-                double sum = exp_row(a, a, t + 1, row_max(a, t + 1));
-                scale_row(a, t + 1, (float)(1.0 / sum));
-                for (size_t j = t + 1; j < T; j++) a[j] = 0;
-            }
-            const float *probs = p;
-            if (dropped) shard_dropout_forward(p, dropped, T * T, p_drop, seed, att_offset(first_row, b, heads_total, head0 + h, T)), probs = dropped;
-            s = shard_sgemm(0, 0, T, D, T, 1.0f, probs, T, v, 3 * C, 0.0f, y + b * T * C + h * D, C);
-            if (s < 0) {
-                free(dropped);
-                return s;
-            }
-        }
-    free(dropped);
-    return SHARD_OK;
+    att_job j = {.qkv = qkv, .y = y, .att_out = att, .B = B, .T = T, .C = C, .H = H, .p_drop = p_drop, .seed = seed,
+                 .first_row = first_row, .heads_total = heads_total, .head0 = head0};
+    return att_run(&j, att_forward_chunk);
 }
 
 /* dV = P^T dY; dP = dY V^T; dS = P (dP - rowsum(P dP)) / sqrt(D); dQ = dS K; dK = dS^T Q. */
@@ -459,38 +497,59 @@ shard_status shard_attention_backward(const float *qkv, const float *att, const 
 }
 
 /* With dropout on the probabilities: dV = drop(P)^T dY and dP = drop'(dY V^T), the mask drawn again. */
+/* dV and dK sum over the rows t >= j of their column j: a block of columns [j0, j1) reads rows j0..T - 1. */
+static shard_status att_backward_pair(const att_job *j, size_t b, size_t h, float *ds, float *dropped) {
+    size_t T = j->T, C = j->C, D = C / j->H, tt = T * T;
+    float scale = 1.0f / sqrtf((float)D);
+    const float *q = j->qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
+    const float *p = j->att + (b * j->H + h) * tt, *g = j->dy + b * T * C + h * D;
+    float *dq = j->dqkv + b * T * 3 * C + h * D, *dk = dq + C, *dv = dq + 2 * C;
+    uint64_t offset = att_offset(j->first_row, b, j->heads_total, j->head0 + h, T);
+    if (dropped) shard_dropout_forward(p, dropped, tt, j->p_drop, j->seed, offset);
+    const float *probs = dropped ? dropped : p;
+    for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+        size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+        SHARD_CHECK(shard_sgemm(1, 0, r1 - r0, D, T - r0, 1.0f, probs + r0 * T + r0, T, g + r0 * C, C, 0.0f,
+                                dv + r0 * 3 * C, 3 * C));
+        SHARD_CHECK(shard_sgemm(0, 1, r1 - r0, r1, D, 1.0f, g + r0 * C, C, v, 3 * C, 0.0f, ds + r0 * T, T));
+    }
+    if (dropped) shard_dropout_backward(ds, ds, tt, j->p_drop, j->seed, offset);
+    for (size_t t = 0; t < T; t++) {
+        const float *a = p + t * T;
+        float *d = ds + t * T, dot = 0;
+        for (size_t i = 0; i <= t; i++) dot += a[i] * d[i];
+        for (size_t i = 0; i <= t; i++) d[i] = a[i] * (d[i] - dot) * scale;
+        for (size_t i = t + 1; i < T; i++) d[i] = 0;
+    }
+    for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+        size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+        SHARD_CHECK(shard_sgemm(0, 0, r1 - r0, D, r1, 1.0f, ds + r0 * T, T, k, 3 * C, 0.0f, dq + r0 * 3 * C, 3 * C));
+        SHARD_CHECK(shard_sgemm(1, 0, r1 - r0, D, T - r0, 1.0f, ds + r0 * T + r0, T, q + r0 * 3 * C, 3 * C, 0.0f,
+                                dk + r0 * 3 * C, 3 * C));
+    }
+    return SHARD_OK;
+}
+
+static void att_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
+    att_job *j = ctx;
+    size_t first, count, tt = j->T * j->T;
+    shard__chunk_range(j->B * j->H, chunks, chunk, &first, &count);
+    /* zeroed: the products leave dS's masked corner unwritten, and dropout's backward reads all of it */
+    float *ds = count ? calloc(tt ? 2 * tt : 1, sizeof *ds) : NULL;
+    shard_status s = count && !ds ? shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory") : SHARD_OK;
+    for (size_t i = first; i < first + count && s == SHARD_OK; i++)
+        s = att_backward_pair(j, i / j->H, i % j->H, ds, j->p_drop > 0 ? ds + tt : NULL);
+    free(ds);
+    j->status[chunk] = s;
+}
+
 shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
                                               size_t B, size_t T, size_t C, size_t H, float p_drop, uint64_t seed,
                                               size_t first_row, size_t heads_total, size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention backward"));
-    size_t D = C / H;
-    float scale = 1.0f / sqrtf((float)D);
-    size_t tt = T * T;
-    float *ds = malloc((tt ? 2 * tt : 1) * sizeof *ds), *dropped = ds + tt;
-    if (!ds) return shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory");
-    shard_status s = SHARD_OK;
-    for (size_t b = 0; b < B && s == SHARD_OK; b++)
-        for (size_t h = 0; h < H && s == SHARD_OK; h++) {
-            const float *q = qkv + b * T * 3 * C + h * D, *k = q + C, *v = q + 2 * C;
-            const float *p = att + (b * H + h) * T * T, *g = dy + b * T * C + h * D;
-            float *dq = dqkv + b * T * 3 * C + h * D, *dk = dq + C, *dv = dq + 2 * C;
-            uint64_t offset = att_offset(first_row, b, heads_total, head0 + h, T);
-            if (p_drop > 0) shard_dropout_forward(p, dropped, tt, p_drop, seed, offset);
-            s = shard_sgemm(1, 0, T, D, T, 1.0f, p_drop > 0 ? dropped : p, T, g, C, 0.0f, dv, 3 * C);
-            if (s == SHARD_OK) s = shard_sgemm(0, 1, T, T, D, 1.0f, g, C, v, 3 * C, 0.0f, ds, T);
-            if (s == SHARD_OK && p_drop > 0) shard_dropout_backward(ds, ds, tt, p_drop, seed, offset);
-            for (size_t t = 0; s == SHARD_OK && t < T; t++) {
-                const float *a = p + t * T;
-                float *d = ds + t * T, dot = 0;
-                for (size_t j = 0; j <= t; j++) dot += a[j] * d[j];
-                for (size_t j = 0; j <= t; j++) d[j] = a[j] * (d[j] - dot) * scale;
-                for (size_t j = t + 1; j < T; j++) d[j] = 0;
-            }
-            if (s == SHARD_OK) s = shard_sgemm(0, 0, T, D, T, 1.0f, ds, T, k, 3 * C, 0.0f, dq, 3 * C);
-            if (s == SHARD_OK) s = shard_sgemm(1, 0, T, D, T, 1.0f, ds, T, q, 3 * C, 0.0f, dk, 3 * C);
-        }
-    free(ds);
-    return s;
+    att_job j = {.qkv = qkv, .att = att, .dy = dy, .dqkv = dqkv, .B = B, .T = T, .C = C, .H = H, .p_drop = p_drop,
+                 .seed = seed, .first_row = first_row, .heads_total = heads_total, .head0 = head0};
+    return att_run(&j, att_backward_chunk);
 }
 
 /* ---------------------------------------------------------------- dropout */
