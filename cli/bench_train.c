@@ -136,6 +136,7 @@ int cli_bench_train(int argc, char **argv) {
     if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_OPTIMIZER, &v);
     if (s == SHARD_OK) shard_gpt_init(g, 1);
     shard_adamw_config ac = shard_adamw_defaults();
+    if (s == SHARD_OK) shard_params_zero(grads); /* from then on the update leaves them zeroed, as in training */
     uint64_t r = 1;
     for (long step = 0; s == SHARD_OK && step < warmup + steps; step++) {
         for (size_t i = 0; i < N; i++) { /* random tokens */
@@ -144,13 +145,13 @@ int cli_bench_train(int argc, char **argv) {
         }
         double t0 = shard__now();
         float loss;
-        shard_params_zero(grads);
         s = shard_gpt_forward(g, in, tg, B, T, &loss);
         if (s == SHARD_OK) s = shard_gpt_backward(g, grads);
         if (s == SHARD_OK) {
             shard_params *p = shard_gpt_params(g);
-            shard_scale(grads->data, grads->total, shard_clip_factor(sqrt(shard_sum_squares(grads->data, grads->total)), 1.0f));
-            shard_adamw_update(&ac, (uint64_t)step + 1, 1e-3f, p->data, grads->data, m->data, v->data, p->total);
+            float clip = shard_clip_factor(sqrt(shard_sum_squares(grads->data, grads->total)), 1.0f);
+            shard_adamw_update_clipped(&ac, (uint64_t)step + 1, 1e-3f, clip, p->data, grads->data, m->data, v->data,
+                                       p->total);
         }
         if (step >= warmup) ms[step - warmup] = (shard__now() - t0) * 1e3;
     }

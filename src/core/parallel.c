@@ -11,6 +11,18 @@
 
 enum { MAX_THREADS = SHARD_MAX_CHUNKS };
 
+#ifndef SPIN_ROUNDS
+#define SPIN_ROUNDS 2000 /* pause instructions: some tens of microseconds */
+#endif
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 static struct {
     pthread_mutex_t owner;  /* held by the caller running a region */
     pthread_mutex_t lock;   /* guards sleeping helpers */
@@ -48,10 +60,14 @@ static void *helper(void *arg) {
     int who = (int)(size_t)arg;
     unsigned seen = P.start_gen; /* written before pthread_create; the region may already have begun */
     for (;;) {
-        unsigned now;
-        pthread_mutex_lock(&P.lock);
-        while ((now = atomic_load(&P.generation)) == seen) pthread_cond_wait(&P.wake, &P.lock);
-        pthread_mutex_unlock(&P.lock);
+        unsigned now = seen;
+        /* a step runs regions back to back: watch for the next one a short while before sleeping */
+        for (int spin = 0; spin < SPIN_ROUNDS && (now = atomic_load(&P.generation)) == seen; spin++) relax();
+        if (now == seen) {
+            pthread_mutex_lock(&P.lock);
+            while ((now = atomic_load(&P.generation)) == seen) pthread_cond_wait(&P.wake, &P.lock);
+            pthread_mutex_unlock(&P.lock);
+        }
         seen = now;
         if (who < P.width) run_share(P.fn, P.ctx, P.chunks, P.width, who);
         atomic_fetch_sub(&P.pending, 1);
