@@ -10,9 +10,11 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cli_util.h"
 #include "comm/comm_impl.h"
+#include "core/parallel.h"
 #include "shard/shard.h"
 
 static void status_and_last_error(void **state) {
@@ -228,6 +230,33 @@ static void launcher_detection(void **state) {
     unsetenv("SLURM_PROCID");
 }
 
+/* The parallel-for: every chunk runs exactly once, back to back (helpers still watching) and after the
+ * helpers have gone to sleep, with the width changed between regions. */
+typedef struct chunk_count {
+    int ran[SHARD_MAX_CHUNKS];
+    size_t seen_chunks;
+} chunk_count;
+
+static void count_chunk(void *ctx, size_t chunk, size_t chunks) {
+    chunk_count *c = ctx;
+    c->ran[chunk]++; /* each chunk index belongs to one thread */
+    if (chunk == 0) c->seen_chunks = chunks;
+}
+
+static void parallel_for_runs_every_chunk(void **state) {
+    (void)state;
+    for (int round = 0; round < 300; round++) {
+        shard__parallel_set_threads(1 + round % 3);
+        size_t chunks = 1 + (size_t)round % SHARD_MAX_CHUNKS;
+        chunk_count c = {{0}, 0};
+        shard__parallel_for(chunks, count_chunk, &c);
+        assert_int_equal(c.seen_chunks, chunks);
+        for (size_t i = 0; i < SHARD_MAX_CHUNKS; i++) assert_int_equal(c.ran[i], i < chunks ? 1 : 0);
+        if (round % 100 == 99) nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL); /* helpers fall asleep */
+    }
+    shard__parallel_set_threads(1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(status_and_last_error),
@@ -240,6 +269,7 @@ int main(void) {
         cmocka_unit_test(even_split_rule),
         cmocka_unit_test(rank_lists),
         cmocka_unit_test(reduce_kernels),
+        cmocka_unit_test(parallel_for_runs_every_chunk),
         cmocka_unit_test(cli_sizes),
         cmocka_unit_test(timeout_from_environment),
         cmocka_unit_test(launcher_detection),
