@@ -3,11 +3,21 @@
  * Each block carries a small header in front of the aligned pointer recording
  * its size, category and ledger, so that shard_free credits the right rank even
  * when another thread frees it.  Counters are atomics: a rank and its helper
- * thread may allocate at the same time. */
+ * thread may allocate at the same time.
+ *
+ * Blocks of 4 MiB and more (activations, parameter slabs, optimizer state)
+ * start on a 2 MiB boundary and ask the kernel for transparent huge pages
+ * (madvise; Debian's default THP mode is "madvise"): the GEMMs' packing
+ * walks big matrices with strides of a few KiB, one 4 KiB page per row
+ * otherwise. */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "alloc_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+enum { HUGE_PAGE = 2u << 20, HUGE_FROM = 4u << 20 };
 
 #define BLOCK_MAGIC 0x5348415244414c4cULL /* "SHARDALL" */
 
@@ -73,7 +83,16 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
         return NULL;
     }
     size_t raw_bytes = bytes + 2 * SHARD_ALIGNMENT_BYTES;
-    void *raw = malloc(raw_bytes);
+    void *raw = NULL;
+    if (raw_bytes >= HUGE_FROM && raw_bytes <= SIZE_MAX - HUGE_PAGE) {
+        size_t rounded = (raw_bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        raw = aligned_alloc(HUGE_PAGE, rounded);
+#ifdef MADV_HUGEPAGE
+        if (raw) (void)madvise(raw, rounded, MADV_HUGEPAGE); /* a hint: without THP it is refused, harmlessly */
+#endif
+    } else {
+        raw = malloc(raw_bytes);
+    }
     if (!raw) {
         shard_error(SHARD_ERR_NO_MEMORY, "shard_alloc: out of memory allocating %zu bytes of %s",
                     bytes, shard_mem_category_name(category));
