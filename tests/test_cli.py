@@ -375,7 +375,7 @@ def train():
         rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
         bub = [r for r in rows if r["table"] == "bubble"]
         act = [r for r in rows if r["table"] == "activations"]
-        expect(len(bub) == 9 and all(0 <= r["bubble_measured"] < 1 and r["bubble_replayed_p4"] == r["bubble_formula_p4"]
+        expect(len(bub) == 9 and all(0 < r["bubble_measured"] < 1 and r["bubble_replayed_p4"] == r["bubble_formula_p4"]
                                      for r in bub)
                and len(act) == 6 and all(r["held_measured"] == r["held_formula"] for r in act if not r["recompute"])
                and all(abs(r["activation_bytes"] - r["activation_bytes_predicted"]) <= 64 for r in act)

@@ -238,16 +238,17 @@ static double att_loss(void *p) {
 }
 
 /* 70 positions: the products run in blocks of 32 rows that skip the masked keys (32, 32 and a part block of
- * 6), with and without dropout on the probabilities */
+ * 6), with and without dropout on the probabilities; 3 x 4 (batch, head) pairs, more than the 8 chunks, so
+ * some chunk runs two pairs on the same scratch */
 static void attention_blocks(void **state) {
     (void)state;
-    size_t B = 1, T = 70, C = 8, H = 2;
+    size_t B = 3, T = 70, C = 8, H = 4;
     for (int drop = 0; drop < 2; drop++) {
         att_ctx c = {randv(B * T * 3 * C, 1), zeros(B * T * C), zeros(B * H * T * T), randv(B * T * C, 1), B, T, C, H,
                      drop ? 0.2f : 0.0f};
         float *d = zeros(B * T * 3 * C);
         att_loss(&c);
-        for (size_t h = 0; h < H; h++) /* each probability row sums to 1 over the causal keys, zeros beyond */
+        for (size_t h = 0; h < B * H; h++) /* each probability row sums to 1 over the causal keys, zeros beyond */
             for (size_t t = 0; t < T; t++) {
                 double sum = 0;
                 for (size_t j = 0; j < T; j++) {

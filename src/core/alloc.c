@@ -84,22 +84,24 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     }
     size_t raw_bytes = bytes + 2 * SHARD_ALIGNMENT_BYTES;
     void *raw = NULL;
-    if (raw_bytes >= HUGE_FROM && raw_bytes <= SIZE_MAX - HUGE_PAGE) {
-        size_t rounded = (raw_bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-        raw = aligned_alloc(HUGE_PAGE, rounded);
+    uintptr_t aligned;
+    if (bytes >= HUGE_FROM && bytes <= SIZE_MAX - 2 * (size_t)HUGE_PAGE) {
+        /* the data on a 2 MiB boundary, the header in the page before it (the only page touched there) */
+        size_t data_bytes = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        raw = aligned_alloc(HUGE_PAGE, data_bytes + HUGE_PAGE);
+        aligned = (uintptr_t)raw + HUGE_PAGE;
 #ifdef MADV_HUGEPAGE
-        if (raw) (void)madvise(raw, rounded, MADV_HUGEPAGE); /* a hint: without THP it is refused, harmlessly */
+        if (raw) (void)madvise((void *)aligned, data_bytes, MADV_HUGEPAGE); /* a hint: refused harmlessly without THP */
 #endif
     } else {
         raw = malloc(raw_bytes);
+        aligned = ((uintptr_t)raw + 2 * SHARD_ALIGNMENT_BYTES - 1) & ~(uintptr_t)(SHARD_ALIGNMENT_BYTES - 1);
     }
     if (!raw) {
         shard_error(SHARD_ERR_NO_MEMORY, "shard_alloc: out of memory allocating %zu bytes of %s",
                     bytes, shard_mem_category_name(category));
         return NULL;
     }
-    uintptr_t aligned = ((uintptr_t)raw + 2 * SHARD_ALIGNMENT_BYTES - 1) &
-                        ~(uintptr_t)(SHARD_ALIGNMENT_BYTES - 1);
     block_header *h = (block_header *)(aligned - sizeof(block_header));
     memset(h, 0, sizeof *h);
     h->magic = BLOCK_MAGIC;

@@ -7,6 +7,7 @@
 #include "shard/layers.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -430,7 +431,13 @@ typedef struct att_job {
     uint64_t seed;
     size_t first_row, heads_total, head0;
     shard_status status[SHARD_MAX_CHUNKS];
+    char error[SHARD_MAX_CHUNKS][256]; /* a failed chunk's message: errors are per thread, raised again by the caller */
 } att_job;
+
+static void att_chunk_done(att_job *j, size_t chunk, shard_status s) {
+    j->status[chunk] = s;
+    if (s < 0) snprintf(j->error[chunk], sizeof j->error[chunk], "%s", shard_last_error());
+}
 
 static shard_status att_forward_pair(const att_job *j, size_t b, size_t h, float *dropped) {
     size_t T = j->T, C = j->C, D = C / j->H;
@@ -470,14 +477,15 @@ static void att_forward_chunk(void *ctx, size_t chunk, size_t chunks) {
                                                         : SHARD_OK;
     for (size_t i = first; i < first + count && s == SHARD_OK; i++) s = att_forward_pair(j, i / j->H, i % j->H, dropped);
     free(dropped);
-    j->status[chunk] = s;
+    att_chunk_done(j, chunk, s);
 }
 
 static shard_status att_run(att_job *j, shard__chunk_fn fn) {
     size_t pairs = j->B * j->H, chunks = pairs < SHARD_MAX_CHUNKS ? pairs : SHARD_MAX_CHUNKS;
     if (!chunks) return SHARD_OK;
     shard__parallel_for(chunks, fn, j);
-    for (size_t c = 0; c < chunks; c++) SHARD_CHECK(j->status[c]);
+    for (size_t c = 0; c < chunks; c++)
+        if (j->status[c] < 0) return shard_error(j->status[c], "%s", j->error[c]);
     return SHARD_OK;
 }
 
@@ -535,12 +543,12 @@ static void att_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
     size_t first, count, tt = j->T * j->T;
     shard__chunk_range(j->B * j->H, chunks, chunk, &first, &count);
     /* zeroed: the products leave dS's masked corner unwritten, and dropout's backward reads all of it */
-    float *ds = count ? calloc(tt ? 2 * tt : 1, sizeof *ds) : NULL;
+    float *ds = count ? calloc(tt ? (j->p_drop > 0 ? 2 : 1) * tt : 1, sizeof *ds) : NULL;
     shard_status s = count && !ds ? shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory") : SHARD_OK;
     for (size_t i = first; i < first + count && s == SHARD_OK; i++)
         s = att_backward_pair(j, i / j->H, i % j->H, ds, j->p_drop > 0 ? ds + tt : NULL);
     free(ds);
-    j->status[chunk] = s;
+    att_chunk_done(j, chunk, s);
 }
 
 shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
