@@ -3,7 +3,8 @@
  * (in double), alpha/beta, empty shapes, refusals; and that OpenBLAS was
  * loaded with a core named in the description; large products, which are cut
  * into blocks of C over shard's threads, give the same bits on 1, 2 or 3
- * threads and when two callers (thread ranks) run products at once. */
+ * threads and when two callers (thread ranks) run products at once; the
+ * product with a bias row (shard_sgemm_bias) small and split both ways. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -117,8 +118,47 @@ static void split_products_same_bits(void **state) {
     assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
 }
 
+/* C = alpha op(A) op(B) + bias on every row: against loops, and the same bits on 1, 2 and 3 threads,
+ * for a product run whole and for ones split by rows and by columns (each block fills its bias). */
+static void bias_rows(void **state) {
+    (void)state;
+    size_t shapes[3][3] = {{37, 23, 19}, {301, 97, 160}, {67, 411, 200}};
+    for (int sh = 0; sh < 3; sh++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                big_product p;
+                big_fill(&p, shapes[sh][0], shapes[sh][1], shapes[sh][2], ta, tb);
+                size_t M = p.M, N = p.N, K = p.K, lda = ta ? M : K, ldb = tb ? K : N;
+                float *bias = malloc(N * sizeof *bias), *first = malloc(M * N * sizeof *first);
+                for (size_t j = 0; j < N; j++) bias[j] = (float)((int)(j * 3 % 11) - 5) * 0.5f;
+                for (int threads = 1; threads <= 3; threads++) {
+                    for (size_t i = 0; i < M * N; i++) p.C[i] = 1e9f; /* overwritten, never read */
+                    assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
+                    assert_int_equal(shard_sgemm_bias(ta, tb, M, N, K, 0.75f, p.A, lda, p.B, ldb, bias, p.C, N), SHARD_OK);
+                    if (threads == 1) {
+                        for (size_t i = 0; i < M; i++)
+                            for (size_t j = 0; j < N; j++) {
+                                double want = bias[j];
+                                for (size_t k = 0; k < K; k++)
+                                    want += 0.75 * (double)at(p.A, lda, ta, i, k) * (double)at(p.B, ldb, tb, k, j);
+                                if (fabs(p.C[i * N + j] - want) > 1e-4 * (1 + fabs(want)))
+                                    fail_msg("%zu x %zu x %zu (ta %d tb %d): C[%zu,%zu] = %g, want %g", M, N, K, ta, tb, i, j,
+                                             p.C[i * N + j], want);
+                            }
+                        memcpy(first, p.C, M * N * sizeof *first);
+                    } else if (memcmp(first, p.C, M * N * sizeof *first) != 0) {
+                        fail_msg("%zu x %zu x %zu (ta %d tb %d) with a bias on %d threads differs from 1 thread", M, N, K, ta,
+                                 tb, threads);
+                    }
+                }
+                free(p.A), free(p.B), free(p.C), free(bias), free(first);
+            }
+    assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bias_rows),
         cmocka_unit_test(against_loops),
         cmocka_unit_test(edges_and_refusals),
         cmocka_unit_test(split_products_same_bits),

@@ -87,6 +87,27 @@ static void linear(void **state) {
     free(c.x), free(c.W), free(c.b), free(c.y), free(c.r), free(dx), free(dW), free(db), free(dW1);
 }
 
+/* The bias gradient of wide layers (its columns cut into chunks for the threads, in groups of 16 with
+ * a remainder): each column is the rows' sum in row order, the same bits as a plain loop, added to
+ * what db held. */
+static void linear_bias_grad_wide(void **state) {
+    (void)state;
+    size_t widths[] = {37, 300, 1029}, N = 150, in = 2;
+    for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
+        size_t out = widths[w];
+        float *x = randv(N * in, 1), *W = randv(in * out, 1), *dy = randv(N * out, 1), *db = randv(out, 1);
+        float *want = malloc(out * sizeof *want);
+        for (size_t o = 0; o < out; o++) {
+            want[o] = db[o];
+            for (size_t n = 0; n < N; n++) want[o] += dy[n * out + o];
+        }
+        assert_int_equal(shard_linear_backward(x, W, dy, NULL, NULL, db, N, in, out), SHARD_OK);
+        for (size_t o = 0; o < out; o++)
+            if (db[o] != want[o]) fail_msg("width %zu: db[%zu] = %.9g, a plain row-order sum gives %.9g", out, o, db[o], want[o]);
+        free(x), free(W), free(dy), free(db), free(want);
+    }
+}
+
 /* ---------------------------------------------------------------- element-wise */
 
 typedef struct ew_ctx {
@@ -143,17 +164,19 @@ static double ln_loss(void *p) {
     return dot(c->y, c->r, c->N * c->C);
 }
 
+/* C = 7 (the scalar tail alone) and 37 (two 16-lane blocks and a tail of 5) */
 static void layernorm(void **state) {
     (void)state;
-    size_t N = 4, C = 7;
-    ln_ctx c = {randv(N * C, 2), randv(C, 1), randv(C, 1), zeros(N * C), zeros(N), zeros(N), randv(N * C, 1), N, C};
-    float *dx = zeros(N * C), *dg = zeros(C), *db = zeros(C);
-    ln_loss(&c);
-    shard_layernorm_backward(c.x, c.g, c.mean, c.rstd, c.r, dx, dg, db, N, C);
-    grad_check("layernorm dx", c.x, N * C, dx, ln_loss, &c);
-    grad_check("layernorm dgamma", c.g, C, dg, ln_loss, &c);
-    grad_check("layernorm dbeta", c.b, C, db, ln_loss, &c);
-    free(c.x), free(c.g), free(c.b), free(c.y), free(c.mean), free(c.rstd), free(c.r), free(dx), free(dg), free(db);
+    for (size_t N = 4, C = 7; C <= 37; C += 30) {
+        ln_ctx c = {randv(N * C, 2), randv(C, 1), randv(C, 1), zeros(N * C), zeros(N), zeros(N), randv(N * C, 1), N, C};
+        float *dx = zeros(N * C), *dg = zeros(C), *db = zeros(C);
+        ln_loss(&c);
+        shard_layernorm_backward(c.x, c.g, c.mean, c.rstd, c.r, dx, dg, db, N, C);
+        grad_check("layernorm dx", c.x, N * C, dx, ln_loss, &c);
+        grad_check("layernorm dgamma", c.g, C, dg, ln_loss, &c);
+        grad_check("layernorm dbeta", c.b, C, db, ln_loss, &c);
+        free(c.x), free(c.g), free(c.b), free(c.y), free(c.mean), free(c.rstd), free(c.r), free(dx), free(dg), free(db);
+    }
 }
 
 /* ---------------------------------------------------------------- cross-entropy, softmax */
@@ -337,7 +360,7 @@ static void maxpool(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(linear),    cmocka_unit_test(elementwise), cmocka_unit_test(layernorm),
+        cmocka_unit_test(linear),    cmocka_unit_test(linear_bias_grad_wide),    cmocka_unit_test(elementwise), cmocka_unit_test(layernorm),
         cmocka_unit_test(cross_entropy), cmocka_unit_test(embedding), cmocka_unit_test(attention),
         cmocka_unit_test(attention_blocks),
         cmocka_unit_test(conv2d),    cmocka_unit_test(maxpool),

@@ -38,6 +38,10 @@ const char *shard_blas_description(void);
 shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
                          size_t lda, const float *B, size_t ldb, float beta, float *C, size_t ldc);
 
+/* Row-major C = alpha op(A) op(B) + bias, the bias (N values; NULL: none) added to every row of C. */
+shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
+                              size_t lda, const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -123,14 +123,19 @@ int shard_blas_threads(void) { return shard_blas_init() == SHARD_OK ? shard__par
 const char *shard_blas_description(void) { return shard_blas_init() == SHARD_OK ? B.description : B.error; }
 
 /* A product cut into blocks of C's rows (or columns, when there are more), one single-threaded BLAS call
- * per block on the process's threads (parallel.h). */
+ * per block on the process's threads (parallel.h).  With a bias, each block first fills its part of C
+ * with the bias rows (on the thread that then accumulates into them) and the call adds with beta 1. */
 typedef struct gemm_job {
     int ta, tb, by_rows;
     size_t M, N, K, lda, ldb, ldc;
     float alpha, beta;
-    const float *A, *Bm;
+    const float *A, *Bm, *bias;
     float *C;
 } gemm_job;
+
+static void fill_bias(float *C, size_t ldc, const float *bias, size_t M, size_t N) {
+    for (size_t m = 0; m < M; m++) memcpy(C + m * ldc, bias, N * sizeof *C);
+}
 
 static void gemm_chunk(void *ctx, size_t chunk, size_t chunks) {
     const gemm_job *j = ctx;
@@ -140,14 +145,17 @@ static void gemm_chunk(void *ctx, size_t chunk, size_t chunks) {
     const float *A = j->A, *Bm = j->Bm;
     float *C = j->C;
     size_t M = j->M, N = j->N;
+    const float *bias = j->bias;
     if (j->by_rows) A += j->ta ? at : at * j->lda, C += at * j->ldc, M = n;
-    else Bm += j->tb ? at * j->ldb : at, C += at, N = n;
+    else Bm += j->tb ? at * j->ldb : at, C += at, N = n, bias = bias ? bias + at : NULL;
+    if (bias) fill_bias(C, j->ldc, bias, M, N);
     B.sgemm(CBLAS_ROW_MAJOR, j->ta ? CBLAS_TRANS : CBLAS_NO_TRANS, j->tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)M, (int)N,
-            (int)j->K, j->alpha, A, (int)(j->lda ? j->lda : 1), Bm, (int)(j->ldb ? j->ldb : 1), j->beta, C, (int)j->ldc);
+            (int)j->K, j->alpha, A, (int)(j->lda ? j->lda : 1), Bm, (int)(j->ldb ? j->ldb : 1), bias ? 1.0f : j->beta, C,
+            (int)j->ldc);
 }
 
-shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
-                         size_t lda, const float *Bm, size_t ldb, float beta, float *C, size_t ldc) {
+static shard_status gemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
+                         size_t lda, const float *Bm, size_t ldb, float beta, const float *bias, float *C, size_t ldc) {
     SHARD_CHECK(shard_blas_init());
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_sgemm: sizes %zu x %zu x %zu exceed the BLAS int range", M, N, K);
@@ -158,12 +166,24 @@ shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, s
     if (M == 0 || N == 0) return SHARD_OK;
     int threads = shard__parallel_threads();
     if (threads > 1 && (double)M * (double)N * (double)K >= 4.0e6) {
-        gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, C};
+        gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, bias, C};
         size_t along = M >= N ? M : N, chunks = (size_t)threads < along / 16 ? (size_t)threads : along / 16;
         shard__parallel_for(chunks ? chunks : 1, gemm_chunk, &j);
         return SHARD_OK;
     }
+    if (bias) fill_bias(C, ldc, bias, M, N);
     B.sgemm(CBLAS_ROW_MAJOR, transpose_a ? CBLAS_TRANS : CBLAS_NO_TRANS, transpose_b ? CBLAS_TRANS : CBLAS_NO_TRANS,
-            (int)M, (int)N, (int)K, alpha, A, (int)(lda ? lda : 1), Bm, (int)(ldb ? ldb : 1), beta, C, (int)ldc);
+            (int)M, (int)N, (int)K, alpha, A, (int)(lda ? lda : 1), Bm, (int)(ldb ? ldb : 1), bias ? 1.0f : beta, C,
+            (int)ldc);
     return SHARD_OK;
+}
+
+shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
+                         size_t lda, const float *Bm, size_t ldb, float beta, float *C, size_t ldc) {
+    return gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, beta, NULL, C, ldc);
+}
+
+shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
+                              size_t lda, const float *Bm, size_t ldb, const float *bias, float *C, size_t ldc) {
+    return gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, 0.0f, bias, C, ldc);
 }

@@ -22,18 +22,47 @@ enum { GRAIN = 32768 };
 
 shard_status shard_linear_forward(const float *x, const float *W, const float *b, float *y, size_t N, size_t in,
                                   size_t out) {
-    if (b)
-        for (size_t n = 0; n < N; n++) memcpy(y + n * out, b, out * sizeof *y);
-    return shard_sgemm(0, 0, N, out, in, 1.0f, x, in, W, out, b ? 1.0f : 0.0f, y, out);
+    return shard_sgemm_bias(0, 0, N, out, in, 1.0f, x, in, W, out, b, y, out);
+}
+
+/* db[o] += sum over rows of dy[n, o]: chunks of columns on the process's threads, each column summed
+ * row by row, so the bits do not depend on the chunks. */
+typedef struct bias_grad_job {
+    const float *dy;
+    float *db;
+    size_t N, out;
+} bias_grad_job;
+
+SHARD_VECTOR_CLONES
+static void bias_grad_columns(const float *dy, float *db, size_t N, size_t stride, size_t cols) {
+    for (size_t n = 0; n < N; n++)
+        for (size_t o = 0; o < cols; o++) db[o] += dy[n * stride + o];
+}
+
+static void bias_grad_chunk(void *ctx, size_t chunk, size_t chunks) {
+    const bias_grad_job *j = ctx;
+    size_t at, n;
+    shard__chunk_range(j->out / 16, chunks, chunk, &at, &n); /* in groups of 16 columns; the last takes the rest */
+    size_t cols = chunk + 1 == chunks ? j->out - at * 16 : n * 16;
+    bias_grad_columns(j->dy + at * 16, j->db + at * 16, j->N, j->out, cols);
+}
+
+static void bias_grad(const float *dy, float *db, size_t N, size_t out) {
+    bias_grad_job j = {dy, db, N, out};
+    size_t chunks = shard__chunks_for(N * out, GRAIN), groups = out / 16;
+    if (chunks > groups) chunks = groups ? groups : 1;
+    if (!groups) {
+        bias_grad_columns(dy, db, N, out, out);
+        return;
+    }
+    shard__parallel_for(chunks, bias_grad_chunk, &j);
 }
 
 shard_status shard_linear_backward(const float *x, const float *W, const float *dy, float *dx, float *dW, float *db,
                                    size_t N, size_t in, size_t out) {
     if (dx) SHARD_CHECK(shard_sgemm(0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in));
     if (dW) SHARD_CHECK(shard_sgemm(1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out));
-    if (db)
-        for (size_t n = 0; n < N; n++)
-            for (size_t o = 0; o < out; o++) db[o] += dy[n * out + o];
+    if (db) bias_grad(dy, db, N, out);
     return SHARD_OK;
 }
 
@@ -123,15 +152,40 @@ void shard_add(const float *a, const float *b, float *y, size_t n) { elementwise
 
 /* ---------------------------------------------------------------- layer norm */
 
+/* Row sums in 16 running lanes (GCC/Clang vector types), added in a fixed order at the end: a single
+ * running float sum would not vectorise (addition is not associative), and the result is the same bits
+ * every run. */
+typedef float v16f __attribute__((vector_size(64)));
+enum { LANES = 16 };
+
+/* (pointers, not vector values, cross these calls: the baseline ABI has no 64-byte vectors) */
+static inline void load16(v16f *v, const float *p) { memcpy(v, p, sizeof *v); }
+
+static inline float lanes_total(const v16f *lane) {
+    float s = 0;
+    for (int k = 0; k < LANES; k++) s += (*lane)[k];
+    return s;
+}
+
 SHARD_VECTOR_CLONES
 static void layernorm_forward_rows(const float *x, const float *gamma, const float *beta, float eps, float *y,
                                    float *mean, float *rstd, size_t N, size_t C) {
+    size_t whole = C / LANES * LANES;
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C;
-        float m = 0, v = 0;
-        for (size_t c = 0; c < C; c++) m += r[c];
+        v16f lane = {0}, v16;
+        for (size_t c = 0; c < whole; c += LANES) load16(&v16, r + c), lane += v16;
+        float m = lanes_total(&lane);
+        for (size_t c = whole; c < C; c++) m += r[c];
         m /= (float)C;
-        for (size_t c = 0; c < C; c++) v += (r[c] - m) * (r[c] - m);
+        lane = (v16f){0};
+        for (size_t c = 0; c < whole; c += LANES) {
+            load16(&v16, r + c);
+            v16 -= m;
+            lane += v16 * v16;
+        }
+        float v = lanes_total(&lane);
+        for (size_t c = whole; c < C; c++) v += (r[c] - m) * (r[c] - m);
         v /= (float)C;
         float s = 1.0f / sqrtf(v + eps);
         for (size_t c = 0; c < C; c++) y[n * C + c] = (r[c] - m) * s * gamma[c] + beta[c];
@@ -142,17 +196,29 @@ static void layernorm_forward_rows(const float *x, const float *gamma, const flo
 SHARD_VECTOR_CLONES
 static void layernorm_backward_rows(const float *x, const float *gamma, const float *mean, const float *rstd,
                                     const float *dy, float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
+    size_t whole = C / LANES * LANES;
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C, *g = dy + n * C;
-        float m = mean[n], s = rstd[n], sum_dxhat = 0, sum_dxhat_xhat = 0;
+        float m = mean[n], s = rstd[n];
         for (size_t c = 0; c < C; c++) {
-            float xhat = (r[c] - m) * s, dxhat = g[c] * gamma[c];
-            sum_dxhat += dxhat;
-            sum_dxhat_xhat += dxhat * xhat;
+            float xhat = (r[c] - m) * s;
             dgamma[c] += g[c] * xhat;
             dbeta[c] += g[c];
         }
         if (!dx) continue;
+        v16f lane_dxhat = {0}, lane_dxhat_xhat = {0}, xh, dxh, gam;
+        for (size_t c = 0; c < whole; c += LANES) {
+            load16(&xh, r + c), load16(&dxh, g + c), load16(&gam, gamma + c);
+            xh = (xh - m) * s, dxh *= gam;
+            lane_dxhat += dxh;
+            lane_dxhat_xhat += dxh * xh;
+        }
+        float sum_dxhat = lanes_total(&lane_dxhat), sum_dxhat_xhat = lanes_total(&lane_dxhat_xhat);
+        for (size_t c = whole; c < C; c++) {
+            float xhat = (r[c] - m) * s, dxhat = g[c] * gamma[c];
+            sum_dxhat += dxhat;
+            sum_dxhat_xhat += dxhat * xhat;
+        }
         sum_dxhat /= (float)C, sum_dxhat_xhat /= (float)C;
         for (size_t c = 0; c < C; c++) {
             float xhat = (r[c] - m) * s;
