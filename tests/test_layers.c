@@ -218,6 +218,25 @@ static void cross_entropy(void **state) {
     free(c.logits), free(d);
 }
 
+/* Softmax rows of every width from 1 to 70 (16-lane blocks plus every tail), logits spread over
+ * [-60, 60] so that some fall more than 87 below the row's maximum (exp's clamp), against exp in
+ * double: within 1e-6 of the row's largest probability. */
+static void softmax_widths(void **state) {
+    (void)state;
+    for (size_t C = 1; C <= 70; C++) {
+        float *x = randv(C, 60), *y = zeros(C);
+        shard_softmax_forward(x, y, 1, C);
+        double m = -INFINITY, sum = 0;
+        for (size_t c = 0; c < C; c++) m = fmax(m, x[c]);
+        for (size_t c = 0; c < C; c++) sum += exp((double)x[c] - m);
+        for (size_t c = 0; c < C; c++) {
+            double want = exp((double)x[c] - m) / sum;
+            if (fabs(y[c] - want) > 1e-6) fail_msg("softmax width %zu: p[%zu] = %.9g, want %.9g", C, c, y[c], want);
+        }
+        free(x), free(y);
+    }
+}
+
 /* ---------------------------------------------------------------- embedding */
 
 typedef struct emb_ctx {
@@ -360,7 +379,7 @@ static void maxpool(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(linear),    cmocka_unit_test(linear_bias_grad_wide),    cmocka_unit_test(elementwise), cmocka_unit_test(layernorm),
+        cmocka_unit_test(linear),    cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),    cmocka_unit_test(elementwise), cmocka_unit_test(layernorm),
         cmocka_unit_test(cross_entropy), cmocka_unit_test(embedding), cmocka_unit_test(attention),
         cmocka_unit_test(attention_blocks),
         cmocka_unit_test(conv2d),    cmocka_unit_test(maxpool),
