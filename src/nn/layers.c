@@ -351,6 +351,64 @@ static void scale_row(float *y, size_t C, float k) {
     for (size_t c = 0; c < C; c++) y[c] *= k;
 }
 
+/* ---- the causal softmax's backward in attention: row t covers positions 0..t of a T-wide row.
+ * Rows are short (1..T) and nearly all end inside a 16-lane vector: that last vector is computed whole
+ * with the lanes past the row masked out, which the row's T floats of room allow; only when a row's
+ * last vector would pass T does it take a plain loop. */
+static const v16i LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+static inline void select16(v16f *out, const v16i *keep, const v16f *yes, const v16f *no) {
+    *out = (v16f)((*keep & (v16i)*yes) | (~*keep & (v16i)*no));
+}
+
+/* the sum of a vector's lanes as a tree (halves, quarters, ...): 4 dependent steps, not 15 */
+static inline float lanes_tree_sum(const v16f *lane) {
+    float l[LANES];
+    memcpy(l, lane, sizeof l);
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) l[k] += l[k + w];
+    return l[0];
+}
+
+/* dS = P (dP - rowsum(P dP)) * scale on the causal rows, the rest of each row zeroed. */
+SHARD_VECTOR_CLONES
+static void causal_softmax_backward_rows(const float *p, float *ds, size_t T, float scale) {
+    for (size_t t = 0; t < T; t++) {
+        const float *a = p + t * T;
+        float *d = ds + t * T;
+        size_t n = t + 1, whole = n / LANES * LANES, end = (n + LANES - 1) / LANES * LANES;
+        if (end > T) {
+            float dot = 0;
+            for (size_t i = 0; i < n; i++) dot += a[i] * d[i];
+            for (size_t i = 0; i < n; i++) d[i] = a[i] * (d[i] - dot) * scale;
+            for (size_t i = n; i < T; i++) d[i] = 0;
+            continue;
+        }
+        v16i keep = LANE_INDEX < (int)(n - whole);
+        v16f acc = {0}, av, dv, zero = {0};
+        for (size_t c = 0; c < whole; c += LANES) load16(&av, a + c), load16(&dv, d + c), acc += av * dv;
+        if (end > whole) {
+            load16(&av, a + whole), load16(&dv, d + whole);
+            v16f prod = av * dv;
+            select16(&prod, &keep, &prod, &zero);
+            acc += prod;
+        }
+        float dot = lanes_tree_sum(&acc);
+        for (size_t c = 0; c < whole; c += LANES) {
+            load16(&av, a + c), load16(&dv, d + c);
+            dv = av * (dv - dot) * scale;
+            memcpy(d + c, &dv, sizeof dv);
+        }
+        if (end > whole) {
+            load16(&av, a + whole), load16(&dv, d + whole);
+            dv = av * (dv - dot) * scale;
+            select16(&dv, &keep, &dv, &zero);
+            memcpy(d + whole, &dv, sizeof dv);
+        }
+        for (size_t i = end; i < T; i++) d[i] = 0;
+    }
+}
+
 void shard_softmax_forward(const float *x, float *y, size_t N, size_t C) {
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C;
@@ -587,13 +645,7 @@ static shard_status att_backward_pair(const att_job *j, size_t b, size_t h, floa
         SHARD_CHECK(shard_sgemm(0, 1, r1 - r0, r1, D, 1.0f, g + r0 * C, C, v, 3 * C, 0.0f, ds + r0 * T, T));
     }
     if (dropped) shard_dropout_backward(ds, ds, tt, j->p_drop, j->seed, offset);
-    for (size_t t = 0; t < T; t++) {
-        const float *a = p + t * T;
-        float *d = ds + t * T, dot = 0;
-        for (size_t i = 0; i <= t; i++) dot += a[i] * d[i];
-        for (size_t i = 0; i <= t; i++) d[i] = a[i] * (d[i] - dot) * scale;
-        for (size_t i = t + 1; i < T; i++) d[i] = 0;
-    }
+    causal_softmax_backward_rows(p, ds, T, scale);
     for (size_t r0 = 0; r0 < T; r0 += ATT_BLOCK) {
         size_t r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
         SHARD_CHECK(shard_sgemm(0, 0, r1 - r0, D, r1, 1.0f, ds + r0 * T, T, k, 3 * C, 0.0f, dq + r0 * 3 * C, 3 * C));
