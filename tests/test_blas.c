@@ -118,8 +118,11 @@ static void split_products_same_bits(void **state) {
     assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
 }
 
-/* C = alpha op(A) op(B) + bias on every row: against loops, and the same bits on 1, 2 and 3 threads,
- * for a product run whole and for ones split by rows and by columns (each block fills its bias). */
+/* C = alpha op(A) op(B) + bias on every row: against loops, with C's rows padded (the padding untouched)
+ * and C's old values never read, for a product run whole and for ones split by rows and by columns (each
+ * block fills its part of the bias), on 1, 2 and 3 threads, which must agree bit for bit (the inputs are
+ * exact in float, so this checks where each block's bias lands); then no bias (C = the product) and
+ * K = 0 (C = the bias). */
 static void bias_rows(void **state) {
     (void)state;
     size_t shapes[3][3] = {{37, 23, 19}, {301, 97, 160}, {67, 411, 200}};
@@ -128,30 +131,41 @@ static void bias_rows(void **state) {
             for (int tb = 0; tb < 2; tb++) {
                 big_product p;
                 big_fill(&p, shapes[sh][0], shapes[sh][1], shapes[sh][2], ta, tb);
-                size_t M = p.M, N = p.N, K = p.K, lda = ta ? M : K, ldb = tb ? K : N;
-                float *bias = malloc(N * sizeof *bias), *first = malloc(M * N * sizeof *first);
+                size_t M = p.M, N = p.N, K = p.K, lda = ta ? M : K, ldb = tb ? K : N, ldc = N + 3;
+                float *bias = malloc(N * sizeof *bias), *C = malloc(M * ldc * sizeof *C), *first = malloc(M * ldc * sizeof *first);
                 for (size_t j = 0; j < N; j++) bias[j] = (float)((int)(j * 3 % 11) - 5) * 0.5f;
                 for (int threads = 1; threads <= 3; threads++) {
-                    for (size_t i = 0; i < M * N; i++) p.C[i] = 1e9f; /* overwritten, never read */
+                    for (size_t i = 0; i < M * ldc; i++) C[i] = 1e9f; /* overwritten, never read; the padding kept */
                     assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
-                    assert_int_equal(shard_sgemm_bias(ta, tb, M, N, K, 0.75f, p.A, lda, p.B, ldb, bias, p.C, N), SHARD_OK);
+                    assert_int_equal(shard_sgemm_bias(ta, tb, M, N, K, 0.75f, p.A, lda, p.B, ldb, bias, C, ldc), SHARD_OK);
                     if (threads == 1) {
-                        for (size_t i = 0; i < M; i++)
+                        for (size_t i = 0; i < M; i++) {
                             for (size_t j = 0; j < N; j++) {
                                 double want = bias[j];
                                 for (size_t k = 0; k < K; k++)
                                     want += 0.75 * (double)at(p.A, lda, ta, i, k) * (double)at(p.B, ldb, tb, k, j);
-                                if (fabs(p.C[i * N + j] - want) > 1e-4 * (1 + fabs(want)))
+                                if (fabs(C[i * ldc + j] - want) > 1e-4 * (1 + fabs(want)))
                                     fail_msg("%zu x %zu x %zu (ta %d tb %d): C[%zu,%zu] = %g, want %g", M, N, K, ta, tb, i, j,
-                                             p.C[i * N + j], want);
+                                             C[i * ldc + j], want);
                             }
-                        memcpy(first, p.C, M * N * sizeof *first);
-                    } else if (memcmp(first, p.C, M * N * sizeof *first) != 0) {
+                            for (size_t j = N; j < ldc; j++) assert_true(C[i * ldc + j] == 1e9f);
+                        }
+                        memcpy(first, C, M * ldc * sizeof *first);
+                    } else if (memcmp(first, C, M * ldc * sizeof *first) != 0) {
                         fail_msg("%zu x %zu x %zu (ta %d tb %d) with a bias on %d threads differs from 1 thread", M, N, K, ta,
                                  tb, threads);
                     }
                 }
-                free(p.A), free(p.B), free(p.C), free(bias), free(first);
+                /* no bias: the product alone, C's old values not read */
+                for (size_t i = 0; i < M * ldc; i++) C[i] = 1e9f;
+                assert_int_equal(shard_sgemm_bias(ta, tb, M, N, K, 0.75f, p.A, lda, p.B, ldb, NULL, C, ldc), SHARD_OK);
+                for (size_t i = 0; i < M; i++)
+                    for (size_t j = 0; j < N; j++) assert_true(C[i * ldc + j] == first[i * ldc + j] - bias[j]);
+                /* K = 0: the bias alone */
+                assert_int_equal(shard_sgemm_bias(ta, tb, M, N, 0, 0.75f, p.A, ta ? M : 1, p.B, ldb, bias, C, ldc), SHARD_OK);
+                for (size_t i = 0; i < M; i++)
+                    for (size_t j = 0; j < N; j++) assert_true(C[i * ldc + j] == bias[j]);
+                free(p.A), free(p.B), free(p.C), free(bias), free(C), free(first);
             }
     assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "shard/blas.h"
 #include "shard/layers.h"
 
 static uint64_t rng = 12345;
@@ -92,7 +93,8 @@ static void linear(void **state) {
  * what db held. */
 static void linear_bias_grad_wide(void **state) {
     (void)state;
-    size_t widths[] = {37, 300, 1029}, N = 150, in = 2;
+    assert_int_equal(shard_blas_set_threads(3), SHARD_OK); /* the chunks on helper threads too (TSan's run) */
+    size_t widths[] = {5, 37, 300, 1029}, N = 150, in = 2;
     for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
         size_t out = widths[w];
         float *x = randv(N * in, 1), *W = randv(in * out, 1), *dy = randv(N * out, 1), *db = randv(out, 1);
@@ -106,6 +108,7 @@ static void linear_bias_grad_wide(void **state) {
             if (db[o] != want[o]) fail_msg("width %zu: db[%zu] = %.9g, a plain row-order sum gives %.9g", out, o, db[o], want[o]);
         free(x), free(W), free(dy), free(db), free(want);
     }
+    assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
 }
 
 /* ---------------------------------------------------------------- element-wise */
@@ -164,10 +167,12 @@ static double ln_loss(void *p) {
     return dot(c->y, c->r, c->N * c->C);
 }
 
-/* C = 7 (the scalar tail alone) and 37 (two 16-lane blocks and a tail of 5) */
+/* C = 7 (the scalar tail alone), 32 (two 16-lane blocks) and 37 (two blocks and a tail of 5): mean and
+ * 1/std against double, and the gradients against finite differences */
 static void layernorm(void **state) {
     (void)state;
-    for (size_t N = 4, C = 7; C <= 37; C += 30) {
+    size_t widths[] = {7, 32, 37};
+    for (size_t w = 0, N = 4, C; w < 3 && (C = widths[w]); w++) {
         ln_ctx c = {randv(N * C, 2), randv(C, 1), randv(C, 1), zeros(N * C), zeros(N), zeros(N), randv(N * C, 1), N, C};
         float *dx = zeros(N * C), *dg = zeros(C), *db = zeros(C);
         ln_loss(&c);
@@ -219,8 +224,9 @@ static void cross_entropy(void **state) {
 }
 
 /* Softmax rows of every width from 1 to 70 (16-lane blocks plus every tail), logits spread over
- * [-60, 60] so that some fall more than 87 below the row's maximum (exp's clamp), against exp in
- * double: within 1e-6 of the row's largest probability. */
+ * [-60, 60] so that some fall more than 87 below the row's maximum (exp's clamp: ~1e-38 there),
+ * against exp in double: within 1e-6 relative plus the rounding of x - max in float (|x - max| 2^-23
+ * relative: exp turns the argument's absolute error into a relative one), or 1e-30 past the clamp. */
 static void softmax_widths(void **state) {
     (void)state;
     for (size_t C = 1; C <= 70; C++) {
@@ -231,7 +237,8 @@ static void softmax_widths(void **state) {
         for (size_t c = 0; c < C; c++) sum += exp((double)x[c] - m);
         for (size_t c = 0; c < C; c++) {
             double want = exp((double)x[c] - m) / sum;
-            if (fabs(y[c] - want) > 1e-6) fail_msg("softmax width %zu: p[%zu] = %.9g, want %.9g", C, c, y[c], want);
+            double gap = m - (double)x[c], tol = gap < 87.0 ? (1e-6 + gap * 0x1p-23) * want : 1e-30;
+            if (fabs(y[c] - want) > tol) fail_msg("softmax width %zu: p[%zu] = %.9g, want %.9g", C, c, y[c], want);
         }
         free(x), free(y);
     }
@@ -308,6 +315,56 @@ static void attention_blocks(void **state) {
     }
 }
 
+/* The backward against the formulas in double (dV = P^T dY; dP = dY V^T; dS = P (dP - rowsum(P dP)) / sqrt(D);
+ * dQ = dS K; dK = dS^T Q) from the forward's own P, for T = 1..40: rows ending inside, on and past a
+ * 16-lane vector, in one and several 32-row blocks; within 1e-5 of the largest gradient element. */
+static void attention_backward_exact(void **state) {
+    (void)state;
+    size_t B = 1, C = 8, H = 2, D = C / H;
+    for (size_t T = 1; T <= 40; T++) {
+        float *qkv = randv(B * T * 3 * C, 1), *y = zeros(B * T * C), *att = zeros(B * H * T * T), *dy = randv(B * T * C, 1);
+        float *d = zeros(B * T * 3 * C);
+        double *want = calloc(B * T * 3 * C, sizeof *want), *ds = calloc(T * T, sizeof *ds);
+        assert_int_equal(shard_attention_forward(qkv, y, att, B, T, C, H), SHARD_OK);
+        assert_int_equal(shard_attention_backward(qkv, att, dy, d, B, T, C, H), SHARD_OK);
+        double biggest = 0;
+        for (size_t h = 0; h < H; h++) {
+            const float *P = att + h * T * T;
+#define Q_(t, k) qkv[(t) * 3 * C + h * D + (k)]
+#define K_(t, k) qkv[(t) * 3 * C + C + h * D + (k)]
+#define V_(t, k) qkv[(t) * 3 * C + 2 * C + h * D + (k)]
+#define DY_(t, k) dy[(t) * C + h * D + (k)]
+            for (size_t t = 0; t < T; t++) {
+                double dot = 0;
+                for (size_t j = 0; j <= t; j++) {
+                    double dp = 0;
+                    for (size_t k = 0; k < D; k++) dp += (double)DY_(t, k) * V_(j, k);
+                    ds[t * T + j] = dp;
+                    dot += P[t * T + j] * dp;
+                }
+                for (size_t j = 0; j <= t; j++) ds[t * T + j] = P[t * T + j] * (ds[t * T + j] - dot) / sqrt((double)D);
+            }
+            for (size_t t = 0; t < T; t++)
+                for (size_t k = 0; k < D; k++) {
+                    double dq = 0, dk = 0, dv = 0;
+                    for (size_t j = 0; j <= t; j++) dq += ds[t * T + j] * K_(j, k);
+                    for (size_t i = t; i < T; i++) dk += ds[i * T + t] * Q_(i, k), dv += P[i * T + t] * (double)DY_(i, k);
+                    want[t * 3 * C + h * D + k] = dq, want[t * 3 * C + C + h * D + k] = dk;
+                    want[t * 3 * C + 2 * C + h * D + k] = dv;
+                }
+#undef Q_
+#undef K_
+#undef V_
+#undef DY_
+        }
+        for (size_t i = 0; i < B * T * 3 * C; i++) biggest = fmax(biggest, fabs(want[i]));
+        for (size_t i = 0; i < B * T * 3 * C; i++)
+            if (!(fabs(d[i] - want[i]) <= 1e-5 * biggest + 1e-7))
+                fail_msg("attention backward, T = %zu: dqkv[%zu] = %.9g, want %.9g", T, i, d[i], want[i]);
+        free(qkv), free(y), free(att), free(dy), free(d), free(want), free(ds);
+    }
+}
+
 static void attention(void **state) {
     (void)state;
     size_t B = 2, T = 5, C = 6, H = 2;
@@ -379,10 +436,10 @@ static void maxpool(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(linear),    cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),    cmocka_unit_test(elementwise), cmocka_unit_test(layernorm),
-        cmocka_unit_test(cross_entropy), cmocka_unit_test(embedding), cmocka_unit_test(attention),
-        cmocka_unit_test(attention_blocks),
-        cmocka_unit_test(conv2d),    cmocka_unit_test(maxpool),
+        cmocka_unit_test(linear),           cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),
+        cmocka_unit_test(elementwise),      cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
+        cmocka_unit_test(embedding),        cmocka_unit_test(attention),             cmocka_unit_test(attention_blocks),
+        cmocka_unit_test(attention_backward_exact), cmocka_unit_test(conv2d),     cmocka_unit_test(maxpool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -154,15 +154,16 @@ static void gemm_chunk(void *ctx, size_t chunk, size_t chunks) {
             (int)j->ldc);
 }
 
-static shard_status gemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
-                         size_t lda, const float *Bm, size_t ldb, float beta, const float *bias, float *C, size_t ldc) {
+static shard_status gemm(const char *name, int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha,
+                         const float *A, size_t lda, const float *Bm, size_t ldb, float beta, const float *bias, float *C,
+                         size_t ldc) {
     SHARD_CHECK(shard_blas_init());
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_sgemm: sizes %zu x %zu x %zu exceed the BLAS int range", M, N, K);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: sizes %zu x %zu x %zu exceed the BLAS int range", name, M, N, K);
     size_t a_cols = transpose_a ? M : K, b_cols = transpose_b ? K : N;
     if ((M && N && !C) || ldc < N || lda < a_cols || ldb < b_cols)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_sgemm: %zu x %zu x %zu with lda %zu, ldb %zu, ldc %zu: a stride is "
-                           "shorter than its row", M, N, K, lda, ldb, ldc);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu x %zu x %zu with lda %zu, ldb %zu, ldc %zu: a stride is "
+                           "shorter than its row", name, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return SHARD_OK;
     int threads = shard__parallel_threads();
     if (threads > 1 && (double)M * (double)N * (double)K >= 4.0e6) {
@@ -180,10 +181,10 @@ static shard_status gemm(int transpose_a, int transpose_b, size_t M, size_t N, s
 
 shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
                          size_t lda, const float *Bm, size_t ldb, float beta, float *C, size_t ldc) {
-    return gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, beta, NULL, C, ldc);
+    return gemm("shard_sgemm", transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, beta, NULL, C, ldc);
 }
 
 shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
                               size_t lda, const float *Bm, size_t ldb, const float *bias, float *C, size_t ldc) {
-    return gemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, 0.0f, bias, C, ldc);
+    return gemm("shard_sgemm_bias", transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, 0.0f, bias, C, ldc);
 }

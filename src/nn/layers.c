@@ -26,7 +26,10 @@ shard_status shard_linear_forward(const float *x, const float *W, const float *b
 }
 
 /* db[o] += sum over rows of dy[n, o]: chunks of columns on the process's threads, each column summed
- * row by row, so the bits do not depend on the chunks. */
+ * row by row, so the bits do not depend on the chunks.  Columns go in groups of 16 (one 64-byte line of
+ * db: no two chunks write the same line); the last chunk also takes the columns past the last group. */
+enum { BIAS_GROUP = 16 };
+
 typedef struct bias_grad_job {
     const float *dy;
     float *db;
@@ -42,14 +45,14 @@ static void bias_grad_columns(const float *dy, float *db, size_t N, size_t strid
 static void bias_grad_chunk(void *ctx, size_t chunk, size_t chunks) {
     const bias_grad_job *j = ctx;
     size_t at, n;
-    shard__chunk_range(j->out / 16, chunks, chunk, &at, &n); /* in groups of 16 columns; the last takes the rest */
-    size_t cols = chunk + 1 == chunks ? j->out - at * 16 : n * 16;
-    bias_grad_columns(j->dy + at * 16, j->db + at * 16, j->N, j->out, cols);
+    shard__chunk_range(j->out / BIAS_GROUP, chunks, chunk, &at, &n);
+    size_t first = at * BIAS_GROUP, cols = chunk + 1 == chunks ? j->out - first : n * BIAS_GROUP;
+    bias_grad_columns(j->dy + first, j->db + first, j->N, j->out, cols);
 }
 
 static void bias_grad(const float *dy, float *db, size_t N, size_t out) {
     bias_grad_job j = {dy, db, N, out};
-    size_t chunks = shard__chunks_for(N * out, GRAIN), groups = out / 16;
+    size_t chunks = shard__chunks_for(N * out, GRAIN), groups = out / BIAS_GROUP;
     if (chunks > groups) chunks = groups ? groups : 1;
     if (!groups) {
         bias_grad_columns(dy, db, N, out, out);
@@ -357,6 +360,7 @@ static void scale_row(float *y, size_t C, float k) {
  * last vector would pass T does it take a plain loop. */
 static const v16i LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
+/* lane by lane: *out = keep ? yes : no (keep's lanes all ones or all zeros) */
 static inline void select16(v16f *out, const v16i *keep, const v16f *yes, const v16f *no) {
     *out = (v16f)((*keep & (v16i)*yes) | (~*keep & (v16i)*no));
 }
