@@ -21,6 +21,7 @@
 
 #include "shard/blas.h"
 #include "shard/layers.h"
+#include "shard/memory.h"
 
 static uint64_t rng = 12345;
 static float uniform(void) { /* in [-1, 1) */
@@ -365,6 +366,32 @@ static void attention_backward_exact(void **state) {
     }
 }
 
+/* The attention's scratch (backward's dS per chunk of pairs; dropout's kept probabilities) comes from the
+ * accounted allocator: the caller's activation peak rises by at least one T x T block during the call,
+ * and the current bytes are back where they were after it. */
+static void attention_scratch_accounted(void **state) {
+    (void)state;
+    size_t B = 2, T = 48, C = 8, H = 2;
+    float *qkv = randv(B * T * 3 * C, 1), *y = zeros(B * T * C), *att = zeros(B * H * T * T), *dy = randv(B * T * C, 1);
+    float *d = zeros(B * T * 3 * C);
+    for (int drop = 0; drop < 2; drop++) {
+        shard_mem_stats before, after;
+        shard_mem_stats_reset_peak();
+        shard_mem_stats_get(&before);
+        assert_int_equal(shard_attention_forward_dropout(qkv, y, att, B, T, C, H, drop ? 0.1f : 0.0f, 3, 0, H, 0), SHARD_OK);
+        assert_int_equal(shard_attention_backward_dropout(qkv, att, dy, d, B, T, C, H, drop ? 0.1f : 0.0f, 3, 0, H, 0),
+                         SHARD_OK);
+        shard_mem_stats_get(&after);
+        size_t least = (drop ? 2 : 1) * T * T * sizeof(float);
+        if (after.peak_bytes[SHARD_MEM_ACTIVATIONS] < before.current_bytes[SHARD_MEM_ACTIVATIONS] + least)
+            fail_msg("attention scratch (dropout %d): activation peak %llu, before %llu, want at least %zu more", drop,
+                     (unsigned long long)after.peak_bytes[SHARD_MEM_ACTIVATIONS],
+                     (unsigned long long)before.current_bytes[SHARD_MEM_ACTIVATIONS], least);
+        assert_true(after.current_bytes[SHARD_MEM_ACTIVATIONS] == before.current_bytes[SHARD_MEM_ACTIVATIONS]);
+    }
+    free(qkv), free(y), free(att), free(dy), free(d);
+}
+
 static void attention(void **state) {
     (void)state;
     size_t B = 2, T = 5, C = 6, H = 2;
@@ -439,7 +466,8 @@ int main(void) {
         cmocka_unit_test(linear),           cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),
         cmocka_unit_test(elementwise),      cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
         cmocka_unit_test(embedding),        cmocka_unit_test(attention),             cmocka_unit_test(attention_blocks),
-        cmocka_unit_test(attention_backward_exact), cmocka_unit_test(conv2d),     cmocka_unit_test(maxpool),
+        cmocka_unit_test(attention_backward_exact), cmocka_unit_test(attention_scratch_accounted),
+        cmocka_unit_test(conv2d),           cmocka_unit_test(maxpool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

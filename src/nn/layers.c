@@ -14,6 +14,7 @@
 #include "core/parallel.h"
 #include "core/simd.h"
 #include "shard/blas.h"
+#include "shard/memory.h"
 
 /* Element-wise loops over more than this many elements are cut into chunks for the process's threads. */
 enum { GRAIN = 32768 };
@@ -557,6 +558,8 @@ typedef struct att_job {
     float p_drop;
     uint64_t seed;
     size_t first_row, heads_total, head0;
+    float *scratch;        /* per chunk: scratch_floats, allocated by the caller (its rank's ledger) */
+    size_t scratch_floats; /* dropout's kept probabilities; backward's dS (zeroed) */
     shard_status status[SHARD_MAX_CHUNKS];
     char error[SHARD_MAX_CHUNKS][256]; /* a failed chunk's message: errors are per thread, raised again by the caller */
 } att_job;
@@ -599,18 +602,26 @@ static void att_forward_chunk(void *ctx, size_t chunk, size_t chunks) {
     att_job *j = ctx;
     size_t first, count;
     shard__chunk_range(j->B * j->H, chunks, chunk, &first, &count);
-    float *dropped = j->p_drop > 0 && count ? malloc(j->T * j->T * sizeof *dropped + 1) : NULL;
-    shard_status s = j->p_drop > 0 && count && !dropped ? shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory")
-                                                        : SHARD_OK;
+    float *dropped = j->p_drop > 0 ? j->scratch + chunk * j->scratch_floats : NULL;
+    shard_status s = SHARD_OK;
     for (size_t i = first; i < first + count && s == SHARD_OK; i++) s = att_forward_pair(j, i / j->H, i % j->H, dropped);
-    free(dropped);
     att_chunk_done(j, chunk, s);
 }
 
-static shard_status att_run(att_job *j, shard__chunk_fn fn) {
-    size_t pairs = j->B * j->H, chunks = pairs < SHARD_MAX_CHUNKS ? pairs : SHARD_MAX_CHUNKS;
+/* The (batch, head) pairs in one chunk per thread (pairs cost the same), each chunk with its scratch
+ * from the accounted allocator, charged to the calling rank: `scratch_floats` per chunk, zeroed or not. */
+static shard_status att_run(att_job *j, shard__chunk_fn fn, size_t scratch_floats, int zeroed) {
+    size_t pairs = j->B * j->H, threads = (size_t)shard__parallel_threads();
+    size_t chunks = pairs < threads ? pairs : threads;
     if (!chunks) return SHARD_OK;
+    if (scratch_floats) {
+        size_t bytes = chunks * scratch_floats * sizeof(float);
+        j->scratch = zeroed ? shard_alloc_zeroed(bytes, SHARD_MEM_ACTIVATIONS) : shard_alloc(bytes, SHARD_MEM_ACTIVATIONS);
+        if (!j->scratch) return shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory for %zu bytes of scratch", bytes);
+        j->scratch_floats = scratch_floats;
+    }
     shard__parallel_for(chunks, fn, j);
+    shard_free(j->scratch);
     for (size_t c = 0; c < chunks; c++)
         if (j->status[c] < 0) return shard_error(j->status[c], "%s", j->error[c]);
     return SHARD_OK;
@@ -622,7 +633,7 @@ shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *
     SHARD_CHECK(check_heads(C, H, "attention"));
     att_job j = {.qkv = qkv, .y = y, .att_out = att, .B = B, .T = T, .C = C, .H = H, .p_drop = p_drop, .seed = seed,
                  .first_row = first_row, .heads_total = heads_total, .head0 = head0};
-    return att_run(&j, att_forward_chunk);
+    return att_run(&j, att_forward_chunk, p_drop > 0 ? T * T : 0, 0);
 }
 
 /* dV = P^T dY; dP = dY V^T; dS = P (dP - rowsum(P dP)) / sqrt(D); dQ = dS K; dK = dS^T Q. */
@@ -663,12 +674,10 @@ static void att_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
     att_job *j = ctx;
     size_t first, count, tt = j->T * j->T;
     shard__chunk_range(j->B * j->H, chunks, chunk, &first, &count);
-    /* zeroed: the products leave dS's masked corner unwritten, and dropout's backward reads all of it */
-    float *ds = count ? calloc(tt ? (j->p_drop > 0 ? 2 : 1) * tt : 1, sizeof *ds) : NULL;
-    shard_status s = count && !ds ? shard_error(SHARD_ERR_NO_MEMORY, "attention backward: out of memory") : SHARD_OK;
+    float *ds = j->scratch + chunk * j->scratch_floats;
+    shard_status s = SHARD_OK;
     for (size_t i = first; i < first + count && s == SHARD_OK; i++)
         s = att_backward_pair(j, i / j->H, i % j->H, ds, j->p_drop > 0 ? ds + tt : NULL);
-    free(ds);
     att_chunk_done(j, chunk, s);
 }
 
@@ -678,7 +687,9 @@ shard_status shard_attention_backward_dropout(const float *qkv, const float *att
     SHARD_CHECK(check_heads(C, H, "attention backward"));
     att_job j = {.qkv = qkv, .att = att, .dy = dy, .dqkv = dqkv, .B = B, .T = T, .C = C, .H = H, .p_drop = p_drop,
                  .seed = seed, .first_row = first_row, .heads_total = heads_total, .head0 = head0};
-    return att_run(&j, att_backward_chunk);
+    /* dS zeroed: the products leave its masked corner unwritten, and dropout's backward reads all of it */
+    size_t tt = T ? T * T : 1;
+    return att_run(&j, att_backward_chunk, p_drop > 0 ? 2 * tt : tt, 1);
 }
 
 /* ---------------------------------------------------------------- dropout */
