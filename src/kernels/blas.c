@@ -166,16 +166,13 @@ static shard_status gemm(const char *name, int transpose_a, int transpose_b, siz
                            "shorter than its row", name, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return SHARD_OK;
     int threads = shard__parallel_threads();
+    gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, bias, C};
     if (threads > 1 && (double)M * (double)N * (double)K >= 4.0e6) {
-        gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, bias, C};
         size_t along = M >= N ? M : N, chunks = (size_t)threads < along / 16 ? (size_t)threads : along / 16;
         shard__parallel_for(chunks ? chunks : 1, gemm_chunk, &j);
-        return SHARD_OK;
+    } else {
+        gemm_chunk(&j, 0, 1); /* the whole product as one block, on this thread */
     }
-    if (bias) fill_bias(C, ldc, bias, M, N);
-    B.sgemm(CBLAS_ROW_MAJOR, transpose_a ? CBLAS_TRANS : CBLAS_NO_TRANS, transpose_b ? CBLAS_TRANS : CBLAS_NO_TRANS,
-            (int)M, (int)N, (int)K, alpha, A, (int)(lda ? lda : 1), Bm, (int)(ldb ? ldb : 1), bias ? 1.0f : beta, C,
-            (int)ldc);
     return SHARD_OK;
 }
 

@@ -52,14 +52,13 @@ static void bias_grad_chunk(void *ctx, size_t chunk, size_t chunks) {
 }
 
 static void bias_grad(const float *dy, float *db, size_t N, size_t out) {
-    bias_grad_job j = {dy, db, N, out};
-    size_t chunks = shard__chunks_for(N * out, GRAIN), groups = out / BIAS_GROUP;
-    if (chunks > groups) chunks = groups ? groups : 1;
-    if (!groups) {
+    size_t groups = out / BIAS_GROUP, chunks = shard__chunks_for(N * out, GRAIN);
+    if (!groups) { /* narrower than one group: one pass here */
         bias_grad_columns(dy, db, N, out, out);
         return;
     }
-    shard__parallel_for(chunks, bias_grad_chunk, &j);
+    bias_grad_job j = {dy, db, N, out};
+    shard__parallel_for(chunks < groups ? chunks : groups, bias_grad_chunk, &j);
 }
 
 shard_status shard_linear_backward(const float *x, const float *W, const float *dy, float *dx, float *dW, float *db,
