@@ -49,6 +49,11 @@ typedef struct bench_gemm_options {
 shard_status bench_gemm_run(const bench_gemm_options *opt);
 /* GFLOP/s of `threads` threads running independent FMA chains together (~0.2 s). */
 double bench_fma_peak(int threads);
+/* The GPT step's matrix products (its linear layers' and tied LM head's: forward, input and weight
+ * gradients) for `rows` = batch x seq tokens, each timed on its own with warm operands on the current
+ * BLAS threads (median of `iters` runs per shape), summed over the step: the least time OpenBLAS needs
+ * for them.  Attention's per-head products are left out (about 1 % of the step's FLOPs). */
+shard_status bench_gpt_products(const shard_gpt_config *c, size_t rows, int iters, double *ms, double *gflop);
 
 /* `shard bench train` (bench_train.c). */
 int cli_bench_train(int argc, char **argv);

@@ -118,3 +118,55 @@ shard_status bench_gemm_run(const bench_gemm_options *opt) {
     free(a), free(b), free(c), free(peaks), free(rates);
     return s;
 }
+
+/* One of the step's products: C[M x N] (+)= op(A) op(B) over K, `count` times a step. */
+typedef struct step_product {
+    int ta, tb, bias;
+    size_t M, N, K;
+    float beta;
+    size_t count;
+} step_product;
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+shard_status bench_gpt_products(const shard_gpt_config *c, size_t rows, int iters, double *ms, double *gflop) {
+    size_t C = c->n_embd, F = 4 * c->n_embd, V = c->vocab_size, L = c->n_layer, N = rows;
+    const size_t in[4] = {C, C, C, F}, out[4] = {3 * C, C, F, C}; /* c_attn, attn c_proj, c_fc, mlp c_proj */
+    step_product p[15];
+    size_t n = 0;
+    for (int k = 0; k < 4; k++) {
+        p[n++] = (step_product){0, 0, 1, N, out[k], in[k], 0.0f, L}; /* y = x W + b */
+        p[n++] = (step_product){0, 1, 0, N, in[k], out[k], 0.0f, L}; /* dx = dy W^T */
+        p[n++] = (step_product){1, 0, 0, in[k], out[k], N, 1.0f, L}; /* dW += x^T dy */
+    }
+    p[n++] = (step_product){0, 1, 0, N, V, C, 0.0f, 1}; /* logits = h wte^T */
+    p[n++] = (step_product){0, 0, 0, N, C, V, 0.0f, 1}; /* dh = dlogits wte */
+    p[n++] = (step_product){1, 0, 0, V, C, N, 1.0f, 1}; /* dwte += dlogits^T h */
+    size_t most = 0;
+    for (size_t i = 0; i < n; i++)
+        most = max_size(most, max_size(p[i].M * p[i].N, max_size(p[i].M * p[i].K, p[i].K * p[i].N)));
+    /* from the allocator the model's tensors come from (2 MiB pages for big blocks), as in the step */
+    float *a = shard_alloc(most * sizeof *a, SHARD_MEM_OTHER), *b = shard_alloc(most * sizeof *b, SHARD_MEM_OTHER);
+    float *out_c = shard_alloc(most * sizeof *out_c, SHARD_MEM_OTHER);
+    float *bias = calloc(max_size(V, F), sizeof *bias);
+    double *t = calloc((size_t)iters, sizeof *t);
+    shard_status s = a && b && out_c && bias && t ? SHARD_OK : SHARD_ERR_NO_MEMORY;
+    if (s < 0) s = shard_error(s, "bench train: out of memory for the step's products (%zu floats each)", most);
+    for (size_t i = 0; s == SHARD_OK && i < most; i++)
+        a[i] = (float)(i % 13) * 0.01f - 0.06f, b[i] = (float)(i % 7) * 0.02f - 0.06f, out_c[i] = 0;
+    *ms = 0, *gflop = 0;
+    for (size_t i = 0; s == SHARD_OK && i < n; i++) {
+        const step_product *q = &p[i];
+        size_t lda = q->ta ? q->M : q->K, ldb = q->tb ? q->K : q->N;
+        for (int it = -1; it < iters && s == SHARD_OK; it++) { /* one warm-up call, then the timed ones */
+            double t0 = shard__now();
+            s = q->bias ? shard_sgemm_bias(q->ta, q->tb, q->M, q->N, q->K, 1.0f, a, lda, b, ldb, bias, out_c, q->N)
+                        : shard_sgemm(q->ta, q->tb, q->M, q->N, q->K, 1.0f, a, lda, b, ldb, q->beta, out_c, q->N);
+            if (it >= 0) t[it] = (shard__now() - t0) * 1e3;
+        }
+        *ms += (double)q->count * cli_median(t, iters);
+        *gflop += (double)q->count * 2.0 * (double)q->M * (double)q->N * (double)q->K / 1e9;
+    }
+    shard_free(a), shard_free(b), shard_free(out_c), free(bias), free(t);
+    return s;
+}

@@ -3,7 +3,8 @@
  * steps after warm-up, tokens/s and MFU (6 x parameters x tokens per step
  * against the FMA peak measured in the same run), then — in the same run —
  * tools/reference/bench_gpt_torch.py (PyTorch, Debian's python3-torch) on
- * the same config and batch, and the ratio.
+ * the same config and batch, and the ratio.  Also the step's matrix products
+ * timed one by one (bench_gpt_products): the floor OpenBLAS sets for the step.
  *
  *   shard bench train --config CONFIG.json [--batch 8] [--seq 128] [--steps 20] [--warmup 3]
  *                     [--threads 2] [--no-torch] [--json]
@@ -161,6 +162,12 @@ int cli_bench_train(int argc, char **argv) {
     }
     double med = cli_median(ms, (int)steps), peak = (double)threads * bench_fma_peak(1);
     double flops = 6.0 * (double)shard_gpt_param_count(&c) * (double)N, mfu = flops / (med / 1e3) / (peak * 1e9);
+    double prod_ms = 0, prod_gflop = 0; /* the products' least time: how much of the step is left to the rest */
+    s = bench_gpt_products(&c, N, 9, &prod_ms, &prod_gflop);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
     double tms = -1;
     char why[300] = "";
     if (torch) tms = torch_ms(config, batch, seq, steps, warmup, threads, why, sizeof why);
@@ -168,6 +175,7 @@ int cli_bench_train(int argc, char **argv) {
         printf("{\"config\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
                "\"mfu\": %.4f, \"fma_peak_gflops\": %.1f",
                config, batch, seq, threads, med, (double)N / (med / 1e3), mfu, peak);
+        printf(", \"products_alone_ms\": %.3f, \"products_gflop\": %.9g", prod_ms, prod_gflop);
         if (tms > 0) printf(", \"torch_ms_per_step\": %.3f, \"speedup_vs_torch\": %.4f", tms, tms / med);
         printf("}\n");
     } else {
@@ -175,6 +183,9 @@ int cli_bench_train(int argc, char **argv) {
                batch, seq, threads, steps, warmup);
         printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s (%.2f M parameters, 6 N flops/token)\n", med,
                (double)N / (med / 1e3), 100 * mfu, peak, (double)shard_gpt_param_count(&c) / 1e6);
+        printf("products alone: %.1f ms/step (%.2f GFLOP at %.0f GFLOP/s: the linear layers' and LM head's products, each\n"
+               "         timed on its own with warm operands); the rest of the step: %.1f ms\n",
+               prod_ms, prod_gflop, prod_gflop / (prod_ms / 1e3), med - prod_ms);
         if (tms > 0) printf("PyTorch: %8.1f ms/step  (tools/reference/bench_gpt_torch.py, same run)  speedup %.2fx\n", tms,
                             tms / med);
         else if (torch) printf("PyTorch: not measured: %s\n", why);

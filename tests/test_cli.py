@@ -403,6 +403,11 @@ def train():
         row = json.loads(p.stdout) if p.returncode == 0 else {}
         expect({"ms_per_step", "tokens_per_s", "mfu", "fma_peak_gflops"} <= set(row) and row["ms_per_step"] > 0,
                f"bench train: {p.stdout} {p.stderr}")
+        # the step's products timed alone: the linear layers' and the tied head's, 6 flops per weight and token
+        N, C, L, V = 2 * 16, 32, 2, 256
+        expect(row.get("products_alone_ms", 0) > 0
+               and abs(row.get("products_gflop", 0) - 6 * N * (12 * C * C * L + V * C) / 1e9) < 1e-12,
+               f"bench train, products alone: {p.stdout}")
         outs = [run(["generate", "--ckpt", os.path.join(work, "ck"), "--prompt", "the ", "--tokens", "20",
                      "--temperature", "0"]) for _ in range(2)]
         expect(all(o.returncode == 0 and o.stdout.startswith("the ") and len(o.stdout) >= 24 for o in outs)
