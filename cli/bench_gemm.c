@@ -149,23 +149,26 @@ shard_status bench_gpt_products(const shard_gpt_config *c, size_t rows, int iter
     float *a = shard_alloc(most * sizeof *a, SHARD_MEM_OTHER), *b = shard_alloc(most * sizeof *b, SHARD_MEM_OTHER);
     float *out_c = shard_alloc(most * sizeof *out_c, SHARD_MEM_OTHER);
     float *bias = calloc(max_size(V, F), sizeof *bias);
-    double *t = calloc((size_t)iters, sizeof *t);
+    double *t = calloc((size_t)iters * n, sizeof *t); /* t[i * iters + round] */
     shard_status s = a && b && out_c && bias && t ? SHARD_OK : SHARD_ERR_NO_MEMORY;
     if (s < 0) s = shard_error(s, "bench train: out of memory for the step's products (%zu floats each)", most);
     for (size_t i = 0; s == SHARD_OK && i < most; i++)
         a[i] = (float)(i % 13) * 0.01f - 0.06f, b[i] = (float)(i % 7) * 0.02f - 0.06f, out_c[i] = 0;
-    *ms = 0, *gflop = 0;
-    for (size_t i = 0; s == SHARD_OK && i < n; i++) {
-        const step_product *q = &p[i];
-        size_t lda = q->ta ? q->M : q->K, ldb = q->tb ? q->K : q->N;
-        for (int it = -1; it < iters && s == SHARD_OK; it++) { /* one warm-up call, then the timed ones */
+    /* rounds over all the shapes (the first one a warm-up): a slow moment of a shared machine then
+     * touches one round of each shape, not all the runs of one */
+    for (int round = -1; round < iters && s == SHARD_OK; round++)
+        for (size_t i = 0; s == SHARD_OK && i < n; i++) {
+            const step_product *q = &p[i];
+            size_t lda = q->ta ? q->M : q->K, ldb = q->tb ? q->K : q->N;
             double t0 = shard__now();
             s = q->bias ? shard_sgemm_bias(q->ta, q->tb, q->M, q->N, q->K, 1.0f, a, lda, b, ldb, bias, out_c, q->N)
                         : shard_sgemm(q->ta, q->tb, q->M, q->N, q->K, 1.0f, a, lda, b, ldb, q->beta, out_c, q->N);
-            if (it >= 0) t[it] = (shard__now() - t0) * 1e3;
+            if (round >= 0) t[i * (size_t)iters + (size_t)round] = (shard__now() - t0) * 1e3;
         }
-        *ms += (double)q->count * cli_median(t, iters);
-        *gflop += (double)q->count * 2.0 * (double)q->M * (double)q->N * (double)q->K / 1e9;
+    *ms = 0, *gflop = 0;
+    for (size_t i = 0; s == SHARD_OK && i < n; i++) {
+        *ms += (double)p[i].count * cli_median(t + i * (size_t)iters, iters);
+        *gflop += (double)p[i].count * 2.0 * (double)p[i].M * (double)p[i].N * (double)p[i].K / 1e9;
     }
     shard_free(a), shard_free(b), shard_free(out_c), free(bias), free(t);
     return s;
