@@ -155,6 +155,29 @@ static void elementwise(void **state) {
     free(x), free(y1), free(y2);
 }
 
+/* The forward that keeps GELU's slope (the GPT's MLP): the same outputs, and the backward as a product
+ * with the slope gives the same bits as the backward from the input; over a range that takes in the
+ * clamp of tanh (|x| large) and on 3 threads (chunks of the parallel-for) */
+static void gelu_slope(void **state) {
+    (void)state;
+    size_t n = 200003;
+    float *x = randv(n, 1), *dy = randv(n, 1);
+    for (size_t i = 0; i < n; i++) x[i] = x[i] * 12.0f; /* about -12..12 */
+    float *slope = malloc(n * sizeof *slope), *y = zeros(n), *y_slope = zeros(n), *dx = zeros(n), *dx_slope = zeros(n);
+    memcpy(slope, x, n * sizeof *slope);
+    assert_int_equal(shard_blas_set_threads(3), SHARD_OK);
+    shard_gelu_forward(x, y, n);
+    shard_gelu_backward(x, dy, dx, n);
+    shard_gelu_forward_slope(slope, y_slope, n);
+    shard_mul(dy, slope, dx_slope, n);
+    assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
+    for (size_t i = 0; i < n; i++) {
+        if (y_slope[i] != y[i]) fail_msg("x = %.9g: gelu %.9g with the slope kept, %.9g without", x[i], y_slope[i], y[i]);
+        if (dx_slope[i] != dx[i]) fail_msg("x = %.9g: dx %.9g from the slope, %.9g from x", x[i], dx_slope[i], dx[i]);
+    }
+    free(x), free(dy), free(slope), free(y), free(y_slope), free(dx), free(dx_slope);
+}
+
 /* ---------------------------------------------------------------- layer norm */
 
 typedef struct ln_ctx {
@@ -464,7 +487,7 @@ static void maxpool(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(linear),           cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),
-        cmocka_unit_test(elementwise),      cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
+        cmocka_unit_test(elementwise),      cmocka_unit_test(gelu_slope), cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
         cmocka_unit_test(embedding),        cmocka_unit_test(attention),             cmocka_unit_test(attention_blocks),
         cmocka_unit_test(attention_backward_exact), cmocka_unit_test(attention_scratch_accounted),
         cmocka_unit_test(conv2d),           cmocka_unit_test(maxpool),

@@ -725,7 +725,7 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
                                 a->ln2_rstd, Nl, C);
         SHARD_CHECK(gather_rows(g, a->ln2));
         SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
-        shard_gelu_forward(a->fc, a->gelu, N * Fl);
+        shard_gelu_forward_slope(a->fc, a->gelu, N * Fl); /* a->fc now holds GELU' of the pre-activation */
         part = g->sp ? g->full : next;
         bias_now = !ls->mlp_split || bias_before;
         SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), bias_now ? P(g, w[MPROJ_B]) : NULL, part, N, Fl, C));
@@ -809,7 +809,7 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         SHARD_CHECK(whole_rows(g, dy, &dyw));
         SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dyw, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
                                           Fl, C));
-        shard_gelu_backward(a->fc, g->d_fc, g->d_fc, N * Fl);
+        shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
         SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
                                           Fl));
         SHARD_CHECK(finish_rows(g, ls->mlp_split, g->d_ln, dln, N)); /* column-parallel: the input's gradient summed */

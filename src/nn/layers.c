@@ -113,13 +113,32 @@ static void gelu_forward_range(const float *x, float *y, size_t n) {
     }
 }
 
+/* GELU'(v) given t = tanh(sqrt(2/pi) (v + 0.044715 v^3)) */
+static inline float gelu_slope(float v, float t) {
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
+}
+
 SHARD_VECTOR_CLONES
 static void gelu_backward_range(const float *x, const float *dy, float *dx, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = x[i], t = fast_tanh(GELU_S * (v + GELU_C * v * v * v));
-        float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
-        dx[i] = dy[i] * d;
+        dx[i] = dy[i] * gelu_slope(v, t);
     }
+}
+
+/* y = GELU(x) and x = GELU'(x), one tanh for both, while x is in cache */
+SHARD_VECTOR_CLONES
+static void gelu_forward_slope_range(float *x, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], t = fast_tanh(GELU_S * (v + GELU_C * v * v * v));
+        y[i] = 0.5f * v * (1.0f + t);
+        x[i] = gelu_slope(v, t);
+    }
+}
+
+SHARD_VECTOR_CLONES
+static void mul_range(const float *a, const float *b, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = a[i] * b[i];
 }
 
 SHARD_VECTOR_CLONES
@@ -129,9 +148,9 @@ static void add_range(const float *a, const float *b, float *y, size_t n) {
 
 /* An element-wise kernel over n elements, its chunks on the process's threads. */
 typedef struct ew_job {
-    int kind; /* 0 gelu forward, 1 gelu backward, 2 add */
+    int kind; /* 0 gelu forward, 1 gelu backward, 2 add, 3 gelu forward keeping the slope, 4 multiply */
     const float *a, *b;
-    float *y;
+    float *y, *slope;
     size_t n;
 } ew_job;
 
@@ -141,17 +160,25 @@ static void ew_chunk(void *ctx, size_t chunk, size_t chunks) {
     shard__chunk_range(j->n, chunks, chunk, &at, &n);
     if (j->kind == 0) gelu_forward_range(j->a + at, j->y + at, n);
     else if (j->kind == 1) gelu_backward_range(j->a + at, j->b + at, j->y + at, n);
-    else add_range(j->a + at, j->b + at, j->y + at, n);
+    else if (j->kind == 2) add_range(j->a + at, j->b + at, j->y + at, n);
+    else if (j->kind == 3) gelu_forward_slope_range(j->slope + at, j->y + at, n);
+    else mul_range(j->a + at, j->b + at, j->y + at, n);
 }
 
 static void elementwise(int kind, const float *a, const float *b, float *y, size_t n) {
-    ew_job j = {kind, a, b, y, n};
+    ew_job j = {kind, a, b, y, NULL, n};
     shard__parallel_for(shard__chunks_for(n, GRAIN), ew_chunk, &j);
 }
 
 void shard_gelu_forward(const float *x, float *y, size_t n) { elementwise(0, x, NULL, y, n); }
 void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n) { elementwise(1, x, dy, dx, n); }
 void shard_add(const float *a, const float *b, float *y, size_t n) { elementwise(2, a, b, y, n); }
+void shard_mul(const float *a, const float *b, float *y, size_t n) { elementwise(4, a, b, y, n); }
+
+void shard_gelu_forward_slope(float *x, float *y, size_t n) {
+    ew_job j = {3, NULL, NULL, y, x, n};
+    shard__parallel_for(shard__chunks_for(n, GRAIN), ew_chunk, &j);
+}
 
 /* ---------------------------------------------------------------- layer norm */
 
