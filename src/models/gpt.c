@@ -4,7 +4,9 @@
  * Shapes: N = B*T rows of width C; H heads of D = C/H; V vocabulary.  The
  * forward saves, per block, the block input, both LayerNorm outputs and
  * statistics, qkv, the attention probabilities, the heads' outputs, the
- * residual in the middle, and the MLP's pre- and post-GELU activations. */
+ * residual in the middle, and the MLP's GELU output and GELU's slope at its
+ * input (the c_fc output, overwritten by the GELU pass: the backward needs
+ * nothing else of it). */
 #include "shard/gpt.h"
 
 #include <fnmatch.h>
@@ -130,7 +132,9 @@ size_t shard_gpt_param_count(const shard_gpt_config *c) {
 enum { LN1_W, LN1_B, ATTN_W, ATTN_B, APROJ_W, APROJ_B, LN2_W, LN2_B, FC_W, FC_B, MPROJ_W, MPROJ_B, PER_LAYER };
 
 typedef struct layer_acts {
-    float *in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *gelu;
+    float *in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *mid, *ln2, *ln2_mean, *ln2_rstd;
+    float *fc;   /* c_fc's output, then GELU's slope there */
+    float *gelu; /* GELU of it: mlp c_proj's input */
 } layer_acts;
 
 /* Per block: the heads and MLP columns this rank holds, read from the specs of c_attn and c_fc; a pair
