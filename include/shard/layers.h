@@ -32,7 +32,7 @@ void shard_relu_backward(const float *x, const float *dy, float *dx, size_t n); 
 /* GELU, tanh form (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
 void shard_gelu_forward(const float *x, float *y, size_t n);
 void shard_gelu_backward(const float *x, const float *dy, float *dx, size_t n); /* dx may alias dy */
-/* y = GELU(x), and x is replaced by GELU'(x): all the backward needs, which is then
+/* y = GELU(x) (y must not be x), and x is replaced by GELU'(x): all the backward needs, which is then
  * shard_mul(dy, x, dx) with the same bits as shard_gelu_backward on the original x */
 void shard_gelu_forward_slope(float *x, float *y, size_t n);
 /* y = a + b (residual); its backward passes dy to both */
