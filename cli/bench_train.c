@@ -168,6 +168,8 @@ int cli_bench_train(int argc, char **argv) {
         cli_error("%s", shard_last_error());
         return 1;
     }
+    /* the floor any kernel meets on this machine: the products' FLOPs at the measured FMA peak */
+    double at_peak_ms = prod_gflop / peak * 1e3;
     double tms = -1;
     char why[300] = "";
     if (torch) tms = torch_ms(config, batch, seq, steps, warmup, threads, why, sizeof why);
@@ -175,7 +177,8 @@ int cli_bench_train(int argc, char **argv) {
         printf("{\"config\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
                "\"mfu\": %.4f, \"fma_peak_gflops\": %.1f",
                config, batch, seq, threads, med, (double)N / (med / 1e3), mfu, peak);
-        printf(", \"products_alone_ms\": %.3f, \"products_gflop\": %.9g", prod_ms, prod_gflop);
+        printf(", \"products_alone_ms\": %.3f, \"products_gflop\": %.9g, \"products_at_peak_ms\": %.6g", prod_ms, prod_gflop,
+               at_peak_ms);
         if (tms > 0) printf(", \"torch_ms_per_step\": %.3f, \"speedup_vs_torch\": %.4f", tms, tms / med);
         printf("}\n");
     } else {
@@ -186,6 +189,7 @@ int cli_bench_train(int argc, char **argv) {
         printf("products alone: %.1f ms/step (%.2f GFLOP at %.0f GFLOP/s: the linear layers' and LM head's products, each\n"
                "         timed on its own with warm operands); the rest of the step: %.1f ms\n",
                prod_ms, prod_gflop, prod_gflop / (prod_ms / 1e3), med - prod_ms);
+        printf("at the FMA peak the products would take %.1f ms/step: no step on this machine is faster\n", at_peak_ms);
         if (tms > 0) printf("PyTorch: %8.1f ms/step  (tools/reference/bench_gpt_torch.py, same run)  speedup %.2fx\n", tms,
                             tms / med);
         else if (torch) printf("PyTorch: not measured: %s\n", why);
