@@ -59,27 +59,11 @@ static shard_status plain_io(const char *path, void *buf, size_t bytes, int writ
         SHARD_CHECK(shard_comm_all_reduce(comm, &dt_, &(out), 1, SHARD_F64, SHARD_OP_MAX));                             \
     } while (0)
 
-static shard_status bench_rank(shard_comm *comm, void *arg) {
-    ckpt_run *run = arg;
+/* Every iteration's save, load, write and read in `dir`; rank 0's medians into run. */
+static shard_status measure(shard_comm *comm, ckpt_run *run, const char *dir) {
     const bench_ckpt_options *opt = run->opt;
     int rank = shard_comm_rank(comm), n = shard_comm_size(comm);
-    char dir[PATH_MAX] = "";
-    int32_t made = 0;
     shard_status s = SHARD_OK;
-    if (rank == 0) { /* one directory for all ranks (under MPI they are other processes) */
-        if (opt->dir) {
-            snprintf(dir, sizeof dir, "%s", opt->dir);
-            s = shard__ckpt_mkdirs(dir);
-        } else {
-            snprintf(dir, sizeof dir, "/tmp/shard-bench-ckpt-XXXXXX");
-            made = mkdtemp(dir) != NULL;
-            if (!made) s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory under /tmp: %s", strerror(errno));
-        }
-        if (s < 0) dir[0] = '\0';
-        snprintf(run->dir, sizeof run->dir, "%s", dir);
-    }
-    SHARD_CHECK(shard_comm_broadcast(comm, dir, sizeof dir, SHARD_U8, 0));
-    if (!dir[0]) return rank == 0 ? s : shard_error(SHARD_ERR_IO, "bench ckpt: rank 0 could not make the directory");
     char mesh_text[32];
     snprintf(mesh_text, sizeof mesh_text, "data=%d", n);
     shard_mesh *mesh = NULL;
@@ -130,15 +114,6 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         }
     }
     unlink(plain);
-    shard_comm_barrier(comm);
-    if (rank == 0 && !opt->keep) { /* the last step too, and the directory if this run made it */
-        char last[PATH_MAX];
-        shard__ckpt_step_dir(dir, (uint64_t)iters, last, sizeof last);
-        shard__ckpt_remove_tree(last);
-        snprintf(last, sizeof last, "%s/latest", dir);
-        unlink(last);
-        if (made) rmdir(dir);
-    }
     if (s == SHARD_OK && rank == 0) {
         run->save = cli_median(t, iters), run->load = cli_median(t + iters, iters);
         run->write = cli_median(t + 2 * iters, iters), run->read = cli_median(t + 3 * iters, iters);
@@ -151,6 +126,34 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
     for (int k = 0; k < NTENSORS; k++) shard_dtensor_destroy(saved[k].tensor), shard_dtensor_destroy(loaded[k].tensor);
     shard_mesh_destroy(mesh);
     return s;
+}
+
+/* A fresh directory of this run's own (under --dir, or /tmp): nothing of the user's is touched, and it
+ * is removed at the end, whatever happened, unless --keep. */
+static shard_status bench_rank(shard_comm *comm, void *arg) {
+    ckpt_run *run = arg;
+    const bench_ckpt_options *opt = run->opt;
+    int rank = shard_comm_rank(comm);
+    char dir[PATH_MAX] = "";
+    shard_status s = SHARD_OK;
+    if (rank == 0) { /* one directory for all ranks (under MPI they are other processes) */
+        const char *base = opt->dir ? opt->dir : "/tmp";
+        if (opt->dir) s = shard__ckpt_mkdirs(base);
+        snprintf(dir, sizeof dir, "%s/shard-bench-ckpt-XXXXXX", base);
+        if (s == SHARD_OK && !mkdtemp(dir))
+            s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory in %s: %s", base, strerror(errno));
+        if (s < 0) dir[0] = '\0';
+        snprintf(run->dir, sizeof run->dir, "%s", dir);
+    }
+    SHARD_CHECK(shard_comm_broadcast(comm, dir, sizeof dir, SHARD_U8, 0));
+    if (!dir[0]) return rank == 0 ? s : shard_error(SHARD_ERR_IO, "bench ckpt: rank 0 could not make the directory");
+    s = measure(comm, run, dir);
+    shard_status b = shard_comm_barrier(comm); /* every rank is done with the directory (or has failed) */
+    if (rank == 0 && !opt->keep) {
+        shard_status r = shard__ckpt_remove_tree(dir);
+        if (s == SHARD_OK) s = r;
+    }
+    return s == SHARD_OK ? b : s;
 }
 
 shard_status bench_ckpt_run(const bench_ckpt_options *opt) {

@@ -21,36 +21,6 @@
 #include "comm/comm_impl.h"
 #include "shard/shard.h"
 
-#ifndef SHARD_SOURCE_DIR
-#define SHARD_SOURCE_DIR "."
-#endif
-
-/* PyTorch's median ms/step from the reference script, or < 0 with the reason printed. */
-static double torch_ms(const char *config, long batch, long seq, long steps, long warmup, long threads, char *why,
-                       size_t why_bytes) {
-    char cmd[4096], line[512] = "";
-    snprintf(cmd, sizeof cmd,
-             "OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 '%s/tools/reference/bench_gpt_torch.py' '%s' %ld %ld %ld %ld %ld 2>&1",
-             SHARD_SOURCE_DIR, config, batch, seq, steps, warmup, threads);
-    FILE *p = popen(cmd, "r");
-    if (!p) {
-        snprintf(why, why_bytes, "could not start python3");
-        return -1;
-    }
-    double ms = -1;
-    while (fgets(line, sizeof line, p)) {
-        const char *k = strstr(line, "\"ms_per_step\": ");
-        if (k) ms = atof(k + 15);
-        else snprintf(why, why_bytes, "%.*s", (int)strcspn(line, "\n"), line);
-    }
-    int rc = pclose(p);
-    if (rc != 0 || ms <= 0) {
-        if (!why[0]) snprintf(why, why_bytes, "the script failed (exit %d)", rc);
-        return -1;
-    }
-    return ms;
-}
-
 int cli_bench_train(int argc, char **argv) {
     bench_train_opts o = {.batch = 8, .seq = 128, .steps = 20, .warmup = 3, .threads = 2, .zero = -1, .bucket_mb = 25,
                           .torch = 1};
@@ -172,7 +142,8 @@ int cli_bench_train(int argc, char **argv) {
     double at_peak_ms = prod_gflop / peak * 1e3;
     double tms = -1;
     char why[300] = "";
-    if (torch) tms = torch_ms(config, batch, seq, steps, warmup, threads, why, sizeof why);
+    if (torch) tms = bench_reference_ms("bench_gpt_torch.py", config, (long[5]){batch, seq, steps, warmup, threads}, 1, why,
+                                        sizeof why);
     if (json) {
         printf("{\"config\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
                "\"mfu\": %.4f, \"fma_peak_gflops\": %.1f",

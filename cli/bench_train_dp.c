@@ -19,13 +19,10 @@
 
 #include "bench_comm.h"
 #include "bench_train.h"
+#include "ckpt/ckpt_util.h"
 #include "cli_util.h"
 #include "comm/comm_impl.h"
 #include "shard/shard.h"
-
-#ifndef SHARD_SOURCE_DIR
-#define SHARD_SOURCE_DIR "."
-#endif
 
 typedef struct dp_result {
     double ms, single_ms, exposed_ms, alone_ms;
@@ -132,22 +129,6 @@ static shard_status dp_rank(shard_comm *comm, void *arg) {
     return SHARD_OK;
 }
 
-static double ddp_ms(const bench_train_opts *o, int world, char *why, size_t why_bytes) {
-    char cmd[4096], line[512] = "";
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tools/reference/bench_gpt_ddp_torch.py' '%s' %ld %ld %ld %ld %d 2>&1",
-             SHARD_SOURCE_DIR, o->config, o->batch, o->seq, o->steps, o->warmup, world);
-    FILE *p = popen(cmd, "r");
-    if (!p) return snprintf(why, why_bytes, "could not start python3"), -1;
-    double ms = -1;
-    while (fgets(line, sizeof line, p)) {
-        const char *k = strstr(line, "\"ms_per_step\": ");
-        if (k) ms = atof(k + 15);
-        else if (!why[0]) snprintf(why, why_bytes, "%.*s", (int)strcspn(line, "\n"), line);
-    }
-    if (pclose(p) != 0 || ms <= 0) return why[0] ? 0 : snprintf(why, why_bytes, "the script failed"), -1;
-    return ms;
-}
-
 shard_status bench_random_tokens(const char *config, shard_gpt_config *gc, char *dir, size_t dir_bytes) {
     SHARD_CHECK(shard_gpt_config_load(config, gc));
     snprintf(dir, dir_bytes, "/tmp/shard-bench-train-XXXXXX");
@@ -167,9 +148,7 @@ shard_status bench_random_tokens(const char *config, shard_gpt_config *gc, char 
 }
 
 void bench_remove_dir(const char *dir) {
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "shard: could not remove %s\n", dir);
+    if (shard__ckpt_remove_tree(dir) != SHARD_OK) cli_error("%s", shard_last_error());
 }
 
 int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
@@ -195,7 +174,9 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     double hidden = a.r.alone_ms > 0 ? 1.0 - a.r.exposed_ms / a.r.alone_ms : 0;
     hidden = hidden < 0 ? 0 : hidden;
     char why[300] = "";
-    double tms = o->torch ? ddp_ms(o, world, why, sizeof why) : -1;
+    double tms = o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config,
+                                                      (long[5]){o->batch, o->seq, o->steps, o->warmup, world}, 0, why,
+                                                      sizeof why) : -1;
     /* BRIEF §4: bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
     double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
     /* values: whole, or this rank's pieces + a gathered unit + the prefetched one; gradients: whole (+ the
