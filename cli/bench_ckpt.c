@@ -5,6 +5,7 @@
  * iteration.  Throughput = total bytes / the slowest rank's time; the figure
  * is the median over --iters (>= 5) iterations.  Every iteration saves a new
  * step (index, checksums, rename and all) and loads it back, checked. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -128,20 +129,54 @@ static shard_status measure(shard_comm *comm, ckpt_run *run, const char *dir) {
     return s;
 }
 
-/* A fresh directory of this run's own (under --dir, or /tmp): nothing of the user's is touched, and it
- * is removed at the end, whatever happened, unless --keep. */
+/* 1 if `path` is a directory holding anything, 0 if it is empty or absent, -1 if it is not a directory */
+static int dir_in_use(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    int used = 0;
+    for (struct dirent *e; !used && (e = readdir(d));) used = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return used;
+}
+
+/* Everything inside `path` (not path itself). */
+static shard_status empty_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    shard_status s = SHARD_OK;
+    char inner[PATH_MAX];
+    for (struct dirent *e; s == SHARD_OK && (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(inner, sizeof inner, "%s/%s", path, e->d_name);
+        s = shard__ckpt_remove_tree(inner);
+    }
+    closedir(d);
+    return s;
+}
+
+/* --dir must be new or empty: the run saves steps 1.. and moves `latest`, so it stays out of a real
+ * checkpoint's directory.  What it wrote is removed at the end, whatever happened, unless --keep. */
 static shard_status bench_rank(shard_comm *comm, void *arg) {
     ckpt_run *run = arg;
     const bench_ckpt_options *opt = run->opt;
     int rank = shard_comm_rank(comm);
     char dir[PATH_MAX] = "";
+    int made = 0;
     shard_status s = SHARD_OK;
     if (rank == 0) { /* one directory for all ranks (under MPI they are other processes) */
-        const char *base = opt->dir ? opt->dir : "/tmp";
-        if (opt->dir) s = shard__ckpt_mkdirs(base);
-        snprintf(dir, sizeof dir, "%s/shard-bench-ckpt-XXXXXX", base);
-        if (s == SHARD_OK && !mkdtemp(dir))
-            s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory in %s: %s", base, strerror(errno));
+        if (opt->dir) {
+            int used = dir_in_use(opt->dir);
+            if (used)
+                s = shard_error(SHARD_ERR_INVALID_ARG, "bench ckpt: --dir %s %s: give a new or empty directory", opt->dir,
+                                used > 0 ? "is not empty" : "is not a directory");
+            made = used == 0 && access(opt->dir, F_OK) != 0;
+            if (s == SHARD_OK) s = shard__ckpt_mkdirs(opt->dir);
+            snprintf(dir, sizeof dir, "%s", opt->dir);
+        } else {
+            snprintf(dir, sizeof dir, "/tmp/shard-bench-ckpt-XXXXXX");
+            made = mkdtemp(dir) != NULL;
+            if (!made) s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory under /tmp: %s", strerror(errno));
+        }
         if (s < 0) dir[0] = '\0';
         snprintf(run->dir, sizeof run->dir, "%s", dir);
     }
@@ -150,7 +185,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
     s = measure(comm, run, dir);
     shard_status b = shard_comm_barrier(comm); /* every rank is done with the directory (or has failed) */
     if (rank == 0 && !opt->keep) {
-        shard_status r = shard__ckpt_remove_tree(dir);
+        shard_status r = made ? shard__ckpt_remove_tree(dir) : empty_dir(dir);
         if (s == SHARD_OK) s = r;
     }
     return s == SHARD_OK ? b : s;

@@ -270,6 +270,15 @@ def ckpt():
                f"verify of a corrupt checkpoint: {p.returncode} {p.stderr!r}")
         p = run(["ckpt", "export", d, "--out", os.path.join(work, "bad.safetensors")])
         expect(p.returncode == 1 and "checksum" in p.stderr, f"export of a corrupt checkpoint: {p.stderr!r}")
+        # --dir holding anything (here a checkpoint) is refused, one line, and left as it was
+        before = sorted(os.listdir(d))
+        p = run(["bench", "ckpt", "--ranks", "2", "--bytes", "1M", "--dir", d])
+        expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "is not empty" in p.stderr
+               and sorted(os.listdir(d)) == before, f"bench ckpt into a checkpoint: {p.returncode} {p.stderr!r}")
+        # a new --dir is removed at the end without --keep
+        fresh = os.path.join(work, "fresh")
+        p = run(["bench", "ckpt", "--ranks", "2", "--bytes", "1M", "--dir", fresh, "--json"])
+        expect(p.returncode == 0 and not os.path.exists(fresh), f"bench ckpt --dir without --keep: {p.stderr!r}")
         p = run(["inspect", "ckpt", os.path.join(work, "nothing")])
         expect(p.returncode == 1 and "not a checkpoint" in p.stderr, f"inspect of nothing: {p.stderr!r}")
     finally:
@@ -403,6 +412,12 @@ def train():
         row = json.loads(p.stdout) if p.returncode == 0 else {}
         expect({"ms_per_step", "tokens_per_s", "mfu", "fma_peak_gflops"} <= set(row) and row["ms_per_step"] > 0,
                f"bench train: {p.stdout} {p.stderr}")
+        # the PyTorch script gets the config's path as an argument, never through a shell
+        odd = os.path.join(work, "x';touch INJECTED;'.json")
+        shutil.copy(cfg, odd)
+        q = run(["bench", "train", "--config", odd, "--batch", "2", "--seq", "16", "--json"], timeout=300)
+        expect(q.returncode == 0 and not os.path.exists(os.path.join(work, "INJECTED"))
+               and not os.path.exists("INJECTED"), f"bench train with a quote in the path: {q.stdout} {q.stderr}")
         # the step's products timed alone: the linear layers' and the tied head's, 6 flops per weight and token
         N, C, L, V = 2 * 16, 32, 2, 256
         expect(row.get("products_alone_ms", 0) > 0
