@@ -258,6 +258,20 @@ def ckpt():
                    f"exported names {sorted(whole)} {sorted(weight_map)}")
             expect(len(parts) == 4 and all(parts[weight_map[n]][n] == whole[n] for n in whole),
                    f"sharded export differs from the single file ({len(parts)} parts)")
+        # an index whose chunks leave part of a tensor out, or overlap, is refused by every reader
+        for kind, words in (("gap", "chunks hold 0 of"), ("overlap", "overlap")):
+            bad = os.path.join(work, kind)
+            shutil.copytree(d, bad, symlinks=True)
+            with open(os.path.join(bad, "step_5", "index.json")) as f:
+                ix = json.load(f)
+            chunks = ix["tensors"]["layer_0"]["chunks"]
+            ix["tensors"]["layer_0"]["chunks"] = [] if kind == "gap" else chunks + chunks[:1]
+            with open(os.path.join(bad, "step_5", "index.json"), "w") as f:
+                json.dump(ix, f)
+            for args in (["inspect", "ckpt", bad, "--verify"], ["ckpt", "export", bad, "--out", bad + ".safetensors"]):
+                p = run(args)
+                expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr
+                       and not os.path.exists(bad + ".safetensors"), f"{args[:2]} of a {kind}: {p.returncode} {p.stderr!r}")
         # a flipped byte: --verify names the file, one line, exit 1
         with open(os.path.join(d, "step_5", "rank_00001.safetensors"), "r+b") as f:
             f.seek(-1, 2)

@@ -92,6 +92,45 @@ static int read_sizes(const json_t *a, int ndim, size_t *out) {
     return 1;
 }
 
+/* Elements in a box of `ndim` sizes, or UINT64_MAX when the product overflows. */
+static uint64_t volume(const size_t *len, int ndim) {
+    uint64_t v = 1;
+    for (int d = 0; d < ndim; d++)
+        if (__builtin_mul_overflow(v, (uint64_t)len[d], &v)) return UINT64_MAX;
+    return v;
+}
+
+/* The chunks tile the tensor: no two overlap and together they hold every element (a save writes
+ * each block once), so a reader never leaves part of a tensor unwritten. */
+static shard_status check_cover(const char *path, const shard__ckpt_tensor *t) {
+    char why[256];
+    uint64_t held = 0, want = volume(t->shape, t->ndim);
+    if (want == UINT64_MAX) {
+        snprintf(why, sizeof why, "tensor '%s': its shape holds more than 2^64 elements", t->name);
+        return fail(path, why);
+    }
+    for (size_t c = 0; c < t->nchunks; c++) {
+        const shard__ckpt_chunk *a = &t->chunks[c];
+        for (size_t e = 0; e < c; e++) {
+            const shard__ckpt_chunk *b = &t->chunks[e];
+            int meet = volume(a->len, t->ndim) > 0 && volume(b->len, t->ndim) > 0;
+            for (int d = 0; meet && d < t->ndim; d++)
+                meet = a->off[d] < b->off[d] + b->len[d] && b->off[d] < a->off[d] + a->len[d];
+            if (meet) {
+                snprintf(why, sizeof why, "tensor '%s': chunks %zu and %zu overlap", t->name, e, c);
+                return fail(path, why);
+            }
+        }
+        held += volume(a->len, t->ndim); /* disjoint boxes inside the shape: the sum stays <= want */
+    }
+    if (held != want) {
+        snprintf(why, sizeof why, "tensor '%s': its chunks hold %llu of its %llu elements", t->name,
+                 (unsigned long long)held, (unsigned long long)want);
+        return fail(path, why);
+    }
+    return SHARD_OK;
+}
+
 static shard_status read_tensor(const char *path, const char *name, const json_t *v, const shard__ckpt_index *ix,
                                 shard__ckpt_tensor *t) {
     char why[256];
@@ -132,7 +171,7 @@ static shard_status read_tensor(const char *path, const char *name, const json_t
             return fail(path, why);
         }
     }
-    return SHARD_OK;
+    return check_cover(path, t);
 }
 
 shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
