@@ -95,7 +95,7 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && !ids) s = shard_error(SHARD_ERR_NO_MEMORY, "generate: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < plen; i++) ids[i] = (unsigned char)o->prompt[i];
     uint64_t rng = o->seed;
-    fwrite(o->prompt, 1, plen, stdout);
+    if (s == SHARD_OK) fwrite(o->prompt, 1, plen, stdout);
     for (size_t n = plen; s == SHARD_OK && n < total; n++) {
         size_t T = n < ctx ? n : ctx;
         s = shard_gpt_forward(g, ids + (n - T), NULL, 1, T, NULL);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "bench_comm.h"
+#include "ckpt/ckpt_util.h"
 #include "cli_util.h"
 #include "comm/comm_impl.h"
 #include "shard/shard.h"
@@ -117,14 +118,30 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     uint64_t first = 1;
     shard_status s = shard_trainer_create(mesh, &tc, &t);
     shard_model *m = t ? shard_trainer_model(t) : NULL;
-    if (s == SHARD_OK && o->init) s = shard_params_load(m->params, o->init, 0, NULL);
     if (s == SHARD_OK && o->init && tc.zero == 3)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--init with --zero 3: load the weights with --zero 0..2 and save a checkpoint, then --resume it");
+    if (s == SHARD_OK && o->init) s = shard_params_load(m->params, o->init, 1, NULL); /* every parameter, by name */
     if (s == SHARD_OK && o->resume) {
         uint64_t done = 0;
         s = shard_trainer_resume(t, o->resume, &done);
         first = done + 1;
+        if (s == SHARD_OK && first > (uint64_t)o->steps)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "--steps %ld: the checkpoint in %s is at step %llu already; give --steps "
+                            "%llu or more", o->steps, o->resume, (unsigned long long)done, (unsigned long long)done + 1);
     }
+    /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
+     * of a pipeline that is not there */
+    for (uint64_t step = first; s == SHARD_OK && o->save && step <= (uint64_t)o->steps; step++) {
+        if (!((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps)) continue;
+        char dir[4096];
+        shard__ckpt_step_dir(o->save, step, dir, sizeof dir);
+        if (access(dir, F_OK) == 0)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s: %s exists already; give another directory or remove it",
+                            o->save, dir);
+    }
+    shard_pipeline_stats unused;
+    if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);
     if (s == SHARD_OK && o->save && !(config_text = shard__read_config(o->config))) s = SHARD_ERR_IO;
     if (s == SHARD_OK && rank == 0 && o->log && !(log = fopen(o->log, "w")))
         s = shard_error(SHARD_ERR_IO, "--log %s: cannot open: %s", o->log, strerror(errno));
@@ -170,9 +187,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && o->trace) { /* the last step's schedule as it ran */
         shard_pipeline_stats ps;
         s = shard_trainer_pipeline_stats(t, &ps);
-        if (s < 0) s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1",
-                                   o->trace);
-        else s = cli_write_trace(comm, &ps, o->trace);
+        if (s == SHARD_OK) s = cli_write_trace(comm, &ps, o->trace);
         if (s == SHARD_OK && rank == 0) printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
     }
     if (s == SHARD_OK && rank == 0)

@@ -325,6 +325,26 @@ def train():
         expect(len(rows) == 20 and {"step", "loss", "lr", "tokens_per_s", "ms"} <= set(rows[0]), f"log rows: {rows[:1]}")
         expect(rows and rows[-1]["loss"] < rows[0]["loss"] - 1.0, f"loss did not fall: {rows[0]} -> {rows[-1]}")
         expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
+        # what would fail after the training fails before it, one line: a --save step that exists, a --trace
+        # without a pipeline, a --resume at or past --steps, an --init file without the model's tensors
+        ck = os.path.join(work, "ck")
+        junk = os.path.join(work, "junk.safetensors")
+        with open(junk, "wb") as f:  # a valid safetensors file holding one tensor 'x'
+            head = b'{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+            f.write(len(head).to_bytes(8, "little") + head + bytes(4))
+        for extra, words in ((["--save", ck], "step_20 exists already"), (["--trace", os.path.join(work, "t.json")],
+                              "give a mesh with pipe > 1"), (["--resume", ck], "at step 20 already"),
+                             (["--init", junk], "has no tensor 'wte.weight'")):
+            p = run(args + extra)
+            expect(p.returncode == 1 and "step 1/" not in p.stdout and len(p.stderr.strip().splitlines()) == 1
+                   and words in p.stderr, f"train {extra}: {p.returncode} {p.stdout[-200:]} {p.stderr!r}")
+        # --init loads every parameter by name: the trained weights, exported, start lower than a fresh init
+        p = run(["ckpt", "export", ck, "--out", os.path.join(work, "w.safetensors")])
+        log = os.path.join(work, "init.jsonl")
+        q = run(args + ["--steps", "1", "--init", os.path.join(work, "w.safetensors"), "--log", log])
+        got = [json.loads(l) for l in open(log)] if q.returncode == 0 else []
+        expect(p.returncode == 0 and len(got) == 1 and got[0]["loss"] < rows[0]["loss"] - 1.0,
+               f"train --init from exported weights: {got} {q.stderr}")
         # the same global batch on 2 thread ranks (ZeRO-2), and a resume of step 10 under ZeRO-3
         for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1), (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--zero", "1"], 1),
                              (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--spec", "h.*.mlp.*=P()",
