@@ -176,7 +176,11 @@ int cli_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "train") == 0) return cli_bench_train(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "tensor") == 0) return cli_bench_tensor(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "pipeline") == 0) return cli_bench_pipeline(argc - 1, argv + 1);
-    cli_error("bench: give what to benchmark: 'shard bench comm --op all_reduce --ranks 2' or "
-              "'shard bench redistribute --ranks 2' or 'shard bench ckpt --ranks 4'");
+    if (argc >= 2)
+        cli_error("bench: unknown benchmark '%s': give comm, redistribute, ckpt, gemm, train, tensor or pipeline "
+                  "(see 'shard help')", argv[1]);
+    else
+        cli_error("bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor or pipeline, e.g. "
+                  "'shard bench comm --op all_reduce --ranks 2' (see 'shard help')");
     return 2;
 }

@@ -49,10 +49,8 @@ int cli_bench_train(int argc, char **argv) {
                 return 2;
             }
         } else if (strcmp(a, "--bucket-mb") == 0) {
-            char *end = NULL;
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            o.bucket_mb = strtod(v, &end);
-            if (!end || *end || !(o.bucket_mb > 0)) {
+            if (!cli_number(v, &o.bucket_mb) || !(o.bucket_mb > 0)) {
                 cli_error("--bucket-mb '%s' is invalid: give a number > 0 (MiB), e.g. 25", v);
                 return 2;
             }

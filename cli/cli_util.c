@@ -2,6 +2,7 @@
 #include "cli_util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,15 @@ int cli_parse_int(const char *option, const char *text, long min, long max, long
     }
     *out = v;
     return 0;
+}
+
+int cli_number(const char *text, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || !end || *end || end == text || !isfinite(v)) return 0;
+    *out = v;
+    return 1;
 }
 
 int cli_parse_seconds(const char *option, const char *text, double *out) {

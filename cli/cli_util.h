@@ -30,6 +30,9 @@ const char *cli_value(int argc, char **argv, int *i);
 int cli_parse_size(const char *option, const char *text, uint64_t *out);
 int cli_parse_int(const char *option, const char *text, long min, long max, long *out);
 int cli_parse_seconds(const char *option, const char *text, double *out);
+/* 1 if all of text is one finite number (not empty, no trailing characters), written to *out; else 0
+ * (the caller prints its option's message). */
+int cli_number(const char *text, double *out);
 
 /* The median of n values (sorts v in place). */
 double cli_median(double *v, int n);

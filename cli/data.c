@@ -23,10 +23,8 @@ int cli_data(int argc, char **argv) {
         if (strcmp(argv[i], "--out") == 0) {
             if (!(out = cli_value(argc, argv, &i))) return free(files), 2;
         } else if (strcmp(argv[i], "--val-fraction") == 0) {
-            char *end = NULL;
             if (!(v = cli_value(argc, argv, &i))) return free(files), 2;
-            val = strtod(v, &end);
-            if (!end || *end || !(val >= 0 && val < 1)) {
+            if (!cli_number(v, &val) || !(val >= 0 && val < 1)) {
                 cli_error("--val-fraction '%s' is invalid: give a fraction in [0, 1), e.g. 0.1", v);
                 return free(files), 2;
             }

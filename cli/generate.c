@@ -133,10 +133,8 @@ int cli_generate(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, 1L << 62, &n)) return 2;
             o.seed = (unsigned long long)n;
         } else if (strcmp(a, "--temperature") == 0) {
-            char *end = NULL;
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            o.temperature = strtod(v, &end);
-            if (!end || *end || !(o.temperature >= 0) || o.temperature > 100) {
+            if (!cli_number(v, &o.temperature) || !(o.temperature >= 0) || o.temperature > 100) {
                 cli_error("--temperature '%s' is invalid: give a number >= 0 (0: greedy)", v);
                 return 2;
             }

@@ -239,10 +239,8 @@ int cli_train(int argc, char **argv) {
         const char *dbl_names[] = {"--lr", "--min-lr", "--weight-decay", "--clip", "--bucket-mb"};
         for (int k = 0; k < 5 && !done; k++)
             if (strcmp(a, dbl_names[k]) == 0) {
-                char *end = NULL;
                 if (!(val = cli_value(argc, argv, &i))) return 2;
-                *dbls[k] = strtod(val, &end);
-                if (!end || *end || !(*dbls[k] >= 0) || ((k == 0 || k == 4) && !(*dbls[k] > 0)) || *dbls[k] > 1e6) {
+                if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || ((k == 0 || k == 4) && !(*dbls[k] > 0)) || *dbls[k] > 1e6) {
                     cli_error("%s '%s' is invalid: give a number%s", a, val, k == 0 ? " > 0, e.g. 3e-4" : k == 4 ? " > 0 (MiB), e.g. 25" : " >= 0");
                     return 2;
                 }

@@ -42,11 +42,14 @@ def expect(cond, what):
         print("FAIL:", what)
 
 
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-tiny.json")
+
+
 def errors():
     cases = [
         ([], 2, "usage: shard"),
         (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, data, demo, generate, inspect, train, version, help"),
-        (["bench"], 2, "shard: bench: give what to benchmark"),
+        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor or pipeline"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
         (["bench", "comm", "--ranks", "0"], 2, "shard: --ranks '0' is invalid: give an integer in 1..4096"),
@@ -117,6 +120,20 @@ def errors():
         (["generate", "--prompt", "x"], 2, "generate: give --prompt and either --ckpt DIR"),
         (["generate", "--ckpt", "/nonexistent", "--prompt", "x"], 1, "/nonexistent: not a checkpoint"),
         (["inspect", "ckpt", "/nonexistent/x.safetensors"], 1, "/nonexistent/x.safetensors: cannot open"),
+        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor or pipeline"),
+        (["data", "text", "/dev/null", "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
+        (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
+        (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", ""], 2, "--val-fraction '' is invalid"),
+        (["train", "--config", "c", "--data", "d", "--clip", ""], 2, "--clip '' is invalid: give a number >= 0"),
+        (["train", "--config", "c", "--data", "d", "--lr", "nan"], 2, "--lr 'nan' is invalid"),
+        (["train", "--config", "/tmp", "--data", "d"], 1, "/tmp: cannot read the config: not a regular file"),
+        (["train", "--config", "/nonexistent/c.json", "--data", "d"], 1,
+         "/nonexistent/c.json: cannot read the config: No such file or directory"),
+        (["generate", "--config", TINY, "--init", "/nonexistent/w.safetensors", "--prompt", "x", "--temperature", ""], 2,
+         "--temperature '' is invalid"),
+        # the prompt is not echoed before the weights are known to load (stdout stays empty)
+        (["generate", "--config", TINY, "--init", "/nonexistent/w.safetensors", "--prompt", "hello"], 1,
+         "/nonexistent/w.safetensors: cannot open"),
     ]
     for args, code, text in cases:
         p = run(args)

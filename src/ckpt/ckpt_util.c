@@ -46,6 +46,9 @@ shard_status shard__ckpt_mkdirs(const char *dir) {
     }
     if (mkdir(path, 0755) != 0 && errno != EEXIST)
         return shard_error(SHARD_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return shard_error(SHARD_ERR_IO, "%s exists and is not a directory: give a directory's path", path);
     return SHARD_OK;
 }
 

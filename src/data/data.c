@@ -176,6 +176,9 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
         if (ferror(in) && s == SHARD_OK) s = shard_error(SHARD_ERR_IO, "%s: read error", files[f]);
         fclose(in);
     }
+    if (s == SHARD_OK && total == 0)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "data text: the %zu input file%s hold%s no bytes: give text to tokenize", count,
+                        count == 1 ? "" : "s", count == 1 ? "s" : "");
     size_t val = (size_t)((double)total * val_fraction), train = total - val;
     char path[PATH_MAX];
     if (s == SHARD_OK) s = shard__ckpt_mkdirs(out_dir);

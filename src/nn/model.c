@@ -3,9 +3,12 @@
  * model_type and builds the GPT, the CNN or the MLP behind the same table. */
 #include "shard/model.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "models/model_impl.h"
 #include "shard/gpt.h"
@@ -76,8 +79,11 @@ void shard_model_destroy(shard_model *m) {
 /* The whole config file as text (NULL with the error set). */
 char *shard__read_config(const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        shard_error(SHARD_ERR_IO, "%s: cannot open the config", path);
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        shard_error(SHARD_ERR_IO, "%s: cannot read the config: %s", path,
+                    !f ? strerror(errno) : "not a regular file; give a JSON config file");
+        if (f) fclose(f);
         return NULL;
     }
     char *text = NULL;
