@@ -25,6 +25,7 @@ int cli_bench_train(int argc, char **argv) {
     bench_train_opts o = {.batch = 8, .seq = 128, .steps = 20, .warmup = 3, .threads = 2, .zero = -1, .bucket_mb = 25,
                           .torch = 1};
     cli_common common = {0};
+    int mesh_ranks = 0; /* --mesh data=N */
     for (int i = 1; i < argc; i++) {
         int cc = cli_common_option(&common, argc, argv, &i);
         if (cc < 0) return 2;
@@ -44,16 +45,19 @@ int cli_bench_train(int argc, char **argv) {
             if (!(o.config = cli_value(argc, argv, &i))) return 2;
         } else if (strcmp(a, "--mesh") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (strncmp(v, "data=", 5) != 0 || strchr(v, ',')) {
+            long n = 0;
+            if (strncmp(v, "data=", 5) != 0 || strchr(v, ',') || cli_parse_int("--mesh data", v + 5, 1, 4096, &n)) {
                 cli_error("bench train: --mesh '%s' is invalid here: give data=N (the ranks)", v);
                 return 2;
             }
+            mesh_ranks = (int)n;
         } else if (strcmp(a, "--bucket-mb") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!cli_number(v, &o.bucket_mb) || !(o.bucket_mb > 0)) {
                 cli_error("--bucket-mb '%s' is invalid: give a number > 0 (MiB), e.g. 25", v);
                 return 2;
             }
+            if (o.zero < 0) o.zero = 0;
         } else if (strcmp(a, "--grad-dtype") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (strcmp(v, "f32") && strcmp(v, "bf16")) {
@@ -61,6 +65,7 @@ int cli_bench_train(int argc, char **argv) {
                 return 2;
             }
             o.bf16 = strcmp(v, "bf16") == 0;
+            if (o.zero < 0) o.zero = 0; /* a data-parallel option: the trainer's benchmark */
         } else if (strcmp(a, "--compute-dtype") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (strcmp(v, "f32") && strcmp(v, "bf16")) {
@@ -82,6 +87,12 @@ int cli_bench_train(int argc, char **argv) {
         cli_error("bench train: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)");
         return 2;
     }
+    if (mesh_ranks && common.ranks && mesh_ranks != common.ranks) {
+        cli_error("bench train: --mesh data=%d and --ranks %d disagree: the data axis spans every rank", mesh_ranks,
+                  common.ranks);
+        return 2;
+    }
+    if (mesh_ranks && !common.ranks) common.ranks = mesh_ranks;
     char env[64];
     int mrank, msize;
     if (common.ranks > 1 || o.zero >= 0 || shard_launch_detect_mpi(env, sizeof env, &mrank, &msize)) {

@@ -120,6 +120,8 @@ def errors():
         (["generate", "--prompt", "x"], 2, "generate: give --prompt and either --ckpt DIR"),
         (["generate", "--ckpt", "/nonexistent", "--prompt", "x"], 1, "/nonexistent: not a checkpoint"),
         (["inspect", "ckpt", "/nonexistent/x.safetensors"], 1, "/nonexistent/x.safetensors: cannot open"),
+        (["bench", "train", "--config", "c", "--mesh", "data=3", "--ranks", "2"], 2,
+         "bench train: --mesh data=3 and --ranks 2 disagree"),
         (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor or pipeline"),
         (["data", "text", "/dev/null", "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
         (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
