@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_comm.h"
 #include "ckpt/atomic_file.h"
@@ -269,15 +270,21 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
         char *dot = strstr(base, ".safetensors");
         if (dot) *dot = '\0';
         size_t first = 0;
+        int written = 0;
         for (int p = 0; rc == 0 && p < parts; p++) {
             size_t last = first;
             while (last < ix.ntensors && part_of[last] == (size_t)p) last++;
             snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors", out_dir, base, p + 1, parts);
             if (write_part(path, files, &ix, first, last, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
+            else written++;
             first = last;
         }
         snprintf(path, sizeof path, "%s/%s.safetensors.index.json", out_dir, base);
         if (rc == 0 && write_hf_index(path, &ix, part_of, parts, base, total) < 0) cli_error("%s", shard_last_error()), rc = 1;
+        for (int p = 0; rc != 0 && p < written; p++) { /* a failed export leaves none of its parts without an index */
+            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors", out_dir, base, p + 1, parts);
+            unlink(path);
+        }
         if (rc == 0)
             printf("exported %zu tensors (%llu bytes) of %s as %d files %s/%s-0000k-of-%05d.safetensors and %s\n",
                    ix.ntensors, (unsigned long long)total, dir, parts, out_dir, base, parts, path);

@@ -277,6 +277,12 @@ def ckpt():
                    f"exported names {sorted(whole)} {sorted(weight_map)}")
             expect(len(parts) == 4 and all(parts[weight_map[n]][n] == whole[n] for n in whole),
                    f"sharded export differs from the single file ({len(parts)} parts)")
+        # an export that fails at its second part (a directory stands where it goes) leaves no first part behind
+        os.mkdir(os.path.join(work, "again-00002-of-00004.safetensors"))
+        p = run(["ckpt", "export", d, "--out", os.path.join(work, "again.safetensors"), "--max-shard-size", "1M"])
+        left = sorted(f for f in os.listdir(work) if f.startswith("again"))
+        expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1
+               and left == ["again-00002-of-00004.safetensors"], f"failed sharded export: {p.stderr!r} left {left}")
         # an index whose chunks leave part of a tensor out, or overlap, is refused by every reader
         for kind, words in (("gap", "chunks hold 0 of"), ("overlap", "overlap")):
             bad = os.path.join(work, kind)
