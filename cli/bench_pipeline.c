@@ -114,8 +114,7 @@ static shard_status to_all(shard_comm *comm, uint64_t mine, uint64_t *out) {
 static shard_status pp_rank(shard_comm *world, void *arg) {
     pp_args *a = arg;
     int rank = shard_comm_rank(world), P = shard_comm_size(world);
-    if (rank == 0) SHARD_CHECK(shard_blas_set_threads(1));
-    SHARD_CHECK(shard_comm_barrier(world));
+    SHARD_CHECK(shard_share_cores(world));
     char mesh[32];
     snprintf(mesh, sizeof mesh, "pipe=%d", P);
     /* 1. bubble on equal-cost stages: one-row micro-batches */

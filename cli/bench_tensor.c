@@ -111,7 +111,7 @@ static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
 static shard_status tp_rank(shard_comm *world, void *arg) {
     tp_args *a = arg;
     int rank = shard_comm_rank(world);
-    if (rank == 0) SHARD_CHECK(shard_blas_set_threads(1));
+    SHARD_CHECK(shard_share_cores(world));
     shard_comm *self = NULL;
     SHARD_CHECK(shard_comm_split(world, rank == 0 ? 0 : -1, 0, &self));
     tp_run r[3] = {{0}};

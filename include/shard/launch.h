@@ -46,6 +46,11 @@ shard_status shard_launch_with(const shard_launch_config *config, shard_rank_fn 
  * ("OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4") when started by one. */
 int shard_launch_detect_mpi(char *description, size_t description_bytes, int *rank, int *size);
 
+/* Collective over `world`: the threads each rank's kernels use (shard_blas_set_threads) when ranks
+ * share cores — thread ranks of one process 1 each; processes the cores of their machine divided by
+ * the ranks on it (one rank per machine: all its cores).  A world of one rank is left as it is. */
+shard_status shard_share_cores(shard_comm *world);
+
 /* Default deadline in seconds: SHARD_TIMEOUT when set and valid, else 300. */
 double shard_default_timeout(void);
 

@@ -22,6 +22,7 @@
 #include "shard/blas.h"
 #include "shard/checkpoint.h"
 #include "shard/dtensor.h"
+#include "shard/launch.h"
 #include "shard/memory.h"
 
 struct shard_trainer {
@@ -188,10 +189,9 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
         t->data = t->own_data;
     }
     t->data_rank = shard_comm_rank(t->data), t->data_size = shard_comm_size(t->data);
-    /* several ranks share the cores: each rank's BLAS runs on one thread (BRIEF §5) */
-    shard_comm *all = shard_mesh_comm(mesh);
-    shard_status s = shard_comm_size(all) > 1 && shard_comm_rank(all) == 0 ? shard_blas_set_threads(1) : SHARD_OK;
-    if (s == SHARD_OK && shard_comm_size(all) > 1) s = shard_comm_barrier(all);
+    /* several ranks share the cores: thread ranks' kernels run on one thread each (BRIEF §5), processes
+     * split their machine's cores */
+    shard_status s = shard_share_cores(shard_mesh_comm(mesh));
     if (s == SHARD_OK) s = resolve_batch(t);
     if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
     if (s == SHARD_OK)
