@@ -116,6 +116,22 @@ static void determinism(void **state) {
     }
     assert_memory_equal(&losses[0], &losses[1], sizeof losses[0]);
     assert_memory_equal(grads[0]->data, grads[1]->data, grads[0]->total * sizeof(float));
+    /* a backward into given grads leaves the model's own gradient pointers as they were bound */
+    shard_gpt *g = load_model();
+    shard_params *own = NULL, *given = NULL;
+    assert_int_equal(shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &own), SHARD_OK);
+    assert_int_equal(shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &given), SHARD_OK);
+    shard_model_bind_grad_slab(shard_gpt_model(g), own->data);
+    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+    assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &losses[0]), SHARD_OK);
+    assert_int_equal(shard_gpt_backward(g, given), SHARD_OK);
+    for (size_t i = 0; i < own->total; i++)
+        if (own->data[i] != 0.0f) fail_msg("the bound gradients changed at %zu: %g", i, (double)own->data[i]);
+    assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &losses[0]), SHARD_OK);
+    assert_int_equal(shard_gpt_backward(g, NULL), SHARD_OK); /* into the bound slab */
+    assert_memory_equal(own->data, grads[0]->data, own->total * sizeof(float));
+    shard_params_destroy(own), shard_params_destroy(given);
+    shard_gpt_destroy(g);
     shard_params_destroy(grads[0]), shard_params_destroy(grads[1]);
 }
 

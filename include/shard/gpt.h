@@ -52,7 +52,8 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
                                float *loss);
 const float *shard_gpt_logits(const shard_gpt *g);
 /* After a forward with targets: adds d(loss)/d(parameter) into grads
- * (NULL: through the gradient pointers bound on shard_gpt_model(g)). */
+ * (NULL: through the gradient pointers bound on shard_gpt_model(g), which a
+ * call with grads leaves as they were). */
 shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads);
 /* The GPT behind the generic model table (model.h): units 0 = wte, wpe,
  * ln_f; 1 + l = block l.  Owned by g. */

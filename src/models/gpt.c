@@ -860,12 +860,19 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
 
 shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads) {
     if (!g->have_targets) return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: the last forward had no targets");
-    if (grads) {
-        if (grads->total != g->params->total)
-            return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: grads must have the parameters' layout (shard_params_like)");
-        shard_model_bind_grad_slab(&g->model, grads->data);
-    }
-    return gpt_backward(g, NULL, NULL);
+    if (!grads) return gpt_backward(g, NULL, NULL);
+    if (grads->total != g->params->total)
+        return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: grads must have the parameters' layout (shard_params_like)");
+    /* into grads for this call only: the gradient pointers bound before (a strategy's) are put back */
+    size_t n = g->params->count;
+    float **bound = malloc(n * sizeof *bound);
+    if (!bound) return shard_error(SHARD_ERR_NO_MEMORY, "gpt backward: out of memory");
+    memcpy(bound, g->model.grad, n * sizeof *bound);
+    shard_model_bind_grad_slab(&g->model, grads->data);
+    shard_status s = gpt_backward(g, NULL, NULL);
+    memcpy(g->model.grad, bound, n * sizeof *bound);
+    free(bound);
+    return s;
 }
 
 /* ---------------------------------------------------------------- the model table */
