@@ -135,6 +135,28 @@ static void determinism(void **state) {
     shard_params_destroy(grads[0]), shard_params_destroy(grads[1]);
 }
 
+/* Dropout through the public forward: each training forward draws new masks; the same seed, the same ones. */
+static void dropout_masks(void **state) {
+    (void)state;
+    shard_gpt_config c;
+    const char *text = shard_safetensors_metadata(golden, "config");
+    if (shard_gpt_config_parse(text, "fixture config", &c) < 0) fail_msg("%s", shard_last_error());
+    c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0.2f;
+    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+    float loss[2][3];
+    for (int run = 0; run < 2; run++) {
+        shard_gpt *g = NULL;
+        assert_int_equal(shard_gpt_create(&c, 2, 8, &g), SHARD_OK);
+        shard_gpt_init(g, 7);
+        for (int k = 0; k < 3; k++) assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &loss[run][k]), SHARD_OK);
+        shard_gpt_destroy(g);
+    }
+    assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
+    if (loss[0][0] == loss[0][1] || loss[0][1] == loss[0][2])
+        fail_msg("the same dropout masks twice: losses %.9g %.9g %.9g", (double)loss[0][0], (double)loss[0][1],
+                 (double)loss[0][2]);
+}
+
 static void config_refusals(void **state) {
     (void)state;
     shard_gpt_config c;
@@ -184,6 +206,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(forward_backward_adamw),
         cmocka_unit_test(determinism),
+        cmocka_unit_test(dropout_masks),
         cmocka_unit_test(config_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -586,6 +586,7 @@ static void model_take_piece(const shard_model *m, size_t i, const float *whole,
 }
 
 void shard_gpt_init(shard_gpt *g, uint64_t seed) {
+    g->model.seed = seed; /* dropout's run seed for shard_gpt_forward (the trainer sets its own per batch) */
     float std = g->c.initializer_range, proj_std = std / sqrtf(2.0f * (float)g->c.n_layer);
     for (size_t i = 0; i < g->params->count; i++) {
         const shard_param_info *info = &g->params->info[i];
@@ -760,6 +761,7 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
     size_t used = 0;
     for (size_t n = 0; targets && n < B * T; n++) used += targets[n] != -100;
     double l = 0;
+    if (targets) g->model.step++; /* training forwards count themselves: new dropout masks each time */
     SHARD_CHECK(gpt_forward(g, inputs, targets, B, T, (double)used, &l, NULL, NULL));
     if (loss && targets) *loss = (float)l;
     return SHARD_OK;
