@@ -96,7 +96,8 @@ shard_status shard_conv2d_forward(const float *x, const float *w, const float *b
                                   size_t H, size_t W, size_t Cout, size_t K, size_t pad);
 shard_status shard_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
                                    size_t N, size_t Cin, size_t H, size_t W, size_t Cout, size_t K, size_t pad);
-/* max-pool, window and stride P: y[N,C,H/P,W/P]; argmax[] saves the winners (flat index into x). */
+/* max-pool, window and stride P: y[N,C,H/P,W/P]; argmax[] saves the winners (each an index within
+ * its H x W plane of x, so H W < 2^32 is the only limit). */
 void shard_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t N, size_t C, size_t H, size_t W,
                              size_t P);
 /* dx (all N*C*H*W of it) written: dy routed to the winners. */

@@ -383,7 +383,9 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         g->ls = calloc(L, sizeof *g->ls), g->place = calloc(count, sizeof *g->place);
         for (size_t k = 0; g->sb && k < slots; k++) g->sb[k].acts = calloc(L ? L : 1, sizeof *g->sb[k].acts);
     }
-    if (!g || !t || !unit_first || !g->layer || !g->sb || !g->sb[slots - 1].acts || !g->ls || !g->place) {
+    int slots_ok = g && g->sb;
+    for (size_t k = 0; slots_ok && k < slots; k++) slots_ok = g->sb[k].acts != NULL;
+    if (!g || !t || !unit_first || !g->layer || !slots_ok || !g->ls || !g->place) {
         for (size_t k = 0; g && g->sb && k < slots; k++) free(g->sb[k].acts);
         if (g) free(g->layer), free(g->sb), free(g->ls), free(g->place);
         free(g), free(t), free(unit_first);

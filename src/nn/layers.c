@@ -469,7 +469,7 @@ typedef struct ce_job {
     size_t N, V;
     float scale, *dlogits;
     double total[SHARD_MAX_CHUNKS];
-    int failed;
+    int failed[SHARD_MAX_CHUNKS]; /* per chunk: chunks run on several threads */
 } ce_job;
 
 static void ce_chunk(void *ctx, size_t chunk, size_t chunks) {
@@ -478,7 +478,7 @@ static void ce_chunk(void *ctx, size_t chunk, size_t chunks) {
     shard__chunk_range(j->N, chunks, chunk, &r0, &rows);
     float *row = j->dlogits ? NULL : malloc(V * sizeof *row);
     if (!j->dlogits && !row) {
-        j->failed = 1;
+        j->failed[chunk] = 1;
         return;
     }
     double total = 0;
@@ -509,7 +509,8 @@ shard_status shard_cross_entropy_sum(const float *logits, const int32_t *targets
                 .scale = denominator > 0 ? (float)(1.0 / denominator) : 0.0f, .dlogits = dlogits};
     size_t chunks = shard__chunks_for(N * V, 4 * GRAIN);
     shard__parallel_for(chunks, ce_chunk, &j);
-    if (j.failed) return shard_error(SHARD_ERR_NO_MEMORY, "cross_entropy: out of memory");
+    for (size_t k = 0; k < chunks; k++)
+        if (j.failed[k]) return shard_error(SHARD_ERR_NO_MEMORY, "cross_entropy: out of memory");
     double total = 0;
     for (size_t k = 0; k < chunks; k++) total += j.total[k];
     *loss = denominator > 0 ? total / denominator : 0.0;
@@ -833,20 +834,22 @@ void shard_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t 
     for (size_t nc = 0; nc < N * C; nc++)
         for (size_t i = 0; i < Ho; i++)
             for (size_t j = 0; j < Wo; j++) {
-                size_t best = nc * H * W + i * P * W + j * P;
+                const float *plane = x + nc * H * W;
+                size_t best = i * P * W + j * P; /* within the plane: any N x C fits the 32-bit index */
                 for (size_t a = 0; a < P; a++)
                     for (size_t b = 0; b < P; b++) {
-                        size_t at = nc * H * W + (i * P + a) * W + j * P + b;
-                        if (x[at] > x[best]) best = at;
+                        size_t at = (i * P + a) * W + j * P + b;
+                        if (plane[at] > plane[best]) best = at;
                     }
-                y[(nc * Ho + i) * Wo + j] = x[best];
+                y[(nc * Ho + i) * Wo + j] = plane[best];
                 argmax[(nc * Ho + i) * Wo + j] = (uint32_t)best;
             }
 }
 
 void shard_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H, size_t W,
                               size_t P) {
-    size_t outputs = N * C * (H / P) * (W / P);
+    size_t per_plane = (H / P) * (W / P);
     memset(dx, 0, N * C * H * W * sizeof *dx);
-    for (size_t i = 0; i < outputs; i++) dx[argmax[i]] += dy[i];
+    for (size_t nc = 0; nc < N * C; nc++)
+        for (size_t i = nc * per_plane; i < (nc + 1) * per_plane; i++) dx[nc * H * W + argmax[i]] += dy[i];
 }
