@@ -151,6 +151,16 @@ static void dropout_masks(void **state) {
         for (int k = 0; k < 3; k++) assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &loss[run][k]), SHARD_OK);
         shard_gpt_destroy(g);
     }
+    /* a token id outside the vocabulary is refused before any work, naming where it is */
+    shard_gpt *g = NULL;
+    assert_int_equal(shard_gpt_create(&c, 2, 8, &g), SHARD_OK);
+    int32_t bad[16];
+    memcpy(bad, inputs, sizeof bad);
+    bad[11] = (int32_t)c.vocab_size;
+    assert_int_equal(shard_gpt_forward(g, bad, targets, 2, 8, &loss[0][0]), SHARD_ERR_INVALID_ARG);
+    if (!strstr(shard_last_error(), "token id") || !strstr(shard_last_error(), "at position 11"))
+        fail_msg("bad token: %s", shard_last_error());
+    shard_gpt_destroy(g);
     assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
     if (loss[0][0] == loss[0][1] || loss[0][1] == loss[0][2])
         fail_msg("the same dropout masks twice: losses %.9g %.9g %.9g", (double)loss[0][0], (double)loss[0][1],

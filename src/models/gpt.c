@@ -680,6 +680,11 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     if (B == 0 || T == 0 || B > g->max_b || T > g->max_t)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu",
                            B, T, g->max_b, g->max_t);
+    /* checked before any unit is acquired: a failure inside would leave a strategy's unit held */
+    for (size_t n = 0; n < N; n++)
+        if (inputs[n] < 0 || (size_t)inputs[n] >= V)
+            return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: token id %d at position %zu is outside the vocabulary "
+                               "[0, %zu)", (int)inputs[n], n, V);
     g->B = B, g->T = T, g->have_targets = targets != NULL;
     g->dropout = targets != NULL && (c->resid_pdrop > 0 || c->embd_pdrop > 0 || c->attn_pdrop > 0);
     if (inputs != g->inputs) memcpy(g->inputs, inputs, N * sizeof *inputs);
