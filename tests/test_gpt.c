@@ -189,6 +189,16 @@ static void config_refusals(void **state) {
         if (!strstr(shard_last_error(), cases[i].expect) || strncmp(shard_last_error(), "cfg.json: ", 10) != 0)
             fail_msg("case %zu: '%s' lacks '%s'", i, shard_last_error(), cases[i].expect);
     }
+    /* a config filled in by the caller gets the same checks (n_head 0 divided by zero) */
+    shard_gpt_config by_hand = {.n_embd = 32, .n_layer = 1, .n_head = 0, .n_positions = 8, .vocab_size = 16,
+                                .layer_norm_epsilon = 1e-5f, .initializer_range = 0.02f};
+    shard_gpt *g = NULL;
+    assert_int_equal(shard_gpt_create(&by_hand, 1, 8, &g), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "gpt: key 'n_head' is missing"));
+    by_hand.n_head = 3;
+    assert_int_equal(shard_gpt_create(&by_hand, 1, 8, &g), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "key 'n_head' = 3 does not divide n_embd = 32"));
+    assert_null(g);
     /* Hugging Face's GPT-2 config.json is accepted as it is */
     const char *hf = "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"], \"attn_pdrop\": 0.1,"
                      "\"bos_token_id\": 50256, \"embd_pdrop\": 0.1, \"eos_token_id\": 50256, \"initializer_range\": 0.02,"

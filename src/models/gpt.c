@@ -42,6 +42,23 @@ static shard_status float_field(const char *where, const char *key, const json_t
     return SHARD_OK;
 }
 
+/* The sizes a model can be built from: every size given, heads dividing the width (a parsed config and
+ * one filled in by a caller of shard_gpt_create alike). */
+static shard_status check_config(const shard_gpt_config *c, const char *where) {
+    const char *need[] = {"n_embd", "n_layer", "n_head", "n_positions", "vocab_size"};
+    size_t have[] = {c->n_embd, c->n_layer, c->n_head, c->n_positions, c->vocab_size};
+    for (int i = 0; i < 5; i++)
+        if (!have[i]) return bad_key(where, need[i], "is missing");
+    if (c->n_embd % c->n_head) {
+        char why[96];
+        snprintf(why, sizeof why, "= %zu does not divide n_embd = %zu into heads", c->n_head, c->n_embd);
+        return bad_key(where, "n_head", why);
+    }
+    if (!(c->layer_norm_epsilon > 0)) return bad_key(where, "layer_norm_epsilon", "must be > 0");
+    if (!(c->initializer_range >= 0)) return bad_key(where, "initializer_range", "must be >= 0");
+    return SHARD_OK;
+}
+
 shard_status shard_gpt_config_parse(const char *text, const char *where, shard_gpt_config *out) {
     json_error_t err;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
@@ -98,18 +115,8 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
     size_t n_inner = json_is_integer(inner) ? (size_t)json_integer_value(inner) : 0;
     json_decref(root);
     if (s < 0) return s;
-    const char *need[] = {"n_embd", "n_layer", "n_head", "n_positions", "vocab_size"};
-    size_t have[] = {c.n_embd, c.n_layer, c.n_head, c.n_positions, c.vocab_size};
-    for (int i = 0; i < 5; i++)
-        if (!have[i]) return bad_key(where, need[i], "is missing");
-    if (c.n_embd % c.n_head) {
-        char why[96];
-        snprintf(why, sizeof why, "= %zu does not divide n_embd = %zu into heads", c.n_head, c.n_embd);
-        return bad_key(where, "n_head", why);
-    }
+    SHARD_CHECK(check_config(&c, where));
     if (n_inner && n_inner != 4 * c.n_embd) return bad_key(where, "n_inner", "must be null or 4 * n_embd");
-    if (!(c.layer_norm_epsilon > 0)) return bad_key(where, "layer_norm_epsilon", "must be > 0");
-    if (!(c.initializer_range >= 0)) return bad_key(where, "initializer_range", "must be >= 0");
     *out = c;
     return SHARD_OK;
 }
@@ -363,6 +370,7 @@ static size_t keep_stage_params(shard_gpt *g, shard_param_info *t, size_t n) {
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
                                int sequence_parallel, const char *specs, const shard_model_stage *stage, shard_gpt **out) {
     *out = NULL;
+    SHARD_CHECK(check_config(c, "gpt"));
     if (!max_batch || !max_seq || max_seq > c->n_positions)
         return shard_error(SHARD_ERR_INVALID_ARG, "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)",
                            max_batch, max_seq, c->n_positions);
