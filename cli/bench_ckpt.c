@@ -181,7 +181,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         snprintf(run->dir, sizeof run->dir, "%s", dir);
     }
     SHARD_CHECK(shard_comm_broadcast(comm, dir, sizeof dir, SHARD_U8, 0));
-    if (!dir[0]) return rank == 0 ? s : shard_error(SHARD_ERR_IO, "bench ckpt: rank 0 could not make the directory");
+    if (!dir[0]) return rank == 0 ? s : shard_error(SHARD_ERR_ABORTED, "bench ckpt: rank 0 could not make the directory");
     s = measure(comm, run, dir);
     shard_status b = shard_comm_barrier(comm); /* every rank is done with the directory (or has failed) */
     if (rank == 0 && !opt->keep) {

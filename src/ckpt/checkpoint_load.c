@@ -193,7 +193,7 @@ shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, si
     SHARD_CHECK(shard_comm_all_reduce(world, &ok, &ok, 1, SHARD_I32, SHARD_OP_MIN));
     if (!ok) {
         free(steps);
-        return rank == 0 ? s : shard_error(SHARD_ERR_IO, "checkpoint %s: rank 0 could not list it", where);
+        return rank == 0 ? s : shard_error(SHARD_ERR_ABORTED, "checkpoint %s: rank 0 could not list it", where);
     }
     char dir[PATH_MAX], why[REASON_BYTES] = "", tried[1024] = "";
     shard__ckpt_index ix;

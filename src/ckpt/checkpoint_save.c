@@ -220,7 +220,8 @@ shard_status shard_ckpt_save(const char *dir, uint64_t step, const shard_ckpt_it
     int32_t ok0 = s == SHARD_OK;
     shard_status cs = shard_comm_broadcast(world, &ok0, 1, SHARD_I32, 0);
     if (cs < 0) s = cs;
-    else if (!ok0 && rank != 0) s = shard_error(SHARD_ERR_IO, "checkpoint: rank 0 could not prepare %s", tmp_dir);
+    else if (!ok0 && rank != 0) /* rank 0's own error is the cause */
+        s = shard_error(SHARD_ERR_ABORTED, "checkpoint: rank 0 could not prepare %s", tmp_dir);
     if (s == SHARD_OK) s = prepare_items(items, count, p); /* collective: every rank, same order */
     /* 2. every rank's file */
     uint64_t mine[4] = {0};

@@ -123,7 +123,7 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
         shard_status b = cut ? shard_comm_broadcast(all, cut, (size_t)(p * v) + 1, SHARD_I64, 0) : SHARD_OK;
         if (s == SHARD_OK && b < 0) s = b;
         if (s == SHARD_OK && cut[0] < 0)
-            s = shard_error(SHARD_ERR_INTERNAL, "--layers-per-stage balanced: rank 0 could not measure the layers");
+            s = shard_error(SHARD_ERR_ABORTED, "--layers-per-stage balanced: rank 0 could not measure the layers");
         for (int i = 0; s == SHARD_OK && i <= p * v; i++) first[i] = (size_t)cut[i];
         free(cut);
     } else {
