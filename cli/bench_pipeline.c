@@ -221,8 +221,10 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
                        "%.0f}\n",
                        k == 0 ? "gpipe" : "1f1b", k == 2, r, (unsigned long long)a->act[k].held[r],
                        k == 0 ? 8 : (P - r < 8 ? P - r : 8), (unsigned long long)a->act[k].bytes[r], predicted[k][r]);
-        printf("{\"table\": \"speed\", \"config\": \"%s\", \"pipe\": %d, \"batch\": %ld, \"seq\": %ld, \"ms_per_step_pipe\": %.3f, "
-               "\"ms_per_step_one_rank\": %.3f}\n", a->config, P, a->batch, a->seq, a->ms_pipe, a->ms_one);
+        char cfg_json[4200];
+        printf("{\"table\": \"speed\", \"config\": %s, \"pipe\": %d, \"batch\": %ld, \"seq\": %ld, \"ms_per_step_pipe\": %.3f, "
+               "\"ms_per_step_one_rank\": %.3f}\n",
+               cli_json_string(a->config, cfg_json, sizeof cfg_json), P, a->batch, a->seq, a->ms_pipe, a->ms_one);
         return;
     }
     printf("# shard bench pipeline: pipe=%d thread ranks, one BLAS thread each; medians of %ld steps\n", P, a->steps);

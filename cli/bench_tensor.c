@@ -185,11 +185,13 @@ int cli_bench_tensor(int argc, char **argv) {
     if (shard_launch_detect_mpi(env, sizeof env, &mr, &ms)) T = ms;
     const char *label[3] = {"tensor=1", "tensor=T", "tensor=T, sequence parallel"};
     if (json) {
+        char cfg_json[4200];
         for (int k = 0; k < 3; k++)
-            printf("{\"config\": \"%s\", \"tensor\": %d, \"sequence_parallel\": %d, \"batch\": %ld, \"seq\": %ld, "
+            printf("{\"config\": %s, \"tensor\": %d, \"sequence_parallel\": %d, \"batch\": %ld, \"seq\": %ld, "
                    "\"ms_per_step\": %.3f, \"forward_ms_batch1\": %.3f, \"tensor_bytes_sent\": %llu, "
                    "\"tensor_bytes_formula\": %llu, \"activation_bytes\": %llu}\n",
-                   a.config, k ? T : 1, k == 2, a.batch, a.seq, a.runs[k].ms, a.runs[k].fwd_ms,
+                   cli_json_string(a.config, cfg_json, sizeof cfg_json), k ? T : 1, k == 2, a.batch, a.seq, a.runs[k].ms,
+                   a.runs[k].fwd_ms,
                    (unsigned long long)a.runs[k].bytes, (unsigned long long)a.runs[k].expected,
                    (unsigned long long)a.runs[k].activations);
         return 0;

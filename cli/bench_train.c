@@ -154,9 +154,11 @@ int cli_bench_train(int argc, char **argv) {
     if (torch) tms = bench_reference_ms("bench_gpt_torch.py", config, (long[5]){batch, seq, steps, warmup, threads}, 1, why,
                                         sizeof why);
     if (json) {
-        printf("{\"config\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
+        char cfg_json[4200];
+        printf("{\"config\": %s, \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
                "\"mfu\": %.4f, \"fma_peak_gflops\": %.1f",
-               config, batch, seq, threads, med, (double)N / (med / 1e3), mfu, peak);
+               cli_json_string(config, cfg_json, sizeof cfg_json), batch, seq, threads, med, (double)N / (med / 1e3), mfu,
+               peak);
         printf(", \"products_alone_ms\": %.3f, \"products_gflop\": %.9g, \"products_at_peak_ms\": %.6g", prod_ms, prod_gflop,
                at_peak_ms);
         if (tms > 0) printf(", \"torch_ms_per_step\": %.3f, \"speedup_vs_torch\": %.4f", tms, tms / med);

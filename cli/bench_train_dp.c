@@ -188,11 +188,13 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     double states = 0;
     for (int i = 0; i < 3; i++) states += (double)a.r.mem.peak_bytes[ids[i]];
     if (o->json) {
-        printf("{\"config\": \"%s\", \"ranks\": %d, \"zero\": %ld, \"batch\": %ld, \"seq\": %ld, \"grad_dtype\": \"%s\", \"compute_dtype\": \"%s\", "
+        char cfg_json[4200];
+        printf("{\"config\": %s, \"ranks\": %d, \"zero\": %ld, \"batch\": %ld, \"seq\": %ld, \"grad_dtype\": \"%s\", \"compute_dtype\": \"%s\", "
                "\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"single_rank_ms_per_step\": %.3f, "
                "\"scaling_efficiency\": %.4f, \"exposed_comm_ms\": %.3f, \"comm_alone_ms\": %.3f, \"hidden_comm_fraction\": %.4f, "
                "\"model_state_bytes\": %.0f, \"model_state_target_bytes\": %.0f",
-               o->config, world, o->zero, o->batch, o->seq, o->bf16 ? "bf16" : "f32", o->bf16_compute ? "bf16" : "f32", a.r.ms, N / (a.r.ms / 1e3), mfu,
+               cli_json_string(o->config, cfg_json, sizeof cfg_json), world, o->zero, o->batch, o->seq,
+               o->bf16 ? "bf16" : "f32", o->bf16_compute ? "bf16" : "f32", a.r.ms, N / (a.r.ms / 1e3), mfu,
                a.r.single_ms, eff, a.r.exposed_ms, a.r.alone_ms, hidden, states, 1.05 * 4 * P / Dn + 3 * U);
         for (int i = 0; i < 3; i++)
             printf(", \"peak_%s_bytes\": %llu, \"predicted_%s_bytes\": %.0f", cat[i],

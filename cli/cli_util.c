@@ -137,6 +137,20 @@ shard_launch_config cli_launch_config(const cli_common *common) {
     return cfg;
 }
 
+const char *cli_json_string(const char *text, char *out, size_t out_bytes) {
+    size_t n = 0;
+    if (out_bytes < 3) return out_bytes ? (out[0] = '\0', out) : out;
+    out[n++] = '"';
+    for (const unsigned char *p = (const unsigned char *)text; *p && n + 8 < out_bytes; p++) {
+        if (*p == '"' || *p == '\\') out[n++] = '\\', out[n++] = (char)*p;
+        else if (*p < 0x20) n += (size_t)snprintf(out + n, out_bytes - n, "\\u%04x", *p);
+        else out[n++] = (char)*p;
+    }
+    out[n++] = '"';
+    out[n] = '\0';
+    return out;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;

@@ -34,6 +34,9 @@ int cli_parse_seconds(const char *option, const char *text, double *out);
  * (the caller prints its option's message). */
 int cli_number(const char *text, double *out);
 
+/* text as a JSON string with its quotes ("a\"b"), cut short to fit out. */
+const char *cli_json_string(const char *text, char *out, size_t out_bytes);
+
 /* The median of n values (sorts v in place). */
 double cli_median(double *v, int n);
 

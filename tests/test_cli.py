@@ -472,11 +472,15 @@ def train():
         expect({"ms_per_step", "tokens_per_s", "mfu", "fma_peak_gflops"} <= set(row) and row["ms_per_step"] > 0,
                f"bench train: {p.stdout} {p.stderr}")
         # the PyTorch script gets the config's path as an argument, never through a shell
-        odd = os.path.join(work, "x';touch INJECTED;'.json")
+        odd = os.path.join(work, "x';touch INJECTED;'\"\\.json")
         shutil.copy(cfg, odd)
         q = run(["bench", "train", "--config", odd, "--batch", "2", "--seq", "16", "--json"], timeout=300)
         expect(q.returncode == 0 and not os.path.exists(os.path.join(work, "INJECTED"))
                and not os.path.exists("INJECTED"), f"bench train with a quote in the path: {q.stdout} {q.stderr}")
+        try:  # and the JSON line holds the path as it is
+            expect(json.loads(q.stdout)["config"] == odd, f"bench train's config in JSON: {q.stdout}")
+        except ValueError:
+            expect(False, f"bench train's JSON with a quote in the path: {q.stdout}")
         # the step's products timed alone: the linear layers' and the tied head's, 6 flops per weight and token
         N, C, L, V = 2 * 16, 32, 2, 256
         expect(row.get("products_alone_ms", 0) > 0
