@@ -25,6 +25,7 @@ enum { NTENSORS = 8, COLS = 1024 };
 typedef struct ckpt_run {
     const bench_ckpt_options *opt;
     char dir[PATH_MAX]; /* set by rank 0 */
+    int made;           /* rank 0 made dir (else it was empty): removed, not emptied, at the end */
     double save, load, write, read; /* medians, seconds (rank 0) */
     uint64_t bytes;
     int ranks;
@@ -49,15 +50,15 @@ static shard_status plain_io(const char *path, void *buf, size_t bytes, int writ
     return rc == 0 ? SHARD_OK : shard_error(SHARD_ERR_IO, "%s: fsync: %s", path, strerror(errno));
 }
 
-/* The slowest rank's time of fn. */
+/* The slowest rank's time of expr into out; on a failure `s` holds it (cleanup follows, no return). */
 #define TIMED(comm, out, expr)                                                                                         \
     do {                                                                                                               \
-        SHARD_CHECK(shard_comm_barrier(comm));                                                                         \
+        if (s == SHARD_OK) s = shard_comm_barrier(comm);                                                               \
+        if (s != SHARD_OK) break;                                                                                      \
         double t0_ = shard__now();                                                                                     \
-        shard_status s_ = (expr);                                                                                      \
+        s = (expr);                                                                                                    \
         double dt_ = shard__now() - t0_;                                                                               \
-        SHARD_CHECK(s_);                                                                                               \
-        SHARD_CHECK(shard_comm_all_reduce(comm, &dt_, &(out), 1, SHARD_F64, SHARD_OP_MAX));                             \
+        if (s == SHARD_OK) s = shard_comm_all_reduce(comm, &dt_, &(out), 1, SHARD_F64, SHARD_OP_MAX);                  \
     } while (0)
 
 /* Every iteration's save, load, write and read in `dir`; rank 0's medians into run. */
@@ -75,7 +76,7 @@ static shard_status measure(shard_comm *comm, ckpt_run *run, const char *dir) {
     if (rows < (size_t)n) rows = (size_t)n;
     size_t shape[2] = {rows, COLS};
     shard_spec spec;
-    SHARD_CHECK(shard_spec_parse("P('data', None)", &layout, 2, &spec));
+    s = shard_spec_parse("P('data', None)", &layout, 2, &spec);
     shard_ckpt_item saved[NTENSORS], loaded[NTENSORS];
     char names[NTENSORS][16];
     size_t mine = 0;
@@ -104,17 +105,21 @@ static shard_status measure(shard_comm *comm, ckpt_run *run, const char *dir) {
         TIMED(comm, t[it], shard_ckpt_save(dir, step, saved, NTENSORS, "{\"bench\": \"ckpt\"}"));
         TIMED(comm, t[3 * iters + it], plain_io(plain, buf, mine, 0));
         TIMED(comm, t[iters + it], shard_ckpt_load(dir, loaded, NTENSORS, &got));
+        int32_t wrong = 0, any = 0; /* every rank learns whether one read back wrong data (and stops with it) */
         for (int k = 0; k < NTENSORS && s == SHARD_OK; k++)
-            if (got != step || !shard_tensor_equal_bits(loaded[k].tensor->local, saved[k].tensor->local))
-                s = shard_error(SHARD_ERR_INTERNAL, "bench ckpt: step %llu loaded wrong data", (unsigned long long)step);
-        SHARD_CHECK(shard_comm_barrier(comm));
-        if (rank == 0 && it > 0) { /* keep the disk use to two checkpoints */
+            wrong |= got != step || !shard_tensor_equal_bits(loaded[k].tensor->local, saved[k].tensor->local);
+        if (s == SHARD_OK) s = shard_comm_all_reduce(comm, &wrong, &any, 1, SHARD_I32, SHARD_OP_MAX);
+        if (s == SHARD_OK && any)
+            s = shard_error(SHARD_ERR_INTERNAL, "bench ckpt: step %llu loaded wrong data%s", (unsigned long long)step,
+                            wrong ? "" : " on another rank");
+        if (s == SHARD_OK && rank == 0 && it > 0) { /* keep the disk use to two checkpoints */
             char old[PATH_MAX];
             shard__ckpt_step_dir(dir, step - 1, old, sizeof old);
             shard__ckpt_remove_tree(old);
         }
     }
     unlink(plain);
+    if (s == SHARD_OK) s = shard_comm_barrier(comm); /* every rank's file gone before rank 0 cleans up */
     if (s == SHARD_OK && rank == 0) {
         run->save = cli_median(t, iters), run->load = cli_median(t + iters, iters);
         run->write = cli_median(t + 2 * iters, iters), run->read = cli_median(t + 3 * iters, iters);
@@ -168,7 +173,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
             int used = dir_in_use(opt->dir);
             if (used)
                 s = shard_error(SHARD_ERR_INVALID_ARG, "bench ckpt: --dir %s %s: give a new or empty directory", opt->dir,
-                                used > 0 ? "is not empty" : "is not a directory");
+                                used > 0 ? "is not empty" : errno == ENOTDIR ? "is not a directory" : strerror(errno));
             made = used == 0 && access(opt->dir, F_OK) != 0;
             if (s == SHARD_OK) s = shard__ckpt_mkdirs(opt->dir);
             snprintf(dir, sizeof dir, "%s", opt->dir);
@@ -182,13 +187,8 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
     }
     SHARD_CHECK(shard_comm_broadcast(comm, dir, sizeof dir, SHARD_U8, 0));
     if (!dir[0]) return rank == 0 ? s : shard_error(SHARD_ERR_ABORTED, "bench ckpt: rank 0 could not make the directory");
-    s = measure(comm, run, dir);
-    shard_status b = shard_comm_barrier(comm); /* every rank is done with the directory (or has failed) */
-    if (rank == 0 && !opt->keep) {
-        shard_status r = made ? shard__ckpt_remove_tree(dir) : empty_dir(dir);
-        if (s == SHARD_OK) s = r;
-    }
-    return s == SHARD_OK ? b : s;
+    if (rank == 0) run->made = made;
+    return measure(comm, run, dir); /* the directory is cleaned once every rank has returned */
 }
 
 shard_status bench_ckpt_run(const bench_ckpt_options *opt) {
@@ -198,6 +198,12 @@ shard_status bench_ckpt_run(const bench_ckpt_options *opt) {
     shard_status s = shard_launch_with(&opt->launch, bench_rank, run);
     int mpi_rank = 0;
     int printer = !(shard_launch_detect_mpi(NULL, 0, &mpi_rank, NULL) && mpi_rank != 0);
+    /* every thread rank has returned (under MPI, a failed job's processes are gone): rank 0's process
+     * removes what the run wrote, whatever happened, unless --keep */
+    if (run->dir[0] && !opt->keep) {
+        shard_status r = run->made ? shard__ckpt_remove_tree(run->dir) : empty_dir(run->dir);
+        if (s == SHARD_OK) s = r;
+    }
     if (s == SHARD_OK && printer) {
         double gb = (double)run->bytes / 1e9;
         double save = gb / run->save, load = gb / run->load, wr = gb / run->write, rd = gb / run->read;

@@ -1,8 +1,11 @@
 /* bench_reference.c — runs one of tools/reference's PyTorch timing scripts
  * for the benchmarks that compare with it in the same run, and reads back
- * its median ms/step.  Both scripts take: CONFIG BATCH SEQ STEPS WARMUP THREADS|WORLD.  The script is started with posix_spawn and an argument
+ * its median ms/step.  Both scripts take CONFIG BATCH SEQ STEPS WARMUP
+ * THREADS|WORLD.  The script is started with posix_spawn and an argument
  * vector (no shell: a config path is passed as it is, whatever it holds). */
+#define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
+#include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,13 +41,11 @@ double bench_reference_ms(const char *script, const char *config, const long num
     for (int i = 0; i < 5; i++) snprintf(n[i], sizeof n[i], "%ld", numbers[i]);
     const char *argv[] = {"/usr/bin/python3", path, config, n[0], n[1], n[2], n[3], n[4], NULL};
     int fd[2];
-    if (pipe(fd) != 0) return snprintf(why, why_bytes, "cannot make a pipe: %s", strerror(errno)), -1;
-    posix_spawn_file_actions_t acts;
+    if (pipe2(fd, O_CLOEXEC) != 0) return snprintf(why, why_bytes, "cannot make a pipe: %s", strerror(errno)), -1;
+    posix_spawn_file_actions_t acts; /* the child's stdout and stderr: the pipe (dup2 clears close-on-exec) */
     posix_spawn_file_actions_init(&acts);
-    posix_spawn_file_actions_addclose(&acts, fd[0]);
     posix_spawn_file_actions_adddup2(&acts, fd[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&acts, fd[1], STDERR_FILENO);
-    posix_spawn_file_actions_addclose(&acts, fd[1]);
     char **env = passive_omp ? passive_environment() : environ;
     pid_t pid = -1;
     int rc = env ? posix_spawn(&pid, argv[0], &acts, NULL, (char *const *)argv, env) : ENOMEM;
@@ -70,7 +71,7 @@ double bench_reference_ms(const char *script, const char *config, const long num
     }
     int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     if (exit_code != 0 || ms <= 0) {
-        if (!why[0]) snprintf(why, why_bytes, "%s exited with %d and no timing", script, exit_code);
+        if (!why[0]) snprintf(why, why_bytes, "%s exited with %d%s", script, exit_code, ms > 0 ? "" : " and no timing");
         return -1;
     }
     return ms;

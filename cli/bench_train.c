@@ -45,8 +45,8 @@ int cli_bench_train(int argc, char **argv) {
             if (!(o.config = cli_value(argc, argv, &i))) return 2;
         } else if (strcmp(a, "--mesh") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            long n = 0;
-            if (strncmp(v, "data=", 5) != 0 || strchr(v, ',') || cli_parse_int("--mesh data", v + 5, 1, 4096, &n)) {
+            double n = 0;
+            if (strncmp(v, "data=", 5) != 0 || !cli_number(v + 5, &n) || n != (long)n || n < 1 || n > 4096) {
                 cli_error("bench train: --mesh '%s' is invalid here: give data=N (the ranks)", v);
                 return 2;
             }

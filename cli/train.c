@@ -91,6 +91,13 @@ static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
     return s;
 }
 
+/* The first step after `after` that saves (every `every` steps and the last), 0 when none is left. */
+static uint64_t next_save(uint64_t after, uint64_t every, uint64_t last) {
+    if (after >= last) return 0;
+    uint64_t multiple = every ? (after / every + 1) * every : last;
+    return multiple < last ? multiple : last;
+}
+
 static shard_status train_rank(shard_comm *comm, void *arg) {
     const train_opts *o = arg;
     int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
@@ -131,8 +138,9 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     }
     /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
      * of a pipeline that is not there */
-    for (uint64_t step = first; s == SHARD_OK && o->save && step <= (uint64_t)o->steps; step++) {
-        if (!((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps)) continue;
+    uint64_t every = o->save_every > 0 ? (uint64_t)o->save_every : 0, last = (uint64_t)o->steps;
+    for (uint64_t step = next_save(first - 1, every, last); s == SHARD_OK && o->save && step;
+         step = next_save(step, every, last)) {
         char dir[4096];
         shard__ckpt_step_dir(o->save, step, dir, sizeof dir);
         if (access(dir, F_OK) == 0)

@@ -120,6 +120,7 @@ def errors():
         (["generate", "--prompt", "x"], 2, "generate: give --prompt and either --ckpt DIR"),
         (["generate", "--ckpt", "/nonexistent", "--prompt", "x"], 1, "/nonexistent: not a checkpoint"),
         (["inspect", "ckpt", "/nonexistent/x.safetensors"], 1, "/nonexistent/x.safetensors: cannot open"),
+        (["bench", "train", "--config", "c", "--mesh", "data=x"], 2, "bench train: --mesh 'data=x' is invalid here"),
         (["bench", "train", "--config", "c", "--mesh", "data=3", "--ranks", "2"], 2,
          "bench train: --mesh data=3 and --ranks 2 disagree"),
         (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor or pipeline"),
@@ -314,10 +315,13 @@ def ckpt():
         p = run(["bench", "ckpt", "--ranks", "2", "--bytes", "1M", "--dir", d])
         expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "is not empty" in p.stderr
                and sorted(os.listdir(d)) == before, f"bench ckpt into a checkpoint: {p.returncode} {p.stderr!r}")
-        # a new --dir is removed at the end without --keep
-        fresh = os.path.join(work, "fresh")
+        # a new --dir is removed at the end without --keep; an empty one is left empty
+        fresh, empty = os.path.join(work, "fresh"), os.path.join(work, "empty")
+        os.mkdir(empty)
         p = run(["bench", "ckpt", "--ranks", "2", "--bytes", "1M", "--dir", fresh, "--json"])
-        expect(p.returncode == 0 and not os.path.exists(fresh), f"bench ckpt --dir without --keep: {p.stderr!r}")
+        q = run(["bench", "ckpt", "--ranks", "2", "--bytes", "1M", "--dir", empty, "--json"])
+        expect(p.returncode == 0 and not os.path.exists(fresh) and q.returncode == 0 and os.listdir(empty) == [],
+               f"bench ckpt --dir without --keep: {p.stderr!r} {q.stderr!r}")
         p = run(["inspect", "ckpt", os.path.join(work, "nothing")])
         expect(p.returncode == 1 and "not a checkpoint" in p.stderr, f"inspect of nothing: {p.stderr!r}")
     finally:

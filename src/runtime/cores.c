@@ -3,7 +3,11 @@
  * process share one pool of helper threads: each runs its kernels on one
  * thread.  Processes (MPI ranks) count the ranks on their machine — by host
  * name, gathered over the world — and split its cores between them, so that
- * two ranks on 16 cores get 8 threads each and one rank per machine all 16. */
+ * two ranks on 16 cores get 8 threads each and one rank per machine all 16;
+ * never more than the cores a launcher bound the rank to, and
+ * OPENBLAS_NUM_THREADS, when set, is the user's word. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +35,14 @@ shard_status shard_share_cores(shard_comm *world) {
     int here = 0;
     for (int r = 0; s == SHARD_OK && r < n; r++) here += all[r] == mine;
     free(all);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int width = here > 0 && cores / here > 1 ? (int)(cores / here) : 1;
-    return s == SHARD_OK ? shard_blas_set_threads(width) : s;
+    if (s < 0) return s;
+    /* a launcher that binds each rank to some cores (Open MPI binds to one core for -np <= 2) decides */
+    cpu_set_t allowed;
+    long online = sysconf(_SC_NPROCESSORS_ONLN), mine_cores = online;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) mine_cores = CPU_COUNT(&allowed);
+    long width = here > 0 ? online / here : 1;
+    if (width > mine_cores) width = mine_cores;
+    const char *user = getenv("OPENBLAS_NUM_THREADS"); /* the user's word, as with one rank (blas.h) */
+    if (user && atoi(user) > 0) width = atoi(user);
+    return shard_blas_set_threads(width > 1 ? (int)width : 1);
 }
