@@ -100,8 +100,27 @@ static uint64_t volume(const size_t *len, int ndim) {
     return v;
 }
 
+/* A chunk's start along the sweep dimension, and its place in the index. */
+typedef struct sweep_item {
+    size_t start;
+    size_t chunk;
+} sweep_item;
+
+static int by_start(const void *a, const void *b) {
+    const sweep_item *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start ? 1 : x->chunk < y->chunk ? -1 : x->chunk > y->chunk;
+}
+
+static int boxes_meet(const shard__ckpt_chunk *a, const shard__ckpt_chunk *b, int ndim) {
+    for (int d = 0; d < ndim; d++)
+        if (!(a->off[d] < b->off[d] + b->len[d] && b->off[d] < a->off[d] + a->len[d])) return 0;
+    return 1;
+}
+
 /* The chunks tile the tensor: no two overlap and together they hold every element (a save writes
- * each block once), so a reader never leaves part of a tensor unwritten. */
+ * each block once), so a reader never leaves part of a tensor unwritten.  Overlaps are found by a
+ * sweep along the dimension the chunks' starts differ most in (a split over many ranks compares
+ * each chunk with its neighbours only, not with every other chunk). */
 static shard_status check_cover(const char *path, const shard__ckpt_tensor *t) {
     char why[256];
     uint64_t held = 0, want = volume(t->shape, t->ndim);
@@ -109,26 +128,44 @@ static shard_status check_cover(const char *path, const shard__ckpt_tensor *t) {
         snprintf(why, sizeof why, "tensor '%s': its shape holds more than 2^64 elements", t->name);
         return fail(path, why);
     }
-    for (size_t c = 0; c < t->nchunks; c++) {
-        const shard__ckpt_chunk *a = &t->chunks[c];
-        for (size_t e = 0; e < c; e++) {
-            const shard__ckpt_chunk *b = &t->chunks[e];
-            int meet = volume(a->len, t->ndim) > 0 && volume(b->len, t->ndim) > 0;
-            for (int d = 0; meet && d < t->ndim; d++)
-                meet = a->off[d] < b->off[d] + b->len[d] && b->off[d] < a->off[d] + a->len[d];
-            if (meet) {
-                snprintf(why, sizeof why, "tensor '%s': chunks %zu and %zu overlap", t->name, e, c);
-                return fail(path, why);
-            }
-        }
-        held += volume(a->len, t->ndim); /* disjoint boxes inside the shape: the sum stays <= want */
+    sweep_item *items = calloc(t->nchunks ? t->nchunks : 1, sizeof *items);
+    if (!items) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    size_t n = 0, most = 0;
+    int along = 0;
+    for (int d = 0; d < t->ndim; d++) { /* the dimension with the most distinct starts */
+        n = 0;
+        for (size_t c = 0; c < t->nchunks; c++) items[n++] = (sweep_item){t->chunks[c].off[d], c};
+        qsort(items, n, sizeof *items, by_start);
+        size_t distinct = n ? 1 : 0;
+        for (size_t i = 1; i < n; i++) distinct += items[i].start != items[i - 1].start;
+        if (distinct > most) most = distinct, along = d;
     }
-    if (held != want) {
+    n = 0;
+    for (size_t c = 0; c < t->nchunks; c++) {
+        uint64_t v = volume(t->chunks[c].len, t->ndim);
+        held += v; /* each inside the shape; if they are disjoint the sum stays <= want */
+        if (v) items[n++] = (sweep_item){t->ndim ? t->chunks[c].off[along] : 0, c};
+    }
+    qsort(items, n, sizeof *items, by_start);
+    shard_status s = SHARD_OK;
+    for (size_t i = 0; s == SHARD_OK && i < n; i++) {
+        const shard__ckpt_chunk *a = &t->chunks[items[i].chunk];
+        size_t end = t->ndim ? a->off[along] + a->len[along] : 1;
+        for (size_t j = i + 1; s == SHARD_OK && j < n && items[j].start < end; j++)
+            if (boxes_meet(a, &t->chunks[items[j].chunk], t->ndim)) {
+                size_t lo = items[i].chunk < items[j].chunk ? items[i].chunk : items[j].chunk;
+                size_t hi = items[i].chunk ^ items[j].chunk ^ lo;
+                snprintf(why, sizeof why, "tensor '%s': chunks %zu and %zu overlap", t->name, lo, hi);
+                s = fail(path, why);
+            }
+    }
+    free(items);
+    if (s == SHARD_OK && held != want) {
         snprintf(why, sizeof why, "tensor '%s': its chunks hold %llu of its %llu elements", t->name,
                  (unsigned long long)held, (unsigned long long)want);
-        return fail(path, why);
+        s = fail(path, why);
     }
-    return SHARD_OK;
+    return s;
 }
 
 static shard_status read_tensor(const char *path, const char *name, const json_t *v, const shard__ckpt_index *ix,
