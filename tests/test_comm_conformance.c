@@ -327,6 +327,28 @@ static void case_all_gatherv(test_ctx *t) {
         if (!inplace) shard_free(send);
         shard_free(recv);
     }
+    /* equal counts, displacements each rank's own (odd ranks leave gaps, even ranks pack): the ranks must
+     * still call the same collective underneath */
+    for (int inplace = 0; inplace < 2; inplace++) {
+        size_t mine_displs[64], room = 0;
+        for (int p = 0; p < n; p++) mine_displs[p] = (size_t)p * (r % 2 ? 5 : 3);
+        room = (size_t)n * 5; /* the odd ranks' last gap included */
+        size_t three[64];
+        for (int p = 0; p < n; p++) three[p] = 3;
+        float *recv = alloc_buf(room, SHARD_F32);
+        for (size_t i = 0; i < room; i++) recv[i] = -1;
+        float *send = inplace ? recv + mine_displs[r] : alloc_buf(3, SHARD_F32);
+        for (size_t i = 0; i < 3; i++) send[i] = (float)gather_value(r, i);
+        CHECK_OK(t, shard_comm_all_gatherv(c, send, 3, recv, three, mine_displs, SHARD_F32), "all_gatherv, own gaps");
+        for (int p = 0; p < n; p++)
+            for (size_t i = 0; i < 3; i++)
+                CHECK_NEAR(t, recv[mine_displs[p] + i], gather_value(p, i), 0, "all_gatherv, own gaps, %s: block %d element %zu",
+                           inplace ? "in place" : "out of place", p, i);
+        for (int p = 0; r % 2 && p < n; p++)
+            CHECK_NEAR(t, recv[mine_displs[p] + 3], -1, 0, "all_gatherv, own gaps: wrote into the gap after block %d", p);
+        if (!inplace) shard_free(send);
+        shard_free(recv);
+    }
     /* packed displacements (NULL) */
     size_t packed = 0;
     for (int p = 0; p < n; p++) packed += counts[p];

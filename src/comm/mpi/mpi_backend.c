@@ -43,6 +43,7 @@ typedef struct mreq { /* backend state of a request */
     size_t copy_bytes;
     int *ints;         /* int count/displacement arrays MPI reads until completion */
     void *recv_staging; /* all_to_allw: packed received blocks, unpacked on completion */
+    void *gather_staging; /* all_gatherv of equal blocks into this rank's own gaps: packed, placed on completion */
     int borrowed;       /* staging and recv_staging belong to the communicator */
     int peer, tag;
     size_t bytes;
@@ -278,6 +279,12 @@ static int blocks_contiguous(const size_t *counts, const size_t *row_len, const 
     return 1;
 }
 
+/* An all_gatherv of n equal blocks received packed: each to its displacement in recv. */
+static void place_gathered(const shard__coll_args *a, const char *staging, int n) {
+    size_t es = shard_dtype_size(a->dtype), block = a->recv_counts[0] * es;
+    for (int p = 0; p < n; p++) memcpy((char *)a->recv + a->recv_displs[p] * es, staging + (size_t)p * block, block);
+}
+
 static void unpack_blocks(const shard__coll_args *a, const char *staging, int n, int self) {
     size_t es = shard_dtype_size(a->dtype), at = 0;
     for (int p = 0; p < n; p++) {
@@ -452,14 +459,26 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
     int *ic = s->ints;
     MPI_Request *rq = st ? &st->request : NULL;
     int rc;
-    /* v-forms whose blocks are all equal and packed (the same on every rank) use
-     * the fixed-size MPI call, which MPI implements with better algorithms */
+    /* v-forms whose blocks are all equal use the fixed-size MPI call, which MPI implements with better
+     * algorithms.  The choice rests on the counts alone, which every rank shares; displacements are each
+     * rank's own (an all_gatherv into gaps receives packed into staging and places the blocks after). */
     shard__coll_kind kind = a->kind;
     if (kind == SHARD__ALL_GATHERV || kind == SHARD__REDUCE_SCATTERV) {
-        int uniform = 1;
-        for (int p = 0; p < n && uniform; p++)
-            uniform = a->recv_counts[p] == a->recv_counts[0] && a->recv_displs[p] == (size_t)p * a->recv_counts[0];
-        if (uniform) kind = kind == SHARD__ALL_GATHERV ? SHARD__ALL_GATHER : SHARD__REDUCE_SCATTER;
+        int equal = 1, packed = 1;
+        for (int p = 0; p < n; p++) {
+            equal &= a->recv_counts[p] == a->recv_counts[0];
+            packed &= a->recv_displs[p] == (size_t)p * a->recv_counts[0];
+        }
+        if (equal) kind = kind == SHARD__ALL_GATHERV ? SHARD__ALL_GATHER : SHARD__REDUCE_SCATTER;
+        if (equal && !packed && a->kind == SHARD__ALL_GATHERV) {
+            s->gather_staging = shard_alloc((size_t)n * a->recv_counts[0] * es + 1, SHARD_MEM_COMM);
+            if (!s->gather_staging) {
+                status = SHARD_ERR_NO_MEMORY;
+                goto fail;
+            }
+            send = a->send; /* in place too: this rank's block, read where it lies */
+            recv = s->gather_staging;
+        }
     }
     if (!req) watch_begin(c, a);
     switch (kind) {
@@ -509,10 +528,12 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
         if (s->copy_to) memcpy(s->copy_to, s->staging, s->copy_bytes);
         if (s->divide_by) shard__divide(a->dtype, s->divide_buf, s->divide_count, s->divide_by);
         if (s->recv_staging) unpack_blocks(a, s->recv_staging, n, r);
+        if (s->gather_staging) place_gathered(a, s->gather_staging, n);
     }
 fail:
     if (!req) { /* a request's state is released with the request */
         if (!s->borrowed) shard_free(s->staging), shard_free(s->recv_staging);
+        shard_free(s->gather_staging);
         free(s->ints);
     }
     return status;
@@ -569,6 +590,7 @@ static shard_status finish_request(shard_request *req, MPI_Status *status) {
     if (st->copy_to) memcpy(st->copy_to, st->staging, st->copy_bytes);
     if (st->divide_by) shard__divide(req->coll.dtype, st->divide_buf, st->divide_count, st->divide_by);
     if (st->recv_staging && req->kind == SHARD__REQ_COLL) unpack_blocks(&req->coll, st->recv_staging, req->comm->size, req->comm->rank);
+    if (st->gather_staging) place_gathered(&req->coll, st->gather_staging, req->comm->size);
     req->status = s;
     if (s < 0) snprintf(req->error, sizeof req->error, "%s", shard_last_error());
     atomic_store(&req->done, 1);
@@ -624,6 +646,7 @@ static void mpi_request_release(shard_request *req) {
             if (shard__now() > deadline) return; /* abandoned, like a send */
     }
     if (!st->borrowed) shard_free(st->staging), shard_free(st->recv_staging);
+    shard_free(st->gather_staging);
     free(st->ints);
     free(st);
     req->impl = NULL;
