@@ -102,10 +102,22 @@ static shard_status scenario_rank(shard_comm *comm, void *arg) {
         s = shard_comm_all_to_allv(comm, x, sc, NULL, y, rc, NULL, SHARD_F32);
         break;
     }
-    case RANK_FAILS: /* rank 1 fails before the collective; the deadline is long */
-        if (r == 1) return record(j, r, shard_error(SHARD_ERR_IO, "injected failure: disk on fire"), t0);
-        s = shard_comm_all_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM);
+    case RANK_FAILS: { /* rank 1 fails before the collective; the deadline is long */
+        shard_comm *own = NULL; /* a one-rank communicator: after the abort its calls fail too */
+        s = shard_comm_split(comm, r, 0, &own);
+        if (s == SHARD_OK && r == 1) s = shard_error(SHARD_ERR_IO, "injected failure: disk on fire");
+        if (s == SHARD_OK) s = shard_comm_all_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM);
+        if (s == SHARD_ERR_ABORTED) {
+            char text[512];
+            snprintf(text, sizeof text, "%s", shard_last_error());
+            if (shard_comm_all_reduce(own, x, x, 4, SHARD_F32, SHARD_OP_SUM) != SHARD_ERR_ABORTED)
+                s = shard_error(SHARD_ERR_INTERNAL, "a one-rank communicator's all_reduce succeeded after the abort");
+            else
+                s = shard_error(SHARD_ERR_ABORTED, "%s", text); /* the world's text, for the checks */
+        }
+        shard_comm_destroy(own);
         break;
+    }
     case RECV_NEVER_SENT:
         if (r == 0) s = shard_comm_recv(comm, x, 4, SHARD_F32, 1, 7);
         break;
@@ -240,7 +252,7 @@ static void test_failing_rank_stops_others(void) {
     for (int r = 0; r < 4; r++) {
         if (r == 1) continue;
         EXPECT(o.status[r] == SHARD_ERR_ABORTED, "rank %d status %s, expected aborted", r, shard_status_string(o.status[r]));
-        EXPECT(strstr(o.text[r], "aborted in all_reduce #1 on comm 'world': rank 1 failed: injected failure") != NULL,
+        EXPECT(strstr(o.text[r], "aborted in all_reduce #3 on comm 'world': rank 1 failed: injected failure") != NULL,
                "rank %d text '%s'", r, o.text[r]);
         EXPECT(o.seconds[r] < 2.0, "rank %d took %.2f s to stop (deadline 60 s)", r, o.seconds[r]);
     }

@@ -627,6 +627,8 @@ static void do_all_to_allw(tcomm *c, const shard__coll_args *a) {
 /* Run one collective on this rank (from the rank thread or its helper). */
 static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
     group *g = c->g;
+    /* after an abort every call fails (comm.h), a one-rank communicator's too, which waits on no one */
+    if (atomic_load(&g->job->aborted)) return aborted_error(c, shard__coll_kind_name(a->kind), a->seq);
     slot *me = &g->slots[c->base.rank];
     size_t es = shard_dtype_size(a->dtype);
     void *staged = NULL;
