@@ -534,6 +534,11 @@ def inspect_schedule():
     for text in ["rank 0 |F0 F1 F2 .  .  B0 F3 B1 F4 B2 .  B3 .  B4 |", "rank 2 |.  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 .  .  |",
                  "micro-batches held at the peak: rank 0: 3, rank 1: 2, rank 2: 1", "formula 28.6%"]:
         expect(p.returncode == 0 and text in p.stdout, f"inspect schedule lacks {text!r}: {p.stdout} {p.stderr}")
+    # 1,024 micro-batches: every cell as wide as 'B1023 ', every rank's line as long as the others
+    p = run(["inspect", "schedule", "--pipe", "2", "--micro-batches", "1024", "--schedule", "1f1b"])
+    lines = [l for l in p.stdout.splitlines() if l.startswith("rank ")]
+    expect(p.returncode == 0 and len(lines) == 2 and len({len(l) for l in lines}) == 1 and " B1023 " in lines[0],
+           f"inspect schedule with 1024 micro-batches: {p.returncode} {[len(l) for l in lines]} {p.stderr}")
     p = run(["inspect", "schedule", "--pipe", "4", "--micro-batches", "6", "--schedule", "interleaved", "--virtual-stages", "2"])
     expect(p.returncode == 2 and "--micro-batches 6 must be a multiple of pipe = 4" in p.stderr, f"interleaved: {p.stderr}")
 

@@ -147,12 +147,14 @@ double shard__pipe_bubble_formula(shard_pipe_kind kind, int p, int m, int v) {
 void shard__pipe_schedule_print(const shard_pipe_schedule *s, FILE *out) {
     int p = s->p, total = 0;
     int **start = calloc((size_t)p, sizeof *start);
-    for (int r = 0; start && r < p; r++) start[r] = calloc((size_t)s->count[r], sizeof **start);
-    if (!start || !start[p - 1] || shard__pipe_schedule_timeline(s, 1, 1, start, &total, NULL) != SHARD_OK) {
+    int have = start != NULL;
+    for (int r = 0; start && r < p; r++) have &= (start[r] = calloc((size_t)s->count[r] + 1, sizeof **start)) != NULL;
+    if (!have || shard__pipe_schedule_timeline(s, 1, 1, start, &total, NULL) != SHARD_OK) {
         fprintf(out, "(no timeline: %s)\n", shard_last_error());
     } else {
-        int width = s->m > 10 ? 4 : 3;
-        if (s->v > 1) width++;
+        int digits = 1; /* of the largest micro-batch number: a cell is F<micro>[chunk] and a space */
+        for (int k = s->m - 1; k >= 10; k /= 10) digits++;
+        int width = 2 + digits + (s->v > 1);
         fprintf(out, "%s: %d stages x %d micro-batches%s; one slot per F or B, '.' idle\n", shard__pipe_kind_name(s->kind), p,
                 s->m, s->v > 1 ? " (chunks a, b, ... per rank)" : "");
         char *line = malloc((size_t)(total * width + 1));
