@@ -132,7 +132,13 @@ static shard_status start_rs(shard_dp *dp, size_t k, const float *grad) {
         u->rs_send = (void *)grad, u->rs_recv = dp->rs_out + u->shard_off;
     }
     dp->grad_bytes += u->n * wire_bytes(dp);
-    return shard_comm_ireduce_scatterv(dp->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM, &u->rs);
+    shard_status s = shard_comm_ireduce_scatterv(dp->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM,
+                                                 &u->rs);
+    if (s < 0) { /* nothing in flight: finish_rs must not add a piece that never came */
+        if (dp->grad_dtype == SHARD_BF16) shard_free(u->rs_send), shard_free(u->rs_recv);
+        u->rs_send = u->rs_recv = NULL;
+    }
+    return s;
 }
 
 static shard_status start_bucket(shard_dp *dp, bucket *b) {
@@ -254,7 +260,11 @@ static shard_status hook_acquire(void *ctx, shard_model *m, size_t k, int backwa
     if (dp->zero == 3 || dp->bf16_compute) {
         SHARD_CHECK(note_order(dp, k));
         if (u->in_use++ == 0) {
-            SHARD_CHECK(materialize(dp, k));
+            shard_status s = materialize(dp, k);
+            if (s < 0) { /* not acquired: the count stays as it was */
+                u->in_use--;
+                return s;
+            }
             shard_model_bind_values(m, k, u->gathered);
         }
         /* prefetch: the unit that came next in the first step's order */
