@@ -376,6 +376,15 @@ static void case_local_shapes(test_ctx *t) {
         CHECK_EQ_INT(t, d->local_offset[0], off, "local offset");
         shard_dtensor_destroy(d);
     }
+    /* a spec this mesh cannot hold is refused before anything is sized from it */
+    shard_spec bad = spec;
+    bad.axes[0][0] = layout.ndim; /* an axis the mesh lacks */
+    shard_status s = shard_dtensor_create(mesh, SHARD_F32, 1, shape, &bad, SHARD_MEM_PARAMS, &d);
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "shard_dtensor_create: the spec splits dim 0 over axis index 1"),
+          "a spec over a missing axis: %s", shard_last_error());
+    size_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    s = shard_dtensor_create(mesh, SHARD_F32, 9, nine, &spec, SHARD_MEM_PARAMS, &d);
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "a tensor of 9 dims"), "9 dims: %s", shard_last_error());
     shard_mesh_destroy(mesh);
 }
 

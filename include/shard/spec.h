@@ -65,6 +65,11 @@ unsigned shard_spec_split_axes(const shard_spec *spec);
 shard_spec shard_spec_replicated(int ndim);
 /* Parse the text form for a tensor of `tensor_ndim` dims on `layout`. */
 shard_status shard_spec_parse(const char *text, const shard_mesh_layout *layout, int tensor_ndim, shard_spec *out);
+
+/* SHARD_OK if spec can place a tensor of ndim dims on the layout: its dims match, every axis it names
+ * exists and is used once, partial axes split no dim, the pending reduction is sum, max, min or avg.
+ * Else an error whose text starts with `what` ("the source spec"). */
+shard_status shard_spec_validate(const shard_spec *spec, const shard_mesh_layout *layout, int ndim, const char *what);
 /* Canonical text: "P('data', None)" (+ ", partial='tensor'" ...). */
 void shard_spec_string(const shard_spec *spec, const shard_mesh_layout *layout, char *out, size_t out_bytes);
 /* "f32[8@data,4]", "f32[8@(data,tensor),4] partial sum over tensor" */

@@ -34,13 +34,13 @@ shard_status shard_dtensor_create(shard_mesh *mesh, shard_dtype dtype, int ndim,
     if (!mesh || !spec || !out || (ndim > 0 && !global_shape))
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_create: NULL argument");
     *out = NULL;
-    if (spec->ndim != ndim)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_create: the spec has %d dims, the shape %d", spec->ndim,
-                           ndim);
+    shard_mesh_layout layout;
+    shard_mesh_layout_of(mesh, &layout);
+    SHARD_CHECK(shard_spec_validate(spec, &layout, ndim, "shard_dtensor_create: the spec"));
     shard_dtensor *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_create: out of memory");
     t->mesh = mesh;
-    shard_mesh_layout_of(mesh, &t->layout);
+    t->layout = layout;
     t->spec = *spec;
     t->dtype = dtype;
     t->ndim = ndim;

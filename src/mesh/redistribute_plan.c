@@ -71,40 +71,6 @@ static int common_prefix(const shard_spec *a, const shard_spec *b, int d) {
     return n;
 }
 
-static shard_status check_spec(const shard_mesh_layout *layout, int ndim, const shard_spec *s, const char *which) {
-    unsigned seen = 0;
-    if (s->ndim != ndim)
-        return shard_error(SHARD_ERR_INVALID_ARG, "redistribute: the %s spec has %d dims, the tensor %d", which, s->ndim,
-                           ndim);
-    for (int d = 0; d < ndim; d++) {
-        if (s->naxes[d] < 0 || s->naxes[d] > layout->ndim)
-            return shard_error(SHARD_ERR_INVALID_ARG, "redistribute: the %s spec splits dim %d over %d axes; the mesh has %d",
-                               which, d, s->naxes[d], layout->ndim);
-        for (int i = 0; i < s->naxes[d]; i++) {
-            int k = s->axes[d][i];
-            if (k < 0 || k >= layout->ndim)
-                return shard_error(SHARD_ERR_INVALID_ARG,
-                                   "redistribute: the %s spec splits dim %d over axis index %d; the mesh's axes are 0..%d",
-                                   which, d, k, layout->ndim - 1);
-            if (seen & (1u << k))
-                return shard_error(SHARD_ERR_INVALID_ARG, "redistribute: the %s spec uses axis '%s' twice", which,
-                                   layout->names[k]);
-            seen |= 1u << k;
-        }
-    }
-    if (s->partial_mask >> layout->ndim)
-        return shard_error(SHARD_ERR_INVALID_ARG, "redistribute: the %s spec is partial over axis index %d; the mesh has %d axes",
-                           which, 31 - __builtin_clz(s->partial_mask), layout->ndim);
-    for (int k = 0; k < layout->ndim; k++)
-        if (s->partial_mask & seen & (1u << k))
-            return shard_error(SHARD_ERR_INVALID_ARG, "redistribute: the %s spec is partial over axis '%s', which also splits a dim",
-                               which, layout->names[k]);
-    if (s->partial_mask && s->partial_op != SHARD_OP_SUM && s->partial_op != SHARD_OP_MAX &&
-        s->partial_op != SHARD_OP_MIN && s->partial_op != SHARD_OP_AVG)
-        return shard_error(SHARD_ERR_INVALID_ARG, "redistribute: the %s spec's pending reduction is '%s'; valid: sum, max, min, avg",
-                           which, shard_reduce_op_name(s->partial_op));
-    return SHARD_OK;
-}
 
 static void push(shard_redistribute_plan *p, shard_redistribute_kind kind, unsigned axes, int from_dim, int to_dim,
                  const shard_spec *after) {
@@ -194,8 +160,8 @@ shard_status shard_redistribute_plan_make(const shard_mesh_layout *layout, shard
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_redistribute_plan_make: NULL argument");
     if (ndim < 0 || ndim > SHARD_MAX_DIMS)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_redistribute_plan_make: %d dims (0..%d)", ndim, SHARD_MAX_DIMS);
-    SHARD_CHECK(check_spec(layout, ndim, from, "source"));
-    SHARD_CHECK(check_spec(layout, ndim, to, "target"));
+    SHARD_CHECK(shard_spec_validate(from, layout, ndim, "redistribute: the source spec"));
+    SHARD_CHECK(shard_spec_validate(to, layout, ndim, "redistribute: the target spec"));
     memset(out, 0, sizeof *out);
     out->layout = *layout, out->dtype = dtype, out->ndim = ndim, out->from = *from, out->to = *to;
     for (int d = 0; d < ndim; d++) out->shape[d] = shape[d];
