@@ -30,7 +30,8 @@ void shard_dtensor_destroy(shard_dtensor *t);
 
 /* Fill dst's shards from a full tensor.  root < 0: `full` is replicated on
  * every rank and each takes its block (no traffic); root >= 0: only rank
- * `root` of the mesh holds it (others pass NULL) and it is broadcast first.
+ * `root` of the mesh holds it (others pass NULL) and sends each rank its
+ * block (scattered when a dim is split, else broadcast).
  * For a partial spec the value is placed so that the pending reduction gives
  * it back: sum puts it on the ranks at coordinate 0 of the partial axes and
  * zeros elsewhere; max, min and avg put it everywhere. */

@@ -29,8 +29,8 @@ typedef struct shard_pp shard_pp;
 /* Micro-batches this rank holds at once under `s` (the model's activation slots: 1 with recompute). */
 int shard__pp_slots(const shard_pipe_schedule *s, int rank, int recompute);
 
-/* The stage model m must have been made with shard__pp_slots slots; rows_max: the most rows a micro-batch
- * has on this rank. */
+/* The stage model m must have been made with shard__pp_slots slots.  Each step sizes the holders for its
+ * micro-batches' largest activation on this rank (shard__pp_run). */
 shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe_schedule *s, int recompute,
                               shard_pp **out);
 void shard__pp_destroy(shard_pp *pp);
