@@ -174,9 +174,8 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     double hidden = a.r.alone_ms > 0 ? 1.0 - a.r.exposed_ms / a.r.alone_ms : 0;
     hidden = hidden < 0 ? 0 : hidden;
     char why[300] = "";
-    double tms = o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config,
-                                                      (long[5]){o->batch, o->seq, o->steps, o->warmup, world}, 0, why,
-                                                      sizeof why) : -1;
+    long numbers[5] = {o->batch, o->seq, o->steps, o->warmup, world};
+    double tms = o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config, numbers, 0, why, sizeof why) : -1;
     /* BRIEF §4: bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
     double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
     /* values: whole, or this rank's pieces + a gathered unit + the prefetched one; gradients: whole (+ the

@@ -47,10 +47,8 @@ int cli_number(const char *text, double *out) {
 }
 
 int cli_parse_seconds(const char *option, const char *text, double *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || !end || *end || end == text || !(v > 0) || v > 1e9) {
+    double v = 0;
+    if (!cli_number(text, &v) || !(v > 0) || v > 1e9) {
         cli_error("%s '%s' is invalid: give seconds > 0, e.g. 30 or 0.5", option, text);
         return -1;
     }

@@ -300,39 +300,36 @@ void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *lay
     *offset = off, *length = len;
 }
 
-shard_status shard_spec_validate(const shard_spec *s, const shard_mesh_layout *layout, int ndim, const char *which) {
+shard_status shard_spec_validate(const shard_spec *s, const shard_mesh_layout *layout, int ndim, const char *what) {
     unsigned seen = 0;
     if (ndim < 0 || ndim > SHARD_MAX_DIMS)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a tensor of %d dims (0..%d are possible)", which, ndim, SHARD_MAX_DIMS);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a tensor of %d dims (0..%d are possible)", what, ndim, SHARD_MAX_DIMS);
     if (s->ndim != ndim)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s has %d dims, the tensor %d", which, s->ndim,
-                           ndim);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s has %d dims, the tensor %d", what, s->ndim, ndim);
     for (int d = 0; d < ndim; d++) {
         if (s->naxes[d] < 0 || s->naxes[d] > layout->ndim)
-            return shard_error(SHARD_ERR_INVALID_ARG, "%s splits dim %d over %d axes; the mesh has %d",
-                               which, d, s->naxes[d], layout->ndim);
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s splits dim %d over %d axes; the mesh has %d", what, d,
+                               s->naxes[d], layout->ndim);
         for (int i = 0; i < s->naxes[d]; i++) {
             int k = s->axes[d][i];
             if (k < 0 || k >= layout->ndim)
-                return shard_error(SHARD_ERR_INVALID_ARG,
-                                   "%s splits dim %d over axis index %d; the mesh's axes are 0..%d",
-                                   which, d, k, layout->ndim - 1);
+                return shard_error(SHARD_ERR_INVALID_ARG, "%s splits dim %d over axis index %d; the mesh's axes are 0..%d",
+                                   what, d, k, layout->ndim - 1);
             if (seen & (1u << k))
-                return shard_error(SHARD_ERR_INVALID_ARG, "%s uses axis '%s' twice", which,
-                                   layout->names[k]);
+                return shard_error(SHARD_ERR_INVALID_ARG, "%s uses axis '%s' twice", what, layout->names[k]);
             seen |= 1u << k;
         }
     }
     if (s->partial_mask >> layout->ndim)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s is partial over axis index %d; the mesh has %d axes",
-                           which, 31 - __builtin_clz(s->partial_mask), layout->ndim);
+                           what, 31 - __builtin_clz(s->partial_mask), layout->ndim);
     for (int k = 0; k < layout->ndim; k++)
         if (s->partial_mask & seen & (1u << k))
             return shard_error(SHARD_ERR_INVALID_ARG, "%s is partial over axis '%s', which also splits a dim",
-                               which, layout->names[k]);
+                               what, layout->names[k]);
     if (s->partial_mask && s->partial_op != SHARD_OP_SUM && s->partial_op != SHARD_OP_MAX &&
         s->partial_op != SHARD_OP_MIN && s->partial_op != SHARD_OP_AVG)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s's pending reduction is '%s'; valid: sum, max, min, avg",
-                           which, shard_reduce_op_name(s->partial_op));
+                           what, shard_reduce_op_name(s->partial_op));
     return SHARD_OK;
 }
