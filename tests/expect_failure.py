@@ -2,7 +2,7 @@
 """expect_failure.py — run a command that must fail: non-zero exit, within a time
 limit, printing a line that matches a regular expression.
 
-usage: expect_failure.py --expect REGEX [--max-seconds S] [--exit-code N] -- COMMAND...
+usage: expect_failure.py --expect REGEX [--forbid REGEX] [--max-seconds S] [--exit-code N] -- COMMAND...
 """
 import argparse
 import os
@@ -17,6 +17,7 @@ import time
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--expect", action="append", required=True, help="regex the output must match (repeatable)")
+    ap.add_argument("--forbid", action="append", default=[], help="regex the output must not match (repeatable)")
     ap.add_argument("--max-seconds", type=float, default=60.0)
     ap.add_argument("--exit-code", type=int, default=None, help="exact exit code wanted (default: any non-zero)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -54,6 +55,9 @@ def main():
     for pattern in args.expect:
         if not re.search(pattern, output):
             problems.append(f"output lacks /{pattern}/")
+    for pattern in args.forbid:
+        if re.search(pattern, output):
+            problems.append(f"output has /{pattern}/")
     if elapsed > args.max_seconds:
         problems.append(f"took {elapsed:.1f} s, limit {args.max_seconds:.1f} s")
     if problems:

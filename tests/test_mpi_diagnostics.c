@@ -1,5 +1,5 @@
 /* test_mpi_diagnostics.c — failure scenarios for the MPI backend, one per run:
- *   mpiexec -np 3 test_mpi_diagnostics timeout|mismatch|abort|recv_timeout
+ *   mpiexec -np 3 test_mpi_diagnostics timeout|mismatch|abort|recv_timeout|itimeout|send_timeout
  * Each scenario is meant to fail; tests/expect_failure.py checks that the job
  * ends non-zero, within its time limit, printing the expected line. */
 #include <stdio.h>
@@ -29,12 +29,25 @@ static shard_status rank_fn(shard_comm *comm, void *arg) {
         if (r == 0) return shard_comm_recv(comm, x, 4, SHARD_F32, 1, 7);
         return SHARD_OK;
     }
+    if (strcmp(scenario, "itimeout") == 0 || strcmp(scenario, "send_timeout") == 0) {
+        /* rank 1 never takes part.  MPI cannot cancel a started collective or a large send, so the
+         * wait must end the process: returning would let the caller free buffers MPI still uses */
+        static float big[1 << 20];
+        if (r == 1) return SHARD_OK;
+        shard_request *req = NULL;
+        shard_status s = scenario[0] == 'i' ? shard_comm_iall_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM, &req)
+                         : r == 0          ? shard_comm_isend(comm, big, 1 << 20, SHARD_F32, 1, 7, &req)
+                                           : SHARD_OK;
+        if (s == SHARD_OK && req) s = shard_request_wait(&req);
+        if (r == 0 || scenario[0] == 'i') fprintf(stderr, "rank %d: the wait returned (%d)\n", r, (int)s);
+        return s;
+    }
     return shard_error(SHARD_ERR_INVALID_ARG, "unknown scenario '%s'", scenario);
 }
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: mpiexec -np 3 %s timeout|mismatch|abort|recv_timeout\n", argv[0]);
+        fprintf(stderr, "usage: mpiexec -np 3 %s timeout|mismatch|abort|recv_timeout|itimeout|send_timeout\n", argv[0]);
         return 2;
     }
     scenario = argv[1];

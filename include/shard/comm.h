@@ -38,7 +38,7 @@ typedef enum shard_reduce_op {
     SHARD_OP_PROD,
     SHARD_OP_MAX,
     SHARD_OP_MIN,
-    SHARD_OP_AVG, /* sum / size; integers truncate toward zero */
+    SHARD_OP_AVG, /* sum / size; integers: the (wrapping) sum divided, truncated toward zero, as NCCL's ncclAvg */
     SHARD_OP_COUNT
 } shard_reduce_op;
 

@@ -8,8 +8,10 @@
  * Deadlines: MPI cannot be interrupted, so a watchdog thread watches every
  * blocking collective and, past the deadline, prints one line saying what this
  * rank waits for, then ends the process without MPI_Finalize, which makes the
- * launcher end the job.  Non-blocking requests poll with MPI_Test
- * and return SHARD_ERR_TIMEOUT.  With SHARD_DEBUG=1 every collective is first
+ * launcher end the job.  Non-blocking requests poll with MPI_Test; past the
+ * deadline a receive is cancelled and returns SHARD_ERR_TIMEOUT, while a
+ * collective or send (which MPI cannot cancel: it may still use the caller's
+ * buffers) ends the process the same way.  With SHARD_DEBUG=1 every collective is first
  * compared across ranks (one small MPI_Allgather) and a mismatch fails on
  * every rank naming both sides. */
 #define _GNU_SOURCE
@@ -131,6 +133,17 @@ static shard_status as_int(const shard_comm *comm, const char *what, size_t valu
 
 /* ------------------------------------------------------------------ watchdog */
 
+/* Print one line and end the process.  Leaving without MPI_Finalize makes the
+ * launcher (Open MPI's mpirun, MPICH's hydra, srun) end the whole job.
+ * MPI_Abort from the watchdog thread is not safe below MPI_THREAD_MULTIPLE,
+ * and several ranks calling it at once was seen to wedge Open MPI 4.1's mpirun. */
+static _Noreturn void end_process(const char *line) {
+    fprintf(stderr, "shard: %s\n", line);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(1);
+}
+
 /* The line a watched call prints when its deadline passes.  Built only then:
  * the calling thread is still blocked inside MPI, so the communicator lives. */
 static void format_watch_text(char *out, size_t out_bytes) {
@@ -161,14 +174,7 @@ static void *watchdog_main(void *arg) {
         if (expired) format_watch_text(text, sizeof text); /* under the lock the call cannot return */
         pthread_mutex_unlock(&M.watch_mu);
         if (!expired) continue;
-        fprintf(stderr, "shard: %s\n", text);
-        fflush(stdout);
-        fflush(stderr);
-        /* Leaving without MPI_Finalize makes the launcher (Open MPI's mpirun,
-         * MPICH's hydra, srun) end the whole job.  MPI_Abort from this thread
-         * is not safe below MPI_THREAD_MULTIPLE, and several ranks calling it
-         * at once was seen to wedge Open MPI 4.1's mpirun. */
-        _exit(1);
+        end_process(text);
     }
     return NULL;
 }
@@ -618,32 +624,47 @@ static shard_status mpi_request_wait(shard_request *req) {
         if (spins > 1000) sched_yield(); /* let oversubscribed peers run */
         if ((spins & 255) == 0 && shard__now() > deadline) break;
     }
-    if (req->kind == SHARD__REQ_COLL)
-        return shard_error(SHARD_ERR_TIMEOUT,
-                           "timeout after %g s in %s #%llu on comm '%s': rank %d of %d is still waiting (MPI backend: peers' progress is not visible from here)",
-                           timeout, shard__coll_kind_name(req->coll.kind), (unsigned long long)req->coll.seq,
-                           req->comm->name, req->comm->rank, req->comm->size);
+    /* A receive can be cancelled (mpi_request_release): the caller gets the error.  A started
+     * collective or send cannot, and MPI may still read or write the caller's buffers after this
+     * returns, so the process ends here, as a blocking call's watchdog ends it. */
+    char line[512];
+    if (req->kind == SHARD__REQ_COLL) {
+        snprintf(line, sizeof line,
+                 "timeout after %g s in %s #%llu on comm '%s': rank %d of %d is still waiting (MPI backend: peers' "
+                 "progress is not visible from here; MPI cannot cancel a started collective, so the process ends)",
+                 timeout, shard__coll_kind_name(req->coll.kind), (unsigned long long)req->coll.seq, req->comm->name,
+                 req->comm->rank, req->comm->size);
+        end_process(line);
+    }
     int is_send = req->kind == SHARD__REQ_SEND;
-    return shard_error(SHARD_ERR_TIMEOUT,
-                       "timeout after %g s in %s #%llu on comm '%s': rank %d waits on rank %d (tag %d, %zu bytes)",
-                       timeout, is_send ? "send" : "recv", (unsigned long long)st->seq, req->comm->name,
-                       req->comm->rank, st->peer, st->tag, st->bytes);
+    snprintf(line, sizeof line, "timeout after %g s in %s #%llu on comm '%s': rank %d waits on rank %d (tag %d, %zu bytes)",
+             timeout, is_send ? "send" : "recv", (unsigned long long)st->seq, req->comm->name, req->comm->rank, st->peer,
+             st->tag, st->bytes);
+    if (is_send) end_process(line);
+    return shard_error(SHARD_ERR_TIMEOUT, "%s", line);
 }
 
 static void mpi_request_release(shard_request *req) {
     mreq *st = req->impl;
     if (!st) return;
     if (!atomic_load(&req->done) && st->request != MPI_REQUEST_NULL) {
-        /* Abandoned after a timeout or error.  A receive can be cancelled; a send
-         * or collective cannot, and MPI may still read or write its buffers, so
-         * its state is deliberately left allocated (the job is failing anyway). */
+        /* Abandoned after an error (a timed-out wait of a send or collective ended the process).
+         * A receive can be cancelled; a send or collective cannot, and MPI may still read or write
+         * its buffers, so its state is deliberately left allocated (the job is failing anyway). */
         if (req->kind != SHARD__REQ_RECV) return;
         MPI_Cancel(&st->request);
-        /* a receive already matched to a stalled large send may not cancel: give it a deadline */
+        /* a receive already matched to a stalled large send may not cancel: past a deadline MPI could
+         * still write into the caller's buffer after this returns, so the process ends */
         double deadline = shard__now() + req->comm->timeout_seconds;
         int done = 0;
         while (!done && MPI_Test(&st->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done)
-            if (shard__now() > deadline) return; /* abandoned, like a send */
+            if (shard__now() > deadline) {
+                char line[256];
+                snprintf(line, sizeof line, "a receive from rank %d (tag %d, %zu bytes) on comm '%s' could not be "
+                         "cancelled within %g s; the process ends", st->peer, st->tag, st->bytes, req->comm->name,
+                         req->comm->timeout_seconds);
+                end_process(line);
+            }
     }
     if (!st->borrowed) shard_free(st->staging), shard_free(st->recv_staging);
     shard_free(st->gather_staging);
