@@ -184,16 +184,19 @@ void shard_gelu_forward_slope(float *x, float *y, size_t n) {
 
 /* Row sums in 16 running lanes (GCC/Clang vector types), added in a fixed order at the end: a single
  * running float sum would not vectorise (addition is not associative), and the result is the same bits
- * every run. */
-typedef float v16f __attribute__((vector_size(64)));
-enum { LANES = 16 };
+ * every run.  The 16 lanes are two 8-lane (32-byte) vectors, lanes 0-7 and 8-15: GCC compiles 64-byte
+ * generic vectors for AVX2 into stack spills and scalar moves (a LayerNorm of 1,024 x 256 took 548 us on
+ * a Zen 3 core that way). */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+enum { LANES = 16, HALF = 8 };
 
-/* (pointers, not vector values, cross these calls: the baseline ABI has no 64-byte vectors) */
-static inline void load16(v16f *v, const float *p) { memcpy(v, p, sizeof *v); }
+/* (pointers, not vector values, cross these calls: the baseline ABI has no 32-byte vectors) */
+static inline void load8(v8f *v, const float *p) { memcpy(v, p, sizeof *v); }
 
-static inline float lanes_total(const v16f *lane) {
+static inline float lanes_total(const v8f lane[2]) {
     float s = 0;
-    for (int k = 0; k < LANES; k++) s += (*lane)[k];
+    for (int k = 0; k < LANES; k++) s += lane[k / HALF][k % HALF];
     return s;
 }
 
@@ -203,18 +206,20 @@ static void layernorm_forward_rows(const float *x, const float *gamma, const flo
     size_t whole = C / LANES * LANES;
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C;
-        v16f lane = {0}, v16;
-        for (size_t c = 0; c < whole; c += LANES) load16(&v16, r + c), lane += v16;
-        float m = lanes_total(&lane);
+        v8f lane[2] = {{0}, {0}}, v8;
+        for (size_t c = 0; c < whole; c += LANES)
+            for (int h = 0; h < 2; h++) load8(&v8, r + c + HALF * h), lane[h] += v8;
+        float m = lanes_total(lane);
         for (size_t c = whole; c < C; c++) m += r[c];
         m /= (float)C;
-        lane = (v16f){0};
-        for (size_t c = 0; c < whole; c += LANES) {
-            load16(&v16, r + c);
-            v16 -= m;
-            lane += v16 * v16;
-        }
-        float v = lanes_total(&lane);
+        lane[0] = lane[1] = (v8f){0};
+        for (size_t c = 0; c < whole; c += LANES)
+            for (int h = 0; h < 2; h++) {
+                load8(&v8, r + c + HALF * h);
+                v8 -= m;
+                lane[h] += v8 * v8;
+            }
+        float v = lanes_total(lane);
         for (size_t c = whole; c < C; c++) v += (r[c] - m) * (r[c] - m);
         v /= (float)C;
         float s = 1.0f / sqrtf(v + eps);
@@ -236,14 +241,16 @@ static void layernorm_backward_rows(const float *x, const float *gamma, const fl
             dbeta[c] += g[c];
         }
         if (!dx) continue;
-        v16f lane_dxhat = {0}, lane_dxhat_xhat = {0}, xh, dxh, gam;
-        for (size_t c = 0; c < whole; c += LANES) {
-            load16(&xh, r + c), load16(&dxh, g + c), load16(&gam, gamma + c);
-            xh = (xh - m) * s, dxh *= gam;
-            lane_dxhat += dxh;
-            lane_dxhat_xhat += dxh * xh;
-        }
-        float sum_dxhat = lanes_total(&lane_dxhat), sum_dxhat_xhat = lanes_total(&lane_dxhat_xhat);
+        v8f lane_dxhat[2] = {{0}, {0}}, lane_dxhat_xhat[2] = {{0}, {0}}, xh, dxh, gam;
+        for (size_t c = 0; c < whole; c += LANES)
+            for (int h = 0; h < 2; h++) {
+                size_t at = c + HALF * (size_t)h;
+                load8(&xh, r + at), load8(&dxh, g + at), load8(&gam, gamma + at);
+                xh = (xh - m) * s, dxh *= gam;
+                lane_dxhat[h] += dxh;
+                lane_dxhat_xhat[h] += dxh * xh;
+            }
+        float sum_dxhat = lanes_total(lane_dxhat), sum_dxhat_xhat = lanes_total(lane_dxhat_xhat);
         for (size_t c = whole; c < C; c++) {
             float xhat = (r[c] - m) * s, dxhat = g[c] * gamma[c];
             sum_dxhat += dxhat;
@@ -318,10 +325,6 @@ void shard_layernorm_backward(const float *x, const float *gamma, const float *m
  * plain loop would not vectorise), 8 lanes wide: 64-byte generic vectors with
  * a comparison were split into scalar code on AVX2 cores (3x slower there).
  * Below -87 it returns ~1e-38, not 0. */
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
 static inline void exp8_nonpositive(v8f *xp) {
     v8f x = *xp;
     const v8f lo = (v8f){0} - 87.0f;
@@ -346,10 +349,10 @@ static inline void exp8_nonpositive(v8f *xp) {
 static inline void exp16_nonpositive(const float *in, float m, float *out, v8f sum[2]) {
     for (int h = 0; h < 2; h++) {
         v8f x;
-        memcpy(&x, in + 8 * h, sizeof x);
+        load8(&x, in + HALF * h);
         x -= m;
         exp8_nonpositive(&x);
-        memcpy(out + 8 * h, &x, sizeof x);
+        memcpy(out + HALF * h, &x, sizeof x);
         sum[h] += x;
     }
 }
@@ -372,7 +375,7 @@ static double exp_row(const float *x, float *y, size_t C, float m) {
         for (size_t k = 0; k < rest; k++) tail[k] = out[k];
     }
     double sum = 0;
-    for (int k = 0; k < LANES; k++) sum += (double)acc[k / 8][k % 8] + (double)tail[k];
+    for (int k = 0; k < LANES; k++) sum += (double)acc[k / HALF][k % HALF] + (double)tail[k];
     return sum;
 }
 
@@ -394,20 +397,21 @@ static void scale_row(float *y, size_t C, float k) {
 }
 
 /* ---- the causal softmax's backward in attention: row t covers positions 0..t of a T-wide row.
- * Rows are short (1..T) and nearly all end inside a 16-lane vector: that last vector is computed whole
+ * Rows are short (1..T) and nearly all end inside a block of 16 lanes: that last block is computed whole
  * with the lanes past the row masked out, which the row's T floats of room allow; only when a row's
  * last vector would pass T does it take a plain loop. */
-static const v16i LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+static const v8i LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7};
 
 /* lane by lane: *out = keep ? yes : no (keep's lanes all ones or all zeros) */
-static inline void select16(v16f *out, const v16i *keep, const v16f *yes, const v16f *no) {
-    *out = (v16f)((*keep & (v16i)*yes) | (~*keep & (v16i)*no));
+static inline void select8(v8f *out, const v8i *keep, const v8f *yes, const v8f *no) {
+    *out = (v8f)((*keep & (v8i)*yes) | (~*keep & (v8i)*no));
 }
 
-/* the sum of a vector's lanes as a tree (halves, quarters, ...): 4 dependent steps, not 15 */
-static inline float lanes_tree_sum(const v16f *lane) {
+/* the sum of 16 lanes (two halves) as a tree (halves, quarters, ...): 4 dependent steps, not 15 */
+static inline float lanes_tree_sum(const v8f lane[2]) {
     float l[LANES];
-    memcpy(l, lane, sizeof l);
+    memcpy(l, &lane[0], sizeof lane[0]);
+    memcpy(l + HALF, &lane[1], sizeof lane[1]);
     for (int w = LANES / 2; w >= 1; w /= 2)
         for (int k = 0; k < w; k++) l[k] += l[k + w];
     return l[0];
@@ -427,26 +431,29 @@ static void causal_softmax_backward_rows(const float *p, float *ds, size_t T, fl
             for (size_t i = n; i < T; i++) d[i] = 0;
             continue;
         }
-        v16i keep = LANE_INDEX < (int)(n - whole);
-        v16f acc = {0}, av, dv, zero = {0};
-        for (size_t c = 0; c < whole; c += LANES) load16(&av, a + c), load16(&dv, d + c), acc += av * dv;
-        if (end > whole) {
-            load16(&av, a + whole), load16(&dv, d + whole);
-            v16f prod = av * dv;
-            select16(&prod, &keep, &prod, &zero);
-            acc += prod;
+        int rem = (int)(n - whole);
+        v8i keep[2] = {LANE_INDEX < rem, LANE_INDEX + HALF < rem};
+        v8f acc[2] = {{0}, {0}}, av, dv, zero = {0};
+        for (size_t c = 0; c < whole; c += LANES)
+            for (int h = 0; h < 2; h++) load8(&av, a + c + HALF * h), load8(&dv, d + c + HALF * h), acc[h] += av * dv;
+        for (int h = 0; end > whole && h < 2; h++) {
+            load8(&av, a + whole + HALF * h), load8(&dv, d + whole + HALF * h);
+            v8f prod = av * dv;
+            select8(&prod, &keep[h], &prod, &zero);
+            acc[h] += prod;
         }
-        float dot = lanes_tree_sum(&acc);
-        for (size_t c = 0; c < whole; c += LANES) {
-            load16(&av, a + c), load16(&dv, d + c);
+        float dot = lanes_tree_sum(acc);
+        for (size_t c = 0; c < whole; c += LANES)
+            for (int h = 0; h < 2; h++) {
+                load8(&av, a + c + HALF * h), load8(&dv, d + c + HALF * h);
+                dv = av * (dv - dot) * scale;
+                memcpy(d + c + HALF * h, &dv, sizeof dv);
+            }
+        for (int h = 0; end > whole && h < 2; h++) {
+            load8(&av, a + whole + HALF * h), load8(&dv, d + whole + HALF * h);
             dv = av * (dv - dot) * scale;
-            memcpy(d + c, &dv, sizeof dv);
-        }
-        if (end > whole) {
-            load16(&av, a + whole), load16(&dv, d + whole);
-            dv = av * (dv - dot) * scale;
-            select16(&dv, &keep, &dv, &zero);
-            memcpy(d + whole, &dv, sizeof dv);
+            select8(&dv, &keep[h], &dv, &zero);
+            memcpy(d + whole + HALF * h, &dv, sizeof dv);
         }
         for (size_t i = end; i < T; i++) d[i] = 0;
     }
