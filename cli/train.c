@@ -125,9 +125,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     uint64_t first = 1;
     shard_status s = shard_trainer_create(mesh, &tc, &t);
     shard_model *m = t ? shard_trainer_model(t) : NULL;
-    if (s == SHARD_OK && o->init && tc.zero == 3)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--init with --zero 3: load the weights with --zero 0..2 and save a checkpoint, then --resume it");
-    if (s == SHARD_OK && o->init) s = shard_params_load(m->params, o->init, 1, NULL); /* every parameter, by name */
+    if (s == SHARD_OK && o->init) s = shard_trainer_load_weights(t, o->init); /* every parameter, by name */
     if (s == SHARD_OK && o->resume) {
         uint64_t done = 0;
         s = shard_trainer_resume(t, o->resume, &done);
@@ -151,7 +149,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);
     if (s == SHARD_OK && o->save && !(config_text = shard__read_config(o->config))) s = SHARD_ERR_IO;
-    if (s == SHARD_OK && rank == 0 && o->log && !(log = fopen(o->log, "w")))
+    if (s == SHARD_OK && rank == 0 && o->log && !(log = fopen(o->log, o->resume ? "a" : "w"))) /* a resumed run adds */
         s = shard_error(SHARD_ERR_IO, "--log %s: cannot open: %s", o->log, strerror(errno));
     int tty = rank == 0 && isatty(STDOUT_FILENO);
     size_t B = 0, micro = 0, K = 0, D = 0;
@@ -182,10 +180,12 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         double tps = (double)(B * items_per_row) / (r.ms / 1e3);
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
-        if (log)
+        if (log) {
             fprintf(log, "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
                          "\"ms\": %.3f, \"comm_wait_ms\": %.3f}\n",
                     (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms, r.exposed_comm_ms);
+            fflush(log); /* a run killed later keeps its lines */
+        }
         if (rank == 0) cli_progress(tty, (long)step, o->steps, (float)r.loss, r.lr, tps, r.ms);
         if (o->save && ((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps))
             s = shard_trainer_save(t, o->save, step, config_text);

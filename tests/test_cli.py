@@ -374,6 +374,24 @@ def train():
         got = [json.loads(l) for l in open(log)] if q.returncode == 0 else []
         expect(p.returncode == 0 and len(got) == 1 and got[0]["loss"] < rows[0]["loss"] - 1.0,
                f"train --init from exported weights: {got} {q.stderr}")
+        # under any strategy: ZeRO-3 with bf16 compute copies, and tensor parallel (each rank's piece)
+        for extra, tol in ((["--ranks", "2", "--zero", "3", "--compute-dtype", "bf16"], 2e-2),
+                           (["--ranks", "2", "--mesh", "tensor=2"], 1e-5)):
+            if os.path.exists(log):
+                os.remove(log)
+            q = run(args + ["--steps", "1", "--init", os.path.join(work, "w.safetensors"), "--log", log] + extra)
+            par = [json.loads(l) for l in open(log)] if q.returncode == 0 else []
+            expect(got and len(par) == 1 and abs(par[0]["loss"] - got[0]["loss"]) <= tol * got[0]["loss"],
+                   f"train --init {extra}: {par} against {got}: {q.stderr}")
+        # a resumed run adds to its --log
+        resumed = os.path.join(work, "resumed.jsonl")
+        with open(resumed, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows[:10])
+        q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed])
+        par = [json.loads(l) for l in open(resumed)] if q.returncode == 0 else []
+        expect([r["step"] for r in par] == list(range(1, 21))
+               and all(abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"] for a, b in zip(rows, par)),
+               f"train --resume --log: steps {[r['step'] for r in par]}: {q.stderr}")
         # the same global batch on 2 thread ranks (ZeRO-2), and a resume of step 10 under ZeRO-3
         for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1), (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--zero", "1"], 1),
                              (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--spec", "h.*.mlp.*=P()",
@@ -384,6 +402,8 @@ def train():
                                "--zero", "3"], 1),
                              (["--ranks", "2", "--zero", "3", "--resume", os.path.join(work, "ck", "step_10")], 11)):
             log = os.path.join(work, "par.jsonl")
+            if os.path.exists(log):  # a --resume adds to its log
+                os.remove(log)
             p = run(args + ["--log", log] + extra)
             par = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
             worst = max((abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(rows[first - 1:], par)), default=1)

@@ -42,7 +42,17 @@ static void token_files(void **state) {
         for (size_t i = 0; i < 5; i++) assert_int_equal(shard_tokens_at(t, i), toks[i]);
         shard_tokens_close(t);
     }
-    FILE *f = fopen(path, "r+b"); /* flip a token byte */
+    /* a header whose vocabulary is smaller than a token (the checksum covers the tokens only) */
+    assert_int_equal(shard_tokens_write(path, toks, 5, 512), SHARD_OK);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, 16, SEEK_SET);
+    fputc(0, f), fputc(1, f), fputc(0, f), fputc(0, f); /* vocab 256, little-endian */
+    fclose(f);
+    shard_tokens *small = NULL;
+    assert_int_equal(shard_tokens_open(path, &small), SHARD_ERR_IO);
+    assert_non_null(strstr(shard_last_error(), "token 300 at index 4 is outside the header's vocabulary (ids 0..255)"));
+    assert_int_equal(shard_tokens_write(path, toks, 5, 100000), SHARD_OK);
+    f = fopen(path, "r+b"); /* flip a token byte */
     fseek(f, -1, SEEK_END);
     fputc(0x77, f);
     fclose(f);
@@ -136,6 +146,20 @@ static void idx(void **state) {
     shard_idx x;
     assert_int_equal(shard_idx_read(path, &x), SHARD_ERR_IO);
     assert_non_null(strstr(shard_last_error(), "truncated: 20 of 24 data bytes"));
+    for (int gzip = 0; gzip <= 1; gzip++) { /* more bytes than the dims describe */
+        write_idx(path, head, 16, 25, gzip);
+        assert_int_equal(shard_idx_read(path, &x), SHARD_ERR_IO);
+        assert_non_null(strstr(shard_last_error(), "bytes follow the 24 the dims describe"));
+    }
+    write_idx(path, head, 16, 24, 1); /* a damaged gzip trailer (its CRC) */
+    FILE *f = fopen(path, "r+b");
+    fseek(f, -8, SEEK_END);
+    int crc_byte = fgetc(f);
+    fseek(f, -8, SEEK_END);
+    fputc(crc_byte ^ 0xFF, f);
+    fclose(f);
+    assert_int_equal(shard_idx_read(path, &x), SHARD_ERR_IO);
+    assert_non_null(strstr(shard_last_error(), "x.idx.gz: unreadable"));
     const unsigned char floats[8] = {0, 0, 0x0D, 1, 0, 0, 0, 1}; /* type 0x0D: floats */
     write_idx(path, floats, 8, 4, 1);
     assert_int_equal(shard_idx_read(path, &x), SHARD_ERR_IO);

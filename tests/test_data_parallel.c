@@ -14,7 +14,13 @@
  *              bf16 run's losses within 1e-4, f32 training's within 2e-2
  *   checkpoint saved under ZeRO-3 on all ranks at step 10, resumed by a
  *              single rank (zero 0) and by ZeRO-1 on min(3, N) ranks: steps
- *              11..20 match the uninterrupted run's within 1e-5 */
+ *              11..20 match the uninterrupted run's within 1e-5
+ *   init       weights trained 10 steps, saved by name, loaded (--init) by
+ *              zero 0..3 with f32 and bf16 compute copies: the losses of the
+ *              single rank started from them (1e-5; bf16 1e-4), not those of
+ *              a fresh initialisation
+ *   nonfinite  a NaN weight: the step fails naming the global norm, and no
+ *              rank's values change */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +70,7 @@ typedef struct run_opts {
     shard_dtype grad_dtype, compute_dtype;
     uint64_t first, last;        /* steps */
     const char *save, *resume;   /* checkpoint dir (save at `last`) */
+    const char *init;            /* weights to start from (shard_trainer_load_weights) */
     int check_replicas;
 } run_opts;
 
@@ -88,6 +95,7 @@ static void run(test_ctx *t, shard_comm *comm, const run_opts *o, double *losses
     if (!CHECK_OK(t, shard_mesh_create(comm, text, &mesh), "mesh")) return;
     if (CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer zero %d on %d", o->zero, shard_comm_size(comm))) {
         uint64_t done = 0;
+        if (o->init) CHECK_OK(t, shard_trainer_load_weights(tr, o->init), "load %s", o->init);
         if (o->resume && CHECK_OK(t, shard_trainer_resume(tr, o->resume, &done), "resume"))
             CHECK_EQ_INT(t, (int64_t)done, (int64_t)o->first - 1, "resumed step");
         shard_model *m = shard_trainer_model(tr);
@@ -268,6 +276,95 @@ static void case_checkpoint(test_ctx *t) {
     CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
 }
 
+/* Rank 0 trains 10 steps on its own and writes the weights by name to `trained`, and a copy with one
+ * NaN in wte.weight to `poisoned`. */
+static void write_weights(test_ctx *t, const char *trained, const char *poisoned) {
+    shard_comm *self = self_comm(t);
+    if (t->rank == 0 && self) {
+        char path[512];
+        run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = 10};
+        shard_trainer_config c = trainer_config(&o, path, sizeof path);
+        shard_mesh *mesh = NULL;
+        shard_trainer *tr = NULL;
+        if (CHECK_OK(t, shard_mesh_create(self, "data=1", &mesh), "mesh") &&
+            CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer")) {
+            shard_step_result r;
+            for (uint64_t step = 1; step <= 10; step++) CHECK_OK(t, shard_trainer_step(tr, step, &r), "step");
+            shard_params *p = shard_trainer_model(tr)->params;
+            CHECK_OK(t, shard_params_save(p, trained, NULL, NULL, 0), "save %s", trained);
+            shard_params_data(p, "wte.weight")[7] = NAN;
+            CHECK_OK(t, shard_params_save(p, poisoned, NULL, NULL, 0), "save %s", poisoned);
+        }
+        shard_trainer_destroy(tr);
+        shard_mesh_destroy(mesh);
+    }
+    shard_comm_destroy(self);
+    CHECK_OK(t, shard_comm_barrier(t->comm), "weights written");
+}
+
+static void case_init(test_ctx *t) {
+    shared_setup(t);
+    char trained[300], poisoned[300];
+    snprintf(trained, sizeof trained, "%s/trained.safetensors", g_dir);
+    snprintf(poisoned, sizeof poisoned, "%s/poisoned.safetensors", g_dir);
+    write_weights(t, trained, poisoned);
+    run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = 3};
+    double fresh[STEPS], ref32[STEPS], ref16[STEPS], got[STEPS];
+    reference(t, o, fresh);
+    o.init = trained;
+    reference(t, o, ref32);
+    CHECK(t, ref32[0] < fresh[0] - 0.3, "the trained weights start lower: %.4f, fresh %.4f", ref32[0], fresh[0]);
+    run_opts o16 = o;
+    o16.compute_dtype = SHARD_BF16;
+    reference(t, o16, ref16);
+    compare(t, ref32, ref16, 1, 3, 2e-2, "--init, bf16 compute (one rank) against f32");
+    for (int z = 0; z <= 3; z++) {
+        char what[48];
+        o.zero = o16.zero = z;
+        snprintf(what, sizeof what, "--init, zero %d", z);
+        run(t, t->comm, &o, got, NULL);
+        compare(t, ref32, got, 1, 3, 1e-5, what);
+        snprintf(what, sizeof what, "--init, bf16 compute, zero %d", z);
+        run(t, t->comm, &o16, got, NULL);
+        compare(t, ref16, got, 1, 3, 1e-4, what);
+    }
+}
+
+/* A gradient that is NaN: every rank's step fails before the update, and the values stay as loaded. */
+static void case_nonfinite(test_ctx *t) {
+    shared_setup(t);
+    char trained[300], poisoned[300], path[512];
+    snprintf(trained, sizeof trained, "%s/trained.safetensors", g_dir);
+    snprintf(poisoned, sizeof poisoned, "%s/poisoned.safetensors", g_dir);
+    write_weights(t, trained, poisoned);
+    for (int z = 0; z <= 3; z += 3) {
+        run_opts o = {.config = "gpt.json", .batch = 6, .zero = z};
+        shard_trainer_config c = trainer_config(&o, path, sizeof path);
+        char text[32];
+        snprintf(text, sizeof text, "data=%d", t->size);
+        shard_mesh *mesh = NULL;
+        shard_trainer *tr = NULL;
+        if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh") &&
+            CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer") &&
+            CHECK_OK(t, shard_trainer_load_weights(tr, poisoned), "load")) {
+            size_t n = shard_trainer_model(tr)->params->total;
+            float *before = calloc(n + 1, sizeof *before), *after = calloc(n + 1, sizeof *after);
+            shard_step_result r;
+            CHECK_OK(t, shard_trainer_values(tr, before), "values");
+            shard_status s = shard_trainer_step(tr, 1, &r);
+            CHECK(t, s == SHARD_ERR_INVALID_ARG, "zero %d: a NaN gradient's step returned %d, want %d", z, (int)s,
+                  (int)SHARD_ERR_INVALID_ARG);
+            CHECK(t, strstr(shard_last_error(), "global norm is nan") != NULL, "the message: %s", shard_last_error());
+            CHECK_OK(t, shard_trainer_values(tr, after), "values");
+            CHECK(t, before && after && memcmp(before, after, n * sizeof *before) == 0,
+                  "zero %d: the failed step changed the values", z);
+            free(before), free(after);
+        }
+        shard_trainer_destroy(tr);
+        shard_mesh_destroy(mesh);
+    }
+}
+
 static void case_cleanup(test_ctx *t) {
     shared_setup(t);
     test_remove_dir(t, g_dir);
@@ -275,7 +372,8 @@ static void case_cleanup(test_ctx *t) {
 
 static const test_case cases[] = {
     {"gpt", case_gpt},         {"accum", case_accum}, {"dropout", case_dropout},       {"models", case_models},
-    {"bf16", case_bf16},       {"mixed", case_mixed}, {"checkpoint", case_checkpoint}, {"cleanup", case_cleanup},
+    {"bf16", case_bf16},       {"mixed", case_mixed}, {"checkpoint", case_checkpoint}, {"init", case_init},
+    {"nonfinite", case_nonfinite}, {"cleanup", case_cleanup},
 };
 
 int main(int argc, char **argv) {

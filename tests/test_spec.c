@@ -76,6 +76,24 @@ static void refusals(void **state) {
             fail_msg("spec %s: status %d, message '%s', wanted '%s'", bad[i].text, st, shard_last_error(), bad[i].want);
         assert_non_null(strstr(shard_last_error(), bad[i].text)); /* the message quotes the spec */
     }
+    /* a layout whose rank count overflows int, offline too (world 0) */
+    shard_mesh_layout big;
+    assert_int_equal(shard_mesh_layout_parse("a=65536,b=65536", 0, &big), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "ranks; at most 1048576 are possible"));
+    /* a pending avg of an integer dtype would wrap its sum */
+    shard_spec avg, repl;
+    size_t shape[2] = {8, 4};
+    shard_redistribute_plan p;
+    assert_int_equal(shard_spec_parse("P(None, None, partial='data', partial_op='avg')", &l, 2, &avg), SHARD_OK);
+    assert_int_equal(shard_spec_parse("P()", &l, 2, &repl), SHARD_OK);
+    assert_int_equal(shard_redistribute_plan_make(&l, SHARD_U8, 2, shape, &repl, &avg, &p), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "a pending avg of u8 would wrap its sum"));
+    assert_int_equal(shard_redistribute_plan_make(&l, SHARD_F32, 2, shape, &repl, &avg, &p), SHARD_OK);
+    /* a hand-made layout with an axis of size 0 */
+    shard_mesh_layout zero = l;
+    zero.sizes[1] = 0;
+    assert_int_equal(shard_redistribute_plan_make(&zero, SHARD_F32, 2, shape, &repl, &repl, &p), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "mesh axis 'tensor' has size 0"));
 }
 
 static void type_strings(void **state) {

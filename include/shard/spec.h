@@ -70,6 +70,9 @@ shard_status shard_spec_parse(const char *text, const shard_mesh_layout *layout,
  * exists and is used once, partial axes split no dim, the pending reduction is sum, max, min or avg.
  * Else an error whose text starts with `what` ("the source spec"). */
 shard_status shard_spec_validate(const shard_spec *spec, const shard_mesh_layout *layout, int ndim, const char *what);
+/* SHARD_OK unless a pending avg would hold an integer dtype: its sum wraps before the division (u8 4 x 100
+ * averages to 36), so integer tensors take sum, max or min.  The error's text starts with `what`. */
+shard_status shard_spec_check_dtype(const shard_spec *spec, shard_dtype dtype, const char *what);
 /* Canonical text: "P('data', None)" (+ ", partial='tensor'" ...). */
 void shard_spec_string(const shard_spec *spec, const shard_mesh_layout *layout, char *out, size_t out_bytes);
 /* "f32[8@data,4]", "f32[8@(data,tensor),4] partial sum over tensor" */

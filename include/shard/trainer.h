@@ -101,6 +101,10 @@ shard_status shard_trainer_values(shard_trainer *t, float *whole);
  * ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>"), whole, so any
  * strategy and any number of ranks can resume them.  config_json rides in the index. */
 shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json);
+/* Start from weights in a safetensors file (every parameter by name, at its whole shape: Hugging Face
+ * GPT-2 names for the GPT), under any strategy: this rank's piece of each goes to the strategy's values
+ * and compute copies; AdamW's moments are zero.  Call before the first step. */
+shard_status shard_trainer_load_weights(shard_trainer *t, const char *path);
 /* *step gets the checkpoint's step; training resumes at *step + 1. */
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step);
 

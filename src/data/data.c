@@ -88,15 +88,22 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
         t->map = map, t->map_bytes = (size_t)st.st_size, t->tokens = h + HEADER_BYTES;
         t->token_bytes = get32(h + 12), t->vocab = get32(h + 16), t->count = (size_t)get64(h + 24);
         if (memcmp(h, MAGIC, 8) != 0 || get32(h + 8) != 1)
-            s = shard_error(SHARD_ERR_IO, "%s: not a shard token file (magic or version)", path);
-        else if ((t->token_bytes != 2 && t->token_bytes != 4) || t->vocab == 0)
-            s = shard_error(SHARD_ERR_IO, "%s: header says %u bytes per token and vocab %u", path, t->token_bytes, t->vocab);
+            s = shard_error(SHARD_ERR_IO, "%s: not a shard token file (it should begin with \"SHRDTOK1\" and version 1, "
+                            "as `shard data text` writes)", path);
+        else if ((t->token_bytes != 2 && t->token_bytes != 4) || t->vocab == 0 || t->vocab > INT32_MAX)
+            s = shard_error(SHARD_ERR_IO, "%s: header says %u bytes per token and vocab %u; valid: 2 or 4 bytes, vocab 1.."
+                            "2147483647", path, t->token_bytes, t->vocab);
         else if (t->count > (t->map_bytes - HEADER_BYTES) / t->token_bytes ||
                  HEADER_BYTES + t->count * t->token_bytes != t->map_bytes)
-            s = shard_error(SHARD_ERR_IO, "%s: header says %zu tokens, the file holds %zu bytes of them", path, t->count,
+            s = shard_error(SHARD_ERR_IO, "%s: header says %zu tokens (%zu bytes), the file holds %zu bytes of them", path,
+                            t->count, t->count > SIZE_MAX / 4 ? (size_t)0 : t->count * t->token_bytes,
                             t->map_bytes - HEADER_BYTES);
         else if (XXH3_64bits(t->tokens, t->count * t->token_bytes) != get64(h + 32))
             s = shard_error(SHARD_ERR_IO, "%s: checksum mismatch: the tokens are corrupt", path);
+        for (size_t i = 0; s == SHARD_OK && i < t->count; i++) /* a file any tool wrote: ids the model can index */
+            if (shard_tokens_at(t, i) >= t->vocab)
+                s = shard_error(SHARD_ERR_IO, "%s: token %u at index %zu is outside the header's vocabulary (ids 0..%u)",
+                                path, shard_tokens_at(t, i), i, t->vocab - 1);
     }
     if (s < 0) {
         munmap(map, (size_t)st.st_size);
@@ -208,14 +215,26 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
 
 /* ---------------------------------------------------------------- IDX */
 
+/* zlib's message for a failed read, without the "path: " it puts first */
+static const char *gz_why(gzFile gz, const char *path) {
+    int err = Z_OK;
+    const char *why = gzerror(gz, &err);
+    size_t n = strlen(path);
+    return strncmp(why, path, n) == 0 && strncmp(why + n, ": ", 2) == 0 ? why + n + 2 : why;
+}
+
 shard_status shard_idx_read(const char *path, shard_idx *out) {
     memset(out, 0, sizeof *out);
     gzFile gz = gzopen(path, "rb"); /* reads plain files too */
     if (!gz) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     unsigned char head[4 + 4 * 4];
     shard_status s = SHARD_OK;
-    if (gzread(gz, head, 4) != 4 || head[0] || head[1] || head[2] != 0x08 || head[3] < 1 || head[3] > 4)
-        s = shard_error(SHARD_ERR_IO, "%s: not an IDX file of unsigned bytes with 1 to 4 dims", path);
+    int got = gzread(gz, head, 4); /* zlib checks a small file's gzip trailer on this first read */
+    if (got < 0)
+        s = shard_error(SHARD_ERR_IO, "%s: unreadable: %s", path, gz_why(gz, path));
+    else if (got != 4 || head[0] || head[1] || head[2] != 0x08 || head[3] < 1 || head[3] > 4)
+        s = shard_error(SHARD_ERR_IO, "%s: not an IDX file of unsigned bytes with 1 to 4 dims (magic 0x00000801.."
+                        "0x00000804)", path);
     if (s == SHARD_OK) {
         out->ndim = head[3];
         if (gzread(gz, head + 4, (unsigned)(4 * out->ndim)) != 4 * out->ndim)
@@ -236,9 +255,18 @@ shard_status shard_idx_read(const char *path, shard_idx *out) {
     for (size_t done = 0; s == SHARD_OK && done < out->count;) {
         unsigned chunk = out->count - done > (1u << 30) ? (1u << 30) : (unsigned)(out->count - done);
         int n = gzread(gz, out->data + done, chunk);
-        if (n <= 0) s = shard_error(SHARD_ERR_IO, "%s: truncated: %zu of %zu data bytes", path, done, out->count);
+        const char *why = n < 0 ? gz_why(gz, path) : NULL;
+        if (n < 0) s = shard_error(SHARD_ERR_IO, "%s: unreadable after %zu of %zu data bytes: %s", path, done, out->count, why);
+        else if (n == 0) s = shard_error(SHARD_ERR_IO, "%s: truncated: %zu of %zu data bytes", path, done, out->count);
         else done += (size_t)n;
     }
+    unsigned char extra;
+    int more = s == SHARD_OK ? gzread(gz, &extra, 1) : 0; /* the end, and gzip's own check of it */
+    if (more > 0)
+        s = shard_error(SHARD_ERR_IO, "%s: bytes follow the %zu the dims describe (not an IDX file, or two joined)",
+                        path, out->count);
+    else if (more < 0)
+        s = shard_error(SHARD_ERR_IO, "%s: unreadable after its %zu data bytes: %s", path, out->count, gz_why(gz, path));
     gzclose(gz);
     if (s < 0) shard_idx_free(out);
     return s;

@@ -37,6 +37,7 @@ shard_status shard_dtensor_create(shard_mesh *mesh, shard_dtype dtype, int ndim,
     shard_mesh_layout layout;
     shard_mesh_layout_of(mesh, &layout);
     SHARD_CHECK(shard_spec_validate(spec, &layout, ndim, "shard_dtensor_create: the spec"));
+    SHARD_CHECK(shard_spec_check_dtype(spec, dtype, "shard_dtensor_create: the spec"));
     shard_dtensor *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_create: out of memory");
     t->mesh = mesh;

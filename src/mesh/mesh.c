@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_AXIS_SETS = 1 << SHARD_MESH_MAX_AXES };
+enum { MAX_AXIS_SETS = 1 << SHARD_MESH_MAX_AXES, MAX_MESH_RANKS = 1 << 20 };
 
 struct shard_mesh {
     shard_comm *comm;
@@ -105,6 +105,9 @@ int shard_mesh_parse(const char *text, int world_size, char names_out[][SHARD_ME
     }
     long product = 1;
     for (int k = 0; k < n; k++) product *= sizes[k], product = product > 1L << 30 ? 1L << 30 : product;
+    if (product > MAX_MESH_RANKS) /* offline layouts (world_size 0) too: rank arithmetic is int */
+        return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s has %s%ld ranks; at most %d are possible", text,
+                           product == 1L << 30 ? "over " : "", product, MAX_MESH_RANKS);
     if (world_size > 0 && product != world_size) {
         char valid[512] = "";
         int count = 0, trial[SHARD_MESH_MAX_AXES];

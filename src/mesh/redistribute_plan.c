@@ -162,6 +162,7 @@ shard_status shard_redistribute_plan_make(const shard_mesh_layout *layout, shard
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_redistribute_plan_make: %d dims (0..%d)", ndim, SHARD_MAX_DIMS);
     SHARD_CHECK(shard_spec_validate(from, layout, ndim, "redistribute: the source spec"));
     SHARD_CHECK(shard_spec_validate(to, layout, ndim, "redistribute: the target spec"));
+    SHARD_CHECK(shard_spec_check_dtype(to, dtype, "redistribute: the target spec"));
     memset(out, 0, sizeof *out);
     out->layout = *layout, out->dtype = dtype, out->ndim = ndim, out->from = *from, out->to = *to;
     for (int d = 0; d < ndim; d++) out->shape[d] = shape[d];
@@ -222,7 +223,7 @@ static uint64_t step_bytes(const shard_redistribute_plan *p, int i, const int *c
         for (int q = 0; q < n; q++) {
             if (q == me) continue;
             int c[SHARD_MESH_MAX_AXES];
-            memcpy(c, coords, sizeof c);
+            memcpy(c, coords, (size_t)p->layout.ndim * sizeof *c); /* one per axis, as the caller gives */
             shard_mesh_layout_unravel(&p->layout, st->axes, q, c);
             box theirs;
             block_of(p, &st->after, c, &theirs);

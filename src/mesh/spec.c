@@ -300,8 +300,22 @@ void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *lay
     *offset = off, *length = len;
 }
 
+shard_status shard_spec_check_dtype(const shard_spec *s, shard_dtype dtype, const char *what) {
+    if (s->partial_mask && s->partial_op == SHARD_OP_AVG && !shard_dtype_is_float(dtype))
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a pending avg of %s would wrap its sum before dividing; give "
+                           "partial_op sum, max or min for integer dtypes", what, shard_dtype_name(dtype));
+    return SHARD_OK;
+}
+
 shard_status shard_spec_validate(const shard_spec *s, const shard_mesh_layout *layout, int ndim, const char *what) {
     unsigned seen = 0;
+    if (layout->ndim < 0 || layout->ndim > SHARD_MESH_MAX_AXES)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a mesh of %d axes (0..%d are possible)", what, layout->ndim,
+                           SHARD_MESH_MAX_AXES);
+    for (int k = 0; k < layout->ndim; k++)
+        if (layout->sizes[k] < 1)
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: mesh axis '%s' has size %d (sizes are >= 1)", what,
+                               layout->names[k], layout->sizes[k]);
     if (ndim < 0 || ndim > SHARD_MAX_DIMS)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: a tensor of %d dims (0..%d are possible)", what, ndim, SHARD_MAX_DIMS);
     if (s->ndim != ndim)

@@ -289,6 +289,12 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
         SHARD_CHECK(shard_comm_all_reduce(t->pipe, &squares, &all_squares, 1, SHARD_F64, SHARD_OP_SUM));
     }
     out->grad_norm = sqrt(all_squares);
+    /* every rank holds the same all-reduced sum, so all stop here together: an update with a NaN or
+     * infinite gradient would make every weight and moment NaN (and a checkpoint saved after it) */
+    if (!isfinite(all_squares))
+        return shard_error(SHARD_ERR_INVALID_ARG, "train step %llu: the gradients' global norm is %g (a gradient "
+                           "overflowed); the weights were not updated (a lower learning rate or --clip may help)",
+                           (unsigned long long)step, out->grad_norm);
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
     SHARD_CHECK(shard__dp_update(t->dp, &t->c.adamw, step, out->lr, clip));
@@ -426,6 +432,35 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
     if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, 3 * n, config_json);
     free_items(items, names, 3 * n);
     free(cp), free(mine);
+    whole_free(&w);
+    return s;
+}
+
+shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
+    const shard_params *p = t->model->params;
+    whole_state w = {0};
+    shard_params *whole = NULL; /* every parameter of this rank at its whole shape, as the file holds it */
+    shard_param_info *info = calloc(p->count + 1, sizeof *info);
+    shard_status s = info ? whole_alloc(t, &w) : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
+        info[i] = p->info[i];
+        if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, info[i].shape);
+    }
+    if (s == SHARD_OK) s = shard_params_create(info, p->count, SHARD_MEM_OTHER, &whole);
+    if (s == SHARD_OK) s = shard_params_load(whole, path, 1, NULL);
+    if (s == SHARD_OK) {
+        size_t bytes = p->total * sizeof(float);
+        memset(w.values, 0, bytes), memset(w.exp_avg, 0, bytes), memset(w.exp_avg_sq, 0, bytes);
+        for (size_t i = 0; i < p->count; i++) {
+            const float *from = whole->data + whole->info[i].offset;
+            float *to = w.values + p->info[i].offset;
+            if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, from, to);
+            else memcpy(to, from, p->info[i].numel * sizeof(float));
+        }
+        s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
+    }
+    shard_params_destroy(whole);
+    free(info);
     whole_free(&w);
     return s;
 }
