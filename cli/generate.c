@@ -3,10 +3,12 @@
  *   shard generate (--ckpt DIR | --config CONFIG.json --init weights.safetensors)
  *                  --prompt "..." --tokens N [--temperature T] [--top-k K] [--seed S]
  *
- * Token ids are the prompt's bytes (0-255).  Each new token comes from the
+ * Token ids are the prompt's bytes (0-255); a model with a larger vocabulary
+ * is sampled over its first 256 ids.  Each new token comes from the
  * logits of the last position over at most n_positions tokens: temperature
  * 0 takes the arg-max (greedy); otherwise softmax(logits / T) restricted to
  * the K most likely (K 0: all), sampled with a seeded generator. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,10 +33,13 @@ static uint64_t next_random(uint64_t *state) { /* splitmix64 */
     return z ^ (z >> 31);
 }
 
+/* The next token from logits[0..V-1]; -1 when one is NaN or infinite. */
 static int pick(const float *logits, size_t V, double temperature, long top_k, uint64_t *rng) {
     size_t best = 0;
-    for (size_t v = 1; v < V; v++)
+    for (size_t v = 0; v < V; v++) {
+        if (!isfinite(logits[v])) return -1;
         if (logits[v] > logits[best]) best = v;
+    }
     if (temperature <= 0) return (int)best;
     double *p = malloc(V * sizeof *p), sum = 0, cut = -INFINITY;
     if (!p) return (int)best;
@@ -87,6 +92,7 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
         return shard_error(SHARD_ERR_INVALID_ARG, "generate: the model's vocab_size %zu cannot hold byte tokens (256)",
                            c.vocab_size);
     if (plen == 0) return shard_error(SHARD_ERR_INVALID_ARG, "generate: --prompt is empty; give at least one character");
+    if (total < ctx) ctx = total; /* activations for the tokens there will be, not all n_positions */
     shard_gpt *g = NULL;
     SHARD_CHECK(shard_gpt_create(&c, 1, ctx, &g));
     shard_status s = o->ckpt ? train_load_checkpoint(comm, o->ckpt, shard_gpt_params(g), NULL)
@@ -100,13 +106,20 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
         size_t T = n < ctx ? n : ctx;
         s = shard_gpt_forward(g, ids + (n - T), NULL, 1, T, NULL);
         if (s < 0) break;
-        int next = pick(shard_gpt_logits(g) + (T - 1) * c.vocab_size, c.vocab_size, o->temperature, o->top_k, &rng);
-        if (next > 255) next = ' '; /* a model with a larger vocabulary: outside the byte range */
+        /* byte tokens: a model with a larger vocabulary is sampled over its first 256 ids, the bytes */
+        int next = pick(shard_gpt_logits(g) + (T - 1) * c.vocab_size, 256, o->temperature, o->top_k, &rng);
+        if (next < 0) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "generate: the model's logits at token %zu are NaN or infinite: its "
+                            "weights are not finite (a diverged run?)", n - plen + 1);
+            break;
+        }
         ids[n] = next;
         fputc(next, stdout);
         fflush(stdout);
     }
     if (s == SHARD_OK) fputc('\n', stdout);
+    if (s == SHARD_OK && (fflush(stdout) != 0 || ferror(stdout)))
+        s = shard_error(SHARD_ERR_IO, "generate: cannot write the text to standard output: %s", strerror(errno));
     free(ids);
     shard_gpt_destroy(g);
     return s;
@@ -135,7 +148,7 @@ int cli_generate(int argc, char **argv) {
         } else if (strcmp(a, "--temperature") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!cli_number(v, &o.temperature) || !(o.temperature >= 0) || o.temperature > 100) {
-                cli_error("--temperature '%s' is invalid: give a number >= 0 (0: greedy)", v);
+                cli_error("--temperature '%s' is invalid: give a number in 0..100 (0: greedy)", v);
                 return 2;
             }
         } else {

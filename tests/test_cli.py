@@ -519,11 +519,32 @@ def train():
                      "--temperature", "0"]) for _ in range(2)]
         expect(all(o.returncode == 0 and o.stdout.startswith("the ") and len(o.stdout) >= 24 for o in outs)
                and outs[0].stdout == outs[1].stdout, f"generate: {[o.stdout for o in outs]} {outs[0].stderr}")
+        # weights with a NaN: one error line, not NUL bytes
+        with open(os.path.join(work, "w.safetensors"), "rb") as f:
+            blob = bytearray(f.read())
+        n = int.from_bytes(blob[:8], "little")
+        at = 8 + n + json.loads(blob[8:8 + n])["wte.weight"]["data_offsets"][0]
+        blob[at:at + 4] = bytes([0, 0, 0xC0, 0x7F])  # a quiet NaN, little-endian f32
+        nan_w = os.path.join(work, "nan.safetensors")
+        with open(nan_w, "wb") as f:
+            f.write(blob)
+        q = run(["generate", "--config", cfg, "--init", nan_w, "--prompt", "the ", "--tokens", "5", "--temperature", "0"])
+        expect(q.returncode == 1 and "logits at token 1 are NaN or infinite" in q.stderr
+               and len(q.stderr.strip().splitlines()) == 1, f"generate from NaN weights: {q.returncode} {q.stderr!r}")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256, "n_heads": 4}, f)
         p = run(args)
         lines = [l for l in p.stderr.splitlines() if l.strip()]
         expect(p.returncode == 1 and len(lines) == 1 and "key 'n_heads' is unknown" in p.stderr, f"bad config: {p.stderr!r}")
+        # sizes whose products would wrap, numbers outside float's range
+        for extra, words in (({"n_positions": 1 << 62}, "key 'n_positions' = 4611686018427387904 is more than the 1048576"),
+                             ({"layer_norm_epsilon": 1e39}, "key 'layer_norm_epsilon' is outside float's range"),
+                             ({"n_embd": 1 << 20, "n_layer": 1 << 16}, "parameters; at most 2^40")):
+            with open(cfg, "w") as f:
+                json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256, **extra}, f)
+            p = run(args)
+            expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr,
+                   f"config {extra}: {p.returncode} {p.stderr!r}")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 16, "vocab_size": 256}, f)
         p = run(args)

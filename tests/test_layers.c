@@ -484,8 +484,26 @@ static void maxpool(void **state) {
     free(c.x), free(c.y), free(c.r), free(c.arg), free(dx);
 }
 
+/* NaN propagates as in PyTorch: relu(NaN) = NaN and its gradient passes; a window holding a NaN pools to NaN. */
+static void nan_propagates(void **state) {
+    (void)state;
+    float x[4] = {NAN, -1.0f, 2.0f, -0.0f}, y[4], dy[4] = {5, 6, 7, 8}, dx[4];
+    shard_relu_forward(x, y, 4);
+    assert_true(isnan(y[0]) && y[1] == 0.0f && y[2] == 2.0f && y[3] == 0.0f && !signbit(y[3]));
+    shard_relu_backward(x, dy, dx, 4);
+    assert_true(dx[0] == 5.0f && dx[1] == 0.0f && dx[2] == 7.0f && dx[3] == 0.0f);
+    float plane[4] = {1.0f, NAN, 3.0f, 2.0f}, out;
+    uint32_t arg;
+    shard_maxpool2d_forward(plane, &out, &arg, 1, 1, 2, 2, 2);
+    assert_true(isnan(out) && arg == 1);
+    plane[1] = 0.5f;
+    shard_maxpool2d_forward(plane, &out, &arg, 1, 1, 2, 2, 2);
+    assert_true(out == 3.0f && arg == 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(nan_propagates),
         cmocka_unit_test(linear),           cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),
         cmocka_unit_test(elementwise),      cmocka_unit_test(gelu_slope), cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
         cmocka_unit_test(embedding),        cmocka_unit_test(attention),             cmocka_unit_test(attention_blocks),

@@ -9,6 +9,7 @@
  * nothing else of it). */
 #include "shard/gpt.h"
 
+#include <float.h>
 #include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
@@ -38,7 +39,10 @@ static shard_status size_field(const char *where, const char *key, const json_t 
 
 static shard_status float_field(const char *where, const char *key, const json_t *v, float *out) {
     if (!json_is_number(v)) return bad_key(where, key, "must be a number");
-    *out = (float)json_number_value(v);
+    double x = json_number_value(v);
+    if (!(fabs(x) <= FLT_MAX) || (x != 0 && fabs(x) < FLT_MIN)) /* the conversion would be undefined, or 0 */
+        return bad_key(where, key, "is outside float's range (1.2e-38 .. 3.4e38 in magnitude, or 0)");
+    *out = (float)x;
     return SHARD_OK;
 }
 
@@ -47,14 +51,28 @@ static shard_status float_field(const char *where, const char *key, const json_t
 static shard_status check_config(const shard_gpt_config *c, const char *where) {
     const char *need[] = {"n_embd", "n_layer", "n_head", "n_positions", "vocab_size"};
     size_t have[] = {c->n_embd, c->n_layer, c->n_head, c->n_positions, c->vocab_size};
-    for (int i = 0; i < 5; i++)
+    const size_t most[] = {1u << 20, 1u << 16, 1u << 20, 1u << 20, 1u << 24}; /* sizes whose products fit */
+    for (int i = 0; i < 5; i++) {
         if (!have[i]) return bad_key(where, need[i], "is missing");
+        if (have[i] > most[i]) {
+            char why[64];
+            snprintf(why, sizeof why, "= %zu is more than the %zu allowed", have[i], most[i]);
+            return bad_key(where, need[i], why);
+        }
+    }
+    double C = (double)c->n_embd, params = ((double)c->vocab_size + (double)c->n_positions) * C +
+                                           (double)c->n_layer * (12 * C * C + 13 * C) + 2 * C;
+    if (params > 0x1p40)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: n_embd %zu, n_layer %zu, n_positions %zu and vocab_size %zu make %.3g "
+                           "parameters; at most 2^40 (1.1e12)", where, c->n_embd, c->n_layer, c->n_positions, c->vocab_size,
+                           params);
     if (c->n_embd % c->n_head) {
         char why[96];
         snprintf(why, sizeof why, "= %zu does not divide n_embd = %zu into heads", c->n_head, c->n_embd);
         return bad_key(where, "n_head", why);
     }
-    if (!(c->layer_norm_epsilon > 0)) return bad_key(where, "layer_norm_epsilon", "must be > 0");
+    if (!(c->layer_norm_epsilon > 0 && c->layer_norm_epsilon <= 1))
+        return bad_key(where, "layer_norm_epsilon", "must be in (0, 1]");
     if (!(c->initializer_range >= 0)) return bad_key(where, "initializer_range", "must be >= 0");
     return SHARD_OK;
 }
@@ -480,6 +498,12 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     /* activations: one accounted slab carved into buffers; Nr: rows of the residual stream this rank keeps
      * (all N without sequence parallel) */
     size_t N = max_batch * max_seq, Nr = g->sp ? (N + (size_t)parts - 1) / (size_t)parts : N;
+    /* carve() counts in size_t: refuse sizes whose count would wrap (an over-estimate, in double) */
+    double rows = (double)max_batch * (double)max_seq, V = (double)c->vocab_size;
+    double per_slot = (double)L * ((double)H * rows * (double)max_seq + rows * 16 * (double)C) + rows * 2 * V;
+    if (s == SHARD_OK && (double)slots * per_slot + rows * (3 * V + 16 * (double)C) > 0x1p50)
+        s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: activations for batch %zu x sequence %zu would take over 2^50 floats; "
+                        "give a smaller batch or sequence", max_batch, max_seq);
     if (s == SHARD_OK) {
         g->slab = shard_alloc(carve(g, NULL, N, Nr) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
         g->inputs = calloc(N, sizeof *g->inputs), g->targets = calloc(N, sizeof *g->targets);

@@ -73,12 +73,12 @@ shard_status shard_linear_backward(const float *x, const float *W, const float *
 
 SHARD_VECTOR_CLONES
 void shard_relu_forward(const float *x, float *y, size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0 ? 0.0f : x[i]; /* NaN stays NaN, as in PyTorch */
 }
 
 SHARD_VECTOR_CLONES
 void shard_relu_backward(const float *x, const float *dy, float *dx, size_t n) {
-    for (size_t i = 0; i < n; i++) dx[i] = x[i] > 0 ? dy[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) dx[i] = x[i] <= 0 ? 0.0f : dy[i];
 }
 
 static const float GELU_S = 0.7978845608028654f; /* sqrt(2 / pi) */
@@ -859,7 +859,7 @@ void shard_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t 
                 for (size_t a = 0; a < P; a++)
                     for (size_t b = 0; b < P; b++) {
                         size_t at = (i * P + a) * W + j * P + b;
-                        if (plane[at] > plane[best]) best = at;
+                        if (plane[at] > plane[best] || (isnan(plane[at]) && !isnan(plane[best]))) best = at; /* NaN wins */
                     }
                 y[(nc * Ho + i) * Wo + j] = plane[best];
                 argmax[(nc * Ho + i) * Wo + j] = (uint32_t)best;
