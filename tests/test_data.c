@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -110,6 +111,16 @@ static void tokenizer_and_batches(void **state) {
     assert_int_equal(shard_tokens_batch(val, 7, 3, 0, 1, 100, in2, tg2), SHARD_ERR_INVALID_ARG); /* 100 tokens < 101 */
     shard_tokens_close(train);
     shard_tokens_close(val);
+    /* an output that could not be replaced (a directory): nothing is written, the old set stays whole */
+    char other[128], blocker[160];
+    path_of(other, sizeof other, "tok2");
+    snprintf(blocker, sizeof blocker, "%s/val.tokens", other);
+    assert_int_equal(mkdir(other, 0755), 0);
+    assert_int_equal(mkdir(blocker, 0755), 0);
+    assert_int_equal(shard_data_text(files, 2, other, 0.1, NULL), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "val.tokens exists and is not a regular file"));
+    snprintf(blocker, sizeof blocker, "%s/train.tokens", other);
+    assert_int_equal(access(blocker, F_OK), -1);
 }
 
 static void write_idx(const char *path, const unsigned char *head, size_t head_bytes, size_t data_bytes, int gzip) {

@@ -180,7 +180,7 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
             }
             tokens[total++] = (uint32_t)c; /* the byte-level tokenizer: token id = byte value */
         }
-        if (ferror(in) && s == SHARD_OK) s = shard_error(SHARD_ERR_IO, "%s: read error", files[f]);
+        if (ferror(in) && s == SHARD_OK) s = shard_error(SHARD_ERR_IO, "%s: cannot read: %s", files[f], strerror(errno));
         fclose(in);
     }
     if (s == SHARD_OK && total == 0)
@@ -189,6 +189,15 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
     size_t val = (size_t)((double)total * val_fraction), train = total - val;
     char path[PATH_MAX];
     if (s == SHARD_OK) s = shard__ckpt_mkdirs(out_dir);
+    /* the three files are replaced together: refuse before writing any when one could not be replaced */
+    static const char *const outputs[] = {"train.tokens", "val.tokens", "meta.json"};
+    for (int i = 0; i < 3 && s == SHARD_OK; i++) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", out_dir, outputs[i]);
+        if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            s = shard_error(SHARD_ERR_INVALID_ARG, "data text: %s exists and is not a regular file; remove it or give "
+                            "another --out", path);
+    }
     if (s == SHARD_OK) {
         snprintf(path, sizeof path, "%s/train.tokens", out_dir);
         s = shard_tokens_write(path, tokens, train, 256);
