@@ -130,6 +130,11 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         uint64_t done = 0;
         s = shard_trainer_resume(t, o->resume, &done);
         first = done + 1;
+        char differ[1024];
+        if (s == SHARD_OK && rank == 0 && shard_trainer_resume_differences(t, o->resume, differ, sizeof differ) == SHARD_OK &&
+            differ[0])
+            fprintf(stderr, "train: warning: resuming with settings other than the checkpoint's: %s; the run will not "
+                    "match one that was never interrupted\n", differ);
         if (s == SHARD_OK && first > (uint64_t)o->steps)
             s = shard_error(SHARD_ERR_INVALID_ARG, "--steps %ld: the checkpoint in %s is at step %llu already; give --steps "
                             "%llu or more", o->steps, o->resume, (unsigned long long)done, (unsigned long long)done + 1);

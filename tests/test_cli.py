@@ -392,6 +392,13 @@ def train():
         expect([r["step"] for r in par] == list(range(1, 21))
                and all(abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"] for a, b in zip(rows, par)),
                f"train --resume --log: steps {[r['step'] for r in par]}: {q.stderr}")
+        expect("warning" not in q.stderr, f"train --resume with the same settings warned: {q.stderr!r}")
+        # settings other than the checkpoint's: a warning naming them, and the run goes on
+        other = [a if a != "3e-3" else "1e-3" for a in args] + ["--steps", "12", "--seed", "6"]
+        q = run(other + ["--resume", os.path.join(ck, "step_10")])
+        expect(q.returncode == 0 and "lr 0.001 (the checkpoint's: 0.003)" in q.stderr
+               and "steps 12 (the checkpoint's: 20)" in q.stderr and "seed 6 (the checkpoint's: 5)" in q.stderr
+               and "batch" not in q.stderr, f"train --resume with other settings: {q.returncode} {q.stderr!r}")
         # the same global batch on 2 thread ranks (ZeRO-2), and a resume of step 10 under ZeRO-3
         for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1), (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--zero", "1"], 1),
                              (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--spec", "h.*.mlp.*=P()",

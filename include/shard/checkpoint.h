@@ -46,6 +46,10 @@ typedef struct shard_ckpt_item {
  * `config_json`: the run's configuration, stored in the index (NULL: none). */
 shard_status shard_ckpt_save(const char *dir, uint64_t step, const shard_ckpt_item *items, size_t count,
                              const char *config_json);
+/* The same, with the run's training settings (a JSON object's text: learning rate, schedule, seed ...)
+ * stored in the index as "training", so a resumed run can say where its settings differ. */
+shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckpt_item *items, size_t count,
+                                 const char *config_json, const char *training_json);
 
 /* Collective.  `where` is a checkpoint root (uses `latest`, with fallback) or
  * one step_N directory (no fallback).  *step_out (may be NULL) gets the step. */

@@ -107,6 +107,10 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
 shard_status shard_trainer_load_weights(shard_trainer *t, const char *path);
 /* *step gets the checkpoint's step; training resumes at *step + 1. */
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step);
+/* Where this trainer's settings that shape the numbers (seed, batch, seq, learning-rate schedule, AdamW,
+ * clip, dtypes) differ from those the checkpoint recorded: "lr 0.001 (the checkpoint's: 0.003); ..."
+ * into out, "" when they agree (or the checkpoint predates the record).  Each save records them. */
+shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, char *out, size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -109,10 +109,11 @@ static shard_status write_rank_file(const char *tmp_dir, int rank, const shard_c
 
 /* The index: every tensor's chunks (computable from the specs alone) and every file. */
 static shard_status build_index(const shard_ckpt_item *items, const prepared *p, size_t count, uint64_t step,
-                                const char *config, const uint64_t *per_rank, int world, shard__ckpt_index *ix) {
+                                const char *config, const char *training, const uint64_t *per_rank, int world,
+                                shard__ckpt_index *ix) {
     const shard_dtensor *t0 = p[0].t;
     memset(ix, 0, sizeof *ix);
-    ix->step = step, ix->world = world, ix->config = (char *)config;
+    ix->step = step, ix->world = world, ix->config = (char *)config, ix->training = (char *)training;
     char mesh[256];
     shard_mesh_string(t0->mesh, mesh, sizeof mesh);
     ix->mesh = strdup(mesh);
@@ -199,6 +200,11 @@ static shard_status make_tmp_dir(const char *dir, uint64_t step, const char *tmp
 
 shard_status shard_ckpt_save(const char *dir, uint64_t step, const shard_ckpt_item *items, size_t count,
                              const char *config_json) {
+    return shard_ckpt_save_run(dir, step, items, count, config_json, NULL);
+}
+
+shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckpt_item *items, size_t count,
+                                 const char *config_json, const char *training_json) {
     SHARD_CHECK(shard__ckpt_check_items("shard_ckpt_save", items, count));
     shard_mesh *mesh = items[0].tensor->mesh;
     shard_comm *world = shard_mesh_comm(mesh);
@@ -247,7 +253,7 @@ shard_status shard_ckpt_save(const char *dir, uint64_t step, const shard_ckpt_it
     shard__ckpt_index ix;
     memset(&ix, 0, sizeof ix);
     if (ok0 && cs == SHARD_OK && first_bad < 0 && rank == 0) {
-        s = build_index(items, p, count, step, config_json, per_rank, size, &ix);
+        s = build_index(items, p, count, step, config_json, training_json, per_rank, size, &ix);
         if (s == SHARD_OK) s = commit(dir, step, tmp_dir, &ix, &crashed);
         free_built_index(&ix);
     } else if (ok0 && first_bad >= 0 && rank == 0 && !any_crash) {

@@ -30,15 +30,15 @@ static json_t *size_array(const size_t *v, int n) {
 shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *ix) {
     json_t *root = json_object(), *files = json_object(), *tensors = json_object();
     int ok = root && files && tensors;
-    json_t *config = NULL;
-    if (ok && ix->config) {
+    json_t *config = NULL, *training = NULL;
+    const char *texts[2] = {ix->config, ix->training}, *what[2] = {"config", "training record"};
+    json_t **values[2] = {&config, &training};
+    for (int i = 0; i < 2; i++) {
         json_error_t err;
-        config = json_loads(ix->config, JSON_DECODE_ANY, &err);
-        if (!config) {
-            json_decref(root), json_decref(files), json_decref(tensors);
-            return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint config is not JSON: %s (line %d, column %d)", err.text,
-                               err.line, err.column);
-        }
+        if (!ok || !texts[i] || (*values[i] = json_loads(texts[i], JSON_DECODE_ANY, &err))) continue;
+        json_decref(root), json_decref(files), json_decref(tensors), json_decref(config);
+        return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint %s is not JSON: %s (line %d, column %d)", what[i],
+                           err.text, err.line, err.column);
     }
     for (size_t i = 0; ok && i < ix->nfiles; i++) {
         char hex[17];
@@ -65,6 +65,7 @@ shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *
              json_object_set_new(root, "mesh", json_string(ix->mesh)) == 0 &&
              json_object_set_new(root, "world", json_integer(ix->world)) == 0 &&
              json_object_set_new(root, "config", config ? config : json_null()) == 0 &&
+             (!training || json_object_set_new(root, "training", training) == 0) &&
              json_object_set_new(root, "files", files) == 0 && json_object_set_new(root, "tensors", tensors) == 0;
     char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
@@ -219,6 +220,7 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     shard_status s = SHARD_OK;
     const json_t *files = json_object_get(root, "files"), *tensors = json_object_get(root, "tensors");
     const json_t *step = json_object_get(root, "step"), *config = json_object_get(root, "config");
+    const json_t *training = json_object_get(root, "training");
     const char *format = json_string_value(json_object_get(root, "format"));
     if (!format || strcmp(format, "shard-checkpoint") != 0 || !json_is_object(files) || !json_is_object(tensors) ||
         !json_is_integer(step) || json_integer_value(step) < 0)
@@ -228,6 +230,7 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
         ix->mesh = strdup(json_string_value(json_object_get(root, "mesh")) ? json_string_value(json_object_get(root, "mesh")) : "");
         ix->world = (int)json_integer_value(json_object_get(root, "world"));
         ix->config = config && !json_is_null(config) ? json_dumps(config, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+        ix->training = json_is_object(training) ? json_dumps(training, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         ix->nfiles = json_object_size(files);
         ix->files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *ix->files);
         ix->tensors = calloc(json_object_size(tensors) ? json_object_size(tensors) : 1, sizeof *ix->tensors);
@@ -273,6 +276,7 @@ void shard__ckpt_index_free(shard__ckpt_index *ix) {
     free(ix->files);
     free(ix->mesh);
     free(ix->config);
+    free(ix->training);
     memset(ix, 0, sizeof *ix);
 }
 

@@ -1,7 +1,7 @@
 /* ckpt_index.h — internal: the index.json of a sharded checkpoint, in memory
  * and on disk (jansson).  Layout of the file:
  *   {"format": "shard-checkpoint", "version": 1, "step": N, "mesh": "data=4",
- *    "world": 4, "config": {...} or null,
+ *    "world": 4, "config": {...} or null, "training": {...} (only when given),
  *    "files": {"rank_00000.safetensors": {"bytes": B, "xxh3": "16 hex digits"}, ...},
  *    "tensors": {"w": {"dtype": "F32", "shape": [8, 4], "spec": "P('data', None)",
  *                      "chunks": [{"file": "rank_00000.safetensors",
@@ -39,7 +39,8 @@ typedef struct shard__ckpt_index {
     uint64_t step;
     char *mesh;
     int world;
-    char *config; /* JSON text, or NULL */
+    char *config;   /* JSON text, or NULL */
+    char *training; /* JSON text of the run's training settings, or NULL */
     size_t ntensors, nfiles;
     shard__ckpt_tensor *tensors;
     shard__ckpt_file *files;

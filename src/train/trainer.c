@@ -16,6 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
+#include "ckpt/ckpt_index.h"
+#include "ckpt/ckpt_util.h"
 #include "comm/comm_impl.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
@@ -405,6 +409,48 @@ static void free_items(shard_ckpt_item *items, void *names, size_t n) {
     free(items), free(names);
 }
 
+/* The settings that shape the run's numbers (not how it is split), as a JSON object: saved with each
+ * checkpoint, compared when one is resumed. */
+static json_t *training_record(const shard_trainer *t) {
+    const shard_trainer_config *c = &t->c;
+    return json_pack("{s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:s}", "seed", (json_int_t)c->seed,
+                     "batch", (json_int_t)t->global, "seq", (json_int_t)c->seq, "lr", (double)c->lr.lr_max, "min_lr",
+                     (double)c->lr.lr_min, "warmup", (json_int_t)c->lr.warmup, "steps", (json_int_t)c->lr.total,
+                     "weight_decay", (double)c->adamw.weight_decay, "beta1", (double)c->adamw.beta1, "beta2",
+                     (double)c->adamw.beta2, "eps", (double)c->adamw.eps, "clip", (double)c->clip, "grad_dtype",
+                     shard_dtype_name(c->grad_dtype), "compute_dtype", shard_dtype_name(c->compute_dtype));
+}
+
+shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, char *out, size_t bytes) {
+    if (bytes) out[0] = '\0';
+    char dir[4096];
+    shard__ckpt_index ix;
+    SHARD_CHECK(shard__ckpt_open_index(where, dir, sizeof dir, &ix));
+    json_t *now = training_record(t), *then = ix.training ? json_loads(ix.training, 0, NULL) : NULL;
+    shard_status s = now ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "resume: out of memory");
+    size_t used = 0;
+    const char *key;
+    json_t *v;
+    if (s == SHARD_OK && then) json_object_foreach(now, key, v) {
+        const json_t *w = json_object_get(then, key);
+        if (!w || json_equal(v, w)) continue; /* an older checkpoint may lack a key */
+        char a[64], b[64];
+        const json_t *pair[2] = {v, w};
+        char *text[2] = {a, b};
+        for (int i = 0; i < 2; i++) {
+            if (json_is_string(pair[i])) snprintf(text[i], 64, "%s", json_string_value(pair[i]));
+            else snprintf(text[i], 64, "%.6g", json_number_value(pair[i]));
+        }
+        if (strcmp(a, b) == 0) continue; /* a float stored and read back */
+        int n = snprintf(out + used, bytes > used ? bytes - used : 0, "%s%s %s (the checkpoint's: %s)", used ? "; " : "",
+                         key, a, b);
+        if (n > 0) used += (size_t)n < bytes - used ? (size_t)n : bytes - used - 1;
+    }
+    json_decref(now), json_decref(then);
+    shard__ckpt_index_free(&ix);
+    return s;
+}
+
 shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json) {
     const shard_params *p = t->model->params;
     whole_state w = {0};
@@ -429,7 +475,11 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
             if (s == SHARD_OK && t->pipe)
                 s = shard_comm_all_reduce(t->pipe, whole, whole, shard_tensor_numel(d->local), SHARD_F32, SHARD_OP_SUM);
         }
-    if (s == SHARD_OK) s = shard_ckpt_save(dir, step, items, 3 * n, config_json);
+    json_t *record = s == SHARD_OK ? training_record(t) : NULL;
+    char *training = record ? json_dumps(record, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    if (s == SHARD_OK && !training) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    if (s == SHARD_OK) s = shard_ckpt_save_run(dir, step, items, 3 * n, config_json, training);
+    json_decref(record), free(training);
     free_items(items, names, 3 * n);
     free(cp), free(mine);
     whole_free(&w);
