@@ -101,6 +101,7 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && !ids) s = shard_error(SHARD_ERR_NO_MEMORY, "generate: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < plen; i++) ids[i] = (unsigned char)o->prompt[i];
     uint64_t rng = o->seed;
+    int write_errno = 0;
     if (s == SHARD_OK) fwrite(o->prompt, 1, plen, stdout);
     for (size_t n = plen; s == SHARD_OK && n < total; n++) {
         size_t T = n < ctx ? n : ctx;
@@ -114,12 +115,16 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
             break;
         }
         ids[n] = next;
-        fputc(next, stdout);
-        fflush(stdout);
+        if (fputc(next, stdout) == EOF || fflush(stdout) != 0) { /* reported below */
+            write_errno = errno ? errno : EIO;
+            break;
+        }
     }
     if (s == SHARD_OK) fputc('\n', stdout);
-    if (s == SHARD_OK && (fflush(stdout) != 0 || ferror(stdout)))
-        s = shard_error(SHARD_ERR_IO, "generate: cannot write the text to standard output: %s", strerror(errno));
+    if (s == SHARD_OK && !write_errno && fflush(stdout) != 0) write_errno = errno ? errno : EIO;
+    if (s == SHARD_OK && (write_errno || ferror(stdout)))
+        s = shard_error(SHARD_ERR_IO, "generate: cannot write the text to standard output: %s",
+                        write_errno ? strerror(write_errno) : "a write failed");
     free(ids);
     shard_gpt_destroy(g);
     return s;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "bench_comm.h"
+#include "ckpt/atomic_file.h"
 #include "ckpt/ckpt_util.h"
 #include "cli_util.h"
 #include "comm/comm_impl.h"
@@ -98,6 +99,36 @@ static uint64_t next_save(uint64_t after, uint64_t every, uint64_t last) {
     return multiple < last ? multiple : last;
 }
 
+/* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
+ * are dropped, so the file holds each step once; the rest stays, and the run adds to it. */
+static shard_status cut_log(const char *path, uint64_t done) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return SHARD_OK; /* no earlier log: the run starts one */
+    char *kept = NULL, line[4096];
+    size_t used = 0, cap = 0;
+    shard_status s = SHARD_OK;
+    int cut = 0;
+    while (s == SHARD_OK && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "\"step\": ");
+        if (at && strtoull(at + 8, NULL, 10) > done) {
+            cut = 1;
+            continue;
+        }
+        size_t n = strlen(line);
+        if (used + n + 1 > cap) {
+            char *more = realloc(kept, cap = 2 * (used + n + 1));
+            if (!more) s = shard_error(SHARD_ERR_NO_MEMORY, "--log %s: out of memory", path);
+            else kept = more;
+        }
+        if (s == SHARD_OK) memcpy(kept + used, line, n), used += n;
+    }
+    if (s == SHARD_OK && ferror(f)) s = shard_error(SHARD_ERR_IO, "--log %s: cannot read: %s", path, strerror(errno));
+    fclose(f);
+    if (s == SHARD_OK && cut) s = shard__atomic_write_file(path, kept ? kept : "", used);
+    free(kept);
+    return s;
+}
+
 static shard_status train_rank(shard_comm *comm, void *arg) {
     const train_opts *o = arg;
     int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
@@ -130,14 +161,15 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         uint64_t done = 0;
         s = shard_trainer_resume(t, o->resume, &done);
         first = done + 1;
-        char differ[1024];
-        if (s == SHARD_OK && rank == 0 && shard_trainer_resume_differences(t, o->resume, differ, sizeof differ) == SHARD_OK &&
-            differ[0])
-            fprintf(stderr, "train: warning: resuming with settings other than the checkpoint's: %s; the run will not "
-                    "match one that was never interrupted\n", differ);
         if (s == SHARD_OK && first > (uint64_t)o->steps)
             s = shard_error(SHARD_ERR_INVALID_ARG, "--steps %ld: the checkpoint in %s is at step %llu already; give --steps "
                             "%llu or more", o->steps, o->resume, (unsigned long long)done, (unsigned long long)done + 1);
+        char differ[1024];
+        if (s == SHARD_OK && rank == 0 &&
+            shard_trainer_resume_differences(t, o->resume, done, differ, sizeof differ) == SHARD_OK && differ[0])
+            fprintf(stderr, "train: warning: resuming with settings other than the checkpoint's: %s; the run will not "
+                    "match one that was never interrupted\n", differ);
+        if (s == SHARD_OK && o->log && rank == 0) s = cut_log(o->log, done);
     }
     /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
      * of a pipeline that is not there */

@@ -376,17 +376,18 @@ def train():
                f"train --init from exported weights: {got} {q.stderr}")
         # under any strategy: ZeRO-3 with bf16 compute copies, and tensor parallel (each rank's piece)
         for extra, tol in ((["--ranks", "2", "--zero", "3", "--compute-dtype", "bf16"], 2e-2),
-                           (["--ranks", "2", "--mesh", "tensor=2"], 1e-5)):
+                           (["--ranks", "2", "--mesh", "tensor=2"], 1e-5), (["--ranks", "2", "--mesh", "pipe=2"], 1e-5)):
             if os.path.exists(log):
                 os.remove(log)
             q = run(args + ["--steps", "1", "--init", os.path.join(work, "w.safetensors"), "--log", log] + extra)
             par = [json.loads(l) for l in open(log)] if q.returncode == 0 else []
             expect(got and len(par) == 1 and abs(par[0]["loss"] - got[0]["loss"]) <= tol * got[0]["loss"],
                    f"train --init {extra}: {par} against {got}: {q.stderr}")
-        # a resumed run adds to its --log
+        # a resumed run adds to its --log, after dropping the lines of steps past the checkpoint (the
+        # interrupted run logged 15 steps, its checkpoint is step 10)
         resumed = os.path.join(work, "resumed.jsonl")
         with open(resumed, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows[:10])
+            f.writelines(json.dumps(r) + "\n" for r in rows[:15])
         q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed])
         par = [json.loads(l) for l in open(resumed)] if q.returncode == 0 else []
         expect([r["step"] for r in par] == list(range(1, 21))

@@ -354,7 +354,7 @@ static void case_nonfinite(test_ctx *t) {
             shard_status s = shard_trainer_step(tr, 1, &r);
             CHECK(t, s == SHARD_ERR_INVALID_ARG, "zero %d: a NaN gradient's step returned %d, want %d", z, (int)s,
                   (int)SHARD_ERR_INVALID_ARG);
-            CHECK(t, strstr(shard_last_error(), "global norm is nan") != NULL, "the message: %s", shard_last_error());
+            CHECK(t, strstr(shard_last_error(), "global norm is NaN") != NULL, "the message: %s", shard_last_error());
             CHECK_OK(t, shard_trainer_values(tr, after), "values");
             CHECK(t, before && after && memcmp(before, after, n * sizeof *before) == 0,
                   "zero %d: the failed step changed the values", z);

@@ -109,8 +109,10 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path);
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step);
 /* Where this trainer's settings that shape the numbers (seed, batch, seq, learning-rate schedule, AdamW,
  * clip, dtypes) differ from those the checkpoint recorded: "lr 0.001 (the checkpoint's: 0.003); ..."
- * into out, "" when they agree (or the checkpoint predates the record).  Each save records them. */
-shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, char *out, size_t bytes);
+ * into out, "" when they agree (or the checkpoint predates the record).  Each save records them.
+ * `where` as given to shard_trainer_resume, `step` the step it resumed. */
+shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, uint64_t step, char *out,
+                                              size_t bytes);
 
 #ifdef __cplusplus
 }

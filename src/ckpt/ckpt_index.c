@@ -58,16 +58,22 @@ shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *
                                                       "shape", size_array(x->shape, x->ndim), "spec", x->spec, "chunks",
                                                       chunks)) == 0;
     }
-    if (ok)
-        ok = json_object_set_new(root, "format", json_string("shard-checkpoint")) == 0 &&
-             json_object_set_new(root, "version", json_integer(1)) == 0 &&
-             json_object_set_new(root, "step", json_integer((json_int_t)ix->step)) == 0 &&
-             json_object_set_new(root, "mesh", json_string(ix->mesh)) == 0 &&
-             json_object_set_new(root, "world", json_integer(ix->world)) == 0 &&
-             json_object_set_new(root, "config", config ? config : json_null()) == 0 &&
-             (!training || json_object_set_new(root, "training", training) == 0) &&
-             json_object_set_new(root, "files", files) == 0 && json_object_set_new(root, "tensors", tensors) == 0;
-    char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+    /* the top level, in this order; json_object_set_new takes each value (on failure too), and what is not
+     * set is released */
+    static const char *const keys[9] = {"format", "version", "step", "mesh", "world", "config", "training", "files",
+                                        "tensors"};
+    json_t *fields[9] = {json_string("shard-checkpoint"), json_integer(1), json_integer((json_int_t)ix->step),
+                         json_string(ix->mesh), json_integer(ix->world), config ? config : json_null(), training, files,
+                         tensors};
+    for (int i = 0; i < 9; i++) {
+        if (!fields[i]) {
+            ok &= i == 6; /* no training record: no key */
+            continue;
+        }
+        if (!ok) json_decref(fields[i]);
+        else if (json_object_set_new(root, keys[i], fields[i]) < 0) ok = 0;
+    }
+    char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL; /* float-sized */
     json_decref(root);
     if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "%s: cannot build the index (out of memory)", path);
     size_t len = strlen(text);

@@ -46,6 +46,8 @@ static uint64_t get64(const unsigned char *p) {
 }
 
 shard_status shard_tokens_write(const char *path, const uint32_t *tokens, size_t count, uint32_t vocab) {
+    if (vocab == 0 || vocab > INT32_MAX) /* what shard_tokens_open accepts: ids that fit the model's int32 */
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: vocabulary %u; valid: 1..2147483647", path, vocab);
     uint32_t width = vocab <= 65536 ? 2 : 4;
     unsigned char *buf = malloc(HEADER_BYTES + (count ? count : 1) * width);
     if (!buf) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu tokens", path, count);
@@ -194,7 +196,7 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
     for (int i = 0; i < 3 && s == SHARD_OK; i++) {
         struct stat st;
         snprintf(path, sizeof path, "%s/%s", out_dir, outputs[i]);
-        if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
             s = shard_error(SHARD_ERR_INVALID_ARG, "data text: %s exists and is not a regular file; remove it or give "
                             "another --out", path);
     }

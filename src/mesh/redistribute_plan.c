@@ -162,6 +162,7 @@ shard_status shard_redistribute_plan_make(const shard_mesh_layout *layout, shard
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_redistribute_plan_make: %d dims (0..%d)", ndim, SHARD_MAX_DIMS);
     SHARD_CHECK(shard_spec_validate(from, layout, ndim, "redistribute: the source spec"));
     SHARD_CHECK(shard_spec_validate(to, layout, ndim, "redistribute: the target spec"));
+    SHARD_CHECK(shard_spec_check_dtype(from, dtype, "redistribute: the source spec"));
     SHARD_CHECK(shard_spec_check_dtype(to, dtype, "redistribute: the target spec"));
     memset(out, 0, sizeof *out);
     out->layout = *layout, out->dtype = dtype, out->ndim = ndim, out->from = *from, out->to = *to;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -296,9 +297,9 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     /* every rank holds the same all-reduced sum, so all stop here together: an update with a NaN or
      * infinite gradient would make every weight and moment NaN (and a checkpoint saved after it) */
     if (!isfinite(all_squares))
-        return shard_error(SHARD_ERR_INVALID_ARG, "train step %llu: the gradients' global norm is %g (a gradient "
-                           "overflowed); the weights were not updated (a lower learning rate or --clip may help)",
-                           (unsigned long long)step, out->grad_norm);
+        return shard_error(SHARD_ERR_INVALID_ARG, "train step %llu: the gradients' global norm is %s: the weights or "
+                           "the gradients are not finite; the weights were not updated (a lower learning rate may help)",
+                           (unsigned long long)step, isnan(all_squares) ? "NaN" : "infinite");
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
     SHARD_CHECK(shard__dp_update(t->dp, &t->c.adamw, step, out->lr, clip));
@@ -411,21 +412,32 @@ static void free_items(shard_ckpt_item *items, void *names, size_t n) {
 
 /* The settings that shape the run's numbers (not how it is split), as a JSON object: saved with each
  * checkpoint, compared when one is resumed. */
+static double shown(float x) { /* a float as its shortest decimal: 0.003, not 0.00300000003 */
+    char text[32];
+    snprintf(text, sizeof text, "%.7g", (double)x);
+    return strtod(text, NULL);
+}
+
 static json_t *training_record(const shard_trainer *t) {
     const shard_trainer_config *c = &t->c;
     return json_pack("{s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:s}", "seed", (json_int_t)c->seed,
-                     "batch", (json_int_t)t->global, "seq", (json_int_t)c->seq, "lr", (double)c->lr.lr_max, "min_lr",
-                     (double)c->lr.lr_min, "warmup", (json_int_t)c->lr.warmup, "steps", (json_int_t)c->lr.total,
-                     "weight_decay", (double)c->adamw.weight_decay, "beta1", (double)c->adamw.beta1, "beta2",
-                     (double)c->adamw.beta2, "eps", (double)c->adamw.eps, "clip", (double)c->clip, "grad_dtype",
+                     "batch", (json_int_t)t->global, "seq", (json_int_t)c->seq, "lr", shown(c->lr.lr_max), "min_lr",
+                     shown(c->lr.lr_min), "warmup", (json_int_t)c->lr.warmup, "steps", (json_int_t)c->lr.total,
+                     "weight_decay", shown(c->adamw.weight_decay), "beta1", shown(c->adamw.beta1), "beta2",
+                     shown(c->adamw.beta2), "eps", shown(c->adamw.eps), "clip", shown(c->clip), "grad_dtype",
                      shard_dtype_name(c->grad_dtype), "compute_dtype", shard_dtype_name(c->compute_dtype));
 }
 
-shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, char *out, size_t bytes) {
-    if (bytes) out[0] = '\0';
-    char dir[4096];
+shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, uint64_t step, char *out,
+                                              size_t bytes) {
+    if (!bytes) return shard_error(SHARD_ERR_INVALID_ARG, "resume: no room for the differences");
+    out[0] = '\0';
+    char dir[4096], path[4096 + 16];
+    snprintf(path, sizeof path, "%s/index.json", where);
+    if (access(path, F_OK) == 0) snprintf(dir, sizeof dir, "%s", where); /* a step directory */
+    else shard__ckpt_step_dir(where, step, dir, sizeof dir); /* a root: the step resumed, wherever latest points */
     shard__ckpt_index ix;
-    SHARD_CHECK(shard__ckpt_open_index(where, dir, sizeof dir, &ix));
+    SHARD_CHECK(shard__ckpt_open_index(dir, path, sizeof path, &ix));
     json_t *now = training_record(t), *then = ix.training ? json_loads(ix.training, 0, NULL) : NULL;
     shard_status s = now ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "resume: out of memory");
     size_t used = 0;
