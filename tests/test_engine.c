@@ -79,6 +79,15 @@ static void forward_backward(void **state) {
     assert_int_equal(shard_engine_backward(e, y2, g2), SHARD_OK); /* pops x2 */
     assert_int_equal(shard_engine_backward(e, dy, g2), SHARD_OK); /* pops x */
     assert_memory_equal(g2->data, grads->data, grads->total * sizeof(float));
+    /* in place (y = x): the tape keeps the input, so the gradients are the same */
+    shard_tensor *xin = NULL; /* a writable copy (the fixture's tensors are views of a read-only mapping) */
+    assert_int_equal(shard_tensor_create(SHARD_F32, 2, x->shape, SHARD_MEM_ACTIVATIONS, &xin), SHARD_OK);
+    assert_int_equal(shard_tensor_copy(xin, x), SHARD_OK);
+    assert_int_equal(shard_engine_forward(e, xin, xin), SHARD_OK);
+    expect_close(xin, want, 1e-5, "y in place");
+    assert_int_equal(shard_engine_backward(e, dy, g2), SHARD_OK);
+    assert_memory_equal(g2->data, grads->data, grads->total * sizeof(float));
+    shard_tensor_destroy(xin);
     assert_int_equal(shard_engine_backward(e, dy, g2), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "no forward to go back through"));
     shard_params_destroy(g2);
@@ -126,7 +135,15 @@ static void refusals(void **state) {
     shard_tensor *w = get("layer_1/weights");
     shard_named wrong[1] = {{"layer_0/weights", w}}; /* [32,16] where [16,32] belongs */
     assert_int_equal(shard_engine_load_checkpoint(e, wrong, 1), SHARD_ERR_INVALID_ARG);
-    assert_non_null(strstr(shard_last_error(), "'layer_0/weights' must be [16,32]"));
+    assert_non_null(strstr(shard_last_error(), "'layer_0/weights' must be [16,32], got f32[32,16]"));
+    shard_tensor *w0 = get("layer_0/weights");
+    shard_named only0[1] = {{"layer_0/weights", w0}}; /* the seed's load needs both (a KeyError there) */
+    assert_int_equal(shard_engine_load_checkpoint(e, only0, 1), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "'layer_1/weights' is missing"));
+    shard_named half_bad[2] = {{"layer_0/weights", w0}, {"layer_1/weights", w0}}; /* the second wrong: nothing copied */
+    assert_int_equal(shard_engine_load_checkpoint(e, half_bad, 2), SHARD_ERR_INVALID_ARG);
+    assert_true(shard_params_data(e->params, "layer_0/weights")[0] == 0.0f);
+    shard_tensor_destroy(w0);
     shard_named unknown[1] = {{"layer_2/weights", w}};
     assert_int_equal(shard_engine_load_checkpoint(e, unknown, 1), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "no parameter 'layer_2/weights'"));
@@ -137,6 +154,16 @@ static void refusals(void **state) {
     shard_tensor *x8 = get("layer_0/weights");                 /* 16 rows of 32 features: not */
     assert_int_equal(shard_engine_forward(e, x8, y), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "expected a contiguous f32[batch,16], got f32[16,32]"));
+    /* gradients: a slab of this engine's layout, not its params nor another's shapes */
+    assert_int_equal(shard_engine_backward(e, y, e->params), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "give a gradient slab of the engine's layout"));
+    shard_engine *other = NULL;
+    shard_params *small = NULL;
+    assert_int_equal(shard_mlp_engine_create(16, 8, &other), SHARD_OK);
+    assert_int_equal(shard_params_like(other->params, SHARD_MEM_GRADS, &small), SHARD_OK);
+    assert_int_equal(shard_engine_backward(e, y, small), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "grads 'layer_0/weights' is another shape; this engine's is [16,32]"));
+    shard_params_destroy(small), shard_engine_destroy(other);
     shard_tensor_destroy(w), shard_tensor_destroy(x8), shard_tensor_destroy(y);
     shard_engine_destroy(e);
 }

@@ -34,7 +34,7 @@ typedef struct shard_named {
 typedef struct shard_engine_ops {
     const char *name;
     shard_status (*load_checkpoint)(shard_engine *e, const shard_named *params, size_t count);
-    /* y must have the output's shape; x stays referenced until backward */
+    /* y must have the output's shape (it may be x); x is copied, so it can be reused at once */
     shard_status (*forward)(shard_engine *e, const shard_tensor *x, shard_tensor *y);
     /* grads (a slab like the engine's parameters) receive dL/dparam */
     shard_status (*backward)(shard_engine *e, const shard_tensor *dy, shard_params *grads);

@@ -30,19 +30,36 @@ static shard_status check_batch(const shard_tensor *t, size_t features, const ch
     return SHARD_OK;
 }
 
+/* As the seed: both weights, by name; every entry is checked before any is copied. */
 static shard_status load_checkpoint(shard_engine *e, const shard_named *params, size_t count) {
+    mlp_engine *m = (mlp_engine *)e;
+    int seen[2] = {0, 0};
     for (size_t i = 0; i < count; i++) {
-        const shard_param_info *info = shard_params_find(e->params, params[i].name);
+        const shard_param_info *info = params ? shard_params_find(e->params, params[i].name) : NULL;
         if (!info)
             return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: no parameter '%s' (the MLP has layer_0/weights, layer_1/weights)",
-                               params[i].name ? params[i].name : "(null)");
+                               params && params[i].name ? params[i].name : "(null)");
         const shard_tensor *src = params[i].tensor;
-        mlp_engine *m = (mlp_engine *)e;
         int first = info == e->params->info; /* layer_0: [model, hidden], split by columns; layer_1 by rows */
         size_t want[2] = {first ? m->model : m->hidden_whole, first ? m->hidden_whole : m->model};
-        int same = src && src->ndim == 2 && src->shape[0] == want[0] && src->shape[1] == want[1];
-        if (!same)
-            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' must be [%zu,%zu]", info->name, want[0], want[1]);
+        if (!src || src->ndim != 2 || src->shape[0] != want[0] || src->shape[1] != want[1]) {
+            char type[160] = "(null)";
+            if (src) shard_tensor_type_string(src, type, sizeof type);
+            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' must be [%zu,%zu], got %s", info->name, want[0],
+                               want[1], type);
+        }
+        if (seen[!first]++)
+            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' given twice", info->name);
+    }
+    for (int k = 0; k < 2; k++)
+        if (!seen[k])
+            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' is missing (the MLP needs layer_0/weights "
+                               "[%zu,%zu] and layer_1/weights [%zu,%zu])", e->params->info[k].name, m->model,
+                               m->hidden_whole, m->hidden_whole, m->model);
+    for (size_t i = 0; i < count; i++) {
+        const shard_param_info *info = shard_params_find(e->params, params[i].name);
+        const shard_tensor *src = params[i].tensor;
+        int first = info == e->params->info;
         shard_tensor piece = *src; /* this rank's block of the whole (a view) */
         size_t d = first ? 1 : 0;
         piece.shape[d] = m->hidden, piece.data = (char *)src->data + m->h0 * src->strides[d] * shard_dtype_size(src->dtype);
@@ -74,13 +91,15 @@ static shard_status forward_or_infer(shard_engine *e, const shard_tensor *x, sha
     if (y->shape[0] != x->shape[0])
         return shard_error(SHARD_ERR_INVALID_ARG, "mlp: %zu inputs but room for %zu outputs", x->shape[0], y->shape[0]);
     if (keep && m->depth == TAPE_DEPTH)
-        return shard_error(SHARD_ERR_INVALID_ARG, "mlp forward: %d forwards without a backward", TAPE_DEPTH);
+        return shard_error(SHARD_ERR_INVALID_ARG, "mlp forward: %d forwards without a backward; call backward, or "
+                           "inference_loop for outputs alone", TAPE_DEPTH);
     size_t zs[2] = {x->shape[0], m->hidden};
     shard_tensor *z = NULL, *xc = NULL;
     SHARD_CHECK(shard_tensor_create(SHARD_F32, 2, zs, SHARD_MEM_ACTIVATIONS, &z));
-    shard_status s = run(m, x, y, z);
-    if (s == SHARD_OK && keep) s = shard_tensor_create(SHARD_F32, 2, x->shape, SHARD_MEM_ACTIVATIONS, &xc);
+    shard_status s = SHARD_OK; /* the input kept before the output is written: y may be x */
+    if (keep) s = shard_tensor_create(SHARD_F32, 2, x->shape, SHARD_MEM_ACTIVATIONS, &xc);
     if (s == SHARD_OK && keep) s = shard_tensor_copy(xc, x);
+    if (s == SHARD_OK) s = run(m, x, y, z);
     if (s == SHARD_OK && keep) {
         m->tape_x[m->depth] = xc, m->tape_z[m->depth] = z, m->depth++;
         return SHARD_OK;
@@ -101,8 +120,16 @@ static shard_status backward(shard_engine *e, const shard_tensor *dy, shard_para
     size_t B = x->shape[0];
     if (dy->shape[0] != B)
         return shard_error(SHARD_ERR_INVALID_ARG, "mlp backward: gradient for %zu rows, the forward had %zu", dy->shape[0], B);
+    if (!grads || grads == e->params)
+        return shard_error(SHARD_ERR_INVALID_ARG, "mlp backward: give a gradient slab of the engine's layout "
+                           "(shard_params_like of its params), not %s", grads ? "its params" : "NULL");
+    for (size_t k = 0; k < 2; k++) { /* the names, and this engine's shapes (a tensor-parallel rank's block) */
+        const shard_param_info *want = &e->params->info[k], *have = shard_params_find(grads, want->name);
+        if (!have || have->ndim != 2 || have->shape[0] != want->shape[0] || have->shape[1] != want->shape[1])
+            return shard_error(SHARD_ERR_INVALID_ARG, "mlp backward: grads '%s' is %s; this engine's is [%zu,%zu]",
+                               want->name, have ? "another shape" : "missing", want->shape[0], want->shape[1]);
+    }
     float *g0 = shard_params_data(grads, "layer_0/weights"), *g1 = shard_params_data(grads, "layer_1/weights");
-    if (!g0 || !g1) return shard_error(SHARD_ERR_INVALID_ARG, "mlp backward: grads lack layer_0/weights or layer_1/weights");
     m->depth--;
     size_t hs[2] = {B, m->hidden};
     shard_tensor *h = NULL, *dh = NULL;
@@ -174,11 +201,13 @@ void shard_engine_destroy(shard_engine *e) {
 
 shard_status shard_engine_inference_loop(shard_engine *e, shard_stream_read next, void *in_ctx, shard_stream_write emit,
                                          void *out_ctx, size_t out_features) {
+    if (!e || !next || !emit) return shard_error(SHARD_ERR_INVALID_ARG, "inference_loop: NULL engine or stream");
     for (;;) {
         shard_tensor *x = NULL, *y = NULL;
         int got = next(in_ctx, &x);
-        if (got < 0) return shard_error(SHARD_ERR_IO, "inference_loop: the input stream failed");
+        if (got < 0) return shard_error(SHARD_ERR_IO, "inference_loop: the input stream failed (returned %d)", got);
         if (got == 0) return SHARD_OK;
+        if (!x) return shard_error(SHARD_ERR_INVALID_ARG, "inference_loop: the input stream gave no tensor");
         size_t shape[2] = {x->shape[0], out_features};
         SHARD_CHECK(shard_tensor_create(SHARD_F32, 2, shape, SHARD_MEM_ACTIVATIONS, &y));
         shard_status s = e->ops->infer(e, x, y);
