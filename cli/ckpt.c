@@ -7,10 +7,13 @@
  * its file.  export writes the full tensors as one safetensors file, or past
  * --max-shard-size as Hugging Face's sharded layout (model-00001-of-0000N
  * files and model.safetensors.index.json), one tensor in memory at a time. */
+#include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bench_comm.h"
@@ -210,20 +213,24 @@ static shard_status write_part(const char *path, shard_safetensors **files, cons
     return shard_st_writer_commit(w);
 }
 
-/* Hugging Face's index of a sharded export. */
+/* Hugging Face's index of a sharded export (jansson writes the names, escaped as JSON needs). */
 static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix, const size_t *part_of, int parts,
                                    const char *base, uint64_t total) {
-    size_t cap = 256 + ix->ntensors * 96, used = 0;
-    for (size_t t = 0; t < ix->ntensors; t++) cap += 2 * strlen(ix->tensors[t].name);
-    char *text = malloc(cap);
-    if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory");
-    used += (size_t)snprintf(text + used, cap - used, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
-                             (unsigned long long)total);
-    for (size_t t = 0; t < ix->ntensors; t++)
-        used += (size_t)snprintf(text + used, cap - used, "%s\n    \"%s\": \"%s-%05zu-of-%05d.safetensors\"", t ? "," : "",
-                                 ix->tensors[t].name, base, part_of[t] + 1, parts);
-    used += (size_t)snprintf(text + used, cap - used, "\n  }\n}\n");
-    shard_status s = shard__atomic_write_file(path, text, used);
+    json_t *root = json_object(), *map = json_object();
+    int ok = root && map && json_object_set_new(root, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) == 0;
+    for (size_t t = 0; ok && t < ix->ntensors; t++) {
+        char file[PATH_MAX];
+        snprintf(file, sizeof file, "%s-%05zu-of-%05d.safetensors", base, part_of[t] + 1, parts);
+        ok = json_object_set_new(map, ix->tensors[t].name, json_string(file)) == 0;
+    }
+    if (ok) ok = json_object_set_new(root, "weight_map", map) == 0;
+    else json_decref(map);
+    char *text = ok ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %s", path);
+    size_t len = strlen(text);
+    text[len] = '\n'; /* over the terminating NUL */
+    shard_status s = shard__atomic_write_file(path, text, len + 1);
     free(text);
     return s;
 }
@@ -235,15 +242,10 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
         cli_error("%s", shard_last_error());
         return 1;
     }
-    for (size_t t = 0; t < ix.ntensors; t++) /* a name with '"' or '\\' would need escaping in the HF index */
-        if (strpbrk(ix.tensors[t].name, "\"\\")) {
-            cli_error("export: tensor name '%s' has a quote or backslash; rename it", ix.tensors[t].name);
-            shard__ckpt_index_free(&ix);
-            return 1;
-        }
     shard_safetensors **files = calloc(ix.nfiles ? ix.nfiles : 1, sizeof *files);
     size_t *part_of = calloc(ix.ntensors ? ix.ntensors : 1, sizeof *part_of);
     int rc = files && part_of ? 0 : 1;
+    if (rc) cli_error("export: out of memory for %zu tensors", ix.ntensors);
     for (size_t i = 0; rc == 0 && i < ix.nfiles; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, ix.files[i].name);
         if (!shard__ckpt_check_file(dir, &ix.files[i], why, sizeof why)) cli_error("%s", why), rc = 1;
@@ -269,25 +271,49 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
         snprintf(base, sizeof base, "%s", name);
         char *dot = strstr(base, ".safetensors");
         if (dot) *dot = '\0';
+        /* every part under a temporary name first: a failure leaves an earlier export as it was */
         size_t first = 0;
         int written = 0;
+        char final[PATH_MAX + 64];
         for (int p = 0; rc == 0 && p < parts; p++) {
             size_t last = first;
             while (last < ix.ntensors && part_of[last] == (size_t)p) last++;
-            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors", out_dir, base, p + 1, parts);
+            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors.partial", out_dir, base, p + 1, parts);
             if (write_part(path, files, &ix, first, last, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
             else written++;
             first = last;
         }
-        snprintf(path, sizeof path, "%s/%s.safetensors.index.json", out_dir, base);
-        if (rc == 0 && write_hf_index(path, &ix, part_of, parts, base, total) < 0) cli_error("%s", shard_last_error()), rc = 1;
-        for (int p = 0; rc != 0 && p < written; p++) { /* a failed export leaves none of its parts without an index */
-            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors", out_dir, base, p + 1, parts);
+        struct stat st;
+        for (int p = 0; rc == 0 && p < parts; p++) { /* each final name free for a file, before any is replaced */
+            snprintf(final, sizeof final, "%s/%s-%05d-of-%05d.safetensors", out_dir, base, p + 1, parts);
+            if (stat(final, &st) == 0 && !S_ISREG(st.st_mode)) {
+                cli_error("export: %s exists and is not a file; remove it or give another --out", final);
+                rc = 1;
+            }
+        }
+        int renamed = 0;
+        for (int p = 0; rc == 0 && p < parts; p++, renamed++) {
+            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors.partial", out_dir, base, p + 1, parts);
+            snprintf(final, sizeof final, "%.*s", (int)(strlen(path) - strlen(".partial")), path);
+            if (rename(path, final) != 0) {
+                cli_error("export: cannot rename %s to %s: %s", path, final, strerror(errno));
+                rc = 1;
+                break;
+            }
+        }
+        for (int p = 0; rc != 0 && p < written; p++) { /* what a failed export wrote */
+            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors%s", out_dir, base, p + 1, parts,
+                     p < renamed ? "" : ".partial");
             unlink(path);
         }
+        snprintf(path, sizeof path, "%s/%s.safetensors.index.json", out_dir, base);
+        if (rc == 0 && write_hf_index(path, &ix, part_of, parts, base, total) < 0) cli_error("%s", shard_last_error()), rc = 1;
+        /* a single file of an earlier export would shadow the index (transformers reads it first) */
+        int stale = rc == 0 && stat(out, &st) == 0 && S_ISREG(st.st_mode) && unlink(out) == 0;
         if (rc == 0)
-            printf("exported %zu tensors (%llu bytes) of %s as %d files %s/%s-0000k-of-%05d.safetensors and %s\n",
-                   ix.ntensors, (unsigned long long)total, dir, parts, out_dir, base, parts, path);
+            printf("exported %zu tensors (%llu bytes) of %s as %d files %s/%s-0000k-of-%05d.safetensors and %s%s%s\n",
+                   ix.ntensors, (unsigned long long)total, dir, parts, out_dir, base, parts, path,
+                   stale ? "; removed the earlier single file " : "", stale ? out : "");
     }
     for (size_t i = 0; files && i < ix.nfiles; i++) shard_safetensors_close(files[i]);
     free(files);

@@ -284,6 +284,17 @@ def ckpt():
         left = sorted(f for f in os.listdir(work) if f.startswith("again"))
         expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1
                and left == ["again-00002-of-00004.safetensors"], f"failed sharded export: {p.stderr!r} left {left}")
+        # a long name (the index's text grows with it), over an earlier single-file export of that name
+        long_out = os.path.join(work, "m" * 200 + ".safetensors")
+        shutil.copyfile(out, long_out)
+        p = run(["ckpt", "export", d, "--out", long_out, "--max-shard-size", "1M"])
+        long_index = os.path.join(work, "m" * 200 + ".safetensors.index.json")
+        try:
+            names = json.load(open(long_index))["weight_map"] if p.returncode == 0 else {}
+        except ValueError:
+            names = {}
+        expect(p.returncode == 0 and len(names) == 8 and not os.path.exists(long_out)
+               and "removed the earlier single file" in p.stdout, f"sharded export, long name: {p.stdout} {p.stderr}")
         # an index whose chunks leave part of a tensor out, or overlap, is refused by every reader
         for kind, words in (("gap", "chunks hold 0 of"), ("overlap", "overlap")):
             bad = os.path.join(work, kind)

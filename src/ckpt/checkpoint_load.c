@@ -97,12 +97,12 @@ static shard_status check_step(shard_comm *world, const char *dir, shard__ckpt_i
     if (!ok) snprintf(why, REASON_BYTES, "%s", shard_last_error());
     for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size) ok = shard__ckpt_check_file(dir, &ix->files[i], why, REASON_BYTES);
     int32_t first_bad = ok ? INT32_MAX : rank;
-    SHARD_CHECK(shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN));
-    if (first_bad == INT32_MAX) return SHARD_OK;
-    SHARD_CHECK(shard_comm_broadcast(world, why, REASON_BYTES, SHARD_U8, first_bad));
+    shard_status s = shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN);
+    if (s == SHARD_OK && first_bad == INT32_MAX) return SHARD_OK;
+    if (s == SHARD_OK) s = shard_comm_broadcast(world, why, REASON_BYTES, SHARD_U8, first_bad);
     why[REASON_BYTES - 1] = '\0';
     if (have_index) shard__ckpt_index_free(ix);
-    return SHARD_ERR_IO;
+    return s < 0 ? s : SHARD_ERR_IO;
 }
 
 /* ---------------------------------------------------------------- loading */
@@ -184,7 +184,9 @@ shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, si
     int rank = shard_comm_rank(world);
     char index_path[PATH_MAX];
     snprintf(index_path, sizeof index_path, "%s/index.json", where);
-    int one_step = access(index_path, F_OK) == 0;
+    /* one step directory, or a root: rank 0's view decides for all (a node may see another file system) */
+    int32_t one_step = rank == 0 && access(index_path, F_OK) == 0;
+    SHARD_CHECK(shard_comm_broadcast(world, &one_step, 1, SHARD_I32, 0));
     uint64_t *steps = NULL;
     size_t nsteps = 0;
     shard_status s = SHARD_OK;
@@ -204,7 +206,10 @@ shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, si
         } else if (rank == 0 && i < nsteps) {
             shard__ckpt_step_dir(where, steps[i], dir, sizeof dir);
         }
-        if (!one_step) SHARD_CHECK(shard_comm_broadcast(world, dir, sizeof dir, SHARD_U8, 0));
+        if (!one_step && (s = shard_comm_broadcast(world, dir, sizeof dir, SHARD_U8, 0)) < 0) {
+            free(steps);
+            return s;
+        }
         dir[sizeof dir - 1] = '\0';
         if (!dir[0]) {
             free(steps);
