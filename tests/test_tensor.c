@@ -98,7 +98,23 @@ static void casts_round_to_nearest_even(void **state) {
     assert_int_equal(((uint16_t *)b->data)[2], 0x3f82); /* tie to even: up */
     assert_int_equal(shard_tensor_cast(back, b), SHARD_OK);
     assert_true(shard_tensor_get(back, 3) == -2.5);
-    shard_tensor *i32 = make(SHARD_I32, 1, shape);
+    /* from f64, rounded once: 1 + 2^-8 + 2^-30 is above the tie, so bf16 rounds up (via f32 it was 1.0) */
+    assert_int_equal(shard_tensor_set(b, 0, 1.0 + 0x1p-8 + 0x1p-30), SHARD_OK);
+    assert_int_equal(((uint16_t *)b->data)[0], 0x3f81);
+    shard_tensor *h = make(SHARD_F16, 1, shape);
+    assert_int_equal(shard_tensor_set(h, 0, 1.0 + 0x1p-11 + 0x1p-40), SHARD_OK);
+    assert_int_equal(((uint16_t *)h->data)[0], 0x3c01);
+    assert_int_equal(shard_tensor_set(h, 1, 1.0 + 0x1p-11), SHARD_OK); /* a tie: to even */
+    assert_int_equal(((uint16_t *)h->data)[1], 0x3c00);
+    shard_tensor_destroy(h);
+    shard_tensor *i32 = make(SHARD_I32, 1, shape), *i64 = make(SHARD_I64, 1, shape);
+    assert_int_equal(shard_tensor_fill(i32, NAN), SHARD_OK); /* integers have no NaN: 0 */
+    assert_true(((int32_t *)i32->data)[3] == 0);
+    assert_int_equal(shard_tensor_set(i64, 0, 9.21e18), SHARD_OK); /* fits: not clamped at 9.2e18 */
+    assert_true(((int64_t *)i64->data)[0] == (int64_t)9.21e18);
+    assert_int_equal(shard_tensor_set(i64, 1, 1e30), SHARD_OK);
+    assert_true(((int64_t *)i64->data)[1] == INT64_MAX);
+    shard_tensor_destroy(i64);
     assert_int_equal(shard_tensor_cast(i32, f), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "casts are between f32, f64, bf16 and f16"));
     shard_tensor_destroy(f);

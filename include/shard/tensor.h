@@ -44,9 +44,11 @@ size_t shard_tensor_numel(const shard_tensor *t);
 size_t shard_tensor_nbytes(const shard_tensor *t); /* numel x element size */
 int shard_tensor_is_contiguous(const shard_tensor *t);
 
-/* Element-wise copy between tensors of one shape and dtype (views allowed). */
+/* Element-wise copy between tensors of one shape and dtype (views allowed; views of the same storage
+ * must not overlap). */
 shard_status shard_tensor_copy(shard_tensor *dst, const shard_tensor *src);
-/* Set every element to value (converted to the dtype; floats round to nearest even). */
+/* Set every element to value (converted to the dtype; floats round to nearest even, once; integers
+ * saturate, NaN becomes 0). */
 shard_status shard_tensor_fill(shard_tensor *t, double value);
 /* Copy with conversion between float dtypes (f32, f64, bf16, f16); same shape. */
 shard_status shard_tensor_cast(shard_tensor *dst, const shard_tensor *src);

@@ -121,15 +121,30 @@ static double load(shard_dtype d, const void *p) {
     }
 }
 
+/* v as a float rounded toward zero, its last bit set when that was inexact ("round to odd"): rounding
+ * that float again to bf16 or f16 gives v rounded once to nearest even (a float keeps more than two
+ * bits beyond theirs), where (float)v would round twice (1 + 2^-8 + 2^-30 became bf16 1.0). */
+static float odd_float(double v) {
+    float f = (float)v;
+    if (isnan(v) || (double)f == v) return f;
+    if (fabs((double)f) > fabs(v)) f = nextafterf(f, 0.0f);
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits |= 1;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 static void store(shard_dtype d, void *p, double v) {
+    if (isnan(v) && !shard_dtype_is_float(d)) v = 0; /* an integer has no NaN (the cast would be undefined) */
     switch (d) {
     case SHARD_F32: *(float *)p = (float)v; break;
     case SHARD_F64: *(double *)p = v; break;
-    case SHARD_BF16: *(uint16_t *)p = shard_bf16_from_f32((float)v); break;
-    case SHARD_F16: *(uint16_t *)p = shard_f16_from_f32((float)v); break;
+    case SHARD_BF16: *(uint16_t *)p = shard_bf16_from_f32(odd_float(v)); break;
+    case SHARD_F16: *(uint16_t *)p = shard_f16_from_f32(odd_float(v)); break;
     case SHARD_I8: *(int8_t *)p = (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v); break;
     case SHARD_I32: *(int32_t *)p = (int32_t)(v < -2147483648.0 ? -2147483648.0 : v > 2147483647.0 ? 2147483647.0 : v); break;
-    case SHARD_I64: *(int64_t *)p = (int64_t)(v < -9.2e18 ? -9.2e18 : v > 9.2e18 ? 9.2e18 : v); break;
+    case SHARD_I64: *(int64_t *)p = v < -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v; break;
     case SHARD_U8: *(uint8_t *)p = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); break;
     default: break;
     }
