@@ -75,6 +75,16 @@ static int bench_redistribute_main(int argc, char **argv) {
             opt.json = 1;
         } else if (strcmp(arg, "--mesh") == 0) {
             if (!(opt.mesh = cli_value(argc, argv, &i))) return 2;
+            shard_mesh_layout layout; /* its syntax now, before any rank starts */
+            if (strlen(opt.mesh) >= 128 || shard_mesh_layout_parse(opt.mesh, 0, &layout) < 0) {
+                cli_error("--mesh '%s' is invalid: %s", opt.mesh, strlen(opt.mesh) >= 128 ? "at most 127 characters"
+                                                                                     : shard_last_error());
+                return 2;
+            }
+            if (layout.sizes[0] > 1024) {
+                cli_error("--mesh '%s' is invalid: the first axis splits 1,024 columns, so at most 1024 ranks", opt.mesh);
+                return 2;
+            }
         } else if (strcmp(arg, "--bytes") == 0) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--bytes", v, &opt.bytes)) return 2;
             if (opt.bytes < 4096) {
@@ -92,6 +102,10 @@ static int bench_redistribute_main(int argc, char **argv) {
         }
     }
     opt.launch = cli_launch_config(&common);
+    if (!opt.mesh && opt.launch.ranks > 1024) { /* the mesh data=N splits its 1,024 columns over N */
+        cli_error("bench redistribute: --ranks %d is more than the 1024 its 1,024 columns split over", opt.launch.ranks);
+        return 2;
+    }
     shard_status s = bench_redistribute_run(&opt);
     if (s < 0) {
         cli_error("%s", shard_last_error());

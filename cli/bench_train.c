@@ -53,8 +53,8 @@ int cli_bench_train(int argc, char **argv) {
             mesh_ranks = (int)n;
         } else if (strcmp(a, "--bucket-mb") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (!cli_number(v, &o.bucket_mb) || !(o.bucket_mb > 0)) {
-                cli_error("--bucket-mb '%s' is invalid: give a number > 0 (MiB), e.g. 25", v);
+            if (!cli_number(v, &o.bucket_mb) || !(o.bucket_mb > 0) || o.bucket_mb > 1e6) {
+                cli_error("--bucket-mb '%s' is invalid: give a number in (0, 1e6] (MiB), e.g. 25", v);
                 return 2;
             }
             if (o.zero < 0) o.zero = 0;

@@ -335,6 +335,10 @@ int cli_ckpt(int argc, char **argv) {
             if (!(out = cli_value(argc, argv, &i))) return 2;
         } else if (strcmp(argv[i], "--max-shard-size") == 0) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--max-shard-size", v, &max_shard)) return 2;
+            if (max_shard == 0) {
+                cli_error("--max-shard-size '%s' is invalid: give a size > 0, e.g. 5G", v);
+                return 2;
+            }
         } else if (argv[i][0] == '-') {
             cli_error("ckpt export: unknown option '%s' (see 'shard help')", argv[i]);
             return 2;
@@ -350,5 +354,5 @@ int cli_ckpt(int argc, char **argv) {
         cli_error("ckpt export: give a checkpoint directory and --out NAME.safetensors");
         return 2;
     }
-    return export_checkpoint(dir, out, max_shard ? max_shard : 1);
+    return export_checkpoint(dir, out, max_shard);
 }

@@ -1,6 +1,7 @@
 /* inspect.c — `shard inspect spec`: describe a sharding without running ranks.
  *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')" [--dtype f32]
  *                      [--to "P(None, 'tensor')"]   also print the redistribution plan to that spec */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,17 +17,22 @@ static int parse_shape(const char *text, size_t *shape, int *ndim) {
     const char *p = text;
     while (*p) {
         char *end = NULL;
-        if (*p == '-' || *ndim == SHARD_MAX_DIMS) goto bad;
+        if (*p < '0' || *p > '9' || *ndim == SHARD_MAX_DIMS) goto bad;
+        errno = 0;
         unsigned long long v = strtoull(p, &end, 10);
-        if (end == p || (*end && *end != ',')) goto bad;
+        if (end == p || errno || v > (1ULL << 40) || (*end && *end != ',')) goto bad;
         shape[(*ndim)++] = (size_t)v;
         p = *end ? end + 1 : end;
         if (*end && !*p) goto bad;
     }
     if (*ndim == 0) goto bad;
+    double elements = 1;
+    for (int d = 0; d < *ndim; d++) elements *= (double)shape[d];
+    if (elements > 0x1p50) goto bad; /* byte counts stay exact */
     return 0;
 bad:
-    cli_error("--shape '%s' is invalid: give 1 to %d sizes separated by commas, e.g. 128,4096", text, SHARD_MAX_DIMS);
+    cli_error("--shape '%s' is invalid: give 1 to %d sizes separated by commas, at most 2^50 elements, e.g. 128,4096",
+              text, SHARD_MAX_DIMS);
     return -1;
 }
 
@@ -66,7 +72,8 @@ int cli_inspect(int argc, char **argv) {
     if (parse_shape(shape_text, shape, &ndim)) return 2;
     shard_mesh_layout layout;
     shard_spec spec;
-    if (shard_mesh_layout_parse(mesh, 0, &layout) < 0 || shard_spec_parse(spec_text, &layout, ndim, &spec) < 0) {
+    if (shard_mesh_layout_parse(mesh, 0, &layout) < 0 || shard_spec_parse(spec_text, &layout, ndim, &spec) < 0 ||
+        shard_spec_check_dtype(&spec, dtype, "--spec") < 0) {
         cli_error("%s", shard_last_error());
         return 2;
     }

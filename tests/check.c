@@ -96,12 +96,22 @@ int test_main(int argc, char **argv, const char *program, const test_case *cases
     shard_launch_config cfg = shard_launch_config_default();
     run_args a = {.cases = cases, .ncases = ncases};
     for (int i = 1; i < argc; i++) {
+        char *end = NULL;
         if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc) {
-            cfg.ranks = atoi(argv[++i]);
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || end == argv[i] || n < 1 || n > 4096) {
+                fprintf(stderr, "%s: --ranks '%s' is invalid: give an integer in 1..4096\n", program, argv[i]);
+                return 2;
+            }
+            cfg.ranks = (int)n;
         } else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
             a.only = argv[++i];
         } else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) {
-            cfg.timeout_seconds = atof(argv[++i]);
+            cfg.timeout_seconds = strtod(argv[++i], &end);
+            if (*end || end == argv[i] || !(cfg.timeout_seconds > 0)) {
+                fprintf(stderr, "%s: --timeout '%s' is invalid: give seconds > 0\n", program, argv[i]);
+                return 2;
+            }
         } else {
             fprintf(stderr, "usage: %s [--ranks N] [--case NAME] [--timeout S]\n", program);
             return 2;
