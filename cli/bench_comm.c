@@ -204,10 +204,10 @@ static void print_results(const bench_run *run) {
         double base_bus = b->baseline_time_us > 0 ? (double)b->bytes / (b->baseline_time_us * 1e3) * factor : 0;
         if (opt->json) {
             printf("{\"op\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, \"bytes\": %llu, \"time_us\": %.3f, "
-                   "\"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f",
+                   "\"algbw_gbps\": %.6g, \"busbw_gbps\": %.6g", /* significant digits: a slow run's GB/s are small */
                    opt->op, run->backend, run->ranks, (unsigned long long)b->bytes, b->time_us, algbw, busbw);
             if (b->baseline_time_us > 0)
-                printf(", \"baseline_busbw_gbps\": %.4f, \"ratio\": %.4f", base_bus,
+                printf(", \"baseline_busbw_gbps\": %.6g, \"ratio\": %.6g", base_bus,
                        base_bus > 0 ? busbw / base_bus : 0.0);
             printf("}\n");
         } else {
