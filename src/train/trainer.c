@@ -410,6 +410,14 @@ static void free_items(shard_ckpt_item *items, void *names, size_t n) {
     free(items), free(names);
 }
 
+/* This rank's piece of parameter i (a tensor-parallel block, or all of it) from its whole tensor, into the
+ * slab-layout array at `slab`. */
+static void take_piece(const shard_trainer *t, size_t i, const float *whole, float *slab) {
+    const shard_param_info *info = &t->model->params->info[i];
+    if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, whole, slab + info->offset);
+    else memcpy(slab + info->offset, whole, info->numel * sizeof(float));
+}
+
 /* The settings that shape the run's numbers (not how it is split), as a JSON object: saved with each
  * checkpoint, compared when one is resumed. */
 static double shown(float x) { /* a float as its shortest decimal: 0.003, not 0.00300000003 */
@@ -513,12 +521,7 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     if (s == SHARD_OK) {
         size_t bytes = p->total * sizeof(float);
         memset(w.values, 0, bytes), memset(w.exp_avg, 0, bytes), memset(w.exp_avg_sq, 0, bytes);
-        for (size_t i = 0; i < p->count; i++) {
-            const float *from = whole->data + whole->info[i].offset;
-            float *to = w.values + p->info[i].offset;
-            if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, from, to);
-            else memcpy(to, from, p->info[i].numel * sizeof(float));
-        }
+        for (size_t i = 0; i < p->count; i++) take_piece(t, i, whole->data + whole->info[i].offset, w.values);
         s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
     }
     shard_params_destroy(whole);
@@ -545,9 +548,7 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
             for (size_t k = 0; k < n; k++) {
                 size_t i = mine[k];
                 if (i == SIZE_MAX) continue; /* another stage's */
-                const float *whole = items[j * n + k].tensor->local->data;
-                if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, whole, dst[j] + p->info[i].offset);
-                else memcpy(dst[j] + p->info[i].offset, whole, p->info[i].numel * sizeof(float));
+                take_piece(t, i, items[j * n + k].tensor->local->data, dst[j]);
             }
         }
         s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
