@@ -213,6 +213,12 @@ static shard_status write_part(const char *path, shard_safetensors **files, cons
     return shard_st_writer_commit(w);
 }
 
+/* Part p (0-based) of a sharded export, Hugging Face's name ("model-00001-of-00004.safetensors"), in dir
+ * (NULL: the bare name), with a suffix (".partial" while it is written, or ""). */
+static void part_name(char *out, size_t bytes, const char *dir, const char *base, size_t p, int parts, const char *suffix) {
+    snprintf(out, bytes, "%s%s%s-%05zu-of-%05d.safetensors%s", dir ? dir : "", dir ? "/" : "", base, p + 1, parts, suffix);
+}
+
 /* Hugging Face's index of a sharded export (jansson writes the names, escaped as JSON needs). */
 static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix, const size_t *part_of, int parts,
                                    const char *base, uint64_t total) {
@@ -220,7 +226,7 @@ static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix
     int ok = root && map && json_object_set_new(root, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) == 0;
     for (size_t t = 0; ok && t < ix->ntensors; t++) {
         char file[PATH_MAX];
-        snprintf(file, sizeof file, "%s-%05zu-of-%05d.safetensors", base, part_of[t] + 1, parts);
+        part_name(file, sizeof file, NULL, base, part_of[t], parts, "");
         ok = json_object_set_new(map, ix->tensors[t].name, json_string(file)) == 0;
     }
     if (ok) ok = json_object_set_new(root, "weight_map", map) == 0;
@@ -278,14 +284,14 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
         for (int p = 0; rc == 0 && p < parts; p++) {
             size_t last = first;
             while (last < ix.ntensors && part_of[last] == (size_t)p) last++;
-            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors.partial", out_dir, base, p + 1, parts);
+            part_name(path, sizeof path, out_dir, base, (size_t)p, parts, ".partial");
             if (write_part(path, files, &ix, first, last, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
             else written++;
             first = last;
         }
         struct stat st;
         for (int p = 0; rc == 0 && p < parts; p++) { /* each final name free for a file, before any is replaced */
-            snprintf(final, sizeof final, "%s/%s-%05d-of-%05d.safetensors", out_dir, base, p + 1, parts);
+            part_name(final, sizeof final, out_dir, base, (size_t)p, parts, "");
             if (stat(final, &st) == 0 && !S_ISREG(st.st_mode)) {
                 cli_error("export: %s exists and is not a file; remove it or give another --out", final);
                 rc = 1;
@@ -293,8 +299,8 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
         }
         int renamed = 0;
         for (int p = 0; rc == 0 && p < parts; p++, renamed++) {
-            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors.partial", out_dir, base, p + 1, parts);
-            snprintf(final, sizeof final, "%.*s", (int)(strlen(path) - strlen(".partial")), path);
+            part_name(path, sizeof path, out_dir, base, (size_t)p, parts, ".partial");
+            part_name(final, sizeof final, out_dir, base, (size_t)p, parts, "");
             if (rename(path, final) != 0) {
                 cli_error("export: cannot rename %s to %s: %s", path, final, strerror(errno));
                 rc = 1;
@@ -302,8 +308,7 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
             }
         }
         for (int p = 0; rc != 0 && p < written; p++) { /* what a failed export wrote */
-            snprintf(path, sizeof path, "%s/%s-%05d-of-%05d.safetensors%s", out_dir, base, p + 1, parts,
-                     p < renamed ? "" : ".partial");
+            part_name(path, sizeof path, out_dir, base, (size_t)p, parts, p < renamed ? "" : ".partial");
             unlink(path);
         }
         snprintf(path, sizeof path, "%s/%s.safetensors.index.json", out_dir, base);
