@@ -195,7 +195,7 @@ static double predicted_bytes(const shard_gpt_config *c, int P, int r, size_t sl
 
 static void print_report(const pp_args *a, const shard_gpt_config *gc, int json) {
     int P = a->P;
-    size_t rows = (size_t)a->batch / 8; /* a micro-batch's rows (8 micro-batches) */
+    size_t rows = ((size_t)a->batch + 7) / 8; /* the largest micro-batch's rows (8 micro-batches; the model's buffers) */
     double predicted[3][16];
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < P; r++) {

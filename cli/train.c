@@ -136,6 +136,17 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(comm, o->mesh ? o->mesh : mesh_text, &mesh));
+    /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
+     * (the library accepts them there, so that one configuration serves a reference run of one stage) */
+    int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
+    const char *pipe_flag = o->schedule ? "--schedule" : o->virtual_stages > 0 ? "--virtual-stages"
+                            : o->recompute ? "--recompute" : o->layers_per_stage ? "--layers-per-stage" : NULL;
+    if (pipe_flag && (pipe_axis < 0 || shard_mesh_axis_size(mesh, pipe_axis) < 2)) {
+        shard_mesh_destroy(mesh);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s acts on a pipe axis of 2 or more ranks, and this mesh has %s: give "
+                           "e.g. --mesh pipe=2, or leave %s out", pipe_flag, pipe_axis >= 0 ? "pipe=1" : "none",
+                           pipe_flag);
+    }
     shard_trainer_config tc = {.config_path = o->config, .data_dir = o->data, .batch = (size_t)o->batch,
                                .micro_batch = (size_t)o->micro_batch, .accum = (size_t)o->accum, .seq = (size_t)o->seq,
                                .seed = o->seed, .zero = (int)o->zero, .bucket_mb = o->bucket_mb,
@@ -178,7 +189,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
          step = next_save(step, every, last)) {
         char dir[4096];
         shard__ckpt_step_dir(o->save, step, dir, sizeof dir);
-        if (access(dir, F_OK) == 0)
+        if (shard__ckpt_step_committed(o->save, step))
             s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s: %s exists already; give another directory or remove it",
                             o->save, dir);
     }

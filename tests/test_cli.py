@@ -101,6 +101,10 @@ def errors():
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "pipe=2", "--schedule", "interleaved",
           "--virtual-stages", "17", "--micro-batches", "4"], 1, "--virtual-stages 17: at most 16 chunks per rank"),
         (["train", "--config", "c", "--data", "d", "--micro-batches", "0"], 2, "--micro-batches '0' is invalid"),
+        (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "data=2", "--recompute"], 1,
+         "--recompute acts on a pipe axis of 2 or more ranks, and this mesh has none: give e.g. --mesh pipe=2, or leave"),
+        (["train", "--config", "c", "--data", "d", "--mesh", "data=1,pipe=1", "--schedule", "1f1b"], 1,
+         "--schedule acts on a pipe axis of 2 or more ranks, and this mesh has pipe=1"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "pipe=2", "--virtual-stages", "2"], 1,
          "--virtual-stages 2 needs --schedule interleaved (gpipe runs one chunk per rank)"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "pipe=2", "--schedule", "interleaved",
@@ -190,6 +194,12 @@ def bench_json():
     p = run(["bench", "comm", "--op", "all_reduce", "--ranks", "2", "--max", "8K", "--verbose"])
     expect(p.returncode == 0 and "backend threads" in p.stderr, f"--verbose: {p.stderr!r}")
     expect("bytes" in p.stdout and "busbw" in p.stdout, f"table: {p.stdout!r}")
+    # a shell inside an interactive one-task Slurm step (srun --pty bash): its children inherit SLURM_PROCID,
+    # SLURM_STEP_ID and SLURM_NTASKS=1, and thread ranks still run
+    slurm = dict(ENV, SLURM_PROCID="0", SLURM_STEP_ID="0", SLURM_NTASKS="1")
+    p = subprocess.run([SHARD, "bench", "comm", "--ranks", "2", "--max", "4K", "--verbose"], capture_output=True,
+                       text=True, timeout=120, env=slurm)
+    expect(p.returncode == 0 and "backend threads" in p.stderr, f"inside a one-task srun step: {p.returncode} {p.stderr!r}")
 
 
 def bench_mpi():
@@ -207,6 +217,15 @@ def bench_mpi():
     p = run(["bench", "comm", "--ranks", "3", "--max", "4K"], mpi=2)
     expect(p.returncode != 0 and "--ranks 3 but the MPI launcher started 2 processes" in p.stderr,
            f"--ranks disagreeing with mpirun: {p.returncode} {p.stderr!r}")
+    # the other MPI's launcher: each process would see a world of its own and run the whole job alone
+    other = (["/usr/bin/mpiexec.openmpi", "--oversubscribe"] if "mpich" in MPIEXEC[0] else ["/usr/bin/mpiexec.mpich"])
+    expect(os.path.exists(other[0]), f"{other[0]} is missing (make deps installs Open MPI and MPICH)")
+    if os.path.exists(other[0]):
+        p = subprocess.run(other + ["-np", "2", SHARD, "bench", "comm", "--max", "4K"], capture_output=True, text=True,
+                           timeout=120, env=ENV)
+        expect(p.returncode != 0 and "the launcher started 2 processes" in p.stderr
+               and "this build's MPI sees a world of 1" in p.stderr,
+               f"{other[0]} with a binary of the other MPI: {p.returncode} {p.stderr!r}")
 
 
 TRANSITIONS = [("split -> replicated", "all_gather", "all_gather"), ("replicated -> split", "slice", None),
@@ -490,8 +509,9 @@ def train():
             expect(p.returncode == 1 and len(lines) == 1 and want in p.stderr, f"pipeline bad input {extra}: {p.stderr!r}")
         # the pipeline benchmark: every table present, measured bubbles are fractions (how near the formula
         # they come is a benchmark's figure, not a test's: a loaded machine stretches the waits), the replay
-        # and the activation bytes as counted
-        p = run(["bench", "pipeline", "--config", cfg, "--ranks", "2", "--seq", "32", "--steps", "3", "--json"], timeout=300)
+        # and the activation bytes as counted (batch 12: micro-batches of 2 and 1 rows, sized for the larger)
+        p = run(["bench", "pipeline", "--config", cfg, "--ranks", "2", "--seq", "32", "--steps", "3", "--batch", "12",
+                 "--json"], timeout=300)
         rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
         bub = [r for r in rows if r["table"] == "bubble"]
         act = [r for r in rows if r["table"] == "activations"]

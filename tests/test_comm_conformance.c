@@ -124,6 +124,67 @@ static void case_all_reduce(test_ctx *t) {
                 }
 }
 
+/* MAX and MIN keep a NaN whichever rank holds it, on every backend (as PyTorch's max does; MPI's own
+ * MPI_MAX is `a > b ? a : b` and drops a NaN that arrives first).  Element i has its NaN on rank i % n. */
+static void case_max_min_nan(test_ctx *t) {
+    shard_comm *c = t->comm;
+    int n = t->size, r = t->rank;
+    const shard_dtype dtypes[] = {SHARD_F32, SHARD_F64, SHARD_BF16, SHARD_F16};
+    const shard_reduce_op ops[] = {SHARD_OP_MAX, SHARD_OP_MIN};
+    size_t count = 4 * (size_t)n + 3;
+    for (int di = 0; di < 4; di++)
+        for (int oi = 0; oi < 2; oi++)
+            for (int nonblocking = 0; nonblocking < 2; nonblocking++) {
+                shard_dtype d = dtypes[di];
+                void *x = alloc_buf(count, d);
+                for (size_t i = 0; i < count; i++) put(d, x, i, (int)(i % (size_t)n) == r ? NAN : (double)(r + 1));
+                shard_status s;
+                if (nonblocking) {
+                    shard_request *req = NULL;
+                    s = shard_comm_iall_reduce(c, x, x, count, d, ops[oi], &req);
+                    if (s == SHARD_OK) s = shard_request_wait(&req);
+                } else {
+                    s = shard_comm_all_reduce(c, x, x, count, d, ops[oi]);
+                }
+                CHECK_OK(t, s, "all_reduce %s %s with NaN", shard_dtype_name(d), shard_reduce_op_name(ops[oi]));
+                for (size_t i = 0; i < count; i++)
+                    if (!CHECK(t, isnan(get(d, x, i)), "%sall_reduce %s %s: element %zu is %g, but rank %zu holds a "
+                               "NaN there", nonblocking ? "i" : "", shard_dtype_name(d),
+                               shard_reduce_op_name(ops[oi]), i, get(d, x, i), i % (size_t)n))
+                        break;
+                shard_free(x);
+            }
+}
+
+/* send and recv overlapping outside the in-place layout are refused on every rank (here recv is send
+ * shifted by one element, never an in-place layout for blocks of 4): a rank would overwrite what a peer
+ * still reads.  In-place all_to_allv with nothing to move (NULL buffers, zero counts) is fine, and a
+ * refused isend leaves its request NULL. */
+static void case_overlap_refused(test_ctx *t) {
+    shard_comm *c = t->comm;
+    int n = t->size;
+    size_t count = 4, total = (size_t)n * count;
+    float *b = alloc_buf(total + 1, SHARD_F32);
+    for (int k = 0; k < 4; k++) {
+        shard_status s = k == 0   ? shard_comm_all_reduce(c, b, b + 1, count, SHARD_F32, SHARD_OP_SUM)
+                         : k == 1 ? shard_comm_all_gather(c, b + 1, b, count, SHARD_F32)
+                         : k == 2 ? shard_comm_reduce_scatter(c, b, b + 1, count, SHARD_F32, SHARD_OP_SUM)
+                                  : shard_comm_all_to_all(c, b, b + 1, count, SHARD_F32);
+        CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "overlaps the recv buffer"),
+              "collective %d with overlapping buffers: status %d, '%s'", k, (int)s, shard_last_error());
+    }
+    shard_free(b);
+    size_t *zeros = calloc((size_t)n, sizeof *zeros);
+    if (zeros)
+        CHECK_OK(t, shard_comm_all_to_allv(c, NULL, zeros, zeros, NULL, zeros, zeros, SHARD_F32),
+                 "all_to_allv in place with zero counts and NULL buffers");
+    free(zeros);
+    float x = 0;
+    shard_request *req = (shard_request *)&x; /* garbage the refusal must clear */
+    CHECK(t, shard_comm_isend(c, &x, 1, SHARD_F32, n + 5, 0, &req) == SHARD_ERR_INVALID_ARG && req == NULL,
+          "a refused isend leaves its request NULL");
+}
+
 /* Results are bit-identical on every rank; on threads they equal the sum in rank order. */
 static void case_all_reduce_bitwise(test_ctx *t) {
     shard_comm *c = t->comm;
@@ -700,6 +761,8 @@ static void case_traffic_counters(test_ctx *t) {
 static const test_case cases[] = {
     {"all_reduce", case_all_reduce},
     {"all_reduce_bitwise", case_all_reduce_bitwise},
+    {"max_min_nan", case_max_min_nan},
+    {"overlap_refused", case_overlap_refused},
     {"all_reduce_large", case_all_reduce_large},
     {"reduce_scatter", case_reduce_scatter},
     {"all_gather", case_all_gather},

@@ -1,9 +1,10 @@
 /* test_mpi_diagnostics.c — failure scenarios for the MPI backend, one per run:
- *   mpiexec -np 3 test_mpi_diagnostics timeout|mismatch|abort|recv_timeout|itimeout|send_timeout
+ *   mpiexec -np 3 test_mpi_diagnostics timeout|mismatch|abort|recv_timeout|itimeout|send_timeout|exit_wait
  * Each scenario is meant to fail; tests/expect_failure.py checks that the job
  * ends non-zero, within its time limit, printing the expected line. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "shard/shard.h"
 
@@ -29,6 +30,13 @@ static shard_status rank_fn(shard_comm *comm, void *arg) {
         if (r == 0) return shard_comm_recv(comm, x, 4, SHARD_F32, 1, 7);
         return SHARD_OK;
     }
+    if (strcmp(scenario, "exit_wait") == 0) { /* rank 1 works on past the others' deadline at the final barrier */
+        if (r == 1) {
+            struct timespec pause = {20, 0};
+            nanosleep(&pause, NULL);
+        }
+        return SHARD_OK;
+    }
     if (strcmp(scenario, "itimeout") == 0 || strcmp(scenario, "send_timeout") == 0) {
         /* rank 1 never takes part.  MPI cannot cancel a started collective or a large send, so the
          * wait must end the process: returning would let the caller free buffers MPI still uses */
@@ -47,7 +55,7 @@ static shard_status rank_fn(shard_comm *comm, void *arg) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: mpiexec -np 3 %s timeout|mismatch|abort|recv_timeout|itimeout|send_timeout\n", argv[0]);
+        fprintf(stderr, "usage: mpiexec -np 3 %s timeout|mismatch|abort|recv_timeout|itimeout|send_timeout|exit_wait\n", argv[0]);
         return 2;
     }
     scenario = argv[1];

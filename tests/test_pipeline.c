@@ -127,6 +127,9 @@ static void case_schedules(test_ctx *t) {
     CHECK(t, shard__pipe_partition(8, 3, "4,4", first) == SHARD_ERR_INVALID_ARG, "too few counts");
     CHECK(t, shard__pipe_partition(8, 3, "4,0,4", first) == SHARD_ERR_INVALID_ARG, "an empty stage");
     CHECK(t, shard__pipe_partition(2, 3, NULL, first) == SHARD_ERR_INVALID_ARG, "more stages than layers");
+    /* counts whose sum wraps around to the model's layers: 2 (2^63 - 1) + 6 = 2^64 + 4 */
+    CHECK(t, shard__pipe_partition(4, 3, "9223372036854775807,9223372036854775807,6", first) == SHARD_ERR_INVALID_ARG &&
+          strstr(shard_last_error(), "the counts add up to more than"), "counts that wrap: %s", shard_last_error());
 }
 
 /* ---------------------------------------------------------------- losses */

@@ -168,6 +168,31 @@ static void round_trip(void **state) {
     assert_int_equal(shard_st_writer_commit(w), SHARD_ERR_INVALID_ARG); /* 8 of 16 bytes */
     assert_non_null(strstr(shard_last_error(), "8 bytes of data written, the header declares 16"));
     assert_int_equal(access(other, F_OK), -1);
+    /* what a reader would refuse or lose is refused before a byte is written: a size past JSON's signed 64 bits,
+     * a metadata key given twice (one value would be dropped) */
+    shard_st_entry huge = {.name = "h", .dtype = SHARD_U8, .ndim = 1, .shape = {(size_t)1 << 63}};
+    assert_int_equal(shard_st_writer_open(other, &huge, 1, NULL, NULL, 0, &w), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "past 2^63 - 1"));
+    const char *keys[2] = {"step", "step"}, *values[2] = {"1", "2"};
+    assert_int_equal(shard_st_writer_open(other, &e, 1, keys, values, 2, &w), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "the metadata key 'step' is given twice"));
+    assert_int_equal(access(other, F_OK), -1);
+    /* a crashed run of the same pid (a container's pid 1, restarted) left temporary files under the names
+     * a pid-and-counter scheme would pick again: the write still goes through */
+    char stale[600];
+    for (int k = 0; k < 256; k++) {
+        snprintf(stale, sizeof stale, "%s.tmp-%d-%d", other, (int)getpid(), k);
+        FILE *sf = fopen(stale, "w");
+        if (sf) fclose(sf);
+    }
+    const char *xname = "x";
+    assert_int_equal(shard_safetensors_write(other, &xname, (const shard_tensor *const *)two, 1, NULL, NULL, 0), SHARD_OK);
+    assert_int_equal(access(other, F_OK), 0);
+    for (int k = 0; k < 256; k++) {
+        snprintf(stale, sizeof stale, "%s.tmp-%d-%d", other, (int)getpid(), k);
+        unlink(stale);
+    }
+    unlink(other);
     shard_tensor_destroy(two[0]);
 }
 
@@ -243,6 +268,10 @@ static const malformed corpus[] = {
     {"meta_not_string", "{\"__metadata__\":{\"step\":3}}", 0, "field '__metadata__': the value of 'step' is 3, not a string"},
     {"meta_not_object", "{\"__metadata__\":[1]}", 0, "field '__metadata__' is not an object"},
     {"entry_not_object", "{\"t\":[1]}", 0, "tensor 't': its entry is not an object"},
+    {"nul_in_dtype", "{\"t\":{\"dtype\":\"F32\\u0000junk\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+     "tensor 't': field 'dtype' contains a NUL byte"},
+    {"nul_in_meta_value", "{\"__metadata__\":{\"k\":\"a\\u0000b\"}}", 0,
+     "field '__metadata__': the value of 'k' contains a NUL byte"},
 };
 enum { NCORPUS = sizeof corpus / sizeof corpus[0] };
 

@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "comm/comm_impl.h"
 #include "core/parallel.h"
+#include "runtime/cores.h"
 #include "shard/shard.h"
 
 static void status_and_last_error(void **state) {
@@ -167,6 +168,33 @@ static void rank_lists(void **state) {
     int c[3] = {0, 0, 0};
     shard__format_rank_list(c, 3, out, sizeof out);
     assert_string_equal(out, "none");
+    /* too long for the text: whole numbers only, then ",..." (a number cut short would name another rank) */
+    int d[4096];
+    for (int r = 0; r < 4096; r++) d[r] = r % 2;
+    char small[40];
+    shard__format_rank_list(d, 4096, small, sizeof small);
+    assert_string_equal(small, "1,3,5,7,9,11,13,15,17,19,21,23,25,...");
+    for (int r = 0; r < 4096; r++) d[r] = r == 1000 || r == 1002;
+    char tiny[10];
+    shard__format_rank_list(d, 4096, tiny, sizeof tiny);
+    assert_string_equal(tiny, "1000,1002"); /* the last entry needs no room for ",..." */
+    char tinier[9];
+    shard__format_rank_list(d, 4096, tinier, sizeof tinier);
+    assert_string_equal(tinier, "1000,...");
+    char four[4];
+    shard__format_rank_list(d, 4096, four, sizeof four);
+    assert_string_equal(four, "...");
+}
+
+/* A rank's BLAS threads when processes share a machine (shard_share_cores). */
+static void cores_width(void **state) {
+    (void)state;
+    assert_int_equal(shard__cores_width(16, 2, 16, 2), 8);  /* two ranks, nothing bound */
+    assert_int_equal(shard__cores_width(16, 1, 16, 1), 16); /* one rank per machine */
+    assert_int_equal(shard__cores_width(16, 2, 1, 1), 1);   /* a launcher bound each rank to one core */
+    assert_int_equal(shard__cores_width(64, 2, 8, 2), 4);   /* a cpuset of 8 cores shared by two ranks */
+    assert_int_equal(shard__cores_width(64, 4, 8, 2), 4);   /* two cpusets of 8, two ranks in each */
+    assert_int_equal(shard__cores_width(2, 4, 2, 4), 1);    /* more ranks than cores */
 }
 
 static void reduce_kernels(void **state) {
@@ -268,6 +296,7 @@ int main(void) {
         cmocka_unit_test(dtype_names),
         cmocka_unit_test(even_split_rule),
         cmocka_unit_test(rank_lists),
+        cmocka_unit_test(cores_width),
         cmocka_unit_test(reduce_kernels),
         cmocka_unit_test(parallel_for_runs_every_chunk),
         cmocka_unit_test(cli_sizes),

@@ -8,6 +8,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 void shard__dir_of(const char *path, char *out, size_t out_bytes) {
@@ -30,13 +32,24 @@ shard_status shard__fsync_dir(const char *dir) {
 shard_status shard__atomic_open(const char *path, shard__atomic_file *f) {
     static _Atomic unsigned counter;
     f->fd = -1;
-    if (snprintf(f->path, sizeof f->path, "%s", path) >= (int)sizeof f->path ||
-        snprintf(f->tmp, sizeof f->tmp, "%s.tmp-%d-%u", path, (int)getpid(), atomic_fetch_add(&counter, 1)) >=
-            (int)sizeof f->tmp)
+    if (snprintf(f->path, sizeof f->path, "%s", path) >= (int)sizeof f->path)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: path too long", path);
-    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (f->fd < 0) return shard_error(SHARD_ERR_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
-    return SHARD_OK;
+    /* A random name (8 hex digits, as short as the pid-and-counter one it replaced, so that long names still
+     * fit NAME_MAX), and another while one exists: pid and counter repeat across restarts (a container's
+     * process is often pid 1 every time, and a run saves in the same order), so a crashed run's leftover
+     * could hold such a name.  The counter keeps names within a process apart if getrandom fails. */
+    for (int attempt = 0; attempt < 16; attempt++) {
+        unsigned nonce = 0;
+        if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != (ssize_t)sizeof nonce)
+            nonce = (unsigned)time(NULL) ^ (unsigned)getpid() * 2654435761u;
+        nonce += atomic_fetch_add(&counter, 1) * 0x9E3779B9u;
+        if (snprintf(f->tmp, sizeof f->tmp, "%s.tmp-%08x", path, nonce) >= (int)sizeof f->tmp)
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: path too long", path);
+        f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (f->fd >= 0) return SHARD_OK;
+        if (errno != EEXIST) break;
+    }
+    return shard_error(SHARD_ERR_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
 }
 
 shard_status shard__atomic_write(shard__atomic_file *f, const void *bytes, size_t size) {

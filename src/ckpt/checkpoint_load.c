@@ -34,32 +34,11 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* "step_N" -> N; 0 if the name is not exactly that. */
-static int parse_step_name(const char *name, uint64_t *step) {
-    if (strncmp(name, "step_", 5) != 0 || !name[5]) return 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(name + 5, &end, 10);
-    if (errno || *end || name[5] < '0' || name[5] > '9') return 0;
-    *step = v;
-    return 1;
-}
-
 /* Candidate steps under root, newest first: `latest`'s, then every other step_N older than it. */
 static shard_status candidates(const char *root, uint64_t **out, size_t *n) {
     *out = NULL, *n = 0;
-    char path[PATH_MAX], text[64] = "";
     uint64_t latest = 0;
-    int has_latest = 0;
-    snprintf(path, sizeof path, "%s/latest", root);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        if (fgets(text, sizeof text, f)) {
-            text[strcspn(text, "\r\n")] = '\0';
-            has_latest = parse_step_name(text, &latest);
-        }
-        fclose(f);
-    }
+    int has_latest = shard__ckpt_read_latest(root, &latest);
     DIR *d = opendir(root);
     if (!d) return shard_error(SHARD_ERR_IO, "%s: cannot open the checkpoint directory: %s", root, strerror(errno));
     size_t cap = 16;
@@ -67,7 +46,7 @@ static shard_status candidates(const char *root, uint64_t **out, size_t *n) {
     if (steps && has_latest) steps[(*n)++] = latest;
     for (struct dirent *e; steps && (e = readdir(d));) {
         uint64_t s;
-        if (!parse_step_name(e->d_name, &s) || (has_latest && s >= latest)) continue;
+        if (!shard__ckpt_parse_step_name(e->d_name, &s) || (has_latest && s >= latest)) continue;
         if (*n == cap) {
             uint64_t *more = realloc(steps, 2 * cap * sizeof *steps);
             if (!more) {

@@ -6,6 +6,7 @@
 #include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <fcntl.h>
@@ -136,4 +137,33 @@ shard_status shard__ckpt_open_index(const char *where, char *dir, size_t dir_byt
     SHARD_CHECK(shard__ckpt_resolve(where, dir, dir_bytes));
     snprintf(path, sizeof path, "%s/index.json", dir);
     return shard__ckpt_index_read(path, ix);
+}
+
+int shard__ckpt_parse_step_name(const char *name, uint64_t *step) {
+    if (strncmp(name, "step_", 5) != 0 || name[5] < '0' || name[5] > '9') return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(name + 5, &end, 10);
+    if (errno || *end) return 0;
+    *step = v;
+    return 1;
+}
+
+int shard__ckpt_read_latest(const char *root, uint64_t *step) {
+    char path[PATH_MAX], text[64] = "";
+    snprintf(path, sizeof path, "%s/latest", root);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int ok = fgets(text, sizeof text, f) != NULL;
+    fclose(f);
+    text[strcspn(text, "\r\n")] = '\0';
+    return ok && shard__ckpt_parse_step_name(text, step);
+}
+
+int shard__ckpt_step_committed(const char *root, uint64_t step) {
+    char dir[PATH_MAX];
+    shard__ckpt_step_dir(root, step, dir, sizeof dir);
+    if (access(dir, F_OK) != 0) return 0;
+    uint64_t latest = 0;
+    return !shard__ckpt_read_latest(root, &latest) || latest >= step;
 }

@@ -17,6 +17,14 @@ void shard__ckpt_step_dir(const char *dir, uint64_t step, char *out, size_t out_
 void shard__ckpt_my_coords(const shard_mesh *mesh, int *coords);
 /* 1 when the rank at coords writes its block of t: coordinate 0 on every axis that splits no dim. */
 int shard__ckpt_writes_chunk(const shard_dtensor *t, const int *coords);
+/* "step_N" -> N; 0 if the name is not exactly that. */
+int shard__ckpt_parse_step_name(const char *name, uint64_t *step);
+/* 1 and the step that root/latest names; 0 when it is absent or unreadable. */
+int shard__ckpt_read_latest(const char *root, uint64_t *step);
+/* 1 when root/step_N exists and a load could pick it: `latest` is absent or names step N or later.  A
+ * step_N past `latest` is what a save that crashed between its rename and `latest` left: a load never
+ * picks it, and a save of step N replaces it. */
+int shard__ckpt_step_committed(const char *root, uint64_t step);
 /* mkdir -p */
 shard_status shard__ckpt_mkdirs(const char *dir);
 /* rm -rf (absent is fine) */

@@ -102,6 +102,9 @@ static shard_status parse_dtype(shard_safetensors *f, const char *tensor, const 
         return bad(f, "tensor '%s': field 'dtype' is %s, not a string", tensor, t);
     }
     const char *s = json_string_value(v);
+    if (strlen(s) != json_string_length(v)) /* "F32\u0000junk" must not read as F32 */
+        return bad(f, "tensor '%s': field 'dtype' contains a NUL byte (valid: F32, F64, BF16, F16, I8, I32, I64, U8)",
+                   tensor);
     for (int d = 0; d < SHARD_DTYPE_COUNT; d++)
         if (strcmp(s, st_dtypes[d]) == 0) {
             *out = (shard_dtype)d;
@@ -178,6 +181,8 @@ static shard_status parse_metadata(shard_safetensors *f, json_t *meta) {
             json_text(value, t, sizeof t);
             return bad(f, "field '__metadata__': the value of '%s' is %s, not a string", key, t);
         }
+        if (strlen(json_string_value(value)) != json_string_length(value)) /* it would be cut at the NUL */
+            return bad(f, "field '__metadata__': the value of '%s' contains a NUL byte", key);
         f->meta_keys[i] = strdup(key);
         f->meta_values[i] = strdup(json_string_value(value));
         f->meta_count = ++i;
@@ -195,15 +200,24 @@ static int by_offset(const void *a, const void *b) {
 
 static int cmp_names(const shard_st_entry *entries, size_t a, size_t b) { return strcmp(entries[a].name, entries[b].name); }
 
-/* Sort indices by name (shell sort: no global state, unlike qsort with a context). */
-static void sort_by_name(const shard_st_entry *entries, size_t *idx, size_t n) {
-    for (size_t gap = n / 2; gap > 0; gap /= 2)
-        for (size_t i = gap; i < n; i++)
-            for (size_t j = i; j >= gap && cmp_names(entries, idx[j - gap], idx[j]) > 0; j -= gap) {
-                size_t t = idx[j];
-                idx[j] = idx[j - gap];
-                idx[j - gap] = t;
-            }
+typedef struct named_index {
+    const char *name;
+    size_t index;
+} named_index;
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const named_index *)a)->name, ((const named_index *)b)->name);
+}
+
+/* Indices sorted by name: qsort of (name, index) pairs, O(n log n) whatever order the file's author chose. */
+static shard_status sort_by_name(const shard_st_entry *entries, size_t *idx, size_t n) {
+    named_index *pairs = malloc((n ? n : 1) * sizeof *pairs);
+    if (!pairs) return shard_error(SHARD_ERR_NO_MEMORY, "safetensors: out of memory sorting %zu names", n);
+    for (size_t i = 0; i < n; i++) pairs[i] = (named_index){entries[i].name, i};
+    qsort(pairs, n, sizeof *pairs, by_name);
+    for (size_t i = 0; i < n; i++) idx[i] = pairs[i].index;
+    free(pairs);
+    return SHARD_OK;
 }
 
 static shard_status check_layout(shard_safetensors *f) {
@@ -232,8 +246,7 @@ static shard_status check_layout(shard_safetensors *f) {
                    (unsigned long long)(f->data_size - at), (unsigned long long)at, (unsigned long long)f->data_size);
     f->by_name = malloc((f->count ? f->count : 1) * sizeof *f->by_name);
     if (!f->by_name) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", f->name);
-    for (size_t i = 0; i < f->count; i++) f->by_name[i] = i;
-    sort_by_name(f->entries, f->by_name, f->count);
+    SHARD_CHECK(sort_by_name(f->entries, f->by_name, f->count));
     for (size_t i = 1; i < f->count; i++) /* distinct in JSON, so distinct here; kept as a guard */
         if (cmp_names(f->entries, f->by_name[i - 1], f->by_name[i]) == 0)
             return bad(f, "tensor '%s' appears twice", f->entries[f->by_name[i]].name);

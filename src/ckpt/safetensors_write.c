@@ -4,6 +4,7 @@
  * data area starts at a multiple of 8 bytes; data goes through a 1 MiB buffer
  * into a temporary file committed by rename. */
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <xxhash.h>
 #include <stdlib.h>
@@ -42,8 +43,12 @@ static shard_status check_entries(const char *path, const shard_st_entry *entrie
         for (int d = 0; s == SHARD_OK && d < e->ndim; d++)
             if (__builtin_mul_overflow(bytes, (uint64_t)e->shape[d], &bytes))
                 s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s': its size overflows 64 bits", path, e->name);
-        if (s == SHARD_OK && __builtin_add_overflow(*total, bytes, total))
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: the tensors' total size overflows 64 bits", path);
+        for (int d = 0; s == SHARD_OK && d < e->ndim; d++) /* the header's integers are JSON's (signed 64-bit) */
+            if ((uint64_t)e->shape[d] > INT64_MAX)
+                s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s': dim %d of %zu is past 2^63 - 1", path, e->name, d,
+                                e->shape[d]);
+        if (s == SHARD_OK && (__builtin_add_overflow(*total, bytes, total) || *total > INT64_MAX))
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: the tensors' total size is past 2^63 - 1 bytes", path);
     }
     if (s == SHARD_OK) {
         qsort(names, count, sizeof *names, cmp_str);
@@ -96,12 +101,21 @@ shard_status shard_st_writer_open(const char *path, const shard_st_entry *entrie
     *out = NULL;
     uint64_t total = 0;
     SHARD_CHECK(check_entries(path, entries, count, &total));
-    for (size_t i = 0; i < meta_count; i++)
+    for (size_t i = 0; i < meta_count; i++) {
         if (!meta_keys[i] || !meta_values[i])
             return shard_error(SHARD_ERR_INVALID_ARG, "%s: metadata pair %zu has a NULL key or value", path, i);
+        for (size_t j = 0; j < i; j++) /* a JSON object keeps one: the other value would be lost */
+            if (strcmp(meta_keys[i], meta_keys[j]) == 0)
+                return shard_error(SHARD_ERR_INVALID_ARG, "%s: the metadata key '%s' is given twice", path, meta_keys[i]);
+    }
     char *json = header_json(entries, count, meta_keys, meta_values, meta_count);
     if (!json) return shard_error(SHARD_ERR_NO_MEMORY, "%s: cannot build the header (out of memory or bad UTF-8 in a name)", path);
     size_t len = strlen(json), padded = len + (8 - (8 + len) % 8) % 8;
+    if (padded > SHARD_SAFETENSORS_MAX_HEADER) {
+        free(json);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: the header would be %zu bytes, more than the %u a reader accepts "
+                           "(fewer tensors or shorter names per file)", path, padded, SHARD_SAFETENSORS_MAX_HEADER);
+    }
     shard_st_writer *w = calloc(1, sizeof *w);
     char *header = malloc(8 + padded);
     shard_status s = w && header ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);

@@ -55,17 +55,31 @@ void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int
 }
 
 void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes) {
+    if (!out_bytes) return;
     size_t used = 0;
     out[0] = '\0';
+    int final = -1; /* the last flagged rank */
+    for (int r = 0; r < n; r++)
+        if (flag[r]) final = r;
+    /* whole entries only: a list that does not fit ends in ",..." (room for it is kept after every entry
+     * but the last), never in a number cut short, which would name another rank */
+    static const char more[] = ",...";
     for (int r = 0; r < n; r++) {
         if (!flag[r]) continue;
         int end = r;
         while (end + 1 < n && flag[end + 1]) end++;
-        int w = end >= r + 2 ? snprintf(out + used, out_bytes - used, "%s%d-%d", used ? "," : "", r, end)
-                             : snprintf(out + used, out_bytes - used, "%s%d", used ? "," : "", r);
-        if (w < 0 || (size_t)w >= out_bytes - used) break;
+        int range = end >= r + 2;
+        char entry[32];
+        int w = range ? snprintf(entry, sizeof entry, "%s%d-%d", used ? "," : "", r, end)
+                      : snprintf(entry, sizeof entry, "%s%d", used ? "," : "", r);
+        size_t need = (size_t)w + ((range ? end : r) == final ? 0 : sizeof more - 1);
+        if (w < 0 || need >= out_bytes - used) {
+            snprintf(out + used, out_bytes - used, "%s", used ? more : more + 1);
+            return;
+        }
+        memcpy(out + used, entry, (size_t)w + 1);
         used += (size_t)w;
-        if (end >= r + 2) r = end;
+        if (range) r = end;
     }
     if (!used) snprintf(out, out_bytes, "none");
 }
@@ -201,6 +215,19 @@ static shard_status check_buffer(const shard_comm *comm, const char *what, const
     return SHARD_OK;
 }
 
+/* send and recv may be one buffer only in the collective's in-place layout: any other overlap lets a rank
+ * overwrite what a peer is still reading (results that depend on timing, never an error) */
+static shard_status check_overlap(const shard_comm *comm, const char *what, const shard__coll_args *a, size_t send_bytes,
+                                  size_t recv_bytes, const char *in_place_layout) {
+    if (a->in_place || !send_bytes || !recv_bytes || !a->send || !a->recv) return SHARD_OK;
+    uintptr_t s0 = (uintptr_t)a->send, r0 = (uintptr_t)a->recv;
+    if (s0 < r0 + recv_bytes && r0 < s0 + send_bytes)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': the send buffer (%zu bytes) overlaps the recv buffer "
+                           "(%zu bytes) outside the in-place layout; give separate buffers, or the in-place layout "
+                           "(%s)", what, comm->name, send_bytes, recv_bytes, in_place_layout);
+    return SHARD_OK;
+}
+
 static shard_status check_peer(const shard_comm *comm, const char *what, const char *role, int peer) {
     if (peer < 0 || peer >= comm->size)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %s %d is out of range 0..%d",
@@ -301,6 +328,7 @@ shard_status shard_request_wait_all(size_t n, shard_request **reqs) {
 static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t count,
                               shard_dtype dtype, int peer, int tag, shard_request **out) {
     const char *what = is_send ? "send" : "recv";
+    if (out) *out = NULL; /* a refused request is NULL, as a refused collective's, so wait_all may take it */
     SHARD_CHECK(check_comm(comm, what));
     SHARD_CHECK(check_dtype(comm, what, dtype));
     SHARD_CHECK(check_buffer(comm, what, "message", buf, count, dtype));
@@ -469,7 +497,7 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
         SHARD_CHECK(check_buffer(comm, what, "send", a->send, a->count, a->dtype));
         SHARD_CHECK(check_buffer(comm, what, "recv", a->recv, a->count, a->dtype));
         a->in_place = a->send == a->recv;
-        return SHARD_OK;
+        return check_overlap(comm, what, a, a->count * es, a->count * es, "send = recv");
     default:
         break;
     }
@@ -547,17 +575,24 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
         SHARD_CHECK_GOTO(check_buffer(comm, what, "send", a->send, a->count, a->dtype), s, fail);
         SHARD_CHECK_GOTO(check_buffer(comm, what, "recv", a->recv, recv_extent, a->dtype), s, fail);
         a->in_place = a->recv && a->send == (const char *)a->recv + a->recv_displs[r] * es;
+        SHARD_CHECK_GOTO(check_overlap(comm, what, a, a->count * es, recv_extent * es,
+                                       "send = recv + this rank's displacement"), s, fail);
         break;
     case SHARD__REDUCE_SCATTER:
     case SHARD__REDUCE_SCATTERV:
         SHARD_CHECK_GOTO(check_buffer(comm, what, "send", a->send, recv_extent, a->dtype), s, fail);
         SHARD_CHECK_GOTO(check_buffer(comm, what, "recv", a->recv, a->recv_counts[r], a->dtype), s, fail);
         a->in_place = a->send && (const char *)a->recv == (const char *)a->send + a->recv_displs[r] * es;
+        SHARD_CHECK_GOTO(check_overlap(comm, what, a, recv_extent * es, a->recv_counts[r] * es,
+                                       "recv = send + this rank's displacement"), s, fail);
         break;
     default: /* all_to_all(v) */
         SHARD_CHECK_GOTO(check_buffer(comm, what, "send", a->send, send_extent, a->dtype), s, fail);
         SHARD_CHECK_GOTO(check_buffer(comm, what, "recv", a->recv, recv_extent, a->dtype), s, fail);
         a->in_place = a->send == a->recv;
+        SHARD_CHECK_GOTO(check_overlap(comm, what, a, send_extent * es, recv_extent * es,
+                                       a->kind == SHARD__ALL_TO_ALLW ? "none: all_to_allw is not in place" : "send = recv"),
+                         s, fail);
         break;
     }
     return SHARD_OK;

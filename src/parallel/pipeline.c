@@ -5,11 +5,13 @@
  * input, output, gradient in, gradient out) and activation slots of the
  * model (from its forward to its backward; one with recompute), both per
  * (chunk, micro-batch).  Virtual stage s = chunk * p + rank; what enters
- * virtual stage s for micro-batch j is tagged 2 (s m + j) (the activation,
- * from s - 1) or 2 (s m + j) + 1 (the gradient, from s + 1); TAG_TIED* the
- * shared parameter. */
+ * virtual stage s for micro-batch j is tagged 2 + 2 (s m + j) (the
+ * activation, from s - 1) or 3 + 2 (s m + j) (the gradient, from s + 1);
+ * TAG_TIED* (0 and 1) the shared parameter.  Tags stay small: MPI promises
+ * only up to 32767 (MPI_TAG_UB), so the largest is 2 S m + 1. */
 #include "parallel/pipeline.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +19,7 @@
 #include "shard/layers.h"
 #include "shard/memory.h"
 
-enum { TAG_TIED_GRAD = 1 << 24, TAG_TIED_VALUE };
+enum { TAG_TIED_GRAD = 0, TAG_TIED_VALUE = 1, TAG_FIRST_STAGE = 2 };
 
 typedef struct holder {
     float *in, *out, *g_in, *g_out; /* stage input, output, gradient of the output, of the input */
@@ -60,6 +62,9 @@ shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe
     *out = NULL;
     if (!m->ops->stage_forward)
         return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: model_type '%s' cannot be cut into stages", m->ops->kind);
+    if ((double)s->p * s->v * s->m > (INT_MAX - TAG_FIRST_STAGE - 1) / 2.0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: %d stages x %d chunks x %d micro-batches: too many messages to "
+                           "tag (at most %d)", s->p, s->v, s->m, (INT_MAX - TAG_FIRST_STAGE - 1) / 2);
     shard_pp *pp = calloc(1, sizeof *pp);
     if (!pp) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
     pp->comm = pipe, pp->rank = shard_comm_rank(pipe), pp->p = shard_comm_size(pipe), pp->m = m, pp->s = s;
@@ -168,7 +173,9 @@ static int take(int *free_list, int n) {
 
 static int stage_of(const shard_pp *pp, const shard_pipe_op *op) { return op->chunk * pp->p + pp->rank; }
 static int rank_of(const shard_pp *pp, int stage) { return stage % pp->p; }
-static int tag_of(const shard_pp *pp, int stage, int micro, int grad) { return 2 * (stage * pp->s->m + micro) + grad; }
+static int tag_of(const shard_pp *pp, int stage, int micro, int grad) {
+    return TAG_FIRST_STAGE + 2 * (stage * pp->s->m + micro) + grad;
+}
 static int key_of(const shard_pp *pp, const shard_pipe_op *op) { return op->chunk * pp->s->m + op->micro; }
 
 /* Post the receive an op needs (F: the previous stage's output; B: the next stage's gradient). */
@@ -301,7 +308,16 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
             st = ops[i].what == 'F' ? run_forward(pp, &ops[i], load, ctx, denominator, loss)
                                     : run_backward(pp, &ops[i], i == final_b, dp, load, ctx, denominator);
     }
-    /* the sends still in flight (a failed run's receives too: the job is being aborted) */
+    /* A failed op: this rank's neighbours may wait for a message it will never send, and its posted
+     * receives for ones they will never send, so it ends the job now with the cause (the waits below then
+     * return at once) instead of meeting the deadline and reporting a timeout in its place. */
+    char why[512] = "";
+    shard_status failed = st;
+    if (failed < 0) {
+        snprintf(why, sizeof why, "%s", shard_last_error());
+        if (st != SHARD_ERR_ABORTED) shard_comm_abort(pp->comm, st, why);
+    }
+    /* the sends still in flight (a failed run's receives too) */
     for (int i = 0; i < pp->n_holders; i++) {
         holder *h = &pp->h[i];
         shard_request **reqs[4] = {&h->out_req, &h->g_out_req, &h->in_req, &h->g_in_req};
@@ -312,6 +328,7 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
     }
     shard_status w = wait_noted(pp, &pp->tied_req, 0, NULL);
     pp->wall = shard__now() - pp->t_begin;
+    if (failed < 0) return shard_error(failed, "%s", why);
     return st == SHARD_OK ? w : st;
 }
 

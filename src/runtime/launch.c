@@ -59,8 +59,9 @@ int shard_launch_detect_mpi(char *description, size_t description_bytes, int *ra
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         int r = -1, n = -1;
         if (!env_int(pairs[i][0], &r)) continue;
-        /* SLURM_PROCID is also set in a batch script; only srun sets SLURM_STEP_ID */
-        if (i == 3 && !getenv("SLURM_STEP_ID")) continue;
+        /* SLURM_PROCID is also set in a batch script; only srun sets SLURM_STEP_ID.  A one-task step
+         * (an interactive `srun --pty bash`, whose children all inherit it) is one process: threads serve it */
+        if (i == 3 && (!getenv("SLURM_STEP_ID") || (env_int(pairs[i][1], &n) && n <= 1))) continue;
         int have_size = env_int(pairs[i][1], &n);
         if (description)
             snprintf(description, description_bytes, "%s=%d%s%s%s", pairs[i][0], r,
@@ -179,6 +180,17 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
     shard_comm *world = NULL;
     SHARD_CHECK(shard__mpi_world(&world, cfg->verbose, timeout));
     int size = shard_comm_size(world);
+    if (env_size > 0 && env_size != size) {
+        /* a launcher of another MPI than this build's (mpiexec.mpich for an Open MPI build, say): every
+         * process would initialise a world of its own and run the whole job alone */
+        shard_status s = shard_error(SHARD_ERR_INVALID_ARG,
+                                     "the launcher started %d processes (%s) but this build's MPI sees a world of %d: "
+                                     "the launcher belongs to another MPI; start it with the mpiexec of the MPI shard "
+                                     "was built with",
+                                     env_size, described, size);
+        shard_comm_destroy(world);
+        return s;
+    }
     if (cfg->ranks > 1 && cfg->ranks != size) {
         shard_status s = shard_error(SHARD_ERR_INVALID_ARG,
                                      "--ranks %d but the MPI launcher started %d processes: drop --ranks or make them agree",

@@ -100,6 +100,8 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     if (t->c.schedule) SHARD_CHECK(shard__pipe_kind_parse(t->c.schedule, &kind));
     if (v > SHARD_MAX_STAGE_CHUNKS)
         return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v, SHARD_MAX_STAGE_CHUNKS);
+    if (t->accum > 1u << 20)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--micro-batches %zu: at most %u per step", t->accum, 1u << 20);
     SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
     size_t layers = 0;
     SHARD_CHECK(shard_model_stage_layers(t->c.config_path, &layers));

@@ -60,6 +60,8 @@ static struct {
     int thread_level;
     MPI_Datatype half_types[2]; /* bf16, f16 */
     MPI_Op half_ops[4];         /* sum, prod, max, min on the 2-byte types */
+    MPI_Op nan_ops[2];          /* max, min on f32/f64 that keep NaN, as the threads backend (MPI_MAX drops it) */
+    double exit_timeout;        /* the at-exit barrier's deadline: the longest world timeout */
     int debug;
     /* watchdog */
     pthread_t watchdog;
@@ -97,6 +99,11 @@ static void half_sum(void *in, void *inout, int *len, MPI_Datatype *t) { half_op
 static void half_prod(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_PROD); }
 static void half_max(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_MAX); }
 static void half_min(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_MIN); }
+static void float_op(void *in, void *inout, int *len, MPI_Datatype *type, shard_reduce_op op) {
+    shard__reduce_pair(*type == MPI_DOUBLE ? SHARD_F64 : SHARD_F32, op, in, inout, (size_t)*len);
+}
+static void nan_max(void *in, void *inout, int *len, MPI_Datatype *t) { float_op(in, inout, len, t, SHARD_OP_MAX); }
+static void nan_min(void *in, void *inout, int *len, MPI_Datatype *t) { float_op(in, inout, len, t, SHARD_OP_MIN); }
 
 static MPI_Datatype mpi_type(shard_dtype d) {
     switch (d) {
@@ -113,11 +120,11 @@ static MPI_Datatype mpi_type(shard_dtype d) {
 }
 
 static MPI_Op mpi_op(shard_dtype d, shard_reduce_op op) {
-    int half = d == SHARD_BF16 || d == SHARD_F16;
+    int half = d == SHARD_BF16 || d == SHARD_F16, real = d == SHARD_F32 || d == SHARD_F64;
     switch (op) {
     case SHARD_OP_PROD: return half ? M.half_ops[1] : MPI_PROD;
-    case SHARD_OP_MAX: return half ? M.half_ops[2] : MPI_MAX;
-    case SHARD_OP_MIN: return half ? M.half_ops[3] : MPI_MIN;
+    case SHARD_OP_MAX: return half ? M.half_ops[2] : real ? M.nan_ops[0] : MPI_MAX;
+    case SHARD_OP_MIN: return half ? M.half_ops[3] : real ? M.nan_ops[1] : MPI_MIN;
     default: return half ? M.half_ops[0] : MPI_SUM; /* SUM, and AVG = SUM then divide */
     }
 }
@@ -719,7 +726,8 @@ static void mpi_destroy(shard_comm *comm) {
 
 static void mpi_abort(shard_comm *comm, shard_status status, const char *reason) {
     (void)status;
-    fprintf(stderr, "shard: rank %d failed: %s\n", comm->rank, reason);
+    if (strcmp(comm->name, "world") == 0) fprintf(stderr, "shard: rank %d failed: %s\n", comm->rank, reason);
+    else fprintf(stderr, "shard: rank %d of comm '%s' failed: %s\n", comm->rank, comm->name, reason);
     fflush(stdout);
     fflush(stderr);
     /* As the watchdog: exiting without MPI_Finalize makes the launcher end the
@@ -761,22 +769,41 @@ void shard__mpi_finalize_at_exit(void) {
     if (!initialized || finalized || !M.initialized_here) return;
     /* MPI_Finalize waits for every rank.  A rank parked in it while a failing
      * job was torn down was seen to wedge Open MPI 4.1's mpirun, so meet the
-     * others in a barrier first.  It has no deadline of its own: a peer still
-     * working is legitimate (saving a checkpoint), a failing peer ends the job
-     * through the launcher, and a stuck one is bounded by its own deadlines. */
+     * others in a barrier first.  A peer still working (saving a checkpoint)
+     * is waited for up to twice the world's timeout and 5 s (a peer blocked in a
+     * collective meets its own deadline first, and its line names what it
+     * waits for); past it this rank says so and ends as the watchdog does: a
+     * peer that failed ends the job through the launcher only where the
+     * launcher kills the rest (srun does not by default), and a rank must
+     * never wait silently. */
     MPI_Request barrier;
     if (MPI_Ibarrier(MPI_COMM_WORLD, &barrier) == MPI_SUCCESS) {
         int done = 0;
+        double limit = 2 * (M.exit_timeout > 0 ? M.exit_timeout : 300) + 5, deadline = shard__now() + limit;
         for (unsigned spins = 0; !done; spins++) {
             if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!done && shard__now() > deadline) {
+                int rank = -1, size = 0;
+                MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+                MPI_Comm_size(MPI_COMM_WORLD, &size);
+                char line[256];
+                snprintf(line, sizeof line,
+                         "timeout after %g s at exit: rank %d of %d finished, but not every other rank reached the "
+                         "final barrier (one failed or is still working; MPI backend: which is not visible from here)",
+                         limit, rank, size);
+                end_process(line);
+            }
             if (!done && spins > 1000) {
                 struct timespec pause = {0, 100 * 1000}; /* an idle rank at exit: do not burn a core */
                 nanosleep(&pause, NULL);
             }
         }
     }
-    for (int i = 0; i < 4; i++) MPI_Op_free(&M.half_ops[i]);
-    for (int i = 0; i < 2; i++) MPI_Type_free(&M.half_types[i]);
+    if (M.setup_done) {
+        for (int i = 0; i < 4; i++) MPI_Op_free(&M.half_ops[i]);
+        for (int i = 0; i < 2; i++) MPI_Op_free(&M.nan_ops[i]);
+        for (int i = 0; i < 2; i++) MPI_Type_free(&M.half_types[i]);
+    }
     MPI_Finalize();
 }
 
@@ -801,6 +828,11 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
                                "MPI runs at %s; shard needs at least MPI_THREAD_FUNNELED%s", level_name(provided),
                                M.initialized_here ? "" : " (initialise MPI with MPI_Init_thread)");
         M.thread_level = provided;
+        /* without the watchdog no blocking call would have a deadline */
+        int failed = pthread_create(&M.watchdog, NULL, watchdog_main, NULL);
+        if (failed) return shard_error(SHARD_ERR_BACKEND, "could not start the MPI watchdog thread: %s", strerror(failed));
+        pthread_detach(M.watchdog);
+        M.watchdog_started = 1;
         for (int i = 0; i < 2; i++) {
             MPI_Type_contiguous(2, MPI_BYTE, &M.half_types[i]);
             MPI_Type_commit(&M.half_types[i]);
@@ -809,18 +841,17 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
         MPI_Op_create(half_prod, 1, &M.half_ops[1]);
         MPI_Op_create(half_max, 1, &M.half_ops[2]);
         MPI_Op_create(half_min, 1, &M.half_ops[3]);
+        MPI_Op_create(nan_max, 1, &M.nan_ops[0]);
+        MPI_Op_create(nan_min, 1, &M.nan_ops[1]);
         const char *dbg = getenv("SHARD_DEBUG");
         M.debug = dbg && dbg[0] && strcmp(dbg, "0") != 0;
-        if (pthread_create(&M.watchdog, NULL, watchdog_main, NULL) == 0) {
-            pthread_detach(M.watchdog);
-            M.watchdog_started = 1;
-        }
         M.setup_done = 1;
     }
     MPI_Comm dup; /* MPI_COMM_WORLD's error handler stays the program's; the dup returns errors */
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
         return shard_error(SHARD_ERR_BACKEND, "MPI_Comm_dup(MPI_COMM_WORLD) failed");
     mcomm *c = mcomm_wrap(dup, "world", timeout_seconds);
+    if (timeout_seconds > M.exit_timeout) M.exit_timeout = timeout_seconds;
     if (!c) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating the MPI world");
     if (verbose) {
         char version[MPI_MAX_LIBRARY_VERSION_STRING] = "";

@@ -639,16 +639,15 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
         size_t extent = 0;
         for (int p = 0; p < g->size; p++)
             if (a->send_displs[p] + a->send_counts[p] > extent) extent = a->send_displs[p] + a->send_counts[p];
-        staged = shard_alloc(extent * es, SHARD_MEM_COMM);
-        if (!staged) { /* fail the job so that peers stop now instead of at the deadline */
+        staged = extent ? shard_alloc(extent * es, SHARD_MEM_COMM) : NULL; /* nothing to send: nothing to stage */
+        if (extent && !staged) { /* fail the job so that peers stop now instead of at the deadline */
             shard_status s = shard_error(SHARD_ERR_NO_MEMORY, "%s #%llu on comm '%s': out of memory staging %zu bytes",
                                          shard__coll_kind_name(a->kind), (unsigned long long)a->seq,
                                          c->base.name, extent * es);
             threads_abort(&c->base, s, shard_last_error());
             return s;
         }
-        memcpy(staged, a->send, extent * es);
-        me->send = staged;
+        if (extent) memcpy(staged, a->send, extent * es), me->send = staged;
     }
     shard_status s = arrive(c, a);
     if (s < 0) {
@@ -1038,8 +1037,9 @@ static void threads_destroy(shard_comm *comm) {
 
 static void threads_abort(shard_comm *comm, shard_status status, const char *reason) {
     tcomm *c = (tcomm *)comm;
-    char text[512];
-    snprintf(text, sizeof text, "rank %d failed: %s", comm->rank, reason);
+    char text[512]; /* a sub-communicator's rank is not the world's: name the communicator too */
+    if (strcmp(comm->name, "world") == 0) snprintf(text, sizeof text, "rank %d failed: %s", comm->rank, reason);
+    else snprintf(text, sizeof text, "rank %d of comm '%s' failed: %s", comm->rank, comm->name, reason);
     job_abort(c->g->job, status, text);
 }
 
