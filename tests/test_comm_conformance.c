@@ -185,6 +185,64 @@ static void case_overlap_refused(test_ctx *t) {
           "a refused isend leaves its request NULL");
 }
 
+/* bf16/f16 sums, averages and products are added in f32 in rank order and rounded once, on every backend
+ * (MPI's own reduction would round each partial sum): the results' bits are the reference's, computed
+ * here from every rank's inputs.  all_reduce blocking and not, reduce_scatter and reduce_scatterv. */
+static void case_half_rounds_once(test_ctx *t) {
+    shard_comm *c = t->comm;
+    int n = t->size, r = t->rank;
+    const shard_dtype dtypes[2] = {SHARD_BF16, SHARD_F16};
+    const shard_reduce_op ops[3] = {SHARD_OP_SUM, SHARD_OP_AVG, SHARD_OP_PROD};
+    size_t count = 61 * (size_t)n + 5, block = 61;
+    uint16_t *x = alloc_buf(count, SHARD_BF16), *y = alloc_buf(count, SHARD_BF16);
+    uint16_t *all = alloc_buf(count * (size_t)n, SHARD_BF16);
+    for (int di = 0; di < 2; di++)
+        for (int oi = 0; oi < 3; oi++)
+            for (int form = 0; form < 4; form++) { /* all_reduce, iall_reduce, reduce_scatter, reduce_scatterv */
+                shard_dtype d = dtypes[di];
+                shard_reduce_op op = ops[oi];
+                for (size_t i = 0; i < count; i++) /* near 1 for products, spread over binades for sums */
+                    put(d, x, i, op == SHARD_OP_PROD ? 1.0 + 0.0078125 * (double)((i * 7 + (size_t)r * 13) % 9)
+                                                      : sin((double)(i * 31 + (size_t)r * 977)) * (1 + (double)(i % 5)));
+                CHECK_OK(t, shard_comm_all_gather(c, x, all, count, d), "all_gather of the inputs");
+                shard_status s = SHARD_OK;
+                size_t first = 0, len = count;
+                if (form == 0) s = shard_comm_all_reduce(c, x, y, count, d, op);
+                if (form == 1) {
+                    shard_request *req = NULL;
+                    s = shard_comm_iall_reduce(c, x, y, count, d, op, &req);
+                    if (s == SHARD_OK) s = shard_request_wait(&req);
+                }
+                if (form == 2) first = (size_t)r * block, len = block, s = shard_comm_reduce_scatter(c, x, y, block, d, op);
+                if (form == 3) { /* uneven blocks: rank p gets p + 1 elements, packed from 0 */
+                    size_t counts[64];
+                    first = 0, len = (size_t)r + 1;
+                    for (int p = 0; p < n && p < 64; p++) {
+                        counts[p] = (size_t)p + 1;
+                        if (p < r) first += counts[p];
+                    }
+                    s = n <= 64 ? shard_comm_reduce_scatterv(c, x, y, counts, d, op) : SHARD_OK;
+                    if (n > 64) len = 0;
+                }
+                CHECK_OK(t, s, "%s %s form %d", shard_dtype_name(d), shard_reduce_op_name(op), form);
+                for (size_t i = 0; s == SHARD_OK && i < len; i++) {
+                    float acc = (float)get(d, all, first + i);
+                    for (int p = 1; p < n; p++) {
+                        float v = (float)get(d, all, (size_t)p * count + first + i);
+                        acc = op == SHARD_OP_PROD ? acc * v : acc + v;
+                    }
+                    if (op == SHARD_OP_AVG) acc /= (float)n;
+                    uint16_t want = d == SHARD_BF16 ? shard_bf16_from_f32(acc) : shard_f16_from_f32(acc), got = y[i];
+                    if (!CHECK(t, got == want, "%s %s form %d element %zu: 0x%04x, the rank-order f32 sum rounded once "
+                               "is 0x%04x", shard_dtype_name(d), shard_reduce_op_name(op), form, first + i, got, want))
+                        break;
+                }
+            }
+    shard_free(x);
+    shard_free(y);
+    shard_free(all);
+}
+
 /* Results are bit-identical on every rank; on threads they equal the sum in rank order. */
 static void case_all_reduce_bitwise(test_ctx *t) {
     shard_comm *c = t->comm;
@@ -762,6 +820,7 @@ static const test_case cases[] = {
     {"all_reduce", case_all_reduce},
     {"all_reduce_bitwise", case_all_reduce_bitwise},
     {"max_min_nan", case_max_min_nan},
+    {"half_rounds_once", case_half_rounds_once},
     {"overlap_refused", case_overlap_refused},
     {"all_reduce_large", case_all_reduce_large},
     {"reduce_scatter", case_reduce_scatter},

@@ -2,8 +2,11 @@
  *
  * Collectives are the MPI library's own (MPI_Allreduce, MPI_Reduce_scatter_block,
  * MPI_Ialltoallv ...) on a duplicate of MPI_COMM_WORLD, so shard's traffic never
- * mixes with the program's.  bf16 and f16 travel as 2-byte contiguous types and
- * reduce through user-defined MPI ops; AVG is a SUM divided on completion.
+ * mixes with the program's.  bf16 and f16 travel as 2-byte contiguous types;
+ * their max/min reduce through user-defined MPI ops, their sums, averages and
+ * products are reduced here, in f32 in rank order and rounded once, as on the
+ * threads backend (half_reduction); f32/f64 max/min through ops that keep NaN.
+ * AVG is a SUM divided on completion.
  *
  * Deadlines: MPI cannot be interrupted, so a watchdog thread watches every
  * blocking collective and, past the deadline, prints one line saying what this
@@ -50,6 +53,11 @@ typedef struct mreq { /* backend state of a request */
     int peer, tag;
     size_t bytes;
     uint64_t seq;
+    /* a bf16/f16 reduction reduced here (half_reduction): 1 while the all-to-all of slices is in flight,
+     * 2 once they are reduced (and, for all_reduce, while the all-gather of the reduced slices is) */
+    int half_phase, half_gather;
+    void *half_out;      /* this rank's reduced slice */
+    size_t half_len;
 } mreq;
 
 static const shard__comm_vtable mpi_vtable;
@@ -279,7 +287,6 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
 
 /* ------------------------------------------------------------------ collectives */
 
-/* Issue one collective: blocking when req == NULL, else non-blocking with state in req. */
 static void plain_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
 /* all_to_allw.  Open MPI's derived-type engine moves strided blocks several
@@ -391,6 +398,77 @@ static void single_rank_copy(const shard__coll_args *a) {
     if (bytes && src != dst) memmove(dst, src, bytes); /* in place may still move (all_to_allv displacements) */
 }
 
+/* bf16/f16 sums, products and averages are reduced as the threads backend reduces them: each rank
+ * adds its slice of every rank's input in f32, in rank order, and rounds once (shard__reduce_many), so the
+ * two backends give the same bits.  MPI's own reduction would combine two operands at a time through the
+ * user op and round every partial sum.  The bytes on the wire are a reduce-scatter's and an all-gather's,
+ * in bf16/f16: an all-to-all of the slices, the reduction here, then (all_reduce) an in-place all-gather. */
+static int half_reduction(const shard__coll_args *a) {
+    return (a->dtype == SHARD_BF16 || a->dtype == SHARD_F16) &&
+           (a->op == SHARD_OP_SUM || a->op == SHARD_OP_AVG || a->op == SHARD_OP_PROD) &&
+           (a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV);
+}
+
+/* The reduction of the received slices (half_len elements from each rank, in rank order) into this rank's
+ * output. */
+static shard_status half_reduce_received(const shard__coll_args *a, mreq *s, int n) {
+    enum { ON_STACK = 64 };
+    const void *on_stack[ON_STACK], **list = n <= ON_STACK ? on_stack : malloc((size_t)n * sizeof *list);
+    if (!list) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", shard__coll_kind_name(a->kind));
+    size_t es = shard_dtype_size(a->dtype);
+    for (int q = 0; q < n; q++) list[q] = (const char *)s->staging + (size_t)q * s->half_len * es;
+    shard__reduce_many(a->dtype, a->op, list, n, s->half_out, s->half_len);
+    if (list != on_stack) free(list);
+    s->half_phase = 2;
+    return SHARD_OK;
+}
+
+static shard_status half_start_gather(mcomm *c, const shard__coll_args *a, mreq *s, MPI_Request *rq) {
+    int n = c->base.size;
+    MPI_Datatype t = mpi_type(a->dtype);
+    int rc = rq ? MPI_Iallgatherv(MPI_IN_PLACE, 0, t, a->recv, s->ints, s->ints + n, t, c->mpi, rq)
+                : MPI_Allgatherv(MPI_IN_PLACE, 0, t, a->recv, s->ints, s->ints + n, t, c->mpi);
+    return rc == MPI_SUCCESS ? SHARD_OK : mpi_error(rc, shard__coll_kind_name(a->kind), &c->base);
+}
+
+/* Start (rq) or run (rq == NULL, under the watchdog) a half_reduction collective; s holds its state. */
+static shard_status half_issue(mcomm *c, const shard__coll_args *a, mreq *s, MPI_Request *rq) {
+    const char *what = shard__coll_kind_name(a->kind);
+    int n = c->base.size, r = c->base.rank;
+    size_t es = shard_dtype_size(a->dtype), mine = 0;
+    MPI_Datatype t = mpi_type(a->dtype);
+    /* [send counts | send displs | recv counts | recv displs]; the all-gather reuses the send half */
+    s->ints = malloc(sizeof(int) * 4 * (size_t)n);
+    if (!s->ints) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", what);
+    for (int p = 0; p < n; p++) {
+        size_t off, len;
+        if (a->kind == SHARD__ALL_REDUCE) shard__split_range(a->count, n, p, &off, &len);
+        else off = a->recv_displs[p], len = a->recv_counts[p];
+        if (p == r) mine = len, s->half_out = (char *)a->recv + (a->kind == SHARD__ALL_REDUCE ? off * es : 0);
+        SHARD_CHECK(as_int(&c->base, what, len, &s->ints[p]));
+        SHARD_CHECK(as_int(&c->base, what, off, &s->ints[n + p]));
+    }
+    s->half_len = mine;
+    for (int q = 0; q < n; q++) {
+        SHARD_CHECK(as_int(&c->base, what, mine, &s->ints[2 * n + q]));
+        SHARD_CHECK(as_int(&c->base, what, (size_t)q * mine, &s->ints[3 * n + q]));
+    }
+    s->staging = shard_alloc((size_t)n * mine * es + 1, SHARD_MEM_COMM);
+    if (!s->staging)
+        return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory staging %zu bytes", what, (size_t)n * mine * es);
+    s->half_gather = a->kind == SHARD__ALL_REDUCE;
+    int *ic = s->ints, rc;
+    if (rq) { /* the request's test moves it on (mpi_request_test) */
+        s->half_phase = 1;
+        rc = MPI_Ialltoallv(a->send, ic, ic + n, t, s->staging, ic + 2 * n, ic + 3 * n, t, c->mpi, rq);
+        return rc == MPI_SUCCESS ? SHARD_OK : mpi_error(rc, what, &c->base);
+    }
+    rc = MPI_Alltoallv(a->send, ic, ic + n, t, s->staging, ic + 2 * n, ic + 3 * n, t, c->mpi);
+    if (rc != MPI_SUCCESS) return mpi_error(rc, what, &c->base);
+    SHARD_CHECK(half_reduce_received(a, s, n));
+    return s->half_gather ? half_start_gather(c, a, s, NULL) : SHARD_OK;
+}
+
 /* Issue one collective: blocking when req == NULL, else non-blocking with state in req. */
 static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
     const char *what = shard__coll_kind_name(a->kind);
@@ -418,6 +496,16 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
     mreq local = {.request = MPI_REQUEST_NULL};
     mreq *s = st ? st : &local;
     shard_status status = SHARD_OK;
+    if (half_reduction(a)) { /* a request's state is released with the request */
+        if (!req) watch_begin(c, a);
+        status = half_issue(c, a, s, st ? &st->request : NULL);
+        if (!req) {
+            watch_end();
+            shard_free(s->staging);
+            free(s->ints);
+        }
+        return status;
+    }
     /* int copies of counts and displacements: [send_counts | send_displs | recv_counts | recv_displs] */
     int need_ints = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV;
     if (need_ints) {
@@ -616,6 +704,13 @@ static shard_status mpi_request_test(shard_request *req, int *done) {
     int flag = 0;
     int rc = MPI_Test(&st->request, &flag, &status);
     if (rc != MPI_SUCCESS) return mpi_error(rc, "request test", req->comm);
+    if (flag && st->half_phase == 1) { /* a bf16/f16 reduction's slices are in: reduce, then gather them */
+        SHARD_CHECK(half_reduce_received(&req->coll, st, req->comm->size));
+        if (st->half_gather) {
+            SHARD_CHECK(half_start_gather((mcomm *)req->comm, &req->coll, st, &st->request));
+            flag = 0;
+        }
+    }
     *done = flag;
     if (flag) finish_request(req, &status);
     return SHARD_OK;
