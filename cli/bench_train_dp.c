@@ -85,11 +85,15 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
             s = shard_comm_barrier(comm);
             double t0 = shard__now();
             if (s == SHARD_OK && a->o->zero == 0) s = shard_comm_all_reduce(comm, buf, buf, n, dt, SHARD_OP_SUM);
-            if (s == SHARD_OK && a->o->zero > 0) s = shard_comm_reduce_scatter(comm, buf, buf, per, dt, SHARD_OP_SUM);
+            /* in place, as the strategy's: this rank's block of the whole buffer */
+            size_t r = (size_t)shard_comm_rank(comm);
+            if (s == SHARD_OK && a->o->zero > 0)
+                s = shard_comm_reduce_scatter(comm, buf, (char *)buf + r * per * shard_dtype_size(dt), per, dt, SHARD_OP_SUM);
             if (s == SHARD_OK && a->o->zero > 0 && a->o->zero < 3) /* the values made whole */
-                s = shard_comm_all_gather(comm, buf, buf, per, SHARD_F32);
+                s = shard_comm_all_gather(comm, buf + r * per, buf, per, SHARD_F32);
+            shard_dtype gd = a->o->bf16_compute ? SHARD_BF16 : SHARD_F32;
             for (int g = 0; s == SHARD_OK && a->o->zero == 3 && g < 2; g++) /* each unit gathered for forward and backward */
-                s = shard_comm_all_gather(comm, buf, buf, per, a->o->bf16_compute ? SHARD_BF16 : SHARD_F32);
+                s = shard_comm_all_gather(comm, (char *)buf + r * per * shard_dtype_size(gd), buf, per, gd);
             al[i] = (shard__now() - t0) * 1e3;
         }
         shard_free(buf);

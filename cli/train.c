@@ -189,9 +189,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
          step = next_save(step, every, last)) {
         char dir[4096];
         shard__ckpt_step_dir(o->save, step, dir, sizeof dir);
+        uint64_t latest = 0;
         if (shard__ckpt_step_committed(o->save, step))
             s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s: %s exists already; give another directory or remove it",
                             o->save, dir);
+        else if (rank == 0 && access(dir, F_OK) == 0 && shard__ckpt_read_latest(o->save, &latest))
+            fprintf(stderr, "shard: note: %s is past %s/latest (step_%llu), so no load through the root picks it; "
+                    "saving step %llu will move it aside to %s.replaced-<time>\n", dir, o->save,
+                    (unsigned long long)latest, (unsigned long long)step, dir);
     }
     shard_pipeline_stats unused;
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)

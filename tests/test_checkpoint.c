@@ -4,6 +4,7 @@
  * the previous checkpoint loadable; a corrupt latest falls back to the one
  * before; clear errors for missing or mismatched tensors.
  *   test_checkpoint --ranks 4 [--case NAME]     (or under mpiexec -np 4) */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +196,19 @@ static void case_crash_points(test_ctx *t) {
      * again (training resumed from step 1 reaches it again) replaces it instead of refusing */
     save_step(t, mesh, dir, step - 1);
     load_on(t, t->comm, load_text, dir, step - 1);
+    if (t->rank == 0) { /* moved aside whole, not deleted: an earlier run's step past `latest` looks the same */
+        char prefix[64], index[700];
+        snprintf(prefix, sizeof prefix, "step_%llu.replaced-", (unsigned long long)(step - 1));
+        int aside = 0;
+        DIR *d = opendir(dir);
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+                snprintf(index, sizeof index, "%s/%s/index.json", dir, e->d_name);
+                aside += access(index, F_OK) == 0;
+            }
+        if (d) closedir(d);
+        CHECK(t, aside == 1, "the superseded step_%llu moved aside whole: %d copies", (unsigned long long)(step - 1), aside);
+    }
     save_step(t, mesh, dir, step); /* and the next save goes through, over the debris */
     load_on(t, t->comm, load_text, dir, step);
     shard_mesh_destroy(mesh);

@@ -543,6 +543,13 @@ def train():
         row = json.loads(p.stdout) if p.returncode == 0 else {}
         expect({"ms_per_step", "tokens_per_s", "mfu", "fma_peak_gflops"} <= set(row) and row["ms_per_step"] > 0,
                f"bench train: {p.stdout} {p.stderr}")
+        # data parallel with ZeRO on 2 ranks: its collectives timed alone too (in place on every rank)
+        for zero in ("1", "3"):
+            p = run(["bench", "train", "--config", cfg, "--batch", "4", "--seq", "16", "--no-torch", "--json", "--ranks",
+                     "2", "--zero", zero])
+            row2 = json.loads(p.stdout) if p.returncode == 0 else {}
+            expect(row2.get("zero") == int(zero) and row2.get("comm_alone_ms", 0) > 0,
+                   f"bench train --ranks 2 --zero {zero}: {p.stdout} {p.stderr}")
         # the PyTorch script gets the config's path as an argument, never through a shell
         odd = os.path.join(work, "x';touch INJECTED;'\"\\.json")
         shutil.copy(cfg, odd)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "shard/shard.h"
@@ -241,6 +242,40 @@ static void case_half_rounds_once(test_ctx *t) {
     shard_free(x);
     shard_free(y);
     shard_free(all);
+}
+
+/* A non-blocking bf16 all_reduce whose request rank 0 tests (so that its later phase may start there
+ * first) while the other ranks go straight on to another collective: each rank's collectives must still
+ * pair up (on MPI the later phase is point to point, never a collective started at a moment that
+ * differs between ranks), and both results are right. */
+static void case_half_nonblocking_order(test_ctx *t) {
+    shard_comm *c = t->comm;
+    int n = t->size, r = t->rank;
+    size_t count = 1000 + (size_t)n;
+    uint16_t *x = alloc_buf(count, SHARD_BF16);
+    for (size_t i = 0; i < count; i++) x[i] = shard_bf16_from_f32((float)(r + 1));
+    for (int round = 0; round < 3; round++) {
+        shard_request *req = NULL;
+        CHECK_OK(t, shard_comm_iall_reduce(c, x, x, count, SHARD_BF16, SHARD_OP_SUM, &req), "iall_reduce bf16");
+        if (r == 0)
+            for (int k = 0; req && k < 2000; k++) {
+                int done = 0;
+                CHECK_OK(t, shard_request_test(&req, &done), "test");
+                if (done) break;
+                struct timespec pause = {0, 50000};
+                nanosleep(&pause, NULL);
+            }
+        double y = (double)(r + 1), sum = 0;
+        shard_request *other = NULL; /* blocking (round 0) or not: MPI libraries order the two kinds apart */
+        if (round == 0) CHECK_OK(t, shard_comm_all_reduce(c, &y, &sum, 1, SHARD_F64, SHARD_OP_SUM), "all_reduce meanwhile");
+        else CHECK_OK(t, shard_comm_iall_reduce(c, &y, &sum, 1, SHARD_F64, SHARD_OP_SUM, &other), "iall_reduce meanwhile");
+        CHECK_OK(t, shard_request_wait(&other), "wait (f64)");
+        CHECK_OK(t, shard_request_wait(&req), "wait");
+        CHECK_NEAR(t, sum, n * (n + 1) / 2.0, 0, "the f64 all_reduce issued while the bf16 one was in flight");
+        double want = (double)n * (n + 1) / 2.0 * (round == 0 ? 1 : round == 1 ? n : (double)n * n);
+        CHECK_NEAR(t, shard_f32_from_bf16(x[count - 1]), want, want * 1e-2, "round %d: the bf16 all_reduce", round);
+    }
+    shard_free(x);
 }
 
 /* Results are bit-identical on every rank; on threads they equal the sum in rank order. */
@@ -821,6 +856,7 @@ static const test_case cases[] = {
     {"all_reduce_bitwise", case_all_reduce_bitwise},
     {"max_min_nan", case_max_min_nan},
     {"half_rounds_once", case_half_rounds_once},
+    {"half_nonblocking_order", case_half_nonblocking_order},
     {"overlap_refused", case_overlap_refused},
     {"all_reduce_large", case_all_reduce_large},
     {"reduce_scatter", case_reduce_scatter},

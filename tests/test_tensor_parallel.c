@@ -3,7 +3,8 @@
  * single-device reference on a one-rank communicator of its own.
  *
  *   grads   on mesh tensor=N, with and without sequence parallel (the GPT's
- *           dropout on: masks keyed by global positions): every parameter piece's gradient equals the
+ *           dropouts on — embedding, attention, residual: masks keyed by global
+ *           positions): every parameter piece's gradient equals the
  *           matching slice of the single-device gradient (slices computed
  *           here from the Megatron layout: heads of q, k, v; MLP columns;
  *           vocabulary rows), within 1e-5 of the tensor's largest element
@@ -46,7 +47,7 @@ static void setup(test_ctx *t) {
         CHECK(t, f != NULL, "config");
         if (f) {
             fprintf(f, "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
-                       "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1}", C, L, H, T, V);
+                       "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}", C, L, H, T, V);
             fclose(f);
         }
     }

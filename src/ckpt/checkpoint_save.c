@@ -183,16 +183,17 @@ static shard_status commit(const char *dir, uint64_t step, const char *tmp_dir, 
     return shard__atomic_write_file(path, latest, (size_t)n);
 }
 
-/* Rank 0, first: a fresh step_N.tmp/ (removing a crashed attempt's), and no committed step_N yet (one past
- * `latest`, left by a save that crashed before writing `latest`, is removed like the .tmp: no load picks it). */
+/* Rank 0, first: a fresh step_N.tmp/ (removing a crashed attempt's), and no committed step_N yet.  One past
+ * `latest` (a save that crashed before writing `latest`, or an earlier run's when this one resumed from an
+ * older step) is moved aside, whole, to step_N.replaced-<time>: no load through the root picks it. */
 static shard_status make_tmp_dir(const char *dir, uint64_t step, const char *tmp_dir) {
-    char final[PATH_MAX];
+    char final[PATH_MAX], aside[PATH_MAX + 64];
     SHARD_CHECK(shard__ckpt_mkdirs(dir));
     shard__ckpt_step_dir(dir, step, final, sizeof final);
     if (shard__ckpt_step_committed(dir, step))
         return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint %s already exists; save under another step or remove it",
                            final);
-    SHARD_CHECK(shard__ckpt_remove_tree(final));
+    if (access(final, F_OK) == 0) SHARD_CHECK(shard__ckpt_move_aside(final, aside, sizeof aside));
     SHARD_CHECK(shard__ckpt_remove_tree(tmp_dir));
     if (mkdir(tmp_dir, 0755) != 0)
         return shard_error(SHARD_ERR_IO, "checkpoint: cannot create %s: %s", tmp_dir, strerror(errno));

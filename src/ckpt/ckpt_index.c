@@ -1,6 +1,7 @@
 /* ckpt_index.c — read and write a checkpoint's index.json (see ckpt_index.h).
  * Reading checks everything later code relies on: known dtypes, at most 8
  * dims, chunks that name a listed file and lie inside the global shape. */
+#define _GNU_SOURCE /* qsort_r */
 #include "ckpt_index.h"
 
 #include <inttypes.h>
@@ -175,8 +176,27 @@ static shard_status check_cover(const char *path, const shard__ckpt_tensor *t) {
     return s;
 }
 
+static int by_file_name(const void *a, const void *b, void *files) {
+    const shard__ckpt_file *f = files;
+    return strcmp(f[*(const size_t *)a].name, f[*(const size_t *)b].name);
+}
+
+/* The index of the file named `name` through `order` (the files' indices sorted by name), or -1: a
+ * checkpoint of many ranks has as many files, and every chunk names one. */
+static int find_file(const shard__ckpt_index *ix, const size_t *order, const char *name) {
+    size_t lo = 0, hi = ix->nfiles;
+    while (name && lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(ix->files[order[mid]].name, name);
+        if (c == 0) return (int)order[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
 static shard_status read_tensor(const char *path, const char *name, const json_t *v, const shard__ckpt_index *ix,
-                                shard__ckpt_tensor *t) {
+                                const size_t *order, shard__ckpt_tensor *t) {
     char why[256];
     t->name = strdup(name);
     const json_t *shape = json_object_get(v, "shape"), *chunks = json_object_get(v, "chunks");
@@ -204,9 +224,7 @@ static shard_status read_tensor(const char *path, const char *name, const json_t
         const json_t *ch = json_array_get(chunks, c);
         shard__ckpt_chunk *k = &t->chunks[c];
         const char *file = json_string_value(json_object_get(ch, "file"));
-        k->file = -1;
-        for (size_t f = 0; file && f < ix->nfiles; f++)
-            if (strcmp(ix->files[f].name, file) == 0) k->file = (int)f;
+        k->file = find_file(ix, order, file);
         int ok = k->file >= 0 && read_sizes(json_object_get(ch, "offsets"), t->ndim, k->off) &&
                  read_sizes(json_object_get(ch, "sizes"), t->ndim, k->len);
         for (int d = 0; ok && d < t->ndim; d++) ok = k->off[d] <= t->shape[d] && k->len[d] <= t->shape[d] - k->off[d];
@@ -263,10 +281,15 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
         }
         f++;
     }
+    size_t *order = s == SHARD_OK ? malloc((ix->nfiles ? ix->nfiles : 1) * sizeof *order) : NULL;
+    if (s == SHARD_OK && !order) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    for (size_t i = 0; order && i < ix->nfiles; i++) order[i] = i;
+    if (order) qsort_r(order, ix->nfiles, sizeof *order, by_file_name, ix->files);
     if (s == SHARD_OK) json_object_foreach((json_t *)tensors, key, v) {
-        s = read_tensor(path, key, v, ix, &ix->tensors[ix->ntensors++]);
+        s = read_tensor(path, key, v, ix, order, &ix->tensors[ix->ntensors++]);
         if (s < 0) break;
     }
+    free(order);
     json_decref(root);
     if (s < 0) shard__ckpt_index_free(ix);
     return s;

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -166,4 +167,19 @@ int shard__ckpt_step_committed(const char *root, uint64_t step) {
     if (access(dir, F_OK) != 0) return 0;
     uint64_t latest = 0;
     return !shard__ckpt_read_latest(root, &latest) || latest >= step;
+}
+
+shard_status shard__ckpt_move_aside(const char *path, char *moved_to, size_t moved_to_bytes) {
+    long long now = (long long)time(NULL);
+    for (int k = 0; k < 100; k++) {
+        int n = k ? snprintf(moved_to, moved_to_bytes, "%s.replaced-%lld-%d", path, now, k)
+                  : snprintf(moved_to, moved_to_bytes, "%s.replaced-%lld", path, now);
+        if (n < 0 || (size_t)n >= moved_to_bytes) return shard_error(SHARD_ERR_INVALID_ARG, "%s: path too long", path);
+        if (access(moved_to, F_OK) == 0) continue;
+        if (rename(path, moved_to) != 0)
+            return shard_error(SHARD_ERR_IO, "checkpoint: cannot move %s aside to %s: %s", path, moved_to, strerror(errno));
+        return SHARD_OK;
+    }
+    return shard_error(SHARD_ERR_IO, "checkpoint: cannot move %s aside: every name %s.replaced-%lld[-k] is taken", path,
+                       path, now);
 }

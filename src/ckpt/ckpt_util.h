@@ -21,10 +21,13 @@ int shard__ckpt_writes_chunk(const shard_dtensor *t, const int *coords);
 int shard__ckpt_parse_step_name(const char *name, uint64_t *step);
 /* 1 and the step that root/latest names; 0 when it is absent or unreadable. */
 int shard__ckpt_read_latest(const char *root, uint64_t *step);
-/* 1 when root/step_N exists and a load could pick it: `latest` is absent or names step N or later.  A
- * step_N past `latest` is what a save that crashed between its rename and `latest` left: a load never
- * picks it, and a save of step N replaces it. */
+/* 1 when root/step_N exists and a load through the root could pick it: `latest` is absent or names step
+ * N or later.  A step_N past `latest` was left by a save that crashed between its rename and `latest`,
+ * or by an earlier run when a run resumed from an older step moved `latest` back: a load through the
+ * root never picks it, and a save of step N moves it aside (shard__ckpt_move_aside) instead of refusing. */
 int shard__ckpt_step_committed(const char *root, uint64_t step);
+/* Rename path to path.replaced-<unix time>[-k], a name no load picks; the new name in moved_to. */
+shard_status shard__ckpt_move_aside(const char *path, char *moved_to, size_t moved_to_bytes);
 /* mkdir -p */
 shard_status shard__ckpt_mkdirs(const char *dir);
 /* rm -rf (absent is fine) */

@@ -6,7 +6,9 @@
  *
  *   column-parallel linear  weight split on the output dim: no communication
  *   row-parallel linear     weight split on the input dim: partial outputs summed
- *                           (tp_sum); the bias added by tensor rank 0 only
+ *                           (tp_sum); the bias added by tensor rank 0 only before
+ *                           the sum, or under sequence parallelism by every rank
+ *                           to its own tokens after the reduce-scatter
  *   vocab-parallel          the embedding table and the tied LM head split by
  *                           rows (vocabulary): lookups summed, and a cross-entropy
  *                           that never forms the whole [N, V] logits */

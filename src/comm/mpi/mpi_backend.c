@@ -34,6 +34,7 @@
 typedef struct mcomm {
     shard_comm base;
     MPI_Comm mpi;
+    MPI_Comm gather; /* a duplicate for the point-to-point all-gather of non-blocking bf16/f16 reductions */
     void *pack[2];        /* blocking all_to_allw staging (send, recv), kept to avoid faulting in new pages */
     size_t pack_bytes[2];
 } mcomm;
@@ -54,10 +55,12 @@ typedef struct mreq { /* backend state of a request */
     size_t bytes;
     uint64_t seq;
     /* a bf16/f16 reduction reduced here (half_reduction): 1 while the all-to-all of slices is in flight,
-     * 2 once they are reduced (and, for all_reduce, while the all-gather of the reduced slices is) */
-    int half_phase, half_gather;
+     * 2 once they are reduced (and, for a non-blocking all_reduce, while the point-to-point all-gather of
+     * the reduced slices is: gather_n requests) */
+    int half_phase, half_gather, gather_n;
     void *half_out;      /* this rank's reduced slice */
     size_t half_len;
+    MPI_Request *gather_reqs;
 } mreq;
 
 static const shard__comm_vtable mpi_vtable;
@@ -70,6 +73,7 @@ static struct {
     MPI_Op half_ops[4];         /* sum, prod, max, min on the 2-byte types */
     MPI_Op nan_ops[2];          /* max, min on f32/f64 that keep NaN, as the threads backend (MPI_MAX drops it) */
     double exit_timeout;        /* the at-exit barrier's deadline: the longest world timeout */
+    int tag_ub;                 /* MPI_TAG_UB: the largest tag (at least 32767) */
     int debug;
     /* watchdog */
     pthread_t watchdog;
@@ -423,11 +427,31 @@ static shard_status half_reduce_received(const shard__coll_args *a, mreq *s, int
     return SHARD_OK;
 }
 
-static shard_status half_start_gather(mcomm *c, const shard__coll_args *a, mreq *s, MPI_Request *rq) {
-    int n = c->base.size;
+/* The reduced slices made whole on every rank (all_reduce).  Blocking: MPI_Allgatherv in place.  A
+ * request: each rank sends its slice to every other one and receives theirs, point to point on the
+ * communicator's `gather` duplicate, tagged by the collective's sequence number.  This phase starts
+ * in whichever test or wait first sees the all-to-all done, a moment that differs between ranks, so it
+ * must not be a collective: MPI needs collectives in the same order on every rank, and another
+ * collective issued meanwhile would be ordered differently on different ranks. */
+static shard_status half_gather(mcomm *c, const shard__coll_args *a, mreq *s, int nonblocking) {
+    int n = c->base.size, r = c->base.rank, rc = MPI_SUCCESS;
     MPI_Datatype t = mpi_type(a->dtype);
-    int rc = rq ? MPI_Iallgatherv(MPI_IN_PLACE, 0, t, a->recv, s->ints, s->ints + n, t, c->mpi, rq)
-                : MPI_Allgatherv(MPI_IN_PLACE, 0, t, a->recv, s->ints, s->ints + n, t, c->mpi);
+    if (!nonblocking) {
+        rc = MPI_Allgatherv(MPI_IN_PLACE, 0, t, a->recv, s->ints, s->ints + n, t, c->mpi);
+        return rc == MPI_SUCCESS ? SHARD_OK : mpi_error(rc, shard__coll_kind_name(a->kind), &c->base);
+    }
+    s->gather_reqs = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
+    if (!s->gather_reqs) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", shard__coll_kind_name(a->kind));
+    size_t es = shard_dtype_size(a->dtype);
+    int tag = (int)(a->seq % ((uint64_t)M.tag_ub + 1)); /* equal on every rank: collectives are numbered alike */
+    s->gather_n = 0;
+    for (int p = 0; p < n && rc == MPI_SUCCESS; p++)
+        if (p != r)
+            rc = MPI_Irecv((char *)a->recv + (size_t)s->ints[n + p] * es, s->ints[p], t, p, tag, c->gather,
+                           &s->gather_reqs[s->gather_n++]);
+    for (int p = 0; p < n && rc == MPI_SUCCESS; p++)
+        if (p != r) rc = MPI_Isend(s->half_out, s->ints[r], t, p, tag, c->gather, &s->gather_reqs[s->gather_n++]);
+    s->half_phase = 3;
     return rc == MPI_SUCCESS ? SHARD_OK : mpi_error(rc, shard__coll_kind_name(a->kind), &c->base);
 }
 
@@ -466,7 +490,7 @@ static shard_status half_issue(mcomm *c, const shard__coll_args *a, mreq *s, MPI
     rc = MPI_Alltoallv(a->send, ic, ic + n, t, s->staging, ic + 2 * n, ic + 3 * n, t, c->mpi);
     if (rc != MPI_SUCCESS) return mpi_error(rc, what, &c->base);
     SHARD_CHECK(half_reduce_received(a, s, n));
-    return s->half_gather ? half_start_gather(c, a, s, NULL) : SHARD_OK;
+    return s->half_gather ? half_gather(c, a, s, 0) : SHARD_OK;
 }
 
 /* Issue one collective: blocking when req == NULL, else non-blocking with state in req. */
@@ -543,12 +567,12 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
         size_t extent = 0;
         for (int p = 0; p < n; p++)
             if (a->send_displs[p] + a->send_counts[p] > extent) extent = a->send_displs[p] + a->send_counts[p];
-        s->staging = shard_alloc(extent * es, SHARD_MEM_COMM);
+        s->staging = shard_alloc(extent * es + 1, SHARD_MEM_COMM); /* + 1: a distinct buffer even for nothing */
         if (!s->staging) {
             status = SHARD_ERR_NO_MEMORY;
             goto fail;
         }
-        memcpy(s->staging, a->send, extent * es);
+        if (extent) memcpy(s->staging, a->send, extent * es);
         send = s->staging;
     }
     if (a->kind == SHARD__ALL_TO_ALLW) {
@@ -707,8 +731,17 @@ static shard_status mpi_request_test(shard_request *req, int *done) {
     if (flag && st->half_phase == 1) { /* a bf16/f16 reduction's slices are in: reduce, then gather them */
         SHARD_CHECK(half_reduce_received(&req->coll, st, req->comm->size));
         if (st->half_gather) {
-            SHARD_CHECK(half_start_gather((mcomm *)req->comm, &req->coll, st, &st->request));
+            SHARD_CHECK(half_gather((mcomm *)req->comm, &req->coll, st, 1));
             flag = 0;
+        }
+    }
+    if (st->half_phase == 3) { /* the gather's sends and receives (each tested: a completed one is NULL) */
+        flag = 1;
+        for (int i = 0; i < st->gather_n; i++) {
+            int one = 1;
+            rc = MPI_Test(&st->gather_reqs[i], &one, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) return mpi_error(rc, "request test", req->comm);
+            flag &= one;
         }
     }
     *done = flag;
@@ -749,6 +782,7 @@ static shard_status mpi_request_wait(shard_request *req) {
 static void mpi_request_release(shard_request *req) {
     mreq *st = req->impl;
     if (!st) return;
+    if (!atomic_load(&req->done) && st->half_phase == 3) return; /* sends in flight: as a collective's, below */
     if (!atomic_load(&req->done) && st->request != MPI_REQUEST_NULL) {
         /* Abandoned after an error (a timed-out wait of a send or collective ended the process).
          * A receive can be cancelled; a send or collective cannot, and MPI may still read or write
@@ -771,6 +805,7 @@ static void mpi_request_release(shard_request *req) {
     if (!st->borrowed) shard_free(st->staging), shard_free(st->recv_staging);
     shard_free(st->gather_staging);
     free(st->ints);
+    free(st->gather_reqs);
     free(st);
     req->impl = NULL;
 }
@@ -786,6 +821,11 @@ static mcomm *mcomm_wrap(MPI_Comm mpi, const char *name, double timeout) {
     MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
     shard__comm_init_header(&c->base, &mpi_vtable, rank, size, name, timeout);
     c->mpi = mpi;
+    if (MPI_Comm_dup(mpi, &c->gather) != MPI_SUCCESS) { /* collective, as every caller's moment is */
+        free(c);
+        return NULL;
+    }
+    MPI_Comm_set_errhandler(c->gather, MPI_ERRORS_RETURN);
     return c;
 }
 
@@ -813,7 +853,7 @@ static void mpi_destroy(shard_comm *comm) {
     mcomm *c = (mcomm *)comm;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&c->mpi);
+    if (!finalized) MPI_Comm_free(&c->mpi), MPI_Comm_free(&c->gather);
     shard_free(c->pack[0]);
     shard_free(c->pack[1]);
     free(c);
@@ -864,8 +904,10 @@ void shard__mpi_finalize_at_exit(void) {
     if (!initialized || finalized || !M.initialized_here) return;
     /* MPI_Finalize waits for every rank.  A rank parked in it while a failing
      * job was torn down was seen to wedge Open MPI 4.1's mpirun, so meet the
-     * others in a barrier first.  A peer still working (saving a checkpoint)
-     * is waited for up to twice the world's timeout and 5 s (a peer blocked in a
+     * others in a barrier first.  A peer still working (saving a checkpoint,
+     * or rank 0 running a benchmark's reference after the ranks' work) is
+     * waited for up to SHARD_EXIT_TIMEOUT seconds, by default twice the
+     * world's timeout and 5 s but at least 15 minutes (a peer blocked in a
      * collective meets its own deadline first, and its line names what it
      * waits for); past it this rank says so and ends as the watchdog does: a
      * peer that failed ends the job through the launcher only where the
@@ -874,7 +916,13 @@ void shard__mpi_finalize_at_exit(void) {
     MPI_Request barrier;
     if (MPI_Ibarrier(MPI_COMM_WORLD, &barrier) == MPI_SUCCESS) {
         int done = 0;
-        double limit = 2 * (M.exit_timeout > 0 ? M.exit_timeout : 300) + 5, deadline = shard__now() + limit;
+        double limit = 2 * (M.exit_timeout > 0 ? M.exit_timeout : 300) + 5;
+        if (limit < 900) limit = 900;
+        const char *env = getenv("SHARD_EXIT_TIMEOUT");
+        char *end = NULL;
+        double given = env && *env ? strtod(env, &end) : 0;
+        if (end && !*end && given > 0 && given < 1e9) limit = given;
+        double deadline = shard__now() + limit;
         for (unsigned spins = 0; !done; spins++) {
             if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
             if (!done && shard__now() > deadline) {
@@ -923,6 +971,9 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
                                "MPI runs at %s; shard needs at least MPI_THREAD_FUNNELED%s", level_name(provided),
                                M.initialized_here ? "" : " (initialise MPI with MPI_Init_thread)");
         M.thread_level = provided;
+        int *ub = NULL, found = 0;
+        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found);
+        M.tag_ub = found && ub && *ub >= 32767 ? *ub : 32767;
         /* without the watchdog no blocking call would have a deadline */
         int failed = pthread_create(&M.watchdog, NULL, watchdog_main, NULL);
         if (failed) return shard_error(SHARD_ERR_BACKEND, "could not start the MPI watchdog thread: %s", strerror(failed));
