@@ -5,6 +5,7 @@
  * before; clear errors for missing or mismatched tensors.
  *   test_checkpoint --ranks 4 [--case NAME]     (or under mpiexec -np 4) */
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +212,17 @@ static void case_crash_points(test_ctx *t) {
     }
     save_step(t, mesh, dir, step); /* and the next save goes through, over the debris */
     load_on(t, t->comm, load_text, dir, step);
+    { /* a root too long for its step directories' names is refused on every rank, before anything is made */
+        static char longdir[PATH_MAX];
+        memset(longdir, 'd', sizeof longdir - 1);
+        memcpy(longdir, "/tmp/", 5);
+        shard_ckpt_item items[NT];
+        make_items(t, mesh, 0, 1, 1, items);
+        shard_status s = shard_ckpt_save(longdir, 1, items, NT, NULL);
+        CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "the directory name is"),
+              "a %zu-byte directory: status %d, '%s'", strlen(longdir), (int)s, shard_last_error());
+        free_items(items);
+    }
     shard_mesh_destroy(mesh);
     test_remove_dir(t, dir);
 }

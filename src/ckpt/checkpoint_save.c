@@ -212,6 +212,9 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
     shard_comm *world = shard_mesh_comm(mesh);
     int rank = shard_comm_rank(world), size = shard_comm_size(world);
     if (!dir || !*dir) return shard_error(SHARD_ERR_INVALID_ARG, "shard_ckpt_save: no directory given");
+    if (strlen(dir) > PATH_MAX - 96) /* room for /step_N.tmp/rank_NNNNN.safetensors: no name is cut short */
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_ckpt_save: the directory name is %zu bytes; at most %d",
+                           strlen(dir), PATH_MAX - 96);
     char tmp_dir[PATH_MAX];
     shard__ckpt_step_dir(dir, step, tmp_dir, sizeof tmp_dir);
     strncat(tmp_dir, ".tmp", sizeof tmp_dir - strlen(tmp_dir) - 1);

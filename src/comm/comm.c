@@ -297,9 +297,13 @@ shard_status shard_request_test(shard_request **reqp, int *done) {
         int d = 0;
         shard_status s = req->comm->vt->request_test(req, &d);
         if (s < 0 && !atomic_load(&req->done)) {
+            /* failed while the backend may still own its buffers: finished as a failed wait is, not marked
+             * done, so the backend's release knows (MPI keeps a started collective's state) */
             req->status = s;
             snprintf(req->error, sizeof req->error, "%s", shard_last_error());
-            atomic_store(&req->done, 1);
+            *done = 1;
+            *reqp = NULL;
+            return request_finish(req);
         }
         if (!atomic_load(&req->done)) return SHARD_OK;
     }

@@ -443,7 +443,9 @@ static shard_status half_gather(mcomm *c, const shard__coll_args *a, mreq *s, in
     s->gather_reqs = malloc(sizeof(MPI_Request) * 2 * (size_t)n);
     if (!s->gather_reqs) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", shard__coll_kind_name(a->kind));
     size_t es = shard_dtype_size(a->dtype);
-    int tag = (int)(a->seq % ((uint64_t)M.tag_ub + 1)); /* equal on every rank: collectives are numbered alike */
+    /* equal on every rank (collectives are numbered alike); it repeats only after MPI_TAG_UB + 1 collectives
+     * (32768 at least), so a request left unwaited across that many later ones could meet its twin's tag */
+    int tag = (int)(a->seq % ((uint64_t)M.tag_ub + 1));
     s->gather_n = 0;
     for (int p = 0; p < n && rc == MPI_SUCCESS; p++)
         if (p != r)
@@ -812,21 +814,35 @@ static void mpi_request_release(shard_request *req) {
 
 /* ------------------------------------------------------------------ communicators */
 
-static mcomm *mcomm_wrap(MPI_Comm mpi, const char *name, double timeout) {
-    mcomm *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
+/* A communicator over `mpi` (taken over: freed on failure too).  Collective over its members: the
+ * duplicate for the non-blocking bf16/f16 all-gathers is made first, before anything that could fail on
+ * one rank alone, and under the watchdog. */
+static shard_status mcomm_wrap(MPI_Comm mpi, const char *name, double timeout, mcomm **out) {
+    *out = NULL;
     int rank = 0, size = 1;
     MPI_Comm_rank(mpi, &rank);
     MPI_Comm_size(mpi, &size);
     MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
-    shard__comm_init_header(&c->base, &mpi_vtable, rank, size, name, timeout);
-    c->mpi = mpi;
-    if (MPI_Comm_dup(mpi, &c->gather) != MPI_SUCCESS) { /* collective, as every caller's moment is */
-        free(c);
-        return NULL;
+    mcomm probe = {.mpi = mpi};
+    shard__comm_init_header(&probe.base, &mpi_vtable, rank, size, name, timeout);
+    shard__coll_args as_barrier = {.kind = SHARD__BARRIER};
+    MPI_Comm gather = MPI_COMM_NULL;
+    watch_begin(&probe, &as_barrier);
+    int rc = MPI_Comm_dup(mpi, &gather);
+    watch_end();
+    mcomm *c = rc == MPI_SUCCESS ? calloc(1, sizeof *c) : NULL;
+    if (!c) {
+        shard_status s = rc != MPI_SUCCESS ? mpi_error(rc, "duplicating a communicator", &probe.base)
+                                           : shard_error(SHARD_ERR_NO_MEMORY, "comm '%s': out of memory", name);
+        if (gather != MPI_COMM_NULL) MPI_Comm_free(&gather);
+        MPI_Comm_free(&mpi);
+        return s;
     }
+    shard__comm_init_header(&c->base, &mpi_vtable, rank, size, name, timeout);
+    c->mpi = mpi, c->gather = gather;
     MPI_Comm_set_errhandler(c->gather, MPI_ERRORS_RETURN);
-    return c;
+    *out = c;
+    return SHARD_OK;
 }
 
 static shard_status mpi_split(shard_comm *comm, int color, int key, shard_comm **out) {
@@ -840,11 +856,8 @@ static shard_status mpi_split(shard_comm *comm, int color, int key, shard_comm *
     if (sub == MPI_COMM_NULL) return SHARD_OK;
     char name[64];
     snprintf(name, sizeof name, "%.40s:%d", comm->name, color);
-    mcomm *nc = mcomm_wrap(sub, name, comm->timeout_seconds);
-    if (!nc) {
-        MPI_Comm_free(&sub);
-        return shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': out of memory", comm->name);
-    }
+    mcomm *nc = NULL;
+    SHARD_CHECK(mcomm_wrap(sub, name, comm->timeout_seconds, &nc));
     *out = &nc->base;
     return SHARD_OK;
 }
@@ -922,6 +935,8 @@ void shard__mpi_finalize_at_exit(void) {
         char *end = NULL;
         double given = env && *env ? strtod(env, &end) : 0;
         if (end && !*end && given > 0 && given < 1e9) limit = given;
+        else if (env && *env)
+            fprintf(stderr, "shard: ignoring SHARD_EXIT_TIMEOUT='%s': give seconds > 0 (using %g)\n", env, limit);
         double deadline = shard__now() + limit;
         for (unsigned spins = 0; !done; spins++) {
             if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
@@ -996,9 +1011,9 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
     MPI_Comm dup; /* MPI_COMM_WORLD's error handler stays the program's; the dup returns errors */
     if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS)
         return shard_error(SHARD_ERR_BACKEND, "MPI_Comm_dup(MPI_COMM_WORLD) failed");
-    mcomm *c = mcomm_wrap(dup, "world", timeout_seconds);
     if (timeout_seconds > M.exit_timeout) M.exit_timeout = timeout_seconds;
-    if (!c) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating the MPI world");
+    mcomm *c = NULL;
+    SHARD_CHECK(mcomm_wrap(dup, "world", timeout_seconds, &c));
     if (verbose) {
         char version[MPI_MAX_LIBRARY_VERSION_STRING] = "";
         int len = 0;
