@@ -84,6 +84,11 @@ void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes
     if (!used) snprintf(out, out_bytes, "none");
 }
 
+void shard__abort_text(const shard_comm *comm, const char *reason, char *out, size_t out_bytes) {
+    if (strcmp(comm->name, "world") == 0) snprintf(out, out_bytes, "rank %d failed: %s", comm->rank, reason);
+    else snprintf(out, out_bytes, "rank %d of comm '%s' failed: %s", comm->rank, comm->name, reason);
+}
+
 void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out,
                           size_t out_bytes) {
     int w = snprintf(out, out_bytes, "%s", shard__coll_kind_name(a->kind));
@@ -341,7 +346,6 @@ static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t c
         return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': tag %d is invalid: tags are >= 0",
                            what, comm->name, tag);
     if (!out) return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': request pointer is NULL", what, comm->name);
-    *out = NULL;
     shard_request *req = request_new(comm, is_send ? SHARD__REQ_SEND : SHARD__REQ_RECV);
     if (!req) return SHARD_ERR_NO_MEMORY;
     uint64_t seq = ++comm->p2p_seq;

@@ -129,6 +129,9 @@ void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes
 
 /* Text of a collective for messages: "all_reduce f32 x1024", plus " op max" / " root 2"
  * when `other` (the collective it is compared with; NULL: always) differs there. */
+/* "rank R failed: REASON", naming the communicator when it is not the world (a sub-communicator's rank
+ * is not the world's): the line an abort leaves on every backend. */
+void shard__abort_text(const shard_comm *comm, const char *reason, char *out, size_t out_bytes);
 void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out,
                           size_t out_bytes);
 

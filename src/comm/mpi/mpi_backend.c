@@ -70,8 +70,8 @@ static struct {
     int setup_done;       /* types, ops and watchdog exist */
     int thread_level;
     MPI_Datatype half_types[2]; /* bf16, f16 */
-    MPI_Op half_ops[4];         /* sum, prod, max, min on the 2-byte types */
-    MPI_Op nan_ops[2];          /* max, min on f32/f64 that keep NaN, as the threads backend (MPI_MAX drops it) */
+    MPI_Op user_ops[4];         /* sum, prod, max, min through shard's arithmetic (pair_op): on the 2-byte
+                                   types, and max/min on f32/f64 that keep NaN (MPI_MAX drops it) */
     double exit_timeout;        /* the at-exit barrier's deadline: the longest world timeout */
     int tag_ub;                 /* MPI_TAG_UB: the largest tag (at least 32767) */
     int debug;
@@ -103,19 +103,18 @@ static shard_status mpi_error(int code, const char *what, const shard_comm *comm
 
 /* ------------------------------------------------------------------ dtypes and ops */
 
-static void half_op(void *in, void *inout, int *len, MPI_Datatype *type, shard_reduce_op op) {
-    shard_dtype d = *type == M.half_types[0] ? SHARD_BF16 : SHARD_F16;
+/* One user op for the types shard reduces itself: bf16, f16 (2-byte types), f32 and f64 (max/min with NaN). */
+static void pair_op(void *in, void *inout, int *len, MPI_Datatype *type, shard_reduce_op op) {
+    shard_dtype d = *type == M.half_types[0] ? SHARD_BF16
+                    : *type == M.half_types[1] ? SHARD_F16
+                    : *type == MPI_DOUBLE      ? SHARD_F64
+                                               : SHARD_F32;
     shard__reduce_pair(d, op, in, inout, (size_t)*len);
 }
-static void half_sum(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_SUM); }
-static void half_prod(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_PROD); }
-static void half_max(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_MAX); }
-static void half_min(void *in, void *inout, int *len, MPI_Datatype *t) { half_op(in, inout, len, t, SHARD_OP_MIN); }
-static void float_op(void *in, void *inout, int *len, MPI_Datatype *type, shard_reduce_op op) {
-    shard__reduce_pair(*type == MPI_DOUBLE ? SHARD_F64 : SHARD_F32, op, in, inout, (size_t)*len);
-}
-static void nan_max(void *in, void *inout, int *len, MPI_Datatype *t) { float_op(in, inout, len, t, SHARD_OP_MAX); }
-static void nan_min(void *in, void *inout, int *len, MPI_Datatype *t) { float_op(in, inout, len, t, SHARD_OP_MIN); }
+static void user_sum(void *in, void *inout, int *len, MPI_Datatype *t) { pair_op(in, inout, len, t, SHARD_OP_SUM); }
+static void user_prod(void *in, void *inout, int *len, MPI_Datatype *t) { pair_op(in, inout, len, t, SHARD_OP_PROD); }
+static void user_max(void *in, void *inout, int *len, MPI_Datatype *t) { pair_op(in, inout, len, t, SHARD_OP_MAX); }
+static void user_min(void *in, void *inout, int *len, MPI_Datatype *t) { pair_op(in, inout, len, t, SHARD_OP_MIN); }
 
 static MPI_Datatype mpi_type(shard_dtype d) {
     switch (d) {
@@ -134,10 +133,10 @@ static MPI_Datatype mpi_type(shard_dtype d) {
 static MPI_Op mpi_op(shard_dtype d, shard_reduce_op op) {
     int half = d == SHARD_BF16 || d == SHARD_F16, real = d == SHARD_F32 || d == SHARD_F64;
     switch (op) {
-    case SHARD_OP_PROD: return half ? M.half_ops[1] : MPI_PROD;
-    case SHARD_OP_MAX: return half ? M.half_ops[2] : real ? M.nan_ops[0] : MPI_MAX;
-    case SHARD_OP_MIN: return half ? M.half_ops[3] : real ? M.nan_ops[1] : MPI_MIN;
-    default: return half ? M.half_ops[0] : MPI_SUM; /* SUM, and AVG = SUM then divide */
+    case SHARD_OP_PROD: return half ? M.user_ops[1] : MPI_PROD;
+    case SHARD_OP_MAX: return half || real ? M.user_ops[2] : MPI_MAX;
+    case SHARD_OP_MIN: return half || real ? M.user_ops[3] : MPI_MIN;
+    default: return half ? M.user_ops[0] : MPI_SUM; /* SUM, and AVG = SUM then divide */
     }
 }
 
@@ -874,8 +873,9 @@ static void mpi_destroy(shard_comm *comm) {
 
 static void mpi_abort(shard_comm *comm, shard_status status, const char *reason) {
     (void)status;
-    if (strcmp(comm->name, "world") == 0) fprintf(stderr, "shard: rank %d failed: %s\n", comm->rank, reason);
-    else fprintf(stderr, "shard: rank %d of comm '%s' failed: %s\n", comm->rank, comm->name, reason);
+    char text[512];
+    shard__abort_text(comm, reason, text, sizeof text);
+    fprintf(stderr, "shard: %s\n", text);
     fflush(stdout);
     fflush(stderr);
     /* As the watchdog: exiting without MPI_Finalize makes the launcher end the
@@ -958,8 +958,7 @@ void shard__mpi_finalize_at_exit(void) {
         }
     }
     if (M.setup_done) {
-        for (int i = 0; i < 4; i++) MPI_Op_free(&M.half_ops[i]);
-        for (int i = 0; i < 2; i++) MPI_Op_free(&M.nan_ops[i]);
+        for (int i = 0; i < 4; i++) MPI_Op_free(&M.user_ops[i]);
         for (int i = 0; i < 2; i++) MPI_Type_free(&M.half_types[i]);
     }
     MPI_Finalize();
@@ -998,12 +997,10 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
             MPI_Type_contiguous(2, MPI_BYTE, &M.half_types[i]);
             MPI_Type_commit(&M.half_types[i]);
         }
-        MPI_Op_create(half_sum, 1, &M.half_ops[0]);
-        MPI_Op_create(half_prod, 1, &M.half_ops[1]);
-        MPI_Op_create(half_max, 1, &M.half_ops[2]);
-        MPI_Op_create(half_min, 1, &M.half_ops[3]);
-        MPI_Op_create(nan_max, 1, &M.nan_ops[0]);
-        MPI_Op_create(nan_min, 1, &M.nan_ops[1]);
+        MPI_Op_create(user_sum, 1, &M.user_ops[0]);
+        MPI_Op_create(user_prod, 1, &M.user_ops[1]);
+        MPI_Op_create(user_max, 1, &M.user_ops[2]);
+        MPI_Op_create(user_min, 1, &M.user_ops[3]);
         const char *dbg = getenv("SHARD_DEBUG");
         M.debug = dbg && dbg[0] && strcmp(dbg, "0") != 0;
         M.setup_done = 1;

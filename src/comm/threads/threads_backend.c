@@ -1037,9 +1037,8 @@ static void threads_destroy(shard_comm *comm) {
 
 static void threads_abort(shard_comm *comm, shard_status status, const char *reason) {
     tcomm *c = (tcomm *)comm;
-    char text[512]; /* a sub-communicator's rank is not the world's: name the communicator too */
-    if (strcmp(comm->name, "world") == 0) snprintf(text, sizeof text, "rank %d failed: %s", comm->rank, reason);
-    else snprintf(text, sizeof text, "rank %d of comm '%s' failed: %s", comm->rank, comm->name, reason);
+    char text[512];
+    shard__abort_text(comm, reason, text, sizeof text);
     job_abort(c->g->job, status, text);
 }
 
