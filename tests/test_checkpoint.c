@@ -273,6 +273,16 @@ static void case_fallback(test_ctx *t) {
     s = shard_ckpt_load(dir, &wrong, 1, NULL);
     CHECK(t, s < 0 && strstr(shard_last_error(), "tensor 'w' is F32 with 2 dims there"), "mismatch: %s",
           shard_last_error());
+    /* a name given twice, to load and to save (found by sorting the names, so not next to each other) */
+    shard_ckpt_item twice[NT];
+    memcpy(twice, items, sizeof twice);
+    twice[NT - 1].name = twice[1].name;
+    s = shard_ckpt_load(dir, twice, NT, NULL);
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "the name 'emb' is given twice"), "twice: %s",
+          shard_last_error());
+    s = shard_ckpt_save(dir, 9, twice, NT, NULL);
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "the name 'emb' is given twice"), "twice: %s",
+          shard_last_error());
     free_items(items);
     s = shard_ckpt_load("/nonexistent/ckpt", items, 0, NULL);
     CHECK(t, s == SHARD_ERR_INVALID_ARG, "no items");

@@ -176,6 +176,11 @@ static shard_status check_cover(const char *path, const shard__ckpt_tensor *t) {
     return s;
 }
 
+static int by_tensor_name(const void *a, const void *b, void *tensors) {
+    const shard__ckpt_tensor *t = tensors;
+    return strcmp(t[*(const size_t *)a].name, t[*(const size_t *)b].name);
+}
+
 static int by_file_name(const void *a, const void *b, void *files) {
     const shard__ckpt_file *f = files;
     return strcmp(f[*(const size_t *)a].name, f[*(const size_t *)b].name);
@@ -291,6 +296,10 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     }
     free(order);
     json_decref(root);
+    if (s == SHARD_OK && !(ix->by_name = malloc((ix->ntensors ? ix->ntensors : 1) * sizeof *ix->by_name)))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    for (size_t t = 0; s == SHARD_OK && t < ix->ntensors; t++) ix->by_name[t] = t;
+    if (s == SHARD_OK) qsort_r(ix->by_name, ix->ntensors, sizeof *ix->by_name, by_tensor_name, ix->tensors);
     if (s < 0) shard__ckpt_index_free(ix);
     return s;
 }
@@ -306,11 +315,21 @@ void shard__ckpt_index_free(shard__ckpt_index *ix) {
     free(ix->mesh);
     free(ix->config);
     free(ix->training);
+    free(ix->by_name);
     memset(ix, 0, sizeof *ix);
 }
 
+/* A binary search through by_name: a load looks up every tensor it restores. */
 const shard__ckpt_tensor *shard__ckpt_index_find(const shard__ckpt_index *ix, const char *name) {
-    for (size_t t = 0; t < ix->ntensors; t++)
+    for (size_t lo = 0, hi = ix->by_name ? ix->ntensors : 0; lo < hi;) {
+        size_t mid = lo + (hi - lo) / 2;
+        const shard__ckpt_tensor *t = &ix->tensors[ix->by_name[mid]];
+        int c = strcmp(t->name, name);
+        if (c == 0) return t;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t t = 0; !ix->by_name && t < ix->ntensors; t++)
         if (strcmp(ix->tensors[t].name, name) == 0) return &ix->tensors[t];
     return NULL;
 }

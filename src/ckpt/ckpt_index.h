@@ -44,6 +44,7 @@ typedef struct shard__ckpt_index {
     size_t ntensors, nfiles;
     shard__ckpt_tensor *tensors;
     shard__ckpt_file *files;
+    size_t *by_name; /* tensors' indices sorted by name (set by index_read; NULL: find scans) */
 } shard__ckpt_index;
 
 shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *ix);

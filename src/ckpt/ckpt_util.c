@@ -67,6 +67,10 @@ shard_status shard__ckpt_remove_tree(const char *path) {
     return SHARD_OK;
 }
 
+static int by_item_name(const void *a, const void *b) {
+    return strcmp((*(const shard_ckpt_item *const *)a)->name, (*(const shard_ckpt_item *const *)b)->name);
+}
+
 shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *items, size_t count) {
     if (!items || count == 0) return shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensors given", what);
     for (size_t i = 0; i < count; i++) {
@@ -75,11 +79,18 @@ shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *it
         if (items[i].tensor->mesh != items[0].tensor->mesh)
             return shard_error(SHARD_ERR_INVALID_ARG, "%s: '%s' is on another mesh than '%s'; save one mesh at a time",
                                what, items[i].name, items[0].name);
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(items[i].name, items[j].name) == 0)
-                return shard_error(SHARD_ERR_INVALID_ARG, "%s: the name '%s' is given twice", what, items[i].name);
     }
-    return SHARD_OK;
+    /* duplicate names meet as neighbours once sorted: a model may have tens of thousands of tensors */
+    const shard_ckpt_item **sorted = malloc(count * sizeof *sorted);
+    if (!sorted) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu names", what, count);
+    for (size_t i = 0; i < count; i++) sorted[i] = &items[i];
+    qsort(sorted, count, sizeof *sorted, by_item_name);
+    shard_status s = SHARD_OK;
+    for (size_t i = 1; s == SHARD_OK && i < count; i++)
+        if (strcmp(sorted[i]->name, sorted[i - 1]->name) == 0)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: the name '%s' is given twice", what, sorted[i]->name);
+    free(sorted);
+    return s;
 }
 
 /* Size and xxh3 of one file against the index. */
