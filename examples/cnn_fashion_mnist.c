@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: cnn_fashion_mnist [STEPS>0] [BATCH 1..4096]\n");
         return 2;
     }
-    shard_idx train_x, train_y, test_x, test_y;
+    shard_idx train_x = {0}, train_y = {0}, test_x = {0}, test_y = {0}; /* freed on every path, loaded or not */
     shard_cnn *m = NULL;
     shard_params *grads = NULL, *mo = NULL, *ve = NULL;
     shard_cnn_config c;

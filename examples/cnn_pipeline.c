@@ -58,13 +58,15 @@ static shard_status train(shard_comm *comm, const run_args *a, const char *mesh_
 
 /* Correct answers of the model with these parameters on the test set. */
 static shard_status score(const shard_params *values, size_t *correct) {
-    shard_idx x, y;
+    shard_idx x = {0}, y = {0}; /* freed on every path, read or not */
     shard_cnn_config c;
     shard_cnn *m = NULL;
     enum { EVAL = 500 };
     float *images = malloc(EVAL * 784 * sizeof *images);
     shard_status s = images ? shard_idx_read(DATA "t10k-images-idx3-ubyte.gz", &x) : SHARD_ERR_NO_MEMORY;
     if (s == SHARD_OK) s = shard_idx_read(DATA "t10k-labels-idx1-ubyte.gz", &y);
+    if (s == SHARD_OK && (x.ndim != 3 || y.ndim != 1 || x.dims[0] != y.count || x.dims[1] != 28 || x.dims[2] != 28))
+        s = shard_error(SHARD_ERR_IO, DATA "t10k-images-idx3-ubyte.gz: expected N x 28 x 28 images with N labels");
     if (s == SHARD_OK) s = shard_cnn_config_parse(CONFIG, "cnn_pipeline", &c);
     if (s == SHARD_OK) s = shard_cnn_create(&c, EVAL, &m);
     if (s == SHARD_OK) memcpy(shard_cnn_params(m)->data, values->data, values->total * sizeof(float));
@@ -82,7 +84,7 @@ static shard_status score(const shard_params *values, size_t *correct) {
         }
     }
     shard_cnn_destroy(m);
-    if (s == SHARD_OK || s != SHARD_ERR_NO_MEMORY) shard_idx_free(&x), shard_idx_free(&y);
+    shard_idx_free(&x), shard_idx_free(&y);
     free(images);
     return s;
 }

@@ -4,6 +4,7 @@
  *
  *   build/examples/comm_basics 4          4 thread ranks
  *   mpirun -np 4 build/examples/comm_basics   one rank per process */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -29,6 +30,10 @@ static shard_status step(shard_comm *world, void *arg) {
     if (rank == 0)
         printf("%d ranks on %s: mean gradient %.2f (expected %.2f), sum of ones %.0f (busy %.3f)\n", size,
                shard_comm_backend(world), (double)grad[0], (size + 1) / 2.0, (double)more[0], busy);
+    for (int i = 0; i < N; i++) /* every rank checks every element: the example is also a test */
+        if (fabs(grad[i] - (size + 1) / 2.0) > 1e-6 * size || more[i] != (float)size)
+            return shard_error(SHARD_ERR_INTERNAL, "rank %d: element %d is %g and %g; expected %g and %d", rank, i,
+                               (double)grad[i], (double)more[i], (size + 1) / 2.0, size);
     return SHARD_OK;
 }
 

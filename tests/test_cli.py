@@ -468,6 +468,10 @@ def train():
         # bad input to the new entry points: one line each, non-zero exit
         bad = os.path.join(work, "bad.json")
         cases = [({"model_type": "mlp", "model_dim": 8, "hidden": 16}, [], "key 'hidden' is unknown (MLP keys"),
+                 ({"model_type": "cnn", "height": 14, "width": 56}, ["--data", "/usr/share/datasets/fashion-mnist"],
+                  "images of shape [60000 x 28 x 28] with 60000 labels; the config wants 1 x 14 x 56 images"),
+                 ({"model_type": "cnn", "in_channels": 2 ** 60 + 1}, [],
+                  "key 'in_channels' = 1152921504606846977; valid: 1..1048576"),
                  ({"model_type": "cnn", "channels": 4}, ["--ranks", "2", "--mesh", "tensor=2"],
                   "model_type 'cnn' has no tensor-parallel layout here (the GPT has): give tensor=1"),
                  ({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 32, "vocab_size": 256},

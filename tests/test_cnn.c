@@ -29,9 +29,9 @@ static void compare(const float *got, const float *want, size_t n, double rel, c
     double scale = 0, worst = 0;
     size_t at = 0;
     for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
-    for (size_t i = 0; i < n; i++)
-        if (fabs((double)got[i] - want[i]) > worst) worst = fabs((double)got[i] - want[i]), at = i;
-    if (worst > rel * scale) fail_msg("%s: element %zu: %.9g vs %.9g", what, at, got[at], want[at]);
+    for (size_t i = 0; i < n; i++) /* a NaN is the worst element: !(d <= worst) holds for it */
+        if (!(fabs((double)got[i] - want[i]) <= worst)) worst = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]), at = i;
+    if (!(worst <= rel * scale)) fail_msg("%s: element %zu: %.9g vs %.9g", what, at, got[at], want[at]);
 }
 
 static void golden(void **state) {
@@ -75,8 +75,26 @@ static void refusals(void **state) {
     assert_int_equal(shard_cnn_config_parse("{\"pool\": 3}", "cnn.json", &c), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "key 'pool' = 3 must divide height 28"));
     assert_int_equal(shard_cnn_config_parse("{\"kernel\": 4}", "cnn.json", &c), SHARD_ERR_INVALID_ARG);
+    /* sizes past their caps, and products that would wrap size_t (2^60 + 1 channels once wrapped to 784 pixels) */
+    assert_int_equal(shard_cnn_config_parse("{\"in_channels\": 1152921504606846977}", "cnn.json", &c), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "key 'in_channels' = 1152921504606846977; valid: 1..1048576"));
+    assert_int_equal(shard_cnn_config_parse("{\"in_channels\": 1048576, \"kernel\": 1023, \"height\": 65536, "
+                                            "\"width\": 65536, \"pool\": 1}", "cnn.json", &c),
+                     SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "need buffers larger than memory can address"));
     assert_int_equal(shard_cnn_config_parse("{}", "cnn.json", &c), SHARD_OK);
     assert_int_equal(shard_cnn_features(&c), 8 * 14 * 14);
+    /* a struct given to create directly keeps the same rules (an even kernel overran its output, pool 0 divided by 0) */
+    shard_cnn *m = NULL;
+    shard_cnn_config even = c, no_pool = c;
+    even.kernel = 2, no_pool.pool = 0;
+    assert_int_equal(shard_cnn_create(&even, 4, &m), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "key 'kernel' = 2 must be odd"));
+    assert_int_equal(shard_cnn_create(&no_pool, 4, &m), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "key 'pool' = 0; valid: 1..65536"));
+    assert_null(m);
+    assert_int_equal(shard_cnn_create(&c, (size_t)1 << 62, &m), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "batch 4611686018427387904) need buffers larger"));
 }
 
 int main(void) {

@@ -39,13 +39,44 @@ struct shard_cnn {
     float *batch_x;           /* its loaded rows */
 };
 
+static const char *const config_keys[] = {"in_channels", "height", "width", "channels", "kernel", "pool", "classes"};
+
+/* a * b into *p, 0 when it wraps */
+static int mul_ok(size_t a, size_t b, size_t *p) { return !__builtin_mul_overflow(a, b, p); }
+
+/* The rules every config keeps, parsed or given to shard_cnn_create as a struct: each size within its cap
+ * (height and width so that a plane's pixel index fits max-pool's 32 bits), an odd kernel (same padding), a
+ * pool dividing the image, and every buffer the model sizes for `max_batch` rows within size_t. */
+static shard_status check_config(const shard_cnn_config *c, const char *where, size_t max_batch) {
+    const size_t value[] = {c->in_channels, c->height, c->width, c->channels, c->kernel, c->pool, c->classes};
+    const size_t most[] = {1u << 20, 1u << 16, 1u << 16, 1u << 20, 1u << 10, 1u << 16, 1u << 24};
+    for (int i = 0; i < 7; i++)
+        if (value[i] == 0 || value[i] > most[i])
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' = %zu; valid: 1..%zu", where, config_keys[i], value[i],
+                               most[i]);
+    if (c->kernel % 2 == 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'kernel' = %zu must be odd (same padding)", where, c->kernel);
+    if (c->height % c->pool || c->width % c->pool)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'pool' = %zu must divide height %zu and width %zu", where,
+                           c->pool, c->height, c->width);
+    size_t plane = c->height * c->width, image, maps, taps, unfolded, weights, dense;
+    if (!mul_ok(plane, c->in_channels, &image) || !mul_ok(image, max_batch, &image) || !mul_ok(plane, c->channels, &maps) ||
+        !mul_ok(maps, max_batch, &maps) || !mul_ok(c->in_channels, c->kernel * c->kernel, &taps) ||
+        !mul_ok(taps, plane, &unfolded) || !mul_ok(taps, c->channels, &weights) ||
+        !mul_ok(shard_cnn_features(c), c->classes, &dense) || !mul_ok(maps, sizeof(float), &maps) ||
+        !mul_ok(unfolded, sizeof(float), &unfolded) || !mul_ok(image, sizeof(float), &image))
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu x %zu x %zu images to %zu channels (kernel %zu, %zu classes, "
+                           "batch %zu) need buffers larger than memory can address", where, c->in_channels, c->height,
+                           c->width, c->channels, c->kernel, c->classes, max_batch);
+    return SHARD_OK;
+}
+
 shard_status shard_cnn_config_parse(const char *text, const char *where, shard_cnn_config *out) {
     json_error_t err;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
     if (!root) return shard_error(SHARD_ERR_INVALID_ARG, "%s: not valid JSON: %s (line %d)", where, err.text, err.line);
     shard_cnn_config c = {1, 28, 28, 8, 3, 2, 10};
     size_t *fields[] = {&c.in_channels, &c.height, &c.width, &c.channels, &c.kernel, &c.pool, &c.classes};
-    const char *names[] = {"in_channels", "height", "width", "channels", "kernel", "pool", "classes"};
     shard_status s = json_is_object(root) ? SHARD_OK : shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
     const char *key;
     json_t *v;
@@ -53,7 +84,7 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
         if (s < 0) break;
         int known = 0;
         for (int i = 0; i < 7; i++)
-            if (strcmp(key, names[i]) == 0) {
+            if (strcmp(key, config_keys[i]) == 0) {
                 known = 1;
                 if (!json_is_integer(v) || json_integer_value(v) <= 0)
                     s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' must be a positive integer", where, key);
@@ -71,10 +102,7 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
     }
     json_decref(root);
     if (s < 0) return s;
-    if (c.kernel % 2 == 0) return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'kernel' must be odd (same padding)", where);
-    if (c.height % c.pool || c.width % c.pool)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'pool' = %zu must divide height %zu and width %zu", where,
-                           c.pool, c.height, c.width);
+    SHARD_CHECK(check_config(&c, where, 1));
     *out = c;
     return SHARD_OK;
 }
@@ -90,6 +118,7 @@ static void use_slot(shard_cnn *m, size_t k) {
 /* The whole model (stage NULL) or one pipeline stage of its two layers. */
 static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, const shard_model_stage *stage, shard_cnn **out) {
     *out = NULL;
+    SHARD_CHECK(check_config(c, "cnn", max_batch));
     if (stage && (stage->chunks != 1 || stage->first[0] >= stage->last[0] || stage->last[0] > 2))
         return shard_error(SHARD_ERR_INVALID_ARG, "cnn: a pipeline stage holds one run of its 2 layers (features, classifier)");
     shard_cnn *m = calloc(1, sizeof *m);
@@ -320,9 +349,15 @@ static void model_destroy(shard_model *mm) { shard_cnn_destroy(impl(mm)); }
 
 static void model_describe(const shard_model *mm, char *out, size_t bytes) {
     const shard_cnn_config *c = &impl(mm)->c;
-    snprintf(out, bytes, "CNN %zux%zux%zu images: conv %zux%zu -> %zu channels -> ReLU -> max-pool %zu -> dense %zu classes: %zu parameters",
-             c->in_channels, c->height, c->width, c->kernel, c->kernel, c->channels, c->pool, c->classes,
-             impl(mm)->params->total);
+    const shard_params *p = impl(mm)->params;
+    size_t held = 0, whole = c->channels * (c->in_channels * c->kernel * c->kernel + 1) +
+                             (shard_cnn_features(c) + 1) * c->classes;
+    for (size_t i = 0; i < p->count; i++) held += p->info[i].numel;
+    char stage[64] = "";
+    if (held != whole) snprintf(stage, sizeof stage, " (%zu on this stage)", held);
+    snprintf(out, bytes, "CNN %zux%zux%zu images: conv %zux%zu -> %zu channels -> ReLU -> max-pool %zu -> dense %zu classes: "
+             "%zu parameters%s", c->in_channels, c->height, c->width, c->kernel, c->kernel, c->channels, c->pool,
+             c->classes, whole, stage);
 }
 
 static const shard_model_ops cnn_model_ops = {.kind = "cnn", .load_batch = model_load_batch, .batch_items = model_items,
@@ -344,9 +379,19 @@ shard_status shard__cnn_model_create(const char *text, const char *where, const 
     shard_status s = shard_idx_read(xp, &m->data_x);
     if (s == SHARD_OK) s = shard_idx_read(yp, &m->data_y);
     size_t pixels = c.in_channels * c.height * c.width;
-    if (s == SHARD_OK && (m->data_y.count == 0 || m->data_x.count != m->data_y.count * pixels))
-        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu labels for %zu pixels; the config wants %zu x %zu x %zu images", xp,
-                        m->data_y.count, m->data_x.count, c.in_channels, c.height, c.width);
+    /* the images' own shape, [N, H, W] (one channel) or [N, C, H, W]: a count that merely matches would train on
+     * scrambled pixels */
+    const shard_idx *x = &m->data_x, *y = &m->data_y;
+    int x_ok = (x->ndim == 3 && c.in_channels == 1 && x->dims[1] == c.height && x->dims[2] == c.width) ||
+               (x->ndim == 4 && x->dims[1] == c.in_channels && x->dims[2] == c.height && x->dims[3] == c.width);
+    if (s == SHARD_OK && (!x_ok || y->ndim != 1 || y->count == 0 || x->dims[0] != y->count)) {
+        char shape[96] = "";
+        for (int d = 0, n = 0; d < x->ndim && n >= 0 && (size_t)n < sizeof shape; d++)
+            n += snprintf(shape + n, sizeof shape - (size_t)n, "%s%zu", d ? " x " : "", x->dims[d]);
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: images of shape [%s] with %zu labels; the config wants %zu x %zu x %zu "
+                        "images (in_channels x height x width), one label each", xp, shape, y->count, c.in_channels,
+                        c.height, c.width);
+    }
     for (size_t i = 0; s == SHARD_OK && i < m->data_y.count; i++)
         if (m->data_y.data[i] >= c.classes)
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: label %u at %zu is outside the config's %zu classes", yp,
