@@ -24,8 +24,9 @@ enum { NTENSORS = 8, COLS = 1024 };
 
 typedef struct ckpt_run {
     const bench_ckpt_options *opt;
-    char dir[PATH_MAX]; /* set by rank 0 */
-    int made;           /* rank 0 made dir (else it was empty): removed, not emptied, at the end */
+    char dir[PATH_MAX];  /* set by rank 0 */
+    int made;            /* rank 0 made dir (else it was empty): removed, not emptied, at the end */
+    char made_root[PATH_MAX]; /* the highest directory rank 0 made for it (dir, or a parent --dir lacked) */
     double save, load, write, read; /* medians, seconds (rank 0) */
     uint64_t bytes;
     int ranks;
@@ -101,6 +102,8 @@ static shard_status measure(shard_comm *comm, ckpt_run *run, const char *dir) {
     if (s == SHARD_OK && !t) s = shard_error(SHARD_ERR_NO_MEMORY, "bench ckpt: out of memory");
     for (int it = 0; it < iters && s == SHARD_OK; it++) {
         uint64_t step = (uint64_t)it + 1, got = 0;
+        unlink(plain); /* a fresh file, untimed, as each save writes a new step directory: truncating the last
+                        * one inside the timer charged its freeing to the plain side */
         TIMED(comm, t[2 * iters + it], plain_io(plain, buf, mine, 1));
         TIMED(comm, t[it], shard_ckpt_save(dir, step, saved, NTENSORS, "{\"bench\": \"ckpt\"}"));
         TIMED(comm, t[3 * iters + it], plain_io(plain, buf, mine, 0));
@@ -159,6 +162,22 @@ static shard_status empty_dir(const char *path) {
     return s;
 }
 
+/* The highest missing directory on the way to `path` (path itself when its parent exists): what making
+ * `path` creates, and what the end of the run removes. */
+static void highest_missing(const char *path, char *out, size_t out_bytes) {
+    snprintf(out, out_bytes, "%s", path);
+    char parent[PATH_MAX];
+    for (;;) {
+        snprintf(parent, sizeof parent, "%s", out);
+        char *slash = strrchr(parent, '/');
+        while (slash && slash > parent && slash[1] == '\0') *slash = '\0', slash = strrchr(parent, '/'); /* "a/b/" */
+        if (!slash || slash == parent) return; /* "name" or "/name": nothing above to make */
+        *slash = '\0';
+        if (access(parent, F_OK) == 0) return;
+        snprintf(out, out_bytes, "%s", parent);
+    }
+}
+
 /* --dir must be new or empty: the run saves steps 1.. and moves `latest`, so it stays out of a real
  * checkpoint's directory.  What it wrote is removed at the end, whatever happened, unless --keep. */
 static shard_status bench_rank(shard_comm *comm, void *arg) {
@@ -175,11 +194,13 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
                 s = shard_error(SHARD_ERR_INVALID_ARG, "bench ckpt: --dir %s %s: give a new or empty directory", opt->dir,
                                 used > 0 ? "is not empty" : errno == ENOTDIR ? "is not a directory" : strerror(errno));
             made = used == 0 && access(opt->dir, F_OK) != 0;
+            if (made) highest_missing(opt->dir, run->made_root, sizeof run->made_root);
             if (s == SHARD_OK) s = shard__ckpt_mkdirs(opt->dir);
             snprintf(dir, sizeof dir, "%s", opt->dir);
         } else {
             snprintf(dir, sizeof dir, "/tmp/shard-bench-ckpt-XXXXXX");
             made = mkdtemp(dir) != NULL;
+            snprintf(run->made_root, sizeof run->made_root, "%s", dir);
             if (!made) s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory under /tmp: %s", strerror(errno));
         }
         if (s < 0) dir[0] = '\0';
@@ -201,17 +222,19 @@ shard_status bench_ckpt_run(const bench_ckpt_options *opt) {
     /* every thread rank has returned (under MPI, a failed job's processes are gone): rank 0's process
      * removes what the run wrote, whatever happened, unless --keep */
     if (run->dir[0] && !opt->keep) {
-        shard_status r = run->made ? shard__ckpt_remove_tree(run->dir) : empty_dir(run->dir);
+        shard_status r = run->made ? shard__ckpt_remove_tree(run->made_root) : empty_dir(run->dir);
         if (s == SHARD_OK) s = r;
     }
     if (s == SHARD_OK && printer) {
         double gb = (double)run->bytes / 1e9;
         double save = gb / run->save, load = gb / run->load, wr = gb / run->write, rd = gb / run->read;
         if (opt->json) {
-            printf("{\"backend\": \"%s\", \"ranks\": %d, \"bytes\": %llu, \"save_s\": %.4f, \"load_s\": %.4f, "
+            char dir_json[2 * PATH_MAX];
+            printf("{\"backend\": \"%s\", \"dir\": %s, \"kept\": %s, \"ranks\": %d, \"bytes\": %llu, \"save_s\": %.4f, \"load_s\": %.4f, "
                    "\"write_s\": %.4f, \"read_s\": %.4f, \"save_gbps\": %.4f, \"load_gbps\": %.4f, \"write_gbps\": %.4f, "
                    "\"read_gbps\": %.4f, \"save_ratio\": %.4f, \"load_ratio\": %.4f}\n",
-                   run->backend, run->ranks, (unsigned long long)run->bytes, run->save, run->load, run->write, run->read,
+                   run->backend, cli_json_string(run->dir, dir_json, sizeof dir_json), opt->keep ? "true" : "false",
+                   run->ranks, (unsigned long long)run->bytes, run->save, run->load, run->write, run->read,
                    save, load, wr, rd, save / wr, load / rd);
         } else {
             char size[32];

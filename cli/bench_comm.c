@@ -120,23 +120,59 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
     return s;
 }
 
-/* One correctness check per size before timing: f32 sums of rank-dependent values. */
-static shard_status verify(shard_comm *comm, const char *op, float *send, float *recv, size_t send_count,
-                           size_t recv_count, size_t count) {
+/* An element of a buffer of `dtype`, as a double (the check's values are small integers: exact in every dtype). */
+static void put(shard_dtype dtype, void *buf, size_t i, double v) {
+    switch (dtype) {
+    case SHARD_F64: ((double *)buf)[i] = v; break;
+    case SHARD_BF16: ((uint16_t *)buf)[i] = shard_bf16_from_f32((float)v); break;
+    case SHARD_F16: ((uint16_t *)buf)[i] = shard_f16_from_f32((float)v); break;
+    case SHARD_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    case SHARD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case SHARD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case SHARD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    default: ((float *)buf)[i] = (float)v; break;
+    }
+}
+
+static double get(shard_dtype dtype, const void *buf, size_t i) {
+    switch (dtype) {
+    case SHARD_F64: return ((const double *)buf)[i];
+    case SHARD_BF16: return shard_f32_from_bf16(((const uint16_t *)buf)[i]);
+    case SHARD_F16: return shard_f32_from_f16(((const uint16_t *)buf)[i]);
+    case SHARD_I8: return ((const int8_t *)buf)[i];
+    case SHARD_I32: return ((const int32_t *)buf)[i];
+    case SHARD_I64: return (double)((const int64_t *)buf)[i];
+    case SHARD_U8: return ((const uint8_t *)buf)[i];
+    default: return ((const float *)buf)[i];
+    }
+}
+
+/* What rank r sends at element i.  Reductions: only the rank with (r + i) % n == 0 adds anything, so each
+ * sum is 1 + i % 5 on any number of ranks, exact in every dtype (int8 and bf16 included), and an element
+ * taken from the wrong rank or place shows; the others: the sender's number and the place, under 70. */
+static double sent_value(const char *op, int r, int n, size_t i) {
+    if (strcmp(op, "all_reduce") == 0 || strcmp(op, "reduce_scatter") == 0)
+        return ((size_t)r + i) % (size_t)n == 0 ? 1.0 + (double)(i % 5) : 0.0;
+    return (double)((r + 1) % 64) + (double)(i % 7);
+}
+
+/* One correctness check per size before timing, in the benchmark's own dtype. */
+static shard_status verify(shard_comm *comm, const char *op, shard_dtype dtype, void *send, void *recv,
+                           size_t send_count, size_t recv_count, size_t count) {
     int n = shard_comm_size(comm), r = shard_comm_rank(comm);
-    for (size_t i = 0; i < send_count; i++) send[i] = (float)(r + 1) + (float)(i % 7);
-    SHARD_CHECK(run_op(comm, op, send, recv, count, SHARD_F32));
+    for (size_t i = 0; i < send_count; i++) put(dtype, send, i, sent_value(op, r, n, i));
+    SHARD_CHECK(run_op(comm, op, send, recv, count, dtype));
     for (size_t i = 0; i < recv_count; i++) {
         double expect;
-        if (strcmp(op, "all_reduce") == 0) expect = n * (n + 1) / 2.0 + n * (double)(i % 7);
-        else if (strcmp(op, "reduce_scatter") == 0) expect = n * (n + 1) / 2.0 + n * (double)((r * count + i) % 7);
-        else if (strcmp(op, "all_gather") == 0) expect = (double)(i / count + 1) + (double)((i % count) % 7);
-        else if (strcmp(op, "all_to_all") == 0) expect = (double)(i / count + 1) + (double)((r * count + i % count) % 7);
-        else expect = (double)((r + n - 1) % n + 1) + (double)(i % 7);
-        if (fabs(recv[i] - expect) > 1e-3 * fabs(expect)) {
-            return shard_error(SHARD_ERR_INTERNAL, "bench %s: wrong result at element %zu on rank %d: got %g, expected %g",
-                               op, i, r, (double)recv[i], expect);
-        }
+        if (strcmp(op, "all_reduce") == 0) expect = 1.0 + (double)(i % 5);
+        else if (strcmp(op, "reduce_scatter") == 0) expect = 1.0 + (double)(((size_t)r * count + i) % 5);
+        else if (strcmp(op, "all_gather") == 0) expect = sent_value(op, (int)(i / count), n, i % count);
+        else if (strcmp(op, "all_to_all") == 0) expect = sent_value(op, (int)(i / count), n, (size_t)r * count + i % count);
+        else expect = sent_value(op, (r + n - 1) % n, n, i);
+        double got = get(dtype, recv, i);
+        if (got != expect)
+            return shard_error(SHARD_ERR_INTERNAL, "bench %s: wrong result at element %zu on rank %d: got %g, expected %g (%s)",
+                               op, i, r, got, expect, shard_dtype_name(dtype));
     }
     return SHARD_OK;
 }
@@ -161,9 +197,13 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
     for (uint64_t bytes = opt->min_bytes; bytes <= opt->max_bytes && s == SHARD_OK && k < 64; bytes *= 2, k++) {
         size_t sc, rc, ac;
         buffer_counts(opt->op, bytes, n, es, &sc, &rc, &ac);
-        size_t fs, fr, fa; /* the same sizes in f32 for the check */
-        buffer_counts(opt->op, bytes, n, 4, &fs, &fr, &fa);
-        s = verify(comm, opt->op, send, recv, fs, fr, fa);
+        if (ac == 0) { /* a row of zeros would read as a bandwidth */
+            s = shard_error(SHARD_ERR_INVALID_ARG, "bench comm: %llu bytes of %s give %s over %d ranks no element each; "
+                            "give --min %zu or more", (unsigned long long)bytes, shard_dtype_name(opt->dtype), opt->op, n,
+                            strcmp(opt->op, "all_reduce") == 0 || strcmp(opt->op, "sendrecv") == 0 ? es : es * (size_t)n);
+            break;
+        }
+        s = verify(comm, opt->op, opt->dtype, send, recv, sc, rc, ac);
         if (s < 0) break;
         memset(send, 1, sc * es);
         double t = 0, tb = 0;

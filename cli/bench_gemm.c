@@ -4,13 +4,16 @@
  * 256-bit without AVX-512) fused multiply-adds on one thread, times the
  * threads used.
  * Figures are medians over --iters runs (>= 5). */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench_comm.h"
 #include "cli_util.h"
@@ -79,6 +82,26 @@ double bench_fma_peak(int threads) {
     return total;
 }
 
+int bench_cores(void) {
+    cpu_set_t set;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    return n > 0 ? n : online > 0 ? (int)online : 1;
+}
+
+double bench_peak_of_threads(int threads, int samples) {
+    double peaks[16];
+    samples = samples < 1 ? 1 : samples > 16 ? 16 : samples;
+    for (int i = 0; i < samples; i++) peaks[i] = bench_fma_peak(1);
+    int cores = bench_cores();
+    return cli_median(peaks, samples) * (threads < cores ? threads : cores);
+}
+
+double bench_gpt_flops_per_token(const shard_gpt_config *c, size_t seq) {
+    double N = (double)shard_gpt_param_count(c) - (double)c->n_positions * (double)c->n_embd;
+    return 6.0 * N + 12.0 * (double)c->n_layer * (double)seq * (double)c->n_embd;
+}
+
 shard_status bench_gemm_run(const bench_gemm_options *opt) {
     SHARD_CHECK(shard_blas_init());
     SHARD_CHECK(shard_blas_set_threads(opt->threads));
@@ -93,8 +116,9 @@ shard_status bench_gemm_run(const bench_gemm_options *opt) {
     shard_status s = shard_sgemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
     double flops = 2.0 * (double)n * (double)n * (double)n;
     for (int it = 0; it < opt->iters && s == SHARD_OK; it++) { /* alternate: the peak and the GEMM see the same load */
-        peaks[it] = opt->threads * bench_fma_peak(1); /* per core, times the cores: running the loops together on a
-                                                   shared VM measured less than a GEMM on both reaches */
+        /* per core, times the cores the threads can use: running the loops together on a shared VM measured
+         * less than a GEMM on both reaches */
+        peaks[it] = bench_peak_of_threads(opt->threads, 1);
         int reps = n >= 2048 ? 1 : (int)(2048 / n) * (int)(2048 / n);
         double t0 = shard__now();
         for (int r = 0; r < reps && s == SHARD_OK; r++) s = shard_sgemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);

@@ -1,7 +1,7 @@
 /* bench_reference.c — runs one of tools/reference's PyTorch timing scripts
  * for the benchmarks that compare with it in the same run, and reads back
  * its median ms/step.  Both scripts take CONFIG BATCH SEQ STEPS WARMUP
- * THREADS|WORLD.  The script is started with posix_spawn and an argument
+ * THREADS|WORLD, and the DDP one optionally BUCKET_MB.  The script is started with posix_spawn and an argument
  * vector (no shell: a config path is passed as it is, whatever it holds). */
 #define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
@@ -34,12 +34,12 @@ static char **passive_environment(void) {
     return env;
 }
 
-double bench_reference_ms(const char *script, const char *config, const long numbers[5], int passive_omp, char *why,
-                          size_t why_bytes) {
+double bench_reference_ms(const char *script, const char *config, const long numbers[5], const char *extra,
+                          int passive_omp, char *why, size_t why_bytes) {
     char path[4096], n[5][24];
     snprintf(path, sizeof path, "%s/tools/reference/%s", SHARD_SOURCE_DIR, script);
     for (int i = 0; i < 5; i++) snprintf(n[i], sizeof n[i], "%ld", numbers[i]);
-    const char *argv[] = {"/usr/bin/python3", path, config, n[0], n[1], n[2], n[3], n[4], NULL};
+    const char *argv[] = {"/usr/bin/python3", path, config, n[0], n[1], n[2], n[3], n[4], extra, NULL};
     int fd[2];
     if (pipe2(fd, O_CLOEXEC) != 0) return snprintf(why, why_bytes, "cannot make a pipe: %s", strerror(errno)), -1;
     posix_spawn_file_actions_t acts; /* the child's stdout and stderr: the pipe (dup2 clears close-on-exec) */

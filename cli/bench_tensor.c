@@ -137,7 +137,7 @@ int bench_model_options(int argc, char **argv, const char *verb, bench_model_opt
         const char *a = argv[i], *v = NULL;
         long *ints[] = {&o->batch, &o->seq, &o->steps};
         const char *names[] = {"--batch", "--seq", "--steps"};
-        const long lo[] = {o->batch_min > 0 ? o->batch_min : 1, 1, 3}, hi[] = {4096, 65536, 100000};
+        const long lo[] = {o->batch_min > 0 ? o->batch_min : 1, 1, 5}, hi[] = {4096, 65536, 100000}; /* medians of >= 5 */
         int done = 0;
         for (int k = 0; k < 3 && !done; k++)
             if (strcmp(a, names[k]) == 0) {

@@ -1,7 +1,7 @@
 /* bench_train.c — `shard bench train`: the GPT's training step (forward,
  * backward, clipping, AdamW) on random tokens, median ms/step over >= 20
- * steps after warm-up, tokens/s and MFU (6 x parameters x tokens per step
- * against the FMA peak measured in the same run), then — in the same run —
+ * steps after warm-up, tokens/s and MFU ((6 N + 12 L s h) x tokens per step,
+ * BRIEF §4, against the FMA peak measured in the same run), then — in the same run —
  * tools/reference/bench_gpt_torch.py (PyTorch, Debian's python3-torch) on
  * the same config and batch, and the ratio.  Also the step's matrix products
  * timed one by one (bench_gpt_products): the floor OpenBLAS sets for the step.
@@ -25,7 +25,7 @@ int cli_bench_train(int argc, char **argv) {
     bench_train_opts o = {.batch = 8, .seq = 128, .steps = 20, .warmup = 3, .threads = 2, .zero = -1, .bucket_mb = 25,
                           .torch = 1};
     cli_common common = {0};
-    int mesh_ranks = 0; /* --mesh data=N */
+    int mesh_ranks = 0, threads_given = 0; /* --mesh data=N; --threads */
     for (int i = 1; i < argc; i++) {
         int cc = cli_common_option(&common, argc, argv, &i);
         if (cc < 0) return 2;
@@ -38,7 +38,7 @@ int cli_bench_train(int argc, char **argv) {
         for (int k = 0; k < 6 && !done; k++)
             if (strcmp(a, names[k]) == 0) {
                 if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, lo[k], hi[k], ints[k])) return 2;
-                done = 1;
+                done = 1, threads_given |= ints[k] == &o.threads;
             }
         if (done) continue;
         if (strcmp(a, "--config") == 0) {
@@ -96,8 +96,18 @@ int cli_bench_train(int argc, char **argv) {
     char env[64];
     int mrank, msize;
     if (common.ranks > 1 || o.zero >= 0 || shard_launch_detect_mpi(env, sizeof env, &mrank, &msize)) {
+        if (threads_given) { /* not silently: the data-parallel benchmark counts a rank as a core */
+            cli_error("bench train: --threads is for the one-rank benchmark; with --ranks, --zero, --bucket-mb, "
+                      "--grad-dtype, --compute-dtype or under mpirun every rank runs one BLAS thread");
+            return 2;
+        }
         if (o.zero < 0) o.zero = 0;
         return cli_bench_train_dp(&o, &common);
+    }
+    if (common.backend == SHARD_BACKEND_MPI || common.timeout > 0) {
+        cli_error("bench train: --backend and --timeout are for ranks; the one-rank benchmark has none (give --ranks N "
+                  "with N > 1, or --zero K)");
+        return 2;
     }
     const char *config = o.config;
     long batch = o.batch, seq = o.seq, steps = o.steps, warmup = o.warmup, threads = o.threads;
@@ -139,8 +149,8 @@ int cli_bench_train(int argc, char **argv) {
         cli_error("%s", shard_last_error());
         return 1;
     }
-    double med = cli_median(ms, (int)steps), peak = (double)threads * bench_fma_peak(1);
-    double flops = 6.0 * (double)shard_gpt_param_count(&c) * (double)N, mfu = flops / (med / 1e3) / (peak * 1e9);
+    double med = cli_median(ms, (int)steps), peak = bench_peak_of_threads((int)threads, 5);
+    double flops = bench_gpt_flops_per_token(&c, T) * (double)N, mfu = flops / (med / 1e3) / (peak * 1e9);
     double prod_ms = 0, prod_gflop = 0; /* the products' least time: how much of the step is left to the rest */
     s = bench_gpt_products(&c, N, 9, &prod_ms, &prod_gflop);
     if (s < 0) {
@@ -151,8 +161,10 @@ int cli_bench_train(int argc, char **argv) {
     double at_peak_ms = prod_gflop / peak * 1e3;
     double tms = -1;
     char why[300] = "";
-    if (torch) tms = bench_reference_ms("bench_gpt_torch.py", config, (long[5]){batch, seq, steps, warmup, threads}, 1, why,
+    if (torch) tms = bench_reference_ms("bench_gpt_torch.py", config, (long[5]){batch, seq, steps, warmup, threads}, NULL, 1, why,
                                         sizeof why);
+    if (torch && tms <= 0 && json) /* said on stderr too: a loop over --json runs must not lose the ratio unseen */
+        cli_error("bench train: PyTorch not measured: %s", why);
     if (json) {
         char cfg_json[4200];
         printf("{\"config\": %s, \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
@@ -161,13 +173,16 @@ int cli_bench_train(int argc, char **argv) {
                peak);
         printf(", \"products_alone_ms\": %.3f, \"products_gflop\": %.9g, \"products_at_peak_ms\": %.6g", prod_ms, prod_gflop,
                at_peak_ms);
+        char why_json[700];
         if (tms > 0) printf(", \"torch_ms_per_step\": %.3f, \"speedup_vs_torch\": %.4f", tms, tms / med);
+        else if (torch) printf(", \"torch_error\": %s", cli_json_string(why, why_json, sizeof why_json));
         printf("}\n");
     } else {
         printf("# shard bench train: %s, batch %ld x %ld, %ld threads, median of %ld steps after %ld warm-up\n", config,
                batch, seq, threads, steps, warmup);
-        printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s (%.2f M parameters, 6 N flops/token)\n", med,
-               (double)N / (med / 1e3), 100 * mfu, peak, (double)shard_gpt_param_count(&c) / 1e6);
+        printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s (%.2f M parameters, 6 N + 12 L s h = "
+               "%.1f MFLOP/token)\n", med, (double)N / (med / 1e3), 100 * mfu, peak, (double)shard_gpt_param_count(&c) / 1e6,
+               bench_gpt_flops_per_token(&c, T) / 1e6);
         printf("products alone: %.1f ms/step (%.2f GFLOP at %.0f GFLOP/s: the linear layers' and LM head's products, each\n"
                "         timed on its own with warm operands); the rest of the step: %.1f ms\n",
                prod_ms, prod_gflop, prod_gflop / (prod_ms / 1e3), med - prod_ms);

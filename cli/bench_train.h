@@ -21,11 +21,11 @@ shard_status bench_random_tokens(const char *config, shard_gpt_config *gc, char 
 void bench_remove_dir(const char *dir);
 
 /* tools/reference/SCRIPT run with /usr/bin/python3 (no shell) as SCRIPT CONFIG N0 .. N4 (batch, seq,
- * steps, warm-up, threads or world), with OMP_WAIT_POLICY=PASSIVE when passive_omp: the "ms_per_step"
- * of its JSON line, or -1 with why (the last other line it printed, or its exit code) written
- * (bench_reference.c). */
-double bench_reference_ms(const char *script, const char *config, const long numbers[5], int passive_omp, char *why,
-                          size_t why_bytes);
+ * steps, warm-up, threads or world) [EXTRA] (NULL: none), with OMP_WAIT_POLICY=PASSIVE when passive_omp:
+ * the "ms_per_step" of its JSON line, or -1 with why (the last other line it printed, or its exit code)
+ * written (bench_reference.c). */
+double bench_reference_ms(const char *script, const char *config, const long numbers[5], const char *extra,
+                          int passive_omp, char *why, size_t why_bytes);
 
 /* The options `bench tensor` and `bench pipeline` share: --config C.json [--batch B] [--seq T] [--steps S]
  * [--json] and the rank options (ranks default 2).  0, or the exit code after one error line. */

@@ -2,7 +2,7 @@
  * by the trainer (data parallel / ZeRO) on N ranks, against, in the same run:
  *   - one rank at the same per-rank batch (scaling efficiency; every rank,
  *     that one included, runs BLAS on one thread: a rank is a core here);
- *   - PyTorch DDP (tools/reference/bench_gpt_ddp_torch.py, gloo, N processes);
+ *   - PyTorch DDP (tools/reference/bench_gpt_ddp_torch.py, gloo, N processes, the same bucket size);
  *   - the gradient collectives alone (blocking, no compute), which gives the
  *     share of communication hidden behind compute: 1 - exposed / alone, where
  *     exposed is the least any rank waited in the step (the last to arrive
@@ -11,7 +11,7 @@
  *     weights, gradients and AdamW's two moments: 4 + 4 + 8 bytes per
  *     parameter, divided by N as the stage shards them).
  * Data: random tokens (a temporary token file).  Under mpirun, N = the
- * launcher's size. */
+ * launcher's size.  The global batch divides over the ranks: every side then trains the same rows. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +81,7 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
         shard_dtype dt = a->o->bf16 ? SHARD_BF16 : SHARD_F32;
         if (!buf) s = SHARD_ERR_NO_MEMORY;
         else memset(buf, 0, per * D * sizeof(float));
-        for (int i = 0; s == SHARD_OK && i < 5; i++) { /* what a step's gradients cost without compute */
+        for (int i = -1; s == SHARD_OK && i < 5; i++) { /* what a step's gradients cost without compute */
             s = shard_comm_barrier(comm);
             double t0 = shard__now();
             if (s == SHARD_OK && a->o->zero == 0) s = shard_comm_all_reduce(comm, buf, buf, n, dt, SHARD_OP_SUM);
@@ -94,7 +94,7 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
             shard_dtype gd = a->o->bf16_compute ? SHARD_BF16 : SHARD_F32;
             for (int g = 0; s == SHARD_OK && a->o->zero == 3 && g < 2; g++) /* each unit gathered for forward and backward */
                 s = shard_comm_all_gather(comm, (char *)buf + r * per * shard_dtype_size(gd), buf, per, gd);
-            al[i] = (shard__now() - t0) * 1e3;
+            if (i >= 0) al[i] = (shard__now() - t0) * 1e3; /* round -1 warms the buffers and the transport */
         }
         shard_free(buf);
         if (s == SHARD_OK) *alone = cli_median(al, 5);
@@ -157,6 +157,14 @@ void bench_remove_dir(const char *dir) {
 
 int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     dp_args a = {.o = o};
+    int world = common->ranks > 0 ? common->ranks : 1;
+    char env[64] = "";
+    int mrank = 0, msize = 0;
+    if (shard_launch_detect_mpi(env, sizeof env, &mrank, &msize)) world = msize;
+    if (o->batch % world) { /* uneven rows: DDP's reference and the one-rank baseline would train fewer */
+        cli_error("bench train: --batch %ld does not divide over %d ranks; give a multiple of %d", o->batch, world, world);
+        return 2;
+    }
     shard_gpt_config gc; /* random tokens over the config's vocabulary */
     shard_status s = bench_random_tokens(o->config, &gc, a.dir, sizeof a.dir);
     shard_launch_config launch = cli_launch_config(common);
@@ -167,19 +175,17 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
         return 1;
     }
     if (a.r.ms <= 0) return 0; /* an MPI rank other than 0 */
-    int world = common->ranks > 0 ? common->ranks : 1;
-    char env[64] = "";
-    int mrank = 0, msize = 0;
-    if (shard_launch_detect_mpi(env, sizeof env, &mrank, &msize)) world = msize;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    double N = (double)(o->batch * o->seq), peak = bench_fma_peak(1) * (world < cores ? world : cores);
-    double flops = 6.0 * (double)shard_gpt_param_count(&gc) * N, mfu = flops / (a.r.ms / 1e3) / (peak * 1e9);
+    double N = (double)(o->batch * o->seq), peak = bench_peak_of_threads(world, 5);
+    double flops = bench_gpt_flops_per_token(&gc, (size_t)o->seq) * N, mfu = flops / (a.r.ms / 1e3) / (peak * 1e9);
     double eff = a.r.single_ms / a.r.ms; /* equal per-rank batch: N x the work in the time of ... */
     double hidden = a.r.alone_ms > 0 ? 1.0 - a.r.exposed_ms / a.r.alone_ms : 0;
     hidden = hidden < 0 ? 0 : hidden;
     char why[300] = "";
     long numbers[5] = {o->batch, o->seq, o->steps, o->warmup, world};
-    double tms = o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config, numbers, 0, why, sizeof why) : -1;
+    char bucket[32];
+    snprintf(bucket, sizeof bucket, "%.17g", o->bucket_mb);
+    double tms = o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config, numbers, bucket, 0, why, sizeof why) : -1;
+    if (o->torch && tms <= 0 && o->json) cli_error("bench train: PyTorch DDP not measured: %s", why);
     /* BRIEF §4: bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
     double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
     /* values: whole, or this rank's pieces + a gathered unit + the prefetched one; gradients: whole (+ the
@@ -202,7 +208,9 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
         for (int i = 0; i < 3; i++)
             printf(", \"peak_%s_bytes\": %llu, \"predicted_%s_bytes\": %.0f", cat[i],
                    (unsigned long long)a.r.mem.peak_bytes[ids[i]], cat[i], pred[i]);
+        char why_json[700];
         if (tms > 0) printf(", \"torch_ddp_ms_per_step\": %.3f, \"speedup_vs_torch_ddp\": %.4f", tms, tms / a.r.ms);
+        else if (o->torch) printf(", \"torch_error\": %s", cli_json_string(why, why_json, sizeof why_json));
         printf("}\n");
         return 0;
     }

@@ -117,6 +117,15 @@ def errors():
         (["train", "--config", "c", "--data", "d", "--spec", "wte.weight"], 2,
          "--spec 'wte.weight' is invalid: give NAME=SPEC, one per --spec"),
         (["bench", "train", "--config", "c", "--zero", "4"], 2, "--zero '4' is invalid: give an integer in 0..3"),
+        (["bench", "train", "--config", TINY, "--ranks", "3", "--batch", "8", "--no-torch"], 2,
+         "bench train: --batch 8 does not divide over 3 ranks; give a multiple of 3"),
+        (["bench", "train", "--config", TINY, "--ranks", "2", "--threads", "2"], 2,
+         "bench train: --threads is for the one-rank benchmark"),
+        (["bench", "train", "--config", TINY, "--backend", "mpi"], 2,
+         "bench train: --backend and --timeout are for ranks"),
+        (["bench", "tensor", "--config", TINY, "--steps", "3"], 2, "--steps '3' is invalid: give an integer in 5..100000"),
+        (["bench", "comm", "--op", "all_gather", "--ranks", "2", "--min", "1", "--max", "8"], 1,
+         "bench comm: 1 bytes of f32 give all_gather over 2 ranks no element each; give --min 8 or more"),
         (["bench", "train", "--config", "c", "--compute-dtype", "f8"], 2, "--compute-dtype 'f8' is invalid: give f32 or bf16"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--batch", "8", "--micro-batch", "3", "--accum", "1"], 1,
          "batch: --batch 8 != --micro-batch 3 x --accum 1 x data 2 = 6"),
@@ -191,6 +200,10 @@ def bench_json():
         p = run(["bench", "comm", "--op", op, "--ranks", str(ranks), "--min", "16K", "--max", "256K", "--json"])
         expect(p.returncode == 0, f"{op}: exit {p.returncode}: {p.stderr}")
         check_json(p.stdout, op, ranks, "threads", 5, False)
+    for dtype in ("bf16", "f16", "i8", "u8", "f64", "i64"):  # each size checked in the benchmark's own dtype
+        for op in ("all_reduce", "reduce_scatter", "all_to_all"):
+            p = run(["bench", "comm", "--op", op, "--ranks", "3", "--dtype", dtype, "--min", "1K", "--max", "4K", "--json"])
+            expect(p.returncode == 0, f"{op} in {dtype}: exit {p.returncode}: {p.stderr}")
     p = run(["bench", "comm", "--op", "all_reduce", "--ranks", "2", "--max", "8K", "--verbose"])
     expect(p.returncode == 0 and "backend threads" in p.stderr, f"--verbose: {p.stderr!r}")
     expect("bytes" in p.stdout and "busbw" in p.stdout, f"table: {p.stdout!r}")
@@ -280,9 +293,15 @@ def ckpt():
         p = run(["bench", "ckpt", "--ranks", "2", "--bytes", "4M", "--iters", "5", "--dir", d, "--keep", "--json"])
         expect(p.returncode == 0, f"bench ckpt: exit {p.returncode}: {p.stderr}")
         row = json.loads(p.stdout) if p.returncode == 0 else {}
-        keys = {"backend", "ranks", "bytes", "save_s", "load_s", "write_s", "read_s", "save_gbps", "load_gbps",
-                "write_gbps", "read_gbps", "save_ratio", "load_ratio"}
-        expect(set(row) == keys and row.get("bytes") == 4 << 20 and row.get("save_ratio", 0) > 0, f"bench ckpt: {row}")
+        keys = {"backend", "dir", "kept", "ranks", "bytes", "save_s", "load_s", "write_s", "read_s", "save_gbps",
+                "load_gbps", "write_gbps", "read_gbps", "save_ratio", "load_ratio"}
+        expect(set(row) == keys and row.get("bytes") == 4 << 20 and row.get("save_ratio", 0) > 0
+               and row.get("dir") == d and row.get("kept") is True, f"bench ckpt: {row}")
+        # a --dir whose parents are missing: the run makes them and removes all it made
+        top = os.path.join(work, "made")
+        p = run(["bench", "ckpt", "--ranks", "2", "--bytes", "1M", "--iters", "5", "--dir", os.path.join(top, "a", "b"),
+                 "--json"])
+        expect(p.returncode == 0 and not os.path.exists(top), f"bench ckpt left {top}: {p.stderr}")
         p = run(["inspect", "ckpt", d, "--verify"])
         expect(p.returncode == 0 and "step 5, saved on mesh data=2 (2 ranks), 8 tensors in 2 files" in p.stdout
                and "P('data', None)" in p.stdout and "verified: 2 files" in p.stdout, f"inspect ckpt: {p.stdout} {p.stderr}")
@@ -514,7 +533,7 @@ def train():
         # the pipeline benchmark: every table present, measured bubbles are fractions (how near the formula
         # they come is a benchmark's figure, not a test's: a loaded machine stretches the waits), the replay
         # and the activation bytes as counted (batch 12: micro-batches of 2 and 1 rows, sized for the larger)
-        p = run(["bench", "pipeline", "--config", cfg, "--ranks", "2", "--seq", "32", "--steps", "3", "--batch", "12",
+        p = run(["bench", "pipeline", "--config", cfg, "--ranks", "2", "--seq", "32", "--steps", "5", "--batch", "12",
                  "--json"], timeout=300)
         rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
         bub = [r for r in rows if r["table"] == "bubble"]
@@ -536,7 +555,7 @@ def train():
                  "2", "--ranks", "3", "--mesh", "tensor=3", "--spec", "h.*.attn.*=P()"])
         expect(p.returncode == 0 and "train: 2 steps" in p.stdout, f"tensor=3 with 2 heads placed whole: {p.stderr}")
         # tensor parallel: bytes on the tensor axis equal the formula exactly (uneven split over 3 ranks)
-        p = run(["bench", "tensor", "--config", cfg, "--ranks", "3", "--batch", "5", "--seq", "32", "--steps", "3", "--json"])
+        p = run(["bench", "tensor", "--config", cfg, "--ranks", "3", "--batch", "5", "--seq", "32", "--steps", "5", "--json"])
         rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
         expect(len(rows) == 3 and all(r["tensor_bytes_sent"] == r["tensor_bytes_formula"] for r in rows)
                and rows[1]["tensor_bytes_sent"] > 0 and rows[2]["activation_bytes"] < rows[1]["activation_bytes"],
@@ -564,6 +583,16 @@ def train():
             expect(json.loads(q.stdout)["config"] == odd, f"bench train's config in JSON: {q.stdout}")
         except ValueError:
             expect(False, f"bench train's JSON with a quote in the path: {q.stdout}")
+        # a reference that cannot run is said, on stderr and in the JSON, not dropped
+        broken = dict(ENV, PYTHONHOME="/nonexistent")
+        q = subprocess.run([SHARD, "bench", "train", "--config", cfg, "--batch", "2", "--seq", "16", "--json"],
+                           capture_output=True, text=True, timeout=300, env=broken)
+        try:
+            qrow = json.loads(q.stdout)
+        except ValueError:
+            qrow = {}
+        expect(q.returncode == 0 and qrow.get("torch_error") and "speedup_vs_torch" not in qrow
+               and "PyTorch not measured" in q.stderr, f"bench train, PyTorch failing: {q.stdout} {q.stderr}")
         # the step's products timed alone: the linear layers' and the tied head's, 6 flops per weight and token
         N, C, L, V = 2 * 16, 32, 2, 256
         expect(row.get("products_alone_ms", 0) > 0

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """bench_gpt_ddp_torch.py — PyTorch DDP's training step on shard's GPT, for `shard bench train --ranks N`.
 
-usage: bench_gpt_ddp_torch.py CONFIG.json GLOBAL_BATCH SEQ STEPS WARMUP WORLD
+usage: bench_gpt_ddp_torch.py CONFIG.json GLOBAL_BATCH SEQ STEPS WARMUP WORLD [BUCKET_MB]
 WORLD processes (gloo, one thread each, as BRIEF §5's DDP figure), each with GLOBAL_BATCH / WORLD rows of
-random tokens; AdamW with clipping at 1.0 as shard train.  Prints one JSON line from rank 0:
+random tokens (GLOBAL_BATCH a multiple of WORLD); AdamW with clipping at 1.0 as shard train; gradient
+buckets of BUCKET_MB MiB (DDP's bucket_cap_mb; default 25, DDP's own), as shard's --bucket-mb.  Prints one JSON line from rank 0:
 {"ms_per_step": median over STEPS after WARMUP, "world": ..., "torch": version}.
 """
 import json
@@ -33,14 +34,14 @@ class GPT(torch.nn.Module):
         return gpt_golden.forward({self.names[k]: v for k, v in self.w.items()}, self.c, idx)
 
 
-def rank_main(rank, world, config_path, batch, seq, steps, warmup, port):
+def rank_main(rank, world, config_path, batch, seq, steps, warmup, bucket_mb, port):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     raw = json.load(open(config_path))
     c = {k: raw[k] for k in ("n_embd", "n_layer", "n_head", "n_positions", "vocab_size")}
     c["layer_norm_epsilon"] = raw.get("layer_norm_epsilon", 1e-5)
-    model = torch.nn.parallel.DistributedDataParallel(GPT(c, torch.Generator().manual_seed(1)))
+    model = torch.nn.parallel.DistributedDataParallel(GPT(c, torch.Generator().manual_seed(1)), bucket_cap_mb=bucket_mb)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     gen = torch.Generator().manual_seed(2 + rank)
     times = []
@@ -63,8 +64,12 @@ def rank_main(rank, world, config_path, batch, seq, steps, warmup, port):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 7:
+    if len(sys.argv) not in (7, 8):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    cfg, (b, t, s, w, n) = sys.argv[1], map(int, sys.argv[2:])
-    mp.spawn(rank_main, args=(n, cfg, b, t, s, w, 29500 + os.getpid() % 1000), nprocs=n, join=True)
+    cfg, (b, t, s, w, n) = sys.argv[1], map(int, sys.argv[2:7])
+    bucket = float(sys.argv[7]) if len(sys.argv) == 8 else 25.0
+    if b % n:
+        print(f"bench_gpt_ddp_torch.py: global batch {b} does not divide over {n} processes", file=sys.stderr)
+        sys.exit(2)
+    mp.spawn(rank_main, args=(n, cfg, b, t, s, w, bucket, 29500 + os.getpid() % 1000), nprocs=n, join=True)
