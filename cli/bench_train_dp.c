@@ -27,7 +27,8 @@
 typedef struct dp_result {
     double ms, single_ms, exposed_ms, alone_ms;
     shard_mem_stats mem;
-    size_t params, largest_unit;
+    size_t params, largest_unit, unit0, largest_other; /* elements: the slab, the largest unit, unit 0, the largest
+                                                         * of the others */
 } dp_result;
 
 typedef struct dp_args {
@@ -48,7 +49,7 @@ static shard_trainer_config make_config(const dp_args *a, size_t batch) {
 
 /* Steps on a mesh over comm; median ms, exposed comm ms, and the blocking collectives alone. */
 static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, double *ms, double *exposed,
-                              double *alone, shard_mem_stats *mem, size_t *params, size_t *largest) {
+                              double *alone, shard_mem_stats *mem, size_t *params, size_t units[3]) {
     char text[32];
     snprintf(text, sizeof text, "data=%d", shard_comm_size(comm));
     shard_mesh *mesh = NULL;
@@ -73,9 +74,12 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
     if (s == SHARD_OK) {
         shard_model *m = shard_trainer_model(t);
         size_t n = m->params->total, D = (size_t)shard_comm_size(comm);
-        *params = n, *largest = 0;
-        for (size_t u = 0; u < m->units; u++)
-            if (shard_model_unit_elems(m, u) > *largest) *largest = shard_model_unit_elems(m, u);
+        *params = n, units[0] = units[2] = 0, units[1] = m->units ? shard_model_unit_elems(m, 0) : 0;
+        for (size_t u = 0; u < m->units; u++) {
+            size_t elems = shard_model_unit_elems(m, u);
+            if (elems > units[0]) units[0] = elems;
+            if (u > 0 && elems > units[2]) units[2] = elems;
+        }
         size_t per = (n + D - 1) / D;
         float *buf = shard_alloc(per * D * sizeof(float) + 4, SHARD_MEM_COMM);
         shard_dtype dt = a->o->bf16 ? SHARD_BF16 : SHARD_F32;
@@ -116,14 +120,19 @@ static shard_status dp_rank(shard_comm *comm, void *arg) {
     SHARD_CHECK(shard_comm_split(comm, rank == 0 ? 0 : -1, 0, &self));
     size_t per_rank = (size_t)a->o->batch / (size_t)world;
     double x, y;
-    size_t p, l;
-    if (self) SHARD_CHECK(timed_run(self, a, per_rank ? per_rank : 1, &a->r.single_ms, &x, &y, NULL, &p, &l));
+    size_t p, units[3];
+    if (self) SHARD_CHECK(timed_run(self, a, per_rank, &a->r.single_ms, &x, &y, NULL, &p, units));
     if (self) shard_comm_destroy(self);
+    /* the others wait out rank 0's baseline, however long its steps take: the collective deadline is for
+     * peers that stop, and rank 0 is working alone (restored after) */
+    double timeout = shard_comm_timeout(comm);
+    if (rank != 0) SHARD_CHECK(shard_comm_set_timeout(comm, 1e9));
     SHARD_CHECK(shard_comm_barrier(comm));
+    if (rank != 0) SHARD_CHECK(shard_comm_set_timeout(comm, timeout));
     shard_mem_stats mem;
     dp_result r = {0};
-    SHARD_CHECK(timed_run(comm, a, (size_t)a->o->batch, &r.ms, &r.exposed_ms, &r.alone_ms, &mem, &r.params,
-                          &r.largest_unit));
+    SHARD_CHECK(timed_run(comm, a, (size_t)a->o->batch, &r.ms, &r.exposed_ms, &r.alone_ms, &mem, &r.params, units));
+    r.largest_unit = units[0], r.unit0 = units[1], r.largest_other = units[2];
     /* the largest per-rank peak of each category */
     int64_t mine[SHARD_MEM_CATEGORY_COUNT], most[SHARD_MEM_CATEGORY_COUNT];
     for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) mine[c] = (int64_t)mem.peak_bytes[c];
@@ -188,9 +197,12 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     if (o->torch && tms <= 0 && o->json) cli_error("bench train: PyTorch DDP not measured: %s", why);
     /* BRIEF §4: bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
     double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
+    double U0 = (double)a.r.unit0 * 4, Uo = (double)a.r.largest_other * 4;
     /* values: whole, or this rank's pieces + a gathered unit + the prefetched one; gradients: whole (+ the
-     * reduce-scattered pieces from zero 1), or the pieces + two unit buffers (one filling, one in flight) */
-    double pred[3] = {o->zero >= 3 ? P / Dn + 2 * U : P, o->zero >= 2 ? P / Dn + 2 * U : o->zero == 1 ? P + P / Dn : P,
+     * reduce-scattered pieces from zero 1), or the pieces + unit 0's buffer (the tied embedding's: from the
+     * LM head to the end of backward) + two others (one filling, one in flight) */
+    double unit_grads = a.r.largest_other > 0 ? U0 + 2 * Uo : U0;
+    double pred[3] = {o->zero >= 3 ? P / Dn + 2 * U : P, o->zero >= 2 ? P / Dn + unit_grads : o->zero == 1 ? P + P / Dn : P,
                       o->zero >= 1 ? 2 * P / Dn : 2 * P};
     const char *cat[3] = {"params", "grads", "optimizer"};
     shard_mem_category ids[3] = {SHARD_MEM_PARAMS, SHARD_MEM_GRADS, SHARD_MEM_OPTIMIZER};

@@ -573,6 +573,15 @@ def train():
             row2 = json.loads(p.stdout) if p.returncode == 0 else {}
             expect(row2.get("zero") == int(zero) and row2.get("comm_alone_ms", 0) > 0,
                    f"bench train --ranks 2 --zero {zero}: {p.stdout} {p.stderr}")
+            # the predicted peaks per category hold to the bytes (the accounted allocator's +1s aside)
+            for cat in ("params", "grads", "optimizer"):
+                expect(abs(row2.get(f"peak_{cat}_bytes", -1) - row2.get(f"predicted_{cat}_bytes", 0)) <= 16,
+                       f"bench train --zero {zero}: {cat} peak against prediction: {p.stdout}")
+        # the other ranks wait out rank 0's one-rank baseline (300 steps, over a second) past a 1 s deadline
+        p = subprocess.run([SHARD, "bench", "train", "--config", cfg, "--batch", "4", "--seq", "16", "--no-torch", "--json",
+                            "--ranks", "2", "--steps", "300", "--warmup", "0"], capture_output=True, text=True,
+                           timeout=300, env=dict(ENV, SHARD_TIMEOUT="1"))
+        expect(p.returncode == 0 and '"single_rank_ms_per_step"' in p.stdout, f"bench train, long baseline: {p.stderr}")
         # the PyTorch script gets the config's path as an argument, never through a shell
         odd = os.path.join(work, "x';touch INJECTED;'\"\\.json")
         shutil.copy(cfg, odd)

@@ -318,9 +318,11 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
     *out = NULL;
     if (zero < 0 || zero > 3) return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
     if (grad_dtype != SHARD_F32 && grad_dtype != SHARD_BF16)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--grad-dtype: gradients travel as f32 or bf16");
+        return shard_error(SHARD_ERR_INVALID_ARG, "--grad-dtype %s is invalid: gradients travel as f32 or bf16",
+                           shard_dtype_name(grad_dtype));
     if (compute_dtype != SHARD_F32 && compute_dtype != SHARD_BF16)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--compute-dtype: compute copies are f32 or bf16");
+        return shard_error(SHARD_ERR_INVALID_ARG, "--compute-dtype %s is invalid: compute copies are f32 or bf16",
+                           shard_dtype_name(compute_dtype));
     shard_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
     dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype, dp->last_rs = (size_t)-1;
@@ -416,12 +418,45 @@ void shard__dp_destroy(shard_dp *dp) {
 
 /* ---------------------------------------------------------------- a step */
 
-void shard__dp_begin_step(shard_dp *dp) {
+static shard_status drop_gathered(shard_dp *dp);
+
+/* What a step that stopped part-way (an error, a non-finite norm: the trainer returns before the update)
+ * left behind: collectives in flight, gathered copies of old values (zero 3 keeps the copy the next
+ * acquire in order would reuse), acquire counts, unit gradients (zero 2/3: acquire adds into one that is
+ * there) and a half-recorded acquire order.  A step that finished left none of these. */
+static shard_status clear_unfinished(shard_dp *dp) {
+    shard_status s = SHARD_OK;
+    for (size_t b = 0; b < dp->n_buckets; b++) {
+        shard_status t = dp->buckets[b].req || dp->buckets[b].wire ? finish_bucket(dp, &dp->buckets[b]) : SHARD_OK;
+        if (s == SHARD_OK) s = t;
+    }
+    for (size_t k = 0; k < dp->m->units; k++) {
+        unit_state *u = &dp->u[k];
+        shard_status t = finish_rs(dp, k); /* what it adds is zeroed below with the rest */
+        if (s == SHARD_OK) s = t;
+        u->in_use = 0;
+        if (dp->zero >= 2 && u->grad) {
+            shard_free(u->grad);
+            u->grad = NULL;
+            shard_model_bind_grads(dp->m, k, NULL);
+        }
+    }
+    if (dp->zero == 3 || dp->bf16_compute) {
+        shard_status t = drop_gathered(dp);
+        if (s == SHARD_OK) s = t;
+    }
+    if (!dp->order_known) dp->order_len = 0;
+    return s;
+}
+
+shard_status shard__dp_begin_step(shard_dp *dp) {
+    shard_status s = clear_unfinished(dp);
     /* the last update left the gradients zeroed (shard_adamw_update_clipped) unless it did not run */
     if (dp->grads && !dp->grads_zeroed) memset(dp->grads, 0, total_of(dp) * sizeof(float));
     if (dp->grad_shard && !dp->shard_zeroed) memset(dp->grad_shard, 0, dp->shard_total * sizeof(float));
     dp->grads_zeroed = dp->shard_zeroed = 0;
     dp->exposed = 0, dp->grad_bytes = 0;
+    return s;
 }
 
 shard_status shard__dp_begin_micro(shard_dp *dp, int sync) {
@@ -562,6 +597,7 @@ shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, fl
 
 shard_status shard__dp_set_state(shard_dp *dp, const float *values, const float *exp_avg, const float *exp_avg_sq) {
     size_t bytes = total_of(dp) * sizeof(float);
+    SHARD_CHECK(clear_unfinished(dp)); /* no gathered copy of the values being replaced outlives them */
     if (dp->zero == 3) take_pieces(dp, values, dp->value_shard);
     else memcpy(dp->m->params->data, values, bytes);
     if (dp->zero == 0) {

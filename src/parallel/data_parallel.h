@@ -26,8 +26,9 @@ shard_status shard__dp_create(shard_comm *data_comm, shard_model *m, int zero, s
                               shard_dtype grad_dtype, int count_replicated, shard_dtype compute_dtype, shard_dp **out);
 void shard__dp_destroy(shard_dp *dp);
 
-/* Before a step's first micro-step: zero the gradients. */
-void shard__dp_begin_step(shard_dp *dp);
+/* Before a step's first micro-step: zero the gradients, and clear what a step that stopped part-way left
+ * (collectives in flight, gathered copies, unit gradients, acquire counts). */
+shard_status shard__dp_begin_step(shard_dp *dp);
 /* Before each micro-step: sync = this micro-step's gradients are communicated
  * (the last one; stages 2 and 3 reduce-scatter every micro-step). */
 shard_status shard__dp_begin_micro(shard_dp *dp, int sync);

@@ -210,7 +210,7 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
         /* on tensor ranks other than 0, parameters every tensor rank holds whole stay out of the norm */
         int count_replicated = !t->tensor || shard_comm_rank(t->tensor) == 0;
         s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype, count_replicated,
-                             config->compute_dtype == SHARD_BF16 ? SHARD_BF16 : SHARD_F32, &t->dp);
+                             config->compute_dtype, &t->dp); /* f32 or bf16, else refused there */
     }
     if (s == SHARD_OK && t->pipe) s = shard__pp_create(t->pipe, t->model, t->sched, config->recompute, &t->pp);
     if (s < 0) {
@@ -272,7 +272,7 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
         items += (double)m->ops->batch_items(m);
     }
     SHARD_CHECK(shard_comm_all_reduce(t->data, &items, &global_items, 1, SHARD_F64, SHARD_OP_SUM));
-    shard__dp_begin_step(t->dp);
+    SHARD_CHECK(shard__dp_begin_step(t->dp));
     if (t->pp) {
         SHARD_CHECK(shard__pp_run(t->pp, t->dp, pp_load, t, global_items, &loss));
     } else
