@@ -401,6 +401,46 @@ static void case_nonfinite(test_ctx *t) {
         }
 }
 
+/* Saving and resuming under ZeRO-3 go one parameter at a time and keep each rank's rows only: no rank
+ * holds the whole state (the old way gathered values and both moments whole on every rank, twice:
+ * 24 bytes per parameter on each rank, against ZeRO-3's 16 / N while training). */
+static void case_save_memory(test_ctx *t) {
+    shared_setup(t);
+    char path[512], text[32], ck[300];
+    snprintf(text, sizeof text, "data=%d", t->size);
+    snprintf(ck, sizeof ck, "%s/ck_memory", g_dir);
+    run_opts o = {.config = "gpt.json", .batch = 8, .zero = 3};
+    shard_trainer_config c = trainer_config(&o, path, sizeof path);
+    shard_mesh *mesh = NULL;
+    shard_trainer *tr = NULL;
+    shard_step_result r;
+    if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh") && CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer") &&
+        CHECK_OK(t, shard_trainer_step(tr, 1, &r), "step")) {
+        size_t params = shard_trainer_model(tr)->params->total;
+        for (int resume = 0; resume < 2; resume++) {
+            shard_mem_stats before, after;
+            CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
+            shard_mem_stats_get(&before);
+            shard_mem_stats_reset_peak();
+            uint64_t done = 0;
+            CHECK_OK(t, resume ? shard_trainer_resume(tr, ck, &done) : shard_trainer_save(tr, ck, 1, NULL), "%s",
+                     resume ? "resume" : "save");
+            shard_mem_stats_get(&after);
+            uint64_t now = 0, peak = 0;
+            for (int k = 0; k < SHARD_MEM_CATEGORY_COUNT; k++) now += before.current_bytes[k], peak += after.peak_bytes[k];
+            double extra = (double)(peak - now) / (double)params; /* bytes per parameter of the whole model */
+            if (t->rank == 0) printf("zero 3 on %d ranks: %s takes %.2f bytes per parameter more\n", t->size,
+                                     resume ? "resume" : "save", extra);
+            /* this rank's rows of the three arrays (12 / N) and one parameter's scratch (this model's largest,
+             * wte, is a quarter of it: 2 bytes) and the loader's buffers; the whole state alone would be 12 */
+            CHECK(t, extra <= 12.0 / t->size + 4.5, "zero 3 on %d ranks: %s took %.2f bytes per parameter on top of "
+                  "training's; want at most 12 / N + 4.5", t->size, resume ? "resume" : "save", extra);
+        }
+    }
+    shard_trainer_destroy(tr);
+    shard_mesh_destroy(mesh);
+}
+
 /* A compute dtype other than f32 or bf16 is refused by name (f16 used to train in f32 silently). */
 static void case_refusals(test_ctx *t) {
     shared_setup(t);
@@ -431,7 +471,8 @@ static void case_cleanup(test_ctx *t) {
 static const test_case cases[] = {
     {"gpt", case_gpt},         {"accum", case_accum}, {"dropout", case_dropout},       {"models", case_models},
     {"bf16", case_bf16},       {"mixed", case_mixed}, {"checkpoint", case_checkpoint}, {"init", case_init},
-    {"nonfinite", case_nonfinite}, {"refusals", case_refusals}, {"cleanup", case_cleanup},
+    {"nonfinite", case_nonfinite}, {"refusals", case_refusals},
+    {"save_memory", case_save_memory}, {"cleanup", case_cleanup},
 };
 
 int main(int argc, char **argv) {

@@ -564,6 +564,102 @@ void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out) {
     out->exposed_comm_s = dp->exposed, out->grad_bytes = dp->grad_bytes;
 }
 
+/* ---------------------------------------------------------------- state by slab range */
+
+/* A walk over the units that a slab range [off, off + n) meets: for unit k, the unit-relative part
+ * [lo, hi) of the range, and where it sits in the range (at). */
+typedef struct range_part {
+    size_t k, lo, hi, at;
+} range_part;
+
+static int next_part(const shard_dp *dp, size_t off, size_t n, range_part *p, size_t *k) {
+    const size_t *uo = dp->m->unit_offset;
+    for (; *k < dp->m->units; (*k)++) {
+        size_t a = uo[*k] > off ? uo[*k] : off, b = uo[*k + 1] < off + n ? uo[*k + 1] : off + n;
+        if (a >= b) continue;
+        *p = (range_part){*k, a - uo[*k], b - uo[*k], a - off};
+        (*k)++;
+        return 1;
+    }
+    return 0;
+}
+
+/* The part of [lo, hi) of unit k that rank r holds: [*a, *b) unit-relative (empty: *a == *b). */
+static void held(const unit_state *u, size_t r, size_t lo, size_t hi, size_t *a, size_t *b) {
+    *a = u->displs[r] > lo ? u->displs[r] : lo;
+    *b = u->displs[r] + u->counts[r] < hi ? u->displs[r] + u->counts[r] : hi;
+    if (*b < *a) *b = *a;
+}
+
+/* dst[0 .. n) = the slab range [off, off + n) of an array this rank holds in the shard layout (its
+ * pieces of every unit), gathered from every rank of the data axis. */
+static shard_status gather_range(shard_dp *dp, const float *shard, size_t off, size_t n, float *dst) {
+    size_t *counts = calloc((size_t)dp->size, sizeof *counts), *displs = calloc((size_t)dp->size, sizeof *displs);
+    shard_status s = counts && displs ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    range_part p;
+    for (size_t k = 0; s == SHARD_OK && next_part(dp, off, n, &p, &k);) {
+        const unit_state *u = &dp->u[p.k];
+        size_t a, b;
+        for (size_t r = 0; r < (size_t)dp->size; r++) held(u, r, p.lo, p.hi, &a, &b), counts[r] = b - a, displs[r] = a - p.lo;
+        held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
+        s = shard_comm_all_gatherv(dp->comm, shard + u->shard_off + (a - u->my_displ), b - a, dst + p.at, counts, displs,
+                                   SHARD_F32);
+    }
+    free(counts), free(displs);
+    return s;
+}
+
+/* The pieces this rank holds of the slab range [off, off + n) from src[0 .. n) (NULL: zeros). */
+static void scatter_range(const shard_dp *dp, float *shard, size_t off, size_t n, const float *src) {
+    range_part p;
+    for (size_t k = 0; next_part(dp, off, n, &p, &k);) {
+        const unit_state *u = &dp->u[p.k];
+        size_t a, b;
+        held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
+        float *to = shard + u->shard_off + (a - u->my_displ);
+        if (src) memcpy(to, src + p.at + (a - p.lo), (b - a) * sizeof(float));
+        else memset(to, 0, (b - a) * sizeof(float));
+    }
+}
+
+/* The array `which` names (0 values, 1 exp_avg, 2 exp_avg_sq), and whether this rank holds all of it
+ * (else its pieces, in the shard layout). */
+static float *state_array(const shard_dp *dp, int which, int *whole) {
+    *whole = which == 0 ? dp->zero < 3 : dp->zero == 0;
+    return which == 0 ? (dp->zero < 3 ? dp->m->params->data : dp->value_shard) : which == 1 ? dp->exp_avg : dp->exp_avg_sq;
+}
+
+shard_status shard__dp_get_range(shard_dp *dp, int which, size_t off, size_t n, float *dst) {
+    int whole;
+    const float *a = state_array(dp, which, &whole);
+    if (!whole) return gather_range(dp, a, off, n, dst);
+    memcpy(dst, a + off, n * sizeof(float));
+    return SHARD_OK;
+}
+
+shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, const float *src) {
+    SHARD_CHECK(clear_unfinished(dp)); /* no gathered copy of the values being replaced outlives them */
+    int whole;
+    float *a = state_array(dp, which, &whole);
+    if (!whole) scatter_range(dp, a, off, n, src);
+    else if (src) memcpy(a + off, src, n * sizeof(float));
+    else memset(a + off, 0, n * sizeof(float));
+    if (which != 0 || !dp->bf16_compute) return SHARD_OK;
+    if (whole) { /* the bf16 compute copy of what changed */
+        round_to_bf16(a + off, dp->compute16 + off, n);
+        return SHARD_OK;
+    }
+    range_part p;
+    for (size_t k = 0; next_part(dp, off, n, &p, &k);) {
+        const unit_state *u = &dp->u[p.k];
+        size_t lo, hi;
+        held(u, (size_t)dp->rank, p.lo, p.hi, &lo, &hi);
+        size_t at = u->shard_off + (lo - u->my_displ);
+        round_to_bf16(a + at, dp->compute16 + at, hi - lo);
+    }
+    return SHARD_OK;
+}
+
 /* ---------------------------------------------------------------- whole state */
 
 /* dst (whole, total floats) from each rank's pieces in src (a shard layout). */
@@ -577,11 +673,6 @@ static shard_status gather_whole(shard_dp *dp, const float *src, float *dst) {
     return SHARD_OK;
 }
 
-static void take_pieces(const shard_dp *dp, const float *whole, float *shard) {
-    for (size_t k = 0; k < dp->m->units; k++)
-        memcpy(shard + dp->u[k].shard_off, whole + dp->m->unit_offset[k] + dp->u[k].my_displ, dp->u[k].mine * sizeof(float));
-}
-
 shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, float *exp_avg_sq) {
     size_t bytes = total_of(dp) * sizeof(float);
     memset(values, 0, bytes), memset(exp_avg, 0, bytes), memset(exp_avg_sq, 0, bytes);
@@ -593,18 +684,4 @@ shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, fl
     }
     SHARD_CHECK(gather_whole(dp, dp->exp_avg, exp_avg));
     return gather_whole(dp, dp->exp_avg_sq, exp_avg_sq);
-}
-
-shard_status shard__dp_set_state(shard_dp *dp, const float *values, const float *exp_avg, const float *exp_avg_sq) {
-    size_t bytes = total_of(dp) * sizeof(float);
-    SHARD_CHECK(clear_unfinished(dp)); /* no gathered copy of the values being replaced outlives them */
-    if (dp->zero == 3) take_pieces(dp, values, dp->value_shard);
-    else memcpy(dp->m->params->data, values, bytes);
-    if (dp->zero == 0) {
-        memcpy(dp->exp_avg, exp_avg, bytes), memcpy(dp->exp_avg_sq, exp_avg_sq, bytes);
-    } else {
-        take_pieces(dp, exp_avg, dp->exp_avg), take_pieces(dp, exp_avg_sq, dp->exp_avg_sq);
-    }
-    refresh_compute_copy(dp);
-    return SHARD_OK;
 }

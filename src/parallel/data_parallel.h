@@ -44,9 +44,13 @@ shard_status shard__dp_finish(shard_dp *dp, double *squares);
 shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip);
 void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out);
 
-/* Whole values and AdamW moments (each params->total floats) on every rank,
- * for checkpoints; and back (every rank passes the same arrays). */
+/* Whole values and AdamW moments (each params->total floats) on every rank (shard_trainer_values). */
 shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, float *exp_avg_sq);
-shard_status shard__dp_set_state(shard_dp *dp, const float *values, const float *exp_avg, const float *exp_avg_sq);
+/* The slab range [off, off + n) (a parameter's) of the values (which 0) or an AdamW moment (1: exp_avg,
+ * 2: exp_avg_sq), whole on every rank of the data axis (collective over it): checkpoints go one
+ * parameter and one array at a time, so no rank holds the whole state of a model that ZeRO shards.
+ * And back: every rank passes the same src (NULL: zeros). */
+shard_status shard__dp_get_range(shard_dp *dp, int which, size_t off, size_t n, float *dst);
+shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, const float *src);
 
 #endif

@@ -388,7 +388,25 @@ static shard_status ckpt_params(shard_trainer *t, ckpt_param **out, size_t **min
     return SHARD_OK;
 }
 
-/* Three replicated dtensors per checkpoint parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh. */
+/* A checkpoint tensor's spec: dim 0 split over every axis of the mesh (the first axis major), so each rank
+ * holds and writes 1/world of every tensor and none holds the whole state; a scalar whole. */
+static shard_status row_spec(const shard_trainer *t, int ndim, shard_spec *out) {
+    if (ndim == 0) {
+        *out = shard_spec_replicated(0);
+        return SHARD_OK;
+    }
+    shard_mesh_layout layout;
+    shard_mesh_layout_of(t->mesh, &layout);
+    char text[SHARD_MESH_MAX_AXES * (SHARD_MESH_AXIS_NAME_BYTES + 4) + 16] = "P(";
+    size_t used = strlen(text);
+    if (layout.ndim > 1) text[used++] = '(', text[used] = '\0';
+    for (int a = 0; a < layout.ndim; a++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s'%s'", a ? "," : "", layout.names[a]);
+    snprintf(text + used, sizeof text - used, "%s)", layout.ndim > 1 ? ")" : "");
+    return shard_spec_parse(text, &layout, ndim, out);
+}
+
+/* Three dtensors per checkpoint parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh, split by rows. */
 static shard_status make_items(shard_trainer *t, const ckpt_param *cp, size_t n, shard_ckpt_item **items,
                                char (**names)[SHARD_PARAM_NAME_BYTES + 32]) {
     *items = calloc(3 * n, sizeof **items), *names = calloc(3 * n, sizeof **names);
@@ -399,7 +417,8 @@ static shard_status make_items(shard_trainer *t, const ckpt_param *cp, size_t n,
             size_t at = j * n + i, shape[SHARD_MAX_DIMS] = {0};
             snprintf((*names)[at], sizeof (*names)[at], "%s%s", prefix[j], cp[i].name);
             for (int d = 0; d < cp[i].ndim; d++) shape[d] = (size_t)cp[i].shape[d];
-            shard_spec spec = shard_spec_replicated((int)cp[i].ndim);
+            shard_spec spec;
+            SHARD_CHECK(row_spec(t, (int)cp[i].ndim, &spec));
             (*items)[at].name = (*names)[at];
             SHARD_CHECK(shard_dtensor_create(t->mesh, SHARD_F32, (int)cp[i].ndim, shape, &spec, SHARD_MEM_COMM,
                                              &(*items)[at].tensor));
@@ -407,17 +426,59 @@ static shard_status make_items(shard_trainer *t, const ckpt_param *cp, size_t n,
     return SHARD_OK;
 }
 
+/* Elements of a checkpoint parameter's whole shape, and where this rank's rows start in it (flat). */
+static size_t whole_numel(const ckpt_param *cp) {
+    size_t n = 1;
+    for (int d = 0; d < cp->ndim; d++) n *= (size_t)cp->shape[d];
+    return n;
+}
+
+static size_t rows_start(const shard_dtensor *d, const ckpt_param *cp) {
+    if (cp->ndim == 0 || cp->shape[0] == 0) return 0;
+    int coords[SHARD_MESH_MAX_AXES];
+    for (int a = 0; a < d->layout.ndim; a++) coords[a] = shard_mesh_coord(d->mesh, a);
+    size_t off = 0, len = 0;
+    shard_spec_local_range(&d->spec, &d->layout, d->global_shape, coords, 0, &off, &len);
+    return off * (whole_numel(cp) / (size_t)cp->shape[0]);
+}
+
+/* Checkpoint parameter k's values (which 0) or a moment (1, 2) whole on every rank, into whole[whole_n]: from
+ * the data axis (ZeRO's pieces) and the tensor axis (this rank's block) when this rank holds it (i), and
+ * on a pipeline from the stage that does.  piece: scratch for its local elements. */
+static shard_status param_whole(shard_trainer *t, size_t i, int which, size_t whole_n, float *piece, float *whole) {
+    const shard_param_info *info = i == SIZE_MAX ? NULL : &t->model->params->info[i];
+    shard_status s = SHARD_OK;
+    if (!info) memset(whole, 0, whole_n * sizeof *whole);
+    else s = shard__dp_get_range(t->dp, which, info->offset, info->numel, piece);
+    if (info && s == SHARD_OK) {
+        if (t->model->ops->gather_piece) s = t->model->ops->gather_piece(t->model, i, piece, whole);
+        else memcpy(whole, piece, info->numel * sizeof(float));
+    }
+    /* a pipeline: the stage that holds it gives it to the others (the rest add zeros) */
+    if (s == SHARD_OK && t->pipe) s = shard_comm_all_reduce(t->pipe, whole, whole, whole_n, SHARD_F32, SHARD_OP_SUM);
+    return s;
+}
+
+/* Scratch for one parameter's array at a time: the largest whole and local sizes. */
+static shard_status param_scratch(const shard_trainer *t, const ckpt_param *cp, size_t n, float **whole, float **piece) {
+    size_t most_whole = 1, most_local = 1;
+    for (size_t k = 0; k < n; k++) most_whole = whole_numel(&cp[k]) > most_whole ? whole_numel(&cp[k]) : most_whole;
+    for (size_t i = 0; i < t->model->params->count; i++)
+        most_local = t->model->params->info[i].numel > most_local ? t->model->params->info[i].numel : most_local;
+    *whole = shard_alloc(most_whole * sizeof(float), SHARD_MEM_OTHER);
+    *piece = shard_alloc(most_local * sizeof(float), SHARD_MEM_OTHER);
+    return *whole && *piece ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+}
+
 static void free_items(shard_ckpt_item *items, void *names, size_t n) {
     for (size_t i = 0; items && i < n; i++) shard_dtensor_destroy(items[i].tensor);
     free(items), free(names);
 }
 
-/* This rank's piece of parameter i (a tensor-parallel block, or all of it) from its whole tensor, into the
- * slab-layout array at `slab`. */
-static void take_piece(const shard_trainer *t, size_t i, const float *whole, float *slab) {
-    const shard_param_info *info = &t->model->params->info[i];
-    if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, whole, slab + info->offset);
-    else memcpy(slab + info->offset, whole, info->numel * sizeof(float));
+/* This rank's piece of parameter i (a tensor-parallel block, or all of it) from its whole tensor. */
+static void take_piece(const shard_trainer *t, size_t i, const float *whole, float *piece) {
+    if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, whole, piece);
+    else memcpy(piece, whole, t->model->params->info[i].numel * sizeof(float));
 }
 
 /* The settings that shape the run's numbers (not how it is split), as a JSON object: saved with each
@@ -473,90 +534,86 @@ shard_status shard_trainer_resume_differences(shard_trainer *t, const char *wher
     return s;
 }
 
+/* One parameter at a time: whole on every rank for a moment (ZeRO's pieces and tensor blocks gathered),
+ * then only this rank's rows kept; every rank writes its rows (checkpoint.h). */
 shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json) {
-    const shard_params *p = t->model->params;
-    whole_state w = {0};
     shard_ckpt_item *items = NULL;
     char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
     ckpt_param *cp = NULL;
     size_t *mine = NULL, n = 0;
-    shard_status s = whole_alloc(t, &w);
-    if (s == SHARD_OK) s = shard__dp_get_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
-    if (s == SHARD_OK) s = ckpt_params(t, &cp, &mine, &n);
+    float *whole = NULL, *piece = NULL;
+    shard_status s = ckpt_params(t, &cp, &mine, &n);
     if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
-    float *src[3] = {w.values, w.exp_avg, w.exp_avg_sq};
-    for (size_t j = 0; s == SHARD_OK && j < 3; j++)
-        for (size_t k = 0; s == SHARD_OK && k < n; k++) {
-            shard_dtensor *d = items[j * n + k].tensor;
-            float *whole = d->local->data;
-            size_t i = mine[k];
-            if (i == SIZE_MAX) memset(whole, 0, shard_tensor_numel(d->local) * sizeof *whole);
-            else if (t->model->ops->gather_piece) s = t->model->ops->gather_piece(t->model, i, src[j] + p->info[i].offset, whole);
-            else memcpy(whole, src[j] + p->info[i].offset, p->info[i].numel * sizeof(float));
-            /* a pipeline: the stage that holds it gives it to the others (the rest add zeros) */
-            if (s == SHARD_OK && t->pipe)
-                s = shard_comm_all_reduce(t->pipe, whole, whole, shard_tensor_numel(d->local), SHARD_F32, SHARD_OP_SUM);
+    if (s == SHARD_OK) s = param_scratch(t, cp, n, &whole, &piece);
+    for (size_t k = 0; s == SHARD_OK && k < n; k++)
+        for (int j = 0; s == SHARD_OK && j < 3; j++) {
+            s = param_whole(t, mine[k], j, whole_numel(&cp[k]), piece, whole);
+            const shard_dtensor *d = items[(size_t)j * n + k].tensor;
+            if (s == SHARD_OK)
+                memcpy(d->local->data, whole + rows_start(d, &cp[k]), shard_tensor_numel(d->local) * sizeof(float));
         }
     json_t *record = s == SHARD_OK ? training_record(t) : NULL;
     char *training = record ? json_dumps(record, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     if (s == SHARD_OK && !training) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+    shard_free(whole), shard_free(piece), whole = piece = NULL; /* before the writer's buffers */
     if (s == SHARD_OK) s = shard_ckpt_save_run(dir, step, items, 3 * n, config_json, training);
     json_decref(record), free(training);
     free_items(items, names, 3 * n);
     free(cp), free(mine);
-    whole_free(&w);
     return s;
 }
 
 shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     const shard_params *p = t->model->params;
-    whole_state w = {0};
     shard_params *whole = NULL; /* every parameter of this rank at its whole shape, as the file holds it */
     shard_param_info *info = calloc(p->count + 1, sizeof *info);
-    shard_status s = info ? whole_alloc(t, &w) : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    size_t most = 1;
+    for (size_t i = 0; i < p->count; i++) most = p->info[i].numel > most ? p->info[i].numel : most;
+    float *piece = shard_alloc(most * sizeof(float), SHARD_MEM_OTHER);
+    shard_status s = info && piece ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
         info[i] = p->info[i];
         if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, info[i].shape);
     }
     if (s == SHARD_OK) s = shard_params_create(info, p->count, SHARD_MEM_OTHER, &whole);
     if (s == SHARD_OK) s = shard_params_load(whole, path, 1, NULL);
-    if (s == SHARD_OK) {
-        size_t bytes = p->total * sizeof(float);
-        memset(w.values, 0, bytes), memset(w.exp_avg, 0, bytes), memset(w.exp_avg_sq, 0, bytes);
-        for (size_t i = 0; i < p->count; i++) take_piece(t, i, whole->data + whole->info[i].offset, w.values);
-        s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) { /* the values; AdamW's moments start at zero */
+        take_piece(t, i, whole->data + whole->info[i].offset, piece);
+        for (int j = 0; s == SHARD_OK && j < 3; j++)
+            s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, j == 0 ? piece : NULL);
     }
     shard_params_destroy(whole);
+    shard_free(piece);
     free(info);
-    whole_free(&w);
     return s;
 }
 
+/* The checkpoint loaded by rows (any layout it was saved under), then one parameter at a time made whole
+ * on every rank and this rank's pieces kept. */
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step) {
     const shard_params *p = t->model->params;
-    whole_state w = {0};
     shard_ckpt_item *items = NULL;
     char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
     ckpt_param *cp = NULL;
     size_t *mine = NULL, n = 0;
-    shard_status s = whole_alloc(t, &w);
-    if (s == SHARD_OK) s = ckpt_params(t, &cp, &mine, &n);
+    float *whole = NULL, *piece = NULL;
+    shard_status s = ckpt_params(t, &cp, &mine, &n);
     if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
     if (s == SHARD_OK) s = shard_ckpt_load(where, items, 3 * n, step);
-    if (s == SHARD_OK) {
-        float *dst[3] = {w.values, w.exp_avg, w.exp_avg_sq};
-        for (size_t j = 0; j < 3; j++) {
-            memset(dst[j], 0, p->total * sizeof(float));
-            for (size_t k = 0; k < n; k++) {
-                size_t i = mine[k];
-                if (i == SIZE_MAX) continue; /* another stage's */
-                take_piece(t, i, items[j * n + k].tensor->local->data, dst[j]);
-            }
+    if (s == SHARD_OK) s = param_scratch(t, cp, n, &whole, &piece);
+    for (size_t k = 0; s == SHARD_OK && k < n; k++)
+        for (int j = 0; s == SHARD_OK && j < 3; j++) {
+            shard_tensor full = {.dtype = SHARD_F32, .ndim = (int)cp[k].ndim, .data = whole};
+            size_t stride = 1, i = mine[k];
+            for (int d = full.ndim - 1; d >= 0; d--) /* a contiguous view of the scratch */
+                full.shape[d] = (size_t)cp[k].shape[d], full.strides[d] = stride, stride *= full.shape[d];
+            s = shard_dtensor_gather(items[(size_t)j * n + k].tensor, &full, -1); /* every rank, held here or not */
+            if (s < 0 || i == SIZE_MAX) continue; /* another stage's */
+            take_piece(t, i, whole, piece);
+            s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, piece);
         }
-        s = shard__dp_set_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
-    }
+    shard_free(whole), shard_free(piece);
     free_items(items, names, 3 * n);
     free(cp), free(mine);
-    whole_free(&w);
     return s;
 }
