@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../comm/threads/threads_impl.h"
+#include "core/env.h"
 #include "shard/launch.h"
 
 enum { DEFAULT_TIMEOUT_SECONDS = 300 };
@@ -24,17 +25,7 @@ shard_launch_config shard_launch_config_default(void) {
     return c;
 }
 
-double shard_default_timeout(void) {
-    const char *env = getenv("SHARD_TIMEOUT");
-    if (env && *env) {
-        char *end = NULL;
-        double v = strtod(env, &end);
-        if (end && *end == '\0' && v > 0 && v < 1e9) return v;
-        fprintf(stderr, "shard: ignoring SHARD_TIMEOUT='%s': give seconds > 0 (using %d)\n", env,
-                DEFAULT_TIMEOUT_SECONDS);
-    }
-    return DEFAULT_TIMEOUT_SECONDS;
-}
+double shard_default_timeout(void) { return shard__env_seconds("SHARD_TIMEOUT", DEFAULT_TIMEOUT_SECONDS); }
 
 int shard_have_mpi(void) { return shard__mpi_built(); }
 

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "../comm_impl.h"
+#include "core/env.h"
 #include "shard/memory.h"
 
 typedef struct mcomm {
@@ -931,12 +932,7 @@ void shard__mpi_finalize_at_exit(void) {
         int done = 0;
         double limit = 2 * (M.exit_timeout > 0 ? M.exit_timeout : 300) + 5;
         if (limit < 900) limit = 900;
-        const char *env = getenv("SHARD_EXIT_TIMEOUT");
-        char *end = NULL;
-        double given = env && *env ? strtod(env, &end) : 0;
-        if (end && !*end && given > 0 && given < 1e9) limit = given;
-        else if (env && *env)
-            fprintf(stderr, "shard: ignoring SHARD_EXIT_TIMEOUT='%s': give seconds > 0 (using %g)\n", env, limit);
+        limit = shard__env_seconds("SHARD_EXIT_TIMEOUT", limit);
         double deadline = shard__now() + limit;
         for (unsigned spins = 0; !done; spins++) {
             if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;

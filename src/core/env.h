@@ -1,0 +1,10 @@
+/* env.h — internal: settings read from the environment, one rule for all of
+ * them (SHARD_TIMEOUT, SHARD_EXIT_TIMEOUT, ...). */
+#ifndef SHARD_CORE_ENV_H
+#define SHARD_CORE_ENV_H
+
+/* The seconds in environment variable `name` when set to a number in (0, 1e9); else `fallback`, and
+ * when it is set to something else, one stderr line saying it is ignored and what is used instead. */
+double shard__env_seconds(const char *name, double fallback);
+
+#endif
