@@ -45,6 +45,13 @@ static uint64_t get64(const unsigned char *p) {
     return v;
 }
 
+static void fill_header(unsigned char *h, uint32_t width, uint32_t vocab, uint64_t count, uint64_t xxh3) {
+    memset(h, 0, HEADER_BYTES);
+    memcpy(h, MAGIC, 8);
+    put32(h + 8, 1), put32(h + 12, width), put32(h + 16, vocab);
+    put64(h + 24, count), put64(h + 32, xxh3);
+}
+
 shard_status shard_tokens_write(const char *path, const uint32_t *tokens, size_t count, uint32_t vocab) {
     if (vocab == 0 || vocab > INT32_MAX) /* what shard_tokens_open accepts: ids that fit the model's int32 */
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: vocabulary %u; valid: 1..2147483647", path, vocab);
@@ -61,10 +68,7 @@ shard_status shard_tokens_write(const char *path, const uint32_t *tokens, size_t
         if (width == 2) body[2 * i] = (unsigned char)tokens[i], body[2 * i + 1] = (unsigned char)(tokens[i] >> 8);
         else put32(body + 4 * i, tokens[i]);
     }
-    memset(buf, 0, HEADER_BYTES);
-    memcpy(buf, MAGIC, 8);
-    put32(buf + 8, 1), put32(buf + 12, width), put32(buf + 16, vocab);
-    put64(buf + 24, count), put64(buf + 32, XXH3_64bits(body, count * width));
+    fill_header(buf, width, vocab, count, XXH3_64bits(body, count * width));
     shard_status s = shard__atomic_write_file(path, buf, HEADER_BYTES + count * width);
     free(buf);
     return s;
@@ -156,14 +160,47 @@ shard_status shard_tokens_batch(const shard_tokens *t, uint64_t seed, uint64_t s
 
 /* ---------------------------------------------------------------- shard data text */
 
+/* A token file of the byte-level tokenizer's tokens (token id = byte value, stored as uint16) written
+ * from the bytes in pieces: the corpus is held once, as bytes, and never as a whole token array. */
+static shard_status write_byte_tokens(const char *path, const uint8_t *bytes, size_t count) {
+    enum { PIECE = 1 << 16 };
+    unsigned char *buf = malloc(2 * PIECE), header[HEADER_BYTES];
+    XXH3_state_t *hash = XXH3_createState();
+    shard_status s = buf && hash ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    shard__atomic_file f;
+    int open = 0;
+    for (int pass = 0; pass < 2 && s == SHARD_OK; pass++) { /* the checksum (it goes first), then the file */
+        if (pass == 0) XXH3_64bits_reset(hash);
+        else {
+            fill_header(header, 2, 256, count, XXH3_64bits_digest(hash));
+            s = shard__atomic_open(path, &f);
+            open = s == SHARD_OK;
+            if (s == SHARD_OK) s = shard__atomic_write(&f, header, HEADER_BYTES);
+        }
+        for (size_t at = 0; s == SHARD_OK && at < count; at += PIECE) {
+            size_t n = count - at < PIECE ? count - at : PIECE;
+            for (size_t i = 0; i < n; i++) buf[2 * i] = bytes[at + i], buf[2 * i + 1] = 0; /* little-endian uint16 */
+            if (pass == 0) XXH3_64bits_update(hash, buf, 2 * n);
+            else s = shard__atomic_write(&f, buf, 2 * n);
+        }
+    }
+    if (open) {
+        if (s == SHARD_OK) s = shard__atomic_commit(&f);
+        else shard__atomic_abort(&f);
+    }
+    XXH3_freeState(hash);
+    free(buf);
+    return s;
+}
+
 shard_status shard_data_text(const char *const *files, size_t count, const char *out_dir, double val_fraction,
                              FILE *report) {
     if (!count) return shard_error(SHARD_ERR_INVALID_ARG, "data text: no input files");
     if (!(val_fraction >= 0 && val_fraction < 1))
         return shard_error(SHARD_ERR_INVALID_ARG, "data text: --val-fraction %g is outside [0, 1)", val_fraction);
     size_t total = 0, cap = 1 << 20;
-    uint32_t *tokens = malloc(cap * sizeof *tokens);
-    if (!tokens) return shard_error(SHARD_ERR_NO_MEMORY, "data text: out of memory");
+    uint8_t *bytes = malloc(cap); /* the corpus once, as bytes: each token is one */
+    if (!bytes) return shard_error(SHARD_ERR_NO_MEMORY, "data text: out of memory");
     shard_status s = SHARD_OK;
     for (size_t f = 0; f < count && s == SHARD_OK; f++) {
         FILE *in = fopen(files[f], "rb");
@@ -171,16 +208,17 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
             s = shard_error(SHARD_ERR_IO, "%s: cannot open: %s", files[f], strerror(errno));
             break;
         }
-        for (int c; (c = fgetc(in)) != EOF;) {
+        for (size_t got = 1; got > 0 && s == SHARD_OK;) {
             if (total == cap) {
-                uint32_t *more = realloc(tokens, 2 * cap * sizeof *tokens);
+                uint8_t *more = realloc(bytes, 2 * cap);
                 if (!more) {
                     s = shard_error(SHARD_ERR_NO_MEMORY, "data text: out of memory after %zu tokens", total);
                     break;
                 }
-                tokens = more, cap *= 2;
+                bytes = more, cap *= 2;
             }
-            tokens[total++] = (uint32_t)c; /* the byte-level tokenizer: token id = byte value */
+            got = fread(bytes + total, 1, cap - total, in);
+            total += got;
         }
         if (ferror(in) && s == SHARD_OK) s = shard_error(SHARD_ERR_IO, "%s: cannot read: %s", files[f], strerror(errno));
         fclose(in);
@@ -202,11 +240,11 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
     }
     if (s == SHARD_OK) {
         snprintf(path, sizeof path, "%s/train.tokens", out_dir);
-        s = shard_tokens_write(path, tokens, train, 256);
+        s = write_byte_tokens(path, bytes, train);
     }
     if (s == SHARD_OK) {
         snprintf(path, sizeof path, "%s/val.tokens", out_dir);
-        s = shard_tokens_write(path, tokens + train, val, 256);
+        s = write_byte_tokens(path, bytes + train, val);
     }
     if (s == SHARD_OK) {
         char meta[512];
@@ -220,7 +258,7 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
     if (s == SHARD_OK && report)
         fprintf(report, "data: %zu bytes from %zu file%s -> %s/train.tokens (%zu tokens), %s/val.tokens (%zu tokens)\n",
                 total, count, count == 1 ? "" : "s", out_dir, train, out_dir, val);
-    free(tokens);
+    free(bytes);
     return s;
 }
 
