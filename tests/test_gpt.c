@@ -37,11 +37,11 @@ static void compare(const float *got, const float *want, size_t n, double rel, d
     double scale = 0, worst = 0;
     size_t at = 0;
     for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) { /* a NaN is the worst element (d > worst is false for it) */
         double d = fabs((double)got[i] - (double)want[i]);
-        if (d > worst) worst = d, at = i;
+        if (!(d <= worst)) worst = isnan(d) ? INFINITY : d, at = i;
     }
-    if (worst > rel * scale + abs_tol)
+    if (!(worst <= rel * scale + abs_tol))
         fail_msg("%s: worst element %zu: %.9g vs %.9g (|diff| %.3g; allowed %.3g)", what, at, got[at], want[at], worst,
                  rel * scale + abs_tol);
 }
@@ -71,7 +71,7 @@ static void forward_backward_adamw(void **state) {
     const float *want_logits = data_of("logits", &n);
     compare(shard_gpt_logits(g), want_logits, n, 1e-5, 0, "logits");
     const float *want_loss = data_of("loss", NULL);
-    if (fabs(loss - want_loss[0]) > 1e-5 * fabs(want_loss[0])) fail_msg("loss %.9g vs %.9g", loss, want_loss[0]);
+    if (!(fabs(loss - want_loss[0]) <= 1e-5 * fabs(want_loss[0]))) fail_msg("loss %.9g vs %.9g", loss, want_loss[0]);
     assert_int_equal(shard_gpt_backward(g, grads), SHARD_OK);
     for (size_t i = 0; i < p->count; i++) {
         char key[SHARD_PARAM_NAME_BYTES + 8];
@@ -183,6 +183,10 @@ static void config_refusals(void **state) {
         {"{\"n_embd\": 32, \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8, \"vocab_size\": 16, \"activation_function\": \"relu\"}",
          "key 'activation_function' must be \"gelu_new\""},
         {"[1]", "must be a JSON object"},
+        {"{\"n_embd\": 32, \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8, \"vocab_size\": 16, \"n_special\": 2}",
+         "key 'n_special' must be 0 (no special tokens)"},
+        {"{\"n_embd\": 32, \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8, \"vocab_size\": 16, \"attn_pdrop\": 1.5}",
+         "key 'attn_pdrop' must be in [0, 1)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         assert_int_equal(shard_gpt_config_parse(cases[i].json, "cfg.json", &c), SHARD_ERR_INVALID_ARG);
@@ -198,6 +202,12 @@ static void config_refusals(void **state) {
     by_hand.n_head = 3;
     assert_int_equal(shard_gpt_create(&by_hand, 1, 8, &g), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "key 'n_head' = 3 does not divide n_embd = 32"));
+    by_hand.n_head = 4, by_hand.attn_pdrop = 1.5f; /* dropout kept every value's range too (1.5 dropped all) */
+    assert_int_equal(shard_gpt_create(&by_hand, 1, 8, &g), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "key 'attn_pdrop' must be in [0, 1)"));
+    by_hand.attn_pdrop = 0, by_hand.resid_pdrop = -3;
+    assert_int_equal(shard_gpt_create(&by_hand, 1, 8, &g), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "key 'resid_pdrop' must be in [0, 1)"));
     assert_null(g);
     /* Hugging Face's GPT-2 config.json is accepted as it is */
     const char *hf = "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"], \"attn_pdrop\": 0.1,"
@@ -210,6 +220,14 @@ static void config_refusals(void **state) {
                      "\"transformers_version\": \"4.26.0\", \"use_cache\": true, \"vocab_size\": 50257}";
     assert_int_equal(shard_gpt_config_parse(hf, "config.json", &c), SHARD_OK);
     assert_int_equal(shard_gpt_param_count(&c), 124439808); /* GPT-2 small: 124M */
+    /* gpt2-medium's (large and xl's the same keys): n_special, predict_special_tokens */
+    const char *medium = "{\"activation_function\": \"gelu_new\", \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1,"
+                         "\"initializer_range\": 0.02, \"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\","
+                         "\"n_ctx\": 1024, \"n_embd\": 1024, \"n_head\": 16, \"n_layer\": 24, \"n_positions\": 1024,"
+                         "\"n_special\": 0, \"predict_special_tokens\": true, \"resid_pdrop\": 0.1,"
+                         "\"gradient_checkpointing\": false, \"vocab_size\": 50257}";
+    assert_int_equal(shard_gpt_config_parse(medium, "config.json", &c), SHARD_OK);
+    assert_int_equal(shard_gpt_param_count(&c), 354823168); /* GPT-2 medium: 355M */
 }
 
 static int setup(void **state) {

@@ -49,7 +49,7 @@ static void grad_check(const char *what, float *p, size_t n, const float *analyt
         p[i] = v;
         double num = (lp - lm) / (2.0 * (double)e), ana = analytic[i];
         double tol = 3e-3 + 3e-2 * fmax(fabs(num), fabs(ana));
-        if (fabs(num - ana) > tol) fail_msg("%s: element %zu: numeric %.6g, analytic %.6g", what, i, num, ana);
+        if (!(fabs(num - ana) <= tol)) fail_msg("%s: element %zu: numeric %.6g, analytic %.6g", what, i, num, ana);
     }
 }
 
@@ -262,7 +262,7 @@ static void softmax_widths(void **state) {
         for (size_t c = 0; c < C; c++) {
             double want = exp((double)x[c] - m) / sum;
             double gap = m - (double)x[c], tol = gap < 87.0 ? (1e-6 + gap * 0x1p-23) * want : 1e-30;
-            if (fabs(y[c] - want) > tol) fail_msg("softmax width %zu: p[%zu] = %.9g, want %.9g", C, c, y[c], want);
+            if (!(fabs(y[c] - want) <= tol)) fail_msg("softmax width %zu: p[%zu] = %.9g, want %.9g", C, c, y[c], want);
         }
         free(x), free(y);
     }

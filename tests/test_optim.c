@@ -14,7 +14,7 @@
 #include "shard/optim.h"
 
 static void near(double got, double want, double rel, const char *what) {
-    if (fabs(got - want) > rel * (fabs(want) + 1e-12)) fail_msg("%s: %.9g, want %.9g", what, got, want);
+    if (!(fabs(got - want) <= rel * (fabs(want) + 1e-12))) fail_msg("%s: %.9g, want %.9g", what, got, want);
 }
 
 static void sgd(void **state) {

@@ -10,7 +10,9 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli_util.h"
 #include "comm/comm_impl.h"
@@ -90,6 +92,23 @@ static void each_rank_has_its_own_ledger(void **state) {
     uint64_t seen[3] = {0};
     assert_int_equal(shard_launch(3, ledger_rank, seen), SHARD_OK);
     for (int r = 0; r < 3; r++) assert_int_equal(seen[r], (uint64_t)(r + 1) * 4096);
+}
+
+static shard_status handing_out_rank(shard_comm *comm, void *arg) {
+    void **out = arg;
+    if (shard_comm_rank(comm) == 1) out[0] = shard_alloc(4096, SHARD_MEM_ACTIVATIONS);
+    return SHARD_OK;
+}
+
+/* A block a rank allocates and hands out is freed after the launch, against its rank's ledger (which
+ * the launch used to free: under ASan a heap-use-after-free). */
+static void block_outlives_its_launch(void **state) {
+    (void)state;
+    void *out[1] = {NULL};
+    assert_int_equal(shard_launch(2, handing_out_rank, out), SHARD_OK);
+    assert_non_null(out[0]);
+    memset(out[0], 1, 4096);
+    shard_free(out[0]);
 }
 
 static void bf16_rounds_to_nearest_even(void **state) {
@@ -285,12 +304,36 @@ static void parallel_for_runs_every_chunk(void **state) {
     shard__parallel_set_threads(1);
 }
 
+/* A forked child runs parallel regions with helpers of its own (the parent's do not exist there: it
+ * used to wait for them forever).  ThreadSanitizer refuses threads after a fork, so not under it. */
+static void parallel_for_after_fork(void **state) {
+    (void)state;
+#ifndef __SANITIZE_THREAD__
+    shard__parallel_set_threads(2);
+    chunk_count c = {{0}, 0};
+    shard__parallel_for(4, count_chunk, &c); /* the parent's helper starts */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(20); /* a hang ends the child with SIGALRM */
+        chunk_count d = {{0}, 0};
+        shard__parallel_for(4, count_chunk, &d);
+        _exit(d.ran[0] == 1 && d.ran[3] == 1 ? 0 : 3);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    shard__parallel_set_threads(1);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(status_and_last_error),
         cmocka_unit_test(check_macro_propagates),
         cmocka_unit_test(allocator_accounts_per_category),
         cmocka_unit_test(each_rank_has_its_own_ledger),
+        cmocka_unit_test(block_outlives_its_launch),
         cmocka_unit_test(bf16_rounds_to_nearest_even),
         cmocka_unit_test(f16_conversions),
         cmocka_unit_test(dtype_names),
@@ -299,6 +342,7 @@ int main(void) {
         cmocka_unit_test(cores_width),
         cmocka_unit_test(reduce_kernels),
         cmocka_unit_test(parallel_for_runs_every_chunk),
+        cmocka_unit_test(parallel_for_after_fork),
         cmocka_unit_test(cli_sizes),
         cmocka_unit_test(timeout_from_environment),
         cmocka_unit_test(launcher_detection),

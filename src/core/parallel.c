@@ -3,7 +3,8 @@
  * helper watches for the next one a few tens of microseconds (a training step
  * runs about a hundred back to back: waking a sleeping helper cost ~20 us a
  * region), then sleeps on a condition variable.  Processes that share the
- * cores with other ranks run at width 1 and never wake their helpers. */
+ * cores with other ranks run at width 1 and never wake their helpers.  A
+ * forked child has none of the parent's helpers: it starts its own. */
 #include "core/parallel.h"
 
 #include <pthread.h>
@@ -77,6 +78,19 @@ static void *helper(void *arg) {
     return NULL;
 }
 
+/* In a forked child only the forking thread exists: no helper runs and no region is under way (a helper of
+ * the parent's may have held a lock at the fork). */
+static void after_fork_in_child(void) {
+    pthread_mutex_init(&P.owner, NULL);
+    pthread_mutex_init(&P.lock, NULL);
+    pthread_cond_init(&P.wake, NULL);
+    P.started = 0;
+    atomic_store(&P.pending, 0);
+}
+
+static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+
 void shard__parallel_for(size_t chunks, shard__chunk_fn fn, void *ctx) {
     int width = atomic_load(&P.threads);
     if (width > (int)chunks) width = (int)chunks;
@@ -85,6 +99,7 @@ void shard__parallel_for(size_t chunks, shard__chunk_fn fn, void *ctx) {
         return;
     }
     P.start_gen = atomic_load(&P.generation);
+    if (P.started < width - 1) pthread_once(&fork_handler_once, register_fork_handler);
     while (P.started < width - 1) {
         pthread_t t;
         pthread_attr_t attr;

@@ -10,7 +10,13 @@
  *
  * Work is cut into chunks by its size alone, never by the number of threads,
  * and reductions combine per-chunk partials in chunk order: a result is the
- * same bits on 1 thread or 8. */
+ * same bits on 1 thread or 8.  Matrix products (blas.c) are the exception:
+ * they are cut into one block per thread, as cutting by size alone cost
+ * 3-5 % of the training step (smaller blocks run OpenBLAS's kernels less
+ * well), and OpenBLAS may round a block's elements differently from the
+ * whole product's; a product's bits can therefore change with the thread
+ * count (ranks that must agree bitwise run the same count: every thread rank
+ * runs 1). */
 #ifndef SHARD_PARALLEL_H
 #define SHARD_PARALLEL_H
 

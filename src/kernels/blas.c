@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,7 +72,9 @@ static void load(void) {
     const char *user_threads = getenv("OPENBLAS_NUM_THREADS");
     char saved[32] = "";
     if (user_threads) snprintf(saved, sizeof saved, "%s", user_threads);
-    long width = user_threads && atoi(user_threads) > 0 ? atoi(user_threads) : sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t allowed; /* the cores this process may run on (taskset, a cpuset, a batch system's binding) */
+    long cores = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : sysconf(_SC_NPROCESSORS_ONLN);
+    long width = user_threads && atoi(user_threads) > 0 ? atoi(user_threads) : cores;
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
     for (size_t i = 0; i < 2 && !B.lib; i++) B.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);

@@ -74,6 +74,10 @@ static shard_status check_config(const shard_gpt_config *c, const char *where) {
     if (!(c->layer_norm_epsilon > 0 && c->layer_norm_epsilon <= 1))
         return bad_key(where, "layer_norm_epsilon", "must be in (0, 1]");
     if (!(c->initializer_range >= 0)) return bad_key(where, "initializer_range", "must be >= 0");
+    const char *drop_keys[] = {"resid_pdrop", "embd_pdrop", "attn_pdrop"};
+    const float drops[] = {c->resid_pdrop, c->embd_pdrop, c->attn_pdrop};
+    for (int i = 0; i < 3; i++)
+        if (!(drops[i] >= 0 && drops[i] < 1)) return bad_key(where, drop_keys[i], "must be in [0, 1)");
     return SHARD_OK;
 }
 
@@ -115,8 +119,11 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
             if (!json_is_null(v) && !json_is_integer(v)) s = bad_key(where, key, "must be null or 4 * n_embd");
         } else if (strcmp(key, "resid_pdrop") == 0 || strcmp(key, "embd_pdrop") == 0 || strcmp(key, "attn_pdrop") == 0) {
             float *p = key[0] == 'r' ? &c.resid_pdrop : key[0] == 'e' ? &c.embd_pdrop : &c.attn_pdrop;
-            s = float_field(where, key, v, p);
-            if (s == SHARD_OK && !(*p >= 0 && *p < 1)) s = bad_key(where, key, "must be in [0, 1)");
+            s = float_field(where, key, v, p); /* its range: check_config */
+        } else if (strcmp(key, "n_special") == 0) { /* gpt2-medium/large/xl's configs: no extra tokens */
+            if (!json_is_integer(v) || json_integer_value(v) != 0) s = bad_key(where, key, "must be 0 (no special tokens)");
+        } else if (strcmp(key, "predict_special_tokens") == 0 || strcmp(key, "gradient_checkpointing") == 0) {
+            if (!json_is_boolean(v)) s = bad_key(where, key, "must be true or false");
         } else if (strcmp(key, "scale_attn_weights") == 0) {
             if (!json_is_true(v)) s = bad_key(where, key, "must be true (attention scaled by 1/sqrt(head size))");
         } else if (strcmp(key, "scale_attn_by_inverse_layer_idx") == 0 || strcmp(key, "reorder_and_upcast_attn") == 0) {

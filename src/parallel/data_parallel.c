@@ -584,11 +584,19 @@ static int next_part(const shard_dp *dp, size_t off, size_t n, range_part *p, si
     return 0;
 }
 
-/* The part of [lo, hi) of unit k that rank r holds: [*a, *b) unit-relative (empty: *a == *b). */
+static size_t clamp(size_t x, size_t lo, size_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+/* The part of [lo, hi) of unit k that rank r holds: [*a, *b) unit-relative, inside [lo, hi) (empty:
+ * *a == *b), so a rank holding none of it gets a place within the range too. */
 static void held(const unit_state *u, size_t r, size_t lo, size_t hi, size_t *a, size_t *b) {
-    *a = u->displs[r] > lo ? u->displs[r] : lo;
-    *b = u->displs[r] + u->counts[r] < hi ? u->displs[r] + u->counts[r] : hi;
-    if (*b < *a) *b = *a;
+    *a = clamp(u->displs[r], lo, hi);
+    *b = clamp(u->displs[r] + u->counts[r], *a, hi);
+}
+
+/* Where this rank's part [a, b) of unit u sits in a shard-layout array (its own piece's start when empty:
+ * no pointer is formed outside the piece). */
+static float *in_shard(const unit_state *u, float *shard, size_t a, size_t b) {
+    return shard + u->shard_off + (b > a ? a - u->my_displ : 0);
 }
 
 /* dst[0 .. n) = the slab range [off, off + n) of an array this rank holds in the shard layout (its
@@ -602,7 +610,7 @@ static shard_status gather_range(shard_dp *dp, const float *shard, size_t off, s
         size_t a, b;
         for (size_t r = 0; r < (size_t)dp->size; r++) held(u, r, p.lo, p.hi, &a, &b), counts[r] = b - a, displs[r] = a - p.lo;
         held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
-        s = shard_comm_all_gatherv(dp->comm, shard + u->shard_off + (a - u->my_displ), b - a, dst + p.at, counts, displs,
+        s = shard_comm_all_gatherv(dp->comm, in_shard(u, (float *)shard, a, b), b - a, dst + p.at, counts, displs,
                                    SHARD_F32);
     }
     free(counts), free(displs);
@@ -616,7 +624,7 @@ static void scatter_range(const shard_dp *dp, float *shard, size_t off, size_t n
         const unit_state *u = &dp->u[p.k];
         size_t a, b;
         held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
-        float *to = shard + u->shard_off + (a - u->my_displ);
+        float *to = in_shard(u, shard, a, b);
         if (src) memcpy(to, src + p.at + (a - p.lo), (b - a) * sizeof(float));
         else memset(to, 0, (b - a) * sizeof(float));
     }
@@ -638,7 +646,7 @@ shard_status shard__dp_get_range(shard_dp *dp, int which, size_t off, size_t n, 
 }
 
 shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, const float *src) {
-    SHARD_CHECK(clear_unfinished(dp)); /* no gathered copy of the values being replaced outlives them */
+    /* a gathered copy of the old values, if a failed step left one, goes at the next step's start */
     int whole;
     float *a = state_array(dp, which, &whole);
     if (!whole) scatter_range(dp, a, off, n, src);
@@ -654,6 +662,7 @@ shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, 
         const unit_state *u = &dp->u[p.k];
         size_t lo, hi;
         held(u, (size_t)dp->rank, p.lo, p.hi, &lo, &hi);
+        if (hi == lo) continue;
         size_t at = u->shard_off + (lo - u->my_displ);
         round_to_bf16(a + at, dp->compute16 + at, hi - lo);
     }

@@ -12,6 +12,7 @@
 
 #include "../comm/threads/threads_impl.h"
 #include "core/env.h"
+#include "shard/blas.h"
 #include "shard/launch.h"
 
 enum { DEFAULT_TIMEOUT_SECONDS = 300 };
@@ -104,6 +105,44 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
+/* A block a rank allocated and handed out (through `arg`) points at its rank's ledger and is credited there
+ * when freed later: a launch's ledgers stay (listed here, so still reachable) while any such block is
+ * outstanding, and go at a later launch's end once none is. */
+typedef struct retired_ledgers {
+    shard__mem_ledger *ledgers;
+    int n;
+    struct retired_ledgers *next;
+} retired_ledgers;
+
+static retired_ledgers *retired;
+static pthread_mutex_t retired_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int ledgers_in_use(shard__mem_ledger *ledgers, int n) {
+    for (int r = 0; r < n; r++)
+        if (atomic_load(&ledgers[r].total_current_bytes) != 0) return 1;
+    return 0;
+}
+
+static void retire_ledgers(shard__mem_ledger *ledgers, int n) {
+    pthread_mutex_lock(&retired_lock);
+    for (retired_ledgers **p = &retired; *p;) {
+        retired_ledgers *x = *p;
+        if (ledgers_in_use(x->ledgers, x->n)) {
+            p = &x->next;
+            continue;
+        }
+        *p = x->next;
+        free(x->ledgers), free(x);
+    }
+    if (ledgers && ledgers_in_use(ledgers, n)) {
+        retired_ledgers *x = malloc(sizeof *x);
+        if (x) *x = (retired_ledgers){ledgers, n, retired}, retired = x; /* else kept unlisted: never freed */
+    } else {
+        free(ledgers);
+    }
+    pthread_mutex_unlock(&retired_lock);
+}
+
 static shard_status launch_threads(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
     int n = cfg->ranks;
     if (n < 1 || n > 4096)
@@ -111,6 +150,9 @@ static shard_status launch_threads(const shard_launch_config *cfg, double timeou
     if (cfg->verbose)
         fprintf(stderr, "shard: backend threads, %d ranks in this process (no MPI launcher variables found), timeout %g s\n",
                 n, timeout);
+    /* OpenBLAS is loaded (it sets and restores environment variables) before any rank thread can read the
+     * environment; a failure to load is reported when a product needs it */
+    (void)shard_blas_init();
     shard__mem_ledger *ledgers = calloc((size_t)n, sizeof *ledgers);
     shard_comm **comms = calloc((size_t)n, sizeof *comms);
     rank_ctx *ctx = calloc((size_t)n, sizeof *ctx);
@@ -150,7 +192,7 @@ static shard_status launch_threads(const shard_launch_config *cfg, double timeou
     }
     shard__threads_job_release(job);
 done:
-    free(ledgers);
+    retire_ledgers(ledgers, n);
     free(comms);
     free(ctx);
     free(threads);
