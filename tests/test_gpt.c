@@ -228,6 +228,12 @@ static void config_refusals(void **state) {
                          "\"gradient_checkpointing\": false, \"vocab_size\": 50257}";
     assert_int_equal(shard_gpt_config_parse(medium, "config.json", &c), SHARD_OK);
     assert_int_equal(shard_gpt_param_count(&c), 354823168); /* GPT-2 medium: 355M */
+    const char *xl = "{\"activation_function\": \"gelu_new\", \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1,"
+                     "\"initializer_range\": 0.02, \"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\","
+                     "\"n_ctx\": 1024, \"n_embd\": 1600, \"n_head\": 25, \"n_layer\": 48, \"n_positions\": 1024,"
+                     "\"output_past\": true, \"resid_pdrop\": 0.1, \"vocab_size\": 50257}";
+    assert_int_equal(shard_gpt_config_parse(xl, "config.json", &c), SHARD_OK);
+    assert_int_equal(shard_gpt_param_count(&c), 1557611200); /* GPT-2 xl: 1.5B */
 }
 
 static int setup(void **state) {

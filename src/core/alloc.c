@@ -47,6 +47,7 @@ void shard__mem_ledger_init(shard__mem_ledger *ledger) {
         atomic_init(&ledger->peak_bytes[c], 0);
     }
     atomic_init(&ledger->total_current_bytes, 0);
+    atomic_init(&ledger->blocks, 0);
     atomic_init(&ledger->total_peak_bytes, 0);
 }
 
@@ -110,6 +111,7 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     h->raw = raw;
     h->category = (int)category;
     charge(h->ledger, h->category, bytes);
+    atomic_fetch_add(&h->ledger->blocks, 1);
     return (void *)aligned;
 }
 
@@ -126,6 +128,7 @@ void shard_free(void *ptr) {
     h->magic = 0;
     atomic_fetch_sub(&h->ledger->current_bytes[h->category], h->bytes);
     atomic_fetch_sub(&h->ledger->total_current_bytes, h->bytes);
+    atomic_fetch_sub(&h->ledger->blocks, 1); /* the last touch of the ledger: it may be freed from now on */
     free(h->raw);
 }
 

@@ -14,6 +14,7 @@ typedef struct shard__mem_ledger {
     _Atomic uint64_t peak_bytes[SHARD_MEM_CATEGORY_COUNT];
     _Atomic uint64_t total_current_bytes;
     _Atomic uint64_t total_peak_bytes;
+    _Atomic uint64_t blocks; /* outstanding, zero-byte ones included: a ledger in use has some */
 } shard__mem_ledger;
 
 /* The ledger the calling thread charges (a process-wide one by default). */

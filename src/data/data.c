@@ -166,15 +166,16 @@ static shard_status write_byte_tokens(const char *path, const uint8_t *bytes, si
     enum { PIECE = 1 << 16 };
     unsigned char *buf = malloc(2 * PIECE), header[HEADER_BYTES];
     XXH3_state_t *hash = XXH3_createState();
-    shard_status s = buf && hash ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    shard_status s = buf && hash ? SHARD_OK
+                                 : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu tokens", path, count);
     shard__atomic_file f;
-    int open = 0;
+    int opened = 0;
     for (int pass = 0; pass < 2 && s == SHARD_OK; pass++) { /* the checksum (it goes first), then the file */
         if (pass == 0) XXH3_64bits_reset(hash);
         else {
             fill_header(header, 2, 256, count, XXH3_64bits_digest(hash));
             s = shard__atomic_open(path, &f);
-            open = s == SHARD_OK;
+            opened = s == SHARD_OK;
             if (s == SHARD_OK) s = shard__atomic_write(&f, header, HEADER_BYTES);
         }
         for (size_t at = 0; s == SHARD_OK && at < count; at += PIECE) {
@@ -184,7 +185,7 @@ static shard_status write_byte_tokens(const char *path, const uint8_t *bytes, si
             else s = shard__atomic_write(&f, buf, 2 * n);
         }
     }
-    if (open) {
+    if (opened) {
         if (s == SHARD_OK) s = shard__atomic_commit(&f);
         else shard__atomic_abort(&f);
     }

@@ -99,7 +99,7 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
     static const char *const ignored[] = {"architectures", "bos_token_id", "eos_token_id", "n_ctx", "summary_activation",
                                           "summary_first_dropout", "summary_proj_to_labels", "summary_type",
                                           "summary_use_proj", "task_specific_params", "torch_dtype", "transformers_version",
-                                          "use_cache", "_name_or_path", "comment"};
+                                          "use_cache", "output_past", "_name_or_path", "comment"};
     json_object_foreach(root, key, v) {
         if (s < 0) break;
         if (strcmp(key, "n_embd") == 0) s = size_field(where, key, v, &c.n_embd);

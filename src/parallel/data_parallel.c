@@ -74,6 +74,7 @@ struct shard_dp {
     double exposed;
     uint64_t grad_bytes;
     int grads_zeroed, shard_zeroed; /* the last update left grads / grad_shard zero */
+    int step_open;                  /* a step began and its update has not run (it may have failed part-way) */
 };
 
 static size_t total_of(const shard_dp *dp) { return dp->m->params->total; }
@@ -451,6 +452,7 @@ static shard_status clear_unfinished(shard_dp *dp) {
 
 shard_status shard__dp_begin_step(shard_dp *dp) {
     shard_status s = clear_unfinished(dp);
+    dp->step_open = 1;
     /* the last update left the gradients zeroed (shard_adamw_update_clipped) unless it did not run */
     if (dp->grads && !dp->grads_zeroed) memset(dp->grads, 0, total_of(dp) * sizeof(float));
     if (dp->grad_shard && !dp->shard_zeroed) memset(dp->grad_shard, 0, dp->shard_total * sizeof(float));
@@ -522,6 +524,7 @@ shard_status shard__dp_finish(shard_dp *dp, double *squares) {
 
 shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip) {
     if (dp->zero == 3 || dp->bf16_compute) SHARD_CHECK(drop_gathered(dp));
+    dp->step_open = 0;
     if (dp->zero == 0) {
         shard_adamw_update_clipped(c, step, lr, clip, dp->m->params->data, dp->grads, dp->exp_avg, dp->exp_avg_sq,
                                    total_of(dp));
@@ -646,7 +649,12 @@ shard_status shard__dp_get_range(shard_dp *dp, int which, size_t off, size_t n, 
 }
 
 shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, const float *src) {
-    /* a gathered copy of the old values, if a failed step left one, goes at the next step's start */
+    /* after a step that stopped part-way, a prefetch may still be reading the values: finish what it left
+     * once (its gathered copies would go at the next step's start anyway) */
+    if (dp->step_open) {
+        SHARD_CHECK(clear_unfinished(dp));
+        dp->step_open = 0;
+    }
     int whole;
     float *a = state_array(dp, which, &whole);
     if (!whole) scatter_range(dp, a, off, n, src);

@@ -119,7 +119,7 @@ static pthread_mutex_t retired_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int ledgers_in_use(shard__mem_ledger *ledgers, int n) {
     for (int r = 0; r < n; r++)
-        if (atomic_load(&ledgers[r].total_current_bytes) != 0) return 1;
+        if (atomic_load(&ledgers[r].blocks) != 0) return 1;
     return 0;
 }
 
