@@ -616,6 +616,15 @@ def train():
                      "--temperature", "0"]) for _ in range(2)]
         expect(all(o.returncode == 0 and o.stdout.startswith("the ") and len(o.stdout) >= 24 for o in outs)
                and outs[0].stdout == outs[1].stdout, f"generate: {[o.stdout for o in outs]} {outs[0].stderr}")
+        # latest's index broken: the config comes from the step the load falls back to, as the weights do
+        broken = os.path.join(work, "ck_broken")
+        shutil.copytree(os.path.join(work, "ck"), broken)
+        latest = open(os.path.join(broken, "latest")).read().strip()
+        with open(os.path.join(broken, latest, "index.json"), "w") as f:
+            f.write("{broken")
+        o = run(["generate", "--ckpt", broken, "--prompt", "the ", "--tokens", "5", "--temperature", "0"])
+        expect(o.returncode == 0 and o.stdout.startswith("the ") and "trying the previous one" in o.stderr,
+               f"generate past a broken latest: {o.returncode} {o.stdout!r} {o.stderr!r}")
         # weights with a NaN: one error line, not NUL bytes
         with open(os.path.join(work, "w.safetensors"), "rb") as f:
             blob = bytearray(f.read())

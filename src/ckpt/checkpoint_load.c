@@ -34,8 +34,7 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* Candidate steps under root, newest first: `latest`'s, then every other step_N older than it. */
-static shard_status candidates(const char *root, uint64_t **out, size_t *n) {
+shard_status shard__ckpt_candidates(const char *root, uint64_t **out, size_t *n) {
     *out = NULL, *n = 0;
     uint64_t latest = 0;
     int has_latest = shard__ckpt_read_latest(root, &latest);
@@ -169,7 +168,7 @@ shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, si
     uint64_t *steps = NULL;
     size_t nsteps = 0;
     shard_status s = SHARD_OK;
-    if (!one_step && rank == 0) s = candidates(where, &steps, &nsteps);
+    if (!one_step && rank == 0) s = shard__ckpt_candidates(where, &steps, &nsteps);
     int32_t ok = s == SHARD_OK;
     SHARD_CHECK(shard_comm_all_reduce(world, &ok, &ok, 1, SHARD_I32, SHARD_OP_MIN));
     if (!ok) {

@@ -39,6 +39,9 @@ shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *it
 int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes);
 /* A step directory from a step directory or a root (through `latest`, no fallback). */
 shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes);
+/* Candidate steps under a root, newest first: `latest`'s, then every other step_N older than it (the
+ * order a load tries them in); *out is malloc'd. */
+shard_status shard__ckpt_candidates(const char *root, uint64_t **out, size_t *n);
 /* shard__ckpt_resolve, then read that step's index.json into ix. */
 shard_status shard__ckpt_open_index(const char *where, char *dir, size_t dir_bytes, shard__ckpt_index *ix);
 
