@@ -499,6 +499,9 @@ static void nan_propagates(void **state) {
     plane[1] = 0.5f;
     shard_maxpool2d_forward(plane, &out, &arg, 1, 1, 2, 2, 2);
     assert_true(out == 3.0f && arg == 2);
+    float two[4] = {NAN, 1.0f, NAN, 2.0f}; /* several NaNs: the last takes the gradient, as PyTorch's CPU kernel */
+    shard_maxpool2d_forward(two, &out, &arg, 1, 1, 2, 2, 2);
+    assert_true(isnan(out) && arg == 2);
 }
 
 int main(void) {

@@ -859,7 +859,7 @@ void shard_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t 
                 for (size_t a = 0; a < P; a++)
                     for (size_t b = 0; b < P; b++) {
                         size_t at = (i * P + a) * W + j * P + b;
-                        if (plane[at] > plane[best] || (isnan(plane[at]) && !isnan(plane[best]))) best = at; /* NaN wins */
+                        if (plane[at] > plane[best] || isnan(plane[at])) best = at; /* NaN wins, the last one (PyTorch) */
                     }
                 y[(nc * Ho + i) * Wo + j] = plane[best];
                 argmax[(nc * Ho + i) * Wo + j] = (uint32_t)best;
