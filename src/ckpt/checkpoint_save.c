@@ -73,6 +73,16 @@ static shard_status prepare_items(const shard_ckpt_item *items, size_t count, pr
     return SHARD_OK;
 }
 
+/* A chunk is written when this rank writes its block (shard__ckpt_writes_chunk) and the block holds
+ * something, or the whole tensor is empty (its one, empty chunk): a tensor with fewer rows than ranks
+ * leaves the ranks without rows out of the index. */
+static int chunk_written(const shard_dtensor *t, const int *coords, const size_t *len) {
+    if (!shard__ckpt_writes_chunk(t, coords)) return 0;
+    size_t whole = 1, mine = 1;
+    for (int d = 0; d < t->ndim; d++) whole *= t->global_shape[d], mine *= len[d];
+    return mine > 0 || whole == 0;
+}
+
 /* Write this rank's file (when it owns chunks); returns its size and checksum. */
 static shard_status write_rank_file(const char *tmp_dir, int rank, const shard_ckpt_item *items, const prepared *p,
                                     size_t count, uint64_t *bytes, uint64_t *hash, int *wrote) {
@@ -82,7 +92,7 @@ static shard_status write_rank_file(const char *tmp_dir, int rank, const shard_c
     if (!entries) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     size_t n = 0;
     for (size_t i = 0; i < count; i++) {
-        if (!shard__ckpt_writes_chunk(p[i].t, coords)) continue;
+        if (!chunk_written(p[i].t, coords, p[i].t->local->shape)) continue;
         shard_st_entry *e = &entries[n++];
         e->name = items[i].name, e->dtype = p[i].t->dtype, e->ndim = p[i].t->ndim;
         for (int d = 0; d < e->ndim; d++) e->shape[d] = p[i].t->local->shape[d];
@@ -98,7 +108,7 @@ static shard_status write_rank_file(const char *tmp_dir, int rank, const shard_c
     shard_status s = shard_st_writer_open(path, entries, n, NULL, NULL, 0, &w);
     free(entries);
     for (size_t i = 0; s == SHARD_OK && i < count; i++)
-        if (shard__ckpt_writes_chunk(p[i].t, coords))
+        if (chunk_written(p[i].t, coords, p[i].t->local->shape))
             s = shard_st_writer_write(w, p[i].t->local->data, shard_tensor_nbytes(p[i].t->local));
     if (s < 0) {
         shard_st_writer_abort(w);
@@ -148,11 +158,12 @@ static shard_status build_index(const shard_ckpt_item *items, const prepared *p,
         for (int r = 0; r < world; r++) {
             int c[SHARD_MESH_MAX_AXES] = {0};
             shard_mesh_layout_unravel(&t->layout, (1u << t->layout.ndim) - 1, r, c);
-            if (!shard__ckpt_writes_chunk(t, c)) continue;
-            shard__ckpt_chunk *k = &x->chunks[x->nchunks++];
-            k->file = file_of_rank[r];
+            shard__ckpt_chunk *k = &x->chunks[x->nchunks];
             for (int d = 0; d < t->ndim; d++)
                 shard_spec_local_range(&t->spec, &t->layout, t->global_shape, c, d, &k->off[d], &k->len[d]);
+            if (!chunk_written(t, c, k->len)) continue;
+            k->file = file_of_rank[r];
+            x->nchunks++;
         }
     }
     free(file_of_rank);
