@@ -120,31 +120,10 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
     return s;
 }
 
-/* An element of a buffer of `dtype`, as a double (the check's values are small integers: exact in every dtype). */
-static void put(shard_dtype dtype, void *buf, size_t i, double v) {
-    switch (dtype) {
-    case SHARD_F64: ((double *)buf)[i] = v; break;
-    case SHARD_BF16: ((uint16_t *)buf)[i] = shard_bf16_from_f32((float)v); break;
-    case SHARD_F16: ((uint16_t *)buf)[i] = shard_f16_from_f32((float)v); break;
-    case SHARD_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
-    case SHARD_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case SHARD_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case SHARD_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    default: ((float *)buf)[i] = (float)v; break;
-    }
-}
-
-static double get(shard_dtype dtype, const void *buf, size_t i) {
-    switch (dtype) {
-    case SHARD_F64: return ((const double *)buf)[i];
-    case SHARD_BF16: return shard_f32_from_bf16(((const uint16_t *)buf)[i]);
-    case SHARD_F16: return shard_f32_from_f16(((const uint16_t *)buf)[i]);
-    case SHARD_I8: return ((const int8_t *)buf)[i];
-    case SHARD_I32: return ((const int32_t *)buf)[i];
-    case SHARD_I64: return (double)((const int64_t *)buf)[i];
-    case SHARD_U8: return ((const uint8_t *)buf)[i];
-    default: return ((const float *)buf)[i];
-    }
+/* A buffer of `n` elements of `dtype` as a 1-D tensor view, so shard_tensor_set/get convert its elements
+ * (the check's values are small integers: exact in every dtype). */
+static shard_tensor view_of(shard_dtype dtype, void *buf, size_t n) {
+    return (shard_tensor){.dtype = dtype, .ndim = 1, .shape = {n}, .strides = {1}, .data = buf};
 }
 
 /* What rank r sends at element i.  Reductions: only the rank with (r + i) % n == 0 adds anything, so each
@@ -160,7 +139,8 @@ static double sent_value(const char *op, int r, int n, size_t i) {
 static shard_status verify(shard_comm *comm, const char *op, shard_dtype dtype, void *send, void *recv,
                            size_t send_count, size_t recv_count, size_t count) {
     int n = shard_comm_size(comm), r = shard_comm_rank(comm);
-    for (size_t i = 0; i < send_count; i++) put(dtype, send, i, sent_value(op, r, n, i));
+    shard_tensor out = view_of(dtype, send, send_count), in = view_of(dtype, recv, recv_count);
+    for (size_t i = 0; i < send_count; i++) SHARD_CHECK(shard_tensor_set(&out, i, sent_value(op, r, n, i)));
     SHARD_CHECK(run_op(comm, op, send, recv, count, dtype));
     for (size_t i = 0; i < recv_count; i++) {
         double expect;
@@ -169,7 +149,7 @@ static shard_status verify(shard_comm *comm, const char *op, shard_dtype dtype, 
         else if (strcmp(op, "all_gather") == 0) expect = sent_value(op, (int)(i / count), n, i % count);
         else if (strcmp(op, "all_to_all") == 0) expect = sent_value(op, (int)(i / count), n, (size_t)r * count + i % count);
         else expect = sent_value(op, (r + n - 1) % n, n, i);
-        double got = get(dtype, recv, i);
+        double got = shard_tensor_get(&in, i);
         if (got != expect)
             return shard_error(SHARD_ERR_INTERNAL, "bench %s: wrong result at element %zu on rank %d: got %g, expected %g (%s)",
                                op, i, r, got, expect, shard_dtype_name(dtype));
