@@ -567,10 +567,9 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     const shard_params *p = t->model->params;
     shard_params *whole = NULL; /* every parameter of this rank at its whole shape, as the file holds it */
     shard_param_info *info = calloc(p->count + 1, sizeof *info);
-    size_t most = 1;
-    for (size_t i = 0; i < p->count; i++) most = p->info[i].numel > most ? p->info[i].numel : most;
-    float *piece = shard_alloc(most * sizeof(float), SHARD_MEM_OTHER);
-    shard_status s = info && piece ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    float *unused = NULL, *piece = NULL; /* one parameter's local piece (no checkpoint: no whole scratch) */
+    shard_status s = info ? param_scratch(t, NULL, 0, &unused, &piece) : SHARD_ERR_NO_MEMORY;
+    if (s < 0) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
         info[i] = p->info[i];
         if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, info[i].shape);
@@ -583,7 +582,7 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
             s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, j == 0 ? piece : NULL);
     }
     shard_params_destroy(whole);
-    shard_free(piece);
+    shard_free(unused), shard_free(piece);
     free(info);
     return s;
 }
