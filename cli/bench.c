@@ -101,6 +101,7 @@ static int bench_redistribute_main(int argc, char **argv) {
             return 2;
         }
     }
+    cli_ranks_from_mesh(&common, opt.mesh);
     opt.launch = cli_launch_config(&common);
     if (!opt.mesh && opt.launch.ranks > 1024) { /* the mesh data=N splits its 1,024 columns over N */
         cli_error("bench redistribute: --ranks %d is more than the 1024 its 1,024 columns split over", opt.launch.ranks);

@@ -1,6 +1,9 @@
 /* cli_util.c — option parsing helpers for the shard CLI. */
 #include "cli_util.h"
 
+#include "shard/mesh.h"
+#include "shard/status.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -124,6 +127,19 @@ int cli_common_option(cli_common *common, int argc, char **argv, int *i) {
         return 1;
     }
     return 0;
+}
+
+void cli_ranks_from_mesh(cli_common *common, const char *mesh) {
+    if (!mesh || common->ranks || common->backend == SHARD_BACKEND_MPI || shard_launch_detect_mpi(NULL, 0, NULL, NULL))
+        return;
+    int sizes[SHARD_MESH_MAX_AXES], n = shard_mesh_parse(mesh, 0, NULL, sizes);
+    if (n <= 0) {
+        shard_clear_error();
+        return;
+    }
+    long product = 1;
+    for (int k = 0; k < n; k++) product *= sizes[k];
+    if (product <= 4096) common->ranks = (int)product;
 }
 
 shard_launch_config cli_launch_config(const cli_common *common) {

@@ -20,6 +20,10 @@ typedef struct cli_common {
  * Returns 1 if consumed, 0 if not a common option, -1 on a bad value (message printed). */
 int cli_common_option(cli_common *common, int argc, char **argv, int *i);
 
+/* --mesh given without --ranks, outside an MPI launcher: the ranks the mesh spans (its sizes' product),
+ * so `--mesh data=2` alone runs 2 thread ranks.  A mesh that does not parse is left to its own error. */
+void cli_ranks_from_mesh(cli_common *common, const char *mesh);
+
 /* A launch config from the common options. */
 shard_launch_config cli_launch_config(const cli_common *common);
 

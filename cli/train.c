@@ -213,11 +213,15 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         char what[256], mesh_str[128];
         m->ops->describe(m, what, sizeof what);
         shard_mesh_string(mesh, mesh_str, sizeof mesh_str);
-        printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = micro-batch %zu x "
-               "accum %zu x data %zu; %ld steps%s\n  blas: %s\n",
+        char split_str[160]; /* an uneven split gives some ranks one row fewer: say so rather than a wrong product */
+        if (micro * K * D == B) snprintf(split_str, sizeof split_str, "micro-batch %zu x accum %zu x data %zu", micro, K, D);
+        else snprintf(split_str, sizeof split_str, "accum %zu x data %zu slices of %zu-%zu rows (split unevenly)", K, D,
+                      B / (K * D), micro);
+        printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = %s; %ld steps%s\n"
+               "  blas: %s\n",
                what, mesh_str, shard_comm_backend(comm), o->zero, tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
-               tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, micro, K, D, o->steps,
-               o->resume ? " (resumed)" : "", shard_blas_description());
+               tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, split_str, o->steps, o->resume ? " (resumed)" : "",
+               shard_blas_description());
         if (o->print_specs) print_specs(m);
         shard_trainer_print_schedule(t, stdout);
     }
@@ -356,6 +360,7 @@ int cli_train(int argc, char **argv) {
         cli_error("--schedule '%s': use gpipe, 1f1b or interleaved", o.schedule);
         return 2;
     }
+    cli_ranks_from_mesh(&common, o.mesh);
     shard_launch_config launch = cli_launch_config(&common);
     shard_status s = shard_launch_with(&launch, train_rank, &o);
     if (s < 0) {

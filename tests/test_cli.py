@@ -109,7 +109,7 @@ def errors():
          "--virtual-stages 2 needs --schedule interleaved (gpipe runs one chunk per rank)"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "pipe=2", "--schedule", "interleaved",
           "--virtual-stages", "2", "--micro-batches", "3"], 1,
-         "--schedule interleaved: --micro-batches 3 must be a multiple of pipe = 2"),
+         "--schedule interleaved: --micro-batches 3 is not a multiple of pipe = 2 (give 2 or 4)"),
         (["bench", "tensor", "--ranks", "2"], 2, "bench tensor: --config CONFIG.json is required"),
         (["bench", "pipeline", "--ranks", "2"], 2, "bench pipeline: --config CONFIG.json is required"),
         (["bench", "pipeline", "--config", "c", "--batch", "4"], 2, "--batch '4' is invalid: give an integer in 8..4096"),
@@ -228,7 +228,7 @@ def bench_mpi():
     expect(p.returncode == 0, f"mpi redistribute: exit {p.returncode}: {p.stderr}")
     check_redistribute(p.stdout, 2, "mpi", 1 << 20)
     p = run(["bench", "comm", "--ranks", "3", "--max", "4K"], mpi=2)
-    expect(p.returncode != 0 and "--ranks 3 but the MPI launcher started 2 processes" in p.stderr,
+    expect(p.returncode != 0 and "3 ranks asked for (--ranks, or shard_launch's ranks) but the MPI launcher started 2 processes" in p.stderr,
            f"--ranks disagreeing with mpirun: {p.returncode} {p.stderr!r}")
     # the other MPI's launcher: each process would see a world of its own and run the whole job alone
     other = (["/usr/bin/mpiexec.openmpi", "--oversubscribe"] if "mpich" in MPIEXEC[0] else ["/usr/bin/mpiexec.mpich"])
@@ -270,9 +270,10 @@ def bench_redistribute():
         p = run(["bench", "redistribute", "--ranks", str(ranks), "--bytes", "1M", "--iters", "5", "--json"])
         expect(p.returncode == 0, f"redistribute {ranks}: exit {p.returncode}: {p.stderr}")
         check_redistribute(p.stdout, ranks, "threads", 1 << 20)
-    p = run(["bench", "redistribute", "--ranks", "4", "--mesh", "data=2,tensor=2", "--bytes", "256K"])
-    expect(p.returncode == 0 and "mesh data=2,tensor=2" in p.stdout and "all_to_all" in p.stdout,
-           f"redistribute table: {p.stdout!r} {p.stderr!r}")
+    for ranks in (["--ranks", "4"], []):  # without --ranks, the mesh gives the count
+        p = run(["bench", "redistribute"] + ranks + ["--mesh", "data=2,tensor=2", "--bytes", "256K"])
+        expect(p.returncode == 0 and "mesh data=2,tensor=2" in p.stdout and "all_to_all" in p.stdout,
+               f"redistribute table {ranks}: {p.stdout!r} {p.stderr!r}")
     p = run(["inspect", "spec", "--mesh", "a=2,b=3", "--shape", "30,17", "--spec", "P('a', 'b')", "--to",
              "P('b', 'a')"])
     expect(p.returncode == 0 and "redistribute P('a', 'b') -> P('b', 'a'): 1 step" in p.stdout
@@ -475,6 +476,16 @@ def train():
             worst = max((abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(rows[first - 1:], par)), default=1)
             expect(p.returncode == 0 and len(par) == 21 - first and worst <= 1e-5,
                    f"train {extra}: {len(par)} steps, worst relative loss difference {worst}: {p.stderr}")
+        # the banner's batch arithmetic: an even split as the product, an uneven one as slices
+        # (the first without --ranks: a --mesh alone gives the rank count)
+        for batch, extra, want in (("8", ["--mesh", "data=4"], "global batch 8 = micro-batch 2 x accum 1 x data 4;"),
+                                   ("6", ["--ranks", "4", "--mesh", "data=4"],
+                                    "global batch 6 = accum 1 x data 4 slices of 1-2 rows (split unevenly);"),
+                                   ("8", ["--ranks", "2", "--mesh", "pipe=2", "--micro-batches", "5"],
+                                    "global batch 8 = accum 5 x data 1 slices of 1-2 rows (split unevenly);")):
+            short = args[:6] + [batch] + args[7:9] + ["--steps", "1"] + extra
+            p = run(short)
+            expect(p.returncode == 0 and want in p.stdout, f"train banner {extra}: {p.stdout!r} {p.stderr}")
         # the CNN (Fashion-MNIST) and seed 002's MLP through the same command
         configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
         for name, extra in (("cnn-fashion-mnist.json", ["--ranks", "2", "--zero", "1", "--batch", "32"]),
@@ -687,7 +698,7 @@ def inspect_schedule():
     expect(p.returncode == 0 and len(lines) == 2 and len({len(l) for l in lines}) == 1 and " B1023 " in lines[0],
            f"inspect schedule with 1024 micro-batches: {p.returncode} {[len(l) for l in lines]} {p.stderr}")
     p = run(["inspect", "schedule", "--pipe", "4", "--micro-batches", "6", "--schedule", "interleaved", "--virtual-stages", "2"])
-    expect(p.returncode == 2 and "--micro-batches 6 must be a multiple of pipe = 4" in p.stderr, f"interleaved: {p.stderr}")
+    expect(p.returncode == 2 and "--micro-batches 6 is not a multiple of pipe = 4 (give 4 or 8)" in p.stderr, f"interleaved: {p.stderr}")
 
 
 def demo():

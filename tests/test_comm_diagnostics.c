@@ -366,12 +366,22 @@ static shard_status bad_args_rank(shard_comm *comm, void *arg) {
     return shard_comm_barrier(comm);
 }
 
+static shard_status one_rank(shard_comm *comm, void *arg) {
+    (void)arg;
+    return shard_comm_size(comm) == 1 ? SHARD_OK : shard_error(SHARD_ERR_INTERNAL, "%d ranks, not 1", shard_comm_size(comm));
+}
+
 static void test_bad_arguments(void) {
     shard_status s = shard_launch(2, bad_args_rank, NULL);
     EXPECT(s == SHARD_OK, "launch: %s", shard_last_error());
-    s = shard_launch(0, bad_args_rank, NULL);
-    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "--ranks 0 is invalid"), "ranks 0: '%s'",
-           shard_last_error());
+    /* 0: one rank per process, as under a launcher */
+    s = shard_launch(0, one_rank, NULL);
+    EXPECT(s == SHARD_OK, "ranks 0: %s", shard_last_error());
+    s = shard_launch(-1, one_rank, NULL);
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "-1 ranks (--ranks, or shard_launch's ranks) is invalid"),
+           "ranks -1: '%s'", shard_last_error());
+    s = shard_launch(4097, one_rank, NULL);
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "give 1..4096"), "ranks 4097: '%s'", shard_last_error());
 }
 
 static const struct {

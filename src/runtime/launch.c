@@ -144,9 +144,10 @@ static void retire_ledgers(shard__mem_ledger *ledgers, int n) {
 }
 
 static shard_status launch_threads(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
-    int n = cfg->ranks;
+    int n = cfg->ranks ? cfg->ranks : 1; /* 0: one rank per process, as under a launcher */
     if (n < 1 || n > 4096)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--ranks %d is invalid: give 1..4096 ranks", n);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%d ranks (--ranks, or shard_launch's ranks) is invalid: give 1..4096, "
+                           "or 0 for one rank per process", n);
     if (cfg->verbose)
         fprintf(stderr, "shard: backend threads, %d ranks in this process (no MPI launcher variables found), timeout %g s\n",
                 n, timeout);
@@ -226,7 +227,8 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
     }
     if (cfg->ranks > 1 && cfg->ranks != size) {
         shard_status s = shard_error(SHARD_ERR_INVALID_ARG,
-                                     "--ranks %d but the MPI launcher started %d processes: drop --ranks or make them agree",
+                                     "%d ranks asked for (--ranks, or shard_launch's ranks) but the MPI launcher started %d "
+                                     "processes: drop --ranks (ranks 0) or make them agree",
                                      cfg->ranks, size);
         shard_comm_destroy(world);
         return s;
