@@ -1,6 +1,6 @@
 /* ckpt.c — checkpoints on the command line, without starting ranks:
- *   shard inspect ckpt DIR|FILE [--verify]
- *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]
+ *   shard inspect ckpt DIR|FILE|NAME.index.json [--verify]
+ *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G] [--optimizer]
  * inspect prints a safetensors file's tensors and metadata, or a checkpoint's
  * step, mesh, files and tensors (dtype, global shape, spec, chunks);
  * --verify also checks every file's size and xxh3 and that each chunk is in
@@ -53,6 +53,62 @@ static int inspect_file(const char *path, int verify) {
     if (verify) printf("verified: the header and every tensor's extent follow the format\n");
     shard_safetensors_close(f);
     return 0;
+}
+
+/* Hugging Face's sharded layout (NAME.index.json): the index's tensor count and total size, then each
+ * file it names as inspect_file prints it; every tensor must be in the file the index gives. */
+static int inspect_hf_index(const char *path, int verify) {
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) {
+        cli_error("%s: cannot read the index: %s (line %d)", path, err.text, err.line);
+        return 1;
+    }
+    const json_t *map = json_object_get(root, "weight_map"), *total = json_object_get(json_object_get(root, "metadata"),
+                                                                                        "total_size");
+    int rc = 0;
+    if (!json_is_object(map)) {
+        cli_error("%s: not a safetensors index (it needs a \"weight_map\" object of tensor name -> file name)", path);
+        rc = 1;
+    }
+    size_t dir_len = strrchr(path, '/') ? (size_t)(strrchr(path, '/') - path) + 1 : 0, nfiles = 0;
+    const char **files = rc ? NULL : calloc(json_object_size(map) + 1, sizeof *files);
+    const char *name;
+    const json_t *v;
+    if (!rc && !files) cli_error("%s: out of memory", path), rc = 1;
+    if (!rc) json_object_foreach((json_t *)map, name, v) { /* the distinct files, in first-use order */
+        const char *f = json_string_value(v);
+        if (!f || !*f || strchr(f, '/')) {
+            cli_error("%s: weight_map[\"%s\"] is not a file name beside the index", path, name);
+            rc = 1;
+            break;
+        }
+        size_t k = 0;
+        while (k < nfiles && strcmp(files[k], f) != 0) k++;
+        if (k == nfiles) files[nfiles++] = f;
+    }
+    if (!rc) {
+        printf("safetensors index %s: %zu tensors in %zu files", path, json_object_size(map), nfiles);
+        if (json_is_integer(total)) printf(", total_size %lld bytes", (long long)json_integer_value(total));
+        printf("\n");
+    }
+    char file[PATH_MAX];
+    for (size_t k = 0; !rc && k < nfiles; k++) {
+        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, files[k]);
+        rc = inspect_file(file, verify);
+    }
+    if (!rc && verify) json_object_foreach((json_t *)map, name, v) {
+        shard_safetensors *f = NULL;
+        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, json_string_value(v));
+        if (shard_safetensors_open(file, &f) < 0) cli_error("%s", shard_last_error()), rc = 1;
+        else if (!shard_safetensors_find(f, name)) cli_error("%s: no tensor '%s', which %s says it holds", file, name, path), rc = 1;
+        shard_safetensors_close(f);
+        if (rc) break;
+    }
+    if (!rc && verify) printf("verified: every tensor of the index is in the file it names\n");
+    free(files);
+    json_decref(root);
+    return rc;
 }
 
 /* Every chunk is in its file with the listed dtype and sizes. */
@@ -151,6 +207,7 @@ int cli_inspect_ckpt(int argc, char **argv) {
     }
     size_t n = strlen(target);
     if (n > 12 && strcmp(target + n - 12, ".safetensors") == 0) return inspect_file(target, verify);
+    if (n > 11 && strcmp(target + n - 11, ".index.json") == 0) return inspect_hf_index(target, verify);
     return inspect_checkpoint(target, verify);
 }
 
@@ -182,28 +239,29 @@ static uint64_t tensor_bytes(const shard__ckpt_tensor *x) {
     return b;
 }
 
-/* Write tensors [first, last) of ix into one safetensors file. */
-static shard_status write_part(const char *path, shard_safetensors **files, const shard__ckpt_index *ix, size_t first,
-                               size_t last, const char *step_text) {
-    shard_st_entry *entries = calloc(last - first ? last - first : 1, sizeof *entries);
+/* Write the n tensors of ix listed in which[] into one safetensors file. */
+static shard_status write_part(const char *path, shard_safetensors **files, const shard__ckpt_index *ix, const size_t *which,
+                               size_t n, const char *step_text) {
+    shard_st_entry *entries = calloc(n ? n : 1, sizeof *entries);
     if (!entries) return shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory");
     uint64_t biggest = 1;
-    for (size_t t = first; t < last; t++) {
-        shard_st_entry *e = &entries[t - first];
-        e->name = ix->tensors[t].name, e->dtype = ix->tensors[t].dtype, e->ndim = ix->tensors[t].ndim;
-        memcpy(e->shape, ix->tensors[t].shape, sizeof e->shape);
-        if (tensor_bytes(&ix->tensors[t]) > biggest) biggest = tensor_bytes(&ix->tensors[t]);
+    for (size_t k = 0; k < n; k++) {
+        const shard__ckpt_tensor *x = &ix->tensors[which[k]];
+        shard_st_entry *e = &entries[k];
+        e->name = x->name, e->dtype = x->dtype, e->ndim = x->ndim;
+        memcpy(e->shape, x->shape, sizeof e->shape);
+        if (tensor_bytes(x) > biggest) biggest = tensor_bytes(x);
     }
     const char *keys[2] = {"format", "step"}, *values[2] = {"pt", step_text};
     shard_st_writer *w = NULL;
-    shard_status s = shard_st_writer_open(path, entries, last - first, keys, values, 2, &w);
+    shard_status s = shard_st_writer_open(path, entries, n, keys, values, 2, &w);
     free(entries);
     void *buffer = s == SHARD_OK ? malloc(biggest) : NULL; /* one tensor at a time */
     if (s == SHARD_OK && !buffer) s = shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %llu bytes",
                                                   (unsigned long long)biggest);
-    for (size_t t = first; s == SHARD_OK && t < last; t++) {
-        s = assemble(files, &ix->tensors[t], buffer);
-        if (s == SHARD_OK) s = shard_st_writer_write(w, buffer, tensor_bytes(&ix->tensors[t]));
+    for (size_t k = 0; s == SHARD_OK && k < n; k++) {
+        s = assemble(files, &ix->tensors[which[k]], buffer);
+        if (s == SHARD_OK) s = shard_st_writer_write(w, buffer, tensor_bytes(&ix->tensors[which[k]]));
     }
     free(buffer);
     if (s < 0) {
@@ -220,14 +278,14 @@ static void part_name(char *out, size_t bytes, const char *dir, const char *base
 }
 
 /* Hugging Face's index of a sharded export (jansson writes the names, escaped as JSON needs). */
-static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix, const size_t *part_of, int parts,
-                                   const char *base, uint64_t total) {
+static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix, const size_t *which, size_t n,
+                                   const size_t *part_of, int parts, const char *base, uint64_t total) {
     json_t *root = json_object(), *map = json_object();
     int ok = root && map && json_object_set_new(root, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) == 0;
-    for (size_t t = 0; ok && t < ix->ntensors; t++) {
+    for (size_t k = 0; ok && k < n; k++) {
         char file[PATH_MAX];
-        part_name(file, sizeof file, NULL, base, part_of[t], parts, "");
-        ok = json_object_set_new(map, ix->tensors[t].name, json_string(file)) == 0;
+        part_name(file, sizeof file, NULL, base, part_of[k], parts, "");
+        ok = json_object_set_new(map, ix->tensors[which[k]].name, json_string(file)) == 0;
     }
     if (ok) ok = json_object_set_new(root, "weight_map", map) == 0;
     else json_decref(map);
@@ -241,38 +299,90 @@ static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix
     return s;
 }
 
-static int export_checkpoint(const char *where, const char *out, uint64_t max_shard) {
-    char dir[PATH_MAX], path[PATH_MAX + 16], why[512];
-    shard__ckpt_index ix;
-    if (shard__ckpt_open_index(where, dir, sizeof dir, &ix) < 0) {
-        cli_error("%s", shard_last_error());
+/* The step to export and its files opened: `where` itself when it is a step directory; for a root,
+ * `latest`'s step, or when that one is not usable the newest older one that is (as a load goes), said on
+ * stderr.  0 on success, else the first reason printed. */
+static int open_export_step(const char *where, char *dir, size_t dir_bytes, shard__ckpt_index *ix,
+                            shard_safetensors ***files_out) {
+    char path[PATH_MAX + 16], why[512], first[1024] = "";
+    snprintf(path, sizeof path, "%s/index.json", where);
+    int root = access(path, F_OK) != 0;
+    uint64_t *steps = NULL;
+    size_t nsteps = 1;
+    if (root && shard__ckpt_candidates(where, &steps, &nsteps) < 0) nsteps = 1, steps = NULL; /* the resolve says why */
+    for (size_t c = 0; c < nsteps; c++) {
+        shard_status s;
+        if (steps) {
+            shard__ckpt_step_dir(where, steps[c], dir, dir_bytes);
+            snprintf(path, sizeof path, "%s/index.json", dir);
+            s = shard__ckpt_index_read(path, ix);
+        } else {
+            s = shard__ckpt_open_index(where, dir, dir_bytes, ix);
+        }
+        if (s < 0) snprintf(why, sizeof why, "%s", shard_last_error());
+        shard_safetensors **files = s == SHARD_OK ? calloc(ix->nfiles ? ix->nfiles : 1, sizeof *files) : NULL;
+        if (s == SHARD_OK && !files) snprintf(why, sizeof why, "export: out of memory for %zu files", ix->nfiles), s = SHARD_ERR_NO_MEMORY;
+        for (size_t i = 0; s == SHARD_OK && i < ix->nfiles; i++) {
+            snprintf(path, sizeof path, "%s/%s", dir, ix->files[i].name);
+            if (!shard__ckpt_check_file(dir, &ix->files[i], why, sizeof why)) s = SHARD_ERR_IO;
+            else if ((s = shard_safetensors_open(path, &files[i])) < 0) snprintf(why, sizeof why, "%s", shard_last_error());
+        }
+        if (s == SHARD_OK) {
+            free(steps);
+            *files_out = files;
+            return 0;
+        }
+        for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
+        free(files);
+        if (ix->tensors || ix->files) shard__ckpt_index_free(ix);
+        memset(ix, 0, sizeof *ix);
+        if (!first[0]) snprintf(first, sizeof first, "%s", why);
+        if (c + 1 < nsteps) fprintf(stderr, "shard: checkpoint %s is not usable (%s); trying the previous one\n", dir, why);
+    }
+    free(steps);
+    cli_error("%s", first);
+    return 1;
+}
+
+static int export_checkpoint(const char *where, const char *out, uint64_t max_shard, int with_optimizer) {
+    char dir[PATH_MAX], path[PATH_MAX + 16], out_dir[PATH_MAX];
+    struct stat st;
+    shard__dir_of(out, out_dir, sizeof out_dir);
+    if (stat(out_dir, &st) != 0 || !S_ISDIR(st.st_mode)) { /* said before any work, and not as a temporary name */
+        cli_error("ckpt export: --out %s: its directory %s %s", out, out_dir,
+                  stat(out_dir, &st) != 0 ? "does not exist (create it first)" : "is not a directory");
         return 1;
     }
-    shard_safetensors **files = calloc(ix.nfiles ? ix.nfiles : 1, sizeof *files);
+    shard__ckpt_index ix;
+    memset(&ix, 0, sizeof ix);
+    shard_safetensors **files = NULL;
+    if (open_export_step(where, dir, sizeof dir, &ix, &files)) return 1;
+    /* the model's tensors; AdamW's moments (optimizer.*) only with --optimizer */
+    size_t *which = calloc(ix.ntensors ? ix.ntensors : 1, sizeof *which), n = 0, left_out = 0;
     size_t *part_of = calloc(ix.ntensors ? ix.ntensors : 1, sizeof *part_of);
-    int rc = files && part_of ? 0 : 1;
+    int rc = which && part_of ? 0 : 1;
     if (rc) cli_error("export: out of memory for %zu tensors", ix.ntensors);
-    for (size_t i = 0; rc == 0 && i < ix.nfiles; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, ix.files[i].name);
-        if (!shard__ckpt_check_file(dir, &ix.files[i], why, sizeof why)) cli_error("%s", why), rc = 1;
-        else if (shard_safetensors_open(path, &files[i]) < 0) cli_error("%s", shard_last_error()), rc = 1;
+    for (size_t t = 0; rc == 0 && t < ix.ntensors; t++) {
+        if (!with_optimizer && strncmp(ix.tensors[t].name, "optimizer.", 10) == 0) left_out++;
+        else which[n++] = t;
     }
     /* parts: tensors in index order, a new part when the next would pass the limit */
     int parts = 1;
     uint64_t in_part = 0, total = 0;
-    for (size_t t = 0; rc == 0 && t < ix.ntensors; t++) {
-        uint64_t b = tensor_bytes(&ix.tensors[t]);
+    for (size_t k = 0; rc == 0 && k < n; k++) {
+        uint64_t b = tensor_bytes(&ix.tensors[which[k]]);
         if (in_part && in_part + b > max_shard) parts++, in_part = 0;
-        part_of[t] = (size_t)(parts - 1), in_part += b, total += b;
+        part_of[k] = (size_t)(parts - 1), in_part += b, total += b;
     }
-    char step_text[32];
+    char step_text[32], note[160] = "";
     snprintf(step_text, sizeof step_text, "%llu", (unsigned long long)ix.step);
+    if (left_out)
+        snprintf(note, sizeof note, "; the optimizer's %zu tensors left out (--optimizer keeps them)", left_out);
     if (rc == 0 && parts == 1) {
-        if (write_part(out, files, &ix, 0, ix.ntensors, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
-        else printf("exported %zu tensors (%llu bytes) of %s to %s\n", ix.ntensors, (unsigned long long)total, dir, out);
+        if (write_part(out, files, &ix, which, n, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
+        else printf("exported %zu tensors (%llu bytes) of %s to %s%s\n", n, (unsigned long long)total, dir, out, note);
     } else if (rc == 0) {
-        char out_dir[PATH_MAX], base[PATH_MAX];
-        shard__dir_of(out, out_dir, sizeof out_dir);
+        char base[PATH_MAX];
         const char *name = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
         snprintf(base, sizeof base, "%s", name);
         char *dot = strstr(base, ".safetensors");
@@ -283,13 +393,13 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
         char final[PATH_MAX + 64];
         for (int p = 0; rc == 0 && p < parts; p++) {
             size_t last = first;
-            while (last < ix.ntensors && part_of[last] == (size_t)p) last++;
+            while (last < n && part_of[last] == (size_t)p) last++;
             part_name(path, sizeof path, out_dir, base, (size_t)p, parts, ".partial");
-            if (write_part(path, files, &ix, first, last, step_text) < 0) cli_error("%s", shard_last_error()), rc = 1;
+            if (write_part(path, files, &ix, which + first, last - first, step_text) < 0)
+                cli_error("%s", shard_last_error()), rc = 1;
             else written++;
             first = last;
         }
-        struct stat st;
         for (int p = 0; rc == 0 && p < parts; p++) { /* each final name free for a file, before any is replaced */
             part_name(final, sizeof final, out_dir, base, (size_t)p, parts, "");
             if (stat(final, &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -312,17 +422,18 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
             unlink(path);
         }
         snprintf(path, sizeof path, "%s/%s.safetensors.index.json", out_dir, base);
-        if (rc == 0 && write_hf_index(path, &ix, part_of, parts, base, total) < 0) cli_error("%s", shard_last_error()), rc = 1;
+        if (rc == 0 && write_hf_index(path, &ix, which, n, part_of, parts, base, total) < 0)
+            cli_error("%s", shard_last_error()), rc = 1;
         /* a single file of an earlier export would shadow the index (transformers reads it first) */
         int stale = rc == 0 && stat(out, &st) == 0 && S_ISREG(st.st_mode) && unlink(out) == 0;
         if (rc == 0)
-            printf("exported %zu tensors (%llu bytes) of %s as %d files %s/%s-0000k-of-%05d.safetensors and %s%s%s\n",
-                   ix.ntensors, (unsigned long long)total, dir, parts, out_dir, base, parts, path,
-                   stale ? "; removed the earlier single file " : "", stale ? out : "");
+            printf("exported %zu tensors (%llu bytes) of %s as %d files %s/%s-0000k-of-%05d.safetensors and %s%s%s%s\n",
+                   n, (unsigned long long)total, dir, parts, out_dir, base, parts, path,
+                   stale ? "; removed the earlier single file " : "", stale ? out : "", note);
     }
     for (size_t i = 0; files && i < ix.nfiles; i++) shard_safetensors_close(files[i]);
     free(files);
-    free(part_of);
+    free(part_of), free(which);
     shard__ckpt_index_free(&ix);
     return rc;
 }
@@ -334,9 +445,12 @@ int cli_ckpt(int argc, char **argv) {
     }
     const char *dir = NULL, *out = NULL;
     uint64_t max_shard = 5ULL << 30;
+    int with_optimizer = 0;
     for (int i = 2; i < argc; i++) {
         const char *v;
-        if (strcmp(argv[i], "--out") == 0) {
+        if (strcmp(argv[i], "--optimizer") == 0) {
+            with_optimizer = 1;
+        } else if (strcmp(argv[i], "--out") == 0) {
             if (!(out = cli_value(argc, argv, &i))) return 2;
         } else if (strcmp(argv[i], "--max-shard-size") == 0) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_size("--max-shard-size", v, &max_shard)) return 2;
@@ -359,5 +473,5 @@ int cli_ckpt(int argc, char **argv) {
         cli_error("ckpt export: give a checkpoint directory and --out NAME.safetensors");
         return 2;
     }
-    return export_checkpoint(dir, out, max_shard);
+    return export_checkpoint(dir, out, max_shard, with_optimizer);
 }

@@ -4,8 +4,8 @@
  *   shard bench redistribute --ranks 2 [--mesh data=2] [--bytes 64M] [--json]
  *   shard demo [--ranks 4]
  *   shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "P('data','tensor')"
- *   shard inspect ckpt DIR|FILE [--verify]
- *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]
+ *   shard inspect ckpt DIR|FILE|NAME.index.json [--verify]
+ *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G] [--optimizer]
  *   shard data text FILE... --out DIR [--val-fraction 0.1]
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S ...
  *   shard generate (--ckpt DIR | --config CONFIG.json --init W.safetensors) --prompt "..." --tokens N
@@ -68,10 +68,12 @@ static void usage(FILE *to) {
             "  inspect schedule a pipeline schedule as an ASCII timeline per rank, its peak micro-batches\n"
             "               and bubble: --pipe P --micro-batches M [--schedule 1f1b] [--virtual-stages V]\n"
             "               [--backward-cost 2] (a backward's time in forwards)\n"
-            "  inspect ckpt a checkpoint (DIR: a root or a step_N) or a .safetensors FILE: tensors,\n"
-            "               dtypes, shapes, specs, chunks; --verify checks sizes and xxh3 checksums\n"
-            "  ckpt export  a checkpoint as full tensors: DIR --out model.safetensors\n"
+            "  inspect ckpt a checkpoint (DIR: a root or a step_N), a .safetensors FILE or a sharded\n"
+            "               export's NAME.index.json: tensors, dtypes, shapes, specs, chunks; --verify checks\n"
+            "               sizes and xxh3 checksums\n"
+            "  ckpt export  a checkpoint's model tensors, full: DIR --out model.safetensors\n"
             "               [--max-shard-size 5G] (past it: model-0000k-of-0000N + index, as Hugging Face)\n"
+            "               [--optimizer] (AdamW's moments too)\n"
             "  version      print the version and the backends in this build\n"
             "\n"
             "options every verb that runs ranks takes:\n"

@@ -284,10 +284,7 @@ def ckpt():
     import shutil
     import tempfile
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "reference"))
-    try:
-        import safetensors_ref  # needs numpy (Debian's python3-numpy)
-    except ImportError:
-        safetensors_ref = None
+    import safetensors_ref  # needs numpy (Debian's python3-numpy, which scripts/deps.sh installs)
     work = tempfile.mkdtemp(prefix="shard-cli-ckpt-")
     try:
         d = os.path.join(work, "ck")
@@ -316,7 +313,7 @@ def ckpt():
         p = run(["ckpt", "export", d, "--out", os.path.join(work, "sharded.safetensors"), "--max-shard-size", "1M"])
         index = os.path.join(work, "sharded.safetensors.index.json")
         expect(p.returncode == 0 and os.path.exists(index), f"sharded export: {p.stdout} {p.stderr}")
-        if safetensors_ref and os.path.exists(index):
+        if os.path.exists(index):
             _, whole = safetensors_ref.read(out)
             weight_map = json.load(open(index))["weight_map"]
             parts = {}
@@ -390,6 +387,8 @@ def ckpt():
 def train():
     import shutil
     import tempfile
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "reference"))
+    import safetensors_ref  # needs numpy (Debian's python3-numpy, which scripts/deps.sh installs)
     work = tempfile.mkdtemp(prefix="shard-cli-train-")
     try:
         text = os.path.join(work, "corpus.txt")
@@ -433,6 +432,48 @@ def train():
         got = [json.loads(l) for l in open(log)] if q.returncode == 0 else []
         expect(p.returncode == 0 and len(got) == 1 and got[0]["loss"] < rows[0]["loss"] - 1.0,
                f"train --init from exported weights: {got} {q.stderr}")
+        # the export holds the model's tensors only; --optimizer adds AdamW's two moments of each
+        names = sorted(safetensors_ref.read(os.path.join(work, "w.safetensors"))[1])
+        expect("the optimizer's" in p.stdout and names and not any(n.startswith("optimizer.") for n in names),
+               f"export without --optimizer: {p.stdout} {names[:3]}")
+        p = run(["ckpt", "export", ck, "--out", os.path.join(work, "full.safetensors"), "--optimizer"])
+        full = sorted(safetensors_ref.read(os.path.join(work, "full.safetensors"))[1]) if p.returncode == 0 else []
+        expect(p.returncode == 0 and len(full) == 3 * len(names) and "left out" not in p.stdout,
+               f"export --optimizer: {len(full)} tensors against {len(names)}: {p.stdout} {p.stderr}")
+        # a sharded export: --init and inspect read its index, with the single file's loss
+        p = run(["ckpt", "export", ck, "--out", os.path.join(work, "sh.safetensors"), "--max-shard-size", "64K"])
+        index = os.path.join(work, "sh.safetensors.index.json")
+        q = run(args + ["--steps", "1", "--init", index, "--log", log + ".sh"])
+        sh = [json.loads(l) for l in open(log + ".sh")] if q.returncode == 0 else []
+        expect(p.returncode == 0 and got and [(r["loss"], r["grad_norm"]) for r in sh] == [(got[0]["loss"], got[0]["grad_norm"])],
+               f"train --init from a sharded export: {sh} against {got}: {p.stderr} {q.stderr}")
+        q = run(["inspect", "ckpt", index, "--verify"])
+        expect(q.returncode == 0 and "verified: every tensor of the index is in the file it names" in q.stdout,
+               f"inspect of a sharded export's index: {q.stdout[-300:]} {q.stderr}")
+        # an index naming a file outside its directory, or none at all: refused, one line
+        for bad_map, words in (({"wte.weight": "../sh-00001-of-00002.safetensors"}, "is not a file name beside the index"),
+                               ([], "not a safetensors index")):
+            with open(os.path.join(work, "bad.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {}, "weight_map": bad_map}, f)
+            q = run(args + ["--steps", "1", "--init", os.path.join(work, "bad.safetensors.index.json")])
+            expect(q.returncode == 1 and len(q.stderr.strip().splitlines()) == 1 and words in q.stderr,
+                   f"--init from a bad index {bad_map}: {q.returncode} {q.stderr!r}")
+        # an --out in a directory that does not exist: one line naming it, nothing written
+        p = run(["ckpt", "export", ck, "--out", os.path.join(work, "no", "m.safetensors")])
+        expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "does not exist" in p.stderr
+               and ".tmp-" not in p.stderr, f"export into a missing directory: {p.stderr!r}")
+        # a root whose latest step is broken: the export takes the previous step, as a load does
+        broken = os.path.join(work, "broken")
+        shutil.copytree(ck, broken, symlinks=True)
+        last = os.path.join(broken, open(os.path.join(broken, "latest")).read().strip())
+        with open(os.path.join(last, sorted(f for f in os.listdir(last) if f.endswith(".safetensors"))[0]), "r+b") as f:
+            f.seek(-1, 2)
+            b = f.read(1)
+            f.seek(-1, 2)
+            f.write(bytes([b[0] ^ 0x5A]))
+        p = run(["ckpt", "export", broken, "--out", os.path.join(work, "prev.safetensors")])
+        expect(p.returncode == 0 and "trying the previous one" in p.stderr and "step_10" in p.stdout,
+               f"export past a broken latest: {p.stdout} {p.stderr}")
         # under any strategy: ZeRO-3 with bf16 compute copies, and tensor parallel (each rank's piece)
         for extra, tol in ((["--ranks", "2", "--zero", "3", "--compute-dtype", "bf16"], 2e-2),
                            (["--ranks", "2", "--mesh", "tensor=2"], 1e-5), (["--ranks", "2", "--mesh", "pipe=2"], 1e-5)):

@@ -57,7 +57,9 @@ void shard_params_zero(shard_params *p);
 void shard_init_normal(float *x, size_t first, size_t n, float std, uint64_t seed, const char *name);
 void shard_init_uniform(float *x, size_t first, size_t n, float bound, uint64_t seed, const char *name);
 
-/* Fill tensors from a safetensors file by name (f32, or bf16/f16 widened).
+/* Fill tensors from a safetensors file by name (f32, or bf16/f16 widened), or
+ * from Hugging Face's sharded layout when path ends in .index.json (its
+ * weight_map names each tensor's file, beside the index).
  * A shape that differs is an error naming the tensor; with require_all, so is
  * a tensor of p the file lacks.  *loaded (may be NULL) counts what was set. */
 shard_status shard_params_load(shard_params *p, const char *path, int require_all, size_t *loaded);

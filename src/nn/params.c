@@ -2,6 +2,7 @@
  * safetensors load/save by name (see params.h). */
 #include "shard/params.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,43 +122,101 @@ void shard_init_uniform(float *x, size_t first, size_t n, float bound, uint64_t 
 
 /* ---------------------------------------------------------------- safetensors */
 
+/* Parameter i from the open file f (path, for messages), when f holds it: shape and dtype checked, then
+ * cast into the slab.  *found says whether f had it. */
+static shard_status load_one(shard_params *p, size_t i, shard_safetensors *f, const char *path, int *found) {
+    const shard_param_info *info = &p->info[i];
+    const shard_st_entry *e = shard_safetensors_find(f, info->name);
+    *found = e != NULL;
+    if (!e) return SHARD_OK;
+    int same = e->ndim == info->ndim;
+    for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == info->shape[d];
+    if (!same) {
+        char have[160] = "", want[160] = "";
+        size_t hu = 0, wu = 0;
+        for (int d = 0; d < e->ndim; d++) hu += (size_t)snprintf(have + hu, sizeof have - hu, "%s%zu", d ? "," : "", e->shape[d]);
+        for (int d = 0; d < info->ndim; d++) wu += (size_t)snprintf(want + wu, sizeof want - wu, "%s%zu", d ? "," : "", info->shape[d]);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' has shape [%s], the model needs [%s]", path, info->name,
+                           have, want);
+    }
+    if (e->dtype != SHARD_F32 && e->dtype != SHARD_BF16 && e->dtype != SHARD_F16)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' is %s; parameters load from F32, BF16 or F16", path,
+                           info->name, shard_safetensors_dtype_name(e->dtype));
+    shard_tensor *src = NULL;
+    shard_status s = shard_safetensors_tensor(f, info->name, SHARD_MEM_OTHER, &src, NULL);
+    if (s == SHARD_OK) {
+        shard_tensor dst = shard_params_view(p, i);
+        s = shard_tensor_cast(&dst, src);
+    }
+    shard_tensor_destroy(src);
+    return s;
+}
+
+static int ends_with(const char *text, const char *end) {
+    size_t n = strlen(text), m = strlen(end);
+    return n >= m && strcmp(text + n - m, end) == 0;
+}
+
+/* Hugging Face's sharded layout: NAME.index.json's weight_map gives each tensor's file, beside the index
+ * (a bare file name); each file is opened once, when a parameter first needs it. */
+static shard_status load_sharded(shard_params *p, const char *path, int require_all, size_t *loaded) {
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s (line %d)", path, err.text, err.line);
+    const json_t *map = json_object_get(root, "weight_map");
+    shard_status s = json_is_object(map) ? SHARD_OK
+                                         : shard_error(SHARD_ERR_INVALID_ARG, "%s: not a safetensors index (it needs a "
+                                                       "\"weight_map\" object of tensor name -> file name)", path);
+    size_t dir_len = strrchr(path, '/') ? (size_t)(strrchr(path, '/') - path) + 1 : 0, n = 0, opened = 0;
+    const char **names = calloc(p->count + 1, sizeof *names);
+    shard_safetensors **files = calloc(p->count + 1, sizeof *files);
+    if (s == SHARD_OK && (!names || !files)) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    char file[4096];
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
+        const json_t *v = json_object_get(map, p->info[i].name);
+        const char *name = json_string_value(v);
+        if (!v) {
+            if (require_all)
+                s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, p->info[i].name);
+            continue;
+        }
+        if (!name || !*name || strchr(name, '/') || strcmp(name, "..") == 0 || !ends_with(name, ".safetensors")) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: weight_map[\"%s\"] is not a file name beside the index (give "
+                            "e.g. \"model-00001-of-00002.safetensors\")", path, p->info[i].name);
+            break;
+        }
+        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, name);
+        size_t k = 0;
+        while (k < opened && strcmp(names[k], name) != 0) k++;
+        if (k == opened) {
+            if ((s = shard_safetensors_open(file, &files[k])) < 0) break;
+            names[opened++] = name;
+        }
+        int found = 0;
+        s = load_one(p, i, files[k], file, &found);
+        if (s == SHARD_OK && !found)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensor '%s', which %s says it holds", file, p->info[i].name, path);
+        n += s == SHARD_OK;
+    }
+    for (size_t k = 0; k < opened; k++) shard_safetensors_close(files[k]);
+    free(names), free(files);
+    json_decref(root);
+    if (loaded) *loaded = n;
+    return s;
+}
+
 shard_status shard_params_load(shard_params *p, const char *path, int require_all, size_t *loaded) {
+    if (ends_with(path, ".index.json")) return load_sharded(p, path, require_all, loaded);
     shard_safetensors *f = NULL;
     SHARD_CHECK(shard_safetensors_open(path, &f));
     shard_status s = SHARD_OK;
     size_t n = 0;
     for (size_t i = 0; i < p->count && s == SHARD_OK; i++) {
-        const shard_param_info *info = &p->info[i];
-        const shard_st_entry *e = shard_safetensors_find(f, info->name);
-        if (!e) {
-            if (require_all)
-                s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, info->name);
-            continue;
-        }
-        int same = e->ndim == info->ndim;
-        for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == info->shape[d];
-        if (!same) {
-            char have[160] = "", want[160] = "";
-            size_t hu = 0, wu = 0;
-            for (int d = 0; d < e->ndim; d++) hu += (size_t)snprintf(have + hu, sizeof have - hu, "%s%zu", d ? "," : "", e->shape[d]);
-            for (int d = 0; d < info->ndim; d++) wu += (size_t)snprintf(want + wu, sizeof want - wu, "%s%zu", d ? "," : "", info->shape[d]);
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' has shape [%s], the model needs [%s]", path, info->name,
-                            have, want);
-            break;
-        }
-        if (e->dtype != SHARD_F32 && e->dtype != SHARD_BF16 && e->dtype != SHARD_F16) {
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' is %s; parameters load from F32, BF16 or F16", path,
-                            info->name, shard_safetensors_dtype_name(e->dtype));
-            break;
-        }
-        shard_tensor *src = NULL;
-        s = shard_safetensors_tensor(f, info->name, SHARD_MEM_OTHER, &src, NULL);
-        if (s == SHARD_OK) {
-            shard_tensor dst = shard_params_view(p, i);
-            s = shard_tensor_cast(&dst, src);
-        }
-        shard_tensor_destroy(src);
-        n++;
+        int found = 0;
+        s = load_one(p, i, f, path, &found);
+        if (s == SHARD_OK && !found && require_all)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, p->info[i].name);
+        n += s == SHARD_OK && found;
     }
     shard_safetensors_close(f);
     if (loaded) *loaded = n;
