@@ -147,6 +147,9 @@ int cli_bench_train(int argc, char **argv) {
     }
     if (s < 0) {
         cli_error("%s", shard_last_error());
+        free(in), free(tg), free(ms);
+        shard_params_destroy(grads), shard_params_destroy(m), shard_params_destroy(v);
+        shard_gpt_destroy(g);
         return 1;
     }
     double med = cli_median(ms, (int)steps), peak = bench_peak_of_threads((int)threads, 5);
@@ -155,6 +158,9 @@ int cli_bench_train(int argc, char **argv) {
     s = bench_gpt_products(&c, N, 9, &prod_ms, &prod_gflop);
     if (s < 0) {
         cli_error("%s", shard_last_error());
+        free(in), free(tg), free(ms);
+        shard_params_destroy(grads), shard_params_destroy(m), shard_params_destroy(v);
+        shard_gpt_destroy(g);
         return 1;
     }
     /* the floor any kernel meets on this machine: the products' FLOPs at the measured FMA peak */

@@ -121,8 +121,9 @@ static shard_status dp_rank(shard_comm *comm, void *arg) {
     size_t per_rank = (size_t)a->o->batch / (size_t)world;
     double x, y;
     size_t p, units[3];
-    if (self) SHARD_CHECK(timed_run(self, a, per_rank, &a->r.single_ms, &x, &y, NULL, &p, units));
-    if (self) shard_comm_destroy(self);
+    shard_status alone = self ? timed_run(self, a, per_rank, &a->r.single_ms, &x, &y, NULL, &p, units) : SHARD_OK;
+    shard_comm_destroy(self); /* before a failure returns too */
+    SHARD_CHECK(alone);
     /* the others wait out rank 0's baseline, however long its steps take: the collective deadline is for
      * peers that stop, and rank 0 is working alone (restored after) */
     double timeout = shard_comm_timeout(comm);

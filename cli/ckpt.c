@@ -7,6 +7,7 @@
  * its file.  export writes the full tensors as one safetensors file, or past
  * --max-shard-size as Hugging Face's sharded layout (model-00001-of-0000N
  * files and model.safetensors.index.json), one tensor in memory at a time. */
+#define _GNU_SOURCE /* realpath */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -357,6 +358,14 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
     memset(&ix, 0, sizeof ix);
     shard_safetensors **files = NULL;
     if (open_export_step(where, dir, sizeof dir, &ix, &files)) return 1;
+    char real_out[PATH_MAX], real_step[PATH_MAX]; /* writing into the step it reads would corrupt that checkpoint */
+    if (realpath(out_dir, real_out) && realpath(dir, real_step) && strcmp(real_out, real_step) == 0) {
+        cli_error("ckpt export: --out %s is inside the checkpoint %s it exports; give a path outside it", out, dir);
+        for (size_t i = 0; i < ix.nfiles; i++) shard_safetensors_close(files[i]);
+        free(files);
+        shard__ckpt_index_free(&ix);
+        return 1;
+    }
     /* the model's tensors; AdamW's moments (optimizer.*) only with --optimizer */
     size_t *which = calloc(ix.ntensors ? ix.ntensors : 1, sizeof *which), n = 0, left_out = 0;
     size_t *part_of = calloc(ix.ntensors ? ix.ntensors : 1, sizeof *part_of);

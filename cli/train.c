@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bench_comm.h"
@@ -92,11 +94,74 @@ static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
     return s;
 }
 
-/* The first step after `after` that saves (every `every` steps and the last), 0 when none is left. */
-static uint64_t next_save(uint64_t after, uint64_t every, uint64_t last) {
-    if (after >= last) return 0;
-    uint64_t multiple = every ? (after / every + 1) * every : last;
-    return multiple < last ? multiple : last;
+/* The step_N directories under a --save root that exist (none when the root does not): the steps a run
+ * could overwrite, without visiting every step up to --steps. */
+static shard_status existing_steps(const char *root, uint64_t **out, size_t *n) {
+    *out = NULL, *n = 0;
+    DIR *d = opendir(root);
+    if (!d) return SHARD_OK;
+    size_t cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        uint64_t step;
+        if (!shard__ckpt_parse_step_name(e->d_name, &step)) continue;
+        if (*n == cap) {
+            uint64_t *more = realloc(*out, (cap = cap ? 2 * cap : 16) * sizeof *more);
+            if (!more) {
+                closedir(d);
+                return shard_error(SHARD_ERR_NO_MEMORY, "--save %s: out of memory listing its steps", root);
+            }
+            *out = more;
+        }
+        (*out)[(*n)++] = step;
+    }
+    closedir(d);
+    return SHARD_OK;
+}
+
+/* A path the run will write (--log, --trace, --save): refused before any work when it is one of the run's
+ * inputs (truncating a mapped token file kills the run and loses the data), when a file is wanted and a
+ * directory stands there or the other way round, or when its directory does not exist. */
+static int same_file(const char *a, const char *b) {
+    struct stat x, y;
+    return a && b && stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+static int check_output(const char *option, const char *path, int want_dir, const train_opts *o) {
+    struct stat st;
+    char parent[4096];
+    if (!*path) {
+        cli_error("%s '' is invalid: give a %s", option, want_dir ? "directory" : "file name");
+        return 0;
+    }
+    if (stat(path, &st) == 0 && (S_ISDIR(st.st_mode) ? 1 : 0) != want_dir) {
+        cli_error("%s %s: it exists and is %s; give %s", option, path, want_dir ? "not a directory" : "a directory",
+                  want_dir ? "a directory (it is made when missing)" : "a file name");
+        return 0;
+    }
+    const char *inputs[] = {o->config, o->init, o->resume};
+    for (size_t i = 0; i < 3; i++)
+        if (same_file(path, inputs[i])) {
+            cli_error("%s %s is also the run's input %s: give another path", option, path, inputs[i]);
+            return 0;
+        }
+    DIR *d = o->data && !want_dir ? opendir(o->data) : NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char inside[8192];
+        snprintf(inside, sizeof inside, "%s/%s", o->data, e->d_name);
+        if (e->d_name[0] != '.' && same_file(path, inside)) {
+            cli_error("%s %s is the run's data file %s: give another path", option, path, inside);
+            closedir(d);
+            return 0;
+        }
+    }
+    if (d) closedir(d);
+    shard__dir_of(path, parent, sizeof parent);
+    if (!want_dir && (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        cli_error("%s %s: its directory %s does not exist; create it first", option, path, parent);
+        return 0;
+    }
+    return 1;
 }
 
 /* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
@@ -180,13 +245,16 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             shard_trainer_resume_differences(t, o->resume, done, differ, sizeof differ) == SHARD_OK && differ[0])
             fprintf(stderr, "train: warning: resuming with settings other than the checkpoint's: %s; the run will not "
                     "match one that was never interrupted\n", differ);
-        if (s == SHARD_OK && o->log && rank == 0) s = cut_log(o->log, done);
     }
     /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
      * of a pipeline that is not there */
     uint64_t every = o->save_every > 0 ? (uint64_t)o->save_every : 0, last = (uint64_t)o->steps;
-    for (uint64_t step = next_save(first - 1, every, last); s == SHARD_OK && o->save && step;
-         step = next_save(step, every, last)) {
+    uint64_t *existing = NULL;
+    size_t n_existing = 0;
+    if (s == SHARD_OK && o->save) s = existing_steps(o->save, &existing, &n_existing);
+    for (size_t k = 0; s == SHARD_OK && k < n_existing; k++) {
+        uint64_t step = existing[k];
+        if (step < first || step > last || (step != last && (!every || step % every))) continue; /* not saved by this run */
         char dir[4096];
         shard__ckpt_step_dir(o->save, step, dir, sizeof dir);
         uint64_t latest = 0;
@@ -198,10 +266,12 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                     "saving step %llu will move it aside to %s.replaced-<time>\n", dir, o->save,
                     (unsigned long long)latest, (unsigned long long)step, dir);
     }
+    free(existing);
     shard_pipeline_stats unused;
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);
     if (s == SHARD_OK && o->save && !(config_text = shard__read_config(o->config))) s = SHARD_ERR_IO;
+    if (s == SHARD_OK && o->resume && o->log && rank == 0) s = cut_log(o->log, first - 1); /* once nothing can refuse */
     if (s == SHARD_OK && rank == 0 && o->log && !(log = fopen(o->log, o->resume ? "a" : "w"))) /* a resumed run adds */
         s = shard_error(SHARD_ERR_IO, "--log %s: cannot open: %s", o->log, strerror(errno));
     int tty = rank == 0 && isatty(STDOUT_FILENO);
@@ -360,6 +430,9 @@ int cli_train(int argc, char **argv) {
         cli_error("--schedule '%s': use gpipe, 1f1b or interleaved", o.schedule);
         return 2;
     }
+    if ((o.log && !check_output("--log", o.log, 0, &o)) || (o.trace && !check_output("--trace", o.trace, 0, &o)) ||
+        (o.save && !check_output("--save", o.save, 1, &o)))
+        return 2;
     cli_ranks_from_mesh(&common, o.mesh);
     shard_launch_config launch = cli_launch_config(&common);
     shard_status s = shard_launch_with(&launch, train_rank, &o);

@@ -462,6 +462,11 @@ def train():
         p = run(["ckpt", "export", ck, "--out", os.path.join(work, "no", "m.safetensors")])
         expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "does not exist" in p.stderr
                and ".tmp-" not in p.stderr, f"export into a missing directory: {p.stderr!r}")
+        # an --out inside the step it exports would overwrite that checkpoint's files: refused
+        p = run(["ckpt", "export", ck, "--out", os.path.join(ck, "step_20", "rank_00000.safetensors")])
+        q = run(["inspect", "ckpt", ck, "--verify"])
+        expect(p.returncode == 1 and "is inside the checkpoint" in p.stderr and q.returncode == 0,
+               f"export into its own checkpoint: {p.stderr!r} {q.stderr!r}")
         # a root whose latest step is broken: the export takes the previous step, as a load does
         broken = os.path.join(work, "broken")
         shutil.copytree(ck, broken, symlinks=True)
@@ -488,6 +493,9 @@ def train():
         resumed = os.path.join(work, "resumed.jsonl")
         with open(resumed, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows[:15])
+        # a resume refused before training leaves its --log as it was
+        q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed, "--trace", os.path.join(work, "t.json")])
+        expect(q.returncode == 1 and len(open(resumed).readlines()) == 15, f"refused resume cut its log: {q.stderr}")
         q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed])
         par = [json.loads(l) for l in open(resumed)] if q.returncode == 0 else []
         expect([r["step"] for r in par] == list(range(1, 21))
@@ -517,6 +525,17 @@ def train():
             worst = max((abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(rows[first - 1:], par)), default=1)
             expect(p.returncode == 0 and len(par) == 21 - first and worst <= 1e-5,
                    f"train {extra}: {len(par)} steps, worst relative loss difference {worst}: {p.stderr}")
+        # outputs that are inputs, or of the wrong kind, refused before any work, the inputs left whole
+        tokens = os.path.join(work, "data", "train.tokens")
+        size = os.path.getsize(tokens)
+        for extra, words in ((["--log", tokens], "is the run's data file"), (["--log", cfg], "is also the run's input"),
+                             (["--save", cfg], "exists and is not a directory"), (["--save", ""], "--save '' is invalid"),
+                             (["--trace", os.path.join(work, "no", "t.json")], "does not exist; create it first"),
+                             (["--trace", work], "it exists and is a directory")):
+            p = run(args + extra)
+            expect(p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr
+                   and "step 1/" not in p.stdout and os.path.getsize(tokens) == size and json.load(open(cfg)),
+                   f"train {extra}: {p.returncode} {p.stderr!r}")
         # the banner's batch arithmetic: an even split as the product, an uneven one as slices
         # (the first without --ranks: a --mesh alone gives the rank count)
         for batch, extra, want in (("8", ["--mesh", "data=4"], "global batch 8 = micro-batch 2 x accum 1 x data 4;"),

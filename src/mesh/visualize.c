@@ -53,9 +53,12 @@ void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *l, sha
     fprintf(to, " (%d ranks, row-major, last axis fastest)\nspec  %s\n", world, text);
     shard_spec_type_string(spec, l, dtype, shape, text, sizeof text);
     fprintf(to, "type  %s\n", text);
-    if (spec->ndim == 1 || spec->ndim == 2) {
-        int rows = spec->ndim == 2 ? shard_spec_pieces(spec, l, 0) : 1;
-        int cols = shard_spec_pieces(spec, l, spec->ndim - 1);
+    int rows = spec->ndim == 2 ? shard_spec_pieces(spec, l, 0) : 1;
+    int cols = spec->ndim == 1 || spec->ndim == 2 ? shard_spec_pieces(spec, l, spec->ndim - 1) : 1;
+    /* each block's holders take a pass over every rank: past 2^24 rank visits (a second or so) the grid is left out */
+    if ((spec->ndim == 1 || spec->ndim == 2) && (double)rows * cols * world > (double)(1 << 24))
+        fprintf(to, "\n(the grid of which ranks hold each block is left out: %d blocks x %d ranks)\n", rows * cols, world);
+    else if (spec->ndim == 1 || spec->ndim == 2) {
         fprintf(to, "\nwhich ranks hold each block (%s):\n", spec->ndim == 2 ? "rows x columns" : "elements");
         enum { W = 14 };
         fprintf(to, "%*s", W, "");
