@@ -102,7 +102,8 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
     for (size_t i = 0; s == SHARD_OK && i < plen; i++) ids[i] = (unsigned char)o->prompt[i];
     uint64_t rng = o->seed;
     int write_errno = 0;
-    if (s == SHARD_OK) fwrite(o->prompt, 1, plen, stdout);
+    int printed = s == SHARD_OK;
+    if (printed) fwrite(o->prompt, 1, plen, stdout);
     for (size_t n = plen; s == SHARD_OK && n < total; n++) {
         size_t T = n < ctx ? n : ctx;
         s = shard_gpt_forward(g, ids + (n - T), NULL, 1, T, NULL);
@@ -120,7 +121,7 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
             break;
         }
     }
-    if (s == SHARD_OK) fputc('\n', stdout);
+    if (printed) fputc('\n', stdout); /* also before an error: its line does not follow the output's */
     if (s == SHARD_OK && !write_errno && fflush(stdout) != 0) write_errno = errno ? errno : EIO;
     if (s == SHARD_OK && (write_errno || ferror(stdout)))
         s = shard_error(SHARD_ERR_IO, "generate: cannot write the text to standard output: %s",

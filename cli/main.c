@@ -96,11 +96,17 @@ int main(int argc, char **argv) {
     if (strcmp(verb, "data") == 0) return cli_data(argc - 1, argv + 1);
     if (strcmp(verb, "train") == 0) return cli_train(argc - 1, argv + 1);
     if (strcmp(verb, "generate") == 0) return cli_generate(argc - 1, argv + 1);
-    if (strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0) {
+    int is_version = strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0;
+    int is_help = strcmp(verb, "help") == 0 || strcmp(verb, "--help") == 0 || strcmp(verb, "-h") == 0;
+    if ((is_version || is_help) && argc > 2) {
+        cli_error("%s takes no arguments, not '%s'", verb, argv[2]);
+        return 2;
+    }
+    if (is_version) {
         printf("shard %s (backends: threads%s)\n", SHARD_VERSION_STRING, shard_have_mpi() ? ", mpi" : "");
         return 0;
     }
-    if (strcmp(verb, "help") == 0 || strcmp(verb, "--help") == 0 || strcmp(verb, "-h") == 0) {
+    if (is_help) {
         usage(stdout);
         return 0;
     }

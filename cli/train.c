@@ -376,7 +376,8 @@ int cli_train(int argc, char **argv) {
             if (strcmp(a, dbl_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i))) return 2;
                 if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || ((k == 0 || k == 4) && !(*dbls[k] > 0)) || *dbls[k] > 1e6) {
-                    cli_error("%s '%s' is invalid: give a number%s", a, val, k == 0 ? " > 0, e.g. 3e-4" : k == 4 ? " > 0 (MiB), e.g. 25" : " >= 0");
+                    cli_error("%s '%s' is invalid: give a number in %s", a, val,
+                              k == 0 ? "(0, 1e6], e.g. 3e-4" : k == 4 ? "(0, 1e6] (MiB), e.g. 25" : "[0, 1e6]");
                     return 2;
                 }
                 if (k == 1) o.have_min_lr = 1;
@@ -419,6 +420,14 @@ int cli_train(int argc, char **argv) {
         return 2;
     }
     if (!o.batch && !o.micro_batch) o.batch = 8;
+    if (o.have_min_lr && o.min_lr > o.lr) {
+        cli_error("--min-lr %g is above --lr %g: the schedule decays from --lr down to --min-lr", o.min_lr, o.lr);
+        return 2;
+    }
+    if (o.save_every && !o.save) {
+        cli_error("--save-every %ld needs --save DIR (where the checkpoints go)", o.save_every);
+        return 2;
+    }
     const char *dtypes[2] = {o.grad_dtype, o.compute_dtype}, *dtype_names[2] = {"--grad-dtype", "--compute-dtype"};
     for (int k = 0; k < 2; k++)
         if (dtypes[k] && strcmp(dtypes[k], "f32") != 0 && strcmp(dtypes[k], "bf16") != 0) {

@@ -59,6 +59,9 @@ shard_status shard__ckpt_candidates(const char *root, uint64_t **out, size_t *n)
     closedir(d);
     if (!steps) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     qsort(steps + has_latest, *n - (size_t)has_latest, sizeof *steps, cmp_desc);
+    if (!has_latest && *n) /* a save stopped before it wrote `latest`, or the file was damaged: said, not silent */
+        fprintf(stderr, "shard: note: %s/latest is missing or names no step_N; trying the newest step directory, step_%llu\n",
+                root, (unsigned long long)steps[0]);
     *out = steps;
     return SHARD_OK;
 }

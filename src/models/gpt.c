@@ -111,7 +111,7 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
         else if (strcmp(key, "initializer_range") == 0) s = float_field(where, key, v, &c.initializer_range);
         else if (strcmp(key, "model_type") == 0) {
             if (!json_is_string(v) || (strcmp(json_string_value(v), "gpt2") && strcmp(json_string_value(v), "gpt")))
-                s = bad_key(where, key, "must be \"gpt2\"");
+                s = bad_key(where, key, "is not a model shard builds: give \"gpt2\" (a GPT-2 decoder), \"mlp\" or \"cnn\"");
         } else if (strcmp(key, "activation_function") == 0) {
             if (!json_is_string(v) || strcmp(json_string_value(v), "gelu_new") != 0)
                 s = bad_key(where, key, "must be \"gelu_new\" (GELU, tanh form)");

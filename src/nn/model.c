@@ -106,6 +106,11 @@ char *shard__read_config(const char *path) {
         return NULL;
     }
     text[len] = '\0';
+    if (strlen(text) != len) { /* JSON text has no NUL: what follows one would be read past unseen */
+        shard_error(SHARD_ERR_INVALID_ARG, "%s: a NUL byte at offset %zu; a config is JSON text", path, strlen(text));
+        free(text);
+        return NULL;
+    }
     return text;
 }
 
