@@ -209,6 +209,8 @@ int cli_inspect_ckpt(int argc, char **argv) {
     size_t n = strlen(target);
     if (n > 12 && strcmp(target + n - 12, ".safetensors") == 0) return inspect_file(target, verify);
     if (n > 11 && strcmp(target + n - 11, ".index.json") == 0) return inspect_hf_index(target, verify);
+    struct stat st; /* a file by another name: read as safetensors (the format's own checks say if it is not) */
+    if (stat(target, &st) == 0 && S_ISREG(st.st_mode)) return inspect_file(target, verify);
     return inspect_checkpoint(target, verify);
 }
 
@@ -448,7 +450,11 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
 }
 
 int cli_ckpt(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "export") != 0) {
+    if (argc >= 2 && strcmp(argv[1], "export") != 0) {
+        cli_error("ckpt: unknown '%s': give export: 'shard ckpt export DIR --out model.safetensors'", argv[1]);
+        return 2;
+    }
+    if (argc < 2) {
         cli_error("ckpt: give what to do: 'shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]'");
         return 2;
     }
@@ -478,7 +484,11 @@ int cli_ckpt(int argc, char **argv) {
         }
     }
     size_t n = out ? strlen(out) : 0;
-    if (!dir || !out || n <= 12 || strcmp(out + n - 12, ".safetensors") != 0) {
+    if (dir && out && (n <= 12 || strcmp(out + n - 12, ".safetensors") != 0)) {
+        cli_error("ckpt export: --out '%s' is invalid: give a file name ending in .safetensors, e.g. model.safetensors", out);
+        return 2;
+    }
+    if (!dir || !out) {
         cli_error("ckpt export: give a checkpoint directory and --out NAME.safetensors");
         return 2;
     }

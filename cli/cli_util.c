@@ -25,6 +25,10 @@ const char *cli_value(int argc, char **argv, int *i) {
         cli_error("option %s needs a value", argv[*i]);
         return NULL;
     }
+    if (!argv[*i + 1][0]) { /* an empty path or number: said here, not as a bare ': cannot create' later */
+        cli_error("%s '' is invalid: give a value (see 'shard help')", argv[*i]);
+        return NULL;
+    }
     return argv[++*i];
 }
 

@@ -9,7 +9,11 @@
 #include "shard/data.h"
 
 int cli_data(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "text") != 0) {
+    if (argc >= 2 && strcmp(argv[1], "text") != 0) {
+        cli_error("data: unknown '%s': give text (the byte-level tokenizer): 'shard data text FILE... --out DIR'", argv[1]);
+        return 2;
+    }
+    if (argc < 2) {
         cli_error("data: give what to prepare: 'shard data text FILE... --out DIR [--val-fraction 0.1]'");
         return 2;
     }

@@ -162,7 +162,11 @@ int cli_generate(int argc, char **argv) {
             return 2;
         }
     }
-    if (!o.prompt || (!o.ckpt && !(o.config && o.init)) || (o.ckpt && (o.config || o.init))) {
+    if (o.ckpt && (o.config || o.init)) {
+        cli_error("generate: --ckpt DIR carries its config and weights: give it alone, or --config with --init instead");
+        return 2;
+    }
+    if (!o.prompt || (!o.ckpt && !(o.config && o.init))) {
         cli_error("generate: give --prompt and either --ckpt DIR or --config CONFIG.json with --init weights.safetensors");
         return 2;
     }

@@ -39,7 +39,11 @@ bad:
 int cli_inspect(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) return cli_inspect_ckpt(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "schedule") == 0) return cli_inspect_schedule(argc, argv);
-    if (argc < 2 || strcmp(argv[1], "spec") != 0) {
+    if (argc >= 2 && strcmp(argv[1], "spec") != 0) {
+        cli_error("inspect: unknown '%s': give spec, ckpt or schedule (see 'shard help')", argv[1]);
+        return 2;
+    }
+    if (argc < 2) {
         cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"', 'shard inspect ckpt DIR|FILE [--verify]' or 'shard inspect schedule --pipe 4 --micro-batches 8'");
         return 2;
     }

@@ -267,6 +267,11 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                     (unsigned long long)latest, (unsigned long long)step, dir);
     }
     free(existing);
+    uint64_t root_latest = 0; /* a fresh run saving below a root's latest would move it back onto its own older step */
+    if (s == SHARD_OK && o->save && !o->resume && shard__ckpt_read_latest(o->save, &root_latest) && root_latest > last)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s holds a run up to step_%llu (its latest), past this run's last "
+                        "step %llu: saving would move latest back; give another directory, --resume it, or remove it",
+                        o->save, (unsigned long long)root_latest, (unsigned long long)last);
     shard_pipeline_stats unused;
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);

@@ -76,6 +76,12 @@ def errors():
         (["bench", "redistribute", "--frob"], 2, "shard: bench redistribute: unknown option '--frob'"),
         (["bench", "ckpt", "--bytes", "10K"], 2, "shard: --bytes 10K is too small: give at least 1M"),
         (["ckpt"], 2, "shard: ckpt: give what to do"),
+        (["ckpt", "bogus"], 2, "ckpt: unknown 'bogus': give export"),
+        (["generate", "--ckpt", "d", "--config", "c", "--prompt", "a"], 2, "--ckpt DIR carries its config and weights"),
+        (["generate", "--ckpt", "", "--prompt", "a"], 2, "--ckpt '' is invalid: give a value"),
+        (["inspect", "bogus"], 2, "inspect: unknown 'bogus': give spec, ckpt or schedule"),
+        (["data", "bogus"], 2, "data: unknown 'bogus': give text"),
+        (["ckpt", "export", "x", "--out", "x.bin"], 2, "--out 'x.bin' is invalid: give a file name ending in .safetensors"),
         (["ckpt", "export", "x"], 2, "ckpt export: give a checkpoint directory and --out NAME.safetensors"),
         (["inspect", "ckpt"], 2, "inspect ckpt: give a checkpoint directory or a .safetensors file"),
         (["data"], 2, "shard: data: give what to prepare"),
@@ -149,7 +155,9 @@ def errors():
         (["data", "text", "/dev/null", "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
         (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", ""], 2, "--val-fraction '' is invalid"),
-        (["train", "--config", "c", "--data", "d", "--clip", ""], 2, "--clip '' is invalid: give a number in [0, 1e6]"),
+        (["train", "--config", "c", "--data", "d", "--clip", ""], 2, "--clip '' is invalid: give a value"),
+        (["data", "text", "f", "--out", ""], 2, "--out '' is invalid: give a value"),
+        (["train", "--config", "c", "--data", "d", "--clip", "2e6"], 2, "--clip '2e6' is invalid: give a number in [0, 1e6]"),
         (["train", "--config", "c", "--data", "d", "--lr", "1e-3", "--min-lr", "2e-3"], 2,
          "--min-lr 0.002 is above --lr 0.001: the schedule decays from --lr down to --min-lr"),
         (["train", "--config", "c", "--data", "d", "--save-every", "5"], 2, "--save-every 5 needs --save DIR"),
@@ -423,7 +431,9 @@ def train():
         with open(junk, "wb") as f:  # a valid safetensors file holding one tensor 'x'
             head = b'{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
             f.write(len(head).to_bytes(8, "little") + head + bytes(4))
-        for extra, words in ((["--save", ck], "step_20 exists already"), (["--trace", os.path.join(work, "t.json")],
+        for extra, words in ((["--save", ck], "step_20 exists already"),
+                             (["--save", ck, "--steps", "15"], "holds a run up to step_20 (its latest), past this run's last step 15"),
+                             (["--trace", os.path.join(work, "t.json")],
                               "give a mesh with pipe > 1"), (["--resume", ck], "at step 20 already"),
                              (["--init", junk], "has no tensor 'wte.weight'")):
             p = run(args + extra)
@@ -569,7 +579,7 @@ def train():
                  ({"model_type": "cnn", "channels": 4}, ["--ranks", "2", "--mesh", "tensor=2"],
                   "model_type 'cnn' has no tensor-parallel layout here (the GPT has): give tensor=1"),
                  ({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 32, "vocab_size": 256},
-                  ["--ranks", "3", "--mesh", "tensor=3"], "--mesh: tensor=3 is more than the 2 heads"),
+                  ["--ranks", "3", "--mesh", "tensor=3"], "tensor=3 (--mesh, or bench tensor's --ranks) is more than the 2 heads"),
                  ({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256},
                   ["--resume", os.path.join(work, "nothing")], "nothing"),
                  (json.load(open(cfg)), ["--ranks", "2", "--mesh", "tensor=2", "--spec", "h.0.mlp.c_fc.weight=P()"],

@@ -111,10 +111,14 @@ static shard_status load_item(open_files *of, const shard_ckpt_item *item) {
     int same = x->dtype == t->dtype && x->ndim == t->ndim;
     for (int d = 0; same && d < t->ndim; d++) same = x->shape[d] == t->global_shape[d];
     if (!same) {
-        char want[160];
+        char want[160], have[160] = "";
+        size_t used = 0;
         shard_spec_type_string(&t->spec, &t->layout, t->dtype, t->global_shape, want, sizeof want);
-        return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint %s: tensor '%s' is %s with %d dims there, but %s here",
-                           of->dir, item->name, shard_safetensors_dtype_name(x->dtype), x->ndim, want);
+        for (int d = 0; d < x->ndim && used < sizeof have; d++)
+            used += (size_t)snprintf(have + used, sizeof have - used, "%s%llu", d ? "," : "", (unsigned long long)x->shape[d]);
+        return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint %s: tensor '%s' is %s[%s] there, but %s here (a config "
+                           "other than the checkpoint's?)", of->dir, item->name, shard_safetensors_dtype_name(x->dtype),
+                           have, want);
     }
     int coords[SHARD_MESH_MAX_AXES];
     shard__ckpt_my_coords(t->mesh, coords);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "atomic_file.h"
 #include "shard/safetensors.h"
@@ -243,6 +244,9 @@ static shard_status read_tensor(const char *path, const char *name, const json_t
 
 shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     memset(ix, 0, sizeof *ix);
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return shard_error(SHARD_ERR_IO, "%s: cannot read the index: not a file (a directory stands there)", path);
     json_error_t err;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root) return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s", path, err.text);

@@ -103,9 +103,10 @@ int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why
         return 0;
     }
     struct stat st;
-    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == f->bytes;
-    if (!ok) snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
-                      (unsigned long long)f->bytes);
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == f->bytes;
+    if (!ok && !S_ISREG(st.st_mode)) snprintf(why, why_bytes, "%s: not a file (a directory or device stands there)", path);
+    else if (!ok) snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
+                           (unsigned long long)f->bytes);
     if (ok && f->bytes) {
         void *map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
         ok = map != MAP_FAILED;

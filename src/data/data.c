@@ -79,8 +79,10 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < HEADER_BYTES) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < HEADER_BYTES) {
+        int regular = S_ISREG(st.st_mode);
         close(fd);
+        if (!regular) return shard_error(SHARD_ERR_IO, "%s: not a token file (a directory or device, not a file)", path);
         return shard_error(SHARD_ERR_IO, "%s: not a token file (shorter than its %d-byte header)", path, HEADER_BYTES);
     }
     void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -328,17 +328,20 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
         shard__placement_range(&g->place[w[ATTN_W]], &g->layout, g->tp_rank, &ls->h0, &ls->Hl);
         shard__placement_range(&g->place[w[FC_W]], &g->layout, g->tp_rank, &ls->f0, &ls->Fl);
         if (!ls->Hl)
-            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu heads (n_head) the GPT can "
+            return shard_error(SHARD_ERR_INVALID_ARG, "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
+                               "the %zu heads (n_head) the GPT can "
                                "split attention over (or place h.*.attn.* as P())", parts, c->n_head);
         if (!ls->Fl)
-            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu MLP columns", parts, 4 * c->n_embd);
+            return shard_error(SHARD_ERR_INVALID_ARG, "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
+                               "the %zu MLP columns", parts, 4 * c->n_embd);
         ls->Cl = ls->Hl * g->D;
         g->Cmax = ls->Cl > g->Cmax ? ls->Cl : g->Cmax, g->Fmax = ls->Fl > g->Fmax ? ls->Fl : g->Fmax;
     }
     g->vocab_split = shard__placement_is_split(&g->place[g->wte], &g->layout);
     shard__placement_range(&g->place[g->wte], &g->layout, g->tp_rank, &g->v0, &g->Vl);
     if (!g->Vl)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: tensor=%d is more than the %zu vocabulary rows (vocab_size)", parts,
+        return shard_error(SHARD_ERR_INVALID_ARG, "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
+                           "the %zu vocabulary rows (vocab_size)", parts,
                            c->vocab_size);
     return SHARD_OK;
 }
