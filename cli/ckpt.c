@@ -360,6 +360,12 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
     memset(&ix, 0, sizeof ix);
     shard_safetensors **files = NULL;
     if (open_export_step(where, dir, sizeof dir, &ix, &files)) return 1;
+    if (!ix.ntensors) {
+        cli_error("ckpt export: %s holds no tensors: nothing to export", dir);
+        free(files);
+        shard__ckpt_index_free(&ix);
+        return 1;
+    }
     char real_out[PATH_MAX], real_step[PATH_MAX]; /* writing into the step it reads would corrupt that checkpoint */
     if (realpath(out_dir, real_out) && realpath(dir, real_step) && strcmp(real_out, real_step) == 0) {
         cli_error("ckpt export: --out %s is inside the checkpoint %s it exports; give a path outside it", out, dir);

@@ -366,6 +366,21 @@ def ckpt():
                 p = run(args)
                 expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr
                        and not os.path.exists(bad + ".safetensors"), f"{args[:2]} of a {kind}: {p.returncode} {p.stderr!r}")
+        # index fields out of range or of the wrong kind: refused by every reader, one line
+        for kind, change, words in (("version", {"version": 2}, "its version is not 1"),
+                                    ("world", {"world": 0}, "its world is not a rank count"),
+                                    ("mesh", {"mesh": "data="}, "its mesh does not parse"),
+                                    ("empty", {"tensors": {}}, "holds no tensors")):
+            bad = os.path.join(work, "field-" + kind)
+            shutil.copytree(d, bad, symlinks=True)
+            with open(os.path.join(bad, "step_5", "index.json")) as f:
+                ix = json.load(f)
+            ix.update(change)
+            with open(os.path.join(bad, "step_5", "index.json"), "w") as f:
+                json.dump(ix, f)
+            p = run(["ckpt", "export", bad, "--out", bad + ".safetensors"])
+            expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr
+                   and not os.path.exists(bad + ".safetensors"), f"export of an index with {change}: {p.stderr!r}")
         # a flipped byte: --verify names the file, one line, exit 1
         with open(os.path.join(d, "step_5", "rank_00001.safetensors"), "r+b") as f:
             f.seek(-1, 2)

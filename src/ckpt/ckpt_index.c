@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "atomic_file.h"
+#include "shard/mesh.h"
 #include "shard/safetensors.h"
 
 shard_status shard__ckpt_dtype_parse(const char *text, shard_dtype *out) {
@@ -258,6 +259,16 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     if (!format || strcmp(format, "shard-checkpoint") != 0 || !json_is_object(files) || !json_is_object(tensors) ||
         !json_is_integer(step) || json_integer_value(step) < 0)
         s = fail(path, "not a shard checkpoint index (needs format, step, files, tensors)");
+    const json_t *version = json_object_get(root, "version"), *world = json_object_get(root, "world");
+    const char *mesh = json_string_value(json_object_get(root, "mesh"));
+    if (s == SHARD_OK && version && (!json_is_integer(version) || json_integer_value(version) != 1))
+        s = fail(path, "its version is not 1, the one this shard reads");
+    if (s == SHARD_OK && json_integer_value(step) >= (json_int_t)1 << 62)
+        s = fail(path, "its step is past 2^62");
+    if (s == SHARD_OK && world && (!json_is_integer(world) || json_integer_value(world) < 1 || json_integer_value(world) > 1 << 20))
+        s = fail(path, "its world is not a rank count in 1..2^20");
+    if (s == SHARD_OK && mesh && *mesh && shard_mesh_parse(mesh, (int)json_integer_value(world), NULL, NULL) < 0)
+        s = fail(path, "its mesh does not parse, or does not span its world");
     if (s == SHARD_OK) {
         ix->step = (uint64_t)json_integer_value(step);
         ix->mesh = strdup(json_string_value(json_object_get(root, "mesh")) ? json_string_value(json_object_get(root, "mesh")) : "");
