@@ -404,7 +404,12 @@ int cli_train(int argc, char **argv) {
         if (strcmp(a, "--spec") == 0) {
             if (!(val = cli_value(argc, argv, &i))) return 2;
             size_t used = strlen(o.specs);
-            if (!strchr(val, '=') || strchr(val, ';') || used + strlen(val) + 2 > sizeof o.specs) {
+            if (used + strlen(val) + 2 > sizeof o.specs) {
+                cli_error("--spec '%s': the --spec options add up to more than %zu characters; place groups with a "
+                          "pattern instead, e.g. --spec 'h.*.mlp.*=P()'", val, sizeof o.specs - 1);
+                return 2;
+            }
+            if (!strchr(val, '=') || strchr(val, ';')) {
                 cli_error("--spec '%s' is invalid: give NAME=SPEC, one per --spec, e.g. --spec 'h.*.mlp.*=P()'", val);
                 return 2;
             }

@@ -46,6 +46,8 @@ TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
 
 
 def errors():
+    import tempfile
+    empty = tempfile.NamedTemporaryFile(prefix="shard-cli-empty-")  # an empty input file, removed on exit
     cases = [
         ([], 2, "usage: shard"),
         (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, data, demo, generate, inspect, train, version, help"),
@@ -152,11 +154,14 @@ def errors():
         (["bench", "train", "--config", "c", "--mesh", "data=3", "--ranks", "2"], 2,
          "bench train: --mesh data=3 and --ranks 2 disagree"),
         (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor or pipeline"),
-        (["data", "text", "/dev/null", "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
+        (["data", "text", empty.name, "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
         (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", ""], 2, "--val-fraction '' is invalid"),
         (["train", "--config", "c", "--data", "d", "--clip", ""], 2, "--clip '' is invalid: give a value"),
         (["data", "text", "f", "--out", ""], 2, "--out '' is invalid: give a value"),
+        (["data", "text", "/dev/zero", "--out", "/tmp/shard-never"], 1, "/dev/zero: a device, not a text file"),
+        (["train", "--config", TINY, "--data", "d", "--mesh", "pipe=2", "--layers-per-stage", "99999999999999999999,1"], 1,
+         "give 2 counts >= 1 separated by commas"),
         (["train", "--config", "c", "--data", "d", "--clip", "2e6"], 2, "--clip '2e6' is invalid: give a number in [0, 1e6]"),
         (["train", "--config", "c", "--data", "d", "--lr", "1e-3", "--min-lr", "2e-3"], 2,
          "--min-lr 0.002 is above --lr 0.001: the schedule decays from --lr down to --min-lr"),

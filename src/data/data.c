@@ -211,6 +211,13 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
             s = shard_error(SHARD_ERR_IO, "%s: cannot open: %s", files[f], strerror(errno));
             break;
         }
+        struct stat st; /* a file or a pipe; a device such as /dev/zero would never end, a directory has no text */
+        if (fstat(fileno(in), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISDIR(st.st_mode))) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: a %s, not a text file (give files, or a pipe)", files[f],
+                            S_ISDIR(st.st_mode) ? "directory" : "device");
+            fclose(in);
+            break;
+        }
         for (size_t got = 1; got > 0 && s == SHARD_OK;) {
             if (total == cap) {
                 uint8_t *more = realloc(bytes, 2 * cap);

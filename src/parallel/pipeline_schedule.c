@@ -3,6 +3,7 @@
  * micro-batches), the ASCII picture and the layer partition. */
 #include "parallel/pipeline_schedule.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,8 +195,9 @@ shard_status shard__pipe_partition(size_t n, int k, const char *list, size_t *fi
     const char *at = list;
     for (int i = 0; i < k; i++) {
         char *end;
+        errno = 0;
         long c = strtol(at, &end, 10);
-        if (end == at || c < 1 || (i + 1 < k && *end != ',') || (i + 1 == k && *end))
+        if (end == at || c < 1 || errno == ERANGE || (size_t)c > n || (i + 1 < k && *end != ',') || (i + 1 == k && *end))
             return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage '%s': give %d counts >= 1 separated by commas, "
                                "adding up to the model's %zu layers", list, k, n);
         if ((size_t)c > SIZE_MAX - first[i]) /* the sum would wrap (and could wrap back to n) */
