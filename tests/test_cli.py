@@ -609,6 +609,8 @@ def train():
                  (json.load(open(cfg)), ["--ranks", "2", "--mesh", "tensor=2", "--spec", "h.0.ln_1.weight=P('tensor')"],
                   "h.0.ln_1.weight [32] can be only P() (replicated)"),
                  (json.load(open(cfg)), ["--spec", "h.9.*=P()"], "--spec 'h.9.*': no parameter is named so"),
+                 (json.load(open(cfg)), ["--ranks", "2", "--mesh", "data=2", "--spec", "wte.weight=P()"],
+                  "--spec places parameters over the tensor axis, and this mesh has none"),
                  ({"model_type": "mlp", "model_dim": 8, "hidden_dim": 16}, ["--spec", "layer_0/weights=P()"],
                   "--spec: model_type 'mlp' places every parameter whole")]
         for conf, extra, want in cases:
