@@ -287,8 +287,8 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
                         per_rank[4 * first_bad] == CRASHED ? "" : messages + (size_t)first_bad * MESSAGE_BYTES);
     if (s == SHARD_OK && crashed) s = shard_error(SHARD_ERR_IO, "checkpoint %s: simulated crash", tmp_dir);
     if (s == SHARD_OK && !verdict[0])
-        s = shard_error(SHARD_ERR_IO, "checkpoint %s: rank 0 could not commit it%s", tmp_dir,
-                        verdict[1] ? " (simulated crash)" : "");
+        s = shard_error(SHARD_ERR_IO, "checkpoint step %llu in %s: rank 0 could not commit it%s", (unsigned long long)step,
+                        dir, verdict[1] ? " (simulated crash during the commit)" : "");
     free(per_rank);
     free(messages);
     return s;
