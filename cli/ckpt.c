@@ -312,7 +312,8 @@ static int open_export_step(const char *where, char *dir, size_t dir_bytes, shar
     int root = access(path, F_OK) != 0;
     uint64_t *steps = NULL;
     size_t nsteps = 1;
-    if (root && shard__ckpt_candidates(where, &steps, &nsteps) < 0) nsteps = 1, steps = NULL; /* the resolve says why */
+    if (root && (shard__ckpt_candidates(where, &steps, &nsteps) < 0 || !nsteps)) /* the resolve says why */
+        free(steps), nsteps = 1, steps = NULL;
     for (size_t c = 0; c < nsteps; c++) {
         shard_status s;
         if (steps) {
@@ -354,6 +355,10 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
     if (stat(out_dir, &st) != 0 || !S_ISDIR(st.st_mode)) { /* said before any work, and not as a temporary name */
         cli_error("ckpt export: --out %s: its directory %s %s", out, out_dir,
                   stat(out_dir, &st) != 0 ? "does not exist (create it first)" : "is not a directory");
+        return 1;
+    }
+    if (stat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
+        cli_error("ckpt export: --out %s exists and is not a file; remove it or give another name", out);
         return 1;
     }
     shard__ckpt_index ix;

@@ -130,17 +130,13 @@ static int same_file(const char *a, const char *b) {
 static int check_output(const char *option, const char *path, int want_dir, const train_opts *o) {
     struct stat st;
     char parent[4096];
-    if (!*path) {
-        cli_error("%s '' is invalid: give a %s", option, want_dir ? "directory" : "file name");
-        return 0;
-    }
     if (stat(path, &st) == 0 && (S_ISDIR(st.st_mode) ? 1 : 0) != want_dir) {
         cli_error("%s %s: it exists and is %s; give %s", option, path, want_dir ? "not a directory" : "a directory",
                   want_dir ? "a directory (it is made when missing)" : "a file name");
         return 0;
     }
-    const char *inputs[] = {o->config, o->init, o->resume};
-    for (size_t i = 0; i < 3; i++)
+    const char *inputs[] = {o->config, o->init, o->resume}; /* --save may be --resume's root: a run goes on there */
+    for (size_t i = 0; !want_dir && i < 3; i++)
         if (same_file(path, inputs[i])) {
             cli_error("%s %s is also the run's input %s: give another path", option, path, inputs[i]);
             return 0;
@@ -268,10 +264,12 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     }
     free(existing);
     uint64_t root_latest = 0; /* a fresh run saving below a root's latest would move it back onto its own older step */
-    if (s == SHARD_OK && o->save && !o->resume && shard__ckpt_read_latest(o->save, &root_latest) && root_latest > last)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s holds a run up to step_%llu (its latest), past this run's last "
-                        "step %llu: saving would move latest back; give another directory, --resume it, or remove it",
-                        o->save, (unsigned long long)root_latest, (unsigned long long)last);
+    uint64_t first_save = every && every < last ? every : last; /* a fresh run starts at step 1 */
+    if (s == SHARD_OK && o->save && !o->resume && shard__ckpt_read_latest(o->save, &root_latest) && root_latest > first_save)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s holds a run up to step_%llu (its latest), past this run's first "
+                        "save at step %llu: saving would move latest back among the other run's steps; give another "
+                        "directory, --resume it, or remove it",
+                        o->save, (unsigned long long)root_latest, (unsigned long long)first_save);
     shard_pipeline_stats unused;
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);
@@ -298,6 +296,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, split_str, o->steps, o->resume ? " (resumed)" : "",
                shard_blas_description());
         if (o->print_specs) print_specs(m);
+        if (o->specs[0] && shard_mesh_axis_index(mesh, "tensor") < 0) /* valid, and placing nothing: said, not silent */
+            fprintf(stderr, "shard: note: --spec has no effect here: this mesh has no tensor axis to place over\n");
         shard_trainer_print_schedule(t, stdout);
     }
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
@@ -452,6 +452,10 @@ int cli_train(int argc, char **argv) {
     if ((o.log && !check_output("--log", o.log, 0, &o)) || (o.trace && !check_output("--trace", o.trace, 0, &o)) ||
         (o.save && !check_output("--save", o.save, 1, &o)))
         return 2;
+    if (o.log && o.trace && (strcmp(o.log, o.trace) == 0 || same_file(o.log, o.trace))) {
+        cli_error("--log and --trace are both %s: give each its own file", o.log);
+        return 2;
+    }
     cli_ranks_from_mesh(&common, o.mesh);
     shard_launch_config launch = cli_launch_config(&common);
     shard_status s = shard_launch_with(&launch, train_rank, &o);

@@ -80,6 +80,10 @@ def errors():
         (["ckpt"], 2, "shard: ckpt: give what to do"),
         (["ckpt", "bogus"], 2, "ckpt: unknown 'bogus': give export"),
         (["generate", "--ckpt", "d", "--config", "c", "--prompt", "a"], 2, "--ckpt DIR carries its config and weights"),
+        (["inspect", "schedule", "--pipe", "4", "--micro-batches", "3", "--schedule", "interleaved", "--virtual-stages", "2"],
+         2, "--micro-batches 3 is not a multiple of pipe = 4 (give 4 or a multiple)"),
+        (["train", "--config", "c", "--data", "d", "--log", "x.jsonl", "--trace", "x.jsonl"], 2,
+         "--log and --trace are both x.jsonl"),
         (["generate", "--ckpt", "", "--prompt", "a"], 2, "--ckpt '' is invalid: give a value"),
         (["inspect", "bogus"], 2, "inspect: unknown 'bogus': give spec, ckpt or schedule"),
         (["data", "bogus"], 2, "data: unknown 'bogus': give text"),
@@ -452,7 +456,7 @@ def train():
             head = b'{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
             f.write(len(head).to_bytes(8, "little") + head + bytes(4))
         for extra, words in ((["--save", ck], "step_20 exists already"),
-                             (["--save", ck, "--steps", "15"], "holds a run up to step_20 (its latest), past this run's last step 15"),
+                             (["--save", ck, "--steps", "15"], "holds a run up to step_20 (its latest), past this run's first save at step 15"),
                              (["--trace", os.path.join(work, "t.json")],
                               "give a mesh with pipe > 1"), (["--resume", ck], "at step 20 already"),
                              (["--init", junk], "has no tensor 'wte.weight'")):
@@ -496,6 +500,14 @@ def train():
         p = run(["ckpt", "export", ck, "--out", os.path.join(work, "no", "m.safetensors")])
         expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "does not exist" in p.stderr
                and ".tmp-" not in p.stderr, f"export into a missing directory: {p.stderr!r}")
+        # an empty directory, and an --out that is a directory: one line each, before any work
+        os.mkdir(os.path.join(work, "empty"))
+        os.mkdir(os.path.join(work, "d.safetensors"))
+        for where, out, words in ((os.path.join(work, "empty"), os.path.join(work, "e.safetensors"), "not a checkpoint"),
+                                  (ck, os.path.join(work, "d.safetensors"), "exists and is not a file")):
+            p = run(["ckpt", "export", where, "--out", out])
+            expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr,
+                   f"export {where} --out {out}: {p.stderr!r}")
         # an --out inside the step it exports would overwrite that checkpoint's files: refused
         p = run(["ckpt", "export", ck, "--out", os.path.join(ck, "step_20", "rank_00000.safetensors")])
         q = run(["inspect", "ckpt", ck, "--verify"])
@@ -527,6 +539,15 @@ def train():
         resumed = os.path.join(work, "resumed.jsonl")
         with open(resumed, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows[:15])
+        # a resumed run goes on into its own root (--save the --resume root), saving past its latest
+        again = os.path.join(work, "again")
+        shutil.copytree(ck, again, symlinks=True)
+        q = run(args + ["--resume", again, "--save", again, "--steps", "22"])
+        expect(q.returncode == 0 and open(os.path.join(again, "latest")).read().strip() == "step_22",
+               f"train --resume R --save R: {q.returncode} {q.stderr!r}")
+        # a fresh run whose first save comes before the root's latest would move latest back: refused
+        q = run(args + ["--save", again, "--save-every", "3", "--steps", "30"])
+        expect(q.returncode == 1 and "past this run's first save at step 3" in q.stderr, f"fresh run below latest: {q.stderr!r}")
         # a resume refused before training leaves its --log as it was
         q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed, "--trace", os.path.join(work, "t.json")])
         expect(q.returncode == 1 and len(open(resumed).readlines()) == 15, f"refused resume cut its log: {q.stderr}")
@@ -609,8 +630,6 @@ def train():
                  (json.load(open(cfg)), ["--ranks", "2", "--mesh", "tensor=2", "--spec", "h.0.ln_1.weight=P('tensor')"],
                   "h.0.ln_1.weight [32] can be only P() (replicated)"),
                  (json.load(open(cfg)), ["--spec", "h.9.*=P()"], "--spec 'h.9.*': no parameter is named so"),
-                 (json.load(open(cfg)), ["--ranks", "2", "--mesh", "data=2", "--spec", "wte.weight=P()"],
-                  "--spec places parameters over the tensor axis, and this mesh has none"),
                  ({"model_type": "mlp", "model_dim": 8, "hidden_dim": 16}, ["--spec", "layer_0/weights=P()"],
                   "--spec: model_type 'mlp' places every parameter whole")]
         for conf, extra, want in cases:

@@ -103,8 +103,9 @@ int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why
         return 0;
     }
     struct stat st;
-    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == f->bytes;
-    if (!ok && !S_ISREG(st.st_mode)) snprintf(why, why_bytes, "%s: not a file (a directory or device stands there)", path);
+    int stat_ok = fstat(fd, &st) == 0, ok = stat_ok && S_ISREG(st.st_mode) && (uint64_t)st.st_size == f->bytes;
+    if (!stat_ok) snprintf(why, why_bytes, "%s: cannot stat: %s", path, strerror(errno));
+    else if (!ok && !S_ISREG(st.st_mode)) snprintf(why, why_bytes, "%s: not a file (a directory or device stands there)", path);
     else if (!ok) snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
                            (unsigned long long)f->bytes);
     if (ok && f->bytes) {

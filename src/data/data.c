@@ -79,8 +79,9 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < HEADER_BYTES) {
-        int regular = S_ISREG(st.st_mode);
+    int stat_ok = fstat(fd, &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode) || st.st_size < HEADER_BYTES) {
+        int regular = stat_ok && S_ISREG(st.st_mode);
         close(fd);
         if (!regular) return shard_error(SHARD_ERR_IO, "%s: not a token file (a directory or device, not a file)", path);
         return shard_error(SHARD_ERR_IO, "%s: not a token file (shorter than its %d-byte header)", path, HEADER_BYTES);
@@ -212,7 +213,8 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
             break;
         }
         struct stat st; /* a file or a pipe; a device such as /dev/zero would never end, a directory has no text */
-        if (fstat(fileno(in), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISDIR(st.st_mode))) {
+        if (fstat(fileno(in), &st) == 0 && ((S_ISCHR(st.st_mode) && !isatty(fileno(in))) || S_ISBLK(st.st_mode) ||
+                                            S_ISDIR(st.st_mode))) {
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: a %s, not a text file (give files, or a pipe)", files[f],
                             S_ISDIR(st.st_mode) ? "directory" : "device");
             fclose(in);

@@ -180,7 +180,12 @@ static shard_status load_sharded(shard_params *p, const char *path, int require_
                 s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, p->info[i].name);
             continue;
         }
-        if (!name || !*name || strchr(name, '/') || strcmp(name, "..") == 0 || !ends_with(name, ".safetensors")) {
+        if (name && *name && !strchr(name, '/') && !ends_with(name, ".safetensors")) {
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: weight_map[\"%s\"] is %s, not a .safetensors file (shard reads "
+                            "safetensors only)", path, p->info[i].name, name);
+            break;
+        }
+        if (!name || !*name || strchr(name, '/')) {
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: weight_map[\"%s\"] is not a file name beside the index (give "
                             "e.g. \"model-00001-of-00002.safetensors\")", path, p->info[i].name);
             break;

@@ -65,8 +65,10 @@ shard_status shard__pipe_schedule_create(shard_pipe_kind kind, int p, int m, int
     if (kind == SHARD_PIPE_INTERLEAVED && v < 1)
         return shard_error(SHARD_ERR_INVALID_ARG, "--schedule interleaved: --virtual-stages %d is invalid: give 1 or more", v);
     if (kind == SHARD_PIPE_INTERLEAVED && m % p)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--schedule interleaved: --micro-batches %d is not a multiple of pipe = %d "
-                           "(give %d or %d)", m, p, m / p ? m / p * p : p, (m / p + 1) * p);
+        return m < p ? shard_error(SHARD_ERR_INVALID_ARG, "--schedule interleaved: --micro-batches %d is not a multiple of "
+                                   "pipe = %d (give %d or a multiple)", m, p, p)
+                     : shard_error(SHARD_ERR_INVALID_ARG, "--schedule interleaved: --micro-batches %d is not a multiple of "
+                                   "pipe = %d (give %d or %d)", m, p, m / p * p, (m / p + 1) * p);
     shard_pipe_schedule *s = calloc(1, sizeof *s);
     if (!s) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline schedule: out of memory");
     s->kind = kind, s->p = p, s->m = m, s->v = v;

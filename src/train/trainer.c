@@ -204,10 +204,6 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
     if (s == SHARD_OK)
         s = shard_model_create_stage(config->config_path, config->data_dir, t->micro, config->seq, t->tensor,
                                      config->sequence_parallel, config->param_specs, t->pipe ? &t->stage : NULL, &t->model);
-    /* valid specs (the model checked them) that would place nothing: no tensor axis to place over */
-    if (s == SHARD_OK && config->param_specs && *config->param_specs && tensor_axis < 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--spec places parameters over the tensor axis, and this mesh has none: "
-                        "give e.g. --mesh data=1,tensor=2, or leave --spec out");
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
