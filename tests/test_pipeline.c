@@ -127,9 +127,12 @@ static void case_schedules(test_ctx *t) {
     CHECK(t, shard__pipe_partition(8, 3, "4,4", first) == SHARD_ERR_INVALID_ARG, "too few counts");
     CHECK(t, shard__pipe_partition(8, 3, "4,0,4", first) == SHARD_ERR_INVALID_ARG, "an empty stage");
     CHECK(t, shard__pipe_partition(2, 3, NULL, first) == SHARD_ERR_INVALID_ARG, "more stages than layers");
-    /* counts whose sum wraps around to the model's layers: 2 (2^63 - 1) + 6 = 2^64 + 4 */
+    /* counts whose sum wraps around to the model's layers: 2 (2^63 - 1) + 6 = 2^64 + 4; each count past the
+     * model's layers is refused on its own, and one past the long range too */
     CHECK(t, shard__pipe_partition(4, 3, "9223372036854775807,9223372036854775807,6", first) == SHARD_ERR_INVALID_ARG &&
-          strstr(shard_last_error(), "the counts add up to more than"), "counts that wrap: %s", shard_last_error());
+          strstr(shard_last_error(), "give 3 counts >= 1"), "counts that wrap: %s", shard_last_error());
+    CHECK(t, shard__pipe_partition(4, 2, "99999999999999999999,1", first) == SHARD_ERR_INVALID_ARG &&
+          strstr(shard_last_error(), "give 2 counts >= 1"), "a count past the long range: %s", shard_last_error());
 }
 
 /* ---------------------------------------------------------------- losses */
