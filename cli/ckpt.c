@@ -348,6 +348,13 @@ static int open_export_step(const char *where, char *dir, size_t dir_bytes, shar
     return 1;
 }
 
+/* What open_export_step opened, closed and freed. */
+static void close_step(shard_safetensors **files, shard__ckpt_index *ix) {
+    for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
+    free(files);
+    shard__ckpt_index_free(ix);
+}
+
 static int export_checkpoint(const char *where, const char *out, uint64_t max_shard, int with_optimizer) {
     char dir[PATH_MAX], path[PATH_MAX + 16], out_dir[PATH_MAX];
     struct stat st;
@@ -367,16 +374,13 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
     if (open_export_step(where, dir, sizeof dir, &ix, &files)) return 1;
     if (!ix.ntensors) {
         cli_error("ckpt export: %s holds no tensors: nothing to export", dir);
-        free(files);
-        shard__ckpt_index_free(&ix);
+        close_step(files, &ix);
         return 1;
     }
     char real_out[PATH_MAX], real_step[PATH_MAX]; /* writing into the step it reads would corrupt that checkpoint */
     if (realpath(out_dir, real_out) && realpath(dir, real_step) && strcmp(real_out, real_step) == 0) {
         cli_error("ckpt export: --out %s is inside the checkpoint %s it exports; give a path outside it", out, dir);
-        for (size_t i = 0; i < ix.nfiles; i++) shard_safetensors_close(files[i]);
-        free(files);
-        shard__ckpt_index_free(&ix);
+        close_step(files, &ix);
         return 1;
     }
     /* the model's tensors; AdamW's moments (optimizer.*) only with --optimizer */
@@ -453,10 +457,8 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
                    n, (unsigned long long)total, dir, parts, out_dir, base, parts, path,
                    stale ? "; removed the earlier single file " : "", stale ? out : "", note);
     }
-    for (size_t i = 0; files && i < ix.nfiles; i++) shard_safetensors_close(files[i]);
-    free(files);
     free(part_of), free(which);
-    shard__ckpt_index_free(&ix);
+    close_step(files, &ix);
     return rc;
 }
 
