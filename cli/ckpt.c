@@ -98,13 +98,15 @@ static int inspect_hf_index(const char *path, int verify) {
         snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, files[k]);
         rc = inspect_file(file, verify);
     }
-    if (!rc && verify) json_object_foreach((json_t *)map, name, v) {
+    for (size_t k = 0; !rc && verify && k < nfiles; k++) { /* each file opened once, for the tensors it should hold */
         shard_safetensors *f = NULL;
-        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, json_string_value(v));
+        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, files[k]);
         if (shard_safetensors_open(file, &f) < 0) cli_error("%s", shard_last_error()), rc = 1;
-        else if (!shard_safetensors_find(f, name)) cli_error("%s: no tensor '%s', which %s says it holds", file, name, path), rc = 1;
+        json_object_foreach((json_t *)map, name, v) {
+            if (rc || strcmp(json_string_value(v), files[k]) != 0) continue;
+            if (!shard_safetensors_find(f, name)) cli_error("%s: no tensor '%s', which %s says it holds", file, name, path), rc = 1;
+        }
         shard_safetensors_close(f);
-        if (rc) break;
     }
     if (!rc && verify) printf("verified: every tensor of the index is in the file it names\n");
     free(files);
@@ -302,6 +304,13 @@ static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix
     return s;
 }
 
+/* What open_export_step opens, closed and freed (the index left empty). */
+static void close_step(shard_safetensors **files, shard__ckpt_index *ix) {
+    for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
+    free(files);
+    shard__ckpt_index_free(ix);
+}
+
 /* The step to export and its files opened: `where` itself when it is a step directory; for a root,
  * `latest`'s step, or when that one is not usable the newest older one that is (as a load goes), said on
  * stderr.  0 on success, else the first reason printed. */
@@ -336,23 +345,13 @@ static int open_export_step(const char *where, char *dir, size_t dir_bytes, shar
             *files_out = files;
             return 0;
         }
-        for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
-        free(files);
-        if (ix->tensors || ix->files) shard__ckpt_index_free(ix);
-        memset(ix, 0, sizeof *ix);
+        close_step(files, ix);
         if (!first[0]) snprintf(first, sizeof first, "%s", why);
         if (c + 1 < nsteps) fprintf(stderr, "shard: checkpoint %s is not usable (%s); trying the previous one\n", dir, why);
     }
     free(steps);
     cli_error("%s", first);
     return 1;
-}
-
-/* What open_export_step opened, closed and freed. */
-static void close_step(shard_safetensors **files, shard__ckpt_index *ix) {
-    for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
-    free(files);
-    shard__ckpt_index_free(ix);
 }
 
 static int export_checkpoint(const char *where, const char *out, uint64_t max_shard, int with_optimizer) {
