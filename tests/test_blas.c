@@ -4,7 +4,8 @@
  * loaded with a core named in the description; large products, which are cut
  * into blocks of C over shard's threads, give the same bits on 1, 2 or 3
  * threads and when two callers (thread ranks) run products at once; the
- * product with a bias row (shard_sgemm_bias) small and split both ways. */
+ * product with a bias row (shard_sgemm_bias) small and split both ways; two products at once
+ * (shard_sgemm_pair) with the bits of two calls. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,6 +119,49 @@ static void split_products_same_bits(void **state) {
     assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
 }
 
+/* shard_sgemm_pair: two products (a tall one and a wide one, every transpose) give the bits of two
+ * shard_sgemm calls on one thread, on 1, 2 (each product whole on its thread) and 3 threads; a bad
+ * stride in either is refused with shard_sgemm's message. */
+static shard_gemm as_gemm(const big_product *p) {
+    return (shard_gemm){p->ta, p->tb, p->M, p->N, p->K, 0.75f, p->A, p->ta ? p->M : p->K, p->B, p->tb ? p->K : p->N, 0.5f,
+                        p->C, p->N};
+}
+
+static void pair_of_products(void **state) {
+    (void)state;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            big_product want[2], got[2];
+            big_fill(&want[0], 301, 97, 160, ta, tb), big_fill(&want[1], 67, 411, 200, 1 - ta, tb);
+            assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
+            for (int i = 0; i < 2; i++) assert_int_equal(big_run(&want[i]), SHARD_OK);
+            for (int threads = 1; threads <= 3; threads++) {
+                big_fill(&got[0], 301, 97, 160, ta, tb), big_fill(&got[1], 67, 411, 200, 1 - ta, tb);
+                assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
+                shard_gemm g0 = as_gemm(&got[0]), g1 = as_gemm(&got[1]);
+                assert_int_equal(shard_sgemm_pair(&g0, &g1), SHARD_OK);
+                for (int i = 0; i < 2; i++) {
+                    if (memcmp(want[i].C, got[i].C, want[i].M * want[i].N * sizeof(float)) != 0)
+                        fail_msg("product %d of the pair (ta %d tb %d) on %d threads differs from shard_sgemm", i, ta, tb,
+                                 threads);
+                    free(got[i].A), free(got[i].B), free(got[i].C);
+                }
+            }
+            for (int i = 0; i < 2; i++) free(want[i].A), free(want[i].B), free(want[i].C);
+        }
+    big_product p[2];
+    big_fill(&p[0], 301, 97, 160, 0, 0), big_fill(&p[1], 67, 411, 200, 0, 0);
+    for (int threads = 1; threads <= 2; threads++) {
+        assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
+        shard_gemm g0 = as_gemm(&p[0]), g1 = as_gemm(&p[1]);
+        g1.ldc = 5; /* shorter than its row of 411 */
+        assert_int_equal(shard_sgemm_pair(&g0, &g1), SHARD_ERR_INVALID_ARG);
+        assert_non_null(strstr(shard_last_error(), "a stride is shorter than its row"));
+    }
+    for (int i = 0; i < 2; i++) free(p[i].A), free(p[i].B), free(p[i].C);
+    assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
+}
+
 /* C = alpha op(A) op(B) + bias on every row: against loops, with C's rows padded (the padding untouched)
  * and C's old values never read, for a product run whole and for ones split by rows and by columns (each
  * block fills its part of the bias), on 1, 2 and 3 threads, which must agree bit for bit (the inputs are
@@ -176,6 +220,7 @@ int main(void) {
         cmocka_unit_test(against_loops),
         cmocka_unit_test(edges_and_refusals),
         cmocka_unit_test(split_products_same_bits),
+        cmocka_unit_test(pair_of_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

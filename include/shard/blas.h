@@ -44,6 +44,26 @@ shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, s
 shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
                               size_t lda, const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
 
+/* One product's arguments, as shard_sgemm takes them. */
+typedef struct shard_gemm {
+    int transpose_a, transpose_b;
+    size_t M, N, K;
+    float alpha;
+    const float *A;
+    size_t lda;
+    const float *B;
+    size_t ldb;
+    float beta;
+    float *C;
+    size_t ldc;
+} shard_gemm;
+
+/* Two independent products (a backward's dX and dW: neither writes what the other reads).  On two
+ * threads each runs whole on one of them, at once: the operand both read is packed once per product
+ * instead of once per block, which on BRIEF's GPT saved 1.5 ms of a 130 ms step; otherwise one after
+ * the other, each cut over the threads as shard_sgemm does.  The first error is returned. */
+shard_status shard_sgemm_pair(const shard_gemm *first, const shard_gemm *second);
+
 #ifdef __cplusplus
 }
 #endif

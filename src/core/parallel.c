@@ -53,10 +53,16 @@ size_t shard__chunks_for(size_t work, size_t grain) {
 }
 
 /* Thread `who` of `width` runs chunks [lo, hi). */
+static _Thread_local int in_region; /* this thread is running a region's chunks */
+
+int shard__parallel_inside(void) { return in_region; }
+
 static void run_share(shard__chunk_fn fn, void *ctx, size_t chunks, int width, int who) {
     size_t lo, count;
     shard__chunk_range(chunks, (size_t)width, (size_t)who, &lo, &count);
+    in_region = 1;
     for (size_t c = lo; c < lo + count; c++) fn(ctx, c, chunks);
+    in_region = 0;
 }
 
 static void *helper(void *arg) {

@@ -33,8 +33,12 @@ int shard__parallel_threads(void);
 /* Chunks for `work` elements: 1 below `grain`, up to SHARD_MAX_CHUNKS. */
 size_t shard__chunks_for(size_t work, size_t grain);
 
-/* fn(ctx, c, chunks) for every c in 0..chunks-1, spread over the threads; returns when all are done. */
+/* fn(ctx, c, chunks) for every c in 0..chunks-1, spread over the threads; returns when all are done.
+ * Called from inside a region's chunk it runs the chunks there, one after another. */
 void shard__parallel_for(size_t chunks, shard__chunk_fn fn, void *ctx);
+
+/* Whether this thread is running a region's chunk (work it starts would run on it alone). */
+int shard__parallel_inside(void);
 
 /* [first, first + count) of n items cut in `chunks` (the first n % chunks one larger). */
 static inline void shard__chunk_range(size_t n, size_t chunks, size_t chunk, size_t *first, size_t *count) {

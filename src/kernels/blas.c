@@ -170,7 +170,7 @@ static shard_status gemm(const char *name, int transpose_a, int transpose_b, siz
     if (M == 0 || N == 0) return SHARD_OK;
     int threads = shard__parallel_threads();
     gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, bias, C};
-    if (threads > 1 && (double)M * (double)N * (double)K >= 4.0e6) {
+    if (threads > 1 && !shard__parallel_inside() && (double)M * (double)N * (double)K >= 4.0e6) {
         size_t along = M >= N ? M : N, chunks = (size_t)threads < along / 16 ? (size_t)threads : along / 16;
         shard__parallel_for(chunks ? chunks : 1, gemm_chunk, &j);
     } else {
@@ -187,4 +187,35 @@ shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, s
 shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
                               size_t lda, const float *Bm, size_t ldb, const float *bias, float *C, size_t ldc) {
     return gemm("shard_sgemm_bias", transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, 0.0f, bias, C, ldc);
+}
+
+static shard_status gemm_args(const shard_gemm *g) {
+    return gemm("shard_sgemm_pair", g->transpose_a, g->transpose_b, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb,
+                g->beta, NULL, g->C, g->ldc);
+}
+
+typedef struct gemm_pair_job {
+    const shard_gemm *g[2];
+    shard_status status[2];
+    char error[2][256]; /* errors are per thread: a failed product's message, raised again by the caller */
+} gemm_pair_job;
+
+static void gemm_pair_chunk(void *ctx, size_t chunk, size_t chunks) {
+    (void)chunks;
+    gemm_pair_job *j = ctx;
+    j->status[chunk] = gemm_args(j->g[chunk]); /* inside the region: the product runs whole on this thread */
+    if (j->status[chunk] < 0) snprintf(j->error[chunk], sizeof j->error[chunk], "%s", shard_last_error());
+}
+
+shard_status shard_sgemm_pair(const shard_gemm *first, const shard_gemm *second) {
+    SHARD_CHECK(shard_blas_init());
+    if (shard__parallel_threads() != 2 || shard__parallel_inside()) {
+        SHARD_CHECK(gemm_args(first));
+        return gemm_args(second);
+    }
+    gemm_pair_job j = {{first, second}, {SHARD_OK, SHARD_OK}, {"", ""}};
+    shard__parallel_for(2, gemm_pair_chunk, &j);
+    for (int c = 0; c < 2; c++)
+        if (j.status[c] < 0) return shard_error(j.status[c], "%s", j.error[c]);
+    return SHARD_OK;
 }

@@ -63,8 +63,11 @@ static void bias_grad(const float *dy, float *db, size_t N, size_t out) {
 
 shard_status shard_linear_backward(const float *x, const float *W, const float *dy, float *dx, float *dW, float *db,
                                    size_t N, size_t in, size_t out) {
-    if (dx) SHARD_CHECK(shard_sgemm(0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in));
-    if (dW) SHARD_CHECK(shard_sgemm(1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out));
+    shard_gemm gx = {0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in};   /* dx = dy W^T */
+    shard_gemm gw = {1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out}; /* dW += x^T dy */
+    if (dx && dW) SHARD_CHECK(shard_sgemm_pair(&gx, &gw));
+    else if (dx) SHARD_CHECK(shard_sgemm(0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in));
+    else if (dW) SHARD_CHECK(shard_sgemm(1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out));
     if (db) bias_grad(dy, db, N, out);
     return SHARD_OK;
 }
