@@ -361,6 +361,32 @@ static inline void exp16_nonpositive(const float *in, float m, float *out, v8f s
     }
 }
 
+/* lane by lane: *out = keep ? yes : no (keep's lanes all ones or all zeros) */
+static inline void select8(v8f *out, const v8i *keep, const v8f *yes, const v8f *no) {
+    *out = (v8f)((*keep & (v8i)*yes) | (~*keep & (v8i)*no));
+}
+
+/* The row's largest element (NaNs passed over), in 16 lanes of two 8-lane vectors: a loop over a float
+ * array of 16 partial maxima compiled to scalar code (its AVX-512 clone used vmaxss), the max being
+ * written as a comparison.  Exact, so the lanes' order does not matter. */
+SHARD_VECTOR_CLONES
+static float row_max(const float *x, size_t C) {
+    v8f part[2] = {(v8f){0} - INFINITY, (v8f){0} - INFINITY}, v;
+    size_t c = 0;
+    for (; c + LANES <= C; c += LANES)
+        for (int h = 0; h < 2; h++) {
+            load8(&v, x + c + HALF * h);
+            v8i more = v > part[h];
+            select8(&part[h], &more, &v, &part[h]);
+        }
+    float m = -INFINITY, lane[LANES];
+    memcpy(lane, &part[0], sizeof part[0]);
+    memcpy(lane + HALF, &part[1], sizeof part[1]);
+    for (int k = 0; k < LANES; k++) m = lane[k] > m ? lane[k] : m;
+    for (; c < C; c++) m = x[c] > m ? x[c] : m;
+    return m;
+}
+
 /* y[c] = exp(x[c] - m) (y may be x); returns the sum, added in a fixed order (lane 0 to 15). */
 SHARD_VECTOR_CLONES
 static double exp_row(const float *x, float *y, size_t C, float m) {
@@ -383,17 +409,6 @@ static double exp_row(const float *x, float *y, size_t C, float m) {
     return sum;
 }
 
-SHARD_VECTOR_CLONES
-static float row_max(const float *x, size_t C) {
-    float part[16], m = -INFINITY;
-    for (int k = 0; k < 16; k++) part[k] = -INFINITY;
-    size_t c = 0;
-    for (; c + 16 <= C; c += 16)
-        for (int k = 0; k < 16; k++) part[k] = x[c + (size_t)k] > part[k] ? x[c + (size_t)k] : part[k];
-    for (int k = 0; k < 16; k++) m = part[k] > m ? part[k] : m;
-    for (; c < C; c++) m = x[c] > m ? x[c] : m;
-    return m;
-}
 
 SHARD_VECTOR_CLONES
 static void scale_row(float *y, size_t C, float k) {
@@ -406,10 +421,6 @@ static void scale_row(float *y, size_t C, float k) {
  * last vector would pass T does it take a plain loop. */
 static const v8i LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7};
 
-/* lane by lane: *out = keep ? yes : no (keep's lanes all ones or all zeros) */
-static inline void select8(v8f *out, const v8i *keep, const v8f *yes, const v8f *no) {
-    *out = (v8f)((*keep & (v8i)*yes) | (~*keep & (v8i)*no));
-}
 
 /* the sum of 16 lanes (two halves) as a tree (halves, quarters, ...): 4 dependent steps, not 15 */
 static inline float lanes_tree_sum(const v8f lane[2]) {
