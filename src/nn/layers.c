@@ -329,24 +329,26 @@ void shard_layernorm_backward(const float *x, const float *gamma, const float *m
  * a comparison were split into scalar code on AVX2 cores (a cross-entropy over
  * 1,024 x 8,192 took 28 ms on a Zen 3 core that way, 13 ms now).
  * Below -87 it returns ~1e-38, not 0. */
-static inline void exp8_nonpositive(v8f *xp) {
-    v8f x = *xp;
-    const v8f lo = (v8f){0} - 87.0f;
-    v8i below = x < lo; /* all ones where x < -87 */
-    x = (v8f)(((v8i)x & ~below) | ((v8i)lo & below));
-    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    v8f kf = x * 1.44269504088896341f + magic;
-    v8i ki = (v8i)kf - (v8i)((v8f){0} + magic);
-    v8f k = kf - magic;
-    v8f r = x - k * 0.693359375f + k * 2.12194440e-4f;
-    v8f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    *xp = p * (v8f)((ki + 127) << 23);
-}
+#define DEFINE_EXP_NONPOSITIVE(name, vf, vi)                                                                           \
+    static inline void name(vf *xp) {                                                                                  \
+        vf x = *xp;                                                                                                    \
+        const vf lo = (vf){0} - 87.0f;                                                                                 \
+        vi below = x < lo; /* all ones where x < -87 */                                                                \
+        x = (vf)(((vi)x & ~below) | ((vi)lo & below));                                                                 \
+        const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */                              \
+        vf kf = x * 1.44269504088896341f + magic;                                                                      \
+        vi ki = (vi)kf - (vi)((vf){0} + magic);                                                                        \
+        vf k = kf - magic;                                                                                             \
+        vf r = x - k * 0.693359375f + k * 2.12194440e-4f;                                                              \
+        vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;                                                                \
+        p = p * r + 8.3334519073e-3f;                                                                                  \
+        p = p * r + 4.1665795894e-2f;                                                                                  \
+        p = p * r + 1.6666665459e-1f;                                                                                  \
+        p = p * r + 5.0000001201e-1f;                                                                                  \
+        p = p * r * r + r + 1.0f;                                                                                      \
+        *xp = p * (vf)((ki + 127) << 23);                                                                              \
+    }
+DEFINE_EXP_NONPOSITIVE(exp8_nonpositive, v8f, v8i)
 
 /* out[0..15] = exp(in[0..15] - m); sum[0] += lanes 0..7, sum[1] += lanes 8..15 (pointers, not vector
  * values, cross the call) */
@@ -388,7 +390,7 @@ static float row_max(const float *x, size_t C) {
 }
 
 /* y[c] = exp(x[c] - m) (y may be x); returns the sum, added in a fixed order (lane 0 to 15). */
-/* exp8_nonpositive on 16 lanes as one 64-byte vector: the same operations lane by lane, so the same bits.
+/* The same exp on 16 lanes as one 64-byte vector: the same operations lane by lane, so the same bits.
  * Only where the CPU has AVX-512 (wide_vectors): there exp_row's AVX-512 clone runs it in zmm registers,
  * and the cross-entropy over 1,024 x 8,192 logits took 2.6 ms on two threads instead of 3.6 (Emerald
  * Rapids); GCC would turn the comparison into scalar code for AVX2. */
@@ -403,25 +405,13 @@ static inline int wide_vectors(void) {
 #endif
 }
 
+DEFINE_EXP_NONPOSITIVE(exp16_one_vector, v16f, v16i)
+
 static inline void exp16_wide(const float *in, float m, float *out, v16f *sum) {
     v16f x;
     memcpy(&x, in, sizeof x);
     x -= m;
-    const v16f lo = (v16f){0} - 87.0f;
-    v16i below = x < lo;
-    x = (v16f)(((v16i)x & ~below) | ((v16i)lo & below));
-    const float magic = 12582912.0f;
-    v16f kf = x * 1.44269504088896341f + magic;
-    v16i ki = (v16i)kf - (v16i)((v16f){0} + magic);
-    v16f k = kf - magic;
-    v16f r = x - k * 0.693359375f + k * 2.12194440e-4f;
-    v16f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    x = p * (v16f)((ki + 127) << 23);
+    exp16_one_vector(&x);
     memcpy(out, &x, sizeof x);
     *sum += x;
 }
