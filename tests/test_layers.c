@@ -468,6 +468,9 @@ static void attention_scratch_accounted(void **state) {
                      (unsigned long long)before.current_bytes[SHARD_MEM_ACTIVATIONS], least);
         assert_true(after.current_bytes[SHARD_MEM_ACTIVATIONS] == before.current_bytes[SHARD_MEM_ACTIVATIONS]);
     }
+    /* heads of width 0: nothing to pack, and no NULL scratch reaches memcpy (UBSan's run) */
+    assert_int_equal(shard_attention_forward_dropout(qkv, y, att, 1, 5, 0, 2, 0.0f, 3, 0, 2, 0), SHARD_OK);
+    assert_int_equal(shard_attention_backward_dropout(qkv, att, dy, d, 1, 5, 0, 2, 0.0f, 3, 0, 2, 0), SHARD_OK);
     free(qkv), free(y), free(att), free(dy), free(d);
 }
 

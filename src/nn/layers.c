@@ -778,12 +778,11 @@ static shard_status att_run(att_job *j, shard__chunk_fn fn, size_t scratch_float
     size_t pairs = j->B * j->H, threads = (size_t)shard__parallel_threads();
     size_t chunks = pairs < threads ? pairs : threads;
     if (!chunks) return SHARD_OK;
-    if (scratch_floats) {
-        size_t bytes = chunks * scratch_floats * sizeof(float);
-        j->scratch = shard_alloc(bytes, SHARD_MEM_ACTIVATIONS);
-        if (!j->scratch) return shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory for %zu bytes of scratch", bytes);
-        j->scratch_floats = scratch_floats;
-    }
+    if (!scratch_floats) scratch_floats = 1; /* heads of width 0: nothing to pack, but no NULL buffers */
+    size_t bytes = chunks * scratch_floats * sizeof(float);
+    j->scratch = shard_alloc(bytes, SHARD_MEM_ACTIVATIONS);
+    if (!j->scratch) return shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory for %zu bytes of scratch", bytes);
+    j->scratch_floats = scratch_floats;
     shard__parallel_for(chunks, fn, j);
     shard_free(j->scratch);
     for (size_t c = 0; c < chunks; c++)
