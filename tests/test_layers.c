@@ -112,35 +112,6 @@ static void linear_bias_grad_wide(void **state) {
     assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
 }
 
-/* shard_mul_bias_grad: dy *= scale and db += the column sums, bit for bit shard_mul and then the bias
- * gradient of shard_linear_backward, on widths with and without a tail past 16-column groups, N * C over
- * the one-chunk size, 1 and 3 threads; db NULL multiplies alone. */
-static void mul_bias_grad(void **state) {
-    (void)state;
-    size_t widths[] = {5, 37, 300, 1029}, N = 150;
-    for (int threads = 1; threads <= 3; threads += 2) {
-        assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
-        for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
-            size_t C = widths[w];
-            float *dy = randv(N * C, 1), *scale = randv(N * C, 2), *db = randv(C, 1);
-            float *want_dy = malloc(N * C * sizeof *want_dy), *want_db = malloc(C * sizeof *want_db);
-            memcpy(want_db, db, C * sizeof *db);
-            shard_mul(dy, scale, want_dy, N * C);
-            assert_int_equal(shard_linear_backward(NULL, NULL, want_dy, NULL, NULL, want_db, N, 1, C), SHARD_OK);
-            shard_mul_bias_grad(dy, scale, db, N, C);
-            assert_memory_equal(dy, want_dy, N * C * sizeof *dy);
-            for (size_t o = 0; o < C; o++)
-                if (db[o] != want_db[o]) fail_msg("width %zu: db[%zu] = %.9g, want %.9g", C, o, db[o], want_db[o]);
-            memcpy(dy, want_dy, N * C * sizeof *dy); /* again with no bias: the product alone */
-            shard_mul(want_dy, scale, want_dy, N * C);
-            shard_mul_bias_grad(dy, scale, NULL, N, C);
-            assert_memory_equal(dy, want_dy, N * C * sizeof *dy);
-            free(dy), free(scale), free(db), free(want_dy), free(want_db);
-        }
-    }
-    assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
-}
-
 /* ---------------------------------------------------------------- element-wise */
 
 typedef struct ew_ctx {
@@ -235,33 +206,6 @@ static void layernorm(void **state) {
         grad_check("layernorm dbeta", c.b, C, db, ln_loss, &c);
         free(c.x), free(c.g), free(c.b), free(c.y), free(c.mean), free(c.rstd), free(c.r), free(dx), free(dg), free(db);
     }
-}
-
-/* shard_layernorm_backward_add: the bits of shard_layernorm_backward into a buffer and shard_add, for the
- * input's gradient and for dgamma, dbeta; one chunk and several, 1 and 3 threads */
-static void layernorm_backward_add(void **state) {
-    (void)state;
-    size_t shapes[2][2] = {{4, 37}, {300, 256}};
-    for (int threads = 1; threads <= 3; threads += 2) {
-        assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
-        for (int sh = 0; sh < 2; sh++) {
-            size_t N = shapes[sh][0], C = shapes[sh][1];
-            float *x = randv(N * C, 2), *g = randv(C, 1), *b = randv(C, 1), *y = zeros(N * C), *mean = zeros(N),
-                  *rstd = zeros(N), *dy = randv(N * C, 1), *resid = randv(N * C, 1), *tmp = zeros(N * C);
-            float *want = malloc(N * C * sizeof *want), *dg = zeros(C), *db = zeros(C), *want_dg = zeros(C),
-                  *want_db = zeros(C);
-            shard_layernorm_forward(x, g, b, 1e-5f, y, mean, rstd, N, C);
-            shard_layernorm_backward(x, g, mean, rstd, dy, tmp, want_dg, want_db, N, C);
-            shard_add(resid, tmp, want, N * C);
-            shard_layernorm_backward_add(x, g, mean, rstd, dy, resid, dg, db, N, C);
-            assert_memory_equal(resid, want, N * C * sizeof *want);
-            assert_memory_equal(dg, want_dg, C * sizeof *dg);
-            assert_memory_equal(db, want_db, C * sizeof *db);
-            free(x), free(g), free(b), free(y), free(mean), free(rstd), free(dy), free(resid), free(tmp);
-            free(want), free(dg), free(db), free(want_dg), free(want_db);
-        }
-    }
-    assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
 }
 
 /* ---------------------------------------------------------------- cross-entropy, softmax */
@@ -567,7 +511,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(nan_propagates),
         cmocka_unit_test(linear),           cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),
-        cmocka_unit_test(mul_bias_grad),    cmocka_unit_test(layernorm_backward_add),
         cmocka_unit_test(elementwise),      cmocka_unit_test(gelu_slope), cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
         cmocka_unit_test(embedding),        cmocka_unit_test(attention),             cmocka_unit_test(attention_blocks),
         cmocka_unit_test(attention_backward_exact), cmocka_unit_test(attention_scratch_accounted),
