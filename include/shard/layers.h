@@ -39,21 +39,12 @@ void shard_gelu_forward_slope(float *x, float *y, size_t n);
 void shard_add(const float *a, const float *b, float *y, size_t n);
 /* y = a * b, element by element (y may alias a or b) */
 void shard_mul(const float *a, const float *b, float *y, size_t n);
-/* dy[N, C] *= scale[N, C] element by element, and db[C] += the column sums of the result, row by row: the
- * bits of shard_mul followed by a linear layer's bias gradient (shard_linear_backward), in one pass.  For
- * GELU's backward (scale: the slope shard_gelu_forward_slope kept) ahead of c_fc's backward.  db NULL:
- * the product alone. */
-void shard_mul_bias_grad(float *dy, const float *scale, float *db, size_t N, size_t C);
 
 /* ---- layer norm over the last dim C of x[N,C]; saves mean[N] and rstd[N] ---- */
 void shard_layernorm_forward(const float *x, const float *gamma, const float *beta, float eps, float *y, float *mean,
                              float *rstd, size_t N, size_t C);
 void shard_layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
                               float *dx, float *dgamma, float *dbeta, size_t N, size_t C);
-/* As shard_layernorm_backward, but the input's gradient is added into dx (a residual stream's gradient):
- * the bits of writing it elsewhere and adding that with shard_add, in one pass. */
-void shard_layernorm_backward_add(const float *x, const float *gamma, const float *mean, const float *rstd,
-                                  const float *dy, float *dx, float *dgamma, float *dbeta, size_t N, size_t C);
 
 /* ---- softmax over the last dim, and cross-entropy ---- */
 void shard_softmax_forward(const float *x, float *y, size_t N, size_t C);

@@ -699,16 +699,14 @@ static void add_bias_rows(const shard_gpt *g, float *y, const float *b) {
 /* LayerNorm backward on this rank's rows; under sp the weight and bias gradients come from these rows
  * only, so they are summed over tensor ranks before being added. */
 static shard_status ln_backward(shard_gpt *g, const float *x, size_t w, size_t b, const float *mean, const float *rstd,
-                                const float *dy, float *dx, int add) {
+                                const float *dy, float *dx) {
     size_t C = g->c.n_embd;
-    void (*backward)(const float *, const float *, const float *, const float *, const float *, float *, float *, float *,
-                     size_t, size_t) = add ? shard_layernorm_backward_add : shard_layernorm_backward;
     if (!g->sp) {
-        backward(x, P(g, w), mean, rstd, dy, dx, G(g, w), G(g, b), g->Nl, C);
+        shard_layernorm_backward(x, P(g, w), mean, rstd, dy, dx, G(g, w), G(g, b), g->Nl, C);
         return SHARD_OK;
     }
     memset(g->ln_scratch, 0, 2 * C * sizeof(float));
-    backward(x, P(g, w), mean, rstd, dy, dx, g->ln_scratch, g->ln_scratch + C, g->Nl, C);
+    shard_layernorm_backward(x, P(g, w), mean, rstd, dy, dx, g->ln_scratch, g->ln_scratch + C, g->Nl, C);
     SHARD_CHECK(shard__tp_sum(g->tp, g->ln_scratch, 2 * C));
     shard_add(G(g, w), g->ln_scratch, G(g, w), C);
     shard_add(G(g, b), g->ln_scratch + C, G(g, b), C);
@@ -847,7 +845,7 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     SHARD_CHECK(finish_rows(g, g->vocab_split, g->d_ln, dln, N));
     SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, head_g(g), C));
     memset(g->d_resid, 0, Nl * C * sizeof(float));
-    SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid, 0));
+    SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
     if (!g->own_first) SHARD_CHECK(shard_model_grads_ready(&g->model, 0)); /* the last stage's unit 0: ln_f */
     } else { /* the next pipeline stage's gradient of this stage's output */
@@ -866,11 +864,12 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         SHARD_CHECK(whole_rows(g, dy, &dyw));
         SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dyw, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
                                           Fl, C));
-        /* GELU's backward (times its slope, kept by the forward) and c_fc's bias gradient in one pass */
-        shard_mul_bias_grad(g->d_fc, a->fc, G(g, w[FC_B]), N, Fl);
-        SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), NULL, N, C, Fl));
+        shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
+        SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
+                                          Fl));
         SHARD_CHECK(finish_rows(g, ls->mlp_split, g->d_ln, dln, N)); /* column-parallel: the input's gradient summed */
-        SHARD_CHECK(ln_backward(g, a->mid, w[LN2_W], w[LN2_B], a->ln2_mean, a->ln2_rstd, dln, g->d_resid, 1));
+        SHARD_CHECK(ln_backward(g, a->mid, w[LN2_W], w[LN2_B], a->ln2_mean, a->ln2_rstd, dln, g->d_tmp));
+        shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
         dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset), dy = g->d_tmp;
@@ -883,7 +882,8 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(g, w[ATTN_W]), G(g, w[ATTN_B]),
                                           N, C, 3 * Cl));
         SHARD_CHECK(finish_rows(g, ls->attn_split, g->d_ln, dln, N));
-        SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_resid, 1));
+        SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_tmp));
+        shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 1));
         SHARD_CHECK(shard_model_grads_ready(&g->model, block_unit(g, l)));
     }

@@ -32,7 +32,7 @@ shard_status shard_linear_forward(const float *x, const float *W, const float *b
 enum { BIAS_GROUP = 16 };
 
 typedef struct bias_grad_job {
-    const float *dy, *scale; /* scale (NULL: none): dy is first multiplied by it, in place */
+    const float *dy;
     float *db;
     size_t N, out;
 } bias_grad_job;
@@ -43,51 +43,22 @@ static void bias_grad_columns(const float *dy, float *db, size_t N, size_t strid
         for (size_t o = 0; o < cols; o++) db[o] += dy[n * stride + o];
 }
 
-/* dy *= scale, then db += dy: the bits of a shard_mul pass and then bias_grad_columns */
-SHARD_VECTOR_CLONES
-static void scaled_bias_grad_columns(float *dy, const float *scale, float *db, size_t N, size_t stride, size_t cols) {
-    for (size_t n = 0; n < N; n++)
-        for (size_t o = 0; o < cols; o++) {
-            float v = dy[n * stride + o] * scale[n * stride + o];
-            dy[n * stride + o] = v;
-            db[o] += v;
-        }
-}
-
-static void bias_grad_band(const bias_grad_job *j, size_t first, size_t cols) {
-    if (j->scale) scaled_bias_grad_columns((float *)j->dy + first, j->scale + first, j->db + first, j->N, j->out, cols);
-    else bias_grad_columns(j->dy + first, j->db + first, j->N, j->out, cols);
-}
-
 static void bias_grad_chunk(void *ctx, size_t chunk, size_t chunks) {
     const bias_grad_job *j = ctx;
     size_t at, n;
     shard__chunk_range(j->out / BIAS_GROUP, chunks, chunk, &at, &n);
     size_t first = at * BIAS_GROUP, cols = chunk + 1 == chunks ? j->out - first : n * BIAS_GROUP;
-    bias_grad_band(j, first, cols);
-}
-
-static void bias_grad_run(bias_grad_job *j) {
-    size_t groups = j->out / BIAS_GROUP, chunks = shard__chunks_for(j->N * j->out, GRAIN);
-    if (!groups) { /* narrower than one group: one pass here */
-        bias_grad_band(j, 0, j->out);
-        return;
-    }
-    shard__parallel_for(chunks < groups ? chunks : groups, bias_grad_chunk, j);
+    bias_grad_columns(j->dy + first, j->db + first, j->N, j->out, cols);
 }
 
 static void bias_grad(const float *dy, float *db, size_t N, size_t out) {
-    bias_grad_job j = {dy, NULL, db, N, out};
-    bias_grad_run(&j);
-}
-
-void shard_mul_bias_grad(float *dy, const float *scale, float *db, size_t N, size_t C) {
-    if (!db) {
-        shard_mul(dy, scale, dy, N * C);
+    size_t groups = out / BIAS_GROUP, chunks = shard__chunks_for(N * out, GRAIN);
+    if (!groups) { /* narrower than one group: one pass here */
+        bias_grad_columns(dy, db, N, out, out);
         return;
     }
-    bias_grad_job j = {dy, scale, db, N, C};
-    bias_grad_run(&j);
+    bias_grad_job j = {dy, db, N, out};
+    shard__parallel_for(chunks < groups ? chunks : groups, bias_grad_chunk, &j);
 }
 
 shard_status shard_linear_backward(const float *x, const float *W, const float *dy, float *dx, float *dW, float *db,
@@ -262,7 +233,7 @@ static void layernorm_forward_rows(const float *x, const float *gamma, const flo
 
 SHARD_VECTOR_CLONES
 static void layernorm_backward_rows(const float *x, const float *gamma, const float *mean, const float *rstd,
-                                    const float *dy, float *dx, int add_dx, float *dgamma, float *dbeta, size_t N, size_t C) {
+                                    const float *dy, float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
     size_t whole = C / LANES * LANES;
     for (size_t n = 0; n < N; n++) {
         const float *r = x + n * C, *g = dy + n * C;
@@ -289,17 +260,9 @@ static void layernorm_backward_rows(const float *x, const float *gamma, const fl
             sum_dxhat_xhat += dxhat * xhat;
         }
         sum_dxhat /= (float)C, sum_dxhat_xhat /= (float)C;
-        float *d = dx + n * C;
-        if (add_dx) {
-            for (size_t c = 0; c < C; c++) {
-                float xhat = (r[c] - m) * s;
-                d[c] += s * (g[c] * gamma[c] - sum_dxhat - xhat * sum_dxhat_xhat);
-            }
-        } else {
-            for (size_t c = 0; c < C; c++) {
-                float xhat = (r[c] - m) * s;
-                d[c] = s * (g[c] * gamma[c] - sum_dxhat - xhat * sum_dxhat_xhat);
-            }
+        for (size_t c = 0; c < C; c++) {
+            float xhat = (r[c] - m) * s;
+            dx[n * C + c] = s * (g[c] * gamma[c] - sum_dxhat - xhat * sum_dxhat_xhat);
         }
     }
 }
@@ -309,7 +272,6 @@ static void layernorm_backward_rows(const float *x, const float *gamma, const fl
 typedef struct ln_job {
     const float *x, *gamma, *beta, *mean_in, *rstd_in, *dy;
     float eps, *y, *mean, *rstd, *dx, *partial;
-    int add_dx; /* backward: add the input's gradient into dx */
     size_t N, C;
 } ln_job;
 
@@ -332,7 +294,7 @@ static void ln_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
     shard__chunk_range(j->N, chunks, chunk, &r, &n);
     float *dg = j->partial + chunk * 2 * C;
     layernorm_backward_rows(j->x + r * C, j->gamma, j->mean_in + r, j->rstd_in + r, j->dy + r * C, j->dx ? j->dx + r * C : NULL,
-                            j->add_dx, dg, dg + C, n, C);
+                            dg, dg + C, n, C);
 }
 
 SHARD_VECTOR_CLONES
@@ -340,32 +302,22 @@ static void add_partials(float *to, const float *partial, size_t C) {
     for (size_t c = 0; c < C; c++) to[c] += partial[c];
 }
 
-static void layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
-                               float *dx, int add_dx, float *dgamma, float *dbeta, size_t N, size_t C) {
+void shard_layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
+                              float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
     size_t chunks = shard__chunks_for(N * C, GRAIN);
     float *partial = chunks > 1 ? calloc(chunks * 2 * C, sizeof *partial) : NULL;
     if (!partial) { /* one chunk (or no memory for partials): straight into dgamma and dbeta */
-        layernorm_backward_rows(x, gamma, mean, rstd, dy, dx, add_dx, dgamma, dbeta, N, C);
+        layernorm_backward_rows(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, N, C);
         return;
     }
-    ln_job j = {.x = x, .gamma = gamma, .mean_in = mean, .rstd_in = rstd, .dy = dy, .dx = dx, .add_dx = add_dx,
-                .partial = partial, .N = N, .C = C};
+    ln_job j = {.x = x, .gamma = gamma, .mean_in = mean, .rstd_in = rstd, .dy = dy, .dx = dx, .partial = partial,
+                .N = N, .C = C};
     shard__parallel_for(chunks, ln_backward_chunk, &j);
     for (size_t k = 0; k < chunks; k++) {
         add_partials(dgamma, partial + k * 2 * C, C);
         add_partials(dbeta, partial + k * 2 * C + C, C);
     }
     free(partial);
-}
-
-void shard_layernorm_backward(const float *x, const float *gamma, const float *mean, const float *rstd, const float *dy,
-                              float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
-    layernorm_backward(x, gamma, mean, rstd, dy, dx, 0, dgamma, dbeta, N, C);
-}
-
-void shard_layernorm_backward_add(const float *x, const float *gamma, const float *mean, const float *rstd,
-                                  const float *dy, float *dx, float *dgamma, float *dbeta, size_t N, size_t C) {
-    layernorm_backward(x, gamma, mean, rstd, dy, dx, 1, dgamma, dbeta, N, C);
 }
 
 /* ---------------------------------------------------------------- softmax, cross-entropy */
