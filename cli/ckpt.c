@@ -21,6 +21,7 @@
 #include "ckpt/atomic_file.h"
 #include "ckpt/ckpt_index.h"
 #include "ckpt/ckpt_util.h"
+#include "ckpt/hf_index.h"
 #include "cli_util.h"
 #include "mesh/box.h"
 #include "shard/safetensors.h"
@@ -56,61 +57,48 @@ static int inspect_file(const char *path, int verify) {
     return 0;
 }
 
-/* Hugging Face's sharded layout (NAME.index.json): the index's tensor count and total size, then each
- * file it names as inspect_file prints it; every tensor must be in the file the index gives. */
+/* For --verify of an index: each tensor the index puts in file `file` is in the open file f. */
+typedef struct index_check {
+    const shard__hf_index *ix;
+    size_t file;
+    shard_safetensors *f;
+    const char *path;
+} index_check;
+
+static int holds_its_tensor(void *ctx, const char *name, size_t file) {
+    const index_check *c = ctx;
+    if (file != c->file || shard_safetensors_find(c->f, name)) return 0;
+    cli_error("%s: no tensor '%s', which %s says it holds", c->path, name, c->ix->path);
+    return 1;
+}
+
+/* Hugging Face's sharded layout (NAME.index.json, read by ckpt/hf_index.c): the index's tensor count and
+ * total size, then each file it names as inspect_file prints it; every tensor must be in the file the
+ * index gives. */
 static int inspect_hf_index(const char *path, int verify) {
-    json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
-    if (!root) {
-        cli_error("%s: cannot read the index: %s (line %d)", path, err.text, err.line);
+    shard__hf_index ix;
+    if (shard__hf_index_open(path, &ix) < 0) {
+        cli_error("%s", shard_last_error());
         return 1;
     }
-    const json_t *map = json_object_get(root, "weight_map"), *total = json_object_get(json_object_get(root, "metadata"),
-                                                                                        "total_size");
+    printf("safetensors index %s: %zu tensors in %zu files", path, ix.ntensors, ix.nfiles);
+    if (ix.total_size >= 0) printf(", total_size %lld bytes", ix.total_size);
+    printf("\n");
     int rc = 0;
-    if (!json_is_object(map)) {
-        cli_error("%s: not a safetensors index (it needs a \"weight_map\" object of tensor name -> file name)", path);
-        rc = 1;
-    }
-    size_t dir_len = strrchr(path, '/') ? (size_t)(strrchr(path, '/') - path) + 1 : 0, nfiles = 0;
-    const char **files = rc ? NULL : calloc(json_object_size(map) + 1, sizeof *files);
-    const char *name;
-    const json_t *v;
-    if (!rc && !files) cli_error("%s: out of memory", path), rc = 1;
-    if (!rc) json_object_foreach((json_t *)map, name, v) { /* the distinct files, in first-use order */
-        const char *f = json_string_value(v);
-        if (!f || !*f || strchr(f, '/')) {
-            cli_error("%s: weight_map[\"%s\"] is not a file name beside the index", path, name);
+    char file[PATH_MAX];
+    for (size_t k = 0; !rc && k < ix.nfiles; k++) rc = inspect_file(shard__hf_index_file_path(&ix, k, file, sizeof file), verify);
+    for (size_t k = 0; !rc && verify && k < ix.nfiles; k++) { /* each file opened once, for the tensors it should hold */
+        index_check c = {&ix, k, NULL, shard__hf_index_file_path(&ix, k, file, sizeof file)};
+        if (shard_safetensors_open(file, &c.f) < 0) {
+            cli_error("%s", shard_last_error());
             rc = 1;
             break;
         }
-        size_t k = 0;
-        while (k < nfiles && strcmp(files[k], f) != 0) k++;
-        if (k == nfiles) files[nfiles++] = f;
-    }
-    if (!rc) {
-        printf("safetensors index %s: %zu tensors in %zu files", path, json_object_size(map), nfiles);
-        if (json_is_integer(total)) printf(", total_size %lld bytes", (long long)json_integer_value(total));
-        printf("\n");
-    }
-    char file[PATH_MAX];
-    for (size_t k = 0; !rc && k < nfiles; k++) {
-        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, files[k]);
-        rc = inspect_file(file, verify);
-    }
-    for (size_t k = 0; !rc && verify && k < nfiles; k++) { /* each file opened once, for the tensors it should hold */
-        shard_safetensors *f = NULL;
-        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, files[k]);
-        if (shard_safetensors_open(file, &f) < 0) cli_error("%s", shard_last_error()), rc = 1;
-        json_object_foreach((json_t *)map, name, v) {
-            if (rc || strcmp(json_string_value(v), files[k]) != 0) continue;
-            if (!shard_safetensors_find(f, name)) cli_error("%s: no tensor '%s', which %s says it holds", file, name, path), rc = 1;
-        }
-        shard_safetensors_close(f);
+        rc = shard__hf_index_each(&ix, holds_its_tensor, &c);
+        shard_safetensors_close(c.f);
     }
     if (!rc && verify) printf("verified: every tensor of the index is in the file it names\n");
-    free(files);
-    json_decref(root);
+    shard__hf_index_close(&ix);
     return rc;
 }
 
@@ -210,7 +198,7 @@ int cli_inspect_ckpt(int argc, char **argv) {
     }
     size_t n = strlen(target);
     if (n > 12 && strcmp(target + n - 12, ".safetensors") == 0) return inspect_file(target, verify);
-    if (n > 11 && strcmp(target + n - 11, ".index.json") == 0) return inspect_hf_index(target, verify);
+    if (shard__hf_index_is(target)) return inspect_hf_index(target, verify);
     struct stat st; /* a file by another name: read as safetensors (the format's own checks say if it is not) */
     if (stat(target, &st) == 0 && S_ISREG(st.st_mode)) return inspect_file(target, verify);
     return inspect_checkpoint(target, verify);

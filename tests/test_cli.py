@@ -488,14 +488,34 @@ def train():
         q = run(["inspect", "ckpt", index, "--verify"])
         expect(q.returncode == 0 and "verified: every tensor of the index is in the file it names" in q.stdout,
                f"inspect of a sharded export's index: {q.stdout[-300:]} {q.stderr}")
-        # an index naming a file outside its directory, or none at all: refused, one line
+        # an index naming a file outside its directory, a .bin file, or none at all: refused, one line, by
+        # --init and by inspect alike (one reader)
         for bad_map, words in (({"wte.weight": "../sh-00001-of-00002.safetensors"}, "is not a file name beside the index"),
+                               ({"wte.weight": "pytorch_model-00001-of-00002.bin"}, "not a .safetensors file"),
                                ([], "not a safetensors index")):
             with open(os.path.join(work, "bad.safetensors.index.json"), "w") as f:
                 json.dump({"metadata": {}, "weight_map": bad_map}, f)
             q = run(args + ["--steps", "1", "--init", os.path.join(work, "bad.safetensors.index.json")])
             expect(q.returncode == 1 and len(q.stderr.strip().splitlines()) == 1 and words in q.stderr,
                    f"--init from a bad index {bad_map}: {q.returncode} {q.stderr!r}")
+            q = run(["inspect", "ckpt", os.path.join(work, "bad.safetensors.index.json")])
+            expect(q.returncode == 1 and len(q.stderr.strip().splitlines()) == 1 and words in q.stderr,
+                   f"inspect of a bad index {bad_map}: {q.returncode} {q.stderr!r}")
+        # an index that puts a tensor in a file that lacks it: --init and inspect --verify both say so, one line
+        with open(index) as f:
+            wrong = json.load(f)
+        first = sorted(wrong["weight_map"])[0]
+        other = [n for n in sorted(set(wrong["weight_map"].values())) if n != wrong["weight_map"][first]]
+        expect(len(other) > 0, f"the sharded export has one file only: {wrong['weight_map']}")
+        if other:
+            wrong["weight_map"][first] = other[0]
+            with open(os.path.join(work, "wrong.safetensors.index.json"), "w") as f:
+                json.dump(wrong, f)
+            for cmd in (["inspect", "ckpt", os.path.join(work, "wrong.safetensors.index.json"), "--verify"],
+                        args + ["--steps", "1", "--init", os.path.join(work, "wrong.safetensors.index.json")]):
+                q = run(cmd)
+                expect(q.returncode == 1 and f"no tensor '{first}', which" in q.stderr
+                       and len(q.stderr.strip().splitlines()) == 1, f"{cmd[0]} with '{first}' misplaced: {q.stderr!r}")
         # an --out in a directory that does not exist: one line naming it, nothing written
         p = run(["ckpt", "export", ck, "--out", os.path.join(work, "no", "m.safetensors")])
         expect(p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "does not exist" in p.stderr

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/hf_index.h"
 #include "shard/safetensors.h"
 
 enum { ALIGN_ELEMENTS = 16 }; /* 64 bytes of f32 */
@@ -152,66 +153,40 @@ static shard_status load_one(shard_params *p, size_t i, shard_safetensors *f, co
     return s;
 }
 
-static int ends_with(const char *text, const char *end) {
-    size_t n = strlen(text), m = strlen(end);
-    return n >= m && strcmp(text + n - m, end) == 0;
-}
-
-/* Hugging Face's sharded layout: NAME.index.json's weight_map gives each tensor's file, beside the index
- * (a bare file name); each file is opened once, when a parameter first needs it. */
+/* Hugging Face's sharded layout (NAME.index.json, read by ckpt/hf_index.c): each file is opened once,
+ * when a parameter first needs it. */
 static shard_status load_sharded(shard_params *p, const char *path, int require_all, size_t *loaded) {
-    json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
-    if (!root) return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s (line %d)", path, err.text, err.line);
-    const json_t *map = json_object_get(root, "weight_map");
-    shard_status s = json_is_object(map) ? SHARD_OK
-                                         : shard_error(SHARD_ERR_INVALID_ARG, "%s: not a safetensors index (it needs a "
-                                                       "\"weight_map\" object of tensor name -> file name)", path);
-    size_t dir_len = strrchr(path, '/') ? (size_t)(strrchr(path, '/') - path) + 1 : 0, n = 0, opened = 0;
-    const char **names = calloc(p->count + 1, sizeof *names);
-    shard_safetensors **files = calloc(p->count + 1, sizeof *files);
-    if (s == SHARD_OK && (!names || !files)) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    shard__hf_index ix;
+    SHARD_CHECK(shard__hf_index_open(path, &ix));
+    shard_safetensors **files = calloc(ix.nfiles + 1, sizeof *files);
+    shard_status s = files ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    size_t n = 0;
     char file[4096];
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
-        const json_t *v = json_object_get(map, p->info[i].name);
-        const char *name = json_string_value(v);
-        if (!v) {
+        long k = shard__hf_index_file_of(&ix, p->info[i].name);
+        if (k < 0) {
             if (require_all)
                 s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, p->info[i].name);
             continue;
         }
-        if (name && *name && !strchr(name, '/') && !ends_with(name, ".safetensors")) {
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: weight_map[\"%s\"] is %s, not a .safetensors file (shard reads "
-                            "safetensors only)", path, p->info[i].name, name);
-            break;
-        }
-        if (!name || !*name || strchr(name, '/')) {
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: weight_map[\"%s\"] is not a file name beside the index (give "
-                            "e.g. \"model-00001-of-00002.safetensors\")", path, p->info[i].name);
-            break;
-        }
-        snprintf(file, sizeof file, "%.*s%s", (int)dir_len, path, name);
-        size_t k = 0;
-        while (k < opened && strcmp(names[k], name) != 0) k++;
-        if (k == opened) {
-            if ((s = shard_safetensors_open(file, &files[k])) < 0) break;
-            names[opened++] = name;
-        }
+        shard__hf_index_file_path(&ix, (size_t)k, file, sizeof file);
+        if (!files[k] && (s = shard_safetensors_open(file, &files[k])) < 0) break;
         int found = 0;
         s = load_one(p, i, files[k], file, &found);
         if (s == SHARD_OK && !found)
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensor '%s', which %s says it holds", file, p->info[i].name, path);
         n += s == SHARD_OK;
     }
-    for (size_t k = 0; k < opened; k++) shard_safetensors_close(files[k]);
-    free(names), free(files);
-    json_decref(root);
+    for (size_t k = 0; files && k < ix.nfiles; k++)
+        if (files[k]) shard_safetensors_close(files[k]);
+    free(files);
+    shard__hf_index_close(&ix);
     if (loaded) *loaded = n;
     return s;
 }
 
 shard_status shard_params_load(shard_params *p, const char *path, int require_all, size_t *loaded) {
-    if (ends_with(path, ".index.json")) return load_sharded(p, path, require_all, loaded);
+    if (shard__hf_index_is(path)) return load_sharded(p, path, require_all, loaded);
     shard_safetensors *f = NULL;
     SHARD_CHECK(shard_safetensors_open(path, &f));
     shard_status s = SHARD_OK;
