@@ -149,6 +149,19 @@ static void pair_of_products(void **state) {
             }
             for (int i = 0; i < 2; i++) free(want[i].A), free(want[i].B), free(want[i].C);
         }
+    /* one of the two NULL: the other alone, with shard_sgemm's bits */
+    for (int threads = 1; threads <= 2; threads++) {
+        big_product want, got;
+        big_fill(&want, 301, 97, 160, 0, 1), big_fill(&got, 301, 97, 160, 0, 1);
+        assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
+        assert_int_equal(big_run(&want), SHARD_OK);
+        assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
+        shard_gemm g = as_gemm(&got);
+        assert_int_equal(threads == 1 ? shard_sgemm_pair(&g, NULL) : shard_sgemm_pair(NULL, &g), SHARD_OK);
+        assert_memory_equal(want.C, got.C, want.M * want.N * sizeof(float));
+        assert_int_equal(shard_sgemm_pair(NULL, NULL), SHARD_OK);
+        free(want.A), free(want.B), free(want.C), free(got.A), free(got.B), free(got.C);
+    }
     big_product p[2];
     big_fill(&p[0], 301, 97, 160, 0, 0), big_fill(&p[1], 67, 411, 200, 0, 0);
     for (int threads = 1; threads <= 2; threads++) {

@@ -62,7 +62,7 @@ typedef struct shard_gemm {
  * threads each runs whole on one of them, at once: the operand both read is packed once per product
  * instead of once per block, which on BRIEF's GPT saved 1.5 ms of a 130 ms step; otherwise one after
  * the other (also when either is small: under 64^3 multiply-adds), each cut over the threads as shard_sgemm
- * does.  The first error is returned. */
+ * does.  Either may be NULL: the other runs alone.  The first error is returned. */
 shard_status shard_sgemm_pair(const shard_gemm *first, const shard_gemm *second);
 
 #ifdef __cplusplus

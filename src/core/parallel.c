@@ -52,11 +52,11 @@ size_t shard__chunks_for(size_t work, size_t grain) {
     return c < 1 ? 1 : c > SHARD_MAX_CHUNKS ? SHARD_MAX_CHUNKS : c;
 }
 
-/* Thread `who` of `width` runs chunks [lo, hi). */
 static _Thread_local int in_region; /* this thread is running a region's chunks */
 
 int shard__parallel_inside(void) { return in_region; }
 
+/* Thread `who` of `width` runs chunks [lo, hi). */
 static void run_share(shard__chunk_fn fn, void *ctx, size_t chunks, int width, int who) {
     size_t lo, count;
     shard__chunk_range(chunks, (size_t)width, (size_t)who, &lo, &count);

@@ -215,10 +215,10 @@ static double madds(const shard_gemm *g) { return (double)g->M * (double)g->N * 
 
 shard_status shard_sgemm_pair(const shard_gemm *first, const shard_gemm *second) {
     SHARD_CHECK(shard_blas_init());
-    if (shard__parallel_threads() != 2 || shard__parallel_inside() || madds(first) < PAIR_FROM ||
+    if (!first || !second || shard__parallel_threads() != 2 || shard__parallel_inside() || madds(first) < PAIR_FROM ||
         madds(second) < PAIR_FROM) {
-        SHARD_CHECK(gemm_args(first));
-        return gemm_args(second);
+        if (first) SHARD_CHECK(gemm_args(first));
+        return second ? gemm_args(second) : SHARD_OK;
     }
     gemm_pair_job j = {{first, second}, {SHARD_OK, SHARD_OK}, {"", ""}};
     shard__parallel_for(2, gemm_pair_chunk, &j);

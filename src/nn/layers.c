@@ -65,9 +65,7 @@ shard_status shard_linear_backward(const float *x, const float *W, const float *
                                    size_t N, size_t in, size_t out) {
     shard_gemm gx = {0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in};   /* dx = dy W^T */
     shard_gemm gw = {1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out}; /* dW += x^T dy */
-    if (dx && dW) SHARD_CHECK(shard_sgemm_pair(&gx, &gw));
-    else if (dx) SHARD_CHECK(shard_sgemm(0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in));
-    else if (dW) SHARD_CHECK(shard_sgemm(1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out));
+    SHARD_CHECK(shard_sgemm_pair(dx ? &gx : NULL, dW ? &gw : NULL));
     if (db) bias_grad(dy, db, N, out);
     return SHARD_OK;
 }
@@ -389,7 +387,6 @@ static float row_max(const float *x, size_t C) {
     return m;
 }
 
-/* y[c] = exp(x[c] - m) (y may be x); returns the sum, added in a fixed order (lane 0 to 15). */
 /* The same exp on 16 lanes as one 64-byte vector: the same operations lane by lane, so the same bits.
  * Only where the CPU has AVX-512 (wide_vectors): there exp_row's AVX-512 clone runs it in zmm registers,
  * and the cross-entropy over 1,024 x 8,192 logits took 2.6 ms on two threads instead of 3.6 (Emerald
@@ -416,6 +413,7 @@ static inline void exp16_wide(const float *in, float m, float *out, v16f *sum) {
     *sum += x;
 }
 
+/* y[c] = exp(x[c] - m) (y may be x); returns the sum, added in a fixed order (lane 0 to 15). */
 SHARD_VECTOR_CLONES
 static double exp_row(const float *x, float *y, size_t C, float m) {
     v8f acc[2] = {{0}, {0}};
@@ -443,7 +441,6 @@ static double exp_row(const float *x, float *y, size_t C, float m) {
     return sum;
 }
 
-
 SHARD_VECTOR_CLONES
 static void scale_row(float *y, size_t C, float k) {
     for (size_t c = 0; c < C; c++) y[c] *= k;
@@ -454,7 +451,6 @@ static void scale_row(float *y, size_t C, float k) {
  * with the lanes past the row masked out, which the row's T floats of room allow; only when a row's
  * last vector would pass T does it take a plain loop. */
 static const v8i LANE_INDEX = {0, 1, 2, 3, 4, 5, 6, 7};
-
 
 /* the sum of 16 lanes (two halves) as a tree (halves, quarters, ...): 4 dependent steps, not 15 */
 static inline float lanes_tree_sum(const v8f lane[2]) {
@@ -650,7 +646,8 @@ static uint64_t att_offset(size_t first_row, size_t b, size_t H, size_t h, size_
  * columns (3C floats apart) fall into a few cache sets, and BLAS's transposed-B path is slow on such
  * small shapes.  On BRIEF's GPT (T 128, D 64, Emerald Rapids) the forward's products went from 60-130
  * to 130-160 GFLOP/s on one core, and one layer's attention (forward + backward, 2 threads, operands in
- * cache) from 2.3 to 1.6 ms; inside the training step, colder, it saves about 0.5 ms.  ATT_PACKS is the most T x D buffers a pair uses (backward: q, k, v^T, dY). */
+ * cache) from 2.3 to 1.6 ms; inside the training step, colder, it saves about 0.5 ms.
+ * ATT_PACKS is the most T x D buffers a pair uses (backward: q, k, v^T, dY). */
 #define ATT_PACKS 4
 
 static void pack_rows(const float *src, size_t lds, size_t rows, size_t cols, float *dst) {
@@ -717,7 +714,8 @@ static void att_forward_chunk(void *ctx, size_t chunk, size_t chunks) {
     att_job *j = ctx;
     size_t first, count;
     shard__chunk_range(j->B * j->H, chunks, chunk, &first, &count);
-    float *packs = j->scratch + chunk * j->scratch_floats, *dropped = j->p_drop > 0 ? packs + 3 * j->T * (j->C / j->H) : NULL;
+    float *packs = j->scratch + chunk * j->scratch_floats;
+    float *dropped = j->p_drop > 0 ? packs + 3 * j->T * (j->C / j->H) : NULL;
     shard_status s = SHARD_OK;
     for (size_t i = first; i < first + count && s == SHARD_OK; i++)
         s = att_forward_pair(j, i / j->H, i % j->H, packs, dropped);
@@ -798,7 +796,8 @@ static void att_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
     memset(ds, 0, tt * sizeof *ds);
     float *dropped = j->p_drop > 0 ? packs + ATT_PACKS * j->T * (j->C / j->H) : NULL;
     shard_status s = SHARD_OK;
-    for (size_t i = first; i < first + count && s == SHARD_OK; i++) s = att_backward_pair(j, i / j->H, i % j->H, ds, packs, dropped);
+    for (size_t i = first; i < first + count && s == SHARD_OK; i++)
+        s = att_backward_pair(j, i / j->H, i % j->H, ds, packs, dropped);
     att_chunk_done(j, chunk, s);
 }
 
