@@ -651,7 +651,9 @@ def train():
                   "h.0.ln_1.weight [32] can be only P() (replicated)"),
                  (json.load(open(cfg)), ["--spec", "h.9.*=P()"], "--spec 'h.9.*': no parameter is named so"),
                  ({"model_type": "mlp", "model_dim": 8, "hidden_dim": 16}, ["--spec", "layer_0/weights=P()"],
-                  "--spec: model_type 'mlp' places every parameter whole")]
+                  "--spec: model_type 'mlp' places every parameter whole"),
+                 ({"model_type": "mlp", "model_dim": 8, "hidden_dim": 16}, [],
+                  "trains on rows it generates from a seeded teacher and reads no files; drop --data")]
         for conf, extra, want in cases:
             with open(bad, "w") as f:
                 json.dump(conf, f)

@@ -76,7 +76,9 @@ typedef struct run_opts {
 
 static shard_trainer_config trainer_config(const run_opts *o, char *config_path, size_t bytes) {
     snprintf(config_path, bytes, "%s/%s", g_dir, o->config);
-    shard_trainer_config c = {.config_path = config_path, .data_dir = o->data ? o->data : g_dir, .batch = o->batch,
+    /* the MLP generates its rows and refuses a data directory; the GPT's token files and the CNN's images are here */
+    const char *data = o->data ? o->data : strncmp(o->config, "mlp", 3) == 0 ? NULL : g_dir;
+    shard_trainer_config c = {.config_path = config_path, .data_dir = data, .batch = o->batch,
                               .accum = o->accum, .seq = 16, .seed = 3, .zero = o->zero,
                               .bucket_mb = 0.01 /* several buckets */, .grad_dtype = o->grad_dtype,
                               .compute_dtype = o->compute_dtype,

@@ -114,7 +114,7 @@ struct shard_model {
  * "cnn" or "mlp"), reading training data from data_dir (the GPT: train.tokens
  * of `shard data text`, required; the CNN: Fashion-MNIST's IDX files, by
  * default Debian's /usr/share/datasets/fashion-mnist; the MLP: generated,
- * data_dir unused), for batches of up to max_rows rows of seq tokens.
+ * data_dir must be NULL), for batches of up to max_rows rows of seq tokens.
  * `tensor` (NULL: none): the mesh's tensor axis; the GPT then holds its
  * Megatron pieces (heads, MLP columns, vocabulary rows) of every layer;
  * sequence_parallel: its residual stream, LayerNorms and dropout hold only

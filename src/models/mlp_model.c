@@ -127,9 +127,13 @@ static void destroy(shard_model *m) {
 static const shard_model_ops mlp_ops = {.kind = "mlp", .load_batch = load_batch, .batch_items = items, .forward = forward,
                                         .backward = backward, .init = init, .describe = describe, .destroy = destroy};
 
-shard_status shard__mlp_model_create(const char *text, const char *where, size_t max_rows, shard_model **out) {
+shard_status shard__mlp_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
+                                     shard_model **out) {
     size_t d, h;
     SHARD_CHECK(parse(text, where, &d, &h));
+    if (data_dir) /* a user who passes files expects them read: say they are not, rather than train on other data */
+        return shard_error(SHARD_ERR_INVALID_ARG, "--data %s: model_type 'mlp' (%s) trains on rows it generates from a "
+                           "seeded teacher and reads no files; drop --data", data_dir, where);
     mlp_model *p = calloc(1, sizeof *p);
     if (!p) return shard_error(SHARD_ERR_NO_MEMORY, "mlp: out of memory");
     p->d = d, p->h = h, p->max_rows = max_rows ? max_rows : 1, p->model.impl = p, p->model.ops = &mlp_ops;

@@ -11,7 +11,8 @@ shard_status shard__gpt_model_create(const char *config_text, const char *where,
                                      const shard_model_stage *stage, shard_model **out);
 shard_status shard__cnn_model_create(const char *config_text, const char *where, const char *data_dir, size_t max_rows,
                                      const shard_model_stage *stage, shard_model **out);
-shard_status shard__mlp_model_create(const char *config_text, const char *where, size_t max_rows, shard_model **out);
+shard_status shard__mlp_model_create(const char *config_text, const char *where, const char *data_dir, size_t max_rows,
+                                     shard_model **out);
 
 void shard__model_free_units(shard_model *m);
 /* A config file's text (malloc'd), or NULL with the error set. */

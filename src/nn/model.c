@@ -173,7 +173,7 @@ shard_status shard_model_create_stage(const char *config_path, const char *data_
         s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type 'mlp' is not cut into pipeline stages (the GPT and the CNN "
                         "are): give pipe=1", config_path);
     else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, stage, out);
-    else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, max_rows, out);
+    else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, data_dir, max_rows, out);
     else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, stage, out);
     json_decref(root);
     free(text);
