@@ -182,14 +182,14 @@ static shard_status bubble_model(pp_args *a, const shard_gpt_config *gc) {
  * received stage inputs), counted from the GPT's layers (f32; tensor = 1): per block and micro-batch the
  * residual stream in and mid, both LayerNorm outputs, q k v, the attention output, the MLP's two 4C
  * activations, the LayerNorm statistics and the attention probabilities; per micro-batch the stage
- * output and, on the last stage, ln_f and the loss gradient over the vocabulary; once, backward's
- * scratch (11 N C) and the last stage's logits. */
+ * output and, on the last stage, ln_f and the logits (the loss's gradient is written over them); once,
+ * backward's scratch (11 N C). */
 static double predicted_bytes(const shard_gpt_config *c, int P, int r, size_t slots, size_t inputs, size_t rows, size_t T) {
     double N = (double)(rows * T), C = (double)c->n_embd, V = (double)c->vocab_size, H = (double)c->n_head;
     size_t L = c->n_layer, blocks = L / (size_t)P + ((size_t)r < L % (size_t)P);
     double per_block = N * (16 * C + 4) + (double)rows * H * (double)(T * T);
     double per_slot = (double)blocks * per_block + N * C + (r == P - 1 ? N * C + 2 * N + N * V : 0);
-    double shared = 11 * N * C + (r == P - 1 ? N * V : 0);
+    double shared = 11 * N * C;
     return 4 * ((double)slots * per_slot + shared + (r > 0 ? (double)inputs * N * C : 0));
 }
 

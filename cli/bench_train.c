@@ -120,7 +120,7 @@ int cli_bench_train(int argc, char **argv) {
     double *ms = calloc((size_t)steps, sizeof *ms);
     shard_status s = in && tg && ms ? shard_gpt_config_load(config, &c) : SHARD_ERR_NO_MEMORY;
     if (s == SHARD_OK) s = shard_blas_set_threads((int)threads);
-    if (s == SHARD_OK) s = shard_gpt_create(&c, B, T, &g);
+    if (s == SHARD_OK) s = shard_gpt_create_training(&c, B, T, &g); /* as the trainer: the loss gradient over the logits */
     if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &grads);
     if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_OPTIMIZER, &m);
     if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_OPTIMIZER, &v);

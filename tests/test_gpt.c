@@ -46,18 +46,20 @@ static void compare(const float *got, const float *want, size_t n, double rel, d
                  rel * scale + abs_tol);
 }
 
-static shard_gpt *load_model(void) {
+static shard_gpt *load_model_for(int training) {
     shard_gpt_config c;
     const char *text = shard_safetensors_metadata(golden, "config");
     if (shard_gpt_config_parse(text, "fixture config", &c) < 0) fail_msg("%s", shard_last_error());
     shard_gpt *g = NULL;
-    assert_int_equal(shard_gpt_create(&c, 2, 8, &g), SHARD_OK);
+    assert_int_equal((training ? shard_gpt_create_training : shard_gpt_create)(&c, 2, 8, &g), SHARD_OK);
     size_t loaded = 0;
     if (shard_params_load(shard_gpt_params(g), SHARD_FIXTURE_DIR "/gpt_golden.safetensors", 1, &loaded) < 0)
         fail_msg("%s", shard_last_error());
     assert_int_equal(loaded, 2 + 2 * 12 + 2);
     return g;
 }
+
+static shard_gpt *load_model(void) { return load_model_for(0); }
 
 static void forward_backward_adamw(void **state) {
     (void)state;
@@ -133,6 +135,42 @@ static void determinism(void **state) {
     shard_params_destroy(own), shard_params_destroy(given);
     shard_gpt_destroy(g);
     shard_params_destroy(grads[0]), shard_params_destroy(grads[1]);
+}
+
+/* A model made for training writes the loss's gradient over the logits: one [N, vocab] buffer less, the
+ * same loss and gradients to the bit, and the logits again after a forward without targets. */
+static void training_model_shares_logits(void **state) {
+    (void)state;
+    shard_mem_stats at[3]; /* activations charged by making each model */
+    shard_mem_stats_get(&at[0]);
+    shard_gpt *kept = load_model();
+    shard_mem_stats_get(&at[1]);
+    shard_gpt *g = load_model_for(1);
+    shard_mem_stats_get(&at[2]);
+    shard_params *grads[2];
+    float loss[2];
+    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+    size_t n_logits;
+    data_of("logits", &n_logits);
+    shard_gpt *both[2] = {kept, g};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(shard_params_like(shard_gpt_params(both[k]), SHARD_MEM_GRADS, &grads[k]), SHARD_OK);
+        assert_int_equal(shard_gpt_forward(both[k], inputs, targets, 2, 8, &loss[k]), SHARD_OK);
+        assert_int_equal(shard_gpt_backward(both[k], grads[k]), SHARD_OK);
+    }
+    assert_memory_equal(&loss[0], &loss[1], sizeof loss[0]);
+    assert_memory_equal(grads[0]->data, grads[1]->data, grads[0]->total * sizeof(float));
+    assert_non_null(shard_gpt_logits(kept));
+    assert_null(shard_gpt_logits(g)); /* they hold the gradient now */
+    uint64_t kept_bytes = at[1].current_bytes[SHARD_MEM_ACTIVATIONS] - at[0].current_bytes[SHARD_MEM_ACTIVATIONS];
+    uint64_t training_bytes = at[2].current_bytes[SHARD_MEM_ACTIVATIONS] - at[1].current_bytes[SHARD_MEM_ACTIVATIONS];
+    assert_int_equal(kept_bytes - training_bytes, n_logits * sizeof(float));
+    assert_int_equal(shard_gpt_forward(kept, inputs, NULL, 2, 8, NULL), SHARD_OK);
+    assert_int_equal(shard_gpt_forward(g, inputs, NULL, 2, 8, NULL), SHARD_OK);
+    assert_non_null(shard_gpt_logits(g));
+    assert_memory_equal(shard_gpt_logits(g), shard_gpt_logits(kept), n_logits * sizeof(float));
+    shard_params_destroy(grads[0]), shard_params_destroy(grads[1]);
+    shard_gpt_destroy(kept), shard_gpt_destroy(g);
 }
 
 /* Dropout through the public forward: each training forward draws new masks; the same seed, the same ones. */
@@ -250,6 +288,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(forward_backward_adamw),
         cmocka_unit_test(determinism),
+        cmocka_unit_test(training_model_shares_logits),
         cmocka_unit_test(dropout_masks),
         cmocka_unit_test(config_refusals),
     };

@@ -37,6 +37,11 @@ size_t shard_gpt_param_count(const shard_gpt_config *c);
 typedef struct shard_gpt shard_gpt;
 
 shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out);
+/* The same for training: a forward with targets writes the loss's gradient
+ * over the logits, so the model holds one [B*T, vocab] buffer instead of two
+ * (for GPT-2 small at 8 x 1024 tokens, 1.6 GB less); shard_gpt_logits then
+ * returns NULL until a forward without targets.  The same numbers. */
+shard_status shard_gpt_create_training(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out);
 void shard_gpt_destroy(shard_gpt *g);
 shard_params *shard_gpt_params(shard_gpt *g);
 const shard_gpt_config *shard_gpt_config_of(const shard_gpt *g);

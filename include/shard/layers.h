@@ -50,7 +50,8 @@ void shard_layernorm_backward(const float *x, const float *gamma, const float *m
 void shard_softmax_forward(const float *x, float *y, size_t N, size_t C);
 /* Mean over the rows whose target is not ignore_index of -log softmax(logits)[target].
  * *count gets those rows.  If dlogits is not NULL it gets d(mean loss)/d(logits)
- * (rows of ignored targets are zero).  Targets outside 0..V-1 other than
+ * (rows of ignored targets are zero); dlogits may be logits itself (the
+ * gradient written over them).  Targets outside 0..V-1 other than
  * ignore_index are refused. */
 shard_status shard_cross_entropy(const float *logits, const int32_t *targets, int32_t ignore_index, size_t N, size_t V,
                                  float *loss, size_t *count, float *dlogits);

@@ -220,7 +220,8 @@ struct shard_gpt {
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
     layer_acts *acts;                                          /* the current slot's (use_slot) */
-    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch */
+    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the slot's dlogits */
+    int keep_logits; /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
     int32_t *inputs, *targets;
     int have_targets, dropout; /* dropout: this forward trains with it */
@@ -348,7 +349,7 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
 
 /* Activation buffers carved from one slab (base NULL: only count the floats).  Per slot (micro-batch in
  * flight): the stage's blocks' activations, its output and, on the last stage, ln_f and the loss's
- * gradient; shared: the logits and backward's scratch. */
+ * gradient; shared: the logits (when kept apart from the gradient) and backward's scratch. */
 static size_t carve(shard_gpt *g, float *base, size_t N, size_t Nr) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = g->max_b * (Cl / g->D) * g->max_t * g->max_t;
@@ -366,7 +367,7 @@ static size_t carve(shard_gpt *g, float *base, size_t N, size_t Nr) {
         TAKE(b->out, Nr * C);
         if (g->own_last) TAKE(b->lnf, N * C), TAKE(b->lnf_mean, Nr), TAKE(b->lnf_rstd, Nr), TAKE(b->dlogits, N * V);
     }
-    if (g->own_last) TAKE(g->logits, N * V);
+    if (g->own_last && g->keep_logits) TAKE(g->logits, N * V);
     TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
     TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
     if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, c->n_positions * C);
@@ -378,6 +379,7 @@ static void use_slot(shard_gpt *g, size_t k) {
     const slot_bufs *b = &g->sb[k < g->slots ? k : 0];
     g->acts = b->acts, g->out = b->out, g->lnf = b->lnf, g->lnf_mean = b->lnf_mean, g->lnf_rstd = b->lnf_rstd;
     g->dlogits = b->dlogits;
+    if (!g->keep_logits) g->logits = b->dlogits; /* the head writes the logits there; the loss overwrites them */
 }
 
 /* Keep the stage's parameters of the whole model's list t[0..n-1] (placements already read), renumbered. */
@@ -396,7 +398,8 @@ static size_t keep_stage_params(shard_gpt *g, shard_param_info *t, size_t n) {
 }
 
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
-                               int sequence_parallel, const char *specs, const shard_model_stage *stage, shard_gpt **out) {
+                               int sequence_parallel, const char *specs, const shard_model_stage *stage, int keep_logits,
+                               shard_gpt **out) {
     *out = NULL;
     SHARD_CHECK(check_config(c, "gpt"));
     if (!max_batch || !max_seq || max_seq > c->n_positions)
@@ -427,7 +430,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         free(g), free(t), free(unit_first);
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
-    g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->slots = slots;
+    g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->slots = slots, g->keep_logits = keep_logits;
     g->chunks = stage ? stage->chunks : 1;
     for (size_t k = 0; k < g->chunks; k++) g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
     g->own_first = !stage || stage->index == 0, g->own_last = !stage || stage->index == stage->count - 1;
@@ -532,7 +535,11 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
 }
 
 shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
-    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, NULL, out);
+    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, NULL, 1, out);
+}
+
+shard_status shard_gpt_create_training(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
+    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, NULL, 0, out);
 }
 
 void shard_gpt_destroy(shard_gpt *g) {
@@ -550,7 +557,7 @@ void shard_gpt_destroy(shard_gpt *g) {
 
 shard_params *shard_gpt_params(shard_gpt *g) { return g->params; }
 const shard_gpt_config *shard_gpt_config_of(const shard_gpt *g) { return &g->c; }
-const float *shard_gpt_logits(const shard_gpt *g) { return g->logits; }
+const float *shard_gpt_logits(const shard_gpt *g) { return g->keep_logits || !g->have_targets ? g->logits : NULL; }
 shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
 
 /* ---------------------------------------------------------------- tensor-parallel pieces */
@@ -1031,7 +1038,8 @@ shard_status shard__gpt_model_create(const char *text, const char *where, const 
         return s;
     }
     shard_gpt *g = NULL;
-    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, stage, &g);
+    /* the model table trains: nothing reads the logits after the loss, so its gradient replaces them */
+    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, stage, 0, &g);
     if (s < 0) {
         shard_tokens_close(tokens);
         return s;

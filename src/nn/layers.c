@@ -553,9 +553,9 @@ static void ce_chunk(void *ctx, size_t chunk, size_t chunks) {
             if (j->dlogits) memset(d, 0, V * sizeof *d);
             continue;
         }
-        float m = row_max(r, V);
+        float m = row_max(r, V), at_target = r[j->targets[n]]; /* read before d, which may be r, is written */
         double sum = exp_row(r, d, V, m); /* one pass of exp, kept in d for the gradient */
-        total += (double)m + log(sum) - (double)r[j->targets[n]];
+        total += (double)m + log(sum) - (double)at_target;
         if (j->dlogits) {
             scale_row(d, V, (float)(1.0 / sum) * j->scale);
             d[j->targets[n]] -= j->scale;

@@ -66,11 +66,12 @@ shard_status shard__tp_cross_entropy(shard_comm *tp, const float *logits, const 
     shard_status s = shard_comm_all_reduce(tp, mx, mx, N, SHARD_F32, SHARD_OP_MAX);
     for (size_t n = 0; s == SHARD_OK && n < N; n++) {
         const float *r = logits + n * Vl;
-        float *d = dlogits + n * Vl;
+        float *d = dlogits + n * Vl; /* may be r: the target's logit is read first */
+        size_t t = (size_t)targets[n];
+        st[2 * n + 1] = targets[n] != ignore_index && t >= v0 && t < v0 + Vl ? (double)r[t - v0] : 0.0;
         double sum = 0;
         for (size_t v = 0; v < Vl; v++) d[v] = expf(r[v] - mx[n]), sum += d[v];
-        size_t t = (size_t)targets[n];
-        st[2 * n] = sum, st[2 * n + 1] = targets[n] != ignore_index && t >= v0 && t < v0 + Vl ? (double)r[t - v0] : 0.0;
+        st[2 * n] = sum;
     }
     if (s == SHARD_OK) s = shard_comm_all_reduce(tp, st, st, 2 * N, SHARD_F64, SHARD_OP_SUM);
     double total = 0, scale = denominator > 0 ? 1.0 / denominator : 0.0;

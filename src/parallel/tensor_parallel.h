@@ -37,7 +37,7 @@ void shard__tp_embedding_backward(const int32_t *ids, const float *dy, float *dt
 
 /* Cross-entropy over logits split by columns: this rank's logits[N, Vl] are columns v0 .. v0 + Vl - 1
  * of V.  *loss = (sum over rows with a target of -log softmax[target]) / denominator, the same on every
- * tensor rank; dlogits[N, Vl] = d(*loss)/d(logits), this rank's columns. */
+ * tensor rank; dlogits[N, Vl] = d(*loss)/d(logits), this rank's columns (it may be logits itself). */
 shard_status shard__tp_cross_entropy(shard_comm *tp, const float *logits, const int32_t *targets, int32_t ignore_index,
                                      size_t N, size_t v0, size_t Vl, size_t V, double denominator, double *loss,
                                      float *dlogits);
