@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 enum { MAX_THREADS = SHARD_MAX_CHUNKS };
@@ -128,4 +129,15 @@ void shard__parallel_for(size_t chunks, shard__chunk_fn fn, void *ctx) {
     for (int spin = 0; atomic_load(&P.pending) > 0; spin++)
         if (spin % 64 == 63) sched_yield();
     pthread_mutex_unlock(&P.owner);
+}
+
+void shard__chunk_result_set(shard__chunk_result *r, shard_status s) {
+    r->status = s;
+    if (s < 0) snprintf(r->error, sizeof r->error, "%s", shard_last_error());
+}
+
+shard_status shard__chunk_results_raise(const shard__chunk_result *results, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (results[k].status < 0) return shard_error(results[k].status, "%s", results[k].error);
+    return SHARD_OK;
 }

@@ -22,6 +22,8 @@
 
 #include <stddef.h>
 
+#include "shard/status.h"
+
 #define SHARD_MAX_CHUNKS 8
 
 typedef void (*shard__chunk_fn)(void *ctx, size_t chunk, size_t chunks);
@@ -39,6 +41,18 @@ void shard__parallel_for(size_t chunks, shard__chunk_fn fn, void *ctx);
 
 /* Whether this thread is running a region's chunk (work it starts would run on it alone). */
 int shard__parallel_inside(void);
+
+/* A chunk's outcome for the caller.  Errors are per thread: a failed chunk keeps the message of the
+ * thread that ran it, and the caller raises it again on its own. */
+typedef struct shard__chunk_result {
+    shard_status status;
+    char error[256];
+} shard__chunk_result;
+
+/* Record s in r, with this thread's last error when s failed. */
+void shard__chunk_result_set(shard__chunk_result *r, shard_status s);
+/* The first failure among results[0..n-1] raised on the calling thread (its status), or SHARD_OK. */
+shard_status shard__chunk_results_raise(const shard__chunk_result *results, size_t n);
 
 /* [first, first + count) of n items cut in `chunks` (the first n % chunks one larger). */
 static inline void shard__chunk_range(size_t n, size_t chunks, size_t chunk, size_t *first, size_t *count) {

@@ -196,15 +196,13 @@ static shard_status gemm_args(const shard_gemm *g) {
 
 typedef struct gemm_pair_job {
     const shard_gemm *g[2];
-    shard_status status[2];
-    char error[2][256]; /* errors are per thread: a failed product's message, raised again by the caller */
+    shard__chunk_result result[2];
 } gemm_pair_job;
 
 static void gemm_pair_chunk(void *ctx, size_t chunk, size_t chunks) {
     (void)chunks;
     gemm_pair_job *j = ctx;
-    j->status[chunk] = gemm_args(j->g[chunk]); /* inside the region: the product runs whole on this thread */
-    if (j->status[chunk] < 0) snprintf(j->error[chunk], sizeof j->error[chunk], "%s", shard_last_error());
+    shard__chunk_result_set(&j->result[chunk], gemm_args(j->g[chunk])); /* inside the region: whole on this thread */
 }
 
 /* Below this many multiply-adds in either product, waking the helper costs more than running both here
@@ -220,9 +218,7 @@ shard_status shard_sgemm_pair(const shard_gemm *first, const shard_gemm *second)
         if (first) SHARD_CHECK(gemm_args(first));
         return second ? gemm_args(second) : SHARD_OK;
     }
-    gemm_pair_job j = {{first, second}, {SHARD_OK, SHARD_OK}, {"", ""}};
+    gemm_pair_job j = {{first, second}, {{SHARD_OK, ""}, {SHARD_OK, ""}}};
     shard__parallel_for(2, gemm_pair_chunk, &j);
-    for (int c = 0; c < 2; c++)
-        if (j.status[c] < 0) return shard_error(j.status[c], "%s", j.error[c]);
-    return SHARD_OK;
+    return shard__chunk_results_raise(j.result, 2);
 }

@@ -670,14 +670,8 @@ typedef struct att_job {
     size_t first_row, heads_total, head0;
     float *scratch;        /* per chunk: scratch_floats, allocated by the caller (its rank's ledger) */
     size_t scratch_floats; /* the packed operands; backward's dS (zeroed); dropout's kept probabilities */
-    shard_status status[SHARD_MAX_CHUNKS];
-    char error[SHARD_MAX_CHUNKS][256]; /* a failed chunk's message: errors are per thread, raised again by the caller */
+    shard__chunk_result result[SHARD_MAX_CHUNKS];
 } att_job;
-
-static void att_chunk_done(att_job *j, size_t chunk, shard_status s) {
-    j->status[chunk] = s;
-    if (s < 0) snprintf(j->error[chunk], sizeof j->error[chunk], "%s", shard_last_error());
-}
 
 /* packs: 3 T x D buffers (q, k^T, v) */
 static shard_status att_forward_pair(const att_job *j, size_t b, size_t h, float *packs, float *dropped) {
@@ -719,7 +713,7 @@ static void att_forward_chunk(void *ctx, size_t chunk, size_t chunks) {
     shard_status s = SHARD_OK;
     for (size_t i = first; i < first + count && s == SHARD_OK; i++)
         s = att_forward_pair(j, i / j->H, i % j->H, packs, dropped);
-    att_chunk_done(j, chunk, s);
+    shard__chunk_result_set(&j->result[chunk], s);
 }
 
 /* The (batch, head) pairs in one chunk per thread (pairs cost the same), each chunk with its scratch
@@ -735,9 +729,7 @@ static shard_status att_run(att_job *j, shard__chunk_fn fn, size_t scratch_float
     j->scratch_floats = scratch_floats;
     shard__parallel_for(chunks, fn, j);
     shard_free(j->scratch);
-    for (size_t c = 0; c < chunks; c++)
-        if (j->status[c] < 0) return shard_error(j->status[c], "%s", j->error[c]);
-    return SHARD_OK;
+    return shard__chunk_results_raise(j->result, chunks);
 }
 
 shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
@@ -798,7 +790,7 @@ static void att_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
     shard_status s = SHARD_OK;
     for (size_t i = first; i < first + count && s == SHARD_OK; i++)
         s = att_backward_pair(j, i / j->H, i % j->H, ds, packs, dropped);
-    att_chunk_done(j, chunk, s);
+    shard__chunk_result_set(&j->result[chunk], s);
 }
 
 shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
