@@ -247,6 +247,26 @@ static void cross_entropy(void **state) {
     free(c.logits), free(d);
 }
 
+/* The gradient written over the logits themselves (layers.h allows dlogits == logits): the same loss and
+ * gradient bits as into a separate buffer, over several chunks (N * V >= 4 * 32768), a width that is no
+ * multiple of 16 (the vector tails) and ignored rows. */
+static void cross_entropy_in_place(void **state) {
+    (void)state;
+    enum { N = 4000, V = 37 };
+    int32_t *targets = malloc(N * sizeof *targets);
+    for (size_t n = 0; n < N; n++) targets[n] = n % 7 == 3 ? -100 : (int32_t)((n * 13) % V);
+    float *logits = randv(N * V, 11), *d = zeros(N * V), *inplace = malloc(N * V * sizeof *inplace);
+    memcpy(inplace, logits, N * V * sizeof *inplace);
+    float loss[2];
+    size_t count[2];
+    assert_int_equal(shard_cross_entropy(logits, targets, -100, N, V, &loss[0], &count[0], d), SHARD_OK);
+    assert_int_equal(shard_cross_entropy(inplace, targets, -100, N, V, &loss[1], &count[1], inplace), SHARD_OK);
+    assert_memory_equal(&loss[0], &loss[1], sizeof loss[0]);
+    assert_int_equal(count[0], count[1]);
+    assert_memory_equal(d, inplace, N * V * sizeof *d);
+    free(targets), free(logits), free(d), free(inplace);
+}
+
 /* Softmax rows of every width from 1 to 70 (16-lane blocks plus every tail), logits spread over
  * [-60, 60] so that some fall more than 87 below the row's maximum (exp's clamp: ~1e-38 there),
  * against exp in double: within 1e-6 relative plus the rounding of x - max in float (|x - max| 2^-23
@@ -512,6 +532,7 @@ int main(void) {
         cmocka_unit_test(nan_propagates),
         cmocka_unit_test(linear),           cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),
         cmocka_unit_test(elementwise),      cmocka_unit_test(gelu_slope), cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
+        cmocka_unit_test(cross_entropy_in_place),
         cmocka_unit_test(embedding),        cmocka_unit_test(attention),             cmocka_unit_test(attention_blocks),
         cmocka_unit_test(attention_backward_exact), cmocka_unit_test(attention_scratch_accounted),
         cmocka_unit_test(conv2d),           cmocka_unit_test(maxpool),

@@ -52,7 +52,9 @@ const shard_gpt_config *shard_gpt_config_of(const shard_gpt *g);
 void shard_gpt_init(shard_gpt *g, uint64_t seed);
 
 /* inputs[B,T] token ids; with targets (ignore index -100) *loss gets the
- * mean cross-entropy.  Logits [B*T, vocab] stay readable until the next call.
+ * mean cross-entropy.  Logits [B*T, vocab] stay readable until the next call
+ * (a model from shard_gpt_create_training: only after a forward without
+ * targets).
  * Forwards with targets are numbered 1, 2, ...: with dropout on, each draws
  * new masks, a function of that number and shard_gpt_init's seed. */
 shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
