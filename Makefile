@@ -1,14 +1,15 @@
 # shard — top-level entry points.  CMake + CTest underneath.
 #   make demo    install missing packages, build, train the tiny GPT on fortunes on 4 ranks (~2 min), sample it
-#   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests
-#                under TSan; MPI tests built against MPICH
+#   make test    install, build with -Werror, run every test (each label within its time budget); then
+#                the named subsets under ASan+UBSan, TSan and MPICH, and the fuzzer (scripts/test.sh)
+#   make test-full  the same passes, each running every test
 #   make bench   the benchmark tables of the README
 #   make deps | build | clean
 
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 
-.PHONY: all deps build demo test bench clean
+.PHONY: all deps build demo test test-full bench clean
 
 all: build
 
@@ -24,6 +25,9 @@ demo: build
 
 test: deps
 	@scripts/test.sh
+
+test-full: deps
+	@scripts/test.sh --full
 
 bench: build
 	@scripts/bench.sh
