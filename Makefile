@@ -4,12 +4,13 @@
 #                the named subsets under ASan+UBSan, TSan and MPICH, and the fuzzer (scripts/test.sh)
 #   make test-full  the same passes, each running every test
 #   make bench   the benchmark tables of the README
+#   make format  lay out every C file as .clang-format says (make test fails on a file that differs)
 #   make deps | build | clean
 
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-full bench clean
+.PHONY: all deps build demo test test-full bench format clean
 
 all: build
 
@@ -28,6 +29,9 @@ test: deps
 
 test-full: deps
 	@scripts/test.sh --full
+
+format:
+	@scripts/format.sh
 
 bench: build
 	@scripts/bench.sh

@@ -14,6 +14,7 @@ packages=(
   zlib1g-dev                         # gzip-compressed IDX files (Fashion-MNIST)
   fortunes dataset-fashion-mnist     # the corpora: text for the GPT, images for the CNN
   clang libclang-rt-dev              # libFuzzer for the fuzz tests
+  clang-format                       # the C layout make test checks (.clang-format)
   python3 python3-numpy              # test drivers; the independent safetensors reference (tools/reference)
 )
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # test.sh — what `make test` (and CI) runs, in passes, each printing its time at its end:
+#   format      every C file in .clang-format's layout (scripts/format.sh --check)
 #   release     every test, -Wall -Wextra -Werror; then each CTest label's time against its budget
 #               (tests/CMakeLists.txt), which fails the run when a label grew past it
 #   ASan+UBSan  the tests labelled `asan`: every test program, on the rank counts that reach distinct paths
@@ -38,6 +39,10 @@ configure_and_build() { # dir, extra cmake args...
 }
 
 sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-O1 -g")
+
+begin "format: every C file in .clang-format's layout"
+scripts/format.sh --check
+end
 
 begin "release build (-Wall -Wextra -Werror): all tests"
 configure_and_build build -DCMAKE_BUILD_TYPE=Release
