@@ -1,5 +1,8 @@
 /* bench.c — the `shard bench` verb: parses options and runs a benchmark:
- * `shard bench comm` (bench_comm.c), `shard bench redistribute` (bench_redistribute.c). */
+ * `shard bench comm` (bench_comm.c), `shard bench redistribute` (bench_redistribute.c),
+ * `shard bench ckpt` (bench_ckpt.c), `shard bench gemm` (bench_gemm.c); `train`, `tensor` and
+ * `pipeline` parse their own options (bench_train.c, bench_tensor.c, bench_pipeline.c).  Each usage
+ * text stands above the parser it describes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +11,43 @@
 #include "bench_train.h"
 #include "cli_util.h"
 
+static const char *const USAGE_BENCH =
+    "usage: shard bench BENCHMARK [options]\n"
+    "\n"
+    "sub-verbs (shard help bench BENCHMARK: its options):\n"
+    "  comm          collective bandwidth per message size, as nccl-tests reports it\n"
+    "  redistribute  the common spec transitions of a 2-D f32 tensor timed against their collective\n"
+    "  ckpt          save / load throughput of a sharded model beside plain write / read\n"
+    "  gemm          sgemm GFLOP/s against the FMA peak measured in the same run\n"
+    "  train         the GPT's training step (ms/step, tokens/s, MFU) against PyTorch's; data parallel\n"
+    "                against PyTorch DDP\n"
+    "  tensor        the GPT tensor parallel (and sequence parallel) against one rank\n"
+    "  pipeline      the GPT pipelined: each schedule's bubble, activations per stage, ms/step\n"
+    "\n"
+    "options:\n";
+
+static const char *const USAGE_COMM =
+    "usage: shard bench comm [options]\n"
+    "\n"
+    "Collective bandwidth as nccl-tests reports it: for each message size, doubling from --min to --max,\n"
+    "the median time of the slowest rank, algbw = bytes / time and busbw (algbw scaled by the collective's\n"
+    "factor, to compare across rank counts).  Under MPI the raw MPI call is timed beside it in the same run.\n"
+    "\n"
+    "options:\n"
+    "  --op OP                  all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv\n"
+    "                           (default all_reduce)\n"
+    "  --min SIZE               the smallest message: bytes, or 4K, 256M, 1G (default 4K)\n"
+    "  --max SIZE               the largest message, >= --min (default 256M)\n"
+    "  --dtype T                the elements: f32, f64, bf16, f16, i8, i32, i64 or u8 (default f32)\n"
+    "  --warmup K               untimed iterations per size, 0..100000 (default 3)\n"
+    "  --iters K                timed iterations per size, 5..100000 (default: as many as fit in about\n"
+    "                           0.2 s, at least 5)\n"
+    "  --no-baseline            under MPI, leave out the raw MPI call (default: timed beside shard's)\n"
+    "  --json                   one JSON object per size instead of the table\n"
+    "  --ranks N                ranks, 1..4096 (default 1; under mpirun the launcher's)\n";
+
 static int bench_comm_main(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE_COMM, 1);
     bench_options opt;
     bench_options_default(&opt);
     cli_common common = {0};
@@ -63,7 +102,25 @@ static int bench_comm_main(int argc, char **argv) {
     return 0;
 }
 
+static const char *const USAGE_REDISTRIBUTE =
+    "usage: shard bench redistribute [options]\n"
+    "\n"
+    "The common spec transitions of a 2-D f32 tensor over the mesh's first axis (split -> replicated,\n"
+    "replicated -> split, partial -> replicated, partial -> split, split moved), each timed against the\n"
+    "collective it reduces to, called on buffers of the same sizes in the same run.\n"
+    "\n"
+    "options:\n"
+    "  --mesh MESH              the mesh, e.g. data=4 or data=2,tensor=2; its first axis, at most 1024,\n"
+    "                           splits the tensor (default data=N over the ranks)\n"
+    "  --bytes SIZE             the whole tensor's size, at least 4K (default 64M)\n"
+    "  --warmup K               untimed iterations, 0..100000 (default 2)\n"
+    "  --iters K                timed iterations, 5..100000 (default 7)\n"
+    "  --json                   one JSON object per transition instead of the table\n"
+    "  --ranks N                ranks, 1..4096, at most 1024 without --mesh (default: the mesh's size,\n"
+    "                           else 1; under mpirun the launcher's)\n";
+
 static int bench_redistribute_main(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE_REDISTRIBUTE, 1);
     bench_redist_options opt = {.bytes = 64ULL << 20, .warmup = 2, .iters = 7};
     cli_common common = {0};
     for (int i = 1; i < argc; i++) {
@@ -115,7 +172,22 @@ static int bench_redistribute_main(int argc, char **argv) {
     return 0;
 }
 
+static const char *const USAGE_CKPT =
+    "usage: shard bench ckpt [options]\n"
+    "\n"
+    "Save and load throughput of a sharded model (8 f32 tensors split over data=N) beside this machine's\n"
+    "plain sequential write (with fsync) and read of the same bytes, in the same run; medians over --iters.\n"
+    "\n"
+    "options:\n"
+    "  --bytes SIZE             the model's size, at least 1M (default 1G)\n"
+    "  --iters K                iterations, each a new step saved and loaded back, 5..1000 (default 5)\n"
+    "  --dir DIR                where the checkpoints go (default: a new directory under /tmp)\n"
+    "  --keep                   leave the last checkpoint there (default: removed)\n"
+    "  --json                   one JSON object instead of the table\n"
+    "  --ranks N                ranks, 1..4096 (default 4; under mpirun the launcher's)\n";
+
 static int bench_ckpt_main(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE_CKPT, 1);
     bench_ckpt_options opt = {.bytes = 1ULL << 30, .iters = 5};
     cli_common common = {0};
     for (int i = 1; i < argc; i++) {
@@ -154,7 +226,20 @@ static int bench_ckpt_main(int argc, char **argv) {
     return 0;
 }
 
+static const char *const USAGE_GEMM =
+    "usage: shard bench gemm [options]\n"
+    "\n"
+    "sgemm GFLOP/s of a square product (OpenBLAS, with the kernels chosen for this CPU) against this\n"
+    "machine's fp32 FMA peak on as many threads, measured in the same run; medians over --iters.\n"
+    "\n"
+    "options:\n"
+    "  --size N                 M = N = K, 16..16384 (default 4096)\n"
+    "  --threads N              BLAS threads, 1..64 (default 1)\n"
+    "  --iters K                timed runs, 5..1000 (default 5)\n"
+    "  --json                   one JSON object instead of the table\n";
+
 static int bench_gemm_main(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE_GEMM, 0);
     bench_gemm_options opt = {.size = 4096, .threads = 1, .iters = 5};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
@@ -184,6 +269,7 @@ static int bench_gemm_main(int argc, char **argv) {
 }
 
 int cli_bench(int argc, char **argv) {
+    if (argc >= 2 && cli_is_help(argv[1])) return cli_usage(USAGE_BENCH, 0);
     if (argc >= 2 && strcmp(argv[1], "comm") == 0) return bench_comm_main(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "redistribute") == 0) return bench_redistribute_main(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) return bench_ckpt_main(argc - 1, argv + 1);

@@ -261,7 +261,20 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
            a->ms_one / a->ms_pipe);
 }
 
+static const char *const USAGE =
+    "usage: shard bench pipeline --config CONFIG.json [options]\n"
+    "\n"
+    "The GPT pipelined over P ranks (mesh pipe=P), in one run: each schedule's measured bubble against its\n"
+    "formula (GPipe, 1F1B and interleaved at 4, 8 and 16 micro-batches), the activation bytes each stage\n"
+    "holds (GPipe, 1F1B, 1F1B with recompute) against their count, and ms/step against one rank.\n"
+    "\n"
+    "options:\n"
+    "  --batch B                rows per step (global), 8..4096 (default 8)\n"
+    BENCH_MODEL_OPTIONS_USAGE
+    "  --ranks P                the pipe stages, 2..16 (default 2; under mpirun the launcher's)\n";
+
 int cli_bench_pipeline(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
     pp_args a = {0};
     bench_model_opts mo = {.batch = 8, .seq = 128, .steps = 10, .batch_min = 8};
     int rc = bench_model_options(argc, argv, "bench pipeline", &mo);

@@ -156,14 +156,28 @@ int bench_model_options(int argc, char **argv, const char *verb, bench_model_opt
         }
     }
     if (!o->config) {
-        cli_error("%s: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)", verb);
+        cli_error("%s: --config CONFIG.json is required (e.g. configs/gpt-bench.json)", verb);
         return 2;
     }
     if (o->common.ranks == 0) o->common.ranks = 2;
     return 0;
 }
 
+static const char *const USAGE =
+    "usage: shard bench tensor --config CONFIG.json [options]\n"
+    "\n"
+    "The GPT under Megatron tensor parallelism on T ranks (mesh tensor=T), with and without sequence\n"
+    "parallel, against one rank, in the same run: ms/step, the forward latency of one sequence, the bytes\n"
+    "each rank sends on the tensor axis against their formula, and activation bytes per rank.  Random\n"
+    "tokens; one BLAS thread per rank.\n"
+    "\n"
+    "options:\n"
+    "  --batch B                rows per step (global), 1..4096 (default 8)\n"
+    BENCH_MODEL_OPTIONS_USAGE
+    "  --ranks T                the tensor ranks, 1..4096 (default 2; under mpirun the launcher's)\n";
+
 int cli_bench_tensor(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
     tp_args a = {0};
     bench_model_opts mo = {.batch = 8, .seq = 128, .steps = 10};
     int rc = bench_model_options(argc, argv, "bench tensor", &mo);

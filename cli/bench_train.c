@@ -1,7 +1,7 @@
 /* bench_train.c — `shard bench train`: the GPT's training step (forward,
  * backward, clipping, AdamW) on random tokens, median ms/step over >= 20
  * steps after warm-up, tokens/s and MFU ((6 N + 12 L s h) x tokens per step,
- * BRIEF §4, against the FMA peak measured in the same run), then — in the same run —
+ * the usual count, against the FMA peak measured in the same run), then — in the same run —
  * tools/reference/bench_gpt_torch.py (PyTorch, Debian's python3-torch) on
  * the same config and batch, and the ratio.  Also the step's matrix products
  * timed one by one (bench_gpt_products): the floor OpenBLAS sets for the step.
@@ -21,7 +21,34 @@
 #include "comm/comm_impl.h"
 #include "shard/shard.h"
 
+static const char *const USAGE =
+    "usage: shard bench train --config CONFIG.json [options]\n"
+    "\n"
+    "The GPT's training step (forward, backward, clipping, AdamW) on random tokens: the median ms/step,\n"
+    "tokens/s and MFU against the FMA peak measured in the same run, the step's matrix products timed\n"
+    "alone, and PyTorch's step on the same config in the same run.  With --ranks N > 1 (or --mesh data=N),\n"
+    "--zero, --bucket-mb, --grad-dtype, --compute-dtype or under mpirun: the trainer data parallel on N\n"
+    "ranks (one BLAS thread each) against one rank and PyTorch DDP.\n"
+    "\n"
+    "options:\n"
+    "  --config FILE            the GPT's config JSON (required), e.g. configs/gpt-bench.json\n"
+    "  --batch B                rows per step (global), 1..4096 (default 8)\n"
+    "  --seq T                  tokens per row, 1..65536 (default 128)\n"
+    "  --steps S                timed steps, 20..100000 (default 20)\n"
+    "  --warmup W               untimed steps first, 0..1000 (default 3)\n"
+    "  --threads N              BLAS threads of the one-rank benchmark, 1..64 (default 2)\n"
+    "  --no-torch               leave out PyTorch (default: measured)\n"
+    "  --json                   one JSON object instead of the report\n"
+    "data parallel (--backend and --timeout act on it alone):\n"
+    "  --ranks N                ranks, 1..4096 (default 1: the one-rank benchmark)\n"
+    "  --mesh data=N            the same as --ranks N\n"
+    "  --zero K                 the ZeRO stage, 0..3 (default 0)\n"
+    "  --bucket-mb M            the gradient bucket size in MiB, (0, 1e6] (default 25)\n"
+    "  --grad-dtype D           gradients sent as f32 or bf16 (default f32)\n"
+    "  --compute-dtype D        f32, or bf16 compute copies of f32 master values (default f32)\n";
+
 int cli_bench_train(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
     bench_train_opts o = {.batch = 8, .seq = 128, .steps = 20, .warmup = 3, .threads = 2, .zero = -1, .bucket_mb = 25,
                           .torch = 1};
     cli_common common = {0};
@@ -84,7 +111,7 @@ int cli_bench_train(int argc, char **argv) {
         }
     }
     if (!o.config) {
-        cli_error("bench train: --config CONFIG.json is required (e.g. configs/gpt-brief5.json)");
+        cli_error("bench train: --config CONFIG.json is required (e.g. configs/gpt-bench.json)");
         return 2;
     }
     if (mesh_ranks && common.ranks && mesh_ranks != common.ranks) {

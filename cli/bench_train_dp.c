@@ -7,7 +7,7 @@
  *     share of communication hidden behind compute: 1 - exposed / alone, where
  *     exposed is the least any rank waited in the step (the last to arrive
  *     waits only for the communication, not for its peers);
- *   - peak bytes per rank by category next to BRIEF §4's formula (fp32
+ *   - peak bytes per rank by category next to the usual formula (fp32
  *     weights, gradients and AdamW's two moments: 4 + 4 + 8 bytes per
  *     parameter, divided by N as the stage shards them).
  * Data: random tokens (a temporary token file).  Under mpirun, N = the
@@ -196,7 +196,7 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     snprintf(bucket, sizeof bucket, "%.17g", o->bucket_mb);
     double tms = o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config, numbers, bucket, 0, why, sizeof why) : -1;
     if (o->torch && tms <= 0 && o->json) cli_error("bench train: PyTorch DDP not measured: %s", why);
-    /* BRIEF §4: bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
+    /* bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
     double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
     double U0 = (double)a.r.unit0 * 4, Uo = (double)a.r.largest_other * 4;
     /* values: whole, or this rank's pieces + a gathered unit + the prefetched one; gradients: whole (+ the

@@ -178,7 +178,19 @@ static int inspect_checkpoint(const char *where, int verify) {
     return rc;
 }
 
+static const char *const USAGE_INSPECT =
+    "usage: shard inspect ckpt DIR|FILE|NAME.index.json [options]\n"
+    "\n"
+    "A checkpoint (DIR: a root or a step_N directory): its step, mesh, files and every tensor's dtype,\n"
+    "shape, spec and chunks; a .safetensors FILE: its tensors and metadata; a sharded export's\n"
+    "NAME.index.json: its tensor count and each file it names.\n"
+    "\n"
+    "options:\n"
+    "  --verify                 also check every file's size and xxh3 checksum and that each chunk (or\n"
+    "                           tensor) is where the index says (default: not checked)\n";
+
 int cli_inspect_ckpt(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 2)) return cli_usage(USAGE_INSPECT, 0);
     const char *target = NULL;
     int verify = 0;
     for (int i = 2; i < argc; i++) {
@@ -449,7 +461,30 @@ static int export_checkpoint(const char *where, const char *out, uint64_t max_sh
     return rc;
 }
 
+static const char *const USAGE_CKPT =
+    "usage: shard ckpt SUB-VERB [options]\n"
+    "\n"
+    "sub-verbs (shard help ckpt SUB-VERB: its options):\n"
+    "  export        a checkpoint's model tensors, full, as one safetensors file or Hugging Face's\n"
+    "                sharded layout\n"
+    "\n"
+    "options:\n";
+
+static const char *const USAGE_EXPORT =
+    "usage: shard ckpt export DIR --out NAME.safetensors [options]\n"
+    "\n"
+    "A checkpoint's model tensors, assembled whole from their chunks, one tensor in memory at a time:\n"
+    "one safetensors file, or past --max-shard-size Hugging Face's sharded layout\n"
+    "(NAME-0000k-of-0000N.safetensors and NAME.safetensors.index.json beside --out).  DIR: a step_N\n"
+    "directory, or a root (its latest usable step).\n"
+    "\n"
+    "options:\n"
+    "  --out FILE               the file to write, a name ending in .safetensors (required)\n"
+    "  --max-shard-size SIZE    the most bytes in one file before the export is split, > 0 (default 5G)\n"
+    "  --optimizer              AdamW's moments (optimizer.*) too (default: the model's tensors alone)\n";
+
 int cli_ckpt(int argc, char **argv) {
+    if (argc >= 2 && cli_is_help(argv[1])) return cli_usage(USAGE_CKPT, 0);
     if (argc >= 2 && strcmp(argv[1], "export") != 0) {
         cli_error("ckpt: unknown '%s': give export: 'shard ckpt export DIR --out model.safetensors'", argv[1]);
         return 2;
@@ -458,6 +493,7 @@ int cli_ckpt(int argc, char **argv) {
         cli_error("ckpt: give what to do: 'shard ckpt export DIR --out model.safetensors [--max-shard-size 5G]'");
         return 2;
     }
+    if (cli_help_asked(argc, argv, 2)) return cli_usage(USAGE_EXPORT, 0);
     const char *dir = NULL, *out = NULL;
     uint64_t max_shard = 5ULL << 30;
     int with_optimizer = 0;

@@ -1,4 +1,5 @@
-/* cli_util.c — option parsing helpers for the shard CLI. */
+/* cli_util.c — option parsing helpers for the shard CLI, and the printing of
+ * a verb's usage text. */
 #include "cli_util.h"
 
 #include "shard/mesh.h"
@@ -18,6 +19,32 @@ void cli_error(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+}
+
+int cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
+
+int cli_help_asked(int argc, char **argv, int first) {
+    for (int i = first; i < argc; i++)
+        if (cli_is_help(argv[i])) return 1;
+    return 0;
+}
+
+/* The options cli_common_option reads, in the column layout of every verb's usage text (each verb lists
+ * --ranks itself: its default differs). */
+static const char *const RANK_OPTIONS =
+    "  --backend B              threads, mpi or auto (default auto: mpi when started by mpirun, else threads)\n"
+    "  --timeout S              deadline of every wait in seconds, > 0 (default SHARD_TIMEOUT, else 300)\n"
+    "  --verbose, -v            say which backend and environment variables were used\n";
+
+int cli_usage(const char *usage, int rank_options) {
+    fputs(usage, stdout);
+    if (rank_options) fputs(RANK_OPTIONS, stdout);
+    fputs("  --help, -h               this text\n", stdout);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        cli_error("cannot write the usage text to standard output: %s", strerror(errno));
+        return 1;
+    }
+    return 0;
 }
 
 const char *cli_value(int argc, char **argv, int *i) {

@@ -1,5 +1,6 @@
 /* cli_util.h — small helpers shared by the CLI verbs: option parsing with one
- * clear error line per bad value, and sizes written as 4K / 256M / 1G. */
+ * clear error line per bad value, sizes written as 4K / 256M / 1G, and the
+ * usage text a verb prints on --help. */
 #ifndef SHARD_CLI_UTIL_H
 #define SHARD_CLI_UTIL_H
 
@@ -46,6 +47,16 @@ double cli_median(double *v, int n);
 
 /* "4.0 KiB", "256 MiB" */
 void cli_format_size(uint64_t bytes, char *out, size_t out_bytes);
+
+/* --help or -h: the argument that asks a verb for its usage. */
+int cli_is_help(const char *arg);
+/* 1 when one of argv[first..argc-1] asks for help: --help anywhere among a verb's flags prints its usage
+ * instead of running it. */
+int cli_help_asked(int argc, char **argv, int first);
+/* A verb's usage text on stdout; with rank_options, the lines of the options every verb that runs ranks
+ * takes (--backend, --timeout, --verbose) after it; --help's line last.  The exit code of a help request:
+ * 0, or 1 with a message when stdout cannot be written. */
+int cli_usage(const char *usage, int rank_options);
 
 /* Print "shard: <message>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

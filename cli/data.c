@@ -8,7 +8,27 @@
 #include "cli_util.h"
 #include "shard/data.h"
 
+static const char *const USAGE_DATA =
+    "usage: shard data SUB-VERB [options]\n"
+    "\n"
+    "sub-verbs (shard help data SUB-VERB: its options):\n"
+    "  text          byte-level tokens of text files, the token files `shard train --data` reads\n"
+    "\n"
+    "options:\n";
+
+static const char *const USAGE_TEXT =
+    "usage: shard data text FILE... --out DIR [options]\n"
+    "\n"
+    "The byte-level tokenizer (token = byte value, vocabulary 256) over the files, concatenated in order:\n"
+    "the last --val-fraction of the stream becomes DIR/val.tokens, the rest DIR/train.tokens, and\n"
+    "DIR/meta.json describes both.\n"
+    "\n"
+    "options:\n"
+    "  --out DIR                the directory to write, made when missing (required)\n"
+    "  --val-fraction F         the share of the tokens kept for validation, [0, 1) (default 0.1)\n";
+
 int cli_data(int argc, char **argv) {
+    if (argc >= 2 && cli_is_help(argv[1])) return cli_usage(USAGE_DATA, 0);
     if (argc >= 2 && strcmp(argv[1], "text") != 0) {
         cli_error("data: unknown '%s': give text (the byte-level tokenizer): 'shard data text FILE... --out DIR'", argv[1]);
         return 2;
@@ -17,6 +37,7 @@ int cli_data(int argc, char **argv) {
         cli_error("data: give what to prepare: 'shard data text FILE... --out DIR [--val-fraction 0.1]'");
         return 2;
     }
+    if (cli_help_asked(argc, argv, 2)) return cli_usage(USAGE_TEXT, 0);
     const char *out = NULL;
     double val = 0.1;
     const char **files = calloc((size_t)argc, sizeof *files);

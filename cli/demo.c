@@ -59,7 +59,17 @@ static shard_status demo_rank(shard_comm *comm, void *arg) {
     return shard_comm_barrier(comm);
 }
 
+static const char *const USAGE =
+    "usage: shard demo [options]\n"
+    "\n"
+    "A short tour of the communication layer: the ranks pass a token round a ring, all_reduce and\n"
+    "all_gather small vectors and check the answers, then the all_reduce benchmark runs from 1M to 64M.\n"
+    "\n"
+    "options:\n"
+    "  --ranks N                ranks, 1..4096 (default 4; under mpirun the launcher's)\n";
+
 int cli_demo(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
     cli_common common = {0};
     for (int i = 1; i < argc; i++) {
         int c = cli_common_option(&common, argc, argv, &i);

@@ -131,7 +131,27 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
     return s;
 }
 
+static const char *const USAGE =
+    "usage: shard generate (--ckpt DIR | --config CONFIG.json --init W.safetensors) --prompt TEXT [options]\n"
+    "\n"
+    "Text from the GPT, byte-level tokens: the prompt, then --tokens more, each from the last position's\n"
+    "logits over at most n_positions tokens (a model with a larger vocabulary is sampled over its first\n"
+    "256 ids, the bytes).  One rank.\n"
+    "\n"
+    "options:\n"
+    "  --ckpt DIR               a checkpoint (a root or a step_N directory): its config and weights\n"
+    "  --config FILE            the GPT's config JSON, with --init (instead of --ckpt)\n"
+    "  --init FILE              the weights, a .safetensors file, with --config\n"
+    "  --prompt TEXT            the text to continue (required, not empty)\n"
+    "  --tokens N               tokens to generate, 0..1048576 (default 64)\n"
+    "  --temperature T          the softmax temperature, 0..100; 0: the most likely token each time\n"
+    "                           (default 0.8)\n"
+    "  --top-k K                sample among the K most likely tokens, 0..1073741824; 0: among all\n"
+    "                           (default 40)\n"
+    "  --seed S                 the sampler's seed, 0..2^62 (default 1)\n";
+
 int cli_generate(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
     gen_opts o = {.tokens = 64, .temperature = 0.8, .top_k = 40, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;

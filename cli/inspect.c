@@ -36,7 +36,34 @@ bad:
     return -1;
 }
 
+static const char *const USAGE_INSPECT =
+    "usage: shard inspect SUB-VERB [options]\n"
+    "\n"
+    "sub-verbs (shard help inspect SUB-VERB: its options):\n"
+    "  spec          a tensor's sharding described without running ranks, and the plan to redistribute it\n"
+    "  schedule      a pipeline schedule as an ASCII timeline per rank, its peak micro-batches and bubble\n"
+    "  ckpt          a checkpoint, a .safetensors file or a sharded export's index: tensors, dtypes,\n"
+    "                shapes, specs, chunks\n"
+    "\n"
+    "options:\n";
+
+static const char *const USAGE_SPEC =
+    "usage: shard inspect spec --mesh MESH --shape SIZES --spec SPEC [options]\n"
+    "\n"
+    "A tensor's sharding described without running ranks: its type, the block grid and every rank's\n"
+    "shard; with --to, also the steps that redistribute it to another spec and the bytes they send.\n"
+    "\n"
+    "options:\n"
+    "  --mesh MESH              the mesh's axes and sizes (required), e.g. data=4,tensor=2\n"
+    "  --shape SIZES            the whole tensor's sizes (required): 1 to 8 separated by commas, at most\n"
+    "                           2^50 elements, e.g. 128,4096\n"
+    "  --spec SPEC              its placement over the mesh (required), e.g. \"P('data','tensor')\", \"P()\"\n"
+    "                           (replicated) or \"P(partial='data')\" (a pending sum)\n"
+    "  --dtype T                the elements: f32, f64, bf16, f16, i8, i32, i64 or u8 (default f32)\n"
+    "  --to SPEC                also print the redistribution plan from --spec to SPEC (default: none)\n";
+
 int cli_inspect(int argc, char **argv) {
+    if (argc >= 2 && cli_is_help(argv[1])) return cli_usage(USAGE_INSPECT, 0);
     if (argc >= 2 && strcmp(argv[1], "ckpt") == 0) return cli_inspect_ckpt(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "schedule") == 0) return cli_inspect_schedule(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "spec") != 0) {
@@ -47,6 +74,7 @@ int cli_inspect(int argc, char **argv) {
         cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"', 'shard inspect ckpt DIR|FILE [--verify]' or 'shard inspect schedule --pipe 4 --micro-batches 8'");
         return 2;
     }
+    if (cli_help_asked(argc, argv, 2)) return cli_usage(USAGE_SPEC, 0);
     const char *mesh = NULL, *spec_text = NULL, *shape_text = NULL, *to_text = NULL;
     shard_dtype dtype = SHARD_F32;
     for (int i = 2; i < argc; i++) {

@@ -13,7 +13,23 @@
 #include "inspect_schedule.h"
 #include "parallel/pipeline_schedule.h"
 
+static const char *const USAGE =
+    "usage: shard inspect schedule --pipe P --micro-batches M [options]\n"
+    "\n"
+    "A pipeline schedule without running ranks: the ASCII timeline per rank (one slot per forward F or\n"
+    "backward B), the micro-batches each rank holds at its peak, and the bubble of the equal-cost\n"
+    "timeline against its formula.\n"
+    "\n"
+    "options:\n"
+    "  --pipe P                 the pipeline's stages (ranks), 1..64 (required)\n"
+    "  --micro-batches M        micro-batches per step, 1..1024 (required; a multiple of P with\n"
+    "                           interleaved)\n"
+    "  --schedule S             gpipe, 1f1b or interleaved (default 1f1b)\n"
+    "  --virtual-stages V       chunks per rank, 1..16; more than 1 with interleaved only (default 1)\n"
+    "  --backward-cost C        a backward's time in forwards, for the bubble, 1..16 (default 2)\n";
+
 int cli_inspect_schedule(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 2)) return cli_usage(USAGE, 0);
     long p = 0, m = 0, v = 1, b_cost = 2;
     const char *kind_text = "1f1b";
     for (int i = 2; i < argc; i++) {

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """test_cli.py — the shard command line as users and scripts see it.
 
-usage: test_cli.py SHARD_BINARY errors|bench_json|bench_mpi|bench_redistribute|ckpt|train|demo|inspect
+usage: test_cli.py SHARD_BINARY errors|help|bench_json|bench_mpi|bench_redistribute|ckpt|train|demo|inspect
 
 errors:     every bad input gets exactly one 'shard: ...' line on stderr and exit 2
             (exit 1 for a well-formed request that cannot run), naming what would be valid.
+help:       every verb and sub-verb named by `shard help` prints its usage on `--help` (anywhere among its
+            flags) and as `shard help VERB [SUB]`, exit 0, on stdout; every flag its text lists is one its
+            parser takes, and every flag its parser takes is in the text; an unknown verb is refused.
 bench_json: `bench comm --json` prints one object per size with the documented keys and
             busbw = algbw x the nccl-tests factor.
 bench_mpi:  under mpirun the same, plus the raw MPI baseline and the ratio (and bench redistribute).
@@ -191,6 +194,123 @@ def errors():
         expect(p.stdout == "", f"{args}: wrote to stdout: {p.stdout!r}")
     p = run(["version"])
     expect(p.returncode == 0 and "shard" in p.stdout and "threads" in p.stdout, f"version: {p.stdout!r}")
+
+
+# The flags each verb's parser takes (cli/*.c): its usage text must list every one.
+RANK_FLAGS = {"--ranks", "--backend", "--timeout", "--verbose", "-v"}
+PARSED_FLAGS = {
+    ("bench", "comm"): RANK_FLAGS | {"--op", "--min", "--max", "--dtype", "--warmup", "--iters", "--no-baseline", "--json"},
+    ("bench", "redistribute"): RANK_FLAGS | {"--mesh", "--bytes", "--warmup", "--iters", "--json"},
+    ("bench", "ckpt"): RANK_FLAGS | {"--bytes", "--iters", "--dir", "--keep", "--json"},
+    ("bench", "gemm"): {"--size", "--threads", "--iters", "--json"},
+    ("bench", "train"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--warmup", "--threads", "--zero",
+                                      "--mesh", "--bucket-mb", "--grad-dtype", "--compute-dtype", "--json", "--no-torch"},
+    ("bench", "tensor"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
+    ("bench", "pipeline"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
+    ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
+    ("data", "text"): {"--out", "--val-fraction"},
+    ("demo",): RANK_FLAGS,
+    ("generate",): {"--ckpt", "--config", "--init", "--prompt", "--tokens", "--temperature", "--top-k", "--seed"},
+    ("inspect", "spec"): {"--mesh", "--shape", "--spec", "--dtype", "--to"},
+    ("inspect", "schedule"): {"--pipe", "--micro-batches", "--schedule", "--virtual-stages", "--backward-cost"},
+    ("inspect", "ckpt"): {"--verify"},
+    ("train",): RANK_FLAGS | {"--config", "--data", "--init", "--log", "--save", "--mesh", "--resume", "--grad-dtype",
+                              "--compute-dtype", "--schedule", "--layers-per-stage", "--trace", "--batch", "--seq",
+                              "--steps", "--save-every", "--warmup", "--zero", "--accum", "--micro-batch",
+                              "--micro-batches", "--virtual-stages", "--lr", "--min-lr", "--weight-decay", "--clip",
+                              "--bucket-mb", "--sequence-parallel", "--recompute", "--print-specs", "--spec", "--seed"},
+}
+
+
+def listed(text, heading):
+    """The names in the two-space-indented list under the first line starting with heading (up to a blank line)."""
+    import re
+    names, inside = [], False
+    for line in text.splitlines():
+        if inside and not line.strip():
+            break
+        if inside and re.match(r"^  \S", line):
+            names.append(line.split()[0])
+        inside = inside or line.startswith(heading)
+    return names
+
+
+def text_flags(text):
+    """The flags an option line of a usage text names: '  --flag VALUE   meaning' or '  --flag, -f   meaning'."""
+    import re
+    flags = set()
+    for line in text.splitlines():
+        m = re.match(r"^  (-[-\w]+)(?: [^ ,]+)?(?:, (-[-\w]+))?(?: {2,}|$)", line)
+        if m:
+            flags.update(f for f in m.groups() if f)
+    return flags
+
+
+def help_texts():
+    top = run(["help"])
+    expect(top.returncode == 0 and top.stdout.startswith("usage: shard") and top.stderr == "",
+           f"help: exit {top.returncode}, stdout {top.stdout[:80]!r}, stderr {top.stderr!r}")
+    for args in (["--help"], ["-h"], ["help", "help"], ["help", "--help"]):
+        p = run(args)
+        expect(p.returncode == 0 and p.stdout == top.stdout and p.stderr == "", f"{args}: not `shard help`'s text: {p}")
+    verbs = listed(top.stdout, "verbs")
+    # the list and the dispatch agree: the verbs an unknown one is told of are the verbs listed
+    p = run(["help", "nosuch"])
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    expect(p.returncode == 2 and p.stdout == "" and len(lines) == 1 and "help: unknown verb 'nosuch': valid verbs are" in
+           p.stderr, f"help nosuch: exit {p.returncode}, stderr {p.stderr!r}, stdout {p.stdout!r}")
+    named = lines[0].split("valid verbs are ", 1)[1].split(", ") if len(lines) == 1 and "valid verbs are " in lines[0] else []
+    expect(sorted(verbs) == sorted(named), f"verbs listed {verbs} are not those valid {named}")
+    leaves = []
+    for verb in verbs:
+        if verb == "help":
+            continue
+        p = run(["help", verb])
+        expect(p.returncode == 0 and p.stdout.startswith(f"usage: shard {verb}") and p.stderr == "",
+               f"help {verb}: exit {p.returncode}, stdout {p.stdout[:80]!r}, stderr {p.stderr!r}")
+        subs = listed(p.stdout, "sub-verbs")
+        leaves += [(verb, sub) for sub in subs] or [(verb,)]
+        if subs:
+            leaves.append((verb,))  # the verb's own text: its sub-verbs and --help
+    expect(len(leaves) >= len(PARSED_FLAGS), f"fewer verbs and sub-verbs than known: {leaves}")
+    for leaf in leaves:
+        name = " ".join(leaf)
+        p = run(["help"] + list(leaf))
+        expect(p.returncode == 0 and p.stdout.startswith(f"usage: shard {name}") and p.stderr == "",
+               f"help {name}: exit {p.returncode}, stdout {p.stdout[:80]!r}, stderr {p.stderr!r}")
+        for args in (list(leaf) + ["--help"], list(leaf) + ["-h"]):
+            q = run(args)
+            expect(q.returncode == 0 and q.stdout == p.stdout and q.stderr == "",
+                   f"{args}: exit {q.returncode}, not the text of `shard help {name}`: {q.stderr!r}")
+        flags = text_flags(p.stdout)
+        expect({"--help", "-h"} <= flags, f"help {name}: --help is not listed: {sorted(flags)}")
+        missing = PARSED_FLAGS.get(leaf, set()) - flags
+        expect(not missing, f"help {name}: the parser takes {sorted(missing)}, which the text does not list")
+        # every flag listed is the parser's: given an empty value (or followed by an empty argument) it is
+        # refused for that value, never as an unknown option, and nothing runs
+        for flag in sorted(flags - {"--help", "-h", "--version"}):
+            q = run(list(leaf) + [flag, ""], timeout=60)
+            expect(q.returncode != 0 and f"unknown option '{flag}'" not in q.stderr,
+                   f"{name} {flag}: listed by the text, refused by the parser: {q.stderr!r}")
+    # --help anywhere among a verb's flags, even after a bad value
+    for args, verb in ((["train", "--config", "c", "--zero", "9", "--help"], "train"),
+                       (["bench", "comm", "--op", "bogus", "-h"], "bench comm"),
+                       (["inspect", "ckpt", "/nonexistent", "--help", "--verify"], "inspect ckpt"),
+                       (["data", "text", "f", "--help", "--out"], "data text")):
+        p = run(args)
+        expect(p.returncode == 0 and p.stdout.startswith(f"usage: shard {verb}") and p.stderr == "",
+               f"{args}: exit {p.returncode}, stdout {p.stdout[:80]!r}, stderr {p.stderr!r}")
+    p = run(["version", "--help"])
+    expect(p.returncode == 0 and p.stdout.startswith("usage: shard version"), f"version --help: {p}")
+    # refused in one line: more than a verb and its sub-verb, a sub-verb of a verb without, an unknown sub-verb
+    for args, text in ((["help", "train", "extra"], "help: train has no sub-verbs, not 'extra'"),
+                       (["help", "bench", "comm", "extra"], "help: one verb and one sub-verb, not 'extra' too"),
+                       (["help", "bench", "nosuch"], "bench: unknown benchmark 'nosuch'"),
+                       (["help", "inspect", "nosuch"], "inspect: unknown 'nosuch'")):
+        p = run(args)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode == 2 and p.stdout == "" and len(lines) == 1 and text in p.stderr,
+               f"{args}: exit {p.returncode}, stderr {p.stderr!r}, stdout {p.stdout!r}")
 
 
 FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -877,7 +997,7 @@ def train_mpi():
 
 
 if __name__ == "__main__":
-    {"errors": errors, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
+    {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
      "inspect_schedule": inspect_schedule}[sys.argv[2]]()
     sys.exit(1 if failures else 0)
