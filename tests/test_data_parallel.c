@@ -156,20 +156,25 @@ static void compare(test_ctx *t, const double *ref, const double *got, uint64_t 
           t->size, (unsigned long long)at, got[at - 1], ref[at - 1], worst, tol);
 }
 
+/* o on every zero stage over all ranks, each against ref's steps first..last within tol. */
+static void every_stage(test_ctx *t, run_opts o, const double *ref, double tol, const char *label) {
+    for (int z = 0; z <= 3; z++) {
+        double got[STEPS] = {0};
+        char what[64];
+        snprintf(what, sizeof what, "%s, zero %d", label, z);
+        o.zero = z;
+        run(t, t->comm, &o, got, NULL);
+        compare(t, ref, got, o.first, o.last, tol, what);
+    }
+}
+
 static void case_gpt(test_ctx *t) {
     shared_setup(t);
     run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = STEPS, .check_replicas = 1};
-    double ref[STEPS], got[STEPS];
+    double ref[STEPS];
     reference(t, o, ref);
     CHECK(t, ref[STEPS - 1] < ref[0] - 0.5, "the reference learns: %.4f -> %.4f", ref[0], ref[STEPS - 1]);
-    for (int z = 0; z <= 3; z++) {
-        char what[32];
-        snprintf(what, sizeof what, "gpt zero %d", z);
-        o.zero = z;
-        memset(got, 0, sizeof got);
-        run(t, t->comm, &o, got, NULL);
-        compare(t, ref, got, 1, STEPS, 1e-5, what);
-    }
+    every_stage(t, o, ref, 1e-5, "gpt");
 }
 
 static void case_accum(test_ctx *t) {
@@ -246,20 +251,14 @@ static void case_mixed(test_ctx *t) {
     shared_setup(t);
     run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = 10, .compute_dtype = SHARD_BF16,
                   .check_replicas = 1};
-    double ref16[STEPS], ref32[STEPS], got[STEPS];
+    double ref16[STEPS], ref32[STEPS];
     reference(t, o, ref16);
     run_opts f32 = o;
     f32.compute_dtype = SHARD_F32;
     reference(t, f32, ref32);
     compare(t, ref32, ref16, 1, 10, 2e-2, "bf16 compute (one rank) against f32");
     CHECK(t, ref16[9] != ref32[9], "bf16 compute changes the numbers: %.9g vs %.9g", ref16[9], ref32[9]);
-    for (int z = 0; z <= 3; z++) {
-        char what[48];
-        snprintf(what, sizeof what, "bf16 compute, zero %d", z);
-        o.zero = z;
-        run(t, t->comm, &o, got, NULL);
-        compare(t, ref16, got, 1, 10, 1e-4, what);
-    }
+    every_stage(t, o, ref16, 1e-4, "bf16 compute");
 }
 
 static void case_checkpoint(test_ctx *t) {
@@ -485,19 +484,12 @@ static void case_sgd(test_ctx *t) {
     run_opts o = sgd_opts, adamw = sgd_opts;
     o.check_replicas = 1;
     adamw.optimizer = NULL, adamw.lr = 0;
-    double ref[STEPS], got[STEPS], ref_adamw[STEPS];
+    double ref[STEPS], ref_adamw[STEPS];
     reference(t, o, ref);
     reference(t, adamw, ref_adamw);
     CHECK(t, ref[9] < ref[0] - 0.5, "SGD learns: %.4f -> %.4f", ref[0], ref[9]);
     CHECK(t, ref[1] != ref_adamw[1], "SGD's losses are AdamW's: %.9g", ref[1]);
-    for (int z = 0; z <= 3; z++) {
-        char what[48];
-        snprintf(what, sizeof what, "sgd with momentum, zero %d", z);
-        o.zero = z;
-        memset(got, 0, sizeof got);
-        run(t, t->comm, &o, got, NULL);
-        compare(t, ref, got, 1, 10, 1e-5, what);
-    }
+    every_stage(t, o, ref, 1e-5, "sgd with momentum");
 }
 
 static void case_sgd_checkpoint(test_ctx *t) {
