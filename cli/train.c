@@ -9,12 +9,13 @@
  *               [--bucket-mb 25] [--grad-dtype f32|bf16] [--compute-dtype f32|bf16] [--resume DIR]
  *               [--init weights.safetensors] [--log run.jsonl] [--save DIR] [--save-every K]
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
+ *               [--optimizer adamw|sgd] [--momentum M (sgd; default 0)]
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
  * otherwise (rank 0 prints); --log writes a JSON line per step; --save writes
- * a checkpoint (values and AdamW moments, the config in its index) every K
- * steps and at the end; --resume continues one, on any mesh and ZeRO stage. */
+ * a checkpoint (values and the optimizer's state, the config in its index)
+ * every K steps and at the end; --resume continues one, on any mesh and ZeRO stage. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,12 +37,12 @@
 
 typedef struct train_opts {
     const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype, *schedule, *layers_per_stage;
-    const char *trace;
+    const char *trace, *optimizer;
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero, micro_batches, virtual_stages;
     int recompute;
-    double lr, min_lr, weight_decay, clip, bucket_mb;
+    double lr, min_lr, weight_decay, clip, bucket_mb, momentum;
     unsigned long long seed;
-    int have_min_lr, have_warmup, sequence_parallel, print_specs;
+    int have_min_lr, have_warmup, have_momentum, sequence_parallel, print_specs;
     char specs[4096]; /* --spec NAME=SPEC, repeated: joined with ';' */
 } train_opts;
 
@@ -213,12 +214,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                                .seed = o->seed, .zero = (int)o->zero, .bucket_mb = o->bucket_mb,
                                .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
                                .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-                               .adamw = shard_adamw_defaults(), .clip = (float)o->clip,
+                               .optimizer = o->optimizer, .adamw = shard_adamw_defaults(),
+                               .sgd = {.momentum = (float)o->momentum, .weight_decay = (float)o->weight_decay},
+                               .clip = (float)o->clip,
                                .sequence_parallel = o->sequence_parallel, .param_specs = o->specs,
                                .schedule = o->schedule, .micro_batches = (size_t)o->micro_batches,
                                .virtual_stages = (int)o->virtual_stages, .recompute = o->recompute,
                                .layers_per_stage = o->layers_per_stage};
-    tc.adamw.weight_decay = (float)o->weight_decay;
+    tc.adamw.weight_decay = (float)o->weight_decay; /* whichever optimizer runs */
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
                                 (uint64_t)o->steps};
@@ -368,10 +371,14 @@ static const char *const USAGE =
     "                           derived, else 1)\n"
     "  --seq T                  tokens per row (the GPT), 1..1048576 (default 128)\n"
     "optimizer and learning rate (warm-up, then cosine decay to --min-lr):\n"
+    "  --optimizer NAME         adamw (torch.optim.AdamW: betas 0.9, 0.999, eps 1e-8) or sgd\n"
+    "                           (torch.optim.SGD) (default adamw)\n"
+    "  --momentum M             sgd's momentum, [0, 1e6] (default 0: plain SGD); refused with adamw\n"
     "  --lr X                   the peak learning rate, (0, 1e6] (default 1e-3)\n"
     "  --min-lr X               the learning rate at the end, [0, --lr] (default --lr / 10)\n"
     "  --warmup W               warm-up steps, 0..2^40 (default --steps / 20 from 20 steps, else 0)\n"
-    "  --weight-decay X         AdamW's decoupled weight decay, [0, 1e6] (default 0.1)\n"
+    "  --weight-decay X         weight decay, [0, 1e6]: AdamW's decoupled, SGD's added to the gradient\n"
+    "                           (default 0.1)\n"
     "  --clip X                 the most global gradient norm, [0, 1e6]; 0: no clipping (default 1.0)\n"
     "mesh and parallelism:\n"
     "  --mesh MESH              axes data, tensor and pipe, e.g. data=2,tensor=2 or data=1,pipe=4\n"
@@ -416,12 +423,12 @@ int cli_train(int argc, char **argv) {
         const char *a = argv[i], *val = NULL;
         const char **strs[] = {&o.config, &o.data,       &o.init,          &o.log,      &o.save,
                                &o.mesh,   &o.resume,     &o.grad_dtype,    &o.compute_dtype, &o.schedule,
-                               &o.layers_per_stage, &o.trace};
+                               &o.layers_per_stage, &o.trace, &o.optimizer};
         const char *str_names[] = {"--config", "--data",   "--init",       "--log",          "--save",     "--mesh",
                                    "--resume", "--grad-dtype", "--compute-dtype", "--schedule", "--layers-per-stage",
-                                   "--trace"};
+                                   "--trace", "--optimizer"};
         int done = 0;
-        for (int k = 0; k < 12 && !done; k++)
+        for (int k = 0; k < 13 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
                 if (!(*strs[k] = cli_value(argc, argv, &i))) return 2;
                 done = 1;
@@ -440,9 +447,9 @@ int cli_train(int argc, char **argv) {
                 done = 1;
             }
         if (done) continue;
-        double *dbls[] = {&o.lr, &o.min_lr, &o.weight_decay, &o.clip, &o.bucket_mb};
-        const char *dbl_names[] = {"--lr", "--min-lr", "--weight-decay", "--clip", "--bucket-mb"};
-        for (int k = 0; k < 5 && !done; k++)
+        double *dbls[] = {&o.lr, &o.min_lr, &o.weight_decay, &o.clip, &o.bucket_mb, &o.momentum};
+        const char *dbl_names[] = {"--lr", "--min-lr", "--weight-decay", "--clip", "--bucket-mb", "--momentum"};
+        for (int k = 0; k < 6 && !done; k++)
             if (strcmp(a, dbl_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i))) return 2;
                 if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || ((k == 0 || k == 4) && !(*dbls[k] > 0)) || *dbls[k] > 1e6) {
@@ -451,6 +458,7 @@ int cli_train(int argc, char **argv) {
                     return 2;
                 }
                 if (k == 1) o.have_min_lr = 1;
+                if (k == 5) o.have_momentum = 1;
                 done = 1;
             }
         if (done) continue;
@@ -509,6 +517,16 @@ int cli_train(int argc, char **argv) {
             cli_error("%s '%s' is invalid: give f32 or bf16", dtype_names[k], dtypes[k]);
             return 2;
         }
+    shard_optimizer_kind kind = SHARD_OPTIMIZER_ADAMW;
+    if (o.optimizer && shard_optimizer_find(o.optimizer, &kind) < 0) {
+        cli_error("--optimizer '%s' is invalid: give adamw or sgd", o.optimizer);
+        return 2;
+    }
+    if (o.have_momentum && kind != SHARD_OPTIMIZER_SGD) {
+        cli_error("--momentum is for --optimizer sgd; AdamW's momentum is its beta1 (0.9): leave --momentum out, or "
+                  "give --optimizer sgd");
+        return 2;
+    }
     if (o.schedule && strcmp(o.schedule, "gpipe") != 0 && strcmp(o.schedule, "1f1b") != 0 &&
         strcmp(o.schedule, "interleaved") != 0) {
         cli_error("--schedule '%s': use gpipe, 1f1b or interleaved", o.schedule);

@@ -111,6 +111,12 @@ def errors():
         (["train", "--config", "c", "--data", "d", "--ranks", "4", "--mesh", "data=2,expert=2"], 1,
          "--mesh: axis 'expert' = 2: training splits over 'data', 'tensor' and 'pipe'; give expert=1 or leave it out"),
         (["train", "--config", "c", "--data", "d", "--schedule", "zigzag"], 2, "--schedule 'zigzag': use gpipe, 1f1b or interleaved"),
+        (["train", "--config", "c", "--data", "d", "--optimizer", "adam2"], 2, "--optimizer 'adam2' is invalid: give adamw or sgd"),
+        (["train", "--config", "c", "--data", "d", "--momentum", "0.9"], 2,
+         "--momentum is for --optimizer sgd; AdamW's momentum is its beta1 (0.9)"),
+        (["train", "--config", "c", "--data", "d", "--optimizer", "adamw", "--momentum", "0"], 2, "--momentum is for --optimizer sgd"),
+        (["train", "--config", "c", "--data", "d", "--optimizer", "sgd", "--momentum", "-0.5"], 2,
+         "--momentum '-0.5' is invalid: give a number in [0, 1e6]"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "pipe=2", "--micro-batches", "4", "--accum", "2"], 1,
          "--micro-batches 4 and --accum 2 disagree"),
         (["train", "--config", "c", "--data", "d", "--ranks", "2", "--mesh", "pipe=2", "--schedule", "interleaved",
@@ -703,6 +709,22 @@ def train():
         expect(q.returncode == 0 and "lr 0.001 (the checkpoint's: 0.003)" in q.stderr
                and "steps 12 (the checkpoint's: 20)" in q.stderr and "seed 6 (the checkpoint's: 5)" in q.stderr
                and "batch" not in q.stderr, f"train --resume with other settings: {q.returncode} {q.stderr!r}")
+        # SGD with momentum trains; its checkpoint holds each parameter's momentum buffer (and none of AdamW's
+        # moments) and records the optimizer; an AdamW run's resume of it is refused in one line
+        sgd = [a if a != "3e-3" else "0.1" for a in args] + ["--optimizer", "sgd", "--momentum", "0.9"]
+        ck_sgd, log = os.path.join(work, "ck_sgd"), os.path.join(work, "sgd.jsonl")
+        p = run(sgd + ["--save", ck_sgd, "--log", log])
+        got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+        expect(len(got) == 20 and got[-1] < got[0] - 1.0, f"train --optimizer sgd --momentum 0.9: {got[:2]}..{got[-2:]} {p.stderr}")
+        index = json.load(open(os.path.join(ck_sgd, "step_20", "index.json"))) if p.returncode == 0 else {}
+        names = set(index.get("tensors", {}))
+        expect("optimizer.momentum_buffer.wte.weight" in names and not any("exp_avg" in n for n in names)
+               and index["training"]["optimizer"] == "sgd" and index["training"]["momentum"] == 0.9,
+               f"the SGD checkpoint's state names or record: {sorted(names)[:4]} {index.get('training')}")
+        q = run(args + ["--steps", "25", "--resume", ck_sgd])
+        expect(q.returncode == 1 and len(q.stderr.strip().splitlines()) == 1 and "step 21/" not in q.stdout
+               and "was trained with sgd, and this run's optimizer is adamw" in q.stderr,
+               f"adamw resuming an sgd checkpoint: {q.returncode} {q.stderr!r}")
         # the same global batch on 2 thread ranks (ZeRO-2), and a resume of step 10 under ZeRO-3
         for extra, first in ((["--ranks", "2", "--zero", "2"], 1), (["--ranks", "4", "--mesh", "data=2,tensor=2"], 1), (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--zero", "1"], 1),
                              (["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel", "--spec", "h.*.mlp.*=P()",

@@ -20,7 +20,14 @@
  *              single rank started from them (1e-5; bf16 1e-4), not those of
  *              a fresh initialisation
  *   nonfinite  a NaN weight: the step fails naming the global norm, and no
- *              rank's values change */
+ *              rank's values change
+ *   sgd        SGD with momentum instead of AdamW, zero 0..3: the single
+ *              rank's losses within 1e-5 (ZeRO shards its momentum buffers)
+ *   sgd_checkpoint  SGD with momentum saved under ZeRO-3 at step 10 and
+ *              resumed on the same ranks: steps 11..20 bit for bit the
+ *              uninterrupted run's, by a single rank within 1e-5; the state
+ *              is named optimizer.momentum_buffer.<name>, and an AdamW
+ *              trainer's resume of it is refused */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +79,8 @@ typedef struct run_opts {
     const char *save, *resume;   /* checkpoint dir (save at `last`) */
     const char *init;            /* weights to start from (shard_trainer_load_weights) */
     int check_replicas;
+    const char *optimizer;       /* NULL: AdamW */
+    float momentum, lr;          /* SGD's momentum; the peak learning rate (0: 3e-3) */
 } run_opts;
 
 static shard_trainer_config trainer_config(const run_opts *o, char *config_path, size_t bytes) {
@@ -82,8 +91,10 @@ static shard_trainer_config trainer_config(const run_opts *o, char *config_path,
                               .accum = o->accum, .seq = 16, .seed = 3, .zero = o->zero,
                               .bucket_mb = 0.01 /* several buckets */, .grad_dtype = o->grad_dtype,
                               .compute_dtype = o->compute_dtype,
-                              .adamw = shard_adamw_defaults(), .clip = 1.0f};
-    c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
+                              .optimizer = o->optimizer, .adamw = shard_adamw_defaults(),
+                              .sgd = {.momentum = o->momentum}, .clip = 1.0f};
+    float lr = o->lr > 0 ? o->lr : 3e-3f;
+    c.lr = (shard_lr_schedule){lr, lr / 10, 3, STEPS};
     return c;
 }
 
@@ -145,20 +156,25 @@ static void compare(test_ctx *t, const double *ref, const double *got, uint64_t 
           t->size, (unsigned long long)at, got[at - 1], ref[at - 1], worst, tol);
 }
 
+/* o on every zero stage over all ranks, each against ref's steps first..last within tol. */
+static void every_stage(test_ctx *t, run_opts o, const double *ref, double tol, const char *label) {
+    for (int z = 0; z <= 3; z++) {
+        double got[STEPS] = {0};
+        char what[64];
+        snprintf(what, sizeof what, "%s, zero %d", label, z);
+        o.zero = z;
+        run(t, t->comm, &o, got, NULL);
+        compare(t, ref, got, o.first, o.last, tol, what);
+    }
+}
+
 static void case_gpt(test_ctx *t) {
     shared_setup(t);
     run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = STEPS, .check_replicas = 1};
-    double ref[STEPS], got[STEPS];
+    double ref[STEPS];
     reference(t, o, ref);
     CHECK(t, ref[STEPS - 1] < ref[0] - 0.5, "the reference learns: %.4f -> %.4f", ref[0], ref[STEPS - 1]);
-    for (int z = 0; z <= 3; z++) {
-        char what[32];
-        snprintf(what, sizeof what, "gpt zero %d", z);
-        o.zero = z;
-        memset(got, 0, sizeof got);
-        run(t, t->comm, &o, got, NULL);
-        compare(t, ref, got, 1, STEPS, 1e-5, what);
-    }
+    every_stage(t, o, ref, 1e-5, "gpt");
 }
 
 static void case_accum(test_ctx *t) {
@@ -235,20 +251,14 @@ static void case_mixed(test_ctx *t) {
     shared_setup(t);
     run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = 10, .compute_dtype = SHARD_BF16,
                   .check_replicas = 1};
-    double ref16[STEPS], ref32[STEPS], got[STEPS];
+    double ref16[STEPS], ref32[STEPS];
     reference(t, o, ref16);
     run_opts f32 = o;
     f32.compute_dtype = SHARD_F32;
     reference(t, f32, ref32);
     compare(t, ref32, ref16, 1, 10, 2e-2, "bf16 compute (one rank) against f32");
     CHECK(t, ref16[9] != ref32[9], "bf16 compute changes the numbers: %.9g vs %.9g", ref16[9], ref32[9]);
-    for (int z = 0; z <= 3; z++) {
-        char what[48];
-        snprintf(what, sizeof what, "bf16 compute, zero %d", z);
-        o.zero = z;
-        run(t, t->comm, &o, got, NULL);
-        compare(t, ref16, got, 1, 10, 1e-4, what);
-    }
+    every_stage(t, o, ref16, 1e-4, "bf16 compute");
 }
 
 static void case_checkpoint(test_ctx *t) {
@@ -465,6 +475,75 @@ static void case_refusals(test_ctx *t) {
     }
 }
 
+/* SGD with momentum: ZeRO shards its one state array as it does AdamW's two. */
+static const run_opts sgd_opts = {.config = "gpt.json", .batch = 6, .first = 1, .last = 10, .optimizer = "sgd",
+                                  .momentum = 0.9f, .lr = 0.05f};
+
+static void case_sgd(test_ctx *t) {
+    shared_setup(t);
+    run_opts o = sgd_opts, adamw = sgd_opts;
+    o.check_replicas = 1;
+    adamw.optimizer = NULL, adamw.lr = 0;
+    double ref[STEPS], ref_adamw[STEPS];
+    reference(t, o, ref);
+    reference(t, adamw, ref_adamw);
+    CHECK(t, ref[9] < ref[0] - 0.5, "SGD learns: %.4f -> %.4f", ref[0], ref[9]);
+    CHECK(t, ref[1] != ref_adamw[1], "SGD's losses are AdamW's: %.9g", ref[1]);
+    every_stage(t, o, ref, 1e-5, "sgd with momentum");
+}
+
+static void case_sgd_checkpoint(test_ctx *t) {
+    shared_setup(t);
+    char ckpt[300], path[512], text[32];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt_sgd", g_dir);
+    run_opts o = sgd_opts;
+    o.last = STEPS, o.zero = 3;
+    double whole[STEPS], part[STEPS], again[STEPS] = {0}, single[STEPS];
+    run(t, t->comm, &o, whole, NULL); /* uninterrupted */
+    o.last = 10, o.save = ckpt;
+    run(t, t->comm, &o, part, NULL);
+    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
+    run_opts r = o;
+    r.first = 11, r.last = STEPS, r.save = NULL, r.resume = ckpt;
+    run(t, t->comm, &r, again, NULL);
+    for (uint64_t s = 11; s <= STEPS; s++)
+        CHECK(t, again[s - 1] == whole[s - 1], "sgd resumed under zero 3: loss at step %llu is %.17g, uninterrupted %.17g",
+              (unsigned long long)s, again[s - 1], whole[s - 1]);
+    shard_comm *self = self_comm(t);
+    r.zero = 0;
+    if (self) run(t, self, &r, single, NULL);
+    shard_comm_destroy(self);
+    compare(t, whole, single, 11, STEPS, 1e-5, "sgd zero-3 checkpoint resumed on 1 rank, zero 0");
+    /* the state arrays by their names: momentum_buffer, and none of AdamW's */
+    snprintf(path, sizeof path, "%s/step_10/index.json", ckpt);
+    FILE *f = t->rank == 0 ? fopen(path, "r") : NULL;
+    if (t->rank == 0 && CHECK(t, f != NULL, "open %s", path)) {
+        static char index[1 << 20];
+        size_t got = fread(index, 1, sizeof index - 1, f);
+        index[got] = '\0';
+        fclose(f);
+        CHECK(t, strstr(index, "\"optimizer.momentum_buffer.wte.weight\"") && strstr(index, "\"optimizer\": \"sgd\"") &&
+                     !strstr(index, "optimizer.exp_avg"),
+              "%s: the SGD state's names or the recorded optimizer are missing", path);
+    }
+    /* an AdamW trainer refuses it, naming both optimizers, on every rank */
+    run_opts a = r;
+    a.optimizer = NULL;
+    shard_trainer_config c = trainer_config(&a, path, sizeof path);
+    snprintf(text, sizeof text, "data=%d", t->size);
+    shard_mesh *mesh = NULL;
+    shard_trainer *tr = NULL;
+    uint64_t done = 0;
+    if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh") && CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer")) {
+        shard_status s = shard_trainer_resume(tr, ckpt, &done);
+        CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "was trained with sgd, and this run's optimizer is adamw"),
+              "adamw resuming an sgd checkpoint: %d (%s)", (int)s, shard_last_error());
+    }
+    shard_trainer_destroy(tr);
+    shard_mesh_destroy(mesh);
+    CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
+}
+
 static void case_cleanup(test_ctx *t) {
     shared_setup(t);
     test_remove_dir(t, g_dir);
@@ -474,7 +553,8 @@ static const test_case cases[] = {
     {"gpt", case_gpt},         {"accum", case_accum}, {"dropout", case_dropout},       {"models", case_models},
     {"bf16", case_bf16},       {"mixed", case_mixed}, {"checkpoint", case_checkpoint}, {"init", case_init},
     {"nonfinite", case_nonfinite}, {"refusals", case_refusals},
-    {"save_memory", case_save_memory}, {"cleanup", case_cleanup},
+    {"save_memory", case_save_memory}, {"sgd", case_sgd}, {"sgd_checkpoint", case_sgd_checkpoint},
+    {"cleanup", case_cleanup},
 };
 
 int main(int argc, char **argv) {

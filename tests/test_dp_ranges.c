@@ -1,6 +1,7 @@
 /* test_dp_ranges.c — white-box test of the data-parallel state by slab range (shard__dp_get_range /
  * set_range), which checkpoints go through one parameter at a time: every zero stage, units whose pieces
- * split a parameter between ranks, and ranks holding none of a parameter.  It includes data_parallel.c
+ * split a parameter between ranks, and ranks holding none of a parameter; the state arrays are the
+ * optimizer's (AdamW's two, SGD with momentum's one, plain SGD's none), an array past them refused.  It includes data_parallel.c
  * itself, to place a caller's buffer right before this rank's moments: a rank holding nothing of a
  * parameter once got a displacement past the range, and the communicator took the receive buffer for
  * one reaching into its send buffer (a false "overlaps" error, depending on where malloc put them).
@@ -12,21 +13,34 @@
 #include "check.h"
 #include "models/model_impl.h"
 
-/* Two units: {a: 8, b: 4000} and {c: 5, d: 3 x 7}; the model's parameters only, no layers. */
+/* Two units: {a: 8, b: 4000} and {c: 5, d: 3 x 7}; the model's parameters only, no layers; and an
+ * optimizer (AdamW unless make_model_with says otherwise). */
 typedef struct fake_model {
     shard_params *p;
     shard_model m;
+    shard_optimizer *opt;
 } fake_model;
 
-static int make_model(test_ctx *t, fake_model *f) {
+static int make_model_with(test_ctx *t, fake_model *f, shard_optimizer_kind kind, float momentum) {
     shard_param_info info[4] = {{.name = "a", .ndim = 1, .shape = {8}},
                                 {.name = "b", .ndim = 1, .shape = {4000}},
                                 {.name = "c", .ndim = 1, .shape = {5}},
                                 {.name = "d", .ndim = 2, .shape = {3, 7}}};
     size_t first[3] = {0, 2, 4};
     memset(f, 0, sizeof *f);
+    shard_optimizer_options o = shard_optimizer_defaults(kind);
+    o.sgd.momentum = momentum;
     return CHECK_OK(t, shard_params_create(info, 4, SHARD_MEM_PARAMS, &f->p), "params") &&
-           CHECK_OK(t, shard_model_setup_units(&f->m, f->p, first, 2), "units");
+           CHECK_OK(t, shard_model_setup_units(&f->m, f->p, first, 2), "units") &&
+           CHECK_OK(t, shard_optimizer_create(&o, &f->opt), "optimizer");
+}
+
+static int make_model(test_ctx *t, fake_model *f) { return make_model_with(t, f, SHARD_OPTIMIZER_ADAMW, 0); }
+
+static void free_model(fake_model *f) {
+    shard_params_destroy(f->p);
+    shard__model_free_units(&f->m);
+    shard_optimizer_destroy(f->opt);
 }
 
 static float pattern(int which, size_t i) { return (float)(which * 100000 + (int)i) * 0.5f; }
@@ -37,7 +51,8 @@ static void case_roundtrip(test_ctx *t) {
             fake_model f;
             if (!make_model(t, &f)) return;
             shard_dp *dp = NULL;
-            if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, zero, 1 << 20, SHARD_F32, 1, bf16 ? SHARD_BF16 : SHARD_F32, &dp),
+            if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, zero, 1 << 20, SHARD_F32, 1, bf16 ? SHARD_BF16 : SHARD_F32,
+                                              f.opt, &dp),
                           "dp zero %d", zero))
                 return;
             float buf[4000], got[4000];
@@ -66,11 +81,10 @@ static void case_roundtrip(test_ctx *t) {
             CHECK_OK(t, shard__dp_get_range(dp, 2, d->offset, d->numel, got), "get zeros");
             for (size_t i = 0; i < d->numel; i++) CHECK(t, got[i] == 0, "zero %d: d's exp_avg_sq %zu = %g", zero, i, (double)got[i]);
             if (bf16 && zero < 3) /* the compute copy follows the values */
-                CHECK(t, dp->compute16[d->offset + 2] == shard_bf16_from_f32(pattern(0, d->offset + 2)), "zero %d: bf16 copy",
-                      zero);
+                CHECK(t, shard__precision_copy(&dp->prec, d->offset + 2)[0] == shard_bf16_from_f32(pattern(0, d->offset + 2)),
+                      "zero %d: bf16 copy", zero);
             shard__dp_destroy(dp);
-            shard_params_destroy(f.p);
-            shard__model_free_units(&f.m);
+            free_model(&f);
         }
 }
 
@@ -79,21 +93,50 @@ static void case_adjacent_buffers(test_ctx *t) {
     fake_model f;
     if (!make_model(t, &f)) return;
     shard_dp *dp = NULL;
-    if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, 1, 1 << 20, SHARD_F32, 1, SHARD_F32, &dp), "dp")) return;
+    if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, 1, 1 << 20, SHARD_F32, 1, SHARD_F32, f.opt, &dp), "dp")) return;
     const shard_param_info *a = &f.p->info[0];
-    float *block = calloc(a->numel + dp->shard_total + 16, sizeof(float)), *saved = dp->exp_avg;
+    float *block = calloc(a->numel + dp->shard_total + 16, sizeof(float)), *saved = dp->state[0];
     if (CHECK(t, block != NULL, "memory")) {
-        memcpy(block + a->numel, dp->exp_avg, dp->shard_total * sizeof(float));
-        dp->exp_avg = block + a->numel;
+        memcpy(block + a->numel, dp->state[0], dp->shard_total * sizeof(float));
+        dp->state[0] = block + a->numel;
         CHECK_OK(t, shard__dp_get_range(dp, 1, a->offset, a->numel, block), "get a's exp_avg next to the pieces");
-        dp->exp_avg = saved;
+        dp->state[0] = saved;
     }
     free(block);
     shard__dp_destroy(dp);
-    shard_params_destroy(f.p);
-    shard__model_free_units(&f.m);
+    free_model(&f);
 }
 
-static const test_case cases[] = {{"roundtrip", case_roundtrip}, {"adjacent_buffers", case_adjacent_buffers}};
+/* SGD: with momentum one state array (its buffer round-trips on every stage), plain none; an array past
+ * the optimizer's is refused by number, with no rank left in a collective. */
+static void case_sgd_arrays(test_ctx *t) {
+    for (int plain = 0; plain < 2; plain++)
+        for (int zero = 0; zero <= 3; zero += 3) {
+            fake_model f;
+            if (!make_model_with(t, &f, SHARD_OPTIMIZER_SGD, plain ? 0.0f : 0.9f)) return;
+            shard_dp *dp = NULL;
+            if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, zero, 1 << 20, SHARD_F32, 1, SHARD_F32, f.opt, &dp), "dp"))
+                return;
+            CHECK_EQ_INT(t, (int64_t)dp->n_states, plain ? 0 : 1, "sgd state arrays");
+            const shard_param_info *b = &f.p->info[1];
+            float buf[4000], got[4000];
+            for (size_t i = 0; i < b->numel; i++) buf[i] = pattern(1, i);
+            if (!plain) {
+                CHECK_OK(t, shard__dp_set_range(dp, 1, b->offset, b->numel, buf), "set b's momentum_buffer");
+                CHECK_OK(t, shard__dp_get_range(dp, 1, b->offset, b->numel, got), "get b's momentum_buffer");
+                CHECK(t, memcmp(buf, got, b->numel * sizeof(float)) == 0, "zero %d: b's momentum_buffer differs", zero);
+            }
+            int past = plain ? 1 : 2;
+            shard_status s = shard__dp_get_range(dp, past, b->offset, b->numel, got);
+            CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "sgd optimizer's state arrays"),
+                  "array %d of %s SGD: %d (%s)", past, plain ? "plain" : "momentum", (int)s, shard_last_error());
+            CHECK(t, shard__dp_set_range(dp, -1, b->offset, b->numel, buf) == SHARD_ERR_INVALID_ARG, "array -1 set");
+            shard__dp_destroy(dp);
+            free_model(&f);
+        }
+}
+
+static const test_case cases[] = {
+    {"roundtrip", case_roundtrip}, {"adjacent_buffers", case_adjacent_buffers}, {"sgd_arrays", case_sgd_arrays}};
 
 int main(int argc, char **argv) { return test_main(argc, argv, "test_dp_ranges", cases, sizeof cases / sizeof cases[0]); }

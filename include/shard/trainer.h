@@ -1,9 +1,10 @@
 /* trainer.h — a training run on a device mesh: the model of a config
- * (model.h), its data, AdamW with warm-up + cosine learning rate and
- * clipping by the global gradient norm, and the parallel strategy of the
- * mesh's `data` axis (plain data parallel, or ZeRO-1/2/3 / FSDP).
+ * (model.h), its data, an optimizer (AdamW, or SGD; optim.h) with warm-up +
+ * cosine learning rate and clipping by the global gradient norm, and the
+ * parallel strategy of the mesh's `data` axis (plain data parallel, or
+ * ZeRO-1/2/3 / FSDP, which shard whichever optimizer's state).
  *
- * Batch arithmetic (BRIEF §4): global batch = micro-batch x accumulation
+ * Batch arithmetic: global batch = micro-batch x accumulation
  * steps x data size.  Given two, the third is derived; an inconsistent triple
  * is refused with the numbers.  `batch` always means the global batch: each
  * micro-step's rows are split over the data ranks (the first ones taking one
@@ -36,8 +37,13 @@ typedef struct shard_trainer_config {
     double bucket_mb;   /* gradient bucket size (MiB); <= 0: 25 */
     shard_dtype grad_dtype; /* SHARD_F32, or SHARD_BF16 to halve gradient traffic */
     shard_dtype compute_dtype; /* SHARD_F32 (0), or SHARD_BF16: mixed precision, bf16 compute copies of
-                                  f32 master values (AdamW's state stays f32) */
+                                  f32 master values (the optimizer's state stays f32) */
+    /* the optimizer: "adamw" (NULL) with `adamw`'s hyperparameters, or "sgd" with `sgd`'s (momentum 0:
+     * plain SGD, which keeps no state); the other's fields are not read.  The learning rate is `lr`'s
+     * schedule for either; another name is refused, listing the valid ones. */
+    const char *optimizer;
     shard_adamw_config adamw;
+    shard_sgd_config sgd;
     shard_lr_schedule lr;
     float clip; /* max global gradient norm; 0: no clipping */
     int sequence_parallel; /* with a tensor axis: LayerNorm / dropout / residual regions split over tokens */
@@ -97,18 +103,22 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
 /* The whole parameter values (params->total floats, the slab's layout) on every rank. */
 shard_status shard_trainer_values(shard_trainer *t, float *whole);
 
-/* Checkpoints: parameters by name plus AdamW's moments
- * ("optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>"), whole, so any
- * strategy and any number of ranks can resume them.  config_json rides in the index. */
+/* Checkpoints: parameters by name plus each of the optimizer's state arrays as
+ * "optimizer.<array>.<name>" (AdamW: "optimizer.exp_avg.<name>", "optimizer.exp_avg_sq.<name>"; SGD
+ * with momentum: "optimizer.momentum_buffer.<name>"), whole, so any strategy and any number of ranks
+ * can resume them.  config_json rides in the index, with the settings of shard_trainer_resume_differences
+ * (the optimizer's name and hyperparameters among them). */
 shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json);
 /* Start from weights in a safetensors file (every parameter by name, at its whole shape: Hugging Face
  * GPT-2 names for the GPT), under any strategy: this rank's piece of each goes to the strategy's values
- * and compute copies; AdamW's moments are zero.  Call before the first step. */
+ * and compute copies; the optimizer's state is zero.  Call before the first step. */
 shard_status shard_trainer_load_weights(shard_trainer *t, const char *path);
-/* *step gets the checkpoint's step; training resumes at *step + 1. */
+/* *step gets the checkpoint's step; training resumes at *step + 1.  A checkpoint trained with another
+ * optimizer than this trainer's (its recorded settings say which; one without says AdamW) is refused:
+ * its state arrays are not this optimizer's. */
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step);
-/* Where this trainer's settings that shape the numbers (seed, batch, seq, learning-rate schedule, AdamW,
- * clip, dtypes) differ from those the checkpoint recorded: "lr 0.001 (the checkpoint's: 0.003); ..."
+/* Where this trainer's settings that shape the numbers (seed, batch, seq, learning-rate schedule, the
+ * optimizer and its hyperparameters, clip, dtypes) differ from those the checkpoint recorded: "lr 0.001 (the checkpoint's: 0.003); ..."
  * into out, "" when they agree (or the checkpoint predates the record).  Each save records them.
  * `where` as given to shard_trainer_resume, `step` the step it resumed. */
 shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, uint64_t step, char *out,

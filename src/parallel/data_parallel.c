@@ -1,12 +1,13 @@
 /* data_parallel.c — the `data` axis (see data_parallel.h): plain DP and
  * ZeRO-1/2/3, driven by the model's unit hooks.
  *
- *   zero 0  values, gradients, AdamW moments replicated.  Gradients go in
+ *   zero 0  values, gradients, optimizer state replicated.  Gradients go in
  *           buckets (~bucket_bytes, units in backward order); a bucket's
  *           non-blocking all_reduce starts when its last unit's gradients
  *           are ready, while backward goes on.
- *   zero 1  moments sharded: a bucket's units are reduce-scattered instead,
- *           AdamW updates this rank's pieces, all_gather makes values whole.
+ *   zero 1  optimizer state sharded: a bucket's units are reduce-scattered
+ *           instead, the optimizer updates this rank's pieces, all_gather
+ *           makes values whole.
  *   zero 2  gradients sharded too: a unit's gradient buffer exists only from
  *           its first backward use to its reduce-scatter (every micro-step,
  *           summed into the shard), so no rank holds the whole gradient.
@@ -18,12 +19,15 @@
  * Gradients may travel as bf16 (grad_dtype), halving their bytes; the
  * reduction itself adds in f32 and rounds once (comm's rule).
  *
- * Mixed precision (compute_dtype bf16): the f32 values (and AdamW's moments)
- * stay the master copy; forward and backward read bf16 compute copies —
- * kept whole in bf16 (zero 0..2) or all-gathered in bf16 (zero 3, half the
- * bytes) — widened unit by unit into f32 buffers while acquired, since the
- * GEMMs here are f32 (Debian's OpenBLAS has no bf16 GEMM): the arithmetic of
- * bf16 inputs with f32 accumulation, the memory of bf16 copies. */
+ * The optimizer (optim.h) is whichever the trainer made: the strategy
+ * allocates each state array it declares (whole at zero 0, this rank's
+ * pieces at zero >= 1) and calls its update on what this rank owns.
+ *
+ * Mixed precision (compute_dtype bf16, src/nn/precision.c): the f32 values
+ * (and the optimizer's state) stay the master copy; forward and backward
+ * read bf16 compute copies — kept whole in bf16 (zero 0..2) or all-gathered
+ * in bf16 (zero 3, half the bytes) — widened unit by unit into f32 buffers
+ * while acquired. */
 #include "parallel/data_parallel.h"
 
 #include <math.h>
@@ -31,7 +35,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
-#include "core/simd.h"
+#include "nn/precision.h"
 #include "shard/memory.h"
 
 typedef struct unit_state {
@@ -65,9 +69,11 @@ struct shard_dp {
     float *grad_shard; /* zero >= 1: this rank's pieces, summed over ranks */
     float *rs_out;     /* zero >= 1: a reduce-scatter's f32 result before it is added */
     float *value_shard;
-    int bf16_compute, count_replicated;
-    uint16_t *compute16;  /* bf16 compute copy: whole (zero 0..2) or this rank's pieces (zero 3) */
-    float *exp_avg, *exp_avg_sq;
+    int count_replicated;
+    shard__precision prec; /* bf16: a compute copy of the whole values (zero 0..2) or this rank's pieces (zero 3) */
+    const shard_optimizer *opt;
+    size_t n_states;                          /* the optimizer's state arrays */
+    float *state[SHARD_OPTIMIZER_MAX_STATES]; /* each whole (zero 0) or this rank's pieces (zero >= 1) */
     size_t *order, order_len, order_cap, pos; /* zero 3: the acquire order of a step */
     int order_known;
     size_t last_rs; /* zero 2/3: the unit whose reduce-scatter started last */
@@ -179,11 +185,11 @@ static shard_status finish_bucket(shard_dp *dp, bucket *b) {
 static shard_status start_gather(shard_dp *dp, size_t k) {
     unit_state *u = &dp->u[k];
     if (dp->zero != 3 || u->gathered || u->gathered16) return SHARD_OK;
-    if (dp->bf16_compute) {
+    if (dp->prec.bf16) {
         if (!(u->gathered16 = shard_alloc(u->n * 2 + 2, SHARD_MEM_PARAMS)))
             return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
-        return shard_comm_iall_gatherv(dp->comm, dp->compute16 + u->shard_off, u->mine, u->gathered16, u->counts,
-                                       u->displs, SHARD_BF16, &u->gather);
+        return shard_comm_iall_gatherv(dp->comm, shard__precision_copy(&dp->prec, u->shard_off), u->mine, u->gathered16,
+                                       u->counts, u->displs, SHARD_BF16, &u->gather);
     }
     if (!(u->gathered = shard_alloc(u->n * sizeof(float) + 1, SHARD_MEM_PARAMS)))
         return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
@@ -191,36 +197,17 @@ static shard_status start_gather(shard_dp *dp, size_t k) {
                                    SHARD_F32, &u->gather);
 }
 
-/* bf16 <-> f32 over arrays, as shard_bf16_from_f32 / shard_f32_from_bf16 (round to nearest even, NaN
- * kept quiet), written on the bits so the loops vectorise. */
-typedef uint32_t u32_alias __attribute__((may_alias));
-
-SHARD_VECTOR_CLONES
-static void widen_bf16(const uint16_t *in, float *out, size_t n) {
-    u32_alias *o = (u32_alias *)out;
-    for (size_t i = 0; i < n; i++) o[i] = (uint32_t)in[i] << 16;
-}
-
-SHARD_VECTOR_CLONES
-static void round_to_bf16(const float *in, uint16_t *out, size_t n) {
-    const u32_alias *x = (const u32_alias *)in;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t b = x[i], nearest = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-        out[i] = (uint16_t)((b & 0x7fffffffu) > 0x7f800000u ? (b >> 16) | 0x0040u : nearest);
-    }
-}
-
 /* Unit k's compute values in u->gathered (f32): gathered (zero 3), widened from bf16 (bf16 compute). */
 static shard_status materialize(shard_dp *dp, size_t k) {
     unit_state *u = &dp->u[k];
     SHARD_CHECK(start_gather(dp, k));
     SHARD_CHECK(timed_wait(dp, &u->gather));
-    if (!dp->bf16_compute) return SHARD_OK;
-    const uint16_t *src = dp->zero == 3 ? u->gathered16 : dp->compute16 + dp->m->unit_offset[k];
+    if (!dp->prec.bf16) return SHARD_OK;
+    const uint16_t *src = dp->zero == 3 ? u->gathered16 : shard__precision_copy(&dp->prec, dp->m->unit_offset[k]);
     if (!u->gathered && !(u->gathered = shard_alloc(u->n * sizeof(float) + 1, SHARD_MEM_PARAMS)))
         return shard_error(SHARD_ERR_NO_MEMORY, "bf16 compute: out of memory for unit %zu (%zu values)", k, u->n);
     if (!u->gathered16 && dp->zero == 3) return SHARD_OK; /* kept from an earlier acquire */
-    widen_bf16(src, u->gathered, u->n);
+    shard__precision_widen(src, u->gathered, u->n);
     shard_free(u->gathered16);
     u->gathered16 = NULL;
     return SHARD_OK;
@@ -235,10 +222,8 @@ static void free_unit_values(shard_dp *dp, size_t k) {
 
 /* The bf16 compute copy from the f32 masters (after every update). */
 static void refresh_compute_copy(shard_dp *dp) {
-    if (!dp->bf16_compute) return;
     const float *src = dp->zero == 3 ? dp->value_shard : dp->m->params->data;
-    size_t n = dp->zero == 3 ? dp->shard_total : total_of(dp);
-    round_to_bf16(src, dp->compute16, n);
+    shard__precision_refresh(&dp->prec, src, 0, dp->prec.n);
 }
 
 static shard_status note_order(shard_dp *dp, size_t k) {
@@ -258,7 +243,7 @@ static shard_status note_order(shard_dp *dp, size_t k) {
 static shard_status hook_acquire(void *ctx, shard_model *m, size_t k, int backward) {
     shard_dp *dp = ctx;
     unit_state *u = &dp->u[k];
-    if (dp->zero == 3 || dp->bf16_compute) {
+    if (dp->zero == 3 || dp->prec.bf16) {
         SHARD_CHECK(note_order(dp, k));
         if (u->in_use++ == 0) {
             shard_status s = materialize(dp, k);
@@ -289,7 +274,7 @@ static shard_status hook_release(void *ctx, shard_model *m, size_t k, int backwa
     shard_dp *dp = ctx;
     unit_state *u = &dp->u[k];
     (void)m;
-    if ((dp->zero == 3 || dp->bf16_compute) && --u->in_use == 0) {
+    if ((dp->zero == 3 || dp->prec.bf16) && --u->in_use == 0) {
         SHARD_CHECK(timed_wait(dp, &u->gather)); /* never in flight here; kept for safety */
         /* the next acquire in order may be this very unit (prefetched): keep it then */
         int next_is_me = dp->order_known && dp->pos < dp->order_len && dp->order[dp->pos] == k;
@@ -315,19 +300,21 @@ static shard_status hook_grads_ready(void *ctx, shard_model *m, size_t k) {
 /* ---------------------------------------------------------------- life cycle */
 
 shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t bucket_bytes, shard_dtype grad_dtype,
-                              int count_replicated, shard_dtype compute_dtype, shard_dp **out) {
+                              int count_replicated, shard_dtype compute_dtype, const shard_optimizer *opt,
+                              shard_dp **out) {
     *out = NULL;
     if (zero < 0 || zero > 3) return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
     if (grad_dtype != SHARD_F32 && grad_dtype != SHARD_BF16)
         return shard_error(SHARD_ERR_INVALID_ARG, "--grad-dtype %s is invalid: gradients travel as f32 or bf16",
                            shard_dtype_name(grad_dtype));
-    if (compute_dtype != SHARD_F32 && compute_dtype != SHARD_BF16)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--compute-dtype %s is invalid: compute copies are f32 or bf16",
-                           shard_dtype_name(compute_dtype));
+    SHARD_CHECK(shard__precision_check(compute_dtype));
+    if (!opt || shard_optimizer_state_count(opt) > SHARD_OPTIMIZER_MAX_STATES)
+        return shard_error(SHARD_ERR_INVALID_ARG, "data parallel: %s", opt ? "the optimizer declares too many state arrays"
+                                                                            : "no optimizer given");
     shard_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
     dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype, dp->last_rs = (size_t)-1;
-    dp->bf16_compute = compute_dtype == SHARD_BF16, dp->count_replicated = count_replicated;
+    dp->count_replicated = count_replicated, dp->opt = opt, dp->n_states = shard_optimizer_state_count(opt);
     dp->rank = shard_comm_rank(comm), dp->size = shard_comm_size(comm);
     size_t U = m->units, D = (size_t)dp->size, total = total_of(dp);
     dp->u = calloc(U, sizeof *dp->u);
@@ -358,18 +345,18 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
     }
     size_t S = dp->shard_total;
     if (s == SHARD_OK) {
-        size_t moments = zero == 0 ? total : S;
-        dp->exp_avg = shard_alloc_zeroed(moments * sizeof(float) + 1, SHARD_MEM_OPTIMIZER);
-        dp->exp_avg_sq = shard_alloc_zeroed(moments * sizeof(float) + 1, SHARD_MEM_OPTIMIZER);
+        size_t state_n = zero == 0 ? total : S;
+        int states_ok = 1;
+        for (size_t k = 0; k < dp->n_states; k++)
+            states_ok &= (dp->state[k] = shard_alloc_zeroed(state_n * sizeof(float) + 1, SHARD_MEM_OPTIMIZER)) != NULL;
         if (zero <= 1) dp->grads = shard_alloc_zeroed(total * sizeof(float) + 1, SHARD_MEM_GRADS);
         if (zero >= 1) {
             dp->grad_shard = shard_alloc_zeroed(S * sizeof(float) + 1, SHARD_MEM_GRADS);
             dp->rs_out = shard_alloc_zeroed(S * sizeof(float) + 1, SHARD_MEM_COMM);
         }
         if (zero == 3) dp->value_shard = shard_alloc(S * sizeof(float) + 1, SHARD_MEM_PARAMS);
-        if (dp->bf16_compute && !(dp->compute16 = shard_alloc((zero == 3 ? S : total) * 2 + 2, SHARD_MEM_PARAMS)))
-            s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for the bf16 compute copy");
-        if (!dp->exp_avg || !dp->exp_avg_sq || (zero <= 1 && !dp->grads) ||
+        s = shard__precision_create(&dp->prec, compute_dtype, zero == 3 ? S : total);
+        if (!states_ok || (zero <= 1 && !dp->grads) ||
             (zero >= 1 && (!dp->grad_shard || !dp->rs_out)) || (zero == 3 && !dp->value_shard))
             s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for the model states (zero %d)", zero);
     }
@@ -386,7 +373,7 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
         m->params->data = NULL;
         for (size_t k = 0; k < U; k++) shard_model_bind_values(m, k, NULL);
     }
-    if (dp->bf16_compute) {
+    if (dp->prec.bf16) {
         refresh_compute_copy(dp);
         for (size_t k = 0; k < U; k++) shard_model_bind_values(m, k, NULL); /* read only through the copies */
     }
@@ -411,7 +398,8 @@ void shard__dp_destroy(shard_dp *dp) {
     dp->m->hooks = (shard_model_hooks){0};
     free(dp->u), free(dp->buckets), free(dp->bucket_of), free(dp->order);
     shard_free(dp->grads), shard_free(dp->grad_shard), shard_free(dp->rs_out), shard_free(dp->value_shard);
-    shard_free(dp->exp_avg), shard_free(dp->exp_avg_sq), shard_free(dp->compute16);
+    for (size_t k = 0; k < dp->n_states; k++) shard_free(dp->state[k]);
+    shard__precision_destroy(&dp->prec);
     if (dp->m->params->data) /* the model reads its values in place again */
         for (size_t k = 0; k < dp->m->units; k++) shard_model_bind_values(dp->m, k, unit_values(dp, k));
     free(dp);
@@ -442,7 +430,7 @@ static shard_status clear_unfinished(shard_dp *dp) {
             shard_model_bind_grads(dp->m, k, NULL);
         }
     }
-    if (dp->zero == 3 || dp->bf16_compute) {
+    if (dp->zero == 3 || dp->prec.bf16) {
         shard_status t = drop_gathered(dp);
         if (s == SHARD_OK) s = t;
     }
@@ -453,7 +441,7 @@ static shard_status clear_unfinished(shard_dp *dp) {
 shard_status shard__dp_begin_step(shard_dp *dp) {
     shard_status s = clear_unfinished(dp);
     dp->step_open = 1;
-    /* the last update left the gradients zeroed (shard_adamw_update_clipped) unless it did not run */
+    /* the last update left the gradients zeroed (shard_optimizer_update) unless it did not run */
     if (dp->grads && !dp->grads_zeroed) memset(dp->grads, 0, total_of(dp) * sizeof(float));
     if (dp->grad_shard && !dp->shard_zeroed) memset(dp->grad_shard, 0, dp->shard_total * sizeof(float));
     dp->grads_zeroed = dp->shard_zeroed = 0;
@@ -508,7 +496,7 @@ shard_status shard__dp_finish(shard_dp *dp, double *squares) {
             shard_status t = finish_rs(dp, k);
             if (s == SHARD_OK) s = t;
         }
-    if ((dp->zero == 3 || dp->bf16_compute) && !dp->order_known && dp->order_len) dp->order_known = 1;
+    if ((dp->zero == 3 || dp->prec.bf16) && !dp->order_known && dp->order_len) dp->order_known = 1;
     if (s < 0) return s;
     if (dp->zero == 0) {
         *squares = counted_squares(dp, 0, total_of(dp), dp->grads, 0);
@@ -522,12 +510,18 @@ shard_status shard__dp_finish(shard_dp *dp, double *squares) {
     return shard_comm_all_reduce(dp->comm, &local, squares, 1, SHARD_F64, SHARD_OP_SUM);
 }
 
-shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip) {
-    if (dp->zero == 3 || dp->bf16_compute) SHARD_CHECK(drop_gathered(dp));
+/* The state arrays' ranges from element at (in their layout). */
+static void states_at(const shard_dp *dp, size_t at, float **out) {
+    for (size_t k = 0; k < dp->n_states; k++) out[k] = dp->state[k] + at;
+}
+
+shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip) {
+    if (dp->zero == 3 || dp->prec.bf16) SHARD_CHECK(drop_gathered(dp));
     dp->step_open = 0;
+    float *st[SHARD_OPTIMIZER_MAX_STATES];
     if (dp->zero == 0) {
-        shard_adamw_update_clipped(c, step, lr, clip, dp->m->params->data, dp->grads, dp->exp_avg, dp->exp_avg_sq,
-                                   total_of(dp));
+        states_at(dp, 0, st);
+        SHARD_CHECK(shard_optimizer_update(dp->opt, step, lr, clip, dp->m->params->data, dp->grads, st, total_of(dp)));
         dp->grads_zeroed = 1;
         refresh_compute_copy(dp);
         return SHARD_OK;
@@ -536,8 +530,8 @@ shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_
     for (size_t k = 0; k < dp->m->units; k++) {
         unit_state *u = &dp->u[k];
         float *values = dp->zero == 3 ? dp->value_shard + u->shard_off : unit_values(dp, k) + u->my_displ;
-        shard_adamw_update_clipped(c, step, lr, clip, values, dp->grad_shard + u->shard_off, dp->exp_avg + u->shard_off,
-                                   dp->exp_avg_sq + u->shard_off, u->mine);
+        states_at(dp, u->shard_off, st);
+        SHARD_CHECK(shard_optimizer_update(dp->opt, step, lr, clip, values, dp->grad_shard + u->shard_off, st, u->mine));
         covered += u->mine;
     }
     dp->shard_zeroed = covered == dp->shard_total;
@@ -633,16 +627,22 @@ static void scatter_range(const shard_dp *dp, float *shard, size_t off, size_t n
     }
 }
 
-/* The array `which` names (0 values, 1 exp_avg, 2 exp_avg_sq), and whether this rank holds all of it
- * (else its pieces, in the shard layout). */
-static float *state_array(const shard_dp *dp, int which, int *whole) {
+/* The array `which` names (0 values, 1 + k the optimizer's state array k), and whether this rank holds
+ * all of it (else its pieces, in the shard layout). */
+static shard_status state_array(const shard_dp *dp, int which, size_t off, size_t n, float **out, int *whole) {
+    if (which < 0 || (size_t)which > dp->n_states || off > total_of(dp) || n > total_of(dp) - off)
+        return shard_error(SHARD_ERR_INVALID_ARG, "data parallel: array %d, range [%zu, %zu + %zu) is invalid: give 0 "
+                           "(the values) to %zu (the %s optimizer's state arrays) and a range inside the %zu values",
+                           which, off, off, n, dp->n_states, shard_optimizer_name(dp->opt), total_of(dp));
     *whole = which == 0 ? dp->zero < 3 : dp->zero == 0;
-    return which == 0 ? (dp->zero < 3 ? dp->m->params->data : dp->value_shard) : which == 1 ? dp->exp_avg : dp->exp_avg_sq;
+    *out = which == 0 ? (dp->zero < 3 ? dp->m->params->data : dp->value_shard) : dp->state[which - 1];
+    return SHARD_OK;
 }
 
 shard_status shard__dp_get_range(shard_dp *dp, int which, size_t off, size_t n, float *dst) {
     int whole;
-    const float *a = state_array(dp, which, &whole);
+    float *a = NULL;
+    SHARD_CHECK(state_array(dp, which, off, n, &a, &whole));
     if (!whole) return gather_range(dp, a, off, n, dst);
     memcpy(dst, a + off, n * sizeof(float));
     return SHARD_OK;
@@ -656,13 +656,14 @@ shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, 
         dp->step_open = 0;
     }
     int whole;
-    float *a = state_array(dp, which, &whole);
+    float *a = NULL;
+    SHARD_CHECK(state_array(dp, which, off, n, &a, &whole));
     if (!whole) scatter_range(dp, a, off, n, src);
     else if (src) memcpy(a + off, src, n * sizeof(float));
     else memset(a + off, 0, n * sizeof(float));
-    if (which != 0 || !dp->bf16_compute) return SHARD_OK;
+    if (which != 0 || !dp->prec.bf16) return SHARD_OK;
     if (whole) { /* the bf16 compute copy of what changed */
-        round_to_bf16(a + off, dp->compute16 + off, n);
+        shard__precision_refresh(&dp->prec, a, off, n);
         return SHARD_OK;
     }
     range_part p;
@@ -671,8 +672,7 @@ shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, 
         size_t lo, hi;
         held(u, (size_t)dp->rank, p.lo, p.hi, &lo, &hi);
         if (hi == lo) continue;
-        size_t at = u->shard_off + (lo - u->my_displ);
-        round_to_bf16(a + at, dp->compute16 + at, hi - lo);
+        shard__precision_refresh(&dp->prec, a, u->shard_off + (lo - u->my_displ), hi - lo);
     }
     return SHARD_OK;
 }
@@ -690,15 +690,15 @@ static shard_status gather_whole(shard_dp *dp, const float *src, float *dst) {
     return SHARD_OK;
 }
 
-shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, float *exp_avg_sq) {
+shard_status shard__dp_get_state(shard_dp *dp, float *values, float *const *state) {
     size_t bytes = total_of(dp) * sizeof(float);
-    memset(values, 0, bytes), memset(exp_avg, 0, bytes), memset(exp_avg_sq, 0, bytes);
+    memset(values, 0, bytes);
     if (dp->zero == 3) SHARD_CHECK(gather_whole(dp, dp->value_shard, values));
     else memcpy(values, dp->m->params->data, bytes);
-    if (dp->zero == 0) {
-        memcpy(exp_avg, dp->exp_avg, bytes), memcpy(exp_avg_sq, dp->exp_avg_sq, bytes);
-        return SHARD_OK;
+    for (size_t k = 0; state && k < dp->n_states; k++) {
+        memset(state[k], 0, bytes);
+        if (dp->zero == 0) memcpy(state[k], dp->state[k], bytes);
+        else SHARD_CHECK(gather_whole(dp, dp->state[k], state[k]));
     }
-    SHARD_CHECK(gather_whole(dp, dp->exp_avg, exp_avg));
-    return gather_whole(dp, dp->exp_avg_sq, exp_avg_sq);
+    return SHARD_OK;
 }

@@ -21,9 +21,11 @@ typedef struct shard_dp_stats {
 
 /* The model's values must be initialised (or loaded) before: stage 3 keeps only this rank's pieces. */
 /* count_replicated 0: parameters the model marks tensor_replicated stay out of the squared norm (a
- * tensor rank other than 0 holds copies of them). */
+ * tensor rank other than 0 holds copies of them).  opt: the optimizer every update runs (the caller's,
+ * kept until shard__dp_destroy); its state arrays start at zero. */
 shard_status shard__dp_create(shard_comm *data_comm, shard_model *m, int zero, size_t bucket_bytes,
-                              shard_dtype grad_dtype, int count_replicated, shard_dtype compute_dtype, shard_dp **out);
+                              shard_dtype grad_dtype, int count_replicated, shard_dtype compute_dtype,
+                              const shard_optimizer *opt, shard_dp **out);
 void shard__dp_destroy(shard_dp *dp);
 
 /* Before a step's first micro-step: zero the gradients, and clear what a step that stopped part-way left
@@ -39,17 +41,19 @@ void shard__dp_set_sync(shard_dp *dp, int sync);
 /* After the last backward: wait for the gradients; *squares = the sum of the squared gradients over
  * the data axis (this rank's parameters). */
 shard_status shard__dp_finish(shard_dp *dp, double *squares);
-/* Scale the gradients by clip, AdamW on what this rank owns, then make every
+/* Scale the gradients by clip, the optimizer's update on what this rank owns, then make every
  * replica's values whole again. */
-shard_status shard__dp_update(shard_dp *dp, const shard_adamw_config *c, uint64_t step, float lr, float clip);
+shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip);
 void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out);
 
-/* Whole values and AdamW moments (each params->total floats) on every rank (shard_trainer_values). */
-shard_status shard__dp_get_state(shard_dp *dp, float *values, float *exp_avg, float *exp_avg_sq);
-/* The slab range [off, off + n) (a parameter's) of the values (which 0) or an AdamW moment (1: exp_avg,
- * 2: exp_avg_sq), whole on every rank of the data axis (collective over it): checkpoints go one
- * parameter and one array at a time, so no rank holds the whole state of a model that ZeRO shards.
- * And back: every rank passes the same src (NULL: zeros). */
+/* Whole values and, unless state is NULL, each of the optimizer's state arrays into state[k] (each
+ * params->total floats) on every rank (shard_trainer_values). */
+shard_status shard__dp_get_state(shard_dp *dp, float *values, float *const *state);
+/* The slab range [off, off + n) (a parameter's) of the values (which 0) or the optimizer's state array
+ * which - 1 (AdamW: 1 exp_avg, 2 exp_avg_sq; SGD with momentum: 1 momentum_buffer), whole on every rank
+ * of the data axis (collective over it): checkpoints go one parameter and one array at a time, so no
+ * rank holds the whole state of a model that ZeRO shards.  And back: every rank passes the same src
+ * (NULL: zeros).  A `which` past the optimizer's arrays, or a range past the values, is refused. */
 shard_status shard__dp_get_range(shard_dp *dp, int which, size_t off, size_t n, float *dst);
 shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, const float *src);
 

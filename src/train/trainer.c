@@ -4,7 +4,8 @@
  *     (the loss divided by the global item count), backward — the strategy's
  *     hooks start gradient communication as units finish;
  *   the strategy waits for the gradients and gives the global norm;
- *   clip, AdamW on what this rank owns, values made whole again.
+ *   clip, the optimizer (optim.h: AdamW or SGD) on what this rank owns,
+ *   values made whole again.
  *
  * The strategy of the `data` axis lives in src/parallel/data_parallel.c; with
  * a `pipe` axis the micro-batches run as src/parallel/pipeline.c's schedule
@@ -38,6 +39,7 @@ struct shard_trainer {
     int data_rank, data_size;
     size_t global, micro, accum;
     shard_model *model;
+    shard_optimizer *opt;
     shard_dp *dp;
     /* the pipe axis (pipe NULL without one of size > 1) */
     shard_comm *pipe;
@@ -156,6 +158,15 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     return s;
 }
 
+/* The optimizer the config names (AdamW when none) with its hyperparameters. */
+static shard_status make_optimizer(const shard_trainer_config *c, shard_optimizer **out) {
+    shard_optimizer_kind kind = SHARD_OPTIMIZER_ADAMW;
+    if (c->optimizer) SHARD_CHECK(shard_optimizer_find(c->optimizer, &kind));
+    shard_optimizer_options o = shard_optimizer_defaults(kind);
+    o.adamw = c->adamw, o.sgd = c->sgd;
+    return shard_optimizer_create(&o, out);
+}
+
 void shard_trainer_print_schedule(const shard_trainer *t, FILE *out) {
     if (!t->sched) return;
     fprintf(out, "  %s\n", t->partition);
@@ -196,9 +207,10 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
         t->data = t->own_data;
     }
     t->data_rank = shard_comm_rank(t->data), t->data_size = shard_comm_size(t->data);
-    /* several ranks share the cores: thread ranks' kernels run on one thread each (BRIEF §5), processes
-     * split their machine's cores */
+    /* several ranks share the cores: thread ranks' kernels run on one thread each, processes split their
+     * machine's cores */
     shard_status s = shard_share_cores(shard_mesh_comm(mesh));
+    if (s == SHARD_OK) s = make_optimizer(config, &t->opt);
     if (s == SHARD_OK) s = resolve_batch(t);
     if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
     if (s == SHARD_OK)
@@ -210,7 +222,7 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
         /* on tensor ranks other than 0, parameters every tensor rank holds whole stay out of the norm */
         int count_replicated = !t->tensor || shard_comm_rank(t->tensor) == 0;
         s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype, count_replicated,
-                             config->compute_dtype, &t->dp); /* f32 or bf16, else refused there */
+                             config->compute_dtype, t->opt, &t->dp); /* f32 or bf16, else refused there */
     }
     if (s == SHARD_OK && t->pipe) s = shard__pp_create(t->pipe, t->model, t->sched, config->recompute, &t->pp);
     if (s < 0) {
@@ -226,6 +238,7 @@ void shard_trainer_destroy(shard_trainer *t) {
     shard__pp_destroy(t->pp);
     shard__pipe_schedule_destroy(t->sched);
     shard__dp_destroy(t->dp);
+    shard_optimizer_destroy(t->opt);
     shard_model_destroy(t->model);
     shard_comm_destroy(t->own_data);
     free(t);
@@ -304,7 +317,7 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
                            (unsigned long long)step, isnan(all_squares) ? "NaN" : "infinite");
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
-    SHARD_CHECK(shard__dp_update(t->dp, &t->c.adamw, step, out->lr, clip));
+    SHARD_CHECK(shard__dp_update(t->dp, step, out->lr, clip));
     SHARD_CHECK(shard_comm_all_reduce(t->data, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
     if (t->pipe) { /* the loss is the last stage's */
         loss = global_loss;
@@ -319,27 +332,7 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
 
 /* ---------------------------------------------------------------- whole state, checkpoints */
 
-typedef struct whole_state {
-    float *values, *exp_avg, *exp_avg_sq;
-} whole_state;
-
-static shard_status whole_alloc(const shard_trainer *t, whole_state *w) {
-    size_t bytes = t->model->params->total * sizeof(float) + 1;
-    w->values = shard_alloc(bytes, SHARD_MEM_OTHER), w->exp_avg = shard_alloc(bytes, SHARD_MEM_OTHER);
-    w->exp_avg_sq = shard_alloc(bytes, SHARD_MEM_OTHER);
-    return w->values && w->exp_avg && w->exp_avg_sq ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
-}
-
-static void whole_free(whole_state *w) { shard_free(w->values), shard_free(w->exp_avg), shard_free(w->exp_avg_sq); }
-
-shard_status shard_trainer_values(shard_trainer *t, float *whole) {
-    whole_state w = {0};
-    shard_status s = whole_alloc(t, &w);
-    if (s == SHARD_OK) s = shard__dp_get_state(t->dp, w.values, w.exp_avg, w.exp_avg_sq);
-    if (s == SHARD_OK) memcpy(whole, w.values, t->model->params->total * sizeof(float));
-    whole_free(&w);
-    return s;
-}
+shard_status shard_trainer_values(shard_trainer *t, float *whole) { return shard__dp_get_state(t->dp, whole, NULL); }
 
 /* The checkpoint's parameters: this rank's, and with a pipe axis every stage's (names and whole shapes
  * gathered over `pipe`, in stage order); mine[j]: the index among this rank's parameters, or SIZE_MAX. */
@@ -406,16 +399,22 @@ static shard_status row_spec(const shard_trainer *t, int ndim, shard_spec *out) 
     return shard_spec_parse(text, &layout, ndim, out);
 }
 
-/* Three dtensors per checkpoint parameter (values, exp_avg, exp_avg_sq) on the trainer's mesh, split by rows. */
+/* The arrays a checkpoint holds per parameter: the values, then each of the optimizer's state arrays. */
+static size_t arrays_of(const shard_trainer *t) { return 1 + shard_optimizer_state_count(t->opt); }
+
+/* arrays_of(t) dtensors per checkpoint parameter (the values as the parameter's name, state array k as
+ * "optimizer.<its name>.<parameter>") on the trainer's mesh, split by rows: array j of parameter i at j * n + i. */
 static shard_status make_items(shard_trainer *t, const ckpt_param *cp, size_t n, shard_ckpt_item **items,
                                char (**names)[SHARD_PARAM_NAME_BYTES + 32]) {
-    *items = calloc(3 * n, sizeof **items), *names = calloc(3 * n, sizeof **names);
+    size_t arrays = arrays_of(t);
+    *items = calloc(arrays * n, sizeof **items), *names = calloc(arrays * n, sizeof **names);
     if (!*items || !*names) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
-    static const char *const prefix[3] = {"", "optimizer.exp_avg.", "optimizer.exp_avg_sq."};
-    for (size_t j = 0; j < 3; j++)
+    for (size_t j = 0; j < arrays; j++)
         for (size_t i = 0; i < n; i++) {
             size_t at = j * n + i, shape[SHARD_MAX_DIMS] = {0};
-            snprintf((*names)[at], sizeof (*names)[at], "%s%s", prefix[j], cp[i].name);
+            if (j == 0) snprintf((*names)[at], sizeof (*names)[at], "%s", cp[i].name);
+            else snprintf((*names)[at], sizeof (*names)[at], "optimizer.%s.%s", shard_optimizer_state_name(t->opt, j - 1),
+                          cp[i].name);
             for (int d = 0; d < cp[i].ndim; d++) shape[d] = (size_t)cp[i].shape[d];
             shard_spec spec;
             SHARD_CHECK(row_spec(t, (int)cp[i].ndim, &spec));
@@ -442,7 +441,7 @@ static size_t rows_start(const shard_dtensor *d, const ckpt_param *cp) {
     return off * (whole_numel(cp) / (size_t)cp->shape[0]);
 }
 
-/* Checkpoint parameter k's values (which 0) or a moment (1, 2) whole on every rank, into whole[whole_n]: from
+/* Checkpoint parameter k's values (which 0) or an optimizer state array (1 + k) whole on every rank, into whole[whole_n]: from
  * the data axis (ZeRO's pieces) and the tensor axis (this rank's block) when this rank holds it (i), and
  * on a pipeline from the stage that does.  piece: scratch for its local elements. */
 static shard_status param_whole(shard_trainer *t, size_t i, int which, size_t whole_n, float *piece, float *whole) {
@@ -491,12 +490,57 @@ static double shown(float x) { /* a float as its shortest decimal: 0.003, not 0.
 
 static json_t *training_record(const shard_trainer *t) {
     const shard_trainer_config *c = &t->c;
-    return json_pack("{s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:s}", "seed", (json_int_t)c->seed,
-                     "batch", (json_int_t)t->global, "seq", (json_int_t)c->seq, "lr", shown(c->lr.lr_max), "min_lr",
-                     shown(c->lr.lr_min), "warmup", (json_int_t)c->lr.warmup, "steps", (json_int_t)c->lr.total,
-                     "weight_decay", shown(c->adamw.weight_decay), "beta1", shown(c->adamw.beta1), "beta2",
-                     shown(c->adamw.beta2), "eps", shown(c->adamw.eps), "clip", shown(c->clip), "grad_dtype",
-                     shard_dtype_name(c->grad_dtype), "compute_dtype", shard_dtype_name(c->compute_dtype));
+    const shard_optimizer_options *o = shard_optimizer_options_of(t->opt);
+    json_t *hyper = o->kind == SHARD_OPTIMIZER_SGD
+                        ? json_pack("{s:f, s:f}", "weight_decay", shown(o->sgd.weight_decay), "momentum",
+                                    shown(o->sgd.momentum))
+                        : json_pack("{s:f, s:f, s:f, s:f}", "weight_decay", shown(o->adamw.weight_decay), "beta1",
+                                    shown(o->adamw.beta1), "beta2", shown(o->adamw.beta2), "eps", shown(o->adamw.eps));
+    json_t *record = json_pack("{s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:s}", "seed", (json_int_t)c->seed, "batch",
+                               (json_int_t)t->global, "seq", (json_int_t)c->seq, "lr", shown(c->lr.lr_max), "min_lr",
+                               shown(c->lr.lr_min), "warmup", (json_int_t)c->lr.warmup, "steps", (json_int_t)c->lr.total,
+                               "optimizer", shard_optimizer_name(t->opt));
+    json_t *rest = json_pack("{s:f, s:s, s:s}", "clip", shown(c->clip), "grad_dtype", shard_dtype_name(c->grad_dtype),
+                             "compute_dtype", shard_dtype_name(c->compute_dtype));
+    if (!hyper || !record || !rest || json_object_update(record, hyper) < 0 || json_object_update(record, rest) < 0) {
+        json_decref(record);
+        record = NULL;
+    }
+    json_decref(hyper), json_decref(rest);
+    return record;
+}
+
+/* The optimizer a checkpoint was trained with, from its recorded settings: "adamw" when it records none
+ * (the settings of a build that trained only with AdamW), "" when its index cannot be read here (the
+ * load then says why). */
+static void recorded_optimizer(const char *where, char *out, size_t bytes) {
+    char dir[4096];
+    shard__ckpt_index ix;
+    snprintf(out, bytes, "%s", "");
+    if (shard__ckpt_open_index(where, dir, sizeof dir, &ix) < 0) {
+        shard_clear_error();
+        return;
+    }
+    json_t *rec = ix.training ? json_loads(ix.training, 0, NULL) : NULL;
+    const char *name = json_string_value(json_object_get(rec, "optimizer"));
+    snprintf(out, bytes, "%s", name ? name : "adamw");
+    json_decref(rec);
+    shard__ckpt_index_free(&ix);
+}
+
+/* Collective: a checkpoint trained with another optimizer is refused (the world's rank 0 reads which, as
+ * the load picks the step on rank 0's view). */
+static shard_status same_optimizer(shard_trainer *t, const char *where) {
+    shard_comm *world = shard_mesh_comm(t->mesh);
+    char then[32] = "";
+    if (shard_comm_rank(world) == 0) recorded_optimizer(where, then, sizeof then);
+    SHARD_CHECK(shard_comm_broadcast(world, then, sizeof then, SHARD_U8, 0));
+    then[sizeof then - 1] = '\0';
+    const char *now = shard_optimizer_name(t->opt);
+    if (!then[0] || strcmp(then, now) == 0) return SHARD_OK;
+    return shard_error(SHARD_ERR_INVALID_ARG, "resume: %s was trained with %s, and this run's optimizer is %s: the "
+                       "optimizer's state does not carry over: give --optimizer %s to resume it, or start from its "
+                       "weights alone (shard ckpt export, then --init)", where, then, now, then);
 }
 
 shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, uint64_t step, char *out,
@@ -545,8 +589,9 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
     shard_status s = ckpt_params(t, &cp, &mine, &n);
     if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
     if (s == SHARD_OK) s = param_scratch(t, cp, n, &whole, &piece);
+    int arrays = (int)arrays_of(t);
     for (size_t k = 0; s == SHARD_OK && k < n; k++)
-        for (int j = 0; s == SHARD_OK && j < 3; j++) {
+        for (int j = 0; s == SHARD_OK && j < arrays; j++) {
             s = param_whole(t, mine[k], j, whole_numel(&cp[k]), piece, whole);
             const shard_dtensor *d = items[(size_t)j * n + k].tensor;
             if (s == SHARD_OK)
@@ -556,9 +601,9 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
     char *training = record ? json_dumps(record, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     if (s == SHARD_OK && !training) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     shard_free(whole), shard_free(piece), whole = piece = NULL; /* before the writer's buffers */
-    if (s == SHARD_OK) s = shard_ckpt_save_run(dir, step, items, 3 * n, config_json, training);
+    if (s == SHARD_OK) s = shard_ckpt_save_run(dir, step, items, (size_t)arrays * n, config_json, training);
     json_decref(record), free(training);
-    free_items(items, names, 3 * n);
+    free_items(items, names, (size_t)arrays * n);
     free(cp), free(mine);
     return s;
 }
@@ -576,9 +621,9 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     }
     if (s == SHARD_OK) s = shard_params_create(info, p->count, SHARD_MEM_OTHER, &whole);
     if (s == SHARD_OK) s = shard_params_load(whole, path, 1, NULL);
-    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) { /* the values; AdamW's moments start at zero */
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) { /* the values; the optimizer's state starts at zero */
         take_piece(t, i, whole->data + whole->info[i].offset, piece);
-        for (int j = 0; s == SHARD_OK && j < 3; j++)
+        for (int j = 0; s == SHARD_OK && j < (int)arrays_of(t); j++)
             s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, j == 0 ? piece : NULL);
     }
     shard_params_destroy(whole);
@@ -596,12 +641,14 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
     ckpt_param *cp = NULL;
     size_t *mine = NULL, n = 0;
     float *whole = NULL, *piece = NULL;
-    shard_status s = ckpt_params(t, &cp, &mine, &n);
+    int arrays = (int)arrays_of(t);
+    shard_status s = same_optimizer(t, where);
+    if (s == SHARD_OK) s = ckpt_params(t, &cp, &mine, &n);
     if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
-    if (s == SHARD_OK) s = shard_ckpt_load(where, items, 3 * n, step);
+    if (s == SHARD_OK) s = shard_ckpt_load(where, items, (size_t)arrays * n, step);
     if (s == SHARD_OK) s = param_scratch(t, cp, n, &whole, &piece);
     for (size_t k = 0; s == SHARD_OK && k < n; k++)
-        for (int j = 0; s == SHARD_OK && j < 3; j++) {
+        for (int j = 0; s == SHARD_OK && j < arrays; j++) {
             shard_tensor full = {.dtype = SHARD_F32, .ndim = (int)cp[k].ndim, .data = whole};
             size_t stride = 1, i = mine[k];
             for (int d = full.ndim - 1; d >= 0; d--) /* a contiguous view of the scratch */
@@ -612,7 +659,7 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
             s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, piece);
         }
     shard_free(whole), shard_free(piece);
-    free_items(items, names, 3 * n);
+    free_items(items, names, (size_t)arrays * n);
     free(cp), free(mine);
     return s;
 }
