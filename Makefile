@@ -2,7 +2,7 @@
 #   make demo    install missing packages, build, train the tiny GPT on fortunes on 4 ranks (~2 min), sample it
 #   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests
 #                under TSan; MPI tests built against MPICH
-#   make bench   the benchmark tables of the README
+#   make bench   the benchmark tables of docs/performance.md
 #   make deps | build | clean
 
 BUILD ?= build
