@@ -3,7 +3,7 @@
 #   make test    install, build with -Werror, run every test (each label within its time budget); then
 #                the named subsets under ASan+UBSan, TSan and MPICH, and the fuzzer (scripts/test.sh)
 #   make test-full  the same passes, each running every test
-#   make bench   the benchmark tables of the README
+#   make bench   the benchmark tables of docs/performance.md
 #   make format  lay out every C file as .clang-format says (make test fails on a file that differs)
 #   make deps | build | clean
 

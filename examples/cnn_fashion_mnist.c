@@ -1,4 +1,4 @@
-/* cnn_fashion_mnist.c — seed 000's image classifier (conv 3x3 -> ReLU ->
+/* cnn_fashion_mnist.c — the two-shard image classifier (conv 3x3 -> ReLU ->
  * max-pool 2 -> dense) trained on Debian's Fashion-MNIST on one device with
  * AdamW, then its accuracy on the 10,000 test images.
  *

@@ -1,4 +1,4 @@
-/* cnn_pipeline.c — seed 000's image classifier as a 2-stage pipeline: the
+/* cnn_pipeline.c — the two-shard image classifier as a 2-stage pipeline: the
  * feature shard (conv 3x3 -> ReLU -> max-pool) on stage 0 and the classifier
  * shard (dense, loss) on stage 1, the pooled maps travelling between them, on
  * Debian's Fashion-MNIST.  The same training runs on one device beside it

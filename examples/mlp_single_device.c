@@ -1,10 +1,10 @@
-/* mlp_single_device.c — seed 002's SingleDevice engine in C: the 2-layer MLP
+/* mlp_single_device.c — the engine API's single-device engine: the 2-layer MLP
  * ReLU(x W0) W1 behind load_checkpoint / forward / backward /
- * inference_loop, as the seed's Python does it.
+ * inference_loop.
  *
  *   build/examples/mlp_single_device
  * trains the MLP for a few SGD steps to map x to -x (a mean-squared loss the
- * caller computes, as the seed leaves the loss to the optimizer), then
+ * caller computes: the engine leaves the loss to its caller), then
  * streams three batches through inference_loop. */
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* mlp_tensor_parallel.c — seed 002's MLP engine tensor parallel, beside the
+/* mlp_tensor_parallel.c — the engine API's MLP tensor parallel, beside the
  * single-device one (examples/mlp_single_device.c), through the same engine
  * interface: W0 split by columns and W1 by rows over the ranks, one
  * all_reduce of the output.  Every rank also runs the single-device engine

@@ -1,4 +1,4 @@
-/* two_d_parallel.c — seed 004's 2-D parallelism: a dense layer out = x W with
+/* two_d_parallel.c — 2-D parallelism in one layer: a dense layer out = x W with
  * x [128, 4096] split by rows over `data` (P('data', None)), W [4096, 2048]
  * split by columns over `tensor` (P(None, 'tensor')), so every rank multiplies
  * its own blocks with no communication and holds out as P('data', 'tensor').

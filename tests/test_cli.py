@@ -763,10 +763,10 @@ def train():
             short = args[:6] + [batch] + args[7:9] + ["--steps", "1"] + extra
             p = run(short)
             expect(p.returncode == 0 and want in p.stdout, f"train banner {extra}: {p.stdout!r} {p.stderr}")
-        # the CNN (Fashion-MNIST) and seed 002's MLP through the same command
+        # the CNN (Fashion-MNIST) and the teacher MLP through the same command
         configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
         for name, extra in (("cnn-fashion-mnist.json", ["--ranks", "2", "--zero", "1", "--batch", "32"]),
-                            ("mlp-seed002.json", ["--batch", "16"])):
+                            ("mlp-teacher.json", ["--batch", "16"])):
             log = os.path.join(work, name + ".jsonl")
             p = run(["train", "--config", os.path.join(configs, name), "--steps", "40", "--lr", "3e-3", "--log", log]
                     + extra)

@@ -1,4 +1,4 @@
-/* test_cnn.c — seed 000's image classifier against PyTorch autograd golden
+/* test_cnn.c — the two-shard image classifier against PyTorch autograd golden
  * vectors (tests/fixtures/cnn_golden.safetensors, tools/reference/cnn_golden.py):
  * logits and loss within 1e-5 relative, gradients within 1e-4 of each
  * tensor's largest element; config refusals naming the key. */

@@ -1,4 +1,4 @@
-/* test_engine.c — seed 002's MLP engine against numpy golden vectors
+/* test_engine.c — the engine API's MLP against numpy golden vectors
  * (tests/fixtures/mlp_golden.safetensors, from tools/reference/mlp_golden.py):
  * forward output within 1e-5 relative and gradients within 1e-4 (fp32 sums
  * in another order than numpy's einsum: rounding of order 1e-7 per term over
@@ -137,7 +137,7 @@ static void refusals(void **state) {
     assert_int_equal(shard_engine_load_checkpoint(e, wrong, 1), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "'layer_0/weights' must be [16,32], got f32[32,16]"));
     shard_tensor *w0 = get("layer_0/weights");
-    shard_named only0[1] = {{"layer_0/weights", w0}}; /* the seed's load needs both (a KeyError there) */
+    shard_named only0[1] = {{"layer_0/weights", w0}}; /* a load needs both weights */
     assert_int_equal(shard_engine_load_checkpoint(e, only0, 1), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "'layer_1/weights' is missing"));
     shard_named half_bad[2] = {{"layer_0/weights", w0}, {"layer_1/weights", w0}}; /* the second wrong: nothing copied */

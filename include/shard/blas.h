@@ -60,7 +60,7 @@ typedef struct shard_gemm {
 
 /* Two independent products (a backward's dX and dW: neither writes what the other reads).  On two
  * threads each runs whole on one of them, at once: the operand both read is packed once per product
- * instead of once per block, which on BRIEF's GPT saved 1.5 ms of a 130 ms step; otherwise one after
+ * instead of once per block, which on the benchmark GPT saved 1.5 ms of a 130 ms step; otherwise one after
  * the other (also when either is small: under 64^3 multiply-adds), each cut over the threads as shard_sgemm
  * does.  Either may be NULL: the other runs alone.  The first error is returned. */
 shard_status shard_sgemm_pair(const shard_gemm *first, const shard_gemm *second);

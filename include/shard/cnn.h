@@ -1,4 +1,4 @@
-/* cnn.h — seed 000's image classifier: a feature part (conv K x K with
+/* cnn.h — the two-shard image classifier: a feature part (conv K x K with
  * "same" zero padding -> ReLU -> max-pool P x P) and a classifier part (a
  * dense layer to the classes), for NCHW float images.
  *

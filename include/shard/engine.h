@@ -1,4 +1,4 @@
-/* engine.h — seed 002's engine interface: a model behind load_checkpoint,
+/* engine.h — the engine API: a model behind load_checkpoint,
  * forward, backward and inference_loop, the same whether it runs on one
  * device or sharded (strategies implement the same table).
  *
@@ -7,7 +7,7 @@
  *   backward(dL/dy) -> grads by name  pops the tape; gradients are written
  *   inference_loop(stream in, out)    forward on each input, without the tape
  *
- * The first engine is seed 002's 2-layer MLP, ReLU(x W0) W1, on one device,
+ * The first engine is a 2-layer MLP, ReLU(x W0) W1, on one device,
  * with parameters `layer_0/weights` [model, hidden] and `layer_1/weights`
  * [hidden, model] (examples/mlp_single_device.c). */
 #ifndef SHARD_ENGINE_H
@@ -25,7 +25,7 @@ extern "C" {
 
 typedef struct shard_engine shard_engine;
 
-/* A named array, as the seed's dict[str, array]. */
+/* A named array: one entry of a name -> array map. */
 typedef struct shard_named {
     const char *name;
     const shard_tensor *tensor;
@@ -60,13 +60,13 @@ static inline shard_status shard_engine_backward(shard_engine *e, const shard_te
 void shard_engine_destroy(shard_engine *e);
 
 /* Reads inputs from `next` until it returns 0 (or fails) and hands each
- * output to `emit`, as the seed's inference_loop over two streams. */
+ * output to `emit`, an inference loop over two streams. */
 typedef int (*shard_stream_read)(void *ctx, shard_tensor **x);          /* 1: an input, 0: end, < 0: error */
 typedef shard_status (*shard_stream_write)(void *ctx, const shard_tensor *y); /* y is valid during the call */
 shard_status shard_engine_inference_loop(shard_engine *e, shard_stream_read next, void *in_ctx, shard_stream_write emit,
                                          void *out_ctx, size_t out_features);
 
-/* seed 002's MLP on one device. */
+/* The MLP on one device. */
 shard_status shard_mlp_engine_create(size_t model_dim, size_t hidden_dim, shard_engine **out);
 /* The same MLP tensor parallel over `tensor` (Megatron): layer_0/weights split
  * by columns and layer_1/weights by rows over the ranks (the even rule over

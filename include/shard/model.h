@@ -1,5 +1,5 @@
 /* model.h — a trainable model as parallel strategies see it, whatever its
- * architecture: the GPT, the CNN and seed 002's MLP all sit behind this table,
+ * architecture: the GPT, the CNN and the engine API's MLP all sit behind this table,
  * so a strategy (data parallel, ZeRO, ...) holds no model-specific code.
  *
  * Parameters live in one slab (params.h) cut into units: contiguous ranges of

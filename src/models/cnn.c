@@ -1,6 +1,6 @@
-/* cnn.c — seed 000's image classifier (see cnn.h): conv -> ReLU -> max-pool
+/* cnn.c — the two-shard image classifier (see cnn.h): conv -> ReLU -> max-pool
  * -> dense, forward and backward on the layers of layers.h.  As a pipeline it
- * has two layers, seed 000's two shards: the features (conv, ReLU, pool) on
+ * has two layers, its two shards: the features (conv, ReLU, pool) on
  * stage 0 and the classifier (dense, loss) on stage 1; the pooled maps travel
  * between them. */
 #include "shard/cnn.h"
@@ -230,7 +230,7 @@ static shard_status cnn_forward(shard_cnn *m, const float *images, const int32_t
     shard_relu_forward(m->conv, m->relu, B * c->channels * HW);
     shard_maxpool2d_forward(m->relu, m->pool, m->argmax, B, c->channels, c->height, c->width, c->pool);
     }
-    if (!m->classifier) { /* seed 000's first shard ends here: the next stage classifies */
+    if (!m->classifier) { /* the first shard (features) ends here: the next stage classifies */
         if (out) memcpy(out, m->pool, B * F * sizeof *out);
         return SHARD_OK;
     }

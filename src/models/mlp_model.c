@@ -1,7 +1,7 @@
-/* mlp_model.c — seed 002's 2-layer MLP, y = ReLU(x W0) W1, behind the generic
+/* mlp_model.c — the engine API's 2-layer MLP, y = ReLU(x W0) W1, behind the generic
  * model table (model.h) so strategies can train it: parameters
  * `layer_0/weights` [model_dim, hidden_dim] (unit 0) and `layer_1/weights`
- * [hidden_dim, model_dim] (unit 1), as the seed's engine names them.
+ * [hidden_dim, model_dim] (unit 1), as the MLP engine (engine.h) names them.
  *
  * Config: {"model_type": "mlp", "model_dim": 64, "hidden_dim": 256}.
  * Data is generated, a regression onto a fixed teacher: row r of step s's

@@ -1,4 +1,4 @@
-/* mlp_engine.c — seed 002's engine: ReLU(x W0) W1 with a tape of (x, z)
+/* mlp_engine.c — the engine API's MLP: ReLU(x W0) W1 with a tape of (x, z)
  * pairs for backward — on one device, or tensor parallel over a communicator
  * (Megatron's MLP: W0 split by columns, W1 by rows, one all_reduce of the
  * output), the same code for both — and the engine helpers shared by every
@@ -30,7 +30,7 @@ static shard_status check_batch(const shard_tensor *t, size_t features, const ch
     return SHARD_OK;
 }
 
-/* As the seed: both weights, by name; every entry is checked before any is copied. */
+/* As the engine API asks: both weights, by name; every entry is checked before any is copied. */
 static shard_status load_checkpoint(shard_engine *e, const shard_named *params, size_t count) {
     mlp_engine *m = (mlp_engine *)e;
     int seen[2] = {0, 0};

@@ -141,7 +141,7 @@ shard_status shard_model_stage_layers(const char *config_path, size_t *layers) {
     if (!type) return SHARD_ERR_IO;
     shard_status s = SHARD_OK;
     if (strcmp(type, "cnn") == 0) {
-        *layers = 2; /* seed 000's two shards: features, classifier */
+        *layers = 2; /* the CNN's two shards: features, classifier */
     } else if (strcmp(type, "mlp") != 0) {
         shard_gpt_config c;
         s = shard_gpt_config_parse(text, config_path, &c);

@@ -59,7 +59,7 @@ double shard__pipe_bubble_formula(shard_pipe_kind kind, int p, int m, int v);
 void shard__pipe_schedule_print(const shard_pipe_schedule *s, FILE *out);
 
 /* Cut n layers into k consecutive parts: explicit counts "3,3,2" (must add up to n, each >= 1), or (list
- * NULL/"") evenly with the remainder spread over the first parts (seed 003's rule).  first[k + 1]. */
+ * NULL/"") evenly with the remainder spread over the first parts (10 over 4: 3, 3, 2, 2).  first[k + 1]. */
 shard_status shard__pipe_partition(size_t n, int k, const char *list, size_t *first);
 
 #endif

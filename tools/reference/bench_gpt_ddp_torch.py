@@ -2,7 +2,7 @@
 """bench_gpt_ddp_torch.py — PyTorch DDP's training step on shard's GPT, for `shard bench train --ranks N`.
 
 usage: bench_gpt_ddp_torch.py CONFIG.json GLOBAL_BATCH SEQ STEPS WARMUP WORLD [BUCKET_MB]
-WORLD processes (gloo, one thread each, as BRIEF §5's DDP figure), each with GLOBAL_BATCH / WORLD rows of
+WORLD processes (gloo, one thread each: the DDP setting of the comparison), each with GLOBAL_BATCH / WORLD rows of
 random tokens (GLOBAL_BATCH a multiple of WORLD); AdamW with clipping at 1.0 as shard train; gradient
 buckets of BUCKET_MB MiB (DDP's bucket_cap_mb; default 25, DDP's own), as shard's --bucket-mb.  Prints one JSON line from rank 0:
 {"ms_per_step": median over STEPS after WARMUP, "world": ..., "torch": version}.

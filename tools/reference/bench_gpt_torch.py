@@ -5,7 +5,7 @@ usage: bench_gpt_torch.py CONFIG.json BATCH SEQ STEPS WARMUP THREADS
 Builds the same GPT as tools/reference/gpt_golden.py (torch ops, Hugging Face layout) from the config,
 trains on random tokens with AdamW (clipping at 1.0, as shard train), and prints one JSON line:
 {"ms_per_step": median, "tokens_per_s": ..., "threads": ..., "torch": version}.
-Run with OMP_WAIT_POLICY=PASSIVE (BRIEF §5's best single-process setting).
+Run with OMP_WAIT_POLICY=PASSIVE (the fastest single-process setting measured).
 """
 import json
 import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cnn_golden.py — golden vectors for seed 000's image classifier (conv 3x3 same -> ReLU ->
+"""cnn_golden.py — golden vectors for the two-shard image classifier (conv 3x3 same -> ReLU ->
 max-pool 2 -> dense), computed by PyTorch autograd (Debian's python3-torch).
 
 usage: cnn_golden.py OUT.safetensors

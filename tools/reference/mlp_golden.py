@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""mlp_golden.py — golden vectors for seed 002's 2-layer MLP, ReLU(x W0) W1, computed with numpy
-exactly as the seed's SingleDevice engine does (einsum forward, hand-written backward).
+"""mlp_golden.py — golden vectors for the engine API's 2-layer MLP, ReLU(x W0) W1, computed with numpy
+exactly as a single-device reference does it (einsum forward, hand-written backward).
 
 usage: mlp_golden.py OUT.safetensors
 Writes x, layer_0/weights, layer_1/weights, dy, and the expected y, grad/layer_0/weights and
@@ -33,7 +33,7 @@ def main(out):
     tensors = {"x": x, "layer_0/weights": w0, "layer_1/weights": w1, "dy": dy, "y": y.astype(np.float32),
                "grad/layer_0/weights": w0_grad.astype(np.float32), "grad/layer_1/weights": w1_grad.astype(np.float32)}
     safetensors_ref.write_tensors(out, tensors, {"regenerate": "python3 tools/reference/mlp_golden.py " + out,
-                                                 "model": "seed 002 MLP, batch 8, model 16, hidden 32"})
+                                                 "model": "engine API MLP, batch 8, model 16, hidden 32"})
 
 
 if __name__ == "__main__":
