@@ -9,7 +9,7 @@
  *   shard data text FILE... --out DIR [--val-fraction 0.1]
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S ...
  *   shard generate (--ckpt DIR | --config CONFIG.json --init W.safetensors) --prompt "..." --tokens N
- *   shard version */
+ *   shard version | --version */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +74,7 @@ static void usage(FILE *to) {
             "  ckpt export  a checkpoint's model tensors, full: DIR --out model.safetensors\n"
             "               [--max-shard-size 5G] (past it: model-0000k-of-0000N + index, as Hugging Face)\n"
             "               [--optimizer] (AdamW's moments too)\n"
-            "  version      print the version and the backends in this build\n"
+            "  version      print the library's version and the backends in this build (also --version)\n"
             "\n"
             "options every verb that runs ranks takes:\n"
             "  --ranks N        ranks as threads of this process (under mpirun: one per process)\n"
@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (is_version) {
-        printf("shard %s (backends: threads%s)\n", SHARD_VERSION_STRING, shard_have_mpi() ? ", mpi" : "");
+        printf("shard %s (backends: threads%s)\n", shard_version(), shard_have_mpi() ? ", mpi" : "");
         return 0;
     }
     if (is_help) {
