@@ -3,12 +3,15 @@
 #   make test    install, build with -Werror, run every test; again under ASan+UBSan; threads tests
 #                under TSan; MPI tests built against MPICH
 #   make bench   the benchmark tables of the README
+#   make install PREFIX=/some/where   build, then install headers, libshard.a / libshard.so, the shard
+#                CLI, shard.pc and the CMake package under PREFIX (default /usr/local)
 #   make deps | build | clean
 
 BUILD ?= build
 JOBS  ?= $(shell nproc)
+PREFIX ?= /usr/local
 
-.PHONY: all deps build demo test bench clean
+.PHONY: all deps build demo test bench install clean
 
 all: build
 
@@ -27,6 +30,9 @@ test: deps
 
 bench: build
 	@scripts/bench.sh
+
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-mpich
