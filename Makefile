@@ -5,12 +5,15 @@
 #   make test-full  the same passes, each running every test
 #   make bench   the benchmark tables of docs/performance.md
 #   make format  lay out every C file as .clang-format says (make test fails on a file that differs)
+#   make install PREFIX=/some/where   build, then install headers, libshard.a / libshard.so, the shard
+#                CLI, shard.pc and the CMake package under PREFIX (default /usr/local)
 #   make deps | build | clean
 
 BUILD ?= build
 JOBS  ?= $(shell nproc)
+PREFIX ?= /usr/local
 
-.PHONY: all deps build demo test test-full bench format clean
+.PHONY: all deps build demo test test-full bench format install clean
 
 all: build
 
@@ -35,6 +38,9 @@ format:
 
 bench: build
 	@scripts/bench.sh
+
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-mpich

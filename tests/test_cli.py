@@ -23,6 +23,7 @@ inspect:    `shard inspect spec` prints the type, the block grid and every rank'
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -200,6 +201,9 @@ def errors():
         expect(p.stdout == "", f"{args}: wrote to stdout: {p.stdout!r}")
     p = run(["version"])
     expect(p.returncode == 0 and "shard" in p.stdout and "threads" in p.stdout, f"version: {p.stdout!r}")
+    expect(re.match(r"shard \d+\.\d+\.\d+ \(backends: threads", p.stdout) is not None, f"version: {p.stdout!r}")
+    q = run(["--version"])
+    expect(q.returncode == 0 and q.stdout == p.stdout, f"--version: {q.stdout!r}, version: {p.stdout!r}")
 
 
 # The flags each verb's parser takes (cli/*.c): its usage text must list every one.

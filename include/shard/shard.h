@@ -24,7 +24,6 @@
 #include "shard/status.h"
 #include "shard/tensor.h"
 #include "shard/trainer.h"
-
-#define SHARD_VERSION_STRING "0.1.0"
+#include "shard/version.h"
 
 #endif
