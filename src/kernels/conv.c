@@ -196,17 +196,17 @@ shard_status shard__ref_conv2d_backward(const float *x, const float *w, const fl
 void shard__ref_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t N, size_t C, size_t H, size_t W,
                                   size_t P) {
     size_t Ho = H / P, Wo = W / P;
-    for (size_t nc = 0; nc < N * C; nc++)
-        for (size_t i = 0; i < Ho; i++)
-            for (size_t j = 0; j < Wo; j++) { /* the window's largest, the first of equals */
-                size_t best = i * P * W + j * P;
-                for (size_t a = 0; a < P; a++)
-                    for (size_t b = 0; b < P; b++)
-                        if (x[nc * H * W + (i * P + a) * W + j * P + b] > x[nc * H * W + best])
-                            best = (i * P + a) * W + j * P + b;
-                y[(nc * Ho + i) * Wo + j] = x[nc * H * W + best];
-                argmax[(nc * Ho + i) * Wo + j] = (uint32_t)best;
-            }
+    for (size_t o = 0; o < N * C * Ho * Wo; o++) { /* output o: window (i, j) of plane nc */
+        size_t i = o / Wo % Ho, j = o % Wo;
+        const float *plane = x + o / (Ho * Wo) * H * W;
+        size_t best = i * P * W + j * P;
+        for (size_t k = 0; k < P * P; k++) { /* the window's largest, the first of equals */
+            size_t at = (i * P + k / P) * W + j * P + k % P;
+            if (plane[at] > plane[best]) best = at;
+        }
+        y[o] = plane[best];
+        argmax[o] = (uint32_t)best;
+    }
 }
 
 void shard__ref_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H,
