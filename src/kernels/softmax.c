@@ -6,6 +6,7 @@
 #include "shard/layers.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "core/simd.h"
 #include "kernels/reference.h"
