@@ -3,11 +3,13 @@
  * The core is chosen from CPUID (with the OS's XSAVE support for AVX-512
  * state checked through XGETBV): AVX-512 bf16 -> COOPERLAKE, AVX-512
  * F/BW/DQ/VL -> SKYLAKEX.  OPENBLAS_CORETYPE is set to it before dlopen, so
- * OpenBLAS's constructor picks those kernels. */
+ * OpenBLAS's constructor picks those kernels.  The reference at the end is
+ * a product as the triple loop that defines it (see reference.h). */
 #define _GNU_SOURCE
 #include "shard/blas.h"
 
 #include "core/parallel.h"
+#include "kernels/reference.h"
 
 #include <cpuid.h>
 #include <dlfcn.h>
@@ -221,4 +223,24 @@ shard_status shard_sgemm_pair(const shard_gemm *first, const shard_gemm *second)
     gemm_pair_job j = {{first, second}, {{SHARD_OK, ""}, {SHARD_OK, ""}}};
     shard__parallel_for(2, gemm_pair_chunk, &j);
     return shard__chunk_results_raise(j.result, 2);
+}
+
+/* ---------------------------------------------------------------- reference */
+
+/* element (r, c) of op(X), X row-major with row stride ld */
+static double ref_at(const float *X, size_t ld, int transposed, size_t r, size_t c) {
+    return transposed ? X[c * ld + r] : X[r * ld + c];
+}
+
+void shard__ref_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
+                      size_t lda, const float *Bm, size_t ldb, const float *bias, float beta, float *C, size_t ldc) {
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < N; n++) {
+            double s = 0;
+            for (size_t k = 0; k < K; k++) s += ref_at(A, lda, transpose_a, m, k) * ref_at(Bm, ldb, transpose_b, k, n);
+            s *= alpha;
+            if (bias) s += bias[n];
+            else if (beta != 0) s += (double)beta * C[m * ldc + n];
+            C[m * ldc + n] = (float)s;
+        }
 }

@@ -22,6 +22,7 @@
 #include "shard/layers.h"
 #include "models/model_impl.h"
 #include "parallel/placement.h"
+#include "kernels/kernels.h"
 #include "parallel/tensor_parallel.h"
 
 /* ---------------------------------------------------------------- config */
@@ -750,7 +751,7 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     } else {
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     if (g->vocab_split) {
-        SHARD_CHECK(shard__tp_embedding_partial(P(g, g->wte), inputs, lookup, N, g->v0, g->Vl, V, C));
+        SHARD_CHECK(shard__embedding_forward_split(P(g, g->wte), inputs, lookup, N, g->v0, g->Vl, V, C));
         SHARD_CHECK(finish_rows(g, 1, lookup, x, N));
     } else {
         SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs + r0, x, Nl, V, C));
@@ -910,7 +911,7 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         shard_add(G(g, g->wpe), dwpe, G(g, g->wpe), c->n_positions * C);
     }
     SHARD_CHECK(whole_rows(g, g->d_resid, &dyw));
-    if (g->vocab_split) shard__tp_embedding_backward(g->inputs, dyw, G(g, g->wte), N, g->v0, g->Vl, C);
+    if (g->vocab_split) shard__embedding_backward_split(g->inputs, dyw, G(g, g->wte), N, g->v0, g->Vl, C);
     else SHARD_CHECK(shard_embedding_backward(g->inputs, dyw, G(g, g->wte), N, V, C));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
     return shard_model_grads_ready(&g->model, 0);

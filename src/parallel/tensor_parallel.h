@@ -11,7 +11,8 @@
  *                           to its own tokens after the reduce-scatter
  *   vocab-parallel          the embedding table and the tied LM head split by
  *                           rows (vocabulary): lookups summed, and a cross-entropy
- *                           that never forms the whole [N, V] logits */
+ *                           that never forms the whole [N, V] logits (one rank's
+ *                           arithmetic of both: src/kernels/kernels.h) */
 #ifndef SHARD_TENSOR_PARALLEL_H
 #define SHARD_TENSOR_PARALLEL_H
 
@@ -25,15 +26,6 @@ void shard__tp_split(size_t n, int parts, int part, size_t *first, size_t *count
 
 /* x summed over the tensor ranks, in place (the row-parallel all_reduce). */
 shard_status shard__tp_sum(shard_comm *tp, float *x, size_t n);
-
-/* y[N, C] = rows of table[Vl, C] (rows v0 .. v0 + Vl - 1 of the whole) for the ids this rank holds,
- * zero for the others: summed over the tensor ranks (all_reduce, or reduce_scatter under sequence
- * parallel), every token has its row. */
-shard_status shard__tp_embedding_partial(const float *table, const int32_t *ids, float *y, size_t N, size_t v0, size_t Vl,
-                                         size_t V, size_t C);
-/* dtable rows this rank holds += dy rows of their ids. */
-void shard__tp_embedding_backward(const int32_t *ids, const float *dy, float *dtable, size_t N, size_t v0, size_t Vl,
-                                  size_t C);
 
 /* Cross-entropy over logits split by columns: this rank's logits[N, Vl] are columns v0 .. v0 + Vl - 1
  * of V.  *loss = (sum over rows with a target of -log softmax[target]) / denominator, the same on every
