@@ -19,8 +19,82 @@
 #include "cli_util.h"
 #include "shard/shard.h"
 
- *   shard version | --version
- *   shard help [VERB [SUB-VERB]]   (the same as shard VERB [SUB-VERB] --help: each usage text) */
+/* The verb list (`shard help`, `shard --help`; on stderr when no verb is given).  Each verb's own usage
+ * text stands next to its parser, in its file. */
+static const char *const USAGE =
+    "usage: shard VERB [SUB-VERB] [options]\n"
+    "       shard help VERB [SUB-VERB]   (or shard VERB [SUB-VERB] --help): its options, their defaults\n"
+    "                                    and meanings\n"
+    "\n"
+    "verbs (shard help VERB: its sub-verbs or options):\n"
+    "  bench         benchmarks against their reference measured in the same run: comm, redistribute,\n"
+    "                ckpt, gemm, train, tensor, pipeline\n"
+    "  ckpt          checkpoints: export (to safetensors)\n"
+    "  data          training data: text (byte-level token files)\n"
+    "  demo          ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
+    "  generate      text from a trained GPT\n"
+    "  inspect       without running ranks: spec (a sharding), schedule (a pipeline's), ckpt (a checkpoint\n"
+    "                or safetensors file)\n"
+    "  train         train a model (gpt2, cnn, mlp) on a mesh of data, tensor and pipe axes\n"
+    "  version       the version and the backends in this build\n"
+    "  help          this list, or a verb's usage\n"
+    "\n"
+    "options:\n"
+    "  --version                the same as shard version\n";
+
+static const char *const USAGE_VERSION =
+    "usage: shard version\n"
+    "\n"
+    "The version and the backends in this build (threads, and mpi when built with MPI); also --version.\n"
+    "\n"
+    "options:\n";
+
+typedef struct cli_verb {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    int has_sub_verbs; /* `shard help VERB SUB` is refused for a verb without */
+} cli_verb;
+
+static const cli_verb VERBS[] = {
+    {.name = "bench", .run = cli_bench, .has_sub_verbs = 1},
+    {.name = "demo", .run = cli_demo, .has_sub_verbs = 0},
+    {.name = "inspect", .run = cli_inspect, .has_sub_verbs = 1},
+    {.name = "ckpt", .run = cli_ckpt, .has_sub_verbs = 1},
+    {.name = "data", .run = cli_data, .has_sub_verbs = 1},
+    {.name = "train", .run = cli_train, .has_sub_verbs = 0},
+    {.name = "generate", .run = cli_generate, .has_sub_verbs = 0},
+};
+
+static const char *const VALID_VERBS = "bench, ckpt, data, demo, generate, inspect, train, version, help";
+
+static const cli_verb *find_verb(const char *name) {
+    for (size_t k = 0; k < sizeof VERBS / sizeof VERBS[0]; k++)
+        if (strcmp(name, VERBS[k].name) == 0) return &VERBS[k];
+    return NULL;
+}
+
+/* `shard help [VERB [SUB-VERB]]`: the verb asked as `shard VERB [SUB-VERB] --help`, so that each usage
+ * text is printed one way. */
+static int help(int argc, char **argv) {
+    const char *name = argc ? argv[0] : "help";
+    int is_list = strcmp(name, "help") == 0 || cli_is_help(name);
+    int is_version = strcmp(name, "version") == 0 || strcmp(name, "--version") == 0;
+    const cli_verb *verb = find_verb(name);
+    if (!is_list && !is_version && !verb) {
+        cli_error("help: unknown verb '%s': valid verbs are %s", name, VALID_VERBS);
+        return 2;
+    }
+    int subs = verb && verb->has_sub_verbs;
+    if (argc > 1 + subs) {
+        if (subs) cli_error("help: one verb and one sub-verb, not '%s' too: give 'shard help %s %s'", argv[2], name, argv[1]);
+        else cli_error("help: %s has no sub-verbs, not '%s': give 'shard help %s'", name, argv[1], name);
+        return 2;
+    }
+    if (is_list) return cli_usage(USAGE, 0);
+    if (is_version) return cli_usage(USAGE_VERSION, 0);
+    char *args[3] = {argv[0], argc == 2 ? argv[1] : NULL, NULL};
+    args[argc] = "--help";
+    return verb->run(argc + 1, args);
 }
 
 int main(int argc, char **argv) {
