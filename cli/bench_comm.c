@@ -16,7 +16,8 @@
 
 #include "bench_comm.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
 #include "shard/shard.h"
 
 static const char *const bench_ops[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv"};
@@ -74,7 +75,7 @@ static shard_status run_op(shard_comm *comm, const char *op, const void *send, v
 
 static shard_status one_op(shard_comm *comm, const bench_options *opt, int raw, const void *send, void *recv,
                            size_t count) {
-    return raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, opt->dtype)
+    return raw ? shard_comm_mpi_raw(comm, opt->op, send, recv, count, opt->dtype)
                : run_op(comm, opt->op, send, recv, count, opt->dtype);
 }
 
@@ -88,9 +89,9 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
     double warm = 0;
     for (int i = 0; i < opt->warmup; i++)
         for (int k = 0; k < kinds; k++) {
-            double t0 = shard__now();
+            double t0 = shard_clock_seconds();
             SHARD_CHECK(one_op(comm, opt, k, send, recv, count));
-            warm = shard__now() - t0;
+            warm = shard_clock_seconds() - t0;
         }
     SHARD_CHECK(shard_comm_all_reduce(comm, &warm, &warm, 1, SHARD_F64, SHARD_OP_MAX));
     int iters = opt->iters;
@@ -106,9 +107,9 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
         for (int k = 0; k < kinds && s == SHARD_OK; k++) {
             s = shard_comm_barrier(comm);
             if (s < 0) break;
-            double t0 = shard__now();
+            double t0 = shard_clock_seconds();
             s = one_op(comm, opt, k, send, recv, count);
-            times[(size_t)k * (size_t)iters + (size_t)i] = shard__now() - t0;
+            times[(size_t)k * (size_t)iters + (size_t)i] = shard_clock_seconds() - t0;
         }
     if (s == SHARD_OK)
         s = shard_comm_all_reduce(comm, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);

@@ -25,8 +25,9 @@
 
 #include "bench_train.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
-#include "parallel/pipeline_schedule.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/schedule.h"
 #include "shard/shard.h"
 
 enum { MS = 3 };                       /* micro-batch counts of the bubble table */
@@ -159,10 +160,10 @@ static double replayed(int kind, int p, int m, double f_ms, double b_ms) {
     shard_pipe_schedule *s = NULL;
     int v = kind == 2 ? 2 : 1;
     if (kind == 2 && m % p) return -1;
-    if (shard__pipe_schedule_create((shard_pipe_kind)kind, p, m, v, &s) != SHARD_OK) return -1;
+    if (shard_pipe_schedule_create((shard_pipe_kind)kind, p, m, v, &s) != SHARD_OK) return -1;
     int f = (int)(f_ms * 10 + 0.5), b = (int)(b_ms * 10 + 0.5);
-    double bubble = shard__pipe_schedule_bubble(s, f < 1 ? 1 : f, b < 1 ? 1 : b);
-    shard__pipe_schedule_destroy(s);
+    double bubble = shard_pipe_schedule_bubble(s, f < 1 ? 1 : f, b < 1 ? 1 : b);
+    shard_pipe_schedule_destroy(s);
     return bubble;
 }
 
@@ -211,8 +212,8 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
                 printf("{\"table\": \"bubble\", \"schedule\": \"%s\", \"pipe\": %d, \"micro_batches\": %d, \"virtual_stages\": %d, "
                        "\"bubble_measured\": %.4f, \"bubble_formula\": %.4f, \"f_ms\": %.3f, \"b_ms\": %.3f, "
                        "\"bubble_replayed_p4\": %.4f, \"bubble_formula_p4\": %.4f}\n",
-                       kinds[k], P, m, v, b->measured, shard__pipe_bubble_formula((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms,
-                       replayed(k, 4, m, b->f_ms, b->b_ms), shard__pipe_bubble_formula((shard_pipe_kind)k, 4, m, v));
+                       kinds[k], P, m, v, b->measured, shard_pipe_bubble_formula((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms,
+                       replayed(k, 4, m, b->f_ms, b->b_ms), shard_pipe_bubble_formula((shard_pipe_kind)k, 4, m, v));
             }
         for (int k = 0; k < 3; k++)
             for (int r = 0; r < P; r++)
@@ -243,10 +244,10 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
                 double r = replayed(k, p, m, b->f_ms, b->b_ms);
                 if (r < 0) snprintf(wide[w], sizeof wide[w], "  (m %% %d != 0)", p);
                 else snprintf(wide[w], sizeof wide[w], "%5.1f%% / %5.1f%%", 100 * r,
-                              100 * shard__pipe_bubble_formula((shard_pipe_kind)k, p, m, v));
+                              100 * shard_pipe_bubble_formula((shard_pipe_kind)k, p, m, v));
             }
             printf("%-12s %3d %8.1f%% %8.1f%% %7.2f %7.2f   %s, %s\n", k == 2 ? "interleaved2" : kinds[k], m, 100 * b->measured,
-                   100 * shard__pipe_bubble_formula((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms, wide[0], wide[1]);
+                   100 * shard_pipe_bubble_formula((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms, wide[0], wide[1]);
         }
     printf("## activations per stage, %s, batch %ld x %ld in 8 micro-batches\n", a->config, a->batch, a->seq);
     printf("%-16s %5s %14s %14s %14s %12s\n", "schedule", "stage", "held (formula)", "MiB measured", "MiB predicted",

@@ -16,7 +16,8 @@
 
 #include "bench_train.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
 #include "shard/shard.h"
 
 typedef struct tp_run {
@@ -93,9 +94,9 @@ static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
         double loss, t0;
         s = m->ops->load_batch(m, 1, (uint64_t)i + 1, 0, 1);
         if (s == SHARD_OK) s = shard_comm_barrier(comm);
-        t0 = shard__now();
+        t0 = shard_clock_seconds();
         if (s == SHARD_OK) s = m->ops->forward(m, (double)a->seq, &loss);
-        fw[i] = (shard__now() - t0) * 1e3;
+        fw[i] = (shard_clock_seconds() - t0) * 1e3;
     }
     shard_model_destroy(m);
     shard_mesh_destroy(mesh);

@@ -18,7 +18,8 @@
 #include "bench_comm.h"
 #include "bench_train.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
 #include "shard/shard.h"
 
 int cli_bench_train(int argc, char **argv) {
@@ -133,7 +134,7 @@ int cli_bench_train(int argc, char **argv) {
             r = r * 6364136223846793005ULL + 1442695040888963407ULL;
             in[i] = (int32_t)((r >> 33) % c.vocab_size), tg[i] = (int32_t)((r >> 13) % c.vocab_size);
         }
-        double t0 = shard__now();
+        double t0 = shard_clock_seconds();
         float loss;
         s = shard_gpt_forward(g, in, tg, B, T, &loss);
         if (s == SHARD_OK) s = shard_gpt_backward(g, grads);
@@ -143,7 +144,7 @@ int cli_bench_train(int argc, char **argv) {
             shard_adamw_update_clipped(&ac, (uint64_t)step + 1, 1e-3f, clip, p->data, grads->data, m->data, v->data,
                                        p->total);
         }
-        if (step >= warmup) ms[step - warmup] = (shard__now() - t0) * 1e3;
+        if (step >= warmup) ms[step - warmup] = (shard_clock_seconds() - t0) * 1e3;
     }
     if (s < 0) {
         cli_error("%s", shard_last_error());

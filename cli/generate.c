@@ -80,7 +80,7 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
     shard_gpt_config c;
     if (o->ckpt) {
         char *text = NULL;
-        SHARD_CHECK(train_checkpoint_config(o->ckpt, &text));
+        SHARD_CHECK(shard_ckpt_read_config(o->ckpt, &text));
         shard_status s = shard_gpt_config_parse(text, o->ckpt, &c);
         free(text);
         SHARD_CHECK(s);
