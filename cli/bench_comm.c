@@ -18,6 +18,7 @@
 #include "cli_util.h"
 #include "shard/clock.h"
 #include "shard/comm.h"
+#include "shard/cost.h"
 #include "shard/shard.h"
 
 static const char *const bench_ops[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv"};
@@ -34,13 +35,6 @@ typedef struct bench_run {
     int ranks;
     char backend[16];
 } bench_run;
-
-static double bus_factor(const char *op, int n) {
-    if (n <= 1) return strcmp(op, "sendrecv") == 0 ? 1.0 : 0.0;
-    if (strcmp(op, "all_reduce") == 0) return 2.0 * (n - 1) / n;
-    if (strcmp(op, "sendrecv") == 0) return 1.0;
-    return (double)(n - 1) / n;
-}
 
 /* Elements in each buffer for `bytes` under `op`. */
 static void buffer_counts(const char *op, uint64_t bytes, int n, size_t es, size_t *send_count,
@@ -210,7 +204,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
 
 static void print_results(const bench_run *run) {
     const bench_options *opt = run->opt;
-    double factor = bus_factor(opt->op, run->ranks);
+    double factor = shard_cost_busbw_factor(opt->op, run->ranks);
     if (!opt->json) {
         printf("# shard bench comm: %s, %s, %d ranks, %s, median of >= 5 timed iterations\n", opt->op,
                run->backend, run->ranks, shard_dtype_name(opt->dtype));

@@ -98,11 +98,6 @@ double bench_peak_of_threads(int threads, int samples) {
     return cli_median(peaks, samples) * (threads < cores ? threads : cores);
 }
 
-double bench_gpt_flops_per_token(const shard_gpt_config *c, size_t seq) {
-    double N = (double)shard_gpt_param_count(c) - (double)c->n_positions * (double)c->n_embd;
-    return 6.0 * N + 12.0 * (double)c->n_layer * (double)seq * (double)c->n_embd;
-}
-
 shard_status bench_gemm_run(const bench_gemm_options *opt) {
     SHARD_CHECK(shard_blas_init());
     SHARD_CHECK(shard_blas_set_threads(opt->threads));

@@ -23,6 +23,7 @@
 #include "shard/checkpoint.h"
 #include "shard/clock.h"
 #include "shard/comm.h"
+#include "shard/cost.h"
 #include "shard/files.h"
 #include "shard/shard.h"
 
@@ -188,7 +189,7 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     }
     if (a.r.ms <= 0) return 0; /* an MPI rank other than 0 */
     double N = (double)(o->batch * o->seq), peak = bench_peak_of_threads(world, 5);
-    double flops = bench_gpt_flops_per_token(&gc, (size_t)o->seq) * N, mfu = flops / (a.r.ms / 1e3) / (peak * 1e9);
+    double flops = shard_cost_gpt_flops_per_token(&gc, (size_t)o->seq) * N, mfu = flops / (a.r.ms / 1e3) / (peak * 1e9);
     double eff = a.r.single_ms / a.r.ms; /* equal per-rank batch: N x the work in the time of ... */
     double hidden = a.r.alone_ms > 0 ? 1.0 - a.r.exposed_ms / a.r.alone_ms : 0;
     hidden = hidden < 0 ? 0 : hidden;

@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "inspect_schedule.h"
+#include "shard/cost.h"
 #include "shard/schedule.h"
 
 int cli_inspect_schedule(int argc, char **argv) {
@@ -55,7 +56,7 @@ int cli_inspect_schedule(int argc, char **argv) {
     free(peak);
     double f1 = shard_pipe_schedule_bubble(s, 1, 1), f2 = shard_pipe_schedule_bubble(s, 1, (int)b_cost);
     printf("bubble of the equal-cost timeline: %.1f%% (B = F), %.1f%% (B = %ld F); formula %.1f%%\n", 100 * f1, 100 * f2,
-           b_cost, 100 * shard_pipe_bubble_formula(kind, (int)p, (int)m, (int)v));
+           b_cost, 100 * shard_cost_pipe_bubble(kind, (int)p, (int)m, (int)v));
     shard_pipe_schedule_destroy(s);
     return 0;
 }

@@ -42,11 +42,9 @@ void shard_pipe_schedule_destroy(shard_pipe_schedule *s);
  * at once (F done, B not yet).  Any output may be NULL.  Fails if the schedule deadlocks. */
 shard_status shard_pipe_schedule_timeline(const shard_pipe_schedule *s, int f_cost, int b_cost, int **start,
                                           int *total_slots, int *peak_in_flight);
-/* The idle fraction of that timeline, 1 - busy / (p * total); -1 when it has none. */
+/* The idle fraction of that timeline, 1 - busy / (p * total); -1 when it has none (the textbook figure:
+ * shard_cost_pipe_bubble, shard/cost.h). */
 double shard_pipe_schedule_bubble(const shard_pipe_schedule *s, int f_cost, int b_cost);
-/* The textbook bubble as a fraction of the whole run: (p-1)/(m+p-1) for GPipe and 1F1B,
- * (p-1)/(v*m + p-1) interleaved. */
-double shard_pipe_bubble_formula(shard_pipe_kind kind, int p, int m, int v);
 /* One line per rank ("rank 0 |F0 F1 B0 ..|", '.' idle, one slot per op; chunks as F0a / F0b when v > 1). */
 void shard_pipe_schedule_print(const shard_pipe_schedule *s, FILE *out);
 

@@ -7,6 +7,7 @@
 #include "shard/clock.h"
 #include "shard/cnn.h"
 #include "shard/comm.h"
+#include "shard/cost.h"
 #include "shard/data.h"
 #include "shard/dtensor.h"
 #include "shard/dtype.h"

@@ -202,10 +202,6 @@ double shard_pipe_schedule_bubble(const shard_pipe_schedule *s, int f_cost, int 
     return shard__pipe_schedule_bubble(s, f_cost, b_cost);
 }
 
-double shard_pipe_bubble_formula(shard_pipe_kind kind, int p, int m, int v) {
-    return shard__pipe_bubble_formula(kind, p, m, v);
-}
-
 void shard_pipe_schedule_print(const shard_pipe_schedule *s, FILE *out) { shard__pipe_schedule_print(s, out); }
 
 /* ---------------------------------------------------------------- partition */
