@@ -23,6 +23,7 @@
 #include "shard/params.h"
 #include "shard/redistribute.h"
 #include "shard/safetensors.h"
+#include "shard/sample.h"
 #include "shard/schedule.h"
 #include "shard/spec.h"
 #include "shard/status.h"
