@@ -221,31 +221,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
      * of a pipeline that is not there */
     uint64_t every = o->save_every > 0 ? (uint64_t)o->save_every : 0, last = (uint64_t)o->steps;
-    uint64_t *existing = NULL;
-    size_t n_existing = 0;
-    if (s == SHARD_OK && o->save) s = shard_ckpt_list_steps(o->save, &existing, &n_existing); /* the steps a run could overwrite */
-    for (size_t k = 0; s == SHARD_OK && k < n_existing; k++) {
-        uint64_t step = existing[k];
-        if (step < first || step > last || (step != last && (!every || step % every))) continue; /* not saved by this run */
-        char dir[4096];
-        shard_ckpt_step_dir(o->save, step, dir, sizeof dir);
-        uint64_t latest = 0;
-        if (shard_ckpt_step_committed(o->save, step))
-            s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s: %s exists already; give another directory or remove it",
-                            o->save, dir);
-        else if (rank == 0 && access(dir, F_OK) == 0 && shard_ckpt_latest_step(o->save, &latest))
-            fprintf(stderr, "shard: note: %s is past %s/latest (step_%llu), so no load through the root picks it; "
-                    "saving step %llu will move it aside to %s.replaced-<time>\n", dir, o->save,
-                    (unsigned long long)latest, (unsigned long long)step, dir);
-    }
-    free(existing);
-    uint64_t root_latest = 0; /* a fresh run saving below a root's latest would move it back onto its own older step */
-    uint64_t first_save = every && every < last ? every : last; /* a fresh run starts at step 1 */
-    if (s == SHARD_OK && o->save && !o->resume && shard_ckpt_latest_step(o->save, &root_latest) && root_latest > first_save)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s holds a run up to step_%llu (its latest), past this run's first "
-                        "save at step %llu: saving would move latest back among the other run's steps; give another "
-                        "directory, --resume it, or remove it",
-                        o->save, (unsigned long long)root_latest, (unsigned long long)first_save);
+    if (s == SHARD_OK && o->save)
+        s = shard_ckpt_save_check(o->save, first, last, every, o->resume != NULL, rank == 0 ? stderr : NULL);
     shard_pipeline_stats unused;
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);

@@ -73,6 +73,14 @@ int shard_ckpt_step_committed(const char *root, uint64_t step);
 /* The steps of the step_N directories under root, in directory order (none when root does not exist);
  * *steps is malloc'd (NULL when *n is 0). */
 shard_status shard_ckpt_list_steps(const char *root, uint64_t **steps, size_t *n);
+/* The save policy of a run that trains steps first..last and saves to root every `every` steps (0:
+ * only at the end) and at step `last`, checked before any work: refused when a step it would save is a
+ * committed checkpoint (shard_ckpt_step_committed), or, for a fresh run (resumed 0), when root's latest
+ * is past its first save (saving would move latest back among another run's steps).  A step directory
+ * past latest, which the save will move aside instead, is said on `notes` (NULL: not said).  Messages
+ * name root as the --save directory. */
+shard_status shard_ckpt_save_check(const char *root, uint64_t first, uint64_t last, uint64_t every, int resumed,
+                                   FILE *notes);
 /* The model config stored with a checkpoint (JSON text, malloc'd into *json_text).  `where` is a step
  * directory, or a root: its `latest` step, or past one whose index is broken the newest older step, as a
  * load goes.  Fails when the checkpoint carries no config. */

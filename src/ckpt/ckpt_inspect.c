@@ -65,6 +65,36 @@ shard_status shard_ckpt_list_steps(const char *root, uint64_t **steps, size_t *n
     return SHARD_OK;
 }
 
+shard_status shard_ckpt_save_check(const char *root, uint64_t first, uint64_t last, uint64_t every, int resumed,
+                                   FILE *notes) {
+    uint64_t *existing = NULL;
+    size_t n_existing = 0;
+    shard_status s = shard_ckpt_list_steps(root, &existing, &n_existing); /* the steps a run could overwrite */
+    for (size_t k = 0; s == SHARD_OK && k < n_existing; k++) {
+        uint64_t step = existing[k];
+        if (step < first || step > last || (step != last && (!every || step % every))) continue; /* not saved by this run */
+        char dir[PATH_MAX];
+        shard__ckpt_step_dir(root, step, dir, sizeof dir);
+        uint64_t latest = 0;
+        if (shard__ckpt_step_committed(root, step))
+            s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s: %s exists already; give another directory or remove it",
+                            root, dir);
+        else if (notes && access(dir, F_OK) == 0 && shard__ckpt_read_latest(root, &latest))
+            fprintf(notes, "shard: note: %s is past %s/latest (step_%llu), so no load through the root picks it; "
+                    "saving step %llu will move it aside to %s.replaced-<time>\n", dir, root,
+                    (unsigned long long)latest, (unsigned long long)step, dir);
+    }
+    free(existing);
+    uint64_t root_latest = 0; /* a fresh run saving below a root's latest would move it back onto its own older step */
+    uint64_t first_save = every && every < last ? every : last; /* a fresh run starts at step 1 */
+    if (s == SHARD_OK && !resumed && shard__ckpt_read_latest(root, &root_latest) && root_latest > first_save)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s holds a run up to step_%llu (its latest), past this run's first "
+                        "save at step %llu: saving would move latest back among the other run's steps; give another "
+                        "directory, --resume it, or remove it",
+                        root, (unsigned long long)root_latest, (unsigned long long)first_save);
+    return s;
+}
+
 shard_status shard_ckpt_read_config(const char *where, char **json_text) {
     char dir[PATH_MAX], path[PATH_MAX + 16];
     shard__ckpt_index ix;
