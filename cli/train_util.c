@@ -1,11 +1,9 @@
 /* train_util.c — see train_util.h. */
 #include "train_util.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 void cli_progress(int tty, long step, long steps, float loss, float lr, double tps, double ms) {
     if (tty) {
