@@ -15,9 +15,11 @@
 #include <unistd.h>
 
 #include "bench_comm.h"
-#include "ckpt/ckpt_util.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/checkpoint.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/files.h"
 #include "shard/shard.h"
 
 enum { NTENSORS = 8, COLS = 1024 };
@@ -56,9 +58,9 @@ static shard_status plain_io(const char *path, void *buf, size_t bytes, int writ
     do {                                                                                                               \
         if (s == SHARD_OK) s = shard_comm_barrier(comm);                                                               \
         if (s != SHARD_OK) break;                                                                                      \
-        double t0_ = shard__now();                                                                                     \
+        double t0_ = shard_clock_seconds();                                                                                     \
         s = (expr);                                                                                                    \
-        double dt_ = shard__now() - t0_;                                                                               \
+        double dt_ = shard_clock_seconds() - t0_;                                                                               \
         if (s == SHARD_OK) s = shard_comm_all_reduce(comm, &dt_, &(out), 1, SHARD_F64, SHARD_OP_MAX);                  \
     } while (0)
 
@@ -117,8 +119,8 @@ static shard_status measure(shard_comm *comm, ckpt_run *run, const char *dir) {
                             wrong ? "" : " on another rank");
         if (s == SHARD_OK && rank == 0 && it > 0) { /* keep the disk use to two checkpoints */
             char old[PATH_MAX];
-            shard__ckpt_step_dir(dir, step - 1, old, sizeof old);
-            shard__ckpt_remove_tree(old);
+            shard_ckpt_step_dir(dir, step - 1, old, sizeof old);
+            shard_remove_tree(old);
         }
     }
     unlink(plain);
@@ -156,7 +158,7 @@ static shard_status empty_dir(const char *path) {
     for (struct dirent *e; s == SHARD_OK && (e = readdir(d));) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         snprintf(inner, sizeof inner, "%s/%s", path, e->d_name);
-        s = shard__ckpt_remove_tree(inner);
+        s = shard_remove_tree(inner);
     }
     closedir(d);
     return s;
@@ -195,7 +197,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
                                 used > 0 ? "is not empty" : errno == ENOTDIR ? "is not a directory" : strerror(errno));
             made = used == 0 && access(opt->dir, F_OK) != 0;
             if (made) highest_missing(opt->dir, run->made_root, sizeof run->made_root);
-            if (s == SHARD_OK) s = shard__ckpt_mkdirs(opt->dir);
+            if (s == SHARD_OK) s = shard_mkdirs(opt->dir);
             snprintf(dir, sizeof dir, "%s", opt->dir);
         } else {
             snprintf(dir, sizeof dir, "/tmp/shard-bench-ckpt-XXXXXX");
@@ -222,7 +224,7 @@ shard_status bench_ckpt_run(const bench_ckpt_options *opt) {
     /* every thread rank has returned (under MPI, a failed job's processes are gone): rank 0's process
      * removes what the run wrote, whatever happened, unless --keep */
     if (run->dir[0] && !opt->keep) {
-        shard_status r = run->made ? shard__ckpt_remove_tree(run->made_root) : empty_dir(run->dir);
+        shard_status r = run->made ? shard_remove_tree(run->made_root) : empty_dir(run->dir);
         if (s == SHARD_OK) s = r;
     }
     if (s == SHARD_OK && printer) {

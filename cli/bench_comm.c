@@ -16,7 +16,9 @@
 
 #include "bench_comm.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/cost.h"
 #include "shard/shard.h"
 
 static const char *const bench_ops[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv"};
@@ -33,13 +35,6 @@ typedef struct bench_run {
     int ranks;
     char backend[16];
 } bench_run;
-
-static double bus_factor(const char *op, int n) {
-    if (n <= 1) return strcmp(op, "sendrecv") == 0 ? 1.0 : 0.0;
-    if (strcmp(op, "all_reduce") == 0) return 2.0 * (n - 1) / n;
-    if (strcmp(op, "sendrecv") == 0) return 1.0;
-    return (double)(n - 1) / n;
-}
 
 /* Elements in each buffer for `bytes` under `op`. */
 static void buffer_counts(const char *op, uint64_t bytes, int n, size_t es, size_t *send_count,
@@ -74,7 +69,7 @@ static shard_status run_op(shard_comm *comm, const char *op, const void *send, v
 
 static shard_status one_op(shard_comm *comm, const bench_options *opt, int raw, const void *send, void *recv,
                            size_t count) {
-    return raw ? shard__mpi_raw_op(comm, opt->op, send, recv, count, opt->dtype)
+    return raw ? shard_comm_mpi_raw(comm, opt->op, send, recv, count, opt->dtype)
                : run_op(comm, opt->op, send, recv, count, opt->dtype);
 }
 
@@ -88,9 +83,9 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
     double warm = 0;
     for (int i = 0; i < opt->warmup; i++)
         for (int k = 0; k < kinds; k++) {
-            double t0 = shard__now();
+            double t0 = shard_clock_seconds();
             SHARD_CHECK(one_op(comm, opt, k, send, recv, count));
-            warm = shard__now() - t0;
+            warm = shard_clock_seconds() - t0;
         }
     SHARD_CHECK(shard_comm_all_reduce(comm, &warm, &warm, 1, SHARD_F64, SHARD_OP_MAX));
     int iters = opt->iters;
@@ -106,9 +101,9 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
         for (int k = 0; k < kinds && s == SHARD_OK; k++) {
             s = shard_comm_barrier(comm);
             if (s < 0) break;
-            double t0 = shard__now();
+            double t0 = shard_clock_seconds();
             s = one_op(comm, opt, k, send, recv, count);
-            times[(size_t)k * (size_t)iters + (size_t)i] = shard__now() - t0;
+            times[(size_t)k * (size_t)iters + (size_t)i] = shard_clock_seconds() - t0;
         }
     if (s == SHARD_OK)
         s = shard_comm_all_reduce(comm, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
@@ -209,7 +204,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
 
 static void print_results(const bench_run *run) {
     const bench_options *opt = run->opt;
-    double factor = bus_factor(opt->op, run->ranks);
+    double factor = shard_cost_busbw_factor(opt->op, run->ranks);
     if (!opt->json) {
         printf("# shard bench comm: %s, %s, %d ranks, %s, median of >= 5 timed iterations\n", opt->op,
                run->backend, run->ranks, shard_dtype_name(opt->dtype));

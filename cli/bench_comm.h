@@ -54,10 +54,6 @@ int bench_cores(void);
 /* The FMA peak of `threads` BLAS threads: one core's (median of `samples`, ~0.2 s each) times the cores
  * they can use, no more than bench_cores(): more threads than cores add no arithmetic. */
 double bench_peak_of_threads(int threads, int samples);
-/* A GPT training step's FLOPs per token: 6 N + 12 L s h (the usual count; N without wpe, a lookup with no
- * products; the attention term counts the whole T x T scores, as is usual, though shard skips the
- * masked half). */
-double bench_gpt_flops_per_token(const shard_gpt_config *c, size_t seq);
 /* The GPT step's matrix products (its linear layers' and tied LM head's: forward, input and weight
  * gradients) for `rows` = batch x seq tokens, each timed on its own with warm operands on the current
  * BLAS threads (median of `iters` runs per shape), summed over the step: the least time OpenBLAS needs

@@ -17,8 +17,9 @@
 
 #include "bench_comm.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
 #include "shard/blas.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
 
 enum { CHAINS = 12 };
 
@@ -60,9 +61,9 @@ typedef struct peak_job {
 
 static void *peak_thread(void *arg) {
     peak_job *j = arg;
-    double t0 = shard__now();
+    double t0 = shard_clock_seconds();
     j->flops = j->avx512 ? fma_loop_512(j->rounds) : fma_loop_256(j->rounds);
-    j->seconds = shard__now() - t0;
+    j->seconds = shard_clock_seconds() - t0;
     return NULL;
 }
 
@@ -97,11 +98,6 @@ double bench_peak_of_threads(int threads, int samples) {
     return cli_median(peaks, samples) * (threads < cores ? threads : cores);
 }
 
-double bench_gpt_flops_per_token(const shard_gpt_config *c, size_t seq) {
-    double N = (double)shard_gpt_param_count(c) - (double)c->n_positions * (double)c->n_embd;
-    return 6.0 * N + 12.0 * (double)c->n_layer * (double)seq * (double)c->n_embd;
-}
-
 shard_status bench_gemm_run(const bench_gemm_options *opt) {
     SHARD_CHECK(shard_blas_init());
     SHARD_CHECK(shard_blas_set_threads(opt->threads));
@@ -120,9 +116,9 @@ shard_status bench_gemm_run(const bench_gemm_options *opt) {
          * less than a GEMM on both reaches */
         peaks[it] = bench_peak_of_threads(opt->threads, 1);
         int reps = n >= 2048 ? 1 : (int)(2048 / n) * (int)(2048 / n);
-        double t0 = shard__now();
+        double t0 = shard_clock_seconds();
         for (int r = 0; r < reps && s == SHARD_OK; r++) s = shard_sgemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        rates[it] = flops * reps / (shard__now() - t0) / 1e9;
+        rates[it] = flops * reps / (shard_clock_seconds() - t0) / 1e9;
     }
     if (s == SHARD_OK) {
         double ratios[1000];
@@ -184,10 +180,10 @@ shard_status bench_gpt_products(const shard_gpt_config *c, size_t rows, int iter
         for (size_t i = 0; s == SHARD_OK && i < n; i++) {
             const step_product *q = &p[i];
             size_t lda = q->ta ? q->M : q->K, ldb = q->tb ? q->K : q->N;
-            double t0 = shard__now();
+            double t0 = shard_clock_seconds();
             s = q->bias ? shard_sgemm_bias(q->ta, q->tb, q->M, q->N, q->K, 1.0f, a, lda, b, ldb, bias, out_c, q->N)
                         : shard_sgemm(q->ta, q->tb, q->M, q->N, q->K, 1.0f, a, lda, b, ldb, q->beta, out_c, q->N);
-            if (round >= 0) t[i * (size_t)iters + (size_t)round] = (shard__now() - t0) * 1e3;
+            if (round >= 0) t[i * (size_t)iters + (size_t)round] = (shard_clock_seconds() - t0) * 1e3;
         }
     *ms = 0, *gflop = 0;
     for (size_t i = 0; s == SHARD_OK && i < n; i++) {

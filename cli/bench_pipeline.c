@@ -13,7 +13,7 @@
  *   2. activations: bytes each stage holds for activations (the accounted
  *      allocator: the model's buffers and the stage inputs received) with
  *      GPipe, 1F1B and 1F1B + recompute at m = 8 on the config's GPT, against
- *      a closed-form count (predicted_bytes below), and the micro-batches the
+ *      a closed-form count (shard_cost_gpt_stage_activation_bytes, shard/cost.h), and the micro-batches the
  *      executor held at once against m and min(p - i, m);
  *   3. ms/step of the config's GPT on pipe=P (1F1B, m = 8) against one rank
  *      (the same global batch), both with one BLAS thread per rank.
@@ -25,8 +25,10 @@
 
 #include "bench_train.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
-#include "parallel/pipeline_schedule.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/cost.h"
+#include "shard/schedule.h"
 #include "shard/shard.h"
 
 enum { MS = 3 };                       /* micro-batch counts of the bubble table */
@@ -159,10 +161,10 @@ static double replayed(int kind, int p, int m, double f_ms, double b_ms) {
     shard_pipe_schedule *s = NULL;
     int v = kind == 2 ? 2 : 1;
     if (kind == 2 && m % p) return -1;
-    if (shard__pipe_schedule_create((shard_pipe_kind)kind, p, m, v, &s) != SHARD_OK) return -1;
+    if (shard_pipe_schedule_create((shard_pipe_kind)kind, p, m, v, &s) != SHARD_OK) return -1;
     int f = (int)(f_ms * 10 + 0.5), b = (int)(b_ms * 10 + 0.5);
-    double bubble = shard__pipe_schedule_bubble(s, f < 1 ? 1 : f, b < 1 ? 1 : b);
-    shard__pipe_schedule_destroy(s);
+    double bubble = shard_pipe_schedule_bubble(s, f < 1 ? 1 : f, b < 1 ? 1 : b);
+    shard_pipe_schedule_destroy(s);
     return bubble;
 }
 
@@ -178,21 +180,6 @@ static shard_status bubble_model(pp_args *a, const shard_gpt_config *gc) {
     return bench_random_tokens(a->bubble_config, &bc, a->bubble_dir, sizeof a->bubble_dir);
 }
 
-/* Activation bytes of stage r of P holding `slots` micro-batches of `rows` x T tokens (and `inputs`
- * received stage inputs), counted from the GPT's layers (f32; tensor = 1): per block and micro-batch the
- * residual stream in and mid, both LayerNorm outputs, q k v, the attention output, the MLP's two 4C
- * activations, the LayerNorm statistics and the attention probabilities; per micro-batch the stage
- * output and, on the last stage, ln_f and the logits (the loss's gradient is written over them); once,
- * backward's scratch (11 N C). */
-static double predicted_bytes(const shard_gpt_config *c, int P, int r, size_t slots, size_t inputs, size_t rows, size_t T) {
-    double N = (double)(rows * T), C = (double)c->n_embd, V = (double)c->vocab_size, H = (double)c->n_head;
-    size_t L = c->n_layer, blocks = L / (size_t)P + ((size_t)r < L % (size_t)P);
-    double per_block = N * (16 * C + 4) + (double)rows * H * (double)(T * T);
-    double per_slot = (double)blocks * per_block + N * C + (r == P - 1 ? N * C + 2 * N + N * V : 0);
-    double shared = 11 * N * C;
-    return 4 * ((double)slots * per_slot + shared + (r > 0 ? (double)inputs * N * C : 0));
-}
-
 static void print_report(const pp_args *a, const shard_gpt_config *gc, int json) {
     int P = a->P;
     size_t rows = ((size_t)a->batch + 7) / 8; /* the largest micro-batch's rows (8 micro-batches; the model's buffers) */
@@ -200,7 +187,7 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < P; r++) {
             size_t held = k == 0 ? 8 : (P - r < 8 ? (size_t)(P - r) : 8), inputs = held + 1 > 8 ? 8 : held + 1;
-            predicted[k][r] = predicted_bytes(gc, P, r, k == 2 ? 1 : held, inputs, rows, (size_t)a->seq);
+            predicted[k][r] = shard_cost_gpt_stage_activation_bytes(gc, P, r, k == 2 ? 1 : held, inputs, rows, (size_t)a->seq);
         }
     if (json) {
         for (int k = 0; k < 3; k++)
@@ -211,8 +198,8 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
                 printf("{\"table\": \"bubble\", \"schedule\": \"%s\", \"pipe\": %d, \"micro_batches\": %d, \"virtual_stages\": %d, "
                        "\"bubble_measured\": %.4f, \"bubble_formula\": %.4f, \"f_ms\": %.3f, \"b_ms\": %.3f, "
                        "\"bubble_replayed_p4\": %.4f, \"bubble_formula_p4\": %.4f}\n",
-                       kinds[k], P, m, v, b->measured, shard__pipe_bubble_formula((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms,
-                       replayed(k, 4, m, b->f_ms, b->b_ms), shard__pipe_bubble_formula((shard_pipe_kind)k, 4, m, v));
+                       kinds[k], P, m, v, b->measured, shard_cost_pipe_bubble((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms,
+                       replayed(k, 4, m, b->f_ms, b->b_ms), shard_cost_pipe_bubble((shard_pipe_kind)k, 4, m, v));
             }
         for (int k = 0; k < 3; k++)
             for (int r = 0; r < P; r++)
@@ -243,10 +230,10 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
                 double r = replayed(k, p, m, b->f_ms, b->b_ms);
                 if (r < 0) snprintf(wide[w], sizeof wide[w], "  (m %% %d != 0)", p);
                 else snprintf(wide[w], sizeof wide[w], "%5.1f%% / %5.1f%%", 100 * r,
-                              100 * shard__pipe_bubble_formula((shard_pipe_kind)k, p, m, v));
+                              100 * shard_cost_pipe_bubble((shard_pipe_kind)k, p, m, v));
             }
             printf("%-12s %3d %8.1f%% %8.1f%% %7.2f %7.2f   %s, %s\n", k == 2 ? "interleaved2" : kinds[k], m, 100 * b->measured,
-                   100 * shard__pipe_bubble_formula((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms, wide[0], wide[1]);
+                   100 * shard_cost_pipe_bubble((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms, wide[0], wide[1]);
         }
     printf("## activations per stage, %s, batch %ld x %ld in 8 micro-batches\n", a->config, a->batch, a->seq);
     printf("%-16s %5s %14s %14s %14s %12s\n", "schedule", "stage", "held (formula)", "MiB measured", "MiB predicted",

@@ -18,7 +18,8 @@
 
 #include "bench_comm.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
 #include "shard/shard.h"
 
 typedef struct transition {
@@ -104,9 +105,9 @@ static shard_status time_transition(shard_mesh *mesh, shard_comm *axis, const tr
     for (int i = -opt->warmup; i < iters && s == SHARD_OK; i++)
         for (int k = 0; k < kinds && s == SHARD_OK; k++) {
             s = shard_comm_barrier(world);
-            double t0 = shard__now();
+            double t0 = shard_clock_seconds();
             if (s == SHARD_OK) s = k == 0 ? shard_dtensor_redistribute(a, b) : run_collective(axis, tr->collective, a, b);
-            if (i >= 0) times[(size_t)k * (size_t)iters + (size_t)i] = shard__now() - t0;
+            if (i >= 0) times[(size_t)k * (size_t)iters + (size_t)i] = shard_clock_seconds() - t0;
         }
     if (s == SHARD_OK) s = shard_comm_all_reduce(world, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
     if (s == SHARD_OK) {

@@ -5,7 +5,7 @@
  *     sequence (batch 1);
  *   - bytes each rank sent on the tensor axis in one step, counted by the
  *     communication layer, against the closed-form count of the collectives
- *     the layers make (formula below) — they must match exactly;
+ *     the layers make (shard_cost_gpt_tensor_bytes) — they must match exactly;
  *   - activation bytes per rank (the model's activation slab).
  * Every rank runs BLAS on one thread; random tokens.
  *
@@ -16,7 +16,9 @@
 
 #include "bench_train.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/cost.h"
 #include "shard/shard.h"
 
 typedef struct tp_run {
@@ -32,30 +34,6 @@ typedef struct tp_args {
     tp_run runs[3]; /* one rank; tensor=T; tensor=T with sequence parallel */
 } tp_args;
 
-/* The even rule's part r of n over p. */
-static size_t part_of(size_t n, size_t p, size_t r) { return n / p + (r < n % p); }
-
-/* Bytes rank r sends in an all_reduce of `count` elements of `es` bytes over p ranks (comm.c's count). */
-static uint64_t all_reduce_bytes(size_t count, size_t p, size_t r, size_t es) {
-    size_t len = part_of(count, p, r);
-    return p > 1 ? ((uint64_t)(count - len) + (uint64_t)len * (p - 1)) * es : 0;
-}
-
-/* One training step's bytes sent by tensor rank r: per block two tensor-parallel pairs in forward and two
- * in backward, plus the embedding, the final LayerNorm / head, the vocabulary-parallel cross-entropy's
- * row maximum (f32) and per-row sums (2 f64), and the gradient norm (f64).  Without sequence parallel a
- * pair costs one all_reduce of N x C; with it, an all_gather of this rank's rows plus a reduce_scatter
- * of the others', and the LayerNorm weight / bias gradients (2C) and the position table (P x C) are
- * summed over tensor ranks. */
-static uint64_t expected_bytes(const shard_gpt_config *c, size_t N, size_t p, size_t r, int sp) {
-    size_t C = c->n_embd, L = c->n_layer, pairs = 4 * L + 2;
-    uint64_t fixed = all_reduce_bytes(N, p, r, 4) + all_reduce_bytes(2 * N, p, r, 8) + all_reduce_bytes(1, p, r, 8);
-    if (!sp) return fixed + pairs * all_reduce_bytes(N * C, p, r, 4);
-    size_t mine = part_of(N, p, r);
-    uint64_t gather = (uint64_t)mine * C * 4 * (p - 1), scatter = (uint64_t)(N - mine) * C * 4;
-    return fixed + pairs * (gather + scatter) + (2 * L + 1) * all_reduce_bytes(2 * C, p, r, 4) +
-           all_reduce_bytes(c->n_positions * C, p, r, 4);
-}
 
 /* Training steps and forward latency on a mesh "tensor=T" over comm; rank 0's figures. */
 static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
@@ -93,16 +71,16 @@ static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
         double loss, t0;
         s = m->ops->load_batch(m, 1, (uint64_t)i + 1, 0, 1);
         if (s == SHARD_OK) s = shard_comm_barrier(comm);
-        t0 = shard__now();
+        t0 = shard_clock_seconds();
         if (s == SHARD_OK) s = m->ops->forward(m, (double)a->seq, &loss);
-        fw[i] = (shard__now() - t0) * 1e3;
+        fw[i] = (shard_clock_seconds() - t0) * 1e3;
     }
     shard_model_destroy(m);
     shard_mesh_destroy(mesh);
     if (s == SHARD_OK) {
         out->ms = cli_median(ms, (int)a->steps), out->fwd_ms = cli_median(fw + 1, 10);
         out->activations = after.current_bytes[SHARD_MEM_ACTIVATIONS] - before.current_bytes[SHARD_MEM_ACTIVATIONS];
-        out->expected = expected_bytes(&a->gc, (size_t)(a->batch * a->seq), (size_t)T, (size_t)shard_comm_rank(comm), sp);
+        out->expected = shard_cost_gpt_tensor_bytes(&a->gc, (size_t)(a->batch * a->seq), (size_t)T, (size_t)shard_comm_rank(comm), sp);
     }
     free(ms);
     return s;

@@ -18,7 +18,9 @@
 #include "bench_comm.h"
 #include "bench_train.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/cost.h"
 #include "shard/shard.h"
 
 static const char *const USAGE =
@@ -160,7 +162,7 @@ int cli_bench_train(int argc, char **argv) {
             r = r * 6364136223846793005ULL + 1442695040888963407ULL;
             in[i] = (int32_t)((r >> 33) % c.vocab_size), tg[i] = (int32_t)((r >> 13) % c.vocab_size);
         }
-        double t0 = shard__now();
+        double t0 = shard_clock_seconds();
         float loss;
         s = shard_gpt_forward(g, in, tg, B, T, &loss);
         if (s == SHARD_OK) s = shard_gpt_backward(g, grads);
@@ -170,7 +172,7 @@ int cli_bench_train(int argc, char **argv) {
             shard_adamw_update_clipped(&ac, (uint64_t)step + 1, 1e-3f, clip, p->data, grads->data, m->data, v->data,
                                        p->total);
         }
-        if (step >= warmup) ms[step - warmup] = (shard__now() - t0) * 1e3;
+        if (step >= warmup) ms[step - warmup] = (shard_clock_seconds() - t0) * 1e3;
     }
     if (s < 0) {
         cli_error("%s", shard_last_error());
@@ -180,7 +182,7 @@ int cli_bench_train(int argc, char **argv) {
         return 1;
     }
     double med = cli_median(ms, (int)steps), peak = bench_peak_of_threads((int)threads, 5);
-    double flops = bench_gpt_flops_per_token(&c, T) * (double)N, mfu = flops / (med / 1e3) / (peak * 1e9);
+    double flops = shard_cost_gpt_flops_per_token(&c, T) * (double)N, mfu = flops / (med / 1e3) / (peak * 1e9);
     double prod_ms = 0, prod_gflop = 0; /* the products' least time: how much of the step is left to the rest */
     s = bench_gpt_products(&c, N, 9, &prod_ms, &prod_gflop);
     if (s < 0) {
@@ -215,7 +217,7 @@ int cli_bench_train(int argc, char **argv) {
                batch, seq, threads, steps, warmup);
         printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s (%.2f M parameters, 6 N + 12 L s h = "
                "%.1f MFLOP/token)\n", med, (double)N / (med / 1e3), 100 * mfu, peak, (double)shard_gpt_param_count(&c) / 1e6,
-               bench_gpt_flops_per_token(&c, T) / 1e6);
+               shard_cost_gpt_flops_per_token(&c, T) / 1e6);
         printf("products alone: %.1f ms/step (%.2f GFLOP at %.0f GFLOP/s: the linear layers' and LM head's products, each\n"
                "         timed on its own with warm operands); the rest of the step: %.1f ms\n",
                prod_ms, prod_gflop, prod_gflop / (prod_ms / 1e3), med - prod_ms);

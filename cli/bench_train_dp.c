@@ -19,9 +19,12 @@
 
 #include "bench_comm.h"
 #include "bench_train.h"
-#include "ckpt/ckpt_util.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/checkpoint.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/cost.h"
+#include "shard/files.h"
 #include "shard/shard.h"
 
 typedef struct dp_result {
@@ -87,7 +90,7 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
         else memset(buf, 0, per * D * sizeof(float));
         for (int i = -1; s == SHARD_OK && i < 5; i++) { /* what a step's gradients cost without compute */
             s = shard_comm_barrier(comm);
-            double t0 = shard__now();
+            double t0 = shard_clock_seconds();
             if (s == SHARD_OK && a->o->zero == 0) s = shard_comm_all_reduce(comm, buf, buf, n, dt, SHARD_OP_SUM);
             /* in place, as the strategy's: this rank's block of the whole buffer */
             size_t r = (size_t)shard_comm_rank(comm);
@@ -98,7 +101,7 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
             shard_dtype gd = a->o->bf16_compute ? SHARD_BF16 : SHARD_F32;
             for (int g = 0; s == SHARD_OK && a->o->zero == 3 && g < 2; g++) /* each unit gathered for forward and backward */
                 s = shard_comm_all_gather(comm, (char *)buf + r * per * shard_dtype_size(gd), buf, per, gd);
-            if (i >= 0) al[i] = (shard__now() - t0) * 1e3; /* round -1 warms the buffers and the transport */
+            if (i >= 0) al[i] = (shard_clock_seconds() - t0) * 1e3; /* round -1 warms the buffers and the transport */
         }
         shard_free(buf);
         if (s == SHARD_OK) *alone = cli_median(al, 5);
@@ -162,7 +165,7 @@ shard_status bench_random_tokens(const char *config, shard_gpt_config *gc, char 
 }
 
 void bench_remove_dir(const char *dir) {
-    if (shard__ckpt_remove_tree(dir) != SHARD_OK) cli_error("%s", shard_last_error());
+    if (shard_remove_tree(dir) != SHARD_OK) cli_error("%s", shard_last_error());
 }
 
 int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
@@ -186,7 +189,7 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     }
     if (a.r.ms <= 0) return 0; /* an MPI rank other than 0 */
     double N = (double)(o->batch * o->seq), peak = bench_peak_of_threads(world, 5);
-    double flops = bench_gpt_flops_per_token(&gc, (size_t)o->seq) * N, mfu = flops / (a.r.ms / 1e3) / (peak * 1e9);
+    double flops = shard_cost_gpt_flops_per_token(&gc, (size_t)o->seq) * N, mfu = flops / (a.r.ms / 1e3) / (peak * 1e9);
     double eff = a.r.single_ms / a.r.ms; /* equal per-rank batch: N x the work in the time of ... */
     double hidden = a.r.alone_ms > 0 ? 1.0 - a.r.exposed_ms / a.r.alone_ms : 0;
     hidden = hidden < 0 ? 0 : hidden;

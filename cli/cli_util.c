@@ -2,6 +2,7 @@
  * a verb's usage text. */
 #include "cli_util.h"
 
+#include "shard/files.h"
 #include "shard/mesh.h"
 #include "shard/status.h"
 
@@ -116,16 +117,7 @@ bad:
     return -1;
 }
 
-void cli_format_size(uint64_t bytes, char *out, size_t out_bytes) {
-    if (bytes >= (1ULL << 30) && bytes % (1ULL << 30) == 0)
-        snprintf(out, out_bytes, "%llu GiB", (unsigned long long)(bytes >> 30));
-    else if (bytes >= (1ULL << 20) && bytes % (1ULL << 20) == 0)
-        snprintf(out, out_bytes, "%llu MiB", (unsigned long long)(bytes >> 20));
-    else if (bytes >= (1ULL << 10) && bytes % (1ULL << 10) == 0)
-        snprintf(out, out_bytes, "%llu KiB", (unsigned long long)(bytes >> 10));
-    else
-        snprintf(out, out_bytes, "%llu B", (unsigned long long)bytes);
-}
+void cli_format_size(uint64_t bytes, char *out, size_t out_bytes) { shard_size_format(bytes, out, out_bytes); }
 
 int cli_common_option(cli_common *common, int argc, char **argv, int *i) {
     const char *arg = argv[*i];

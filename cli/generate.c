@@ -7,9 +7,9 @@
  * is sampled over its first 256 ids.  Each new token comes from the
  * logits of the last position over at most n_positions tokens: temperature
  * 0 takes the arg-max (greedy); otherwise softmax(logits / T) restricted to
- * the K most likely (K 0: all), sampled with a seeded generator. */
+ * the K most likely (K 0: all), sampled with a seeded generator
+ * (shard/sample.h). */
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,61 +26,12 @@ typedef struct gen_opts {
     unsigned long long seed;
 } gen_opts;
 
-static uint64_t next_random(uint64_t *state) { /* splitmix64 */
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* The next token from logits[0..V-1]; -1 when one is NaN or infinite. */
-static int pick(const float *logits, size_t V, double temperature, long top_k, uint64_t *rng) {
-    size_t best = 0;
-    for (size_t v = 0; v < V; v++) {
-        if (!isfinite(logits[v])) return -1;
-        if (logits[v] > logits[best]) best = v;
-    }
-    if (temperature <= 0) return (int)best;
-    double *p = malloc(V * sizeof *p), sum = 0, cut = -INFINITY;
-    if (!p) return (int)best;
-    if (top_k > 0 && (size_t)top_k < V) { /* the K-th largest logit */
-        float *sorted = malloc(V * sizeof *sorted);
-        if (sorted) {
-            memcpy(sorted, logits, V * sizeof *sorted);
-            for (long k = 0; k < top_k; k++) { /* partial selection: K is small */
-                size_t m = (size_t)k;
-                for (size_t v = (size_t)k + 1; v < V; v++)
-                    if (sorted[v] > sorted[m]) m = v;
-                float t = sorted[k];
-                sorted[k] = sorted[m], sorted[m] = t;
-            }
-            cut = sorted[top_k - 1];
-            free(sorted);
-        }
-    }
-    for (size_t v = 0; v < V; v++) {
-        p[v] = logits[v] >= cut ? exp(((double)logits[v] - logits[best]) / temperature) : 0;
-        sum += p[v];
-    }
-    double u = (double)(next_random(rng) >> 11) * 0x1.0p-53 * sum;
-    int chosen = (int)best;
-    for (size_t v = 0; v < V; v++) {
-        if (u < p[v]) {
-            chosen = (int)v;
-            break;
-        }
-        u -= p[v];
-    }
-    free(p);
-    return chosen;
-}
-
 static shard_status generate_rank(shard_comm *comm, void *arg) {
     const gen_opts *o = arg;
     shard_gpt_config c;
     if (o->ckpt) {
         char *text = NULL;
-        SHARD_CHECK(train_checkpoint_config(o->ckpt, &text));
+        SHARD_CHECK(shard_ckpt_read_config(o->ckpt, &text));
         shard_status s = shard_gpt_config_parse(text, o->ckpt, &c);
         free(text);
         SHARD_CHECK(s);
@@ -109,12 +60,14 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
         s = shard_gpt_forward(g, ids + (n - T), NULL, 1, T, NULL);
         if (s < 0) break;
         /* byte tokens: a model with a larger vocabulary is sampled over its first 256 ids, the bytes */
-        int next = pick(shard_gpt_logits(g) + (T - 1) * c.vocab_size, 256, o->temperature, o->top_k, &rng);
-        if (next < 0) {
+        int next = 0;
+        s = shard_sample_token(shard_gpt_logits(g) + (T - 1) * c.vocab_size, 256, o->temperature, (size_t)o->top_k, &rng,
+                               &next);
+        if (s == SHARD_ERR_INVALID_ARG) { /* a logit not finite: said in terms of the model */
             s = shard_error(SHARD_ERR_INVALID_ARG, "generate: the model's logits at token %zu are NaN or infinite: its "
                             "weights are not finite (a diverged run?)", n - plen + 1);
-            break;
         }
+        if (s < 0) break;
         ids[n] = next;
         if (fputc(next, stdout) == EOF || fflush(stdout) != 0) { /* reported below */
             write_errno = errno ? errno : EIO;

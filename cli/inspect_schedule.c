@@ -11,7 +11,8 @@
 
 #include "cli_util.h"
 #include "inspect_schedule.h"
-#include "parallel/pipeline_schedule.h"
+#include "shard/cost.h"
+#include "shard/schedule.h"
 
 static const char *const USAGE =
     "usage: shard inspect schedule --pipe P --micro-batches M [options]\n"
@@ -57,21 +58,21 @@ int cli_inspect_schedule(int argc, char **argv) {
     }
     shard_pipe_kind kind;
     shard_pipe_schedule *s = NULL;
-    if (shard__pipe_kind_parse(kind_text, &kind) != SHARD_OK ||
-        shard__pipe_schedule_create(kind, (int)p, (int)m, (int)v, &s) != SHARD_OK) {
+    if (shard_pipe_kind_parse(kind_text, &kind) != SHARD_OK ||
+        shard_pipe_schedule_create(kind, (int)p, (int)m, (int)v, &s) != SHARD_OK) {
         cli_error("%s", shard_last_error());
         return 2;
     }
-    shard__pipe_schedule_print(s, stdout);
+    shard_pipe_schedule_print(s, stdout);
     int *peak = calloc((size_t)p, sizeof *peak);
-    if (peak && shard__pipe_schedule_timeline(s, 1, (int)b_cost, NULL, NULL, peak) == SHARD_OK) {
+    if (peak && shard_pipe_schedule_timeline(s, 1, (int)b_cost, NULL, NULL, peak) == SHARD_OK) {
         printf("micro-batches held at the peak:");
         for (int r = 0; r < p; r++) printf(" rank %d: %d%s", r, peak[r], r + 1 < p ? "," : "\n");
     }
     free(peak);
-    double f1 = shard__pipe_schedule_bubble(s, 1, 1), f2 = shard__pipe_schedule_bubble(s, 1, (int)b_cost);
+    double f1 = shard_pipe_schedule_bubble(s, 1, 1), f2 = shard_pipe_schedule_bubble(s, 1, (int)b_cost);
     printf("bubble of the equal-cost timeline: %.1f%% (B = F), %.1f%% (B = %ld F); formula %.1f%%\n", 100 * f1, 100 * f2,
-           b_cost, 100 * shard__pipe_bubble_formula(kind, (int)p, (int)m, (int)v));
-    shard__pipe_schedule_destroy(s);
+           b_cost, 100 * shard_cost_pipe_bubble(kind, (int)p, (int)m, (int)v));
+    shard_pipe_schedule_destroy(s);
     return 0;
 }

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/atomic_file.h"
+#include "shard/files.h"
 #include "trace.h"
 
 enum { FIELDS = 5 }; /* what, micro, chunk, start, end */
@@ -129,7 +129,7 @@ shard_status cli_write_trace(shard_comm *world, const shard_pipeline_stats *st, 
     if (s == SHARD_OK && rank == 0) {
         size_t len = 0;
         char *text = render(all, counts, displs, stages, ranks, &len);
-        s = text ? shard__atomic_write_file(path, text, len) : shard_error(SHARD_ERR_NO_MEMORY, "--trace: out of memory");
+        s = text ? shard_atomic_write_file(path, text, len) : shard_error(SHARD_ERR_NO_MEMORY, "--trace: out of memory");
         free(text);
     }
     free(pack), free(counts), free(displs), free(all_counts), free(stages), free(pairs), free(all);

@@ -26,12 +26,13 @@
 #include <unistd.h>
 
 #include "bench_comm.h"
-#include "ckpt/atomic_file.h"
-#include "ckpt/ckpt_util.h"
 #include "cli_util.h"
-#include "comm/comm_impl.h"
+#include "shard/checkpoint.h"
+#include "shard/clock.h"
+#include "shard/comm.h"
+#include "shard/files.h"
+#include "shard/model.h"
 #include "shard/shard.h"
-#include "models/model_impl.h"
 #include "trace.h"
 #include "train_util.h"
 
@@ -95,31 +96,6 @@ static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
     return s;
 }
 
-/* The step_N directories under a --save root that exist (none when the root does not): the steps a run
- * could overwrite, without visiting every step up to --steps. */
-static shard_status existing_steps(const char *root, uint64_t **out, size_t *n) {
-    *out = NULL, *n = 0;
-    DIR *d = opendir(root);
-    if (!d) return SHARD_OK;
-    size_t cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        uint64_t step;
-        if (!shard__ckpt_parse_step_name(e->d_name, &step)) continue;
-        if (*n == cap) {
-            uint64_t *more = realloc(*out, (cap = cap ? 2 * cap : 16) * sizeof *more);
-            if (!more) {
-                closedir(d);
-                return shard_error(SHARD_ERR_NO_MEMORY, "--save %s: out of memory listing its steps", root);
-            }
-            *out = more;
-        }
-        (*out)[(*n)++] = step;
-    }
-    closedir(d);
-    return SHARD_OK;
-}
-
 /* A path the run will write (--log, --trace, --save): refused before any work when it is one of the run's
  * inputs (truncating a mapped token file kills the run and loses the data), when a file is wanted and a
  * directory stands there or the other way round, or when its directory does not exist. */
@@ -153,7 +129,7 @@ static int check_output(const char *option, const char *path, int want_dir, cons
         }
     }
     if (d) closedir(d);
-    shard__dir_of(path, parent, sizeof parent);
+    shard_path_dir(path, parent, sizeof parent);
     if (!want_dir && (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))) {
         cli_error("%s %s: its directory %s does not exist; create it first", option, path, parent);
         return 0;
@@ -186,7 +162,7 @@ static shard_status cut_log(const char *path, uint64_t done) {
     }
     if (s == SHARD_OK && ferror(f)) s = shard_error(SHARD_ERR_IO, "--log %s: cannot read: %s", path, strerror(errno));
     fclose(f);
-    if (s == SHARD_OK && cut) s = shard__atomic_write_file(path, kept ? kept : "", used);
+    if (s == SHARD_OK && cut) s = shard_atomic_write_file(path, kept ? kept : "", used);
     free(kept);
     return s;
 }
@@ -248,42 +224,19 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
      * of a pipeline that is not there */
     uint64_t every = o->save_every > 0 ? (uint64_t)o->save_every : 0, last = (uint64_t)o->steps;
-    uint64_t *existing = NULL;
-    size_t n_existing = 0;
-    if (s == SHARD_OK && o->save) s = existing_steps(o->save, &existing, &n_existing);
-    for (size_t k = 0; s == SHARD_OK && k < n_existing; k++) {
-        uint64_t step = existing[k];
-        if (step < first || step > last || (step != last && (!every || step % every))) continue; /* not saved by this run */
-        char dir[4096];
-        shard__ckpt_step_dir(o->save, step, dir, sizeof dir);
-        uint64_t latest = 0;
-        if (shard__ckpt_step_committed(o->save, step))
-            s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s: %s exists already; give another directory or remove it",
-                            o->save, dir);
-        else if (rank == 0 && access(dir, F_OK) == 0 && shard__ckpt_read_latest(o->save, &latest))
-            fprintf(stderr, "shard: note: %s is past %s/latest (step_%llu), so no load through the root picks it; "
-                    "saving step %llu will move it aside to %s.replaced-<time>\n", dir, o->save,
-                    (unsigned long long)latest, (unsigned long long)step, dir);
-    }
-    free(existing);
-    uint64_t root_latest = 0; /* a fresh run saving below a root's latest would move it back onto its own older step */
-    uint64_t first_save = every && every < last ? every : last; /* a fresh run starts at step 1 */
-    if (s == SHARD_OK && o->save && !o->resume && shard__ckpt_read_latest(o->save, &root_latest) && root_latest > first_save)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s holds a run up to step_%llu (its latest), past this run's first "
-                        "save at step %llu: saving would move latest back among the other run's steps; give another "
-                        "directory, --resume it, or remove it",
-                        o->save, (unsigned long long)root_latest, (unsigned long long)first_save);
+    if (s == SHARD_OK && o->save)
+        s = shard_ckpt_save_check(o->save, first, last, every, o->resume != NULL, rank == 0 ? stderr : NULL);
     shard_pipeline_stats unused;
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);
-    if (s == SHARD_OK && o->save && !(config_text = shard__read_config(o->config))) s = SHARD_ERR_IO;
+    if (s == SHARD_OK && o->save) s = shard_model_config_read(o->config, &config_text);
     if (s == SHARD_OK && o->resume && o->log && rank == 0) s = cut_log(o->log, first - 1); /* once nothing can refuse */
     if (s == SHARD_OK && rank == 0 && o->log && !(log = fopen(o->log, o->resume ? "a" : "w"))) /* a resumed run adds */
         s = shard_error(SHARD_ERR_IO, "--log %s: cannot open: %s", o->log, strerror(errno));
     int tty = rank == 0 && isatty(STDOUT_FILENO);
     size_t B = 0, micro = 0, K = 0, D = 0;
     if (t) shard_trainer_batch(t, &B, &micro, &K, &D);
-    double started = shard__now(), first_loss = 0, last_loss = 0, tokens_done = 0;
+    double started = shard_clock_seconds(), first_loss = 0, last_loss = 0, tokens_done = 0;
     size_t items_per_row = strcmp(m ? m->ops->kind : "", "gpt2") == 0 ? (size_t)o->seq : 1;
     if (s == SHARD_OK && rank == 0) {
         char what[256], mesh_str[128];
@@ -335,7 +288,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     }
     if (s == SHARD_OK && rank == 0)
         printf("train: %ld steps in %.1f s, loss %.4f -> %.4f, %.0f %s/s on average%s%s\n", o->steps - (long)first + 1,
-               shard__now() - started, first_loss, last_loss, tokens_done / (shard__now() - started),
+               shard_clock_seconds() - started, first_loss, last_loss, tokens_done / (shard_clock_seconds() - started),
                items_per_row > 1 ? "tokens" : "rows", o->save ? ", checkpoint in " : "", o->save ? o->save : "");
     if (log) fclose(log);
     free(config_text);

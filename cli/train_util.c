@@ -1,14 +1,9 @@
 /* train_util.c — see train_util.h. */
 #include "train_util.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#include "ckpt/ckpt_index.h"
-#include "ckpt/ckpt_util.h"
 
 void cli_progress(int tty, long step, long steps, float loss, float lr, double tps, double ms) {
     if (tty) {
@@ -40,32 +35,6 @@ static void free_items(shard_mesh *mesh, shard_ckpt_item *items, size_t n) {
     for (size_t i = 0; items && i < n; i++) shard_dtensor_destroy(items[i].tensor);
     free(items);
     shard_mesh_destroy(mesh);
-}
-
-shard_status train_checkpoint_config(const char *where, char **json_text) {
-    char dir[PATH_MAX], path[PATH_MAX + 16];
-    shard__ckpt_index ix;
-    shard_status s = shard__ckpt_open_index(where, dir, sizeof dir, &ix);
-    snprintf(path, sizeof path, "%s/index.json", where);
-    if (s < 0 && access(path, F_OK) != 0) { /* a root: past a step whose index is broken, as the load goes */
-        char first[512];
-        snprintf(first, sizeof first, "%s", shard_last_error());
-        uint64_t *steps = NULL;
-        size_t n = 0;
-        if (shard__ckpt_candidates(where, &steps, &n) == SHARD_OK)
-            for (size_t i = 0; s < 0 && i < n; i++) {
-                shard__ckpt_step_dir(where, steps[i], dir, sizeof dir);
-                snprintf(path, sizeof path, "%s/index.json", dir);
-                s = shard__ckpt_index_read(path, &ix);
-            }
-        free(steps);
-        if (s < 0) return shard_error(s, "%s", first);
-    }
-    if (s < 0) return s;
-    s = ix.config ? SHARD_OK : shard_error(SHARD_ERR_INVALID_ARG, "%s: the checkpoint carries no model config", dir);
-    *json_text = s == SHARD_OK ? strdup(ix.config) : NULL;
-    shard__ckpt_index_free(&ix);
-    return s;
 }
 
 shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_params *params, uint64_t *step) {

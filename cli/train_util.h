@@ -1,5 +1,5 @@
 /* train_util.h — CLI pieces around training: the progress line (`shard
- * train`), and a checkpoint's model config and parameters read back on one
+ * train`), and a checkpoint's parameters read back on one
  * rank (`shard generate`; the trainer writes them, trainer.h). */
 #ifndef SHARD_CLI_TRAIN_UTIL_H
 #define SHARD_CLI_TRAIN_UTIL_H
@@ -11,8 +11,6 @@
 /* A progress bar on a terminal (redrawn in place), else a line every ~5%. */
 void cli_progress(int tty, long step, long steps, float loss, float lr, double tokens_per_s, double ms);
 
-/* The config JSON text stored in a checkpoint's index (root or step dir); free() it. */
-shard_status train_checkpoint_config(const char *where, char **json_text);
 /* Fill params from the checkpoint (by name, every one required). */
 shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_params *params, uint64_t *step);
 

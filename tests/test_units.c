@@ -1,6 +1,7 @@
 /* test_units.c — unit tests (cmocka) for the pieces under the communicator:
  * status and last-error text, the accounted allocator, dtype conversions,
- * the even-split rule, rank lists and the CLI's size parser. */
+ * the even-split rule, rank lists and the CLI's size parser; the public
+ * sampler, cost formulas, clock and file helpers the CLI calls. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -347,6 +348,75 @@ static void parallel_for_after_fork(void **state) {
 #endif
 }
 
+/* The public sampler: greedy is the arg-max, top-k 1 is too at any temperature, a seed gives the same
+ * draws, only the top-k tokens are drawn, and a logit that is not finite is refused. */
+static void public_sampling(void **state) {
+    (void)state;
+    const float logits[4] = {0.0f, 5.0f, 4.9f, -3.0f};
+    uint64_t rng = 7;
+    int token = -1;
+    assert_int_equal(shard_sample_token(logits, 4, 0.0, 0, &rng, &token), SHARD_OK);
+    assert_int_equal(token, 1);
+    assert_int_equal(rng, 7); /* greedy draws nothing */
+    assert_int_equal(shard_sample_token(logits, 4, 50.0, 1, &rng, &token), SHARD_OK);
+    assert_int_equal(token, 1);
+    uint64_t a = 3, b = 3;
+    int seen[4] = {0};
+    for (int i = 0; i < 2000; i++) {
+        int x = -1, y = -2;
+        assert_int_equal(shard_sample_token(logits, 4, 1.0, 2, &a, &x), SHARD_OK);
+        assert_int_equal(shard_sample_token(logits, 4, 1.0, 2, &b, &y), SHARD_OK);
+        assert_int_equal(x, y);
+        seen[x]++;
+    }
+    assert_true(seen[1] > 0 && seen[2] > 0 && seen[0] == 0 && seen[3] == 0);
+    const float bad[3] = {0.0f, NAN, 1.0f};
+    assert_int_equal(shard_sample_token(bad, 3, 0.0, 0, &rng, &token), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "logit 1"));
+}
+
+/* The public cost formulas against hand counts. */
+static void public_costs(void **state) {
+    (void)state;
+    assert_true(shard_cost_busbw_factor("all_reduce", 4) == 1.5);
+    assert_true(shard_cost_busbw_factor("all_gather", 4) == 0.75);
+    assert_true(shard_cost_busbw_factor("sendrecv", 1) == 1.0 && shard_cost_busbw_factor("all_reduce", 1) == 0.0);
+    /* 10 elements over 4 ranks: rank 0 owns 3, sends the other 7 once and its 3 to each of 3 ranks */
+    assert_int_equal(shard_cost_all_reduce_bytes(10, 4, 0, 4), (7 + 3 * 3) * 4);
+    assert_int_equal(shard_cost_all_reduce_bytes(10, 1, 0, 4), 0);
+    assert_true(fabs(shard_cost_pipe_bubble(SHARD_PIPE_GPIPE, 4, 8, 2) - 3.0 / 11) < 1e-15);
+    assert_true(fabs(shard_cost_pipe_bubble(SHARD_PIPE_INTERLEAVED, 4, 8, 2) - 3.0 / 19) < 1e-15);
+    shard_gpt_config c = {.n_embd = 32, .n_layer = 2, .n_head = 4, .n_positions = 32, .vocab_size = 256};
+    double N = (double)shard_gpt_param_count(&c) - 32 * 32;
+    assert_true(shard_cost_gpt_flops_per_token(&c, 16) == 6 * N + 12 * 2 * 16 * 32);
+    assert_int_equal(shard_cost_gpt_tensor_bytes(&c, 64, 1, 0, 0), 0);
+}
+
+/* The public clock never steps back; the public file helpers make, write and remove a tree. */
+static void public_clock_and_files(void **state) {
+    (void)state;
+    double t0 = shard_clock_seconds(), t1 = shard_clock_seconds();
+    assert_true(t1 >= t0);
+    char root[] = "/tmp/shard-units-XXXXXX", dir[256], path[300], parent[256];
+    assert_non_null(mkdtemp(root));
+    shard_ckpt_step_dir(root, 12, dir, sizeof dir);
+    uint64_t step = 0;
+    assert_true(shard_ckpt_parse_step_name(strrchr(dir, '/') + 1, &step) && step == 12);
+    assert_false(shard_ckpt_parse_step_name("step_", &step) || shard_ckpt_parse_step_name("step_3x", &step));
+    assert_int_equal(shard_mkdirs(dir), SHARD_OK);
+    snprintf(path, sizeof path, "%s/a.txt", dir);
+    assert_int_equal(shard_atomic_write_file(path, "hi", 2), SHARD_OK);
+    shard_path_dir(path, parent, sizeof parent);
+    assert_string_equal(parent, dir);
+    uint64_t *steps = NULL;
+    size_t n = 0;
+    assert_int_equal(shard_ckpt_list_steps(root, &steps, &n), SHARD_OK);
+    assert_true(n == 1 && steps[0] == 12);
+    free(steps);
+    assert_int_equal(shard_remove_tree(root), SHARD_OK);
+    assert_int_equal(access(root, F_OK), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(status_and_last_error),
@@ -366,6 +436,9 @@ int main(void) {
         cmocka_unit_test(cli_sizes),
         cmocka_unit_test(timeout_from_environment),
         cmocka_unit_test(launcher_detection),
+        cmocka_unit_test(public_sampling),
+        cmocka_unit_test(public_costs),
+        cmocka_unit_test(public_clock_and_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,7 @@
 #define SHARD_CHECKPOINT_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "shard/dtensor.h"
 
@@ -54,6 +55,65 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
 /* Collective.  `where` is a checkpoint root (uses `latest`, with fallback) or
  * one step_N directory (no fallback).  *step_out (may be NULL) gets the step. */
 shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out);
+
+/* ---- a checkpoint root's steps, without starting ranks ---- */
+
+/* "root/step_N" into out. */
+void shard_ckpt_step_dir(const char *root, uint64_t step, char *out, size_t out_bytes);
+/* 1 and *step when name is exactly "step_N" (a step directory's name); else 0. */
+int shard_ckpt_parse_step_name(const char *name, uint64_t *step);
+/* 1 and the step that root/latest names (the newest complete checkpoint); 0 when it is absent or
+ * unreadable. */
+int shard_ckpt_latest_step(const char *root, uint64_t *step);
+/* 1 when root/step_N exists and a load through the root could pick it (`latest` is absent or names step
+ * N or later): a save of that step would overwrite a checkpoint.  A step_N past `latest` (left by a save
+ * that crashed before moving `latest`, or by a run resumed from an older step) is moved aside by a save
+ * of step N instead. */
+int shard_ckpt_step_committed(const char *root, uint64_t step);
+/* The steps of the step_N directories under root, in directory order (none when root does not exist);
+ * *steps is malloc'd (NULL when *n is 0). */
+shard_status shard_ckpt_list_steps(const char *root, uint64_t **steps, size_t *n);
+/* The save policy of a run that trains steps first..last and saves to root every `every` steps (0:
+ * only at the end) and at step `last`, checked before any work: refused when a step it would save is a
+ * committed checkpoint (shard_ckpt_step_committed), or, for a fresh run (resumed 0), when root's latest
+ * is past its first save (saving would move latest back among another run's steps).  A step directory
+ * past latest, which the save will move aside instead, is said on `notes` (NULL: not said).  Messages
+ * name root as the --save directory. */
+shard_status shard_ckpt_save_check(const char *root, uint64_t first, uint64_t last, uint64_t every, int resumed,
+                                   FILE *notes);
+/* The model config stored with a checkpoint (JSON text, malloc'd into *json_text).  `where` is a step
+ * directory, or a root: its `latest` step, or past one whose index is broken the newest older step, as a
+ * load goes.  Fails when the checkpoint carries no config. */
+shard_status shard_ckpt_read_config(const char *where, char **json_text);
+
+/* ---- inspection and export (one process, no ranks) ---- */
+
+/* Print a checkpoint (a root through `latest`, or a step directory): its step, mesh, files and tensors
+ * (dtype, global shape, spec, chunks) to out.  verify: also check every file's size and xxh3 and that
+ * each chunk is in its file, and print a line saying so; the first mismatch is the error. */
+shard_status shard_ckpt_describe(const char *where, int verify, FILE *out);
+
+/* What shard_ckpt_export wrote. */
+typedef struct shard_ckpt_export_result {
+    char step_dir[4096];   /* the step directory exported */
+    size_t tensors;        /* tensors written */
+    uint64_t total_bytes;  /* their data */
+    size_t left_out;       /* the optimizer's tensors (optimizer.*) not written */
+    int parts;             /* 1: one file at `out`; else Hugging Face's sharded layout */
+    char parts_pattern[4096]; /* parts > 1: the parts' names, "DIR/NAME-0000k-of-0000N.safetensors" */
+    char index_path[4096]; /* parts > 1: the NAME.safetensors.index.json written */
+    int removed_single;    /* parts > 1: an earlier single file at `out` was removed (it would shadow the index) */
+} shard_ckpt_export_result;
+
+/* Write a checkpoint's full tensors as one safetensors file `out` (metadata format "pt" and the step),
+ * or, past max_shard_bytes, as Hugging Face's sharded layout beside it (NAME-0000k-of-0000N.safetensors
+ * files and NAME.safetensors.index.json), one tensor in memory at a time.  `where`: a step directory, or
+ * a root: its `latest` step, or when that is not usable the newest older one that is (said on stderr).
+ * The optimizer's tensors only with with_optimizer.  Refused before any work when out's directory is
+ * missing, out is not a file, or out lies inside the checkpoint; a failed sharded export leaves an
+ * earlier one as it was.  result may be NULL. */
+shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_shard_bytes, int with_optimizer,
+                               shard_ckpt_export_result *result);
 
 /* Testing hook: make save stop at a point of the commit protocol as if the
  * process had crashed there, leaving whatever it wrote so far.  Points:

@@ -60,6 +60,12 @@ double shard_comm_timeout(const shard_comm *comm);
 uint64_t shard_comm_bytes_sent(const shard_comm *comm);
 /* Collectives started on this communicator so far (the next one is #n+1). */
 uint64_t shard_comm_collective_count(const shard_comm *comm);
+/* A benchmark's baseline: `op` ("all_reduce", "all_gather", "reduce_scatter", "all_to_all" or
+ * "sendrecv" to the next rank, sums for the reductions) as one raw MPI call on this communicator, with
+ * none of the engine's checks or deadlines.  count_per_rank elements of dtype per rank.  Fails with
+ * SHARD_ERR_UNSUPPORTED on another backend or a build without MPI. */
+shard_status shard_comm_mpi_raw(shard_comm *comm, const char *op, const void *send, void *recv, size_t count_per_rank,
+                                shard_dtype dtype);
 
 /* New communicator of the ranks that pass the same color, ordered by (key,
  * rank).  Collective over `comm`.  color < 0 means "not a member": *out = NULL. */

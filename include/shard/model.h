@@ -134,6 +134,9 @@ shard_status shard_model_create_stage(const char *config_path, const char *data_
                                       const shard_model_stage *stage, shard_model **out);
 /* Layers a pipeline cuts into stages (the GPT's n_layer); 0 when the config's model cannot be pipelined. */
 shard_status shard_model_stage_layers(const char *config_path, size_t *layers);
+/* A config file's whole text (malloc'd into *text), refused when it is not a regular file, is empty or
+ * holds a NUL byte: what a checkpoint stores as the run's config. */
+shard_status shard_model_config_read(const char *path, char **text);
 void shard_model_destroy(shard_model *m);
 
 /* Parameters per unit (unit_first), given the layout; points value[] into

@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "shard/tensor.h"
 
@@ -93,6 +94,17 @@ void shard_st_writer_abort(shard_st_writer *w);
 shard_status shard_safetensors_write(const char *path, const char *const *names, const shard_tensor *const *tensors,
                                      size_t count, const char *const *meta_keys, const char *const *meta_values,
                                      size_t meta_count);
+
+/* ---- inspection (what `shard inspect ckpt` prints) ---- */
+
+/* Print a safetensors file's tensors (name, dtype, shape, byte range) and metadata to out; opening checks
+ * every rule of the format.  verify: print a line saying those checks passed. */
+shard_status shard_safetensors_describe(const char *path, int verify, FILE *out);
+/* 1 when path names Hugging Face's sharded layout's index (it ends in ".index.json"). */
+int shard_safetensors_is_index(const char *path);
+/* Print such an index (tensor count, total size) and each file it names as shard_safetensors_describe
+ * does; verify: also check that every tensor is in the file the index gives. */
+shard_status shard_safetensors_index_describe(const char *path, int verify, FILE *out);
 
 #ifdef __cplusplus
 }

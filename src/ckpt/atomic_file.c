@@ -102,3 +102,11 @@ shard_status shard__atomic_write_file(const char *path, const void *bytes, size_
     }
     return shard__atomic_commit(&f);
 }
+
+/* ---- the public face (shard/files.h) ---- */
+
+shard_status shard_atomic_write_file(const char *path, const void *bytes, size_t size_bytes) {
+    return shard__atomic_write_file(path, bytes, size_bytes);
+}
+
+void shard_path_dir(const char *path, char *out, size_t out_bytes) { shard__dir_of(path, out, out_bytes); }

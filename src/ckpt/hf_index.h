@@ -1,6 +1,6 @@
 /* hf_index.h — internal: Hugging Face's sharded safetensors layout, NAME.index.json, whose
  * "weight_map" gives each tensor's file (a bare .safetensors name beside the index).  One reader for
- * `--init` (params.c) and `shard inspect ckpt` (cli/ckpt.c). */
+ * `--init` (params.c) and `shard inspect ckpt` (ckpt_inspect.c). */
 #ifndef SHARD_HF_INDEX_H
 #define SHARD_HF_INDEX_H
 

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "comm_impl.h"
+#include "shard/clock.h"
 
 static const char *const coll_names[SHARD__COLL_KIND_COUNT] = {
     "barrier",    "broadcast",  "all_reduce",     "reduce_scatter", "all_gather",
@@ -39,6 +40,13 @@ double shard__now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double shard_clock_seconds(void) { return shard__now(); }
+
+shard_status shard_comm_mpi_raw(shard_comm *comm, const char *op, const void *send, void *recv, size_t count_per_rank,
+                                shard_dtype dtype) {
+    return shard__mpi_raw_op(comm, op, send, recv, count_per_rank, dtype);
 }
 
 void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size,

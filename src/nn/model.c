@@ -76,15 +76,14 @@ void shard_model_destroy(shard_model *m) {
     if (m && m->ops) m->ops->destroy(m);
 }
 
-/* The whole config file as text (NULL with the error set). */
-char *shard__read_config(const char *path) {
+shard_status shard_model_config_read(const char *path, char **out) {
+    *out = NULL;
     FILE *f = fopen(path, "rb");
     struct stat st;
     if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        shard_error(SHARD_ERR_IO, "%s: cannot read the config: %s", path,
-                    !f ? strerror(errno) : "not a regular file; give a JSON config file");
         if (f) fclose(f);
-        return NULL;
+        return shard_error(SHARD_ERR_IO, "%s: cannot read the config: %s", path,
+                           !f ? strerror(errno) : "not a regular file; give a JSON config file");
     }
     char *text = NULL;
     size_t len = 0, cap = 0;
@@ -93,25 +92,28 @@ char *shard__read_config(const char *path) {
             char *more = realloc(text, cap ? 2 * cap : 4096);
             if (!more) {
                 free(text), fclose(f);
-                shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
-                return NULL;
+                return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
             }
             text = more, cap = cap ? 2 * cap : 4096;
         }
         text[len++] = (char)ch;
     }
     fclose(f);
-    if (!text) {
-        shard_error(SHARD_ERR_INVALID_ARG, "%s: the config is empty", path);
-        return NULL;
-    }
+    if (!text) return shard_error(SHARD_ERR_INVALID_ARG, "%s: the config is empty", path);
     text[len] = '\0';
     if (strlen(text) != len) { /* JSON text has no NUL: what follows one would be read past unseen */
-        shard_error(SHARD_ERR_INVALID_ARG, "%s: a NUL byte at offset %zu; a config is JSON text", path, strlen(text));
+        size_t at = strlen(text);
         free(text);
-        return NULL;
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a NUL byte at offset %zu; a config is JSON text", path, at);
     }
-    return text;
+    *out = text;
+    return SHARD_OK;
+}
+
+/* The whole config file as text (NULL with the error set). */
+char *shard__read_config(const char *path) {
+    char *text = NULL;
+    return shard_model_config_read(path, &text) == SHARD_OK ? text : NULL;
 }
 
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,

@@ -183,6 +183,27 @@ void shard__pipe_schedule_print(const shard_pipe_schedule *s, FILE *out) {
     free(start);
 }
 
+/* ---------------------------------------------------------------- the public face (shard/schedule.h) */
+
+shard_status shard_pipe_kind_parse(const char *text, shard_pipe_kind *out) { return shard__pipe_kind_parse(text, out); }
+
+shard_status shard_pipe_schedule_create(shard_pipe_kind kind, int p, int m, int v, shard_pipe_schedule **out) {
+    return shard__pipe_schedule_create(kind, p, m, v, out);
+}
+
+void shard_pipe_schedule_destroy(shard_pipe_schedule *s) { shard__pipe_schedule_destroy(s); }
+
+shard_status shard_pipe_schedule_timeline(const shard_pipe_schedule *s, int f_cost, int b_cost, int **start,
+                                          int *total_slots, int *peak_in_flight) {
+    return shard__pipe_schedule_timeline(s, f_cost, b_cost, start, total_slots, peak_in_flight);
+}
+
+double shard_pipe_schedule_bubble(const shard_pipe_schedule *s, int f_cost, int b_cost) {
+    return shard__pipe_schedule_bubble(s, f_cost, b_cost);
+}
+
+void shard_pipe_schedule_print(const shard_pipe_schedule *s, FILE *out) { shard__pipe_schedule_print(s, out); }
+
 /* ---------------------------------------------------------------- partition */
 
 shard_status shard__pipe_partition(size_t n, int k, const char *list, size_t *first) {

@@ -1,4 +1,5 @@
-/* pipeline_schedule.h — internal: pipeline schedules as data.
+/* pipeline_schedule.h — internal: pipeline schedules as data (the types are
+ * public, in shard/schedule.h).
  *
  * A schedule is, for each of p pipe ranks, the ordered list of what it runs:
  * F (forward) or B (backward) of micro-batch j on one of its v chunks (model
@@ -17,22 +18,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "shard/schedule.h"
 #include "shard/status.h"
-
-typedef enum shard_pipe_kind { SHARD_PIPE_GPIPE, SHARD_PIPE_1F1B, SHARD_PIPE_INTERLEAVED } shard_pipe_kind;
-
-typedef struct shard_pipe_op {
-    char what;    /* 'F' or 'B' */
-    int micro;    /* 0 .. m-1 */
-    int chunk;    /* 0 .. v-1: the rank's model chunk (virtual stage chunk * p + rank) */
-} shard_pipe_op;
-
-typedef struct shard_pipe_schedule {
-    shard_pipe_kind kind;
-    int p, m, v;            /* pipe ranks, micro-batches, chunks per rank */
-    int *count;             /* [p]: ops of rank r (2 * m * v) */
-    shard_pipe_op **ops;    /* [p][count[r]] */
-} shard_pipe_schedule;
 
 /* "gpipe", "1f1b", "interleaved" (NULL name on failure). */
 shard_status shard__pipe_kind_parse(const char *text, shard_pipe_kind *out);

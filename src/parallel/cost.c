@@ -1,0 +1,51 @@
+/* cost.c — the closed-form costs of shard/cost.h.  The tensor-parallel bytes mirror the layers'
+ * collectives one for one, so a benchmark can hold a measured count to them exactly. */
+#include "shard/cost.h"
+
+#include <string.h>
+
+#include "parallel/pipeline_schedule.h"
+
+double shard_cost_gpt_flops_per_token(const shard_gpt_config *c, size_t seq) {
+    double N = (double)shard_gpt_param_count(c) - (double)c->n_positions * (double)c->n_embd;
+    return 6.0 * N + 12.0 * (double)c->n_layer * (double)seq * (double)c->n_embd;
+}
+
+double shard_cost_gpt_stage_activation_bytes(const shard_gpt_config *c, int stages, int stage, size_t slots,
+                                             size_t inputs, size_t rows, size_t seq) {
+    double N = (double)(rows * seq), C = (double)c->n_embd, V = (double)c->vocab_size, H = (double)c->n_head;
+    size_t L = c->n_layer, blocks = L / (size_t)stages + ((size_t)stage < L % (size_t)stages);
+    double per_block = N * (16 * C + 4) + (double)rows * H * (double)(seq * seq);
+    double per_slot = (double)blocks * per_block + N * C + (stage == stages - 1 ? N * C + 2 * N + N * V : 0);
+    double shared = 11 * N * C;
+    return 4 * ((double)slots * per_slot + shared + (stage > 0 ? (double)inputs * N * C : 0));
+}
+
+/* The even rule's part r of n over p (the first n % p parts one more). */
+static size_t part_of(size_t n, size_t p, size_t r) { return n / p + (r < n % p); }
+
+uint64_t shard_cost_all_reduce_bytes(size_t count, size_t ranks, size_t rank, size_t elem_bytes) {
+    size_t len = part_of(count, ranks, rank);
+    return ranks > 1 ? ((uint64_t)(count - len) + (uint64_t)len * (ranks - 1)) * elem_bytes : 0;
+}
+
+uint64_t shard_cost_gpt_tensor_bytes(const shard_gpt_config *c, size_t tokens, size_t ranks, size_t rank,
+                                     int sequence_parallel) {
+    size_t N = tokens, p = ranks, r = rank, C = c->n_embd, L = c->n_layer, pairs = 4 * L + 2;
+    uint64_t fixed = shard_cost_all_reduce_bytes(N, p, r, 4) + shard_cost_all_reduce_bytes(2 * N, p, r, 8) +
+                     shard_cost_all_reduce_bytes(1, p, r, 8);
+    if (!sequence_parallel) return fixed + pairs * shard_cost_all_reduce_bytes(N * C, p, r, 4);
+    size_t mine = part_of(N, p, r);
+    uint64_t gather = (uint64_t)mine * C * 4 * (p - 1), scatter = (uint64_t)(N - mine) * C * 4;
+    return fixed + pairs * (gather + scatter) + (2 * L + 1) * shard_cost_all_reduce_bytes(2 * C, p, r, 4) +
+           shard_cost_all_reduce_bytes(c->n_positions * C, p, r, 4);
+}
+
+double shard_cost_pipe_bubble(shard_pipe_kind kind, int p, int m, int v) { return shard__pipe_bubble_formula(kind, p, m, v); }
+
+double shard_cost_busbw_factor(const char *op, int n) {
+    if (n <= 1) return strcmp(op, "sendrecv") == 0 ? 1.0 : 0.0;
+    if (strcmp(op, "all_reduce") == 0) return 2.0 * (n - 1) / n;
+    if (strcmp(op, "sendrecv") == 0) return 1.0;
+    return (double)(n - 1) / n;
+}
