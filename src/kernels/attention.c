@@ -100,7 +100,7 @@ static uint64_t att_offset(size_t first_row, size_t b, size_t H, size_t h, size_
 /* A pair's q, k, v (and dY) are copied out of their strided columns into contiguous T x D (or, transposed,
  * D x T) scratch first, so that every product is a plain "nn" or "tn" one on packed rows: the strided
  * columns (3C floats apart) fall into a few cache sets, and BLAS's transposed-B path is slow on such
- * small shapes.  On the GPT of configs/gpt-brief5.json (T 128, D 64, Emerald Rapids) the forward's
+ * small shapes.  On the GPT of configs/gpt-bench.json (T 128, D 64, Emerald Rapids) the forward's
  * products went from 60-130 to 130-160 GFLOP/s on one core, and one layer's attention (forward +
  * backward, 2 threads, operands in cache) from 2.3 to 1.6 ms; inside the training step, colder, it
  * saves about 0.5 ms.
