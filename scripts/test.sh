@@ -46,8 +46,8 @@ end
 
 begin "release build (-Wall -Wextra -Werror): all tests"
 configure_and_build build -DCMAKE_BUILD_TYPE=Release
-(cd build && ctest --output-on-failure -j"$jobs" | tee Testing/release-pass.log)
-python3 scripts/check_budgets.py build/tests/label_budgets.txt build/Testing/release-pass.log
+(cd build && ctest --output-on-failure -j"$jobs" | tee release-pass.log)
+python3 scripts/check_budgets.py build/tests/label_budgets.txt build/release-pass.log
 end
 
 begin "ASan + UBSan: $([[ $full == 1 ]] && echo 'all tests' || echo "the 'asan' subset")"
