@@ -474,6 +474,8 @@ static void model_registry(void **state) {
     assert_non_null(strstr(shard_last_error(), "unit.json: model_type 'transformer_xl' is not a registered model kind"));
     assert_non_null(strstr(shard_last_error(), "gpt2, gpt, cnn, mlp, unit_kind"));
     assert_int_equal(shard_model_kind_find("transformer_xl", &found), SHARD_ERR_INVALID_ARG);
+    o.config_text = NULL; /* no text, no model_type to build */
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
     /* what the short form's kind cannot do is refused before its create, in the built-ins' words */
     o.config_text = "{\"model_type\": \"unit_kind\"}", o.specs = "layer=P()";
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);

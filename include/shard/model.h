@@ -206,7 +206,8 @@ shard_status shard_model_register(const char *kind, shard_model_create_fn create
  * refused naming the registered kinds. */
 shard_status shard_model_kind_find(const char *name, shard_model_kind *out);
 /* The factory behind shard_model_create_stage, from options: the kind o->config_text's model_type names
- * ("gpt2" when the text has none), checked against what the kind can do, then its create. */
+ * ("gpt2" when the text has none; no text is refused), checked against what the kind can do, then its
+ * create with the kind's ctx. */
 shard_status shard_model_create_with(const shard_model_create_options *o, shard_model **out);
 /* Frees what shard_model_setup_units allocated: for a model's destroy. */
 void shard_model_free_units(shard_model *m);

@@ -268,6 +268,9 @@ shard_status shard_model_create_with(const shard_model_create_options *options, 
     if (!options || options->struct_size < sizeof(shard_model_create_options))
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_create_with: options missing or from an older header "
                            "(struct_size)");
+    if (!options->config_text) /* the kind is the text's model_type: without a text there is none to build */
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_create_with: no config text: give the config's JSON, "
+                           "its model_type naming the kind");
     shard_model_create_options o = *options;
     o.struct_size = sizeof o;
     if (!o.config_path) o.config_path = "the model config";
