@@ -1,7 +1,9 @@
 /* test_units.c — unit tests (cmocka) for the pieces under the communicator:
  * status and last-error text, the accounted allocator, dtype conversions,
  * the even-split rule, rank lists and the CLI's size parser; the public
- * sampler, cost formulas, clock and file helpers the CLI calls. */
+ * sampler, cost formulas, clock and file helpers the CLI calls; the model
+ * registry (a kind registered, built, refused twice; an unknown model_type
+ * naming the kinds) and the trainer's factory of a caller's model. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -417,6 +419,133 @@ static void public_clock_and_files(void **state) {
     assert_int_equal(access(root, F_OK), -1);
 }
 
+/* ---- the model registry (model.h) and the trainer's factory (trainer.h) ---- */
+
+/* A kind of the tests' own: a table with only destroy, enough to be built and given back. */
+typedef struct unit_model {
+    shard_model model;
+    size_t max_rows;
+    void *ctx;
+} unit_model;
+
+static void unit_destroy(shard_model *m) { free(m->impl); }
+
+static const shard_model_ops unit_ops = {.kind = "unit_kind", .destroy = unit_destroy};
+
+static shard_status unit_create(const shard_model_create_options *o, shard_model **out) {
+    unit_model *u = calloc(1, sizeof *u);
+    if (!u) return shard_error(SHARD_ERR_NO_MEMORY, "unit_kind: out of memory");
+    u->model.ops = &unit_ops, u->model.impl = u, u->max_rows = o->max_rows, u->ctx = o->ctx;
+    *out = &u->model;
+    return SHARD_OK;
+}
+
+static void model_registry(void **state) {
+    (void)state;
+    static int ctx;
+    shard_model_kind kind = {.struct_size = sizeof kind, .name = "unit_kind", .create = unit_create, .ctx = &ctx};
+    assert_int_equal(shard_model_register_kind(&kind), SHARD_OK);
+    /* found, and built through the factory with the options and the registration's context */
+    shard_model_kind found;
+    assert_int_equal(shard_model_kind_find("unit_kind", &found), SHARD_OK);
+    assert_string_equal(found.name, "unit_kind");
+    assert_true(found.create == unit_create && found.ctx == &ctx && !found.stage_layers);
+    assert_int_equal(shard_model_kind_find("mlp", &found), SHARD_OK);
+    shard_model *m = NULL;
+    shard_model_create_options o = {.struct_size = sizeof o, .config_text = "{\"model_type\": \"unit_kind\"}",
+                                    .config_path = "unit.json", .max_rows = 7};
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_OK);
+    assert_true(m && m->ops == &unit_ops && ((unit_model *)m->impl)->max_rows == 7 && ((unit_model *)m->impl)->ctx == &ctx);
+    shard_model_destroy(m);
+    /* a name registered already, a built-in one among them, is refused in one line */
+    assert_int_equal(shard_model_register("unit_kind", unit_create), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "model kind 'unit_kind' is registered already"));
+    assert_null(strchr(shard_last_error(), '\n'));
+    assert_int_equal(shard_model_register("mlp", unit_create), SHARD_ERR_INVALID_ARG);
+    assert_int_equal(shard_model_register("", unit_create), SHARD_ERR_INVALID_ARG);
+    assert_int_equal(shard_model_register("no_create", NULL), SHARD_ERR_INVALID_ARG);
+    shard_model_kind old = kind;
+    old.struct_size = sizeof old - 1, old.name = "older";
+    assert_int_equal(shard_model_register_kind(&old), SHARD_ERR_INVALID_ARG);
+    /* an unknown model_type names every registered kind */
+    o.config_text = "{\"model_type\": \"transformer_xl\"}";
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
+    assert_null(m);
+    assert_non_null(strstr(shard_last_error(), "unit.json: model_type 'transformer_xl' is not a registered model kind"));
+    assert_non_null(strstr(shard_last_error(), "gpt2, gpt, cnn, mlp, unit_kind"));
+    assert_int_equal(shard_model_kind_find("transformer_xl", &found), SHARD_ERR_INVALID_ARG);
+    o.config_text = NULL; /* no text, no model_type to build */
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
+    /* what the short form's kind cannot do is refused before its create, in the built-ins' words */
+    o.config_text = "{\"model_type\": \"unit_kind\"}", o.specs = "layer=P()";
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
+    assert_string_equal(shard_last_error(), "--spec: model_type 'unit_kind' places every parameter whole; specs are "
+                                            "for the GPT's parameters");
+    shard_model_stage stage = {.index = 0, .count = 2, .chunks = 1, .first = {0}, .last = {1}, .slots = 1};
+    o.specs = NULL, o.stage = &stage;
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
+    assert_string_equal(shard_last_error(), "unit.json: model_type 'unit_kind' is not cut into pipeline stages (the "
+                                            "GPT and the CNN are): give pipe=1");
+}
+
+/* The trainer's factory: a model built by the caller only where it runs whole, a create function
+ * anywhere (here the MLP's, through the registry, with the factory's context). */
+#define UNIT_MLP "{\"model_type\": \"mlp\", \"model_dim\": 4, \"hidden_dim\": 8}"
+
+static shard_status factory_create(const shard_model_create_options *o, shard_model **out) {
+    shard_model_create_options mine = *o;
+    mine.config_text = o->ctx;
+    return shard_model_create_with(&mine, out);
+}
+
+static shard_status factory_rank(shard_comm *world, void *arg) {
+    (void)arg;
+    shard_mesh *tensor = NULL, *data = NULL;
+    shard_model *built = NULL;
+    shard_trainer *t = NULL;
+    shard_trainer_config c = {.batch = 4, .seed = 1, .adamw = shard_adamw_defaults(), .lr = {1e-3f, 1e-4f, 0, 2}};
+    shard_model_create_options o = {.struct_size = sizeof o, .config_text = UNIT_MLP, .max_rows = 4};
+    shard_model_factory given = {.struct_size = sizeof given}, made = {.struct_size = sizeof made,
+                                                                         .create = factory_create, .ctx = UNIT_MLP};
+    shard_status s = shard_mesh_create(world, "tensor=2", &tensor);
+    if (s == SHARD_OK) s = shard_mesh_create(world, "data=2", &data);
+    if (s == SHARD_OK) s = shard_model_create_with(&o, &built);
+    given.model = built;
+    /* no config and no model; a caller's model on a tensor axis; neither form given */
+    if (s == SHARD_OK && (shard_trainer_create(data, &c, &t) != SHARD_ERR_INVALID_ARG ||
+                          !strstr(shard_last_error(), "no config_path")))
+        s = shard_error(SHARD_ERR_INTERNAL, "a NULL config_path: %s", shard_last_error());
+    if (s == SHARD_OK && (shard_trainer_create_with_model(tensor, &c, &given, &t) != SHARD_ERR_INVALID_ARG ||
+                          !strstr(shard_last_error(), "a model built by the caller runs whole on each rank, and this mesh "
+                                                      "has tensor=2, pipe=1")))
+        s = shard_error(SHARD_ERR_INTERNAL, "a caller's model on tensor=2: %s", shard_last_error());
+    shard_model_factory neither = {.struct_size = sizeof neither};
+    if (s == SHARD_OK && shard_trainer_create_with_model(data, &c, &neither, &t) != SHARD_ERR_INVALID_ARG)
+        s = shard_error(SHARD_ERR_INTERNAL, "a factory of neither form was taken");
+    /* both forms train a step under ZeRO-3; the caller's model outlives its trainer */
+    c.zero = 3;
+    shard_step_result r[2];
+    for (int k = 0; k < 2 && s == SHARD_OK; k++) {
+        s = shard_trainer_create_with_model(data, &c, k ? &made : &given, &t);
+        if (s == SHARD_OK) s = shard_trainer_step(t, 1, &r[k]);
+        if (s == SHARD_OK && k == 0 && shard_trainer_model(t) != built)
+            s = shard_error(SHARD_ERR_INTERNAL, "the trainer does not train the caller's model");
+        shard_trainer_destroy(t);
+        t = NULL;
+    }
+    if (s == SHARD_OK && (built->hooks.acquire || !(r[0].loss > 0) || r[0].loss != r[1].loss))
+        s = shard_error(SHARD_ERR_INTERNAL, "losses %.9g and %.9g", r[0].loss, r[1].loss);
+    shard_model_destroy(built);
+    shard_mesh_destroy(data), shard_mesh_destroy(tensor);
+    return s;
+}
+
+static void trainer_factory(void **state) {
+    (void)state;
+    shard_status s = shard_launch(2, factory_rank, NULL);
+    if (s < 0) fail_msg("%s", shard_last_error());
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(status_and_last_error),
@@ -439,6 +568,8 @@ int main(void) {
         cmocka_unit_test(public_sampling),
         cmocka_unit_test(public_costs),
         cmocka_unit_test(public_clock_and_files),
+        cmocka_unit_test(model_registry),
+        cmocka_unit_test(trainer_factory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -111,7 +111,7 @@ struct shard_model {
 };
 
 /* Build the model a JSON config describes ("model_type": "gpt2" (default),
- * "cnn" or "mlp"), reading training data from data_dir (the GPT: train.tokens
+ * "cnn", "mlp" or a kind a program registered: the registry below), reading training data from data_dir (the GPT: train.tokens
  * of `shard data text`, required; the CNN: Fashion-MNIST's IDX files, by
  * default Debian's /usr/share/datasets/fashion-mnist; the MLP: generated,
  * data_dir must be NULL), for batches of up to max_rows rows of seq tokens.
@@ -159,6 +159,58 @@ shard_status shard_model_grads_ready(shard_model *m, size_t unit);
 /* Dropout keys for a site: a mask element is a function of (run seed, step,
  * site, global position) only, so every strategy draws the same masks. */
 uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site);
+
+/* ---- the model registry: a model defined outside the library trains as the built-in ones do ----
+ *
+ * A kind is a name a config's "model_type" gives, and the function that builds it.  The GPT ("gpt2",
+ * also "gpt"), the CNN ("cnn") and the MLP ("mlp") are registered by the library itself; a program
+ * adds its own with shard_model_register before it creates a model or a trainer of that kind.  The
+ * registry is process-wide and safe to use from thread ranks at once; a kind cannot be removed or
+ * replaced. */
+
+/* What a kind's create function is given (the library sets struct_size to its sizeof). */
+typedef struct shard_model_create_options {
+    size_t struct_size;
+    const char *config_text;  /* the config's JSON text; NULL when the caller built no config */
+    const char *config_path;  /* where the text came from, for messages ("the model config" when none) */
+    const char *data_dir;     /* NULL: none given */
+    size_t max_rows, seq;     /* the most rows one load_batch holds; tokens per row (sequence models) */
+    shard_comm *tensor;       /* the mesh's tensor axis (NULL: none): build this rank's piece */
+    int sequence_parallel;    /* with `tensor`: split the token dimension as well */
+    const char *specs;        /* parameter placement on the tensor axis (shard_model_create_placed) */
+    const shard_model_stage *stage; /* a pipe rank's layers; NULL: the whole model */
+    void *ctx;                /* the registration's (or the trainer factory's) context */
+} shard_model_create_options;
+
+/* Builds the model the options describe into *out (destroyed through its table's destroy). */
+typedef shard_status (*shard_model_create_fn)(const shard_model_create_options *o, shard_model **out);
+
+/* A kind and what it can do; the factory refuses what it cannot in one line before calling create. */
+typedef struct shard_model_kind {
+    size_t struct_size;   /* sizeof(shard_model_kind): lets the struct grow */
+    const char *name;     /* the config's model_type; copied (at most 63 bytes) */
+    shard_model_create_fn create;
+    /* The layers a pipeline cuts into stages for the options' config (only config_text, config_path
+     * and ctx are read); NULL: the kind is not cut into pipeline stages. */
+    shard_status (*stage_layers)(const shard_model_create_options *o, size_t *layers);
+    int tensor_parallel;  /* create builds a piece per rank of a tensor axis of more than one rank */
+    int placed;           /* create reads `specs`; otherwise every parameter is whole and specs are refused */
+    void *ctx;            /* handed to create and stage_layers as options->ctx */
+} shard_model_kind;
+
+/* Adds a kind; a name already registered, an empty or over-long one, or no create function is refused. */
+shard_status shard_model_register_kind(const shard_model_kind *kind);
+/* The short form: a kind that runs whole (no tensor axis, no pipeline stages, no specs). */
+shard_status shard_model_register(const char *kind, shard_model_create_fn create);
+/* The registered kind of that name into *out (its name points into the registry); an unknown name is
+ * refused naming the registered kinds. */
+shard_status shard_model_kind_find(const char *name, shard_model_kind *out);
+/* The factory behind shard_model_create_stage, from options: the kind o->config_text's model_type names
+ * ("gpt2" when the text has none; no text is refused), checked against what the kind can do, then its
+ * create with the kind's ctx. */
+shard_status shard_model_create_with(const shard_model_create_options *o, shard_model **out);
+/* Frees what shard_model_setup_units allocated: for a model's destroy. */
+void shard_model_free_units(shard_model *m);
 
 #ifdef __cplusplus
 }

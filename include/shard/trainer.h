@@ -69,8 +69,41 @@ typedef struct shard_step_result {
 
 typedef struct shard_trainer shard_trainer;
 
-/* Collective over the mesh: axes `data`, `tensor` and `pipe` (others must have size 1). */
+/* Collective over the mesh: axes `data`, `tensor` and `pipe` (others must have size 1).  The model is the
+ * config's (config_path; model.h's registry builds the kind its model_type names). */
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
+
+/* A model the caller built, for shard_trainer_create_with_model.  Either form, not both:
+ *
+ *   model   this rank's model, built whole by the caller (as one builds a module, then wraps it for
+ *           data parallel): each rank passes its own.  Only for meshes whose tensor and pipe axes are
+ *           1 (data parallel and ZeRO); a tensor or pipe axis of more ranks is refused, since each of
+ *           those ranks needs its own part of the model.  Build it for at least the micro-batch's rows
+ *           (shard_trainer_batch's micro: the global batch over the data ranks, over the accumulation
+ *           steps).  The trainer initialises its values from the run's seed like any model (load
+ *           weights after with shard_trainer_load_weights), holds it while it lives, and does not
+ *           destroy it: after shard_trainer_destroy the caller destroys it.  The strategy binds its
+ *           values and gradients: under ZeRO-3 the whole values are released (read them with
+ *           shard_trainer_values before the trainer goes), so a model serves one trainer.
+ *   create  called on each rank where the trainer would build a config's model: for every mesh,
+ *           tensor and pipe axes included, with this rank's tensor communicator and pipeline stage in
+ *           the options (and once more, whole, on the world's rank 0 for --layers-per-stage balanced);
+ *           the options carry the config's text when config_path is given (else NULL) and ctx.  The
+ *           trainer owns and destroys what it returns.  stage_layers: the layers a pipe axis cuts into
+ *           stages (0: refused on a pipe axis). */
+typedef struct shard_model_factory {
+    size_t struct_size; /* sizeof(shard_model_factory): lets the struct grow */
+    shard_model *model;
+    shard_model_create_fn create;
+    void *ctx;
+    size_t stage_layers;
+} shard_model_factory;
+
+/* shard_trainer_create for a model of the caller's (config->config_path may be NULL; the factory's
+ * form decides what a NULL or given path means, above).  A registered kind (model.h) needs none of
+ * this: shard_trainer_create builds it from a config naming it in model_type. */
+shard_status shard_trainer_create_with_model(shard_mesh *mesh, const shard_trainer_config *config,
+                                             const shard_model_factory *factory, shard_trainer **out);
 void shard_trainer_destroy(shard_trainer *t);
 shard_model *shard_trainer_model(shard_trainer *t);
 /* The resolved batch arithmetic. */

@@ -366,8 +366,10 @@ static const shard_model_ops cnn_model_ops = {.kind = "cnn", .load_batch = model
                                               .stage_io = model_stage_io, .stage_forward = model_stage_forward,
                                               .stage_backward = model_stage_backward, .use_slot = model_use_slot};
 
-shard_status shard__cnn_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
-                                     const shard_model_stage *stage, shard_model **out) {
+shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out) {
+    const char *text = o->config_text, *where = o->config_path, *data_dir = o->data_dir;
+    size_t max_rows = o->max_rows;
+    const shard_model_stage *stage = o->stage;
     shard_cnn_config c;
     SHARD_CHECK(shard_cnn_config_parse(text, where, &c));
     shard_cnn *m = NULL;

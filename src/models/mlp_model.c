@@ -127,8 +127,9 @@ static void destroy(shard_model *m) {
 static const shard_model_ops mlp_ops = {.kind = "mlp", .load_batch = load_batch, .batch_items = items, .forward = forward,
                                         .backward = backward, .init = init, .describe = describe, .destroy = destroy};
 
-shard_status shard__mlp_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
-                                     shard_model **out) {
+shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out) {
+    const char *text = o->config_text, *where = o->config_path, *data_dir = o->data_dir;
+    size_t max_rows = o->max_rows;
     size_t d, h;
     SHARD_CHECK(parse(text, where, &d, &h));
     if (data_dir) /* a user who passes files expects them read: say they are not, rather than train on other data */

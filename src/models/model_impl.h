@@ -1,5 +1,5 @@
-/* model_impl.h — internal: the model makers behind shard_model_create, and
- * helpers the model files share. */
+/* model_impl.h — internal: the built-in model makers the registry of
+ * shard_model_create holds, and helpers the model files share. */
 #ifndef SHARD_MODEL_IMPL_H
 #define SHARD_MODEL_IMPL_H
 
@@ -9,10 +9,9 @@
 shard_status shard__gpt_model_create(const char *config_text, const char *where, const char *data_dir, size_t max_rows,
                                      size_t seq, shard_comm *tensor, int sequence_parallel, const char *specs,
                                      const shard_model_stage *stage, shard_model **out);
-shard_status shard__cnn_model_create(const char *config_text, const char *where, const char *data_dir, size_t max_rows,
-                                     const shard_model_stage *stage, shard_model **out);
-shard_status shard__mlp_model_create(const char *config_text, const char *where, const char *data_dir, size_t max_rows,
-                                     shard_model **out);
+/* The CNN's and the MLP's makers are registered kinds' create functions (model.h). */
+shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out);
+shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out);
 
 void shard__model_free_units(shard_model *m);
 /* A config file's text (malloc'd), or NULL with the error set. */

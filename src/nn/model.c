@@ -1,10 +1,12 @@
 /* model.c — the generic half of model.h: units, where each parameter and its
- * gradient live, the hook calls, and the factory that reads a config's
- * model_type and builds the GPT, the CNN or the MLP behind the same table. */
+ * gradient live, the hook calls, the registry of model kinds (the GPT, the CNN
+ * and the MLP among them, and any a program adds), and the factory that reads
+ * a config's model_type and builds that kind behind the same table. */
 #include "shard/model.h"
 
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,9 +70,12 @@ uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site) {
     return z ^ (z >> 32);
 }
 
-void shard__model_free_units(shard_model *m) {
+void shard_model_free_units(shard_model *m) {
     free(m->unit_first), free(m->unit_offset), free(m->unit_of), free(m->value), free(m->grad);
+    m->unit_first = m->unit_offset = m->unit_of = NULL, m->value = m->grad = NULL;
 }
+
+void shard__model_free_units(shard_model *m) { shard_model_free_units(m); }
 
 void shard_model_destroy(shard_model *m) {
     if (m && m->ops) m->ops->destroy(m);
@@ -116,6 +121,174 @@ char *shard__read_config(const char *path) {
     return shard_model_config_read(path, &text) == SHARD_OK ? text : NULL;
 }
 
+/* ---------------------------------------------------------------- the registry */
+
+/* Kinds are few and never removed: a fixed table, its names copied, behind one lock (thread ranks
+ * create their models at once while a program may still register). */
+#define MAX_KINDS 64
+#define KIND_NAME_BYTES 64
+typedef struct kind_entry {
+    shard_model_kind kind;
+    char name[KIND_NAME_BYTES];
+} kind_entry;
+
+static kind_entry g_kinds[MAX_KINDS];
+static size_t g_count;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t g_builtins = PTHREAD_ONCE_INIT;
+
+/* The registered names, "gpt2, gpt, cnn, mlp", for messages (the lock held). */
+static void kind_names(char *out, size_t bytes) {
+    size_t at = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < g_count && at < bytes; i++) {
+        int n = snprintf(out + at, bytes - at, "%s%s", i ? ", " : "", g_kinds[i].name);
+        if (n > 0) at += (size_t)n;
+    }
+}
+
+static shard_status add_kind(const shard_model_kind *k) {
+    if (!k || k->struct_size < sizeof(shard_model_kind))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register_kind: kind missing or from an older header "
+                           "(struct_size)");
+    if (!k->name || !*k->name || strlen(k->name) >= KIND_NAME_BYTES)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register: kind name '%s': give 1..%d bytes",
+                           k->name ? k->name : "(null)", KIND_NAME_BYTES - 1);
+    if (!k->create)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register: kind '%s' has no create function", k->name);
+    pthread_mutex_lock(&g_lock);
+    shard_status s = SHARD_OK;
+    char names[MAX_KINDS * (KIND_NAME_BYTES + 2)];
+    for (size_t i = 0; s == SHARD_OK && i < g_count; i++)
+        if (strcmp(g_kinds[i].name, k->name) == 0) {
+            kind_names(names, sizeof names);
+            s = shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register: model kind '%s' is registered already "
+                            "(registered: %s): pick another name", k->name, names);
+        }
+    if (s == SHARD_OK && g_count == MAX_KINDS)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register: kind '%s': the registry holds at most %d kinds",
+                        k->name, MAX_KINDS);
+    if (s == SHARD_OK) {
+        kind_entry *e = &g_kinds[g_count++];
+        e->kind = *k, e->kind.struct_size = sizeof e->kind;
+        snprintf(e->name, sizeof e->name, "%s", k->name);
+        e->kind.name = e->name;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return s;
+}
+
+/* The GPT's maker takes its settings one by one (gpt.c); the registry hands them over. */
+static shard_status gpt_create(const shard_model_create_options *o, shard_model **out) {
+    return shard__gpt_model_create(o->config_text, o->config_path, o->data_dir, o->max_rows, o->seq, o->tensor,
+                                   o->sequence_parallel, o->specs, o->stage, out);
+}
+
+static shard_status gpt_layers(const shard_model_create_options *o, size_t *layers) {
+    shard_gpt_config c;
+    SHARD_CHECK(shard_gpt_config_parse(o->config_text, o->config_path, &c));
+    *layers = c.n_layer;
+    return SHARD_OK;
+}
+
+static shard_status cnn_layers(const shard_model_create_options *o, size_t *layers) {
+    (void)o;
+    *layers = 2; /* the CNN's two shards: features, classifier */
+    return SHARD_OK;
+}
+
+static void register_builtins(void) {
+    const shard_model_kind kinds[] = {
+        {.struct_size = sizeof(shard_model_kind), .name = "gpt2", .create = gpt_create, .stage_layers = gpt_layers,
+         .tensor_parallel = 1, .placed = 1},
+        {.struct_size = sizeof(shard_model_kind), .name = "gpt", .create = gpt_create, .stage_layers = gpt_layers,
+         .tensor_parallel = 1, .placed = 1},
+        {.struct_size = sizeof(shard_model_kind), .name = "cnn", .create = shard__cnn_model_create,
+         .stage_layers = cnn_layers},
+        {.struct_size = sizeof(shard_model_kind), .name = "mlp", .create = shard__mlp_model_create},
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) (void)add_kind(&kinds[i]);
+}
+
+shard_status shard_model_register_kind(const shard_model_kind *kind) {
+    pthread_once(&g_builtins, register_builtins);
+    return add_kind(kind);
+}
+
+shard_status shard_model_register(const char *kind, shard_model_create_fn create) {
+    return shard_model_register_kind(&(shard_model_kind){.struct_size = sizeof(shard_model_kind), .name = kind,
+                                                         .create = create});
+}
+
+/* The kind of that name; `where` (NULL: none) opens the refusal of an unknown one. */
+static shard_status find_kind(const char *name, const char *where, shard_model_kind *out) {
+    pthread_once(&g_builtins, register_builtins);
+    pthread_mutex_lock(&g_lock);
+    shard_status s = SHARD_ERR_INVALID_ARG;
+    for (size_t i = 0; s < 0 && i < g_count; i++)
+        if (name && strcmp(g_kinds[i].name, name) == 0) *out = g_kinds[i].kind, s = SHARD_OK;
+    if (s < 0) {
+        char names[MAX_KINDS * (KIND_NAME_BYTES + 2)];
+        kind_names(names, sizeof names);
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s%smodel_type '%s' is not a registered model kind: give one of %s (or "
+                        "register it with shard_model_register)", where ? where : "", where ? ": " : "",
+                        name ? name : "(null)", names);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return s;
+}
+
+shard_status shard_model_kind_find(const char *name, shard_model_kind *out) { return find_kind(name, NULL, out); }
+
+/* ---------------------------------------------------------------- the factory */
+
+/* The kind a config's text names: its model_type, "gpt2" when absent (or when the text is not JSON:
+ * the GPT's parser then says where). */
+static shard_status kind_of(const shard_model_create_options *o, shard_model_kind *k) {
+    json_t *root = o->config_text ? json_loads(o->config_text, 0, NULL) : NULL;
+    const json_t *t = json_object_get(root, "model_type");
+    shard_status s;
+    if (t && !json_is_string(t)) {
+        char names[MAX_KINDS * (KIND_NAME_BYTES + 2)];
+        pthread_once(&g_builtins, register_builtins);
+        pthread_mutex_lock(&g_lock);
+        kind_names(names, sizeof names);
+        pthread_mutex_unlock(&g_lock);
+        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'model_type' must be a string, one of %s", o->config_path,
+                        names);
+    } else {
+        s = find_kind(t ? json_string_value(t) : "gpt2", o->config_path, k);
+    }
+    json_decref(root);
+    return s;
+}
+
+shard_status shard_model_create_with(const shard_model_create_options *options, shard_model **out) {
+    *out = NULL;
+    if (!options || options->struct_size < sizeof(shard_model_create_options))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_create_with: options missing or from an older header "
+                           "(struct_size)");
+    if (!options->config_text) /* the kind is the text's model_type: without a text there is none to build */
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_create_with: no config text: give the config's JSON, "
+                           "its model_type naming the kind");
+    shard_model_create_options o = *options;
+    o.struct_size = sizeof o;
+    if (!o.config_path) o.config_path = "the model config";
+    shard_model_kind k;
+    SHARD_CHECK(kind_of(&o, &k));
+    if (o.tensor && shard_comm_size(o.tensor) > 1 && !k.tensor_parallel)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' has no tensor-parallel layout here (the GPT "
+                           "has): give tensor=1", o.config_path, k.name);
+    if (o.specs && *o.specs && !k.placed)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--spec: model_type '%s' places every parameter whole; specs are for "
+                           "the GPT's parameters", k.name);
+    if (o.stage && o.stage->count > 1 && !k.stage_layers)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' is not cut into pipeline stages (the GPT and "
+                           "the CNN are): give pipe=1", o.config_path, k.name);
+    o.ctx = k.ctx;
+    return k.create(&o, out);
+}
+
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
                                 shard_comm *tensor, int sequence_parallel, shard_model **out) {
     return shard_model_create_placed(config_path, data_dir, max_rows, seq, tensor, sequence_parallel, NULL, out);
@@ -126,30 +299,17 @@ shard_status shard_model_create_placed(const char *config_path, const char *data
     return shard_model_create_stage(config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, NULL, out);
 }
 
-/* The config's model_type ("gpt2" when absent); NULL text or root on failure. */
-static const char *model_type(const char *config_path, char **text, json_t **root) {
-    *root = NULL;
-    if (!(*text = shard__read_config(config_path))) return NULL;
-    *root = json_loads(*text, 0, NULL);
-    const json_t *t = *root ? json_object_get(*root, "model_type") : NULL;
-    return json_is_string(t) ? json_string_value(t) : "gpt2";
-}
-
 shard_status shard_model_stage_layers(const char *config_path, size_t *layers) {
     *layers = 0;
-    char *text;
-    json_t *root;
-    const char *type = model_type(config_path, &text, &root);
-    if (!type) return SHARD_ERR_IO;
-    shard_status s = SHARD_OK;
-    if (strcmp(type, "cnn") == 0) {
-        *layers = 2; /* the CNN's two shards: features, classifier */
-    } else if (strcmp(type, "mlp") != 0) {
-        shard_gpt_config c;
-        s = shard_gpt_config_parse(text, config_path, &c);
-        if (s == SHARD_OK) *layers = c.n_layer;
+    char *text = shard__read_config(config_path);
+    if (!text) return SHARD_ERR_IO;
+    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = config_path};
+    shard_model_kind k;
+    shard_status s = kind_of(&o, &k);
+    if (s == SHARD_OK && k.stage_layers) {
+        o.ctx = k.ctx;
+        s = k.stage_layers(&o, layers);
     }
-    json_decref(root);
     free(text);
     return s;
 }
@@ -158,26 +318,12 @@ shard_status shard_model_create_stage(const char *config_path, const char *data_
                                       shard_comm *tensor, int sequence_parallel, const char *specs,
                                       const shard_model_stage *stage, shard_model **out) {
     *out = NULL;
-    char *text;
-    json_t *root;
-    const char *type = model_type(config_path, &text, &root);
-    if (!type) return SHARD_ERR_IO;
-    shard_status s;
-    int pipelined = stage && stage->count > 1;
-    int split = tensor && shard_comm_size(tensor) > 1;
-    if (split && (strcmp(type, "cnn") == 0 || strcmp(type, "mlp") == 0))
-        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' has no tensor-parallel layout here (the GPT has): give "
-                        "tensor=1", config_path, type);
-    else if (specs && *specs && strcmp(type, "gpt2") != 0 && strcmp(type, "gpt") != 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--spec: model_type '%s' places every parameter whole; specs are for the "
-                        "GPT's parameters", type);
-    else if (pipelined && strcmp(type, "mlp") == 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type 'mlp' is not cut into pipeline stages (the GPT and the CNN "
-                        "are): give pipe=1", config_path);
-    else if (strcmp(type, "cnn") == 0) s = shard__cnn_model_create(text, config_path, data_dir, max_rows, stage, out);
-    else if (strcmp(type, "mlp") == 0) s = shard__mlp_model_create(text, config_path, data_dir, max_rows, out);
-    else s = shard__gpt_model_create(text, config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, stage, out);
-    json_decref(root);
+    char *text = shard__read_config(config_path);
+    if (!text) return SHARD_ERR_IO;
+    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = config_path,
+                                    .data_dir = data_dir, .max_rows = max_rows, .seq = seq, .tensor = tensor,
+                                    .sequence_parallel = sequence_parallel, .specs = specs, .stage = stage};
+    shard_status s = shard_model_create_with(&o, out);
     free(text);
     return s;
 }

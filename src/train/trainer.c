@@ -39,6 +39,10 @@ struct shard_trainer {
     int data_rank, data_size;
     size_t global, micro, accum;
     shard_model *model;
+    /* shard_trainer_create_with_model's factory (struct_size 0: the config's model); a model the caller
+     * built is theirs: the trainer gives its bindings back and does not destroy it */
+    shard_model_factory factory;
+    int owns_model;
     shard_optimizer *opt;
     shard_dp *dp;
     /* the pipe axis (pipe NULL without one of size > 1) */
@@ -95,6 +99,33 @@ static shard_status resolve_batch(shard_trainer *t) {
     return SHARD_OK;
 }
 
+/* A model of this trainer's kind for this rank: the caller's (whole), the factory's create, or the
+ * config's model (the registry's kind).  tensor and stage NULL: the whole model. */
+static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const shard_model_stage *stage,
+                               shard_model **out) {
+    const shard_trainer_config *c = &t->c;
+    *out = NULL;
+    if (t->factory.model) {
+        *out = t->factory.model;
+        return SHARD_OK;
+    }
+    if (!t->factory.create)
+        return shard_model_create_stage(c->config_path, c->data_dir, t->micro, c->seq, tensor, c->sequence_parallel,
+                                        c->param_specs, stage, out);
+    char *text = NULL;
+    if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, &text));
+    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = c->config_path,
+                                    .data_dir = c->data_dir, .max_rows = t->micro, .seq = c->seq, .tensor = tensor,
+                                    .sequence_parallel = c->sequence_parallel, .specs = c->param_specs,
+                                    .stage = stage, .ctx = t->factory.ctx};
+    shard_status s = t->factory.create(&o, out);
+    free(text);
+    if (s == SHARD_OK && (!*out || !(*out)->ops))
+        s = shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_create_with_model: the factory's create returned no model "
+                        "(it must set *out to a model with its table)");
+    return s;
+}
+
 /* The pipe axis: the schedule, this rank's stage (its blocks) and the activation slots it needs. */
 static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     int p = shard_comm_size(pipe), r = shard_comm_rank(pipe), v = t->c.virtual_stages > 0 ? t->c.virtual_stages : 1;
@@ -105,11 +136,11 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     if (t->accum > 1u << 20)
         return shard_error(SHARD_ERR_INVALID_ARG, "--micro-batches %zu: at most %u per step", t->accum, 1u << 20);
     SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
-    size_t layers = 0;
-    SHARD_CHECK(shard_model_stage_layers(t->c.config_path, &layers));
+    size_t layers = t->factory.create ? t->factory.stage_layers : 0;
+    if (!t->factory.create) SHARD_CHECK(shard_model_stage_layers(t->c.config_path, &layers));
     if (!layers)
         return shard_error(SHARD_ERR_INVALID_ARG, "--mesh pipe=%d: %s's model is not cut into pipeline stages by the trainer "
-                           "yet (the GPT is): give pipe=1", p, t->c.config_path);
+                           "yet (the GPT is): give pipe=1", p, t->c.config_path ? t->c.config_path : "the factory");
     /* p * v virtual stages; rank r holds virtual stages r, p + r, 2p + r, ... */
     size_t *first = calloc((size_t)(p * v) + 1, sizeof *first);
     if (!first) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
@@ -121,7 +152,7 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
         if (!cut) s = shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
         if (s == SHARD_OK && shard_comm_rank(all) == 0) {
             shard_model *whole = NULL;
-            s = shard_model_create(t->c.config_path, t->c.data_dir, t->micro, t->c.seq, NULL, 0, &whole);
+            s = make_model(t, NULL, NULL, &whole);
             if (s == SHARD_OK) whole->ops->init(whole, t->c.seed);
             if (s == SHARD_OK)
                 s = shard__pipe_balance(whole, layers, p * v, t->c.seed, t->micro, first, t->partition, sizeof t->partition);
@@ -179,7 +210,38 @@ shard_status shard_trainer_pipeline_stats(const shard_trainer *t, shard_pipeline
     return SHARD_OK;
 }
 
-shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
+/* A factory the trainer can use on this mesh, refused in one line otherwise. */
+static shard_status check_factory(shard_mesh *mesh, const shard_trainer_config *config, const shard_model_factory *f) {
+    const char *who = "shard_trainer_create_with_model";
+    if (!f || f->struct_size < sizeof(shard_model_factory))
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: factory missing or from an older header (struct_size)", who);
+    if (!f->model == !f->create)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: give the factory either a model built by the caller or a create "
+                           "function, not %s", who, f->model ? "both" : "neither");
+    if (!f->model) return SHARD_OK;
+    int tensor = shard_mesh_axis_index(mesh, "tensor"), pipe = shard_mesh_axis_index(mesh, "pipe");
+    int tensor_size = tensor >= 0 ? shard_mesh_axis_size(mesh, tensor) : 1;
+    int pipe_size = pipe >= 0 ? shard_mesh_axis_size(mesh, pipe) : 1;
+    const shard_model *m = f->model;
+    if (tensor_size > 1 || pipe_size > 1)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a model built by the caller runs whole on each rank, and this mesh "
+                           "has tensor=%d, pipe=%d: give the factory a create function that builds each rank's part "
+                           "instead, or a mesh of data ranks only", who, tensor_size, pipe_size);
+    if (config->param_specs && *config->param_specs)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: param_specs '%s': a model built by the caller places its own "
+                           "parameters; give none", who, config->param_specs);
+    if (!m->ops || !m->params || !m->params->data)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: the model holds no values (%s): build a fresh one for each "
+                           "trainer", who, !m->ops || !m->params ? "no table or parameters"
+                                                                : "a ZeRO-3 trainer released them");
+    if (m->hooks.acquire || m->hooks.release || m->hooks.grads_ready)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: the model is held by another trainer: destroy that one first, "
+                           "or build a model for each", who);
+    return SHARD_OK;
+}
+
+static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config *config, const shard_model_factory *f,
+                                   shard_trainer **out) {
     *out = NULL;
     int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
     int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
@@ -195,7 +257,8 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
                            "has none: give e.g. --mesh data=1,tensor=2");
     shard_trainer *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
-    t->c = *config, t->mesh = mesh;
+    t->c = *config, t->mesh = mesh, t->owns_model = !f || !f->model;
+    if (f) t->factory = *f;
     t->tensor = tensor_axis >= 0 ? shard_mesh_axis_comm(mesh, tensor_axis) : NULL;
     t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : NULL;
     if (!t->data) { /* no data axis: a one-rank data communicator of this rank's own */
@@ -213,9 +276,7 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
     if (s == SHARD_OK) s = make_optimizer(config, &t->opt);
     if (s == SHARD_OK) s = resolve_batch(t);
     if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
-    if (s == SHARD_OK)
-        s = shard_model_create_stage(config->config_path, config->data_dir, t->micro, config->seq, t->tensor,
-                                     config->sequence_parallel, config->param_specs, t->pipe ? &t->stage : NULL, &t->model);
+    if (s == SHARD_OK) s = make_model(t, t->tensor, t->pipe ? &t->stage : NULL, &t->model);
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
@@ -233,13 +294,29 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
     return SHARD_OK;
 }
 
+shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
+    *out = NULL;
+    if (!config->config_path)
+        return shard_error(SHARD_ERR_INVALID_ARG, "trainer: no config_path: give a model config file, or a model of your "
+                           "own through shard_trainer_create_with_model");
+    return trainer_create(mesh, config, NULL, out);
+}
+
+shard_status shard_trainer_create_with_model(shard_mesh *mesh, const shard_trainer_config *config,
+                                             const shard_model_factory *factory, shard_trainer **out) {
+    *out = NULL;
+    SHARD_CHECK(check_factory(mesh, config, factory));
+    return trainer_create(mesh, config, factory, out);
+}
+
 void shard_trainer_destroy(shard_trainer *t) {
     if (!t) return;
     shard__pp_destroy(t->pp);
     shard__pipe_schedule_destroy(t->sched);
     shard__dp_destroy(t->dp);
     shard_optimizer_destroy(t->opt);
-    shard_model_destroy(t->model);
+    if (t->owns_model) shard_model_destroy(t->model);
+    else if (t->model) shard_model_bind_grad_slab(t->model, NULL); /* the strategy's gradient buffers are gone */
     shard_comm_destroy(t->own_data);
     free(t);
 }
