@@ -14,7 +14,7 @@ import sys
 
 README_MOST_LINES = 400
 # outside documents: a design brief ("BRIEF §4"), numbered seed notes ("seed 002"), issue numbers
-OUTSIDE = re.compile(r"\bBRIEF\b|\bbrief §|\bseed 0\d\d\b|\bseeds?/|\bissue #?\d+\b|\.\./shared\b|PEERS\.md", re.I)
+OUTSIDE = re.compile(r"(?-i:\bBRIEF\b)|\bbrief §|\bseed 0\d\d\b|\bseeds?/|\bissue #?\d+\b|\.\./shared\b|PEERS\.md", re.I)
 TEXT = re.compile(r"\.(c|h|cu|cpp|py|sh|md|txt|json|cmake|in|map|js|html)$|^(Makefile|CMakeLists\.txt)$")
 
 
