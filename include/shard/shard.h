@@ -21,8 +21,10 @@
 #include "shard/redistribute.h"
 #include "shard/safetensors.h"
 #include "shard/spec.h"
+#include "shard/split.h"
 #include "shard/status.h"
 #include "shard/tensor.h"
+#include "shard/tp.h"
 #include "shard/trainer.h"
 
 #define SHARD_VERSION_STRING "0.1.0"

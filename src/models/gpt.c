@@ -21,8 +21,8 @@
 #include "shard/data.h"
 #include "shard/layers.h"
 #include "models/model_impl.h"
-#include "parallel/placement.h"
-#include "parallel/tensor_parallel.h"
+#include "nn/placement.h"
+#include "shard/tp.h"
 
 /* ---------------------------------------------------------------- config */
 
@@ -214,7 +214,7 @@ struct shard_gpt {
     /* sequence parallel: the residual stream, LayerNorms and dropout hold this rank's tokens n0 .. n0+Nl-1
      * of the batch's N; all_gather / reduce_scatter replace the all_reduce around each tensor-parallel pair */
     int sp;
-    size_t n0, Nl, *row_counts, *row_displs; /* this forward's split of the tokens (elements: rows x C) */
+    size_t n0, Nl; /* this forward's split of the tokens */
     float *full, *d_lnl, *ln_scratch, *wpe_scratch;
     size_t max_b, max_t, B, T;
     shard_params *params;
@@ -439,7 +439,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     int parts = tp ? shard_comm_size(tp) : 1;
     g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / H;
     g->sp = sequence_parallel && parts > 1;
-    g->layout = shard__placement_layout(parts);
+    g->layout = shard_tp_layout(parts);
     /* logical shapes: c_attn [C, 3, H, D] (whole heads of q, k, v), attn.c_proj [H, D, C]; stored as
      * Hugging Face's [C, 3C] and [C, C].  unit 0: the embeddings (wte is also the LM head) and the final
      * LayerNorm; unit 1 + l: block l */
@@ -510,7 +510,8 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     }
     /* activations: one accounted slab carved into buffers; Nr: rows of the residual stream this rank keeps
      * (all N without sequence parallel) */
-    size_t N = max_batch * max_seq, Nr = g->sp ? (N + (size_t)parts - 1) / (size_t)parts : N;
+    size_t N = max_batch * max_seq, Nr = N, first_row;
+    if (g->sp) shard_split_even(N, (size_t)parts, 0, &first_row, &Nr); /* the first rank's share is the largest */
     /* carve() counts in size_t: refuse sizes whose count would wrap (an over-estimate, in double) */
     double rows = (double)max_batch * (double)max_seq, V = (double)c->vocab_size;
     double per_slot = (double)L * ((double)H * rows * (double)max_seq + rows * 16 * (double)C) + rows * 2 * V;
@@ -520,8 +521,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     if (s == SHARD_OK) {
         g->slab = shard_alloc(carve(g, NULL, N, Nr) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
         g->inputs = calloc(N, sizeof *g->inputs), g->targets = calloc(N, sizeof *g->targets);
-        g->row_counts = calloc((size_t)parts, sizeof(size_t)), g->row_displs = calloc((size_t)parts, sizeof(size_t));
-        if (!g->slab || !g->inputs || !g->targets || !g->row_counts || !g->row_displs)
+        if (!g->slab || !g->inputs || !g->targets)
             s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for activations");
     }
     if (s < 0) {
@@ -551,7 +551,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     for (size_t k = 0; g->sb && k < g->slots; k++) free(g->sb[k].acts);
     shard_free(g->tied_value), shard_free(g->tied_grad);
     free(g->inputs), free(g->targets), free(g->layer), free(g->sb), free(g->ls), free(g->place);
-    free(g->whole), free(g->row_counts), free(g->row_displs), free(g->unit_of);
+    free(g->whole), free(g->unit_of);
     free(g);
 }
 
@@ -668,40 +668,15 @@ static uint64_t drop_offset(const shard_gpt *g) { return (uint64_t)g->model.firs
 
 /* ---- the token split of sequence parallelism (without it: one rank's view, n0 = 0, Nl = N) ---- */
 
-static void split_tokens(shard_gpt *g, size_t N) {
-    int parts = g->tp ? shard_comm_size(g->tp) : 1;
-    g->n0 = 0, g->Nl = N;
-    if (!g->sp) return;
-    for (int r = 0; r < parts; r++) {
-        size_t first, count;
-        shard__tp_split(N, parts, r, &first, &count);
-        g->row_counts[r] = count * g->c.n_embd, g->row_displs[r] = first * g->c.n_embd;
-        if (r == g->tp_rank) g->n0 = first, g->Nl = count;
-    }
+static void split_tokens(shard_gpt *g, size_t N) { shard_tp_token_range(g->tp, g->sp, N, &g->n0, &g->Nl); }
+
+/* A layer's place on the tensor axis (split: its weight is split over it, per the specs). */
+static shard_tp_place tp_place(const shard_gpt *g, int split) {
+    return (shard_tp_place){.comm = g->tp, .split = split, .tokens = g->sp};
 }
 
-/* full[N, C], this rank's rows in place, made whole on every tensor rank (sp: all_gather). */
-static shard_status gather_rows(shard_gpt *g, float *full) {
-    if (!g->sp) return SHARD_OK;
-    return shard_comm_all_gatherv(g->tp, full + g->n0 * g->c.n_embd, g->Nl * g->c.n_embd, full, g->row_counts,
-                                  g->row_displs, SHARD_F32);
-}
-
-/* y[N, C] of a layer into local (this rank's rows).  A split layer's y is partial: summed over tensor
- * ranks (sp: reduce_scatter; else an all_reduce in place, local == y).  A layer placed whole (P()) has
- * y complete on every rank: sp keeps this rank's rows, else nothing to do. */
-static shard_status finish_rows(shard_gpt *g, int partial, float *y, float *local, size_t N) {
-    size_t C = g->c.n_embd;
-    if (partial && !g->sp) return shard__tp_sum(g->tp, y, N * C);
-    if (partial) return shard_comm_reduce_scatterv(g->tp, y, local, g->row_counts, SHARD_F32, SHARD_OP_SUM);
-    if (g->sp) memcpy(local, y + g->n0 * C, g->Nl * C * sizeof *local);
-    return SHARD_OK;
-}
-
-/* this rank's rows of y += b (sp adds a row-parallel bias after the reduce_scatter) */
-static void add_bias_rows(const shard_gpt *g, float *y, const float *b) {
-    for (size_t n = 0; n < g->Nl; n++) shard_add(y + n * g->c.n_embd, b, y + n * g->c.n_embd, g->c.n_embd);
-}
+/* The state of the residual stream's rows: this rank's tokens under sequence parallel, else all. */
+static shard_tp_state rows_state(const shard_gpt *g) { return g->sp ? SHARD_TP_TOKENS : SHARD_TP_REPLICATED; }
 
 /* LayerNorm backward on this rank's rows; under sp the weight and bias gradients come from these rows
  * only, so they are summed over tensor ranks before being added. */
@@ -714,7 +689,7 @@ static shard_status ln_backward(shard_gpt *g, const float *x, size_t w, size_t b
     }
     memset(g->ln_scratch, 0, 2 * C * sizeof(float));
     shard_layernorm_backward(x, P(g, w), mean, rstd, dy, dx, g->ln_scratch, g->ln_scratch + C, g->Nl, C);
-    SHARD_CHECK(shard__tp_sum(g->tp, g->ln_scratch, 2 * C));
+    SHARD_CHECK(shard_tp_sum(g->tp, g->ln_scratch, 2 * C));
     shard_add(G(g, w), g->ln_scratch, G(g, w), C);
     shard_add(G(g, b), g->ln_scratch + C, G(g, b), C);
     return SHARD_OK;
@@ -741,20 +716,14 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     split_tokens(g, N);
     size_t r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C; /* dropout keys of this rank's rows */
-    /* a row-parallel bias is added once: by tensor rank 0 before the all_reduce, or after the reduce_scatter */
-    int bias_before = !g->sp && g->tp_rank == 0;
     /* embeddings: token (vocabulary-parallel: a partial lookup, summed) + position */
-    float *x = g->l1 > g->l0 ? g->acts[g->l0].in : g->out, *lookup = g->sp ? g->full : x;
+    float *x = g->l1 > g->l0 ? g->acts[g->l0].in : g->out;
     if (!g->first) { /* a later pipeline stage: the previous stage's output */
         memcpy(x, stage_in, Nl * C * sizeof *x);
     } else {
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
-    if (g->vocab_split) {
-        SHARD_CHECK(shard__tp_embedding_partial(P(g, g->wte), inputs, lookup, N, g->v0, g->Vl, V, C));
-        SHARD_CHECK(finish_rows(g, 1, lookup, x, N));
-    } else {
-        SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs + r0, x, Nl, V, C));
-    }
+    shard_tp_place emb = tp_place(g, g->vocab_split);
+    SHARD_CHECK(shard_tp_embedding_forward(&emb, P(g, g->wte), inputs, g->sp ? g->full : x, x, N, g->v0, g->Vl, V, C));
     for (size_t n = 0; n < Nl; n++) shard_add(x + n * C, P(g, g->wpe) + ((r0 + n) % T) * C, x + n * C, C);
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (drop_p(g, c->embd_pdrop) > 0) shard_dropout_forward(x, x, Nl * C, c->embd_pdrop, drop_seed(g, 0), rows_offset);
@@ -763,35 +732,28 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
         float *next = l + 1 < g->l1 ? g->acts[l + 1].in : g->out;
-        float pr = drop_p(g, c->resid_pdrop), *part;
+        float pr = drop_p(g, c->resid_pdrop);
         const layer_split *ls = &g->ls[l];
         size_t Cl = ls->Cl, Fl = ls->Fl;
+        shard_tp_place attn = tp_place(g, ls->attn_split), mlp = tp_place(g, ls->mlp_split);
         SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 0));
         /* attention: column-parallel c_attn, this rank's heads, row-parallel c_proj */
         shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1 + r0 * C, a->ln1_mean,
                                 a->ln1_rstd, Nl, C);
-        SHARD_CHECK(gather_rows(g, a->ln1));
-        SHARD_CHECK(shard_linear_forward(a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
+        SHARD_CHECK(shard_tp_column_forward(&attn, a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
         SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, Cl, ls->Hl, drop_p(g, c->attn_pdrop),
                                                     drop_seed(g, 1 + 3 * l), g->model.first_row, H, ls->h0));
-        part = g->sp ? g->full : a->mid;
-        int bias_now = !ls->attn_split || bias_before; /* the bias in the GEMM: whole layers, or rank 0's partial */
-        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), bias_now ? P(g, w[APROJ_B]) : NULL, part, N, Cl, C));
-        SHARD_CHECK(finish_rows(g, ls->attn_split, part, a->mid, N));
-        if (ls->attn_split && g->sp) add_bias_rows(g, a->mid, P(g, w[APROJ_B]));
+        SHARD_CHECK(shard_tp_row_forward(&attn, a->atty, P(g, w[APROJ_W]), P(g, w[APROJ_B]), g->sp ? g->full : a->mid,
+                                         a->mid, N, Cl, C));
         if (pr > 0) shard_dropout_forward(a->mid, a->mid, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset);
         shard_add(a->in, a->mid, a->mid, Nl * C); /* mid = in + attention */
         /* MLP: column-parallel c_fc, GELU on this rank's columns, row-parallel c_proj */
         shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C, a->ln2_mean,
                                 a->ln2_rstd, Nl, C);
-        SHARD_CHECK(gather_rows(g, a->ln2));
-        SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
+        SHARD_CHECK(shard_tp_column_forward(&mlp, a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
         shard_gelu_forward_slope(a->fc, a->gelu, N * Fl); /* a->fc now holds GELU' of the pre-activation */
-        part = g->sp ? g->full : next;
-        bias_now = !ls->mlp_split || bias_before;
-        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), bias_now ? P(g, w[MPROJ_B]) : NULL, part, N, Fl, C));
-        SHARD_CHECK(finish_rows(g, ls->mlp_split, part, next, N));
-        if (ls->mlp_split && g->sp) add_bias_rows(g, next, P(g, w[MPROJ_B]));
+        SHARD_CHECK(shard_tp_row_forward(&mlp, a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), g->sp ? g->full : next, next,
+                                         N, Fl, C));
         SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 0));
         if (pr > 0) shard_dropout_forward(next, next, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset);
         shard_add(a->mid, next, next, Nl * C); /* next = mid + MLP */
@@ -803,12 +765,12 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     shard_layernorm_forward(g->out, P(g, g->lnf_w), P(g, g->lnf_b), c->layer_norm_epsilon, g->lnf + r0 * C, g->lnf_mean,
                             g->lnf_rstd, Nl, C);
-    SHARD_CHECK(gather_rows(g, g->lnf));
+    SHARD_CHECK(shard_tp_redistribute(g->tp, g->lnf, g->lnf + r0 * C, N, C, rows_state(g), SHARD_TP_REPLICATED));
     /* the tied head; vocabulary-parallel: this rank's columns of the logits only */
     SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, head_w(g), C, 0.0f, g->logits, g->Vl));
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (!targets) return SHARD_OK;
-    return shard__tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator,
+    return shard_tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator,
                                    loss, g->dlogits);
 }
 
@@ -825,17 +787,6 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
 
 /* ---------------------------------------------------------------- backward */
 
-/* dy (this rank's rows) as whole rows: itself without sequence parallel, else gathered into g->full. */
-static shard_status whole_rows(shard_gpt *g, const float *dy, const float **whole) {
-    if (!g->sp) {
-        *whole = dy;
-        return SHARD_OK;
-    }
-    memcpy(g->full + g->n0 * g->c.n_embd, dy, g->Nl * g->c.n_embd * sizeof(float));
-    *whole = g->full;
-    return gather_rows(g, g->full);
-}
-
 static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *stage_d_in) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T;
@@ -844,12 +795,12 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     size_t Vl = g->Vl, r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C;
     float *dln = g->sp ? g->d_lnl : g->d_ln; /* an LayerNorm output's gradient, summed: this rank's rows */
-    const float *dyw;
     /* head (tied to wte) and the final LayerNorm; with the vocabulary split, d(lnf) is summed over tensor ranks */
     if (g->last) {
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
     SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, head_w(g), C, 0.0f, g->d_ln, C));
-    SHARD_CHECK(finish_rows(g, g->vocab_split, g->d_ln, dln, N));
+    SHARD_CHECK(shard_tp_redistribute(g->tp, g->d_ln, dln, N, C, g->vocab_split ? SHARD_TP_PARTIAL : SHARD_TP_REPLICATED,
+                                      rows_state(g)));
     SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, head_g(g), C));
     memset(g->d_resid, 0, Nl * C * sizeof(float));
     SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
@@ -864,31 +815,29 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         const size_t *w = &g->layer[l * PER_LAYER];
         const layer_split *ls = &g->ls[l];
         size_t Cl = ls->Cl, Fl = ls->Fl;
+        shard_tp_place attn = tp_place(g, ls->attn_split), mlp = tp_place(g, ls->mlp_split);
         SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 1));
         /* MLP: next = mid + drop(c_proj(gelu(c_fc(ln_2(mid))))) */
         const float *dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset), dy = g->d_tmp;
-        SHARD_CHECK(whole_rows(g, dy, &dyw));
-        SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dyw, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
-                                          Fl, C));
+        SHARD_CHECK(shard_tp_row_backward(&mlp, a->gelu, P(g, w[MPROJ_W]), dy, g->full, g->d_fc, G(g, w[MPROJ_W]),
+                                          G(g, w[MPROJ_B]), N, Fl, C));
         shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
-        SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
-                                          Fl));
-        SHARD_CHECK(finish_rows(g, ls->mlp_split, g->d_ln, dln, N)); /* column-parallel: the input's gradient summed */
+        /* column-parallel: the input's gradient summed */
+        SHARD_CHECK(shard_tp_column_backward(&mlp, a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, dln, G(g, w[FC_W]),
+                                             G(g, w[FC_B]), N, C, Fl));
         SHARD_CHECK(ln_backward(g, a->mid, w[LN2_W], w[LN2_B], a->ln2_mean, a->ln2_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
         dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset), dy = g->d_tmp;
-        SHARD_CHECK(whole_rows(g, dy, &dyw));
-        SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), dyw, g->d_atty, G(g, w[APROJ_W]), G(g, w[APROJ_B]),
-                                          N, Cl, C));
+        SHARD_CHECK(shard_tp_row_backward(&attn, a->atty, P(g, w[APROJ_W]), dy, g->full, g->d_atty, G(g, w[APROJ_W]),
+                                          G(g, w[APROJ_B]), N, Cl, C));
         SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, Cl, ls->Hl,
                                                      drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row,
                                                      H, ls->h0));
-        SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(g, w[ATTN_W]), G(g, w[ATTN_B]),
-                                          N, C, 3 * Cl));
-        SHARD_CHECK(finish_rows(g, ls->attn_split, g->d_ln, dln, N));
+        SHARD_CHECK(shard_tp_column_backward(&attn, a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, dln, G(g, w[ATTN_W]),
+                                             G(g, w[ATTN_B]), N, C, 3 * Cl));
         SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 1));
@@ -906,12 +855,11 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     if (g->sp) memset(dwpe, 0, c->n_positions * C * sizeof(float));
     for (size_t n = 0; n < Nl; n++) shard_add(dwpe + ((r0 + n) % T) * C, g->d_resid + n * C, dwpe + ((r0 + n) % T) * C, C);
     if (g->sp) { /* position rows from this rank's tokens: summed over tensor ranks */
-        SHARD_CHECK(shard__tp_sum(g->tp, dwpe, c->n_positions * C));
+        SHARD_CHECK(shard_tp_sum(g->tp, dwpe, c->n_positions * C));
         shard_add(G(g, g->wpe), dwpe, G(g, g->wpe), c->n_positions * C);
     }
-    SHARD_CHECK(whole_rows(g, g->d_resid, &dyw));
-    if (g->vocab_split) shard__tp_embedding_backward(g->inputs, dyw, G(g, g->wte), N, g->v0, g->Vl, C);
-    else SHARD_CHECK(shard_embedding_backward(g->inputs, dyw, G(g, g->wte), N, V, C));
+    shard_tp_place emb = tp_place(g, g->vocab_split);
+    SHARD_CHECK(shard_tp_embedding_backward(&emb, g->inputs, g->d_resid, g->full, G(g, g->wte), N, g->v0, g->Vl, V, C));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
     return shard_model_grads_ready(&g->model, 0);
 }
@@ -966,10 +914,8 @@ static shard_status model_backward(shard_model *m) { return m->rows ? gpt_backwa
 
 static size_t model_stage_io(const shard_model *m) {
     const shard_gpt *g = impl(m);
-    size_t N = m->rows * g->max_t, parts = g->tp ? (size_t)shard_comm_size(g->tp) : 1;
-    if (!g->sp) return N * g->c.n_embd;
     size_t first, count;
-    shard__tp_split(N, (int)parts, g->tp_rank, &first, &count);
+    shard_tp_token_range(g->tp, g->sp, m->rows * g->max_t, &first, &count);
     return count * g->c.n_embd;
 }
 
