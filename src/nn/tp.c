@@ -92,7 +92,7 @@ static shard_tp_state made(const shard_tp_place *p) {
     return p->split && active(p->comm) ? SHARD_TP_PARTIAL : SHARD_TP_REPLICATED;
 }
 static shard_tp_state wanted(const shard_tp_place *p) {
-    return p->tokens && active(p->comm) ? SHARD_TP_TOKENS : SHARD_TP_REPLICATED;
+    return p->tokens ? SHARD_TP_TOKENS : SHARD_TP_REPLICATED; /* one rank's tokens are all of them */
 }
 
 /* Tokens-split rows made whole: `rows` itself without the split, else gathered into `whole`. */
