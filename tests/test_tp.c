@@ -55,12 +55,19 @@ static void part(test_ctx *t, size_t n, size_t *first, size_t *count) {
     shard_split_even(n, (size_t)t->size, (size_t)t->rank, first, count);
 }
 
+/* The single-device linear over seeded x[N, IN], w[IN, OUT], b[OUT] and output gradient dy[N, OUT]:
+ * y, and the gradients dx, dw, db. */
+static void linear_reference(test_ctx *t, uint64_t seed, float *x, float *w, float *b, float *dy, float *y, float *dx,
+                             float *dw, float *db) {
+    fill(x, N * IN, seed), fill(w, IN * OUT, seed + 1), fill(b, OUT, seed + 2), fill(dy, N * OUT, seed + 3);
+    CHECK_OK(t, shard_linear_forward(x, w, b, y, N, IN, OUT), "one device forward");
+    memset(dw, 0, IN * OUT * sizeof *dw), memset(db, 0, OUT * sizeof *db);
+    CHECK_OK(t, shard_linear_backward(x, w, dy, dx, dw, db, N, IN, OUT), "one device backward");
+}
+
 static void case_column(test_ctx *t) {
     float x[N * IN], w[IN * OUT], b[OUT], dy[N * OUT], y[N * OUT], dx[N * IN], dw[IN * OUT], db[OUT];
-    fill(x, N * IN, 1), fill(w, IN * OUT, 2), fill(b, OUT, 3), fill(dy, N * OUT, 4);
-    CHECK_OK(t, shard_linear_forward(x, w, b, y, N, IN, OUT), "one device forward");
-    memset(dw, 0, sizeof dw), memset(db, 0, sizeof db);
-    CHECK_OK(t, shard_linear_backward(x, w, dy, dx, dw, db, N, IN, OUT), "one device backward");
+    linear_reference(t, 1, x, w, b, dy, y, dx, dw, db);
     size_t c0, cn, r0, rn;
     part(t, OUT, &c0, &cn);
     for (int sp = 0; sp <= 1; sp++) {
@@ -87,10 +94,7 @@ static void case_column(test_ctx *t) {
 
 static void case_row(test_ctx *t) {
     float x[N * IN], w[IN * OUT], b[OUT], dy[N * OUT], y[N * OUT], dx[N * IN], dw[IN * OUT], db[OUT];
-    fill(x, N * IN, 5), fill(w, IN * OUT, 6), fill(b, OUT, 7), fill(dy, N * OUT, 8);
-    CHECK_OK(t, shard_linear_forward(x, w, b, y, N, IN, OUT), "one device forward");
-    memset(dw, 0, sizeof dw), memset(db, 0, sizeof db);
-    CHECK_OK(t, shard_linear_backward(x, w, dy, dx, dw, db, N, IN, OUT), "one device backward");
+    linear_reference(t, 5, x, w, b, dy, y, dx, dw, db);
     size_t i0, in, r0, rn;
     part(t, IN, &i0, &in);
     for (int sp = 0; sp <= 1; sp++) {

@@ -178,28 +178,19 @@ typedef struct layer_split {
     int attn_split, mlp_split;
 } layer_split;
 
-/* A micro-batch's activations kept from forward to backward (a pipeline stage holds one per micro-batch
- * in flight; the whole model one). */
-typedef struct slot_bufs {
-    layer_acts *acts; /* [n_layer]: the stage's blocks only carved */
-    float *out, *lnf, *lnf_mean, *lnf_rstd, *dlogits;
-} slot_bufs;
-
 struct shard_gpt {
     shard_model model; /* units, value/grad pointers, hooks; model.impl = this */
     shard_gpt_config c;
     /* pipeline stage: chunks of blocks ch0[c] .. ch1[c]-1; the embeddings on the first virtual stage
      * (own_first), ln_f and the head on the last (own_last); whole model: one chunk of every block, both.
-     * l0, l1, first, last: the chunk a forward or backward runs (first: it embeds, last: it ends in the
-     * loss).  Unit 0: the embeddings / ln_f (has_u0 0 on a middle stage); block l's unit: unit_of[l].
-     * The last stage's copy of wte (tied_value, tied_grad) when the first is another rank: the
-     * pipeline keeps it equal to stage 0's. */
+     * l0, l1, first, last: the range a forward or backward runs (use_range; first: it embeds, last: it
+     * ends in the loss).  Unit 0: the embeddings / ln_f (has_u0 0 on a middle stage); block l's unit:
+     * unit_of[l].  The last stage's copy of wte (tied_value, tied_grad) when the first is another rank:
+     * the pipeline's (use_tied), kept equal to stage 0's. */
     size_t chunks, ch0[SHARD_MAX_STAGE_CHUNKS], ch1[SHARD_MAX_STAGE_CHUNKS], *unit_of;
     size_t l0, l1;
     int first, last, own_first, own_last, has_u0;
     float *tied_value, *tied_grad;
-    slot_bufs *sb;
-    size_t slots;
     /* tensor parallel (Megatron), as the parameters' specs place it: tp NULL or of size 1, or every
      * spec P(): everything whole, the single-device math */
     shard_comm *tp;
@@ -219,8 +210,10 @@ struct shard_gpt {
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
-    layer_acts *acts;                                          /* the current slot's (use_slot) */
-    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the slot's dlogits */
+    layer_acts *acts; /* [n_layer]: the bound range's blocks (use_range) */
+    size_t Nr;        /* rows of the residual stream this rank keeps at most (all N without sequence parallel) */
+    float *own_acts;  /* the whole model's range buffer (NULL on a pipeline stage: the pipeline's) */
+    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the range's dlogits */
     int keep_logits; /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
     int32_t *inputs, *targets;
@@ -241,12 +234,6 @@ static int holds_block(const shard_gpt *g, size_t l) {
     for (size_t c = 0; c < g->chunks; c++)
         if (l >= g->ch0[c] && l < g->ch1[c]) return 1;
     return 0;
-}
-
-/* The chunk the next forward / backward runs. */
-static void use_chunk(shard_gpt *g, size_t c) {
-    g->l0 = g->ch0[c], g->l1 = g->ch1[c];
-    g->first = g->own_first && c == 0, g->last = g->own_last && c + 1 == g->chunks;
 }
 
 /* ---------------------------------------------------------------- placement: specs of the parameters */
@@ -347,39 +334,43 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
     return SHARD_OK;
 }
 
-/* Activation buffers carved from one slab (base NULL: only count the floats).  Per slot (micro-batch in
- * flight): the stage's blocks' activations, its output and, on the last stage, ln_f and the loss's
- * gradient; shared: the logits (when kept apart from the gradient) and backward's scratch. */
-static size_t carve(shard_gpt *g, float *base, size_t N, size_t Nr) {
-    const shard_gpt_config *c = &g->c;
-    size_t C = c->n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = g->max_b * (Cl / g->D) * g->max_t * g->max_t;
-    size_t at = 0;
+/* The buffers a forward of blocks [first, last) keeps for its backward, carved from base (NULL: only
+ * counted): the blocks' activations, the range's output and, when it ends in the loss, ln_f and the
+ * loss's gradient (the logits too unless kept apart). */
+static size_t carve_range(shard_gpt *g, float *base, size_t first, size_t last) {
+    size_t C = g->c.n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = g->max_b * (Cl / g->D) * g->max_t * g->max_t;
+    size_t N = g->max_b * g->max_t, Nr = g->Nr, at = 0;
 #define TAKE(ptr, n_) ((ptr) = base ? base + at : NULL, at += (n_))
-    for (size_t k = 0; k < g->slots; k++) {
-        slot_bufs *b = &g->sb[k];
-        for (size_t l = 0; l < g->c.n_layer; l++) {
-            if (!holds_block(g, l)) continue;
-            layer_acts *a = &b->acts[l];
-            TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
-            TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
-            TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
-        }
-        TAKE(b->out, Nr * C);
-        if (g->own_last) TAKE(b->lnf, N * C), TAKE(b->lnf_mean, Nr), TAKE(b->lnf_rstd, Nr), TAKE(b->dlogits, N * V);
+    for (size_t l = first; l < last; l++) {
+        layer_acts *a = &g->acts[l];
+        TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
+        TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
+        TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
     }
+    TAKE(g->out, Nr * C);
+    if (g->own_last && last == g->c.n_layer)
+        TAKE(g->lnf, N * C), TAKE(g->lnf_mean, Nr), TAKE(g->lnf_rstd, Nr), TAKE(g->dlogits, N * V);
+    if (base && !g->keep_logits) g->logits = g->dlogits; /* the head writes the logits there; the loss overwrites them */
+    return at;
+}
+
+/* Buffers every range shares, carved from base (NULL: only counted): the logits when kept apart from
+ * the gradient, and backward's scratch. */
+static size_t carve_shared(shard_gpt *g, float *base) {
+    size_t C = g->c.n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, N = g->max_b * g->max_t, Nr = g->Nr, at = 0;
     if (g->own_last && g->keep_logits) TAKE(g->logits, N * V);
     TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
     TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
-    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, c->n_positions * C);
+    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, g->c.n_positions * C);
 #undef TAKE
     return at;
 }
 
-static void use_slot(shard_gpt *g, size_t k) {
-    const slot_bufs *b = &g->sb[k < g->slots ? k : 0];
-    g->acts = b->acts, g->out = b->out, g->lnf = b->lnf, g->lnf_mean = b->lnf_mean, g->lnf_rstd = b->lnf_rstd;
-    g->dlogits = b->dlogits;
-    if (!g->keep_logits) g->logits = b->dlogits; /* the head writes the logits there; the loss overwrites them */
+/* The next forward / backward runs blocks [first, last) over acts (carve_range's layout). */
+static void use_range(shard_gpt *g, float *acts, size_t first, size_t last) {
+    carve_range(g, acts, first, last);
+    g->l0 = first, g->l1 = last;
+    g->first = g->own_first && first == 0, g->last = g->own_last && last == g->c.n_layer;
 }
 
 /* Keep the stage's parameters of the whole model's list t[0..n-1] (placements already read), renumbered. */
@@ -416,26 +407,20 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     shard_gpt *g = calloc(1, sizeof *g);
     shard_param_info *t = calloc(count, sizeof *t);
     size_t *unit_first = calloc(L + 2, sizeof *unit_first);
-    size_t slots = stage && stage->slots ? stage->slots : 1;
     if (g) {
-        g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->sb = calloc(slots, sizeof *g->sb);
+        g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L ? L : 1, sizeof *g->acts);
         g->ls = calloc(L, sizeof *g->ls), g->place = calloc(count, sizeof *g->place);
-        for (size_t k = 0; g->sb && k < slots; k++) g->sb[k].acts = calloc(L ? L : 1, sizeof *g->sb[k].acts);
     }
-    int slots_ok = g && g->sb;
-    for (size_t k = 0; slots_ok && k < slots; k++) slots_ok = g->sb[k].acts != NULL;
-    if (!g || !t || !unit_first || !g->layer || !slots_ok || !g->ls || !g->place) {
-        for (size_t k = 0; g && g->sb && k < slots; k++) free(g->sb[k].acts);
-        if (g) free(g->layer), free(g->sb), free(g->ls), free(g->place);
+    if (!g || !t || !unit_first || !g->layer || !g->acts || !g->ls || !g->place) {
+        if (g) free(g->layer), free(g->acts), free(g->ls), free(g->place);
         free(g), free(t), free(unit_first);
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
-    g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->slots = slots, g->keep_logits = keep_logits;
+    g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->keep_logits = keep_logits;
     g->chunks = stage ? stage->chunks : 1;
     for (size_t k = 0; k < g->chunks; k++) g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
     g->own_first = !stage || stage->index == 0, g->own_last = !stage || stage->index == stage->count - 1;
     g->has_u0 = g->own_first || g->own_last;
-    use_chunk(g, 0);
     int parts = tp ? shard_comm_size(tp) : 1;
     g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / H;
     g->sp = sequence_parallel && parts > 1;
@@ -470,7 +455,6 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     }
     shard_status s = apply_specs(g, t, n, specs);
     if (s == SHARD_OK) s = read_placement(g, t);
-    shard__placement wte_place = g->place[g->wte];
     /* a pipeline stage keeps its own parameters: unit 0 (the embeddings on the first stage, ln_f on the
      * last), then one unit per block */
     if (s == SHARD_OK && !(n = keep_stage_params(g, t, n))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
@@ -502,24 +486,21 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
-    if (s == SHARD_OK && g->own_last && !g->own_first) { /* the LM head's copy of wte */
-        size_t e = g->Vl * C * sizeof(float);
-        g->tied_value = shard_alloc(e, SHARD_MEM_PARAMS), g->tied_grad = shard_alloc_zeroed(e, SHARD_MEM_GRADS);
-        if (!g->tied_value || !g->tied_grad) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for the head's wte");
-        g->place[n] = wte_place; /* kept past the parameters for the copy's initial draw */
-    }
-    /* activations: one accounted slab carved into buffers; Nr: rows of the residual stream this rank keeps
-     * (all N without sequence parallel) */
-    size_t N = max_batch * max_seq, Nr = N, first_row;
-    if (g->sp) shard_split_even(N, (size_t)parts, 0, &first_row, &Nr); /* the first rank's share is the largest */
-    /* carve() counts in size_t: refuse sizes whose count would wrap (an over-estimate, in double) */
+    /* activations: one accounted slab carved into buffers (on a pipeline stage backward's scratch only: the
+     * pipeline holds each micro-batch's range buffer); Nr: rows of the residual stream this rank keeps */
+    size_t N = max_batch * max_seq, first_row;
+    g->Nr = N;
+    if (g->sp) shard_split_even(N, (size_t)parts, 0, &first_row, &g->Nr); /* the first rank's share is the largest */
+    /* the carves count in size_t: refuse sizes whose count would wrap (an over-estimate, in double) */
     double rows = (double)max_batch * (double)max_seq, V = (double)c->vocab_size;
     double per_slot = (double)L * ((double)H * rows * (double)max_seq + rows * 16 * (double)C) + rows * 2 * V;
-    if (s == SHARD_OK && (double)slots * per_slot + rows * (3 * V + 16 * (double)C) > 0x1p50)
+    if (s == SHARD_OK && per_slot + rows * (3 * V + 16 * (double)C) > 0x1p50)
         s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: activations for batch %zu x sequence %zu would take over 2^50 floats; "
                         "give a smaller batch or sequence", max_batch, max_seq);
     if (s == SHARD_OK) {
-        g->slab = shard_alloc(carve(g, NULL, N, Nr) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
+        size_t own = stage ? 0 : carve_range(g, NULL, 0, L); /* the whole model runs one range, its own */
+        g->slab = shard_alloc((own + carve_shared(g, NULL)) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
+        g->own_acts = stage || !g->slab ? NULL : g->slab;
         g->inputs = calloc(N, sizeof *g->inputs), g->targets = calloc(N, sizeof *g->targets);
         if (!g->slab || !g->inputs || !g->targets)
             s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for activations");
@@ -528,8 +509,9 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         shard_gpt_destroy(g);
         return s;
     }
-    carve(g, g->slab, N, Nr);
-    use_slot(g, 0);
+    size_t own = g->own_acts ? carve_range(g, g->own_acts, 0, L) : 0;
+    carve_shared(g, g->slab + own);
+    if (g->own_acts) use_range(g, g->own_acts, 0, L);
     *out = g;
     return SHARD_OK;
 }
@@ -548,9 +530,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     shard_tokens_close(g->tokens);
-    for (size_t k = 0; g->sb && k < g->slots; k++) free(g->sb[k].acts);
-    shard_free(g->tied_value), shard_free(g->tied_grad);
-    free(g->inputs), free(g->targets), free(g->layer), free(g->sb), free(g->ls), free(g->place);
+    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
     free(g->whole), free(g->unit_of);
     free(g);
 }
@@ -651,10 +631,6 @@ void shard_gpt_init(shard_gpt *g, uint64_t seed) {
         } else {
             init_piece(g, i, strstr(name, "c_proj.weight") ? proj_std : std, seed);
         }
-    }
-    if (g->tied_value) { /* the last stage's copy of wte: the same draw (the pipeline keeps it equal to stage 0's) */
-        copy_ctx ctx = {.to = g->tied_value, .std = std, .seed = seed, .name = "wte.weight"};
-        shard__placement_runs(&g->place[g->params->count], &g->layout, g->tp_rank, init_run, &ctx);
     }
 }
 
@@ -901,54 +877,90 @@ static size_t model_items(const shard_model *m) {
     return used;
 }
 
+/* A pipeline stage's model runs its ranges through the pipeline table, over the pipeline's buffers. */
+static shard_status whole_only(const shard_gpt *g) {
+    if (g->own_acts) return SHARD_OK;
+    return shard_error(SHARD_ERR_INVALID_ARG, "gpt: this model holds one pipeline stage: run it through its pipeline "
+                       "table (forward_range, backward_range)");
+}
+
 static shard_status model_forward(shard_model *m, double denominator, double *loss) {
     shard_gpt *g = impl(m);
     *loss = 0;
+    SHARD_CHECK(whole_only(g));
     if (!m->rows) return SHARD_OK;
     return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, NULL, NULL);
 }
 
-static shard_status model_backward(shard_model *m) { return m->rows ? gpt_backward(impl(m), NULL, NULL) : SHARD_OK; }
+static shard_status model_backward(shard_model *m) {
+    SHARD_CHECK(whole_only(impl(m)));
+    return m->rows ? gpt_backward(impl(m), NULL, NULL) : SHARD_OK;
+}
 
-/* ---- pipeline stages (model.h): the residual stream of this rank's tokens travels between stages ---- */
+/* ---- the pipeline table (model.h): the residual stream of this rank's tokens travels between ranges ---- */
 
-static size_t model_stage_io(const shard_model *m) {
+static size_t pipe_blocks(const shard_model *m) { return impl(m)->c.n_layer; }
+
+static void pipe_stage_blocks(const shard_model *m, size_t chunk, size_t *first, size_t *last) {
+    const shard_gpt *g = impl(m);
+    size_t c = chunk < g->chunks ? chunk : 0;
+    *first = g->ch0[c], *last = g->ch1[c];
+}
+
+static size_t pipe_io_floats(const shard_model *m) {
     const shard_gpt *g = impl(m);
     size_t first, count;
     shard_tp_token_range(g->tp, g->sp, m->rows * g->max_t, &first, &count);
     return count * g->c.n_embd;
 }
 
-static shard_status model_stage_forward(shard_model *m, size_t chunk, const float *in, float *out, double denominator,
-                                        double *loss) {
+static size_t pipe_acts_floats(const shard_model *m, size_t first, size_t last) {
+    return carve_range(impl(m), NULL, first, last);
+}
+
+/* The range must be blocks this stage holds, run from its start (in NULL) only at block 0 on the stage
+ * that embeds and to its end (out NULL) only on the stage with the head. */
+static shard_status check_range(const shard_gpt *g, size_t first, size_t last, const void *in, const void *out) {
+    int held = first < last && last <= g->c.n_layer;
+    for (size_t l = first; held && l < last; l++) held = holds_block(g, l);
+    if (!held || (!in && !(first == 0 && g->own_first)) || (!out && !(last == g->c.n_layer && g->own_last)))
+        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: blocks %zu..%zu%s%s are not a range this stage runs", first, last,
+                           in ? "" : " from the embeddings", out ? "" : " to the loss");
+    return SHARD_OK;
+}
+
+static shard_status pipe_forward_range(shard_model *m, float *acts, size_t first, size_t last, const float *in,
+                                       float *out, double denominator, double *loss) {
     shard_gpt *g = impl(m);
     *loss = 0;
-    if (chunk >= g->chunks) return shard_error(SHARD_ERR_INVALID_ARG, "gpt: chunk %zu of a stage of %zu", chunk, g->chunks);
+    SHARD_CHECK(check_range(g, first, last, in, out));
     if (!m->rows) return SHARD_OK;
-    use_chunk(g, chunk);
-    shard_status s = gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
-    use_chunk(g, 0);
-    return s;
+    use_range(g, acts, first, last);
+    return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
 }
 
-static shard_status model_stage_backward(shard_model *m, size_t chunk, const float *d_out, float *d_in) {
+static shard_status pipe_backward_range(shard_model *m, float *acts, size_t first, size_t last, const float *d_out,
+                                        float *d_in) {
     shard_gpt *g = impl(m);
-    if (chunk >= g->chunks) return shard_error(SHARD_ERR_INVALID_ARG, "gpt: chunk %zu of a stage of %zu", chunk, g->chunks);
+    SHARD_CHECK(check_range(g, first, last, d_in, d_out));
     if (!m->rows) return SHARD_OK;
-    use_chunk(g, chunk);
-    shard_status s = gpt_backward(g, d_out, d_in);
-    use_chunk(g, 0);
-    return s;
+    use_range(g, acts, first, last);
+    return gpt_backward(g, d_out, d_in);
 }
 
-static void model_use_slot(shard_model *m, size_t slot) { use_slot(impl(m), slot); }
-
-static size_t model_stage_tied(shard_model *m, size_t *unit, float **value, float **grad) {
+static size_t pipe_tied(shard_model *m, size_t *unit, float **value, float **grad) {
     shard_gpt *g = impl(m);
     if (g->own_first == g->own_last) return 0; /* the whole model, or a middle stage */
-    *unit = g->own_first ? 0 : SIZE_MAX, *value = head_w(g), *grad = head_g(g);
+    *unit = g->own_first ? 0 : SIZE_MAX;
+    *value = g->own_first ? P(g, g->wte) : NULL, *grad = g->own_first ? G(g, g->wte) : NULL;
     return g->Vl * g->c.n_embd;
 }
+
+static void pipe_use_tied(shard_model *m, float *value, float *grad) {
+    shard_gpt *g = impl(m);
+    g->tied_value = value, g->tied_grad = grad;
+}
+
 static void model_init(shard_model *m, uint64_t seed) { shard_gpt_init(impl(m), seed); }
 static void model_destroy(shard_model *m) { shard_gpt_destroy(impl(m)); }
 
@@ -958,11 +970,29 @@ static void model_describe(const shard_model *m, char *out, size_t bytes) {
              c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
 }
 
-static const shard_model_ops gpt_model_ops = {"gpt2",         model_load_batch, model_items,        model_forward,
-                                              model_backward, model_init,       model_describe,     model_destroy,
-                                              model_whole_shape, model_gather_piece, model_take_piece,
-                                              model_param_spec, model_stage_io, model_stage_forward,
-                                              model_stage_backward, model_use_slot, model_stage_tied};
+static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_model_pipe_ops),
+                                                  .blocks = pipe_blocks,
+                                                  .stage_blocks = pipe_stage_blocks,
+                                                  .io_floats = pipe_io_floats,
+                                                  .acts_floats = pipe_acts_floats,
+                                                  .forward_range = pipe_forward_range,
+                                                  .backward_range = pipe_backward_range,
+                                                  .tied = pipe_tied,
+                                                  .use_tied = pipe_use_tied};
+
+static const shard_model_ops gpt_model_ops = {.kind = "gpt2",
+                                              .load_batch = model_load_batch,
+                                              .batch_items = model_items,
+                                              .forward = model_forward,
+                                              .backward = model_backward,
+                                              .init = model_init,
+                                              .describe = model_describe,
+                                              .destroy = model_destroy,
+                                              .whole_shape = model_whole_shape,
+                                              .gather_piece = model_gather_piece,
+                                              .take_piece = model_take_piece,
+                                              .param_spec = model_param_spec,
+                                              .pipe = &gpt_pipe_ops};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
                                      size_t seq, shard_comm *tensor, int sequence_parallel, const char *specs,
