@@ -140,6 +140,17 @@ static void case_grads(test_ctx *t) {
             CHECK(t, worst <= 1e-5 * big, "tensor=%d%s%s rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)",
                   t->size, sp ? " sequence parallel" : "", specs ? " --spec " MIXED_SPECS : "", t->rank, pi->name, worst,
                   big);
+            /* the tensor table's wrappers: the whole shape, this rank's slice, the whole again from the slices */
+            size_t shape[SHARD_MAX_DIMS] = {0};
+            shard_model_whole_shape(tp, i, shape);
+            CHECK(t, memcmp(shape, wi->shape, (size_t)wi->ndim * sizeof *shape) == 0, "%s: whole shape", pi->name);
+            float *piece = calloc(pi->numel, sizeof *piece), *whole = calloc(wi->numel, sizeof *whole);
+            shard_model_take_piece(tp, i, g_one + wi->offset, piece);
+            CHECK(t, memcmp(piece, want, pi->numel * sizeof *piece) == 0, "%s: take_piece is not its slice", pi->name);
+            CHECK_OK(t, shard_model_gather_piece(tp, i, piece, whole), "%s: gather_piece", pi->name);
+            CHECK(t, memcmp(whole, g_one + wi->offset, wi->numel * sizeof *whole) == 0, "%s: gather_piece is not the whole",
+                  pi->name);
+            free(piece), free(whole);
             free(want);
         }
     }

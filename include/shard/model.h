@@ -55,15 +55,17 @@ typedef struct shard_model_ops {
     /* One line: the architecture and its sizes. */
     void (*describe)(const shard_model *m, char *out, size_t bytes);
     void (*destroy)(shard_model *m);
-    /* Models split over a tensor axis (NULL otherwise: pieces are whole): parameter i's whole shape,
-     * the whole tensor from every tensor rank's piece (collective over that axis), this rank's piece. */
+    /* The tensor table's four entries (shard_model_tensor_ops), also read from here by callers written
+     * before that table; new code calls shard_model_whole_shape and the others below. */
     void (*whole_shape)(const shard_model *m, size_t i, size_t *shape);
     shard_status (*gather_piece)(shard_model *m, size_t i, const float *piece, float *whole);
     void (*take_piece)(const shard_model *m, size_t i, const float *whole, float *piece);
     /* Parameter i's placement on the tensor axis as text, e.g. "P(None, 'tensor') of [256, 1024]"
      * (the spec and the logical shape it is written on); NULL: every parameter whole. */
     void (*param_spec)(const shard_model *m, size_t i, char *out, size_t bytes);
-    /* The pipeline table (NULL: the model runs whole); see shard_model_pipe_ops. */
+    /* The optional tables: split over a tensor axis (NULL: every parameter whole on every rank), cut
+     * into pipeline stages (NULL: the model runs whole). */
+    const struct shard_model_tensor_ops *tensor;
     const struct shard_model_pipe_ops *pipe;
 } shard_model_ops;
 
@@ -79,6 +81,20 @@ typedef struct shard_model_stage {
     size_t first[SHARD_MAX_STAGE_CHUNKS], last[SHARD_MAX_STAGE_CHUNKS];
     size_t slots;
 } shard_model_stage;
+
+/* A model split over a tensor axis (tp.h) holds a piece of some parameters:
+ *   whole_shape   parameter i's whole (stored) shape
+ *   gather_piece  the whole tensor from every tensor rank's piece (collective over that axis)
+ *   take_piece    this rank's piece of the whole tensor
+ *   param_spec    parameter i's placement as text, e.g. "P(None, 'tensor') of [256, 1024]" (the spec and
+ *                 the logical shape it is written on) */
+typedef struct shard_model_tensor_ops {
+    size_t struct_size;
+    void (*whole_shape)(const shard_model *m, size_t i, size_t *shape);
+    shard_status (*gather_piece)(shard_model *m, size_t i, const float *piece, float *whole);
+    void (*take_piece)(const shard_model *m, size_t i, const float *whole, float *piece);
+    void (*param_spec)(const shard_model *m, size_t i, char *out, size_t bytes);
+} shard_model_tensor_ops;
 
 /* A model a pipeline cuts into stages exposes its ordered blocks (the GPT: its transformer blocks; the
  * CNN: features, classifier) and runs a range of them; the pipeline strategy (src/parallel/pipeline.c)
@@ -180,6 +196,13 @@ static inline size_t shard_model_unit_elems(const shard_model *m, size_t u) {
 shard_status shard_model_acquire(shard_model *m, size_t unit, int backward);
 shard_status shard_model_release(shard_model *m, size_t unit, int backward);
 shard_status shard_model_grads_ready(shard_model *m, size_t unit);
+
+/* The tensor table's entries with their single-device meaning for a model without it (or a NULL
+ * entry): the parameter's own shape, pieces that are the whole tensor, and "P()". */
+void shard_model_whole_shape(const shard_model *m, size_t i, size_t *shape);
+shard_status shard_model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole);
+void shard_model_take_piece(const shard_model *m, size_t i, const float *whole, float *piece);
+void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes);
 
 /* Dropout keys for a site: a mask element is a function of (run seed, step,
  * site, global position) only, so every strategy draws the same masks. */

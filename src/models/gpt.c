@@ -970,6 +970,12 @@ static void model_describe(const shard_model *m, char *out, size_t bytes) {
              c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
 }
 
+static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shard_model_tensor_ops),
+                                                      .whole_shape = model_whole_shape,
+                                                      .gather_piece = model_gather_piece,
+                                                      .take_piece = model_take_piece,
+                                                      .param_spec = model_param_spec};
+
 static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_model_pipe_ops),
                                                   .blocks = pipe_blocks,
                                                   .stage_blocks = pipe_stage_blocks,
@@ -992,6 +998,7 @@ static const shard_model_ops gpt_model_ops = {.kind = "gpt2",
                                               .gather_piece = model_gather_piece,
                                               .take_piece = model_take_piece,
                                               .param_spec = model_param_spec,
+                                              .tensor = &gpt_tensor_ops,
                                               .pipe = &gpt_pipe_ops};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
