@@ -102,7 +102,7 @@ static shard_status whole_rows(const shard_tp_place *p, const float *rows, float
         *out = rows;
         return SHARD_OK;
     }
-    *out = whole;
+    *out = whole; /* tokens -> replicated only reads `local`: the cast writes nothing through it */
     return shard_tp_redistribute(p->comm, whole, (float *)rows, N, width, SHARD_TP_TOKENS, SHARD_TP_REPLICATED);
 }
 
