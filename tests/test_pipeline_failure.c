@@ -24,18 +24,19 @@ static int g_failures;
 typedef struct scenario {
     const char *schedule;
     size_t micro_batches;
-    int fail_rank, fail_call; /* that rank's fail_call-th stage_forward fails */
+    int fail_rank, fail_call; /* that rank's fail_call-th forward_range fails */
 } scenario;
 
 static _Thread_local shard_model_ops g_patched;
-static _Thread_local const shard_model_ops *g_original;
+static _Thread_local shard_model_pipe_ops g_patched_pipe;
+static _Thread_local const shard_model_pipe_ops *g_original;
 static _Thread_local int g_calls, g_fail_call;
 
-static shard_status failing_forward(shard_model *m, size_t chunk, const float *in, float *out, double denominator,
-                                    double *loss) {
+static shard_status failing_forward(shard_model *m, float *acts, size_t first, size_t last, const float *in, float *out,
+                                    double denominator, double *loss) {
     if (++g_calls == g_fail_call)
         return shard_error(SHARD_ERR_IO, "injected stage failure at forward %d", g_calls);
-    return g_original->stage_forward(m, chunk, in, out, denominator, loss);
+    return g_original->forward_range(m, acts, first, last, in, out, denominator, loss);
 }
 
 static shard_status rank_fn(shard_comm *world, void *arg) {
@@ -52,7 +53,8 @@ static shard_status rank_fn(shard_comm *world, void *arg) {
     shard_status s = shard_trainer_create(mesh, &c, &t);
     if (s == SHARD_OK && shard_comm_rank(world) == sc->fail_rank) {
         shard_model *m = shard_trainer_model(t);
-        g_original = m->ops, g_patched = *m->ops, g_patched.stage_forward = failing_forward;
+        g_original = m->ops->pipe, g_patched = *m->ops, g_patched_pipe = *m->ops->pipe;
+        g_patched_pipe.forward_range = failing_forward, g_patched.pipe = &g_patched_pipe;
         g_calls = 0, g_fail_call = sc->fail_call;
         m->ops = &g_patched;
     }

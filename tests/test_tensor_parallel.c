@@ -55,11 +55,6 @@ static void setup(test_ctx *t) {
     memcpy(g_dir, dir, sizeof dir);
 }
 
-static void split(size_t n, size_t parts, size_t part, size_t *first, size_t *count) {
-    *count = n / parts + (part < n % parts);
-    *first = part * (n / parts) + (part < n % parts ? part : n % parts);
-}
-
 /* Layouts of the tests: Megatron's (NULL), and one with some pairs placed whole on every tensor rank. */
 #define MIXED_SPECS "h.0.mlp.*=P();h.1.attn.*=P();wte.weight=P()"
 static const char *const mixed_whole[] = {"h.0.mlp.*", "h.1.attn.*", "wte.weight"};
@@ -75,9 +70,9 @@ static int whole_under(const char *specs, const char *name) {
 static void slice_of(const char *specs, const char *name, const float *whole, size_t rows, size_t cols, size_t r,
                      size_t p, float *out) {
     size_t h0, hl, f0, fl, v0, vl;
-    split(H, p, r, &h0, &hl);
-    split(4 * C, p, r, &f0, &fl);
-    split(V, p, r, &v0, &vl);
+    shard_split_even(H, p, r, &h0, &hl);
+    shard_split_even(4 * C, p, r, &f0, &fl);
+    shard_split_even(V, p, r, &v0, &vl);
     size_t at = 0;
     if (whole_under(specs, name)) {
         memcpy(out, whole, rows * cols * sizeof *out);
@@ -145,6 +140,17 @@ static void case_grads(test_ctx *t) {
             CHECK(t, worst <= 1e-5 * big, "tensor=%d%s%s rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)",
                   t->size, sp ? " sequence parallel" : "", specs ? " --spec " MIXED_SPECS : "", t->rank, pi->name, worst,
                   big);
+            /* the tensor table's wrappers: the whole shape, this rank's slice, the whole again from the slices */
+            size_t shape[SHARD_MAX_DIMS] = {0};
+            shard_model_whole_shape(tp, i, shape);
+            CHECK(t, memcmp(shape, wi->shape, (size_t)wi->ndim * sizeof *shape) == 0, "%s: whole shape", pi->name);
+            float *piece = calloc(pi->numel, sizeof *piece), *whole = calloc(wi->numel, sizeof *whole);
+            shard_model_take_piece(tp, i, g_one + wi->offset, piece);
+            CHECK(t, memcmp(piece, want, pi->numel * sizeof *piece) == 0, "%s: take_piece is not its slice", pi->name);
+            CHECK_OK(t, shard_model_gather_piece(tp, i, piece, whole), "%s: gather_piece", pi->name);
+            CHECK(t, memcmp(whole, g_one + wi->offset, wi->numel * sizeof *whole) == 0, "%s: gather_piece is not the whole",
+                  pi->name);
+            free(piece), free(whole);
             free(want);
         }
     }

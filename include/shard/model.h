@@ -55,38 +55,25 @@ typedef struct shard_model_ops {
     /* One line: the architecture and its sizes. */
     void (*describe)(const shard_model *m, char *out, size_t bytes);
     void (*destroy)(shard_model *m);
-    /* Models split over a tensor axis (NULL otherwise: pieces are whole): parameter i's whole shape,
-     * the whole tensor from every tensor rank's piece (collective over that axis), this rank's piece. */
+    /* The tensor table's four entries (shard_model_tensor_ops), also read from here by callers written
+     * before that table; new code calls shard_model_whole_shape and the others below. */
     void (*whole_shape)(const shard_model *m, size_t i, size_t *shape);
     shard_status (*gather_piece)(shard_model *m, size_t i, const float *piece, float *whole);
     void (*take_piece)(const shard_model *m, size_t i, const float *whole, float *piece);
     /* Parameter i's placement on the tensor axis as text, e.g. "P(None, 'tensor') of [256, 1024]"
      * (the spec and the logical shape it is written on); NULL: every parameter whole. */
     void (*param_spec)(const shard_model *m, size_t i, char *out, size_t bytes);
-    /* Pipelining (NULL: the model runs whole).  A stage model (shard_model_create_stage) holds a run of
-     * the layers; between stages travels one activation of stage_io floats for the loaded rows (the
-     * GPT: the residual stream [rows, T, C], this rank's tokens under sequence parallel).
-     * stage_forward: `in` is the previous stage's output (NULL on the first stage), `out` receives this
-     * stage's (NULL on the last, which computes the loss).  stage_backward: d_out is the gradient of
-     * `out` (NULL on the last stage), d_in receives the gradient of `in` (NULL on the first).
-     * use_slot: the activation buffers of the next forward/backward (one per micro-batch in flight;
-     * the model was made with `slots` of them).  stage_tied: a parameter the first and last stages
-     * share (the GPT's wte: embedding and LM head): its elements, and where its value and gradient
-     * live on this stage now (the first stage's: its unit's, valid between acquire and release; the
-     * last stage's copy is not among its parameters, *unit = SIZE_MAX); 0 when none. */
-    size_t (*stage_io)(const shard_model *m);
-    shard_status (*stage_forward)(shard_model *m, size_t chunk, const float *in, float *out, double denominator,
-                                  double *loss);
-    shard_status (*stage_backward)(shard_model *m, size_t chunk, const float *d_out, float *d_in);
-    void (*use_slot)(shard_model *m, size_t slot);
-    size_t (*stage_tied)(shard_model *m, size_t *unit, float **value, float **grad);
+    /* The optional tables: split over a tensor axis (NULL: every parameter whole on every rank), cut
+     * into pipeline stages (NULL: the model runs whole). */
+    const struct shard_model_tensor_ops *tensor;
+    const struct shard_model_pipe_ops *pipe;
 } shard_model_ops;
 
 /* A pipe rank's part of the model: `chunks` runs of layers (one; v with virtual stages, chunk c being
  * virtual stage c * count + index), chunk c holding layers first[c] .. last[c]-1 of the model's
  * `layers` (the GPT: its blocks; the embeddings live on virtual stage 0, the final LayerNorm and the
- * LM head on the last), and activation buffers for `slots` micro-batch chunks in flight.  The
- * stage_forward / stage_backward ops take the chunk. */
+ * LM head on the last).  `slots`: the micro-batch chunks in flight; models keep no per-micro-batch
+ * buffers (the pipeline allocates them), so they ignore it. */
 #define SHARD_MAX_STAGE_CHUNKS 16
 typedef struct shard_model_stage {
     int index, count;
@@ -94,6 +81,63 @@ typedef struct shard_model_stage {
     size_t first[SHARD_MAX_STAGE_CHUNKS], last[SHARD_MAX_STAGE_CHUNKS];
     size_t slots;
 } shard_model_stage;
+
+/* A model split over a tensor axis (tp.h) holds a piece of some parameters:
+ *   whole_shape   parameter i's whole (stored) shape
+ *   gather_piece  the whole tensor from every tensor rank's piece (collective over that axis)
+ *   take_piece    this rank's piece of the whole tensor
+ *   param_spec    parameter i's placement as text, e.g. "P(None, 'tensor') of [256, 1024]" (the spec and
+ *                 the logical shape it is written on) */
+typedef struct shard_model_tensor_ops {
+    size_t struct_size;
+    void (*whole_shape)(const shard_model *m, size_t i, size_t *shape);
+    shard_status (*gather_piece)(shard_model *m, size_t i, const float *piece, float *whole);
+    void (*take_piece)(const shard_model *m, size_t i, const float *whole, float *piece);
+    void (*param_spec)(const shard_model *m, size_t i, char *out, size_t bytes);
+} shard_model_tensor_ops;
+
+/* A model a pipeline cuts into stages exposes its ordered blocks (the GPT: its transformer blocks; the
+ * CNN: features, classifier) and runs a range of them; the pipeline strategy (src/parallel/pipeline.c)
+ * owns everything per micro-batch: the activation buffers, which buffer a micro-batch uses, the stage
+ * transfers, and the copy of a parameter the first and last stages share.
+ *
+ * What comes before block 0 (the GPT's embeddings) runs with the range that starts at block 0 on the
+ * stage holding it; what comes after the last block (ln_f, the LM head and the loss) with the range
+ * that ends at `blocks` on the stage holding it.  Between ranges travels one activation of io_floats
+ * floats for the loaded rows (the GPT: the residual stream [rows, T, C], this rank's tokens under
+ * sequence parallel).
+ *
+ *   blocks          the whole model's blocks
+ *   stage_blocks    chunk c of this stage model (shard_model_create_stage): blocks [*first, *last)
+ *   io_floats       the activation between blocks, for the loaded rows
+ *   acts_floats     floats of the buffer a forward of blocks [first, last) keeps for its backward (for
+ *                   the largest batch the model was made for, what comes before and after included)
+ *   forward_range   blocks [first, last) of the loaded rows over `acts` (acts_floats of them): `in` is
+ *                   the previous range's output (NULL: the range starts at block 0 and embeds), `out`
+ *                   receives this range's (NULL: it ends at `blocks`, *loss = the loss sum over
+ *                   `denominator`, else 0)
+ *   backward_range  the same range and acts after its forward: d_out is the gradient of `out` (NULL at
+ *                   the end), d_in receives the gradient of `in` (NULL at block 0)
+ *   tied            a parameter what comes before and what comes after share (the GPT's wte: the
+ *                   embedding and the LM head): its elements, 0 when none or when this stage holds
+ *                   neither end or both.  On the stage holding block 0 its unit and, valid between
+ *                   acquire and release, its value and gradient; on the stage holding the end *unit =
+ *                   SIZE_MAX and *value = *grad = NULL: the pipeline keeps a copy there
+ *   use_tied        where that copy lives (the pipeline's buffers, borrowed): the end reads the
+ *                   parameter from value and adds its gradient to grad */
+typedef struct shard_model_pipe_ops {
+    size_t struct_size;
+    size_t (*blocks)(const shard_model *m);
+    void (*stage_blocks)(const shard_model *m, size_t chunk, size_t *first, size_t *last);
+    size_t (*io_floats)(const shard_model *m);
+    size_t (*acts_floats)(const shard_model *m, size_t first, size_t last);
+    shard_status (*forward_range)(shard_model *m, float *acts, size_t first, size_t last, const float *in, float *out,
+                                  double denominator, double *loss);
+    shard_status (*backward_range)(shard_model *m, float *acts, size_t first, size_t last, const float *d_out,
+                                   float *d_in);
+    size_t (*tied)(shard_model *m, size_t *unit, float **value, float **grad);
+    void (*use_tied)(shard_model *m, float *value, float *grad);
+} shard_model_pipe_ops;
 
 struct shard_model {
     const shard_model_ops *ops;
@@ -155,6 +199,13 @@ static inline size_t shard_model_unit_elems(const shard_model *m, size_t u) {
 shard_status shard_model_acquire(shard_model *m, size_t unit, int backward);
 shard_status shard_model_release(shard_model *m, size_t unit, int backward);
 shard_status shard_model_grads_ready(shard_model *m, size_t unit);
+
+/* The tensor table's entries with their single-device meaning for a model without it (or a NULL
+ * entry): the parameter's own shape, pieces that are the whole tensor, and "P()". */
+void shard_model_whole_shape(const shard_model *m, size_t i, size_t *shape);
+shard_status shard_model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole);
+void shard_model_take_piece(const shard_model *m, size_t i, const float *whole, float *piece);
+void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes);
 
 /* Dropout keys for a site: a mask element is a function of (run seed, step,
  * site, global position) only, so every strategy draws the same masks. */

@@ -26,8 +26,10 @@
 #include "shard/sample.h"
 #include "shard/schedule.h"
 #include "shard/spec.h"
+#include "shard/split.h"
 #include "shard/status.h"
 #include "shard/tensor.h"
+#include "shard/tp.h"
 #include "shard/trainer.h"
 #include "shard/version.h"
 

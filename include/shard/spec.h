@@ -27,6 +27,7 @@
 
 #include "shard/comm.h"
 #include "shard/mesh.h"
+#include "shard/split.h"
 #include "shard/tensor.h"
 
 #ifdef __cplusplus
@@ -83,7 +84,7 @@ void shard_spec_type_string(const shard_spec *spec, const shard_mesh_layout *lay
 int shard_spec_pieces(const shard_spec *spec, const shard_mesh_layout *layout, int dim);
 /* Which piece along dim d the rank at `coords` holds. */
 int shard_spec_piece_index(const shard_spec *spec, const shard_mesh_layout *layout, int dim, const int *coords);
-/* Piece `index` of `count` elements split in `pieces`: first count % pieces get one more. */
+/* Piece `index` of `count` elements split in `pieces`: split.h's rule (first count % pieces get one more). */
 void shard_split_range(size_t count, int pieces, int index, size_t *offset, size_t *length);
 /* The global index range of dim d held by the rank at `coords`. */
 void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *global_shape,

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "shard/comm.h"
+#include "shard/split.h"
 
 typedef enum shard__coll_kind {
     SHARD__BARRIER = 0,
@@ -101,9 +102,7 @@ struct shard_request {
 /* The block of rank r when `count` elements are split over n ranks: the first
  * count % n ranks get one more (10 over 4 -> 3,3,2,2). */
 static inline void shard__split_range(size_t count, int n, int r, size_t *offset, size_t *length) {
-    size_t base = count / (size_t)n, extra = count % (size_t)n, ur = (size_t)r;
-    *offset = ur * base + (ur < extra ? ur : extra);
-    *length = base + (ur < extra ? 1 : 0);
+    shard_split_even(count, (size_t)n, (size_t)r, offset, length);
 }
 
 /* Copy `count` elements from a strided source to a strided destination

@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 
+#include "shard/split.h"
 #include "shard/status.h"
 
 #define SHARD_MAX_CHUNKS 8
@@ -56,8 +57,7 @@ shard_status shard__chunk_results_raise(const shard__chunk_result *results, size
 
 /* [first, first + count) of n items cut in `chunks` (the first n % chunks one larger). */
 static inline void shard__chunk_range(size_t n, size_t chunks, size_t chunk, size_t *first, size_t *count) {
-    *count = n / chunks + (chunk < n % chunks);
-    *first = chunk * (n / chunks) + (chunk < n % chunks ? chunk : n % chunks);
+    shard_split_even(n, chunks, chunk, first, count);
 }
 
 #endif

@@ -4,7 +4,7 @@
  * Whole rows: chunks of rows on the process's threads, one pass of exp per row (kept for the gradient),
  * partial losses added in chunk order.  Split by columns (the vocabulary-parallel head): three steps
  * whose results the caller combines over the ranks in between (kernels.h; the communication is in
- * parallel/tensor_parallel.c).  The reference at the end is the definition in double (see reference.h). */
+ * nn/tp.c).  The reference at the end is the definition in double (see reference.h). */
 #include "shard/layers.h"
 
 #include <math.h>

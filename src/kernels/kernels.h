@@ -2,7 +2,7 @@
  *
  * The vocabulary-parallel pieces: an embedding table and a cross-entropy whose rows (table) or columns
  * (logits) are split over the tensor ranks.  The kernels here do one rank's arithmetic; combining over
- * the ranks (the all-reduces) is the caller's, in parallel/tensor_parallel.c and models/gpt.c. */
+ * the ranks (the all-reduces) is the caller's, in nn/tp.c. */
 #ifndef SHARD_KERNELS_KERNELS_H
 #define SHARD_KERNELS_KERNELS_H
 

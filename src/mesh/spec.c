@@ -283,9 +283,7 @@ int shard_spec_piece_index(const shard_spec *spec, const shard_mesh_layout *layo
 }
 
 void shard_split_range(size_t count, int pieces, int index, size_t *offset, size_t *length) {
-    size_t base = count / (size_t)pieces, extra = count % (size_t)pieces, i = (size_t)index;
-    *offset = i * base + (i < extra ? i : extra);
-    *length = base + (i < extra ? 1 : 0);
+    shard_split_even(count, (size_t)pieces, (size_t)index, offset, length);
 }
 
 void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *global_shape,

@@ -15,12 +15,6 @@
 #include "shard/layers.h"
 #include "models/model_impl.h"
 
-/* A micro-batch's activations from forward to backward (one per micro-batch a pipeline stage holds). */
-typedef struct cnn_slot {
-    float *conv, *relu, *pool, *logits, *dlogits;
-    uint32_t *argmax;
-} cnn_slot;
-
 struct shard_cnn {
     shard_model model; /* model.impl = this; units: features (if held), classifier (if held) */
     shard_cnn_config c;
@@ -28,10 +22,9 @@ struct shard_cnn {
     shard_params *params;
     int features, classifier; /* the layers this model (stage) holds */
     size_t idx[4];            /* parameter indices of CONV_W, CONV_B, DENSE_W, DENSE_B (SIZE_MAX: not held) */
-    cnn_slot *slot;
-    size_t slots;
+    float *own_acts;     /* the whole model's buffer of a forward's activations (NULL on a stage: the pipeline's) */
     const float *images; /* the caller's, kept for backward */
-    float *conv, *relu, *pool, *logits, *dlogits, *dpool, *drelu; /* the current slot's, and backward's scratch */
+    float *conv, *relu, *pool, *logits, *dlogits, *dpool, *drelu; /* the bound buffer's (carve), and backward's scratch */
     uint32_t *argmax;
     int32_t *labels;
     int have_labels;
@@ -109,10 +102,22 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
 
 size_t shard_cnn_features(const shard_cnn_config *c) { return c->channels * (c->height / c->pool) * (c->width / c->pool); }
 
-static void use_slot(shard_cnn *m, size_t k) {
-    const cnn_slot *b = &m->slot[k < m->slots ? k : 0];
-    m->conv = b->conv, m->relu = b->relu, m->pool = b->pool, m->logits = b->logits, m->dlogits = b->dlogits;
-    m->argmax = b->argmax;
+/* What a forward of the layers this model holds keeps for its backward, carved from base (NULL: only
+ * counted): the pooled maps; the features' conv and ReLU outputs and max-pool's choices (32-bit, in
+ * float-sized elements); the classifier's logits and the loss's gradient. */
+static size_t carve(shard_cnn *m, float *base) {
+    const shard_cnn_config *c = &m->c;
+    size_t map = m->max_b * c->channels * c->height * c->width, pooled = m->max_b * shard_cnn_features(c);
+    size_t cls = m->max_b * c->classes, at = 0;
+#define TAKE(ptr, n_) ((ptr) = base ? base + at : NULL, at += (n_))
+    TAKE(m->pool, pooled);
+    if (m->features) {
+        TAKE(m->conv, map), TAKE(m->relu, map);
+        m->argmax = base ? (uint32_t *)(void *)(base + at) : NULL, at += pooled;
+    }
+    if (m->classifier) TAKE(m->logits, cls), TAKE(m->dlogits, cls);
+#undef TAKE
+    return at;
 }
 
 /* The whole model (stage NULL) or one pipeline stage of its two layers. */
@@ -123,7 +128,7 @@ static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, cons
         return shard_error(SHARD_ERR_INVALID_ARG, "cnn: a pipeline stage holds one run of its 2 layers (features, classifier)");
     shard_cnn *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory");
-    m->c = *c, m->max_b = max_batch, m->slots = stage && stage->slots ? stage->slots : 1;
+    m->c = *c, m->max_b = max_batch;
     m->features = !stage || stage->first[0] == 0, m->classifier = !stage || stage->last[0] == 2;
     size_t F = shard_cnn_features(c), K = c->kernel;
     shard_param_info all[4] = {{.name = "features.conv.weight", .ndim = 4, .shape = {c->channels, c->in_channels, K, K}},
@@ -142,23 +147,9 @@ static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, cons
     shard_status s = shard_params_create(t, n, SHARD_MEM_PARAMS, &m->params);
     m->model.impl = m;
     if (s == SHARD_OK) s = shard_model_setup_units(&m->model, m->params, unit_first, units);
-    size_t map = max_batch * c->channels * c->height * c->width, pooled = max_batch * F, cls = max_batch * c->classes;
-    if (s == SHARD_OK && !(m->slot = calloc(m->slots, sizeof *m->slot))) s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory");
-    for (size_t k = 0; s == SHARD_OK && k < m->slots; k++) {
-        cnn_slot *b = &m->slot[k];
-        b->pool = shard_alloc(pooled * sizeof(float), SHARD_MEM_ACTIVATIONS);
-        if (m->features) {
-            b->conv = shard_alloc(map * sizeof(float), SHARD_MEM_ACTIVATIONS);
-            b->relu = shard_alloc(map * sizeof(float), SHARD_MEM_ACTIVATIONS);
-            b->argmax = shard_alloc(pooled * sizeof(uint32_t), SHARD_MEM_ACTIVATIONS);
-        }
-        if (m->classifier) {
-            b->logits = shard_alloc(cls * sizeof(float), SHARD_MEM_ACTIVATIONS);
-            b->dlogits = shard_alloc(cls * sizeof(float), SHARD_MEM_ACTIVATIONS);
-        }
-        if (!b->pool || (m->features && (!b->conv || !b->relu || !b->argmax)) || (m->classifier && (!b->logits || !b->dlogits)))
-            s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory for activations");
-    }
+    size_t map = max_batch * c->channels * c->height * c->width, pooled = max_batch * F;
+    if (s == SHARD_OK && !stage && !(m->own_acts = shard_alloc(carve(m, NULL) * sizeof(float), SHARD_MEM_ACTIVATIONS)))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory for activations");
     if (s == SHARD_OK) {
         m->dpool = shard_alloc(pooled * sizeof(float), SHARD_MEM_ACTIVATIONS), m->labels = malloc(max_batch * sizeof(int32_t));
         if (m->features) m->drelu = shard_alloc(map * sizeof(float), SHARD_MEM_ACTIVATIONS);
@@ -169,7 +160,7 @@ static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, cons
         shard_cnn_destroy(m);
         return s;
     }
-    use_slot(m, 0);
+    if (m->own_acts) carve(m, m->own_acts);
     *out = m;
     return SHARD_OK;
 }
@@ -183,12 +174,7 @@ void shard_cnn_destroy(shard_cnn *m) {
     shard__model_free_units(&m->model);
     shard_params_destroy(m->params);
     shard_idx_free(&m->data_x), shard_idx_free(&m->data_y), free(m->batch_x);
-    for (size_t k = 0; m->slot && k < m->slots; k++) {
-        cnn_slot *b = &m->slot[k];
-        shard_free(b->conv), shard_free(b->relu), shard_free(b->pool), shard_free(b->logits), shard_free(b->dlogits);
-        shard_free(b->argmax);
-    }
-    free(m->slot), shard_free(m->drelu), shard_free(m->dpool), free(m->labels);
+    shard_free(m->own_acts), shard_free(m->drelu), shard_free(m->dpool), free(m->labels);
     free(m);
 }
 
@@ -315,35 +301,72 @@ static shard_status model_load_batch(shard_model *mm, uint64_t seed, uint64_t st
 
 static size_t model_items(const shard_model *mm) { return mm->rows; }
 
+/* A pipeline stage's model runs through the pipeline table, over the pipeline's buffers. */
+static shard_status whole_only(const shard_cnn *m) {
+    if (m->own_acts) return SHARD_OK;
+    return shard_error(SHARD_ERR_INVALID_ARG, "cnn: this model holds one pipeline stage: run it through its pipeline "
+                       "table (forward_range, backward_range)");
+}
+
 static shard_status model_forward(shard_model *mm, double denominator, double *loss) {
     shard_cnn *m = impl(mm);
     *loss = 0;
+    SHARD_CHECK(whole_only(m));
     return mm->rows ? cnn_forward(m, m->batch_x, m->labels, mm->rows, denominator, loss, NULL, NULL) : SHARD_OK;
 }
 
-static shard_status model_backward(shard_model *mm) { return mm->rows ? cnn_backward(impl(mm), NULL, NULL) : SHARD_OK; }
+static shard_status model_backward(shard_model *mm) {
+    SHARD_CHECK(whole_only(impl(mm)));
+    return mm->rows ? cnn_backward(impl(mm), NULL, NULL) : SHARD_OK;
+}
 
 /* ---- pipeline stages (model.h): the pooled maps travel between the two stages ---- */
 
-static size_t model_stage_io(const shard_model *mm) { return mm->rows * shard_cnn_features(&impl(mm)->c); }
+static size_t pipe_blocks(const shard_model *mm) {
+    (void)mm;
+    return 2;
+}
 
-static shard_status model_stage_forward(shard_model *mm, size_t chunk, const float *in, float *out, double denominator,
-                                        double *loss) {
+static void pipe_stage_blocks(const shard_model *mm, size_t chunk, size_t *first, size_t *last) {
+    (void)chunk; /* one run of layers per stage */
+    *first = impl(mm)->features ? 0 : 1, *last = impl(mm)->classifier ? 2 : 1;
+}
+
+static size_t pipe_io_floats(const shard_model *mm) { return mm->rows * shard_cnn_features(&impl(mm)->c); }
+
+static size_t pipe_acts_floats(const shard_model *mm, size_t first, size_t last) {
+    (void)first, (void)last; /* a stage runs all it holds */
+    return carve(impl(mm), NULL);
+}
+
+/* A range is the layers this stage holds. */
+static shard_status check_range(const shard_model *mm, size_t first, size_t last) {
+    size_t a, b;
+    pipe_stage_blocks(mm, 0, &a, &b);
+    if (first != a || last != b)
+        return shard_error(SHARD_ERR_INVALID_ARG, "cnn: layers %zu..%zu of a stage holding %zu..%zu", first, last, a, b);
+    return SHARD_OK;
+}
+
+static shard_status pipe_forward_range(shard_model *mm, float *acts, size_t first, size_t last, const float *in,
+                                       float *out, double denominator, double *loss) {
     shard_cnn *m = impl(mm);
     *loss = 0;
-    if (chunk) return shard_error(SHARD_ERR_INVALID_ARG, "cnn: chunk %zu of a one-chunk stage", chunk);
+    SHARD_CHECK(check_range(mm, first, last));
+    carve(m, acts);
     return mm->rows ? cnn_forward(m, m->batch_x, m->labels, mm->rows, denominator, loss, in, out) : SHARD_OK;
 }
 
-static shard_status model_stage_backward(shard_model *mm, size_t chunk, const float *d_out, float *d_in) {
-    if (chunk) return shard_error(SHARD_ERR_INVALID_ARG, "cnn: chunk %zu of a one-chunk stage", chunk);
+static shard_status pipe_backward_range(shard_model *mm, float *acts, size_t first, size_t last, const float *d_out,
+                                        float *d_in) {
     shard_cnn *m = impl(mm);
+    SHARD_CHECK(check_range(mm, first, last));
+    carve(m, acts);
     /* this micro-batch's rows and images (a pipeline may have run another micro-batch's forward since) */
     m->B = mm->rows, m->images = m->batch_x;
     return mm->rows ? cnn_backward(m, d_out, d_in) : SHARD_OK;
 }
 
-static void model_use_slot(shard_model *mm, size_t slot) { use_slot(impl(mm), slot); }
 static void model_init(shard_model *mm, uint64_t seed) { shard_cnn_init(impl(mm), seed); }
 static void model_destroy(shard_model *mm) { shard_cnn_destroy(impl(mm)); }
 
@@ -360,11 +383,18 @@ static void model_describe(const shard_model *mm, char *out, size_t bytes) {
              c->classes, whole, stage);
 }
 
+static const shard_model_pipe_ops cnn_pipe_ops = {.struct_size = sizeof(shard_model_pipe_ops),
+                                                  .blocks = pipe_blocks,
+                                                  .stage_blocks = pipe_stage_blocks,
+                                                  .io_floats = pipe_io_floats,
+                                                  .acts_floats = pipe_acts_floats,
+                                                  .forward_range = pipe_forward_range,
+                                                  .backward_range = pipe_backward_range};
+
 static const shard_model_ops cnn_model_ops = {.kind = "cnn", .load_batch = model_load_batch, .batch_items = model_items,
                                               .forward = model_forward, .backward = model_backward, .init = model_init,
                                               .describe = model_describe, .destroy = model_destroy,
-                                              .stage_io = model_stage_io, .stage_forward = model_stage_forward,
-                                              .stage_backward = model_stage_backward, .use_slot = model_use_slot};
+                                              .pipe = &cnn_pipe_ops};
 
 shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out) {
     const char *text = o->config_text, *where = o->config_path, *data_dir = o->data_dir;

@@ -21,9 +21,8 @@
 #include "shard/data.h"
 #include "shard/layers.h"
 #include "models/model_impl.h"
-#include "parallel/placement.h"
-#include "kernels/kernels.h"
-#include "parallel/tensor_parallel.h"
+#include "nn/placement.h"
+#include "shard/tp.h"
 
 /* ---------------------------------------------------------------- config */
 
@@ -179,28 +178,19 @@ typedef struct layer_split {
     int attn_split, mlp_split;
 } layer_split;
 
-/* A micro-batch's activations kept from forward to backward (a pipeline stage holds one per micro-batch
- * in flight; the whole model one). */
-typedef struct slot_bufs {
-    layer_acts *acts; /* [n_layer]: the stage's blocks only carved */
-    float *out, *lnf, *lnf_mean, *lnf_rstd, *dlogits;
-} slot_bufs;
-
 struct shard_gpt {
     shard_model model; /* units, value/grad pointers, hooks; model.impl = this */
     shard_gpt_config c;
     /* pipeline stage: chunks of blocks ch0[c] .. ch1[c]-1; the embeddings on the first virtual stage
      * (own_first), ln_f and the head on the last (own_last); whole model: one chunk of every block, both.
-     * l0, l1, first, last: the chunk a forward or backward runs (first: it embeds, last: it ends in the
-     * loss).  Unit 0: the embeddings / ln_f (has_u0 0 on a middle stage); block l's unit: unit_of[l].
-     * The last stage's copy of wte (tied_value, tied_grad) when the first is another rank: the
-     * pipeline keeps it equal to stage 0's. */
+     * l0, l1, first, last: the range a forward or backward runs (use_range; first: it embeds, last: it
+     * ends in the loss).  Unit 0: the embeddings / ln_f (has_u0 0 on a middle stage); block l's unit:
+     * unit_of[l].  The last stage's copy of wte (tied_value, tied_grad) when the first is another rank:
+     * the pipeline's (use_tied), kept equal to stage 0's. */
     size_t chunks, ch0[SHARD_MAX_STAGE_CHUNKS], ch1[SHARD_MAX_STAGE_CHUNKS], *unit_of;
     size_t l0, l1;
     int first, last, own_first, own_last, has_u0;
     float *tied_value, *tied_grad;
-    slot_bufs *sb;
-    size_t slots;
     /* tensor parallel (Megatron), as the parameters' specs place it: tp NULL or of size 1, or every
      * spec P(): everything whole, the single-device math */
     shard_comm *tp;
@@ -215,13 +205,15 @@ struct shard_gpt {
     /* sequence parallel: the residual stream, LayerNorms and dropout hold this rank's tokens n0 .. n0+Nl-1
      * of the batch's N; all_gather / reduce_scatter replace the all_reduce around each tensor-parallel pair */
     int sp;
-    size_t n0, Nl, *row_counts, *row_displs; /* this forward's split of the tokens (elements: rows x C) */
+    size_t n0, Nl; /* this forward's split of the tokens */
     float *full, *d_lnl, *ln_scratch, *wpe_scratch;
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
-    layer_acts *acts;                                          /* the current slot's (use_slot) */
-    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the slot's dlogits */
+    layer_acts *acts; /* [n_layer]: the bound range's blocks (use_range) */
+    size_t Nr;        /* rows of the residual stream this rank keeps at most (all N without sequence parallel) */
+    float *own_acts;  /* the whole model's range buffer (NULL on a pipeline stage: the pipeline's) */
+    float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the range's dlogits */
     int keep_logits; /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
     int32_t *inputs, *targets;
@@ -242,12 +234,6 @@ static int holds_block(const shard_gpt *g, size_t l) {
     for (size_t c = 0; c < g->chunks; c++)
         if (l >= g->ch0[c] && l < g->ch1[c]) return 1;
     return 0;
-}
-
-/* The chunk the next forward / backward runs. */
-static void use_chunk(shard_gpt *g, size_t c) {
-    g->l0 = g->ch0[c], g->l1 = g->ch1[c];
-    g->first = g->own_first && c == 0, g->last = g->own_last && c + 1 == g->chunks;
 }
 
 /* ---------------------------------------------------------------- placement: specs of the parameters */
@@ -348,39 +334,43 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
     return SHARD_OK;
 }
 
-/* Activation buffers carved from one slab (base NULL: only count the floats).  Per slot (micro-batch in
- * flight): the stage's blocks' activations, its output and, on the last stage, ln_f and the loss's
- * gradient; shared: the logits (when kept apart from the gradient) and backward's scratch. */
-static size_t carve(shard_gpt *g, float *base, size_t N, size_t Nr) {
-    const shard_gpt_config *c = &g->c;
-    size_t C = c->n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = g->max_b * (Cl / g->D) * g->max_t * g->max_t;
-    size_t at = 0;
+/* The buffers a forward of blocks [first, last) keeps for its backward, carved from base (NULL: only
+ * counted): the blocks' activations, the range's output and, when it ends in the loss, ln_f and the
+ * loss's gradient (the logits too unless kept apart). */
+static size_t carve_range(shard_gpt *g, float *base, size_t first, size_t last) {
+    size_t C = g->c.n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, att = g->max_b * (Cl / g->D) * g->max_t * g->max_t;
+    size_t N = g->max_b * g->max_t, Nr = g->Nr, at = 0;
 #define TAKE(ptr, n_) ((ptr) = base ? base + at : NULL, at += (n_))
-    for (size_t k = 0; k < g->slots; k++) {
-        slot_bufs *b = &g->sb[k];
-        for (size_t l = 0; l < g->c.n_layer; l++) {
-            if (!holds_block(g, l)) continue;
-            layer_acts *a = &b->acts[l];
-            TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
-            TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
-            TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
-        }
-        TAKE(b->out, Nr * C);
-        if (g->own_last) TAKE(b->lnf, N * C), TAKE(b->lnf_mean, Nr), TAKE(b->lnf_rstd, Nr), TAKE(b->dlogits, N * V);
+    for (size_t l = first; l < last; l++) {
+        layer_acts *a = &g->acts[l];
+        TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
+        TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
+        TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
     }
+    TAKE(g->out, Nr * C);
+    if (g->own_last && last == g->c.n_layer)
+        TAKE(g->lnf, N * C), TAKE(g->lnf_mean, Nr), TAKE(g->lnf_rstd, Nr), TAKE(g->dlogits, N * V);
+    if (base && !g->keep_logits) g->logits = g->dlogits; /* the head writes the logits there; the loss overwrites them */
+    return at;
+}
+
+/* Buffers every range shares, carved from base (NULL: only counted): the logits when kept apart from
+ * the gradient, and backward's scratch. */
+static size_t carve_shared(shard_gpt *g, float *base) {
+    size_t C = g->c.n_embd, V = g->Vl, Cl = g->Cmax, Fl = g->Fmax, N = g->max_b * g->max_t, Nr = g->Nr, at = 0;
     if (g->own_last && g->keep_logits) TAKE(g->logits, N * V);
     TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
     TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
-    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, c->n_positions * C);
+    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, g->c.n_positions * C);
 #undef TAKE
     return at;
 }
 
-static void use_slot(shard_gpt *g, size_t k) {
-    const slot_bufs *b = &g->sb[k < g->slots ? k : 0];
-    g->acts = b->acts, g->out = b->out, g->lnf = b->lnf, g->lnf_mean = b->lnf_mean, g->lnf_rstd = b->lnf_rstd;
-    g->dlogits = b->dlogits;
-    if (!g->keep_logits) g->logits = b->dlogits; /* the head writes the logits there; the loss overwrites them */
+/* The next forward / backward runs blocks [first, last) over acts (carve_range's layout). */
+static void use_range(shard_gpt *g, float *acts, size_t first, size_t last) {
+    carve_range(g, acts, first, last);
+    g->l0 = first, g->l1 = last;
+    g->first = g->own_first && first == 0, g->last = g->own_last && last == g->c.n_layer;
 }
 
 /* Keep the stage's parameters of the whole model's list t[0..n-1] (placements already read), renumbered. */
@@ -417,30 +407,24 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     shard_gpt *g = calloc(1, sizeof *g);
     shard_param_info *t = calloc(count, sizeof *t);
     size_t *unit_first = calloc(L + 2, sizeof *unit_first);
-    size_t slots = stage && stage->slots ? stage->slots : 1;
     if (g) {
-        g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->sb = calloc(slots, sizeof *g->sb);
+        g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L ? L : 1, sizeof *g->acts);
         g->ls = calloc(L, sizeof *g->ls), g->place = calloc(count, sizeof *g->place);
-        for (size_t k = 0; g->sb && k < slots; k++) g->sb[k].acts = calloc(L ? L : 1, sizeof *g->sb[k].acts);
     }
-    int slots_ok = g && g->sb;
-    for (size_t k = 0; slots_ok && k < slots; k++) slots_ok = g->sb[k].acts != NULL;
-    if (!g || !t || !unit_first || !g->layer || !slots_ok || !g->ls || !g->place) {
-        for (size_t k = 0; g && g->sb && k < slots; k++) free(g->sb[k].acts);
-        if (g) free(g->layer), free(g->sb), free(g->ls), free(g->place);
+    if (!g || !t || !unit_first || !g->layer || !g->acts || !g->ls || !g->place) {
+        if (g) free(g->layer), free(g->acts), free(g->ls), free(g->place);
         free(g), free(t), free(unit_first);
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
-    g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->slots = slots, g->keep_logits = keep_logits;
+    g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->keep_logits = keep_logits;
     g->chunks = stage ? stage->chunks : 1;
     for (size_t k = 0; k < g->chunks; k++) g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
     g->own_first = !stage || stage->index == 0, g->own_last = !stage || stage->index == stage->count - 1;
     g->has_u0 = g->own_first || g->own_last;
-    use_chunk(g, 0);
     int parts = tp ? shard_comm_size(tp) : 1;
     g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / H;
     g->sp = sequence_parallel && parts > 1;
-    g->layout = shard__placement_layout(parts);
+    g->layout = shard_tp_layout(parts);
     /* logical shapes: c_attn [C, 3, H, D] (whole heads of q, k, v), attn.c_proj [H, D, C]; stored as
      * Hugging Face's [C, 3C] and [C, C].  unit 0: the embeddings (wte is also the LM head) and the final
      * LayerNorm; unit 1 + l: block l */
@@ -471,7 +455,6 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     }
     shard_status s = apply_specs(g, t, n, specs);
     if (s == SHARD_OK) s = read_placement(g, t);
-    shard__placement wte_place = g->place[g->wte];
     /* a pipeline stage keeps its own parameters: unit 0 (the embeddings on the first stage, ln_f on the
      * last), then one unit per block */
     if (s == SHARD_OK && !(n = keep_stage_params(g, t, n))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
@@ -503,34 +486,32 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
-    if (s == SHARD_OK && g->own_last && !g->own_first) { /* the LM head's copy of wte */
-        size_t e = g->Vl * C * sizeof(float);
-        g->tied_value = shard_alloc(e, SHARD_MEM_PARAMS), g->tied_grad = shard_alloc_zeroed(e, SHARD_MEM_GRADS);
-        if (!g->tied_value || !g->tied_grad) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for the head's wte");
-        g->place[n] = wte_place; /* kept past the parameters for the copy's initial draw */
-    }
-    /* activations: one accounted slab carved into buffers; Nr: rows of the residual stream this rank keeps
-     * (all N without sequence parallel) */
-    size_t N = max_batch * max_seq, Nr = g->sp ? (N + (size_t)parts - 1) / (size_t)parts : N;
-    /* carve() counts in size_t: refuse sizes whose count would wrap (an over-estimate, in double) */
+    /* activations: one accounted slab carved into buffers (on a pipeline stage backward's scratch only: the
+     * pipeline holds each micro-batch's range buffer); Nr: rows of the residual stream this rank keeps */
+    size_t N = max_batch * max_seq, first_row;
+    g->Nr = N;
+    if (g->sp) shard_split_even(N, (size_t)parts, 0, &first_row, &g->Nr); /* the first rank's share is the largest */
+    /* the carves count in size_t: refuse sizes whose count would wrap (an over-estimate, in double) */
     double rows = (double)max_batch * (double)max_seq, V = (double)c->vocab_size;
     double per_slot = (double)L * ((double)H * rows * (double)max_seq + rows * 16 * (double)C) + rows * 2 * V;
-    if (s == SHARD_OK && (double)slots * per_slot + rows * (3 * V + 16 * (double)C) > 0x1p50)
+    if (s == SHARD_OK && per_slot + rows * (3 * V + 16 * (double)C) > 0x1p50)
         s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: activations for batch %zu x sequence %zu would take over 2^50 floats; "
                         "give a smaller batch or sequence", max_batch, max_seq);
     if (s == SHARD_OK) {
-        g->slab = shard_alloc(carve(g, NULL, N, Nr) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
+        size_t own = stage ? 0 : carve_range(g, NULL, 0, L); /* the whole model runs one range, its own */
+        g->slab = shard_alloc((own + carve_shared(g, NULL)) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
+        g->own_acts = stage || !g->slab ? NULL : g->slab;
         g->inputs = calloc(N, sizeof *g->inputs), g->targets = calloc(N, sizeof *g->targets);
-        g->row_counts = calloc((size_t)parts, sizeof(size_t)), g->row_displs = calloc((size_t)parts, sizeof(size_t));
-        if (!g->slab || !g->inputs || !g->targets || !g->row_counts || !g->row_displs)
+        if (!g->slab || !g->inputs || !g->targets)
             s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory for activations");
     }
     if (s < 0) {
         shard_gpt_destroy(g);
         return s;
     }
-    carve(g, g->slab, N, Nr);
-    use_slot(g, 0);
+    size_t own = g->own_acts ? carve_range(g, g->own_acts, 0, L) : 0;
+    carve_shared(g, g->slab + own);
+    if (g->own_acts) use_range(g, g->own_acts, 0, L);
     *out = g;
     return SHARD_OK;
 }
@@ -549,10 +530,8 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     shard_tokens_close(g->tokens);
-    for (size_t k = 0; g->sb && k < g->slots; k++) free(g->sb[k].acts);
-    shard_free(g->tied_value), shard_free(g->tied_grad);
-    free(g->inputs), free(g->targets), free(g->layer), free(g->sb), free(g->ls), free(g->place);
-    free(g->whole), free(g->row_counts), free(g->row_displs), free(g->unit_of);
+    free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
+    free(g->whole), free(g->unit_of);
     free(g);
 }
 
@@ -653,10 +632,6 @@ void shard_gpt_init(shard_gpt *g, uint64_t seed) {
             init_piece(g, i, strstr(name, "c_proj.weight") ? proj_std : std, seed);
         }
     }
-    if (g->tied_value) { /* the last stage's copy of wte: the same draw (the pipeline keeps it equal to stage 0's) */
-        copy_ctx ctx = {.to = g->tied_value, .std = std, .seed = seed, .name = "wte.weight"};
-        shard__placement_runs(&g->place[g->params->count], &g->layout, g->tp_rank, init_run, &ctx);
-    }
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -669,40 +644,15 @@ static uint64_t drop_offset(const shard_gpt *g) { return (uint64_t)g->model.firs
 
 /* ---- the token split of sequence parallelism (without it: one rank's view, n0 = 0, Nl = N) ---- */
 
-static void split_tokens(shard_gpt *g, size_t N) {
-    int parts = g->tp ? shard_comm_size(g->tp) : 1;
-    g->n0 = 0, g->Nl = N;
-    if (!g->sp) return;
-    for (int r = 0; r < parts; r++) {
-        size_t first, count;
-        shard__tp_split(N, parts, r, &first, &count);
-        g->row_counts[r] = count * g->c.n_embd, g->row_displs[r] = first * g->c.n_embd;
-        if (r == g->tp_rank) g->n0 = first, g->Nl = count;
-    }
+static void split_tokens(shard_gpt *g, size_t N) { shard_tp_token_range(g->tp, g->sp, N, &g->n0, &g->Nl); }
+
+/* A layer's place on the tensor axis (split: its weight is split over it, per the specs). */
+static shard_tp_place tp_place(const shard_gpt *g, int split) {
+    return (shard_tp_place){.comm = g->tp, .split = split, .tokens = g->sp};
 }
 
-/* full[N, C], this rank's rows in place, made whole on every tensor rank (sp: all_gather). */
-static shard_status gather_rows(shard_gpt *g, float *full) {
-    if (!g->sp) return SHARD_OK;
-    return shard_comm_all_gatherv(g->tp, full + g->n0 * g->c.n_embd, g->Nl * g->c.n_embd, full, g->row_counts,
-                                  g->row_displs, SHARD_F32);
-}
-
-/* y[N, C] of a layer into local (this rank's rows).  A split layer's y is partial: summed over tensor
- * ranks (sp: reduce_scatter; else an all_reduce in place, local == y).  A layer placed whole (P()) has
- * y complete on every rank: sp keeps this rank's rows, else nothing to do. */
-static shard_status finish_rows(shard_gpt *g, int partial, float *y, float *local, size_t N) {
-    size_t C = g->c.n_embd;
-    if (partial && !g->sp) return shard__tp_sum(g->tp, y, N * C);
-    if (partial) return shard_comm_reduce_scatterv(g->tp, y, local, g->row_counts, SHARD_F32, SHARD_OP_SUM);
-    if (g->sp) memcpy(local, y + g->n0 * C, g->Nl * C * sizeof *local);
-    return SHARD_OK;
-}
-
-/* this rank's rows of y += b (sp adds a row-parallel bias after the reduce_scatter) */
-static void add_bias_rows(const shard_gpt *g, float *y, const float *b) {
-    for (size_t n = 0; n < g->Nl; n++) shard_add(y + n * g->c.n_embd, b, y + n * g->c.n_embd, g->c.n_embd);
-}
+/* The state of the residual stream's rows: this rank's tokens under sequence parallel, else all. */
+static shard_tp_state rows_state(const shard_gpt *g) { return g->sp ? SHARD_TP_TOKENS : SHARD_TP_REPLICATED; }
 
 /* LayerNorm backward on this rank's rows; under sp the weight and bias gradients come from these rows
  * only, so they are summed over tensor ranks before being added. */
@@ -715,7 +665,7 @@ static shard_status ln_backward(shard_gpt *g, const float *x, size_t w, size_t b
     }
     memset(g->ln_scratch, 0, 2 * C * sizeof(float));
     shard_layernorm_backward(x, P(g, w), mean, rstd, dy, dx, g->ln_scratch, g->ln_scratch + C, g->Nl, C);
-    SHARD_CHECK(shard__tp_sum(g->tp, g->ln_scratch, 2 * C));
+    SHARD_CHECK(shard_tp_sum(g->tp, g->ln_scratch, 2 * C));
     shard_add(G(g, w), g->ln_scratch, G(g, w), C);
     shard_add(G(g, b), g->ln_scratch + C, G(g, b), C);
     return SHARD_OK;
@@ -742,20 +692,14 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     split_tokens(g, N);
     size_t r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C; /* dropout keys of this rank's rows */
-    /* a row-parallel bias is added once: by tensor rank 0 before the all_reduce, or after the reduce_scatter */
-    int bias_before = !g->sp && g->tp_rank == 0;
     /* embeddings: token (vocabulary-parallel: a partial lookup, summed) + position */
-    float *x = g->l1 > g->l0 ? g->acts[g->l0].in : g->out, *lookup = g->sp ? g->full : x;
+    float *x = g->l1 > g->l0 ? g->acts[g->l0].in : g->out;
     if (!g->first) { /* a later pipeline stage: the previous stage's output */
         memcpy(x, stage_in, Nl * C * sizeof *x);
     } else {
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
-    if (g->vocab_split) {
-        SHARD_CHECK(shard__embedding_forward_split(P(g, g->wte), inputs, lookup, N, g->v0, g->Vl, V, C));
-        SHARD_CHECK(finish_rows(g, 1, lookup, x, N));
-    } else {
-        SHARD_CHECK(shard_embedding_forward(P(g, g->wte), inputs + r0, x, Nl, V, C));
-    }
+    shard_tp_place emb = tp_place(g, g->vocab_split);
+    SHARD_CHECK(shard_tp_embedding_forward(&emb, P(g, g->wte), inputs, g->sp ? g->full : x, x, N, g->v0, g->Vl, V, C));
     for (size_t n = 0; n < Nl; n++) shard_add(x + n * C, P(g, g->wpe) + ((r0 + n) % T) * C, x + n * C, C);
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (drop_p(g, c->embd_pdrop) > 0) shard_dropout_forward(x, x, Nl * C, c->embd_pdrop, drop_seed(g, 0), rows_offset);
@@ -764,35 +708,28 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         layer_acts *a = &g->acts[l];
         const size_t *w = &g->layer[l * PER_LAYER];
         float *next = l + 1 < g->l1 ? g->acts[l + 1].in : g->out;
-        float pr = drop_p(g, c->resid_pdrop), *part;
+        float pr = drop_p(g, c->resid_pdrop);
         const layer_split *ls = &g->ls[l];
         size_t Cl = ls->Cl, Fl = ls->Fl;
+        shard_tp_place attn = tp_place(g, ls->attn_split), mlp = tp_place(g, ls->mlp_split);
         SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 0));
         /* attention: column-parallel c_attn, this rank's heads, row-parallel c_proj */
         shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1 + r0 * C, a->ln1_mean,
                                 a->ln1_rstd, Nl, C);
-        SHARD_CHECK(gather_rows(g, a->ln1));
-        SHARD_CHECK(shard_linear_forward(a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
+        SHARD_CHECK(shard_tp_column_forward(&attn, a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
         SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, Cl, ls->Hl, drop_p(g, c->attn_pdrop),
                                                     drop_seed(g, 1 + 3 * l), g->model.first_row, H, ls->h0));
-        part = g->sp ? g->full : a->mid;
-        int bias_now = !ls->attn_split || bias_before; /* the bias in the GEMM: whole layers, or rank 0's partial */
-        SHARD_CHECK(shard_linear_forward(a->atty, P(g, w[APROJ_W]), bias_now ? P(g, w[APROJ_B]) : NULL, part, N, Cl, C));
-        SHARD_CHECK(finish_rows(g, ls->attn_split, part, a->mid, N));
-        if (ls->attn_split && g->sp) add_bias_rows(g, a->mid, P(g, w[APROJ_B]));
+        SHARD_CHECK(shard_tp_row_forward(&attn, a->atty, P(g, w[APROJ_W]), P(g, w[APROJ_B]), g->sp ? g->full : a->mid,
+                                         a->mid, N, Cl, C));
         if (pr > 0) shard_dropout_forward(a->mid, a->mid, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset);
         shard_add(a->in, a->mid, a->mid, Nl * C); /* mid = in + attention */
         /* MLP: column-parallel c_fc, GELU on this rank's columns, row-parallel c_proj */
         shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C, a->ln2_mean,
                                 a->ln2_rstd, Nl, C);
-        SHARD_CHECK(gather_rows(g, a->ln2));
-        SHARD_CHECK(shard_linear_forward(a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
+        SHARD_CHECK(shard_tp_column_forward(&mlp, a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
         shard_gelu_forward_slope(a->fc, a->gelu, N * Fl); /* a->fc now holds GELU' of the pre-activation */
-        part = g->sp ? g->full : next;
-        bias_now = !ls->mlp_split || bias_before;
-        SHARD_CHECK(shard_linear_forward(a->gelu, P(g, w[MPROJ_W]), bias_now ? P(g, w[MPROJ_B]) : NULL, part, N, Fl, C));
-        SHARD_CHECK(finish_rows(g, ls->mlp_split, part, next, N));
-        if (ls->mlp_split && g->sp) add_bias_rows(g, next, P(g, w[MPROJ_B]));
+        SHARD_CHECK(shard_tp_row_forward(&mlp, a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), g->sp ? g->full : next, next,
+                                         N, Fl, C));
         SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 0));
         if (pr > 0) shard_dropout_forward(next, next, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset);
         shard_add(a->mid, next, next, Nl * C); /* next = mid + MLP */
@@ -804,12 +741,12 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
     shard_layernorm_forward(g->out, P(g, g->lnf_w), P(g, g->lnf_b), c->layer_norm_epsilon, g->lnf + r0 * C, g->lnf_mean,
                             g->lnf_rstd, Nl, C);
-    SHARD_CHECK(gather_rows(g, g->lnf));
+    SHARD_CHECK(shard_tp_redistribute(g->tp, g->lnf, g->lnf + r0 * C, N, C, rows_state(g), SHARD_TP_REPLICATED));
     /* the tied head; vocabulary-parallel: this rank's columns of the logits only */
     SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, head_w(g), C, 0.0f, g->logits, g->Vl));
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (!targets) return SHARD_OK;
-    return shard__tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator,
+    return shard_tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator,
                                    loss, g->dlogits);
 }
 
@@ -826,17 +763,6 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
 
 /* ---------------------------------------------------------------- backward */
 
-/* dy (this rank's rows) as whole rows: itself without sequence parallel, else gathered into g->full. */
-static shard_status whole_rows(shard_gpt *g, const float *dy, const float **whole) {
-    if (!g->sp) {
-        *whole = dy;
-        return SHARD_OK;
-    }
-    memcpy(g->full + g->n0 * g->c.n_embd, dy, g->Nl * g->c.n_embd * sizeof(float));
-    *whole = g->full;
-    return gather_rows(g, g->full);
-}
-
 static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *stage_d_in) {
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, B = g->B, T = g->T, N = B * T;
@@ -845,12 +771,12 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     size_t Vl = g->Vl, r0 = g->n0, Nl = g->Nl;
     uint64_t rows_offset = drop_offset(g) + r0 * C;
     float *dln = g->sp ? g->d_lnl : g->d_ln; /* an LayerNorm output's gradient, summed: this rank's rows */
-    const float *dyw;
     /* head (tied to wte) and the final LayerNorm; with the vocabulary split, d(lnf) is summed over tensor ranks */
     if (g->last) {
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
     SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, head_w(g), C, 0.0f, g->d_ln, C));
-    SHARD_CHECK(finish_rows(g, g->vocab_split, g->d_ln, dln, N));
+    SHARD_CHECK(shard_tp_redistribute(g->tp, g->d_ln, dln, N, C, g->vocab_split ? SHARD_TP_PARTIAL : SHARD_TP_REPLICATED,
+                                      rows_state(g)));
     SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, head_g(g), C));
     memset(g->d_resid, 0, Nl * C * sizeof(float));
     SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
@@ -865,31 +791,29 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         const size_t *w = &g->layer[l * PER_LAYER];
         const layer_split *ls = &g->ls[l];
         size_t Cl = ls->Cl, Fl = ls->Fl;
+        shard_tp_place attn = tp_place(g, ls->attn_split), mlp = tp_place(g, ls->mlp_split);
         SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 1));
         /* MLP: next = mid + drop(c_proj(gelu(c_fc(ln_2(mid))))) */
         const float *dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset), dy = g->d_tmp;
-        SHARD_CHECK(whole_rows(g, dy, &dyw));
-        SHARD_CHECK(shard_linear_backward(a->gelu, P(g, w[MPROJ_W]), dyw, g->d_fc, G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N,
-                                          Fl, C));
+        SHARD_CHECK(shard_tp_row_backward(&mlp, a->gelu, P(g, w[MPROJ_W]), dy, g->full, g->d_fc, G(g, w[MPROJ_W]),
+                                          G(g, w[MPROJ_B]), N, Fl, C));
         shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
-        SHARD_CHECK(shard_linear_backward(a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, G(g, w[FC_W]), G(g, w[FC_B]), N, C,
-                                          Fl));
-        SHARD_CHECK(finish_rows(g, ls->mlp_split, g->d_ln, dln, N)); /* column-parallel: the input's gradient summed */
+        /* column-parallel: the input's gradient summed */
+        SHARD_CHECK(shard_tp_column_backward(&mlp, a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, dln, G(g, w[FC_W]),
+                                             G(g, w[FC_B]), N, C, Fl));
         SHARD_CHECK(ln_backward(g, a->mid, w[LN2_W], w[LN2_B], a->ln2_mean, a->ln2_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
         dy = g->d_resid;
         if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset), dy = g->d_tmp;
-        SHARD_CHECK(whole_rows(g, dy, &dyw));
-        SHARD_CHECK(shard_linear_backward(a->atty, P(g, w[APROJ_W]), dyw, g->d_atty, G(g, w[APROJ_W]), G(g, w[APROJ_B]),
-                                          N, Cl, C));
+        SHARD_CHECK(shard_tp_row_backward(&attn, a->atty, P(g, w[APROJ_W]), dy, g->full, g->d_atty, G(g, w[APROJ_W]),
+                                          G(g, w[APROJ_B]), N, Cl, C));
         SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, Cl, ls->Hl,
                                                      drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row,
                                                      H, ls->h0));
-        SHARD_CHECK(shard_linear_backward(a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, G(g, w[ATTN_W]), G(g, w[ATTN_B]),
-                                          N, C, 3 * Cl));
-        SHARD_CHECK(finish_rows(g, ls->attn_split, g->d_ln, dln, N));
+        SHARD_CHECK(shard_tp_column_backward(&attn, a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, dln, G(g, w[ATTN_W]),
+                                             G(g, w[ATTN_B]), N, C, 3 * Cl));
         SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 1));
@@ -907,12 +831,11 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     if (g->sp) memset(dwpe, 0, c->n_positions * C * sizeof(float));
     for (size_t n = 0; n < Nl; n++) shard_add(dwpe + ((r0 + n) % T) * C, g->d_resid + n * C, dwpe + ((r0 + n) % T) * C, C);
     if (g->sp) { /* position rows from this rank's tokens: summed over tensor ranks */
-        SHARD_CHECK(shard__tp_sum(g->tp, dwpe, c->n_positions * C));
+        SHARD_CHECK(shard_tp_sum(g->tp, dwpe, c->n_positions * C));
         shard_add(G(g, g->wpe), dwpe, G(g, g->wpe), c->n_positions * C);
     }
-    SHARD_CHECK(whole_rows(g, g->d_resid, &dyw));
-    if (g->vocab_split) shard__embedding_backward_split(g->inputs, dyw, G(g, g->wte), N, g->v0, g->Vl, C);
-    else SHARD_CHECK(shard_embedding_backward(g->inputs, dyw, G(g, g->wte), N, V, C));
+    shard_tp_place emb = tp_place(g, g->vocab_split);
+    SHARD_CHECK(shard_tp_embedding_backward(&emb, g->inputs, g->d_resid, g->full, G(g, g->wte), N, g->v0, g->Vl, V, C));
     SHARD_CHECK(shard_model_release(&g->model, 0, 1));
     return shard_model_grads_ready(&g->model, 0);
 }
@@ -954,56 +877,90 @@ static size_t model_items(const shard_model *m) {
     return used;
 }
 
+/* A pipeline stage's model runs its ranges through the pipeline table, over the pipeline's buffers. */
+static shard_status whole_only(const shard_gpt *g) {
+    if (g->own_acts) return SHARD_OK;
+    return shard_error(SHARD_ERR_INVALID_ARG, "gpt: this model holds one pipeline stage: run it through its pipeline "
+                       "table (forward_range, backward_range)");
+}
+
 static shard_status model_forward(shard_model *m, double denominator, double *loss) {
     shard_gpt *g = impl(m);
     *loss = 0;
+    SHARD_CHECK(whole_only(g));
     if (!m->rows) return SHARD_OK;
     return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, NULL, NULL);
 }
 
-static shard_status model_backward(shard_model *m) { return m->rows ? gpt_backward(impl(m), NULL, NULL) : SHARD_OK; }
+static shard_status model_backward(shard_model *m) {
+    SHARD_CHECK(whole_only(impl(m)));
+    return m->rows ? gpt_backward(impl(m), NULL, NULL) : SHARD_OK;
+}
 
-/* ---- pipeline stages (model.h): the residual stream of this rank's tokens travels between stages ---- */
+/* ---- the pipeline table (model.h): the residual stream of this rank's tokens travels between ranges ---- */
 
-static size_t model_stage_io(const shard_model *m) {
+static size_t pipe_blocks(const shard_model *m) { return impl(m)->c.n_layer; }
+
+static void pipe_stage_blocks(const shard_model *m, size_t chunk, size_t *first, size_t *last) {
     const shard_gpt *g = impl(m);
-    size_t N = m->rows * g->max_t, parts = g->tp ? (size_t)shard_comm_size(g->tp) : 1;
-    if (!g->sp) return N * g->c.n_embd;
+    size_t c = chunk < g->chunks ? chunk : 0;
+    *first = g->ch0[c], *last = g->ch1[c];
+}
+
+static size_t pipe_io_floats(const shard_model *m) {
+    const shard_gpt *g = impl(m);
     size_t first, count;
-    shard__tp_split(N, (int)parts, g->tp_rank, &first, &count);
+    shard_tp_token_range(g->tp, g->sp, m->rows * g->max_t, &first, &count);
     return count * g->c.n_embd;
 }
 
-static shard_status model_stage_forward(shard_model *m, size_t chunk, const float *in, float *out, double denominator,
-                                        double *loss) {
+static size_t pipe_acts_floats(const shard_model *m, size_t first, size_t last) {
+    return carve_range(impl(m), NULL, first, last);
+}
+
+/* The range must be blocks this stage holds, run from its start (in NULL) only at block 0 on the stage
+ * that embeds and to its end (out NULL) only on the stage with the head. */
+static shard_status check_range(const shard_gpt *g, size_t first, size_t last, const void *in, const void *out) {
+    int held = first < last && last <= g->c.n_layer;
+    for (size_t l = first; held && l < last; l++) held = holds_block(g, l);
+    if (!held || (!in && !(first == 0 && g->own_first)) || (!out && !(last == g->c.n_layer && g->own_last)))
+        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: blocks %zu..%zu%s%s are not a range this stage runs", first, last,
+                           in ? "" : " from the embeddings", out ? "" : " to the loss");
+    return SHARD_OK;
+}
+
+static shard_status pipe_forward_range(shard_model *m, float *acts, size_t first, size_t last, const float *in,
+                                       float *out, double denominator, double *loss) {
     shard_gpt *g = impl(m);
     *loss = 0;
-    if (chunk >= g->chunks) return shard_error(SHARD_ERR_INVALID_ARG, "gpt: chunk %zu of a stage of %zu", chunk, g->chunks);
+    SHARD_CHECK(check_range(g, first, last, in, out));
     if (!m->rows) return SHARD_OK;
-    use_chunk(g, chunk);
-    shard_status s = gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
-    use_chunk(g, 0);
-    return s;
+    use_range(g, acts, first, last);
+    return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
 }
 
-static shard_status model_stage_backward(shard_model *m, size_t chunk, const float *d_out, float *d_in) {
+static shard_status pipe_backward_range(shard_model *m, float *acts, size_t first, size_t last, const float *d_out,
+                                        float *d_in) {
     shard_gpt *g = impl(m);
-    if (chunk >= g->chunks) return shard_error(SHARD_ERR_INVALID_ARG, "gpt: chunk %zu of a stage of %zu", chunk, g->chunks);
+    SHARD_CHECK(check_range(g, first, last, d_in, d_out));
     if (!m->rows) return SHARD_OK;
-    use_chunk(g, chunk);
-    shard_status s = gpt_backward(g, d_out, d_in);
-    use_chunk(g, 0);
-    return s;
+    use_range(g, acts, first, last);
+    return gpt_backward(g, d_out, d_in);
 }
 
-static void model_use_slot(shard_model *m, size_t slot) { use_slot(impl(m), slot); }
-
-static size_t model_stage_tied(shard_model *m, size_t *unit, float **value, float **grad) {
+static size_t pipe_tied(shard_model *m, size_t *unit, float **value, float **grad) {
     shard_gpt *g = impl(m);
     if (g->own_first == g->own_last) return 0; /* the whole model, or a middle stage */
-    *unit = g->own_first ? 0 : SIZE_MAX, *value = head_w(g), *grad = head_g(g);
+    *unit = g->own_first ? 0 : SIZE_MAX;
+    *value = g->own_first ? P(g, g->wte) : NULL, *grad = g->own_first ? G(g, g->wte) : NULL;
     return g->Vl * g->c.n_embd;
 }
+
+static void pipe_use_tied(shard_model *m, float *value, float *grad) {
+    shard_gpt *g = impl(m);
+    g->tied_value = value, g->tied_grad = grad;
+}
+
 static void model_init(shard_model *m, uint64_t seed) { shard_gpt_init(impl(m), seed); }
 static void model_destroy(shard_model *m) { shard_gpt_destroy(impl(m)); }
 
@@ -1013,11 +970,36 @@ static void model_describe(const shard_model *m, char *out, size_t bytes) {
              c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
 }
 
-static const shard_model_ops gpt_model_ops = {"gpt2",         model_load_batch, model_items,        model_forward,
-                                              model_backward, model_init,       model_describe,     model_destroy,
-                                              model_whole_shape, model_gather_piece, model_take_piece,
-                                              model_param_spec, model_stage_io, model_stage_forward,
-                                              model_stage_backward, model_use_slot, model_stage_tied};
+static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shard_model_tensor_ops),
+                                                      .whole_shape = model_whole_shape,
+                                                      .gather_piece = model_gather_piece,
+                                                      .take_piece = model_take_piece,
+                                                      .param_spec = model_param_spec};
+
+static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_model_pipe_ops),
+                                                  .blocks = pipe_blocks,
+                                                  .stage_blocks = pipe_stage_blocks,
+                                                  .io_floats = pipe_io_floats,
+                                                  .acts_floats = pipe_acts_floats,
+                                                  .forward_range = pipe_forward_range,
+                                                  .backward_range = pipe_backward_range,
+                                                  .tied = pipe_tied,
+                                                  .use_tied = pipe_use_tied};
+
+static const shard_model_ops gpt_model_ops = {.kind = "gpt2",
+                                              .load_batch = model_load_batch,
+                                              .batch_items = model_items,
+                                              .forward = model_forward,
+                                              .backward = model_backward,
+                                              .init = model_init,
+                                              .describe = model_describe,
+                                              .destroy = model_destroy,
+                                              .whole_shape = model_whole_shape,
+                                              .gather_piece = model_gather_piece,
+                                              .take_piece = model_take_piece,
+                                              .param_spec = model_param_spec,
+                                              .tensor = &gpt_tensor_ops,
+                                              .pipe = &gpt_pipe_ops};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
                                      size_t seq, shard_comm *tensor, int sequence_parallel, const char *specs,

@@ -1,14 +1,14 @@
 /* mlp_engine.c — the engine API's MLP: ReLU(x W0) W1 with a tape of (x, z)
  * pairs for backward — on one device, or tensor parallel over a communicator
- * (Megatron's MLP: W0 split by columns, W1 by rows, one all_reduce of the
- * output), the same code for both — and the engine helpers shared by every
+ * (Megatron's MLP through tp.h's blocks: W0 column-parallel, W1
+ * row-parallel, one all_reduce of the output), the same code for both — and the engine helpers shared by every
  * engine (destroy, inference_loop).  See engine.h. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "parallel/tensor_parallel.h"
 #include "shard/engine.h"
 #include "shard/layers.h"
+#include "shard/tp.h"
 
 enum { TAPE_DEPTH = 64 };
 
@@ -71,15 +71,15 @@ static shard_status load_checkpoint(shard_engine *e, const shard_named *params, 
 
 static shard_status run(mlp_engine *m, const shard_tensor *x, shard_tensor *y, shard_tensor *z) {
     size_t B = x->shape[0];
-    SHARD_CHECK(shard_linear_forward(x->data, shard_params_data(m->base.params, "layer_0/weights"), NULL, z->data, B,
-                                     m->model, m->hidden));
+    shard_tp_place tp = {.comm = m->tp, .split = 1};
+    SHARD_CHECK(shard_tp_column_forward(&tp, x->data, shard_params_data(m->base.params, "layer_0/weights"), NULL, z->data,
+                                        B, m->model, m->hidden));
     shard_tensor *h = NULL;
     size_t hs[2] = {B, m->hidden};
     SHARD_CHECK(shard_tensor_create(SHARD_F32, 2, hs, SHARD_MEM_ACTIVATIONS, &h));
     shard_relu_forward(z->data, h->data, B * m->hidden);
-    shard_status s = shard_linear_forward(h->data, shard_params_data(m->base.params, "layer_1/weights"), NULL, y->data, B,
-                                          m->hidden, m->model);
-    if (s == SHARD_OK) s = shard__tp_sum(m->tp, y->data, B * m->model); /* row-parallel: the partial outputs summed */
+    shard_status s = shard_tp_row_forward(&tp, h->data, shard_params_data(m->base.params, "layer_1/weights"), NULL, y->data,
+                                          y->data, B, m->hidden, m->model);
     shard_tensor_destroy(h);
     return s;
 }
@@ -130,6 +130,7 @@ static shard_status backward(shard_engine *e, const shard_tensor *dy, shard_para
                                want->name, have ? "another shape" : "missing", want->shape[0], want->shape[1]);
     }
     float *g0 = shard_params_data(grads, "layer_0/weights"), *g1 = shard_params_data(grads, "layer_1/weights");
+    shard_tp_place tp = {.comm = m->tp, .split = 1};
     m->depth--;
     size_t hs[2] = {B, m->hidden};
     shard_tensor *h = NULL, *dh = NULL;
@@ -139,13 +140,13 @@ static shard_status backward(shard_engine *e, const shard_tensor *dy, shard_para
         memset(g0, 0, m->model * m->hidden * sizeof *g0);
         memset(g1, 0, m->model * m->hidden * sizeof *g1);
         shard_relu_forward(z->data, h->data, B * m->hidden); /* h = ReLU(z), layer 1's input */
-        s = shard_linear_backward(h->data, shard_params_data(e->params, "layer_1/weights"), dy->data, dh->data, g1, NULL, B,
-                                  m->hidden, m->model);
+        s = shard_tp_row_backward(&tp, h->data, shard_params_data(e->params, "layer_1/weights"), dy->data, NULL, dh->data,
+                                  g1, NULL, B, m->hidden, m->model);
     }
     if (s == SHARD_OK) {
         shard_relu_backward(z->data, dh->data, dh->data, B * m->hidden); /* dL/dz */
-        s = shard_linear_backward(x->data, shard_params_data(e->params, "layer_0/weights"), dh->data, NULL, g0, NULL, B,
-                                  m->model, m->hidden);
+        s = shard_tp_column_backward(&tp, x->data, shard_params_data(e->params, "layer_0/weights"), dh->data, NULL, NULL,
+                                     g0, NULL, B, m->model, m->hidden);
     }
     shard_tensor_destroy(dh);
     shard_tensor_destroy(h);
@@ -177,7 +178,7 @@ shard_status shard_mlp_engine_create_tp(shard_comm *tensor, size_t model_dim, si
     mlp_engine *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "shard_mlp_engine_create: out of memory");
     m->tp = tensor, m->hidden_whole = hidden_dim;
-    shard__tp_split(hidden_dim, parts, tensor ? shard_comm_rank(tensor) : 0, &m->h0, &hidden_dim);
+    shard_split_even(hidden_dim, (size_t)parts, (size_t)shard_tp_rank(tensor), &m->h0, &hidden_dim);
     shard_param_info t[2] = {{.name = "layer_0/weights", .ndim = 2, .shape = {model_dim, hidden_dim}},
                              {.name = "layer_1/weights", .ndim = 2, .shape = {hidden_dim, model_dim}}};
     shard_status s = shard_params_create(t, 2, SHARD_MEM_PARAMS, &m->base.params);

@@ -64,6 +64,33 @@ shard_status shard_model_grads_ready(shard_model *m, size_t unit) {
     return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, m, unit) : SHARD_OK;
 }
 
+static const shard_model_tensor_ops *tensor_ops(const shard_model *m) { return m->ops ? m->ops->tensor : NULL; }
+
+void shard_model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
+    const shard_model_tensor_ops *t = tensor_ops(m);
+    if (t && t->whole_shape) t->whole_shape(m, i, shape);
+    else memcpy(shape, m->params->info[i].shape, sizeof m->params->info[i].shape);
+}
+
+shard_status shard_model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole) {
+    const shard_model_tensor_ops *t = tensor_ops(m);
+    if (t && t->gather_piece) return t->gather_piece(m, i, piece, whole);
+    memcpy(whole, piece, m->params->info[i].numel * sizeof *whole);
+    return SHARD_OK;
+}
+
+void shard_model_take_piece(const shard_model *m, size_t i, const float *whole, float *piece) {
+    const shard_model_tensor_ops *t = tensor_ops(m);
+    if (t && t->take_piece) t->take_piece(m, i, whole, piece);
+    else memcpy(piece, whole, m->params->info[i].numel * sizeof *piece);
+}
+
+void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes) {
+    const shard_model_tensor_ops *t = tensor_ops(m);
+    if (t && t->param_spec) t->param_spec(m, i, out, bytes);
+    else snprintf(out, bytes, "P()");
+}
+
 uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site) {
     uint64_t z = m->seed * 0x9e3779b97f4a7c15ULL ^ (m->step + 1) * 0xbf58476d1ce4e5b9ULL ^ (site + 1) * 0x94d049bb133111ebULL;
     z = (z ^ (z >> 31)) * 0xd6e8feb86659fd93ULL;

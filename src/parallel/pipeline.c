@@ -2,9 +2,11 @@
  *
  * Two pools per rank: holders (communication buffers of a micro-batch from
  * the moment its input's receive is posted until its backward is sent:
- * input, output, gradient in, gradient out) and activation slots of the
- * model (from its forward to its backward; one with recompute), both per
- * (chunk, micro-batch).  Virtual stage s = chunk * p + rank; what enters
+ * input, output, gradient in, gradient out) and activation slots (the
+ * buffer a range of the model's blocks keeps from its forward to its
+ * backward, model.h's pipeline table; one with recompute), both per
+ * (chunk, micro-batch), both allocated here: the model holds no
+ * per-micro-batch state.  Virtual stage s = chunk * p + rank; what enters
  * virtual stage s for micro-batch j is tagged 2 + 2 (s m + j) (the
  * activation, from s - 1) or 3 + 2 (s m + j) (the gradient, from s + 1);
  * TAG_TIED* (0 and 1) the shared parameter.  Tags stay small: MPI promises
@@ -36,6 +38,7 @@ struct shard_pp {
     int S;               /* virtual stages: p * v */
     int n_holders, n_slots;
     holder *h;
+    float **acts;             /* [n_slots]: activation slots, room for any chunk's range */
     int *holder_of, *slot_of; /* [v * m]: of (chunk, micro-batch) */
     int *holder_free, *slot_free;
     size_t held, peak_held;
@@ -43,6 +46,7 @@ struct shard_pp {
     size_t tied_n;
     size_t tied_unit; /* the tied parameter's unit on stage 0 (acquired around each use: ZeRO-3 gathers it) */
     float *tied_in;
+    float *tied_value, *tied_grad; /* the last stage's copy of it, lent to the model (use_tied) */
     shard_request *tied_req;
     /* timing */
     double t_begin, compute, wall;
@@ -60,7 +64,8 @@ int shard__pp_slots(const shard_pipe_schedule *s, int rank, int recompute) {
 shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe_schedule *s, int recompute,
                               shard_pp **out) {
     *out = NULL;
-    if (!m->ops->stage_forward)
+    const shard_model_pipe_ops *po = m->ops->pipe;
+    if (!po || !po->forward_range)
         return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: model_type '%s' cannot be cut into stages", m->ops->kind);
     if ((double)s->p * s->v * s->m > (INT_MAX - TAG_FIRST_STAGE - 1) / 2.0)
         return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: %d stages x %d chunks x %d micro-batches: too many messages to "
@@ -76,15 +81,38 @@ shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe
     pp->io = calloc(M, sizeof *pp->io), pp->holder_of = calloc(MV, sizeof(int)), pp->slot_of = calloc(MV, sizeof(int));
     pp->h = calloc((size_t)pp->n_holders, sizeof *pp->h);
     pp->holder_free = calloc((size_t)pp->n_holders, sizeof(int)), pp->slot_free = calloc((size_t)pp->n_slots, sizeof(int));
-    if (!pp->io || !pp->holder_of || !pp->slot_of || !pp->h || !pp->holder_free || !pp->slot_free) {
+    pp->acts = calloc((size_t)pp->n_slots, sizeof *pp->acts);
+    if (!pp->io || !pp->holder_of || !pp->slot_of || !pp->h || !pp->holder_free || !pp->slot_free || !pp->acts) {
         shard__pp_destroy(pp);
         return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
     }
+    size_t slot_floats = 0; /* a slot serves any of this rank's chunks */
+    for (int c = 0; c < s->v; c++) {
+        size_t first, last, n;
+        po->stage_blocks(m, (size_t)c, &first, &last);
+        n = po->acts_floats(m, first, last);
+        slot_floats = n > slot_floats ? n : slot_floats;
+    }
+    for (int k = 0; k < pp->n_slots; k++)
+        if (!(pp->acts[k] = shard_alloc(slot_floats * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS))) {
+            shard__pp_destroy(pp);
+            return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory for %d activation slots of %zu floats",
+                               pp->n_slots, slot_floats);
+        }
     float *value = NULL, *grad = NULL;
-    pp->tied_n = pp->p > 1 && m->ops->stage_tied ? m->ops->stage_tied(m, &pp->tied_unit, &value, &grad) : 0;
+    pp->tied_n = pp->p > 1 && po->tied ? po->tied(m, &pp->tied_unit, &value, &grad) : 0;
     if (pp->tied_n && pp->rank == 0 && !(pp->tied_in = shard_alloc(pp->tied_n * sizeof(float), SHARD_MEM_COMM))) {
         shard__pp_destroy(pp);
         return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory for the tied parameter's gradient");
+    }
+    if (pp->tied_n && pp->tied_unit == SIZE_MAX) { /* the end's copy, refreshed from stage 0 before each step */
+        pp->tied_value = shard_alloc(pp->tied_n * sizeof(float), SHARD_MEM_PARAMS);
+        pp->tied_grad = shard_alloc_zeroed(pp->tied_n * sizeof(float), SHARD_MEM_GRADS);
+        if (!pp->tied_value || !pp->tied_grad) {
+            shard__pp_destroy(pp);
+            return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory for the last stage's copy of the tied parameter");
+        }
+        po->use_tied(m, pp->tied_value, pp->tied_grad);
     }
     *out = pp;
     return SHARD_OK;
@@ -105,7 +133,9 @@ void shard__pp_destroy(shard_pp *pp) {
     if (!pp) return;
     free_holders(pp);
     if (pp->tied_req) shard_request_wait(&pp->tied_req);
-    shard_free(pp->tied_in);
+    shard_free(pp->tied_in), shard_free(pp->tied_value), shard_free(pp->tied_grad);
+    for (int k = 0; pp->acts && k < pp->n_slots; k++) shard_free(pp->acts[k]);
+    free(pp->acts);
     free(pp->io), free(pp->holder_of), free(pp->slot_of), free(pp->h), free(pp->holder_free), free(pp->slot_free);
     free(pp->span);
     free(pp);
@@ -113,11 +143,18 @@ void shard__pp_destroy(shard_pp *pp) {
 
 /* ---------------------------------------------------------------- helpers */
 
+/* The model's pipeline table, read at each use (never kept: whoever holds the model may swap its tables). */
+static const shard_model_pipe_ops *pipe_ops(const shard_pp *pp) { return pp->m->ops->pipe; }
+
 /* The tied parameter's value or gradient, with its unit acquired on stage 0 (release with tied_done). */
 static shard_status tied_begin(shard_pp *pp, int backward, float **value, float **grad) {
-    if (pp->tied_unit != SIZE_MAX) SHARD_CHECK(shard_model_acquire(pp->m, pp->tied_unit, backward));
+    if (pp->tied_unit == SIZE_MAX) {
+        *value = pp->tied_value, *grad = pp->tied_grad;
+        return SHARD_OK;
+    }
+    SHARD_CHECK(shard_model_acquire(pp->m, pp->tied_unit, backward));
     size_t unit;
-    pp->m->ops->stage_tied(pp->m, &unit, value, grad);
+    pipe_ops(pp)->tied(pp->m, &unit, value, grad);
     return SHARD_OK;
 }
 
@@ -206,10 +243,11 @@ static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_
     pp->slot_of[k] = slot;
     if (++pp->held > pp->peak_held) pp->peak_held = pp->held;
     if (pp->recompute) pp->slot_free[slot] = 0; /* nothing is kept but the input */
-    pp->m->ops->use_slot(pp->m, (size_t)slot);
+    size_t b0, b1;
+    pipe_ops(pp)->stage_blocks(pp->m, (size_t)op->chunk, &b0, &b1);
     double t0 = shard__now(), l = 0;
-    SHARD_CHECK(pp->m->ops->stage_forward(pp->m, (size_t)op->chunk, first ? NULL : h->in, last ? NULL : h->out, denominator,
-                                          &l));
+    SHARD_CHECK(pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in, last ? NULL : h->out,
+                                      denominator, &l));
     pp->compute += shard__now() - t0;
     note(pp, 'F', op, t0);
     *loss += l;
@@ -234,19 +272,20 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     if (final) shard__dp_set_sync(dp, 1);
     SHARD_CHECK(load(ctx, (size_t)j));
     int slot = pp->recompute ? 0 : pp->slot_of[k];
-    pp->m->ops->use_slot(pp->m, (size_t)slot);
+    size_t b0, b1;
+    pipe_ops(pp)->stage_blocks(pp->m, (size_t)op->chunk, &b0, &b1);
     if (pp->recompute) { /* the forward again, from the kept input */
         double t0 = shard__now(), l = 0;
         SHARD_CHECK(wait_noted(pp, &h->out_req, 0, op));
-        SHARD_CHECK(pp->m->ops->stage_forward(pp->m, (size_t)op->chunk, first ? NULL : h->in, last ? NULL : h->out,
-                                              denominator, &l));
+        SHARD_CHECK(pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in, last ? NULL : h->out,
+                                          denominator, &l));
         pp->compute += shard__now() - t0;
         note(pp, 'r', op, t0);
     }
     SHARD_CHECK(wait_noted(pp, &h->g_in_req, 'b', op));
     SHARD_CHECK(wait_noted(pp, &h->g_out_req, 0, op));
     double t0 = shard__now();
-    SHARD_CHECK(pp->m->ops->stage_backward(pp->m, (size_t)op->chunk, last ? NULL : h->g_in, first ? NULL : h->g_out));
+    SHARD_CHECK(pipe_ops(pp)->backward_range(pp->m, pp->acts[slot], b0, b1, last ? NULL : h->g_in, first ? NULL : h->g_out));
     pp->compute += shard__now() - t0;
     note(pp, 'B', op, t0);
     if (!pp->recompute) pp->slot_free[slot] = 0;
@@ -282,7 +321,7 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
     size_t io_max = 0;
     for (int j = 0; j < s->m; j++) {
         SHARD_CHECK(load(ctx, (size_t)j));
-        pp->io[j] = pp->m->ops->stage_io(pp->m);
+        pp->io[j] = pipe_ops(pp)->io_floats(pp->m);
         io_max = pp->io[j] > io_max ? pp->io[j] : io_max;
     }
     SHARD_CHECK(size_holders(pp, io_max ? io_max : 1));

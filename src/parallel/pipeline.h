@@ -1,18 +1,20 @@
 /* pipeline.h — internal: the `pipe` axis strategy.  Each pipe rank holds one
  * stage model (model.h: shard_model_create_stage) and walks its list of the
  * schedule (pipeline_schedule.h): F of micro-batch j receives the previous
- * stage's output, runs the stage forward and sends its own on; B receives the
- * gradient of its output, runs the stage backward and sends the gradient of
- * its input back.  Receives are posted one op ahead and sends are
+ * stage's output, runs the chunk's range of blocks (the model's pipeline
+ * table) over an activation slot this strategy owns and sends its own on; B
+ * receives the gradient of its output, runs the range backward and sends the
+ * gradient of its input back.  Receives are posted one op ahead and sends are
  * non-blocking, so transfers overlap compute.  With recompute a stage keeps
  * only its inputs and runs the forward again just before each backward.
  *
  * The data axis strategy (data_parallel.h) sees the stage model like any
  * model: the micro-batches are its micro-steps, synchronised on the last
  * backward.  A parameter the first and last stages share (the GPT's tied
- * wte) lives on stage 0; the last stage's copy is refreshed from it before
- * every step and its gradient is added to stage 0's before stage 0's last
- * backward, so both ends see the single-device parameter. */
+ * wte) lives on stage 0; the last stage's copy (held here, lent to the
+ * model) is refreshed from it before every step and its gradient is added to
+ * stage 0's before stage 0's last backward, so both ends see the
+ * single-device parameter. */
 #ifndef SHARD_PIPELINE_H
 #define SHARD_PIPELINE_H
 
@@ -29,7 +31,7 @@ typedef struct shard_pp shard_pp;
 /* Micro-batches this rank holds at once under `s` (the model's activation slots: 1 with recompute). */
 int shard__pp_slots(const shard_pipe_schedule *s, int rank, int recompute);
 
-/* The stage model m must have been made with shard__pp_slots slots.  Each step sizes the holders for its
+/* Allocates shard__pp_slots activation slots for the stage model m.  Each step sizes the holders for its
  * micro-batches' largest activation on this rank (shard__pp_run). */
 shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe_schedule *s, int recompute,
                               shard_pp **out);

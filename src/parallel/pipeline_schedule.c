@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shard/split.h"
+
 shard_status shard__pipe_kind_parse(const char *text, shard_pipe_kind *out) {
     static const char *const names[] = {"gpipe", "1f1b", "interleaved"};
     for (int k = 0; k < 3; k++)
@@ -212,7 +214,11 @@ shard_status shard__pipe_partition(size_t n, int k, const char *list, size_t *fi
     if (!list || !*list) {
         if (n < (size_t)k)
             return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: %zu layers cannot fill %d stages (each needs at least one)", n, k);
-        for (int i = 0; i < k; i++) first[i + 1] = first[i] + n / (size_t)k + ((size_t)i < n % (size_t)k);
+        for (int i = 0; i < k; i++) {
+            size_t at, count;
+            shard_split_even(n, (size_t)k, (size_t)i, &at, &count);
+            first[i + 1] = at + count;
+        }
         return SHARD_OK;
     }
     const char *at = list;

@@ -1,25 +1,17 @@
 /* placement.c — see placement.h: a parameter's block on the tensor axis from
  * its spec, the contiguous runs of that block inside the whole tensor (for
  * initialisation, checkpoints and tests), and checked spec choices. */
-#include "parallel/placement.h"
+#include "nn/placement.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "shard/status.h"
-
-shard_mesh_layout shard__placement_layout(int parts) {
-    shard_mesh_layout l;
-    memset(&l, 0, sizeof l);
-    l.ndim = 1, l.sizes[0] = parts > 0 ? parts : 1;
-    snprintf(l.names[0], sizeof l.names[0], "tensor");
-    return l;
-}
+#include "shard/tp.h"
 
 void shard__placement_block(const shard__placement *p, const shard_mesh_layout *layout, int part, size_t *off,
                             size_t *len) {
-    int coords[SHARD_MESH_MAX_AXES] = {part};
-    for (int d = 0; d < p->ndim; d++) shard_spec_local_range(&p->spec, layout, p->shape, coords, d, &off[d], &len[d]);
+    shard_tp_piece(&p->spec, p->ndim, p->shape, layout->sizes[0], part, off, len);
 }
 
 void shard__placement_range(const shard__placement *p, const shard_mesh_layout *layout, int part, size_t *first,

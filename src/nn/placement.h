@@ -1,4 +1,4 @@
-/* placement.h — internal: where a model's parameter lives on the tensor axis,
+/* placement.h — internal to the layers: where a model's parameter lives on the tensor axis,
  * written as a sharding spec (spec.h) of the parameter's *logical* shape.
  *
  * The logical shape exposes the structure a split must respect, while the
@@ -31,10 +31,8 @@ typedef struct shard__placement {
     shard_spec spec;                        /* on the layout tensor=<size> */
 } shard__placement;
 
-/* A one-axis layout "tensor=parts". */
-shard_mesh_layout shard__placement_layout(int parts);
-
-/* The logical block tensor rank `part` holds: offsets and lengths per logical dim. */
+/* The logical block tensor rank `part` holds: offsets and lengths per logical dim (tp.h's shard_tp_piece;
+ * `layout` is shard_tp_layout's "tensor=parts"). */
 void shard__placement_block(const shard__placement *p, const shard_mesh_layout *layout, int part, size_t *off,
                             size_t *len);
 /* The range of the split dim tensor rank `part` holds (the whole dim when nothing is split). */
