@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "parallel/pipeline_schedule.h"
+#include "shard/split.h"
 
 double shard_cost_gpt_flops_per_token(const shard_gpt_config *c, size_t seq) {
     double N = (double)shard_gpt_param_count(c) - (double)c->n_positions * (double)c->n_embd;
@@ -14,15 +15,20 @@ double shard_cost_gpt_flops_per_token(const shard_gpt_config *c, size_t seq) {
 double shard_cost_gpt_stage_activation_bytes(const shard_gpt_config *c, int stages, int stage, size_t slots,
                                              size_t inputs, size_t rows, size_t seq) {
     double N = (double)(rows * seq), C = (double)c->n_embd, V = (double)c->vocab_size, H = (double)c->n_head;
-    size_t L = c->n_layer, blocks = L / (size_t)stages + ((size_t)stage < L % (size_t)stages);
+    size_t first, blocks;
+    shard_split_even(c->n_layer, (size_t)stages, (size_t)stage, &first, &blocks);
     double per_block = N * (16 * C + 4) + (double)rows * H * (double)(seq * seq);
     double per_slot = (double)blocks * per_block + N * C + (stage == stages - 1 ? N * C + 2 * N + N * V : 0);
     double shared = 11 * N * C;
     return 4 * ((double)slots * per_slot + shared + (stage > 0 ? (double)inputs * N * C : 0));
 }
 
-/* The even rule's part r of n over p (the first n % p parts one more). */
-static size_t part_of(size_t n, size_t p, size_t r) { return n / p + (r < n % p); }
+/* The length of part r of n over p (split.h's rule). */
+static size_t part_of(size_t n, size_t p, size_t r) {
+    size_t first, count;
+    shard_split_even(n, p, r, &first, &count);
+    return count;
+}
 
 uint64_t shard_cost_all_reduce_bytes(size_t count, size_t ranks, size_t rank, size_t elem_bytes) {
     size_t len = part_of(count, ranks, rank);

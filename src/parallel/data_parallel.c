@@ -37,6 +37,7 @@
 #include "comm/comm_impl.h"
 #include "nn/precision.h"
 #include "shard/memory.h"
+#include "shard/split.h"
 
 typedef struct unit_state {
     size_t n, mine, my_displ, shard_off; /* unit elements; this rank's piece and where it sits */
@@ -328,10 +329,7 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
             s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
             break;
         }
-        for (size_t r = 0, at = 0; r < D; r++) {
-            u->counts[r] = u->n / D + (r < u->n % D), u->displs[r] = at;
-            at += u->counts[r];
-        }
+        for (size_t r = 0; r < D; r++) shard_split_even(u->n, D, r, &u->displs[r], &u->counts[r]);
         u->mine = u->counts[dp->rank], u->my_displ = u->displs[dp->rank], u->shard_off = dp->shard_total;
         dp->shard_total += u->mine;
     }

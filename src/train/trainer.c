@@ -30,6 +30,7 @@
 #include "shard/dtensor.h"
 #include "shard/launch.h"
 #include "shard/memory.h"
+#include "shard/split.h"
 
 struct shard_trainer {
     shard_trainer_config c;
@@ -53,12 +54,6 @@ struct shard_trainer {
     char partition[512]; /* how the layers were cut (printed with the schedule) */
     uint64_t step_now;
 };
-
-/* The even rule: part r of n over p parts. */
-static void split(size_t n, size_t p, size_t r, size_t *first, size_t *count) {
-    *count = n / p + (r < n % p);
-    *first = r * (n / p) + (r < n % p ? r : n % p);
-}
 
 static shard_status resolve_batch(shard_trainer *t) {
     size_t B = t->c.batch, m = t->c.micro_batch, K = t->c.accum, D = (size_t)t->data_size;
@@ -91,8 +86,8 @@ static shard_status resolve_batch(shard_trainer *t) {
     size_t first, rows_max = 0;
     for (size_t k = 0; k < K; k++) {
         size_t mf, mc, rc;
-        split(B, K, k, &mf, &mc);
-        split(mc, D, 0, &first, &rc);
+        shard_split_even(B, K, k, &mf, &mc);
+        shard_split_even(mc, D, 0, &first, &rc);
         rows_max = rc > rows_max ? rc : rows_max;
     }
     t->global = B, t->accum = K, t->micro = m > rows_max ? m : rows_max;
@@ -333,8 +328,8 @@ void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, 
 /* This rank's rows of micro-batch k. */
 static void my_rows(const shard_trainer *t, size_t k, size_t *first, size_t *rows) {
     size_t mf, mc, rf;
-    split(t->global, t->accum, k, &mf, &mc);
-    split(mc, (size_t)t->data_size, (size_t)t->data_rank, &rf, rows);
+    shard_split_even(t->global, t->accum, k, &mf, &mc);
+    shard_split_even(mc, (size_t)t->data_size, (size_t)t->data_rank, &rf, rows);
     *first = mf + rf;
 }
 
