@@ -54,9 +54,9 @@ static void print_specs(shard_model *m) {
         const shard_param_info *pi = &m->params->info[i];
         size_t whole[SHARD_MAX_DIMS] = {0};
         memcpy(whole, pi->shape, sizeof pi->shape);
-        if (m->ops->whole_shape) m->ops->whole_shape(m, i, whole);
-        char spec[192] = "P()", ws[64], ls[64];
-        if (m->ops->param_spec) m->ops->param_spec(m, i, spec, sizeof spec);
+        shard_model_whole_shape(m, i, whole);
+        char spec[192], ws[64], ls[64];
+        shard_model_param_spec(m, i, spec, sizeof spec);
         int a = snprintf(ws, sizeof ws, "[%zu", whole[0]), b = snprintf(ls, sizeof ls, "[%zu", pi->shape[0]);
         for (int d = 1; d < pi->ndim; d++) {
             a += snprintf(ws + a, sizeof ws - (size_t)a, ", %zu", whole[d]);

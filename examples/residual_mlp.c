@@ -135,7 +135,7 @@ static void destroy(shard_model *m) {
     free(p);
 }
 
-static const shard_model_ops residual_mlp_ops = {.kind = KIND, .load_batch = load_batch, .batch_items = batch_items,
+static const shard_model_ops residual_mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = KIND, .load_batch = load_batch, .batch_items = batch_items,
                                                  .forward = forward, .backward = backward, .init = init,
                                                  .describe = describe, .destroy = destroy};
 

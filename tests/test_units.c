@@ -421,7 +421,8 @@ static void public_clock_and_files(void **state) {
 
 /* ---- the model registry (model.h) and the trainer's factory (trainer.h) ---- */
 
-/* A kind of the tests' own: a table with only destroy, enough to be built and given back. */
+/* A kind of the tests' own: a table with the entries every model needs, enough to be built and given
+ * back (forward and backward are never called here). */
 typedef struct unit_model {
     shard_model model;
     size_t max_rows;
@@ -429,8 +430,24 @@ typedef struct unit_model {
 } unit_model;
 
 static void unit_destroy(shard_model *m) { free(m->impl); }
+static shard_status unit_forward(shard_model *m, double denominator, double *loss) {
+    (void)m, (void)denominator;
+    *loss = 0;
+    return SHARD_OK;
+}
+static shard_status unit_backward(shard_model *m) {
+    (void)m;
+    return SHARD_OK;
+}
 
-static const shard_model_ops unit_ops = {.kind = "unit_kind", .destroy = unit_destroy};
+static const shard_model_ops unit_ops = {.struct_size = sizeof(shard_model_ops), .kind = "unit_kind",
+                                         .forward = unit_forward, .backward = unit_backward, .destroy = unit_destroy};
+/* Tables a model built against other headers, or a half-filled one, would give */
+static const shard_model_ops unit_ops_older = {.struct_size = sizeof(shard_model_ops) - sizeof(void *),
+                                               .kind = "unit_kind", .forward = unit_forward,
+                                               .backward = unit_backward, .destroy = unit_destroy};
+static const shard_model_ops unit_ops_no_backward = {.struct_size = sizeof(shard_model_ops), .kind = "unit_kind",
+                                                     .forward = unit_forward, .destroy = unit_destroy};
 
 static shard_status unit_create(const shard_model_create_options *o, shard_model **out) {
     unit_model *u = calloc(1, sizeof *u);
@@ -457,6 +474,15 @@ static void model_registry(void **state) {
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_OK);
     assert_true(m && m->ops == &unit_ops && ((unit_model *)m->impl)->max_rows == 7 && ((unit_model *)m->impl)->ctx == &ctx);
     shard_model_destroy(m);
+    /* a table from other headers, or without backward, is refused naming the kind and what is wrong */
+    shard_model fake = {.ops = &unit_ops_older};
+    assert_int_equal(shard_model_check_tables(&fake), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "struct_size"));
+    fake.ops = &unit_ops_no_backward;
+    assert_int_equal(shard_model_check_tables(&fake), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "model 'unit_kind': its table lacks backward"));
+    fake.ops = &unit_ops;
+    assert_int_equal(shard_model_check_tables(&fake), SHARD_OK);
     /* a name registered already, a built-in one among them, is refused in one line */
     assert_int_equal(shard_model_register("unit_kind", unit_create), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "model kind 'unit_kind' is registered already"));
@@ -481,7 +507,7 @@ static void model_registry(void **state) {
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
     assert_string_equal(shard_last_error(), "--spec: model_type 'unit_kind' places every parameter whole; specs are "
                                             "for the GPT's parameters");
-    shard_model_stage stage = {.index = 0, .count = 2, .chunks = 1, .first = {0}, .last = {1}, .slots = 1};
+    shard_model_stage stage = {.index = 0, .count = 2, .chunks = 1, .first = {0}, .last = {1}};
     o.specs = NULL, o.stage = &stage;
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
     assert_string_equal(shard_last_error(), "unit.json: model_type 'unit_kind' is not cut into pipeline stages (the "

@@ -42,7 +42,8 @@ typedef struct shard_model_hooks {
 } shard_model_hooks;
 
 typedef struct shard_model_ops {
-    const char *kind; /* "gpt2", "cnn", "mlp" */
+    size_t struct_size; /* sizeof(shard_model_ops), as the model's header had it: lets the table grow */
+    const char *kind;   /* "gpt2", "cnn", "mlp" */
     /* Load rows [first_row, first_row + rows) of the global batch of `step`. */
     shard_status (*load_batch)(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows);
     /* Loss terms in the loaded rows (tokens with a target, images, rows). */
@@ -55,14 +56,6 @@ typedef struct shard_model_ops {
     /* One line: the architecture and its sizes. */
     void (*describe)(const shard_model *m, char *out, size_t bytes);
     void (*destroy)(shard_model *m);
-    /* The tensor table's four entries (shard_model_tensor_ops), also read from here by callers written
-     * before that table; new code calls shard_model_whole_shape and the others below. */
-    void (*whole_shape)(const shard_model *m, size_t i, size_t *shape);
-    shard_status (*gather_piece)(shard_model *m, size_t i, const float *piece, float *whole);
-    void (*take_piece)(const shard_model *m, size_t i, const float *whole, float *piece);
-    /* Parameter i's placement on the tensor axis as text, e.g. "P(None, 'tensor') of [256, 1024]"
-     * (the spec and the logical shape it is written on); NULL: every parameter whole. */
-    void (*param_spec)(const shard_model *m, size_t i, char *out, size_t bytes);
     /* The optional tables: split over a tensor axis (NULL: every parameter whole on every rank), cut
      * into pipeline stages (NULL: the model runs whole). */
     const struct shard_model_tensor_ops *tensor;
@@ -72,14 +65,12 @@ typedef struct shard_model_ops {
 /* A pipe rank's part of the model: `chunks` runs of layers (one; v with virtual stages, chunk c being
  * virtual stage c * count + index), chunk c holding layers first[c] .. last[c]-1 of the model's
  * `layers` (the GPT: its blocks; the embeddings live on virtual stage 0, the final LayerNorm and the
- * LM head on the last).  `slots`: the micro-batch chunks in flight; models keep no per-micro-batch
- * buffers (the pipeline allocates them), so they ignore it. */
+ * LM head on the last).  A model keeps no per-micro-batch buffers: the pipeline allocates them. */
 #define SHARD_MAX_STAGE_CHUNKS 16
 typedef struct shard_model_stage {
     int index, count;
     size_t chunks;
     size_t first[SHARD_MAX_STAGE_CHUNKS], last[SHARD_MAX_STAGE_CHUNKS];
-    size_t slots;
 } shard_model_stage;
 
 /* A model split over a tensor axis (tp.h) holds a piece of some parameters:
@@ -206,6 +197,11 @@ void shard_model_whole_shape(const shard_model *m, size_t i, size_t *shape);
 shard_status shard_model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole);
 void shard_model_take_piece(const shard_model *m, size_t i, const float *whole, float *piece);
 void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes);
+/* Whether m's tables were filled for this library: the core table, and the tensor and pipeline tables
+ * where given, each with its struct_size at least this header's size and the entries every model needs
+ * (kind, forward, backward, destroy; a pipeline table's ranges).  One line naming the model's kind and
+ * what is missing otherwise.  The factory and the trainer check every model they are given. */
+shard_status shard_model_check_tables(const shard_model *m);
 
 /* Dropout keys for a site: a mask element is a function of (run seed, step,
  * site, global position) only, so every strategy draws the same masks. */

@@ -391,7 +391,7 @@ static const shard_model_pipe_ops cnn_pipe_ops = {.struct_size = sizeof(shard_mo
                                                   .forward_range = pipe_forward_range,
                                                   .backward_range = pipe_backward_range};
 
-static const shard_model_ops cnn_model_ops = {.kind = "cnn", .load_batch = model_load_batch, .batch_items = model_items,
+static const shard_model_ops cnn_model_ops = {.struct_size = sizeof(shard_model_ops), .kind = "cnn", .load_batch = model_load_batch, .batch_items = model_items,
                                               .forward = model_forward, .backward = model_backward, .init = model_init,
                                               .describe = model_describe, .destroy = model_destroy,
                                               .pipe = &cnn_pipe_ops};

@@ -986,7 +986,8 @@ static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_mo
                                                   .tied = pipe_tied,
                                                   .use_tied = pipe_use_tied};
 
-static const shard_model_ops gpt_model_ops = {.kind = "gpt2",
+static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_ops),
+                                              .kind = "gpt2",
                                               .load_batch = model_load_batch,
                                               .batch_items = model_items,
                                               .forward = model_forward,
@@ -994,10 +995,6 @@ static const shard_model_ops gpt_model_ops = {.kind = "gpt2",
                                               .init = model_init,
                                               .describe = model_describe,
                                               .destroy = model_destroy,
-                                              .whole_shape = model_whole_shape,
-                                              .gather_piece = model_gather_piece,
-                                              .take_piece = model_take_piece,
-                                              .param_spec = model_param_spec,
                                               .tensor = &gpt_tensor_ops,
                                               .pipe = &gpt_pipe_ops};
 

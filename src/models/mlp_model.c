@@ -124,7 +124,7 @@ static void destroy(shard_model *m) {
     free(p);
 }
 
-static const shard_model_ops mlp_ops = {.kind = "mlp", .load_batch = load_batch, .batch_items = items, .forward = forward,
+static const shard_model_ops mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = "mlp", .load_batch = load_batch, .batch_items = items, .forward = forward,
                                         .backward = backward, .init = init, .describe = describe, .destroy = destroy};
 
 shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out) {

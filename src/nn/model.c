@@ -91,6 +91,30 @@ void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t by
     else snprintf(out, bytes, "P()");
 }
 
+shard_status shard_model_check_tables(const shard_model *m) {
+    const shard_model_ops *o = m ? m->ops : NULL;
+    if (!o) return shard_error(SHARD_ERR_INVALID_ARG, "model: no table (m->ops is NULL)");
+    const char *kind = o->struct_size >= sizeof *o && o->kind ? o->kind : "(unnamed)";
+    if (o->struct_size < sizeof *o)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its table's struct_size %zu is not this library's %zu: "
+                           "set .struct_size = sizeof(shard_model_ops) and rebuild against these headers", kind,
+                           o->struct_size, sizeof *o);
+    if (!o->kind || !o->forward || !o->backward || !o->destroy)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its table lacks %s: every model gives kind, forward, "
+                           "backward and destroy", kind, !o->kind ? "kind" : !o->forward ? "forward"
+                                                                         : !o->backward ? "backward" : "destroy");
+    if (o->tensor && o->tensor->struct_size < sizeof *o->tensor)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its tensor table's struct_size %zu is not this "
+                           "library's %zu", kind, o->tensor->struct_size, sizeof *o->tensor);
+    if (o->pipe && o->pipe->struct_size < sizeof *o->pipe)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its pipeline table's struct_size %zu is not this "
+                           "library's %zu", kind, o->pipe->struct_size, sizeof *o->pipe);
+    if (o->pipe && (!o->pipe->blocks || !o->pipe->forward_range || !o->pipe->backward_range))
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its pipeline table lacks blocks, forward_range or "
+                           "backward_range", kind);
+    return SHARD_OK;
+}
+
 uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site) {
     uint64_t z = m->seed * 0x9e3779b97f4a7c15ULL ^ (m->step + 1) * 0xbf58476d1ce4e5b9ULL ^ (site + 1) * 0x94d049bb133111ebULL;
     z = (z ^ (z >> 31)) * 0xd6e8feb86659fd93ULL;
@@ -313,7 +337,11 @@ shard_status shard_model_create_with(const shard_model_create_options *options, 
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' is not cut into pipeline stages (the GPT and "
                            "the CNN are): give pipe=1", o.config_path, k.name);
     o.ctx = k.ctx;
-    return k.create(&o, out);
+    SHARD_CHECK(k.create(&o, out));
+    shard_status s = *out ? shard_model_check_tables(*out)
+                          : shard_error(SHARD_ERR_INTERNAL, "model_type '%s': its create function made no model", k.name);
+    if (s < 0 && *out) shard_model_destroy(*out), *out = NULL;
+    return s;
 }
 
 shard_status shard_model_create(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,

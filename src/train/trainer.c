@@ -118,6 +118,8 @@ static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const
     if (s == SHARD_OK && (!*out || !(*out)->ops))
         s = shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_create_with_model: the factory's create returned no model "
                         "(it must set *out to a model with its table)");
+    if (s == SHARD_OK) s = shard_model_check_tables(*out);
+    if (s < 0 && *out) shard_model_destroy(*out), *out = NULL;
     return s;
 }
 
@@ -176,8 +178,7 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
                                                                                : "even, the remainder on the first stages");
         snprintf(t->partition, sizeof t->partition, "layers per stage %s; %s", counts, how);
     }
-    t->stage = (shard_model_stage){.index = r, .count = p, .chunks = (size_t)v,
-                                   .slots = (size_t)shard__pp_slots(t->sched, r, t->c.recompute)};
+    t->stage = (shard_model_stage){.index = r, .count = p, .chunks = (size_t)v};
     for (int c = 0; s == SHARD_OK && c < v; c++) t->stage.first[c] = first[c * p + r], t->stage.last[c] = first[c * p + r + 1];
     free(first);
     t->pipe = pipe;
@@ -225,6 +226,7 @@ static shard_status check_factory(shard_mesh *mesh, const shard_trainer_config *
     if (config->param_specs && *config->param_specs)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: param_specs '%s': a model built by the caller places its own "
                            "parameters; give none", who, config->param_specs);
+    SHARD_CHECK(shard_model_check_tables(m));
     if (!m->ops || !m->params || !m->params->data)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: the model holds no values (%s): build a fresh one for each "
                            "trainer", who, !m->ops || !m->params ? "no table or parameters"
@@ -420,7 +422,7 @@ static shard_status ckpt_params(shard_trainer *t, ckpt_param **out, size_t **min
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
         size_t shape[SHARD_MAX_DIMS];
         memcpy(shape, p->info[i].shape, sizeof shape);
-        if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, shape);
+        shard_model_whole_shape(t->model, i, shape);
         memcpy(own[i].name, p->info[i].name, sizeof own[i].name);
         own[i].ndim = p->info[i].ndim;
         for (int d = 0; d < SHARD_MAX_DIMS; d++) own[i].shape[d] = (int64_t)shape[d];
@@ -522,8 +524,7 @@ static shard_status param_whole(shard_trainer *t, size_t i, int which, size_t wh
     if (!info) memset(whole, 0, whole_n * sizeof *whole);
     else s = shard__dp_get_range(t->dp, which, info->offset, info->numel, piece);
     if (info && s == SHARD_OK) {
-        if (t->model->ops->gather_piece) s = t->model->ops->gather_piece(t->model, i, piece, whole);
-        else memcpy(whole, piece, info->numel * sizeof(float));
+        s = shard_model_gather_piece(t->model, i, piece, whole);
     }
     /* a pipeline: the stage that holds it gives it to the others (the rest add zeros) */
     if (s == SHARD_OK && t->pipe) s = shard_comm_all_reduce(t->pipe, whole, whole, whole_n, SHARD_F32, SHARD_OP_SUM);
@@ -548,8 +549,7 @@ static void free_items(shard_ckpt_item *items, void *names, size_t n) {
 
 /* This rank's piece of parameter i (a tensor-parallel block, or all of it) from its whole tensor. */
 static void take_piece(const shard_trainer *t, size_t i, const float *whole, float *piece) {
-    if (t->model->ops->take_piece) t->model->ops->take_piece(t->model, i, whole, piece);
-    else memcpy(piece, whole, t->model->params->info[i].numel * sizeof(float));
+    shard_model_take_piece(t->model, i, whole, piece);
 }
 
 /* The settings that shape the run's numbers (not how it is split), as a JSON object: saved with each
@@ -689,7 +689,7 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     if (s < 0) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
         info[i] = p->info[i];
-        if (t->model->ops->whole_shape) t->model->ops->whole_shape(t->model, i, info[i].shape);
+        shard_model_whole_shape(t->model, i, info[i].shape);
     }
     if (s == SHARD_OK) s = shard_params_create(info, p->count, SHARD_MEM_OTHER, &whole);
     if (s == SHARD_OK) s = shard_params_load(whole, path, 1, NULL);
