@@ -266,12 +266,54 @@ static void batch_sources(void **state) {
     shard_batch_source_destroy(src);
 }
 
+/* A model's set_batch takes the rows it was made for, and refuses another dtype, another row width or
+ * more rows in one line; the kind's source is the one the trainer would make. */
+static void set_batch_refusals(void **state) {
+    (void)state;
+    shard_model *m = NULL;
+    shard_model_create_options o = {.struct_size = sizeof o,
+                                    .config_text = "{\"model_type\": \"mlp\", \"model_dim\": 6, \"hidden_dim\": 8}",
+                                    .config_path = "mlp.json", .max_rows = 4};
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_OK);
+    shard_batch_source *src = NULL, *wide = NULL, *tokens = NULL;
+    o.data_dir = "/tmp";
+    assert_int_equal(shard_model_batch_source(&o, m, &src), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "--data /tmp: model_type 'mlp' (mlp.json) trains on rows it generates"));
+    o.data_dir = NULL, o.max_rows = 8;
+    assert_int_equal(shard_model_batch_source(&o, m, &src), SHARD_OK);
+    shard_batch b;
+    assert_int_equal(shard_batch_source_load(src, 1, 1, 0, 4, &b), SHARD_OK);
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_OK);
+    assert_int_equal(m->rows, 4);
+    assert_int_equal(shard_batch_source_load(src, 1, 1, 0, 5, &b), SHARD_OK); /* more rows than the model's 4 */
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "model 'mlp': a batch of 5 rows; this model was made for up to 4"));
+    shard_batch_teacher_options go = {.struct_size = sizeof go, .name = "wide", .dim = 5, .max_rows = 4, .teacher_seed = 7};
+    assert_int_equal(shard_batch_source_teacher(&go, &wide), SHARD_OK);
+    assert_int_equal(shard_batch_source_load(wide, 1, 1, 0, 2, &b), SHARD_OK);
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "a batch of rows of 5 f32 inputs and 5 f32 targets; this model takes 6 "
+                                               "f32 inputs and 6 f32 targets per row"));
+    char path[128];
+    path_of(path, sizeof path, "m.tokens");
+    uint32_t toks[64] = {0};
+    assert_int_equal(shard_tokens_write(path, toks, 64, 256), SHARD_OK);
+    shard_batch_tokens_options to = {.struct_size = sizeof to, .path = path, .seq = 6, .max_rows = 4};
+    assert_int_equal(shard_batch_source_tokens(&to, &tokens), SHARD_OK);
+    assert_int_equal(shard_batch_source_load(tokens, 1, 1, 0, 2, &b), SHARD_OK);
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "6 i32 inputs and 6 i32 targets; this model takes 6 f32 inputs"));
+    shard_batch_source_destroy(tokens), shard_batch_source_destroy(wide), shard_batch_source_destroy(src);
+    shard_model_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(token_files),
         cmocka_unit_test(tokenizer_and_batches),
         cmocka_unit_test(idx),
         cmocka_unit_test(batch_sources),
+        cmocka_unit_test(set_batch_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (dir[0]) {
