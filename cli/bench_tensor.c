@@ -64,17 +64,24 @@ static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
     shard_trainer_destroy(tr);
     /* forward only, one sequence */
     shard_model *m = NULL;
+    shard_batch_source *src = NULL;
+    shard_batch b;
     snprintf(path, sizeof path, "%s", a->config);
     if (s == SHARD_OK) s = shard_model_create(path, a->dir, 1, (size_t)a->seq, tensor, sp, &m);
+    shard_model_create_options o = {.struct_size = sizeof o, .config_path = path, .data_dir = a->dir, .max_rows = 1,
+                                    .seq = (size_t)a->seq};
+    if (s == SHARD_OK) s = shard_model_batch_source(&o, m, &src);
     if (s == SHARD_OK) m->ops->init(m, 1);
     for (int i = 0; s == SHARD_OK && i < 11; i++) {
         double loss, t0;
-        s = m->ops->load_batch(m, 1, (uint64_t)i + 1, 0, 1);
+        s = shard_batch_source_load(src, 1, (uint64_t)i + 1, 0, 1, &b);
+        if (s == SHARD_OK) s = m->ops->set_batch(m, &b);
         if (s == SHARD_OK) s = shard_comm_barrier(comm);
         t0 = shard_clock_seconds();
         if (s == SHARD_OK) s = m->ops->forward(m, (double)a->seq, &loss);
         fw[i] = (shard_clock_seconds() - t0) * 1e3;
     }
+    shard_batch_source_destroy(src);
     shard_model_destroy(m);
     shard_mesh_destroy(mesh);
     if (s == SHARD_OK) {

@@ -4,9 +4,10 @@
  *   h1 = ReLU(x W1), h2 = ReLU(h1 W2), y = (h2 + h1) W3
  *
  * a 3-layer MLP with a residual connection, one unit per layer, fitted by
- * mean squared error to a fixed teacher's outputs tanh(x A).  Row r of step
- * s's global batch is drawn from (seed, s, r) alone, so every split of the
- * batch over ranks sees the same rows.
+ * mean squared error to a fixed teacher's outputs tanh(x A).  Its rows come
+ * from its own batch source (batch.h), registered with the kind: row r of
+ * step s's global batch is drawn from (seed, s, r) alone, so every split of
+ * the batch over ranks sees the same rows.
  *
  * It checks, and exits 1 when one fails:
  *   - the backward against central differences of the forward;
@@ -37,24 +38,19 @@ typedef struct residual_mlp {
     shard_model model; /* first: the table's shard_model is this struct */
     size_t d, h, max_rows;
     shard_params *params;
-    float *teacher;
     /* activations for max_rows rows: what backward needs, and its gradients */
     float *x, *target, *a1, *h1, *a2, *h2, *sum, *y, *dy, *dsum, *dh1, *da2;
 } residual_mlp;
 
 static residual_mlp *impl(const shard_model *m) { return (residual_mlp *)m->impl; }
 
-static shard_status load_batch(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows) {
+/* The rows copied in: x and target sit in one allocation with the activations. */
+static shard_status set_batch(shard_model *m, const shard_batch *b) {
     residual_mlp *p = impl(m);
-    if (rows > p->max_rows)
-        return shard_error(SHARD_ERR_INVALID_ARG, KIND ": %zu rows; made for up to %zu", rows, p->max_rows);
-    m->seed = seed, m->step = step, m->first_row = first_row, m->rows = rows;
-    char name[64];
-    snprintf(name, sizeof name, KIND ".data.%llu", (unsigned long long)step);
-    shard_init_normal(p->x, first_row * p->d, rows * p->d, 1.0f, seed, name); /* keyed by the global row */
-    if (!rows) return SHARD_OK;
-    SHARD_CHECK(shard_linear_forward(p->x, p->teacher, NULL, p->target, rows, p->d, p->d));
-    for (size_t i = 0; i < rows * p->d; i++) p->target[i] = tanhf(p->target[i]);
+    SHARD_CHECK(shard_model_check_batch(m, b, p->max_rows, SHARD_F32, p->d, SHARD_F32, p->d));
+    if (!b->rows) return SHARD_OK;
+    memcpy(p->x, b->inputs, b->rows * p->d * sizeof *p->x);
+    memcpy(p->target, b->targets, b->rows * p->d * sizeof *p->target);
     return SHARD_OK;
 }
 
@@ -130,12 +126,11 @@ static void destroy(shard_model *m) {
     residual_mlp *p = impl(m);
     shard_model_free_units(m);
     shard_params_destroy(p->params);
-    free(p->teacher);
     shard_free(p->x);
     free(p);
 }
 
-static const shard_model_ops residual_mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = KIND, .load_batch = load_batch, .batch_items = batch_items,
+static const shard_model_ops residual_mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = KIND, .set_batch = set_batch, .batch_items = batch_items,
                                                  .forward = forward, .backward = backward, .init = init,
                                                  .describe = describe, .destroy = destroy};
 
@@ -156,8 +151,6 @@ static shard_status residual_mlp_create(const shard_model_create_options *o, sha
     if (!d || !h)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' is missing or not an integer in 1..4096 (" KIND
                            " keys: dim, hidden)", o->config_path, d ? "hidden" : "dim");
-    if (o->data_dir)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--data %s: " KIND " generates its rows; drop --data", o->data_dir);
     residual_mlp *p = calloc(1, sizeof *p);
     if (!p) return shard_error(SHARD_ERR_NO_MEMORY, KIND ": out of memory");
     p->d = d, p->h = h, p->max_rows = o->max_rows ? o->max_rows : 1;
@@ -170,9 +163,8 @@ static shard_status residual_mlp_create(const shard_model_create_options *o, sha
     shard_status s = shard_params_create(t, 3, SHARD_MEM_PARAMS, &p->params);
     if (s == SHARD_OK) s = shard_model_setup_units(&p->model, p->params, unit_first, 3);
     if (s == SHARD_OK) {
-        p->teacher = malloc(d * d * sizeof(float));
         p->x = shard_alloc(R * (4 * d + 9 * h) * sizeof(float), SHARD_MEM_ACTIVATIONS);
-        if (!p->teacher || !p->x) s = shard_error(SHARD_ERR_NO_MEMORY, KIND ": out of memory");
+        if (!p->x) s = shard_error(SHARD_ERR_NO_MEMORY, KIND ": out of memory");
     }
     if (s < 0) {
         destroy(&p->model);
@@ -183,8 +175,61 @@ static shard_status residual_mlp_create(const shard_model_create_options *o, sha
     float *at = p->x + R * d;
     for (size_t i = 0; i < 3; i++) *rows_d[i] = at, at += R * d;
     for (size_t i = 0; i < 8; i++) *rows_h[i] = at, at += R * h;
-    shard_init_normal(p->teacher, 0, d * d, 1.0f / sqrtf((float)d), 11, KIND ".teacher");
     *out = &p->model;
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- the rows */
+
+/* Its batch source: x ~ N(0, 1) keyed by (seed, step, global row), target tanh(x A), A drawn once. */
+typedef struct teacher_rows {
+    shard_batch_source src; /* first: the table's source is this struct */
+    float *teacher, *x, *target; /* A [d, d]; the loaded rows */
+    size_t d;
+} teacher_rows;
+
+static shard_status rows_load(shard_batch_source *src, uint64_t seed, uint64_t step, size_t first_row, size_t rows,
+                              shard_batch *into) {
+    teacher_rows *r = src->impl;
+    *into = (shard_batch){.rows = rows, .seed = seed, .step = step, .first_row = first_row, .input_dtype = SHARD_F32,
+                          .target_dtype = SHARD_F32, .input_elems = r->d, .target_elems = r->d, .inputs = r->x,
+                          .targets = r->target};
+    char name[64];
+    snprintf(name, sizeof name, KIND ".data.%llu", (unsigned long long)step);
+    shard_init_normal(r->x, first_row * r->d, rows * r->d, 1.0f, seed, name); /* keyed by the global row */
+    if (!rows) return SHARD_OK;
+    SHARD_CHECK(shard_linear_forward(r->x, r->teacher, NULL, r->target, rows, r->d, r->d));
+    for (size_t i = 0; i < rows * r->d; i++) r->target[i] = tanhf(r->target[i]);
+    return SHARD_OK;
+}
+
+static void rows_destroy(shard_batch_source *src) {
+    teacher_rows *r = src->impl;
+    free(r->teacher), shard_free(r->x), free(r);
+}
+
+static const shard_batch_source_ops teacher_rows_ops = {.struct_size = sizeof(shard_batch_source_ops),
+                                                        .kind = KIND " rows", .load = rows_load,
+                                                        .destroy = rows_destroy};
+
+/* The kind's batch source, for the model m it will feed: rows of its width, up to o->max_rows of them. */
+static shard_status teacher_rows_create(const shard_model_create_options *o, const shard_model *m,
+                                        shard_batch_source **out) {
+    if (o->data_dir)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--data %s: " KIND " generates its rows; drop --data", o->data_dir);
+    size_t d = impl(m)->d, R = o->max_rows ? o->max_rows : 1;
+    teacher_rows *r = calloc(1, sizeof *r);
+    if (!r) return shard_error(SHARD_ERR_NO_MEMORY, KIND ": out of memory");
+    r->src = (shard_batch_source){.ops = &teacher_rows_ops, .max_rows = R, .impl = r}, r->d = d;
+    r->teacher = malloc(d * d * sizeof(float));
+    r->x = shard_alloc(2 * R * d * sizeof(float), SHARD_MEM_OTHER);
+    if (!r->teacher || !r->x) {
+        rows_destroy(&r->src);
+        return shard_error(SHARD_ERR_NO_MEMORY, KIND ": out of memory");
+    }
+    r->target = r->x + R * d;
+    shard_init_normal(r->teacher, 0, d * d, 1.0f / sqrtf((float)d), 11, KIND ".teacher");
+    *out = &r->src;
     return SHARD_OK;
 }
 
@@ -197,13 +242,17 @@ static shard_status check_gradient(void) {
     shard_model_create_options o = {.struct_size = sizeof o, .config_text = CONFIG, .max_rows = BATCH};
     SHARD_CHECK(shard_model_create_with(&o, &m));
     shard_params *grads = NULL;
+    shard_batch_source *src = NULL;
+    shard_batch b;
     shard_status s = shard_params_like(m->params, SHARD_MEM_GRADS, &grads);
     double loss = 0, worst = 0;
+    if (s == SHARD_OK) s = shard_model_batch_source(&o, m, &src); /* the kind's, as the trainer makes it */
     if (s == SHARD_OK) {
         m->ops->init(m, 5);
         shard_model_bind_grad_slab(m, grads->data);
-        s = m->ops->load_batch(m, 5, 1, 0, BATCH);
+        s = shard_batch_source_load(src, 5, 1, 0, BATCH, &b);
     }
+    if (s == SHARD_OK) s = m->ops->set_batch(m, &b);
     if (s == SHARD_OK) s = m->ops->forward(m, BATCH, &loss);
     if (s == SHARD_OK) s = m->ops->backward(m);
     for (size_t i = 0; s == SHARD_OK && i < m->params->count; i++)
@@ -229,6 +278,7 @@ static shard_status check_gradient(void) {
         }
     if (s == SHARD_OK) printf("gradient: the backward within %.2g relative of central differences\n", worst);
     shard_params_destroy(grads);
+    shard_batch_source_destroy(src);
     shard_model_destroy(m);
     return s;
 }
@@ -297,7 +347,9 @@ static int agree(const char *what, const run *ref, const run *got) {
 int main(void) {
     static run one = {.zero = 0}, zero3 = {.zero = 3}, by_config = {.zero = 1};
     char path[4096] = "";
-    shard_status s = shard_model_register(KIND, residual_mlp_create);
+    shard_model_kind kind = {.struct_size = sizeof kind, .name = KIND, .create = residual_mlp_create,
+                             .batch_source = teacher_rows_create}; /* the model and where its rows come from */
+    shard_status s = shard_model_register_kind(&kind);
     if (s == SHARD_OK) s = check_gradient();
     if (s == SHARD_OK) s = shard_launch(1, train, &one);
     if (s == SHARD_OK) s = shard_launch(2, train, &zero3);

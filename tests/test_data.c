@@ -2,7 +2,9 @@
  * widths, corruption caught), the byte-level tokenizer, batches that depend
  * only on (seed, step, row) so any split over ranks gives the same global
  * batch, and the IDX reader (gzip and plain, refusals, and Debian's
- * Fashion-MNIST test set). */
+ * Fashion-MNIST test set), and the batch sources (batch.h): the same rows
+ * whatever the split over loads, too many rows refused, a batch of the wrong
+ * shape refused by a model's set_batch. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,7 +18,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "shard/batch.h"
 #include "shard/data.h"
+#include "shard/model.h"
 
 static char dir[64];
 
@@ -193,11 +197,123 @@ static void idx(void **state) {
     shard_idx_free(&x);
 }
 
+/* Rows 0..7 in one load equal rows 0..3 then 4..7: the bytes of inputs and targets. */
+static void same_rows_split(shard_batch_source *src, size_t in_bytes, size_t target_bytes) {
+    shard_batch whole, part;
+    assert_int_equal(shard_batch_source_load(src, 3, 5, 0, 8, &whole), SHARD_OK);
+    assert_int_equal(whole.rows, 8);
+    assert_true(whole.seed == 3 && whole.step == 5 && whole.first_row == 0);
+    size_t ib = whole.input_elems * in_bytes, tb = whole.target_elems * target_bytes;
+    unsigned char *in = malloc(8 * ib), *tg = malloc(8 * tb);
+    assert_true(in && tg);
+    memcpy(in, whole.inputs, 8 * ib), memcpy(tg, whole.targets, 8 * tb);
+    for (size_t first = 0; first < 8; first += 4) {
+        assert_int_equal(shard_batch_source_load(src, 3, 5, first, 4, &part), SHARD_OK);
+        assert_int_equal(part.first_row, first);
+        assert_memory_equal(part.inputs, in + first * ib, 4 * ib);
+        assert_memory_equal(part.targets, tg + first * tb, 4 * tb);
+    }
+    assert_int_equal(shard_batch_source_load(src, 3, 6, 0, 8, &part), SHARD_OK); /* another step, other rows */
+    assert_memory_not_equal(part.inputs, in, 8 * ib);
+    /* more rows than the source was made for */
+    assert_int_equal(shard_batch_source_load(src, 3, 5, 0, 9, &part), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "9 rows asked; it was made for up to 8"));
+    free(in), free(tg);
+}
+
+static void batch_sources(void **state) {
+    (void)state;
+    char path[128];
+    path_of(path, sizeof path, "b.tokens");
+    uint32_t toks[400];
+    for (size_t i = 0; i < 400; i++) toks[i] = (uint32_t)(i * 7 % 300);
+    assert_int_equal(shard_tokens_write(path, toks, 400, 300), SHARD_OK);
+    shard_batch_source *src = NULL;
+    shard_batch_tokens_options to = {.struct_size = sizeof to, .path = path, .seq = 16, .max_rows = 8,
+                                     .vocab_size = 256, .where = "g.json"};
+    assert_int_equal(shard_batch_source_tokens(&to, &src), SHARD_ERR_INVALID_ARG); /* a vocabulary too small */
+    assert_non_null(strstr(shard_last_error(), "g.json: key 'vocab_size' = 256 is smaller than the data's vocabulary (300)"));
+    to.vocab_size = 300;
+    assert_int_equal(shard_batch_source_tokens(&to, &src), SHARD_OK);
+    shard_batch b;
+    assert_int_equal(shard_batch_source_load(src, 1, 2, 0, 8, &b), SHARD_OK);
+    assert_true(b.input_dtype == SHARD_I32 && b.target_dtype == SHARD_I32 && b.input_elems == 16);
+    /* what shard_tokens_batch draws, the targets the next tokens */
+    shard_tokens *t = NULL;
+    int32_t in[8 * 16], tg[8 * 16];
+    assert_int_equal(shard_tokens_open(path, &t), SHARD_OK);
+    assert_int_equal(shard_tokens_batch(t, 1, 2, 0, 8, 16, in, tg), SHARD_OK);
+    shard_tokens_close(t);
+    assert_memory_equal(b.inputs, in, sizeof in);
+    assert_memory_equal(b.targets, tg, sizeof tg);
+    same_rows_split(src, sizeof(int32_t), sizeof(int32_t));
+    shard_batch_source_destroy(src);
+
+    shard_batch_images_options io = {.struct_size = sizeof io, .in_channels = 1, .height = 28, .width = 28,
+                                     .classes = 10, .max_rows = 8};
+    assert_int_equal(shard_batch_source_images(&io, &src), SHARD_OK); /* Debian's Fashion-MNIST */
+    assert_int_equal(shard_batch_source_load(src, 1, 1, 0, 2, &b), SHARD_OK);
+    assert_true(b.input_dtype == SHARD_F32 && b.input_elems == 784 && b.target_dtype == SHARD_I32 && b.target_elems == 1);
+    same_rows_split(src, sizeof(float), sizeof(int32_t));
+    shard_batch_source_destroy(src);
+    io.width = 27; /* images of another shape */
+    assert_int_equal(shard_batch_source_images(&io, &src), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "images of shape [60000 x 28 x 28]"));
+
+    shard_batch_teacher_options go = {.struct_size = sizeof go, .name = "unit", .dim = 6, .max_rows = 8, .teacher_seed = 7};
+    assert_int_equal(shard_batch_source_teacher(&go, &src), SHARD_OK);
+    same_rows_split(src, sizeof(float), sizeof(float));
+    shard_batch_source_destroy(src);
+}
+
+/* A model's set_batch takes the rows it was made for, and refuses another dtype, another row width or
+ * more rows in one line; the kind's source is the one the trainer would make. */
+static void set_batch_refusals(void **state) {
+    (void)state;
+    shard_model *m = NULL;
+    shard_model_create_options o = {.struct_size = sizeof o,
+                                    .config_text = "{\"model_type\": \"mlp\", \"model_dim\": 6, \"hidden_dim\": 8}",
+                                    .config_path = "mlp.json", .max_rows = 4};
+    assert_int_equal(shard_model_create_with(&o, &m), SHARD_OK);
+    shard_batch_source *src = NULL, *wide = NULL, *tokens = NULL;
+    o.data_dir = "/tmp";
+    assert_int_equal(shard_model_batch_source(&o, m, &src), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "--data /tmp: model_type 'mlp' (mlp.json) trains on rows it generates"));
+    o.data_dir = NULL, o.max_rows = 8;
+    assert_int_equal(shard_model_batch_source(&o, m, &src), SHARD_OK);
+    shard_batch b;
+    assert_int_equal(shard_batch_source_load(src, 1, 1, 0, 4, &b), SHARD_OK);
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_OK);
+    assert_int_equal(m->rows, 4);
+    assert_int_equal(shard_batch_source_load(src, 1, 1, 0, 5, &b), SHARD_OK); /* more rows than the model's 4 */
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "model 'mlp': a batch of 5 rows; this model was made for up to 4"));
+    shard_batch_teacher_options go = {.struct_size = sizeof go, .name = "wide", .dim = 5, .max_rows = 4, .teacher_seed = 7};
+    assert_int_equal(shard_batch_source_teacher(&go, &wide), SHARD_OK);
+    assert_int_equal(shard_batch_source_load(wide, 1, 1, 0, 2, &b), SHARD_OK);
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "a batch of rows of 5 f32 inputs and 5 f32 targets; this model takes 6 "
+                                               "f32 inputs and 6 f32 targets per row"));
+    char path[128];
+    path_of(path, sizeof path, "m.tokens");
+    uint32_t toks[64] = {0};
+    assert_int_equal(shard_tokens_write(path, toks, 64, 256), SHARD_OK);
+    shard_batch_tokens_options to = {.struct_size = sizeof to, .path = path, .seq = 6, .max_rows = 4};
+    assert_int_equal(shard_batch_source_tokens(&to, &tokens), SHARD_OK);
+    assert_int_equal(shard_batch_source_load(tokens, 1, 1, 0, 2, &b), SHARD_OK);
+    assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
+    assert_non_null(strstr(shard_last_error(), "6 i32 inputs and 6 i32 targets; this model takes 6 f32 inputs"));
+    shard_batch_source_destroy(tokens), shard_batch_source_destroy(wide), shard_batch_source_destroy(src);
+    shard_model_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(token_files),
         cmocka_unit_test(tokenizer_and_batches),
         cmocka_unit_test(idx),
+        cmocka_unit_test(batch_sources),
+        cmocka_unit_test(set_batch_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (dir[0]) {

@@ -115,13 +115,20 @@ static void case_grads(test_ctx *t) {
     const char *specs = run >> 1 ? MIXED_SPECS : NULL;
     shard_model *tp = make(t, tensor, 3, sp, specs), *one = make(t, NULL, 3, 0, NULL);
     float *g_tp = tp ? calloc(tp->params->total, sizeof *g_tp) : NULL, *g_one = one ? calloc(one->params->total, sizeof *g_one) : NULL;
-    if (tp && one && g_tp && g_one) {
+    /* the rows both models take: the token file, as the trainer's source draws it */
+    char tokens[512];
+    snprintf(tokens, sizeof tokens, "%s/train.tokens", g_dir);
+    shard_batch_tokens_options to = {.struct_size = sizeof to, .path = tokens, .seq = T, .max_rows = 3};
+    shard_batch_source *src = NULL;
+    shard_batch b;
+    if (tp && one && g_tp && g_one && CHECK_OK(t, shard_batch_source_tokens(&to, &src), "source") &&
+        CHECK_OK(t, shard_batch_source_load(src, 5, 7, 0, 3, &b), "batch")) {
         shard_model *ms[2] = {tp, one};
         float *gs[2] = {g_tp, g_one};
         for (int k = 0; k < 2; k++) {
             double loss = 0;
             shard_model_bind_grad_slab(ms[k], gs[k]);
-            CHECK_OK(t, ms[k]->ops->load_batch(ms[k], 5, 7, 0, 3), "batch");
+            CHECK_OK(t, ms[k]->ops->set_batch(ms[k], &b), "batch");
             CHECK_OK(t, ms[k]->ops->forward(ms[k], 3.0 * T, &loss), "forward");
             CHECK_OK(t, ms[k]->ops->backward(ms[k]), "backward");
         }
@@ -155,6 +162,7 @@ static void case_grads(test_ctx *t) {
         }
     }
     free(g_tp), free(g_one);
+    shard_batch_source_destroy(src);
     shard_model_destroy(tp), shard_model_destroy(one);
     }
     shard_mesh_destroy(mesh);

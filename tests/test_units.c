@@ -3,7 +3,7 @@
  * the even-split rule, rank lists and the CLI's size parser; the public
  * sampler, cost formulas, clock and file helpers the CLI calls; the model
  * registry (a kind registered, built, refused twice; an unknown model_type
- * naming the kinds) and the trainer's factory of a caller's model. */
+ * naming the kinds) and the trainer's factory of a caller's model and batch source. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -548,19 +548,27 @@ static shard_status factory_rank(shard_comm *world, void *arg) {
     shard_model_factory neither = {.struct_size = sizeof neither};
     if (s == SHARD_OK && shard_trainer_create_with_model(data, &c, &neither, &t) != SHARD_ERR_INVALID_ARG)
         s = shard_error(SHARD_ERR_INTERNAL, "a factory of neither form was taken");
-    /* both forms train a step under ZeRO-3; the caller's model outlives its trainer */
+    /* both forms train a step under ZeRO-3, the third with the caller's batch source (the MLP's generated
+     * rows, as its kind makes them); the caller's model and source outlive their trainer */
     c.zero = 3;
-    shard_step_result r[2];
-    for (int k = 0; k < 2 && s == SHARD_OK; k++) {
-        s = shard_trainer_create_with_model(data, &c, k ? &made : &given, &t);
+    shard_step_result r[3];
+    shard_batch_source *rows = NULL;
+    shard_batch_teacher_options to = {.struct_size = sizeof to, .name = "mlp", .dim = 4, .max_rows = 4, .teacher_seed = 7};
+    if (s == SHARD_OK) s = shard_batch_source_teacher(&to, &rows);
+    shard_model_factory sourced = made;
+    sourced.batch_source = rows;
+    const shard_model_factory *forms[3] = {&given, &made, &sourced};
+    for (int k = 0; k < 3 && s == SHARD_OK; k++) {
+        s = shard_trainer_create_with_model(data, &c, forms[k], &t);
         if (s == SHARD_OK) s = shard_trainer_step(t, 1, &r[k]);
         if (s == SHARD_OK && k == 0 && shard_trainer_model(t) != built)
             s = shard_error(SHARD_ERR_INTERNAL, "the trainer does not train the caller's model");
         shard_trainer_destroy(t);
         t = NULL;
     }
-    if (s == SHARD_OK && (built->hooks.acquire || !(r[0].loss > 0) || r[0].loss != r[1].loss))
-        s = shard_error(SHARD_ERR_INTERNAL, "losses %.9g and %.9g", r[0].loss, r[1].loss);
+    if (s == SHARD_OK && (built->hooks.acquire || !(r[0].loss > 0) || r[0].loss != r[1].loss || r[0].loss != r[2].loss))
+        s = shard_error(SHARD_ERR_INTERNAL, "losses %.9g, %.9g and %.9g", r[0].loss, r[1].loss, r[2].loss);
+    shard_batch_source_destroy(rows);
     shard_model_destroy(built);
     shard_mesh_destroy(data), shard_mesh_destroy(tensor);
     return s;

@@ -15,8 +15,12 @@
  * moment a gradient bucket may start its all_reduce).  A unit may be
  * acquired more than once in a pass (the GPT's tied embedding).
  *
+ * A model reads no data: the trainer draws each micro-batch's rows from a batch
+ * source (batch.h; the kind's, or one the caller gives) and hands them over
+ * through set_batch.
+ *
  * A step's loss is the mean over the global batch's items (tokens, images,
- * rows): each rank loads its rows, the strategy sums the item counts over
+ * rows): each rank is given its rows, the strategy sums the item counts over
  * ranks, and forward divides the local loss sum by that global denominator,
  * so the gradients of all ranks add up to the single-device gradient. */
 #ifndef SHARD_MODEL_H
@@ -25,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shard/batch.h"
 #include "shard/comm.h"
 #include "shard/params.h"
 
@@ -44,9 +49,10 @@ typedef struct shard_model_hooks {
 typedef struct shard_model_ops {
     size_t struct_size; /* sizeof(shard_model_ops), as the model's header had it: lets the table grow */
     const char *kind;   /* "gpt2", "cnn", "mlp" */
-    /* Load rows [first_row, first_row + rows) of the global batch of `step`. */
-    shard_status (*load_batch)(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows);
-    /* Loss terms in the loaded rows (tokens with a target, images, rows). */
+    /* Take a batch source's rows (rows first_row .. first_row + rows - 1 of step's global batch): point at
+     * its buffers or copy them, after shard_model_check_batch against what the model was made for. */
+    shard_status (*set_batch)(shard_model *m, const shard_batch *b);
+    /* Loss terms in the rows set (tokens with a target, images, rows). */
     size_t (*batch_items)(const shard_model *m);
     /* *loss = (sum of the loaded rows' item losses) / denominator; keeps what backward needs. */
     shard_status (*forward)(shard_model *m, double denominator, double *loss);
@@ -146,10 +152,10 @@ struct shard_model {
 };
 
 /* Build the model a JSON config describes ("model_type": "gpt2" (default),
- * "cnn", "mlp" or a kind a program registered: the registry below), reading training data from data_dir (the GPT: train.tokens
- * of `shard data text`, required; the CNN: Fashion-MNIST's IDX files, by
- * default Debian's /usr/share/datasets/fashion-mnist; the MLP: generated,
- * data_dir must be NULL), for batches of up to max_rows rows of seq tokens.
+ * "cnn", "mlp" or a kind a program registered: the registry below), for
+ * batches of up to max_rows rows of seq tokens.  data_dir is handed to the
+ * kind's create function; the built-in models read no data (their kinds' batch
+ * sources do: shard_model_batch_source).
  * `tensor` (NULL: none): the mesh's tensor axis; the GPT then holds its
  * Megatron pieces (heads, MLP columns, vocabulary rows) of every layer;
  * sequence_parallel: its residual stream, LayerNorms and dropout hold only
@@ -203,6 +209,13 @@ void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t by
  * what is missing otherwise.  The factory and the trainer check every model they are given. */
 shard_status shard_model_check_tables(const shard_model *m);
 
+/* Whether batch b fits a model made for up to max_rows rows whose rows are input_elems inputs of
+ * input_dtype and target_elems targets of target_dtype: one line naming the model's kind, what the
+ * batch holds and what would be valid otherwise.  Then m's seed, step, first_row and rows are b's.
+ * For a model's set_batch. */
+shard_status shard_model_check_batch(shard_model *m, const shard_batch *b, size_t max_rows, shard_dtype input_dtype,
+                                     size_t input_elems, shard_dtype target_dtype, size_t target_elems);
+
 /* Dropout keys for a site: a mask element is a function of (run seed, step,
  * site, global position) only, so every strategy draws the same masks. */
 uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site);
@@ -221,7 +234,7 @@ typedef struct shard_model_create_options {
     const char *config_text;  /* the config's JSON text; NULL when the caller built no config */
     const char *config_path;  /* where the text came from, for messages ("the model config" when none) */
     const char *data_dir;     /* NULL: none given */
-    size_t max_rows, seq;     /* the most rows one load_batch holds; tokens per row (sequence models) */
+    size_t max_rows, seq;     /* the most rows one batch holds; tokens per row (sequence models) */
     shard_comm *tensor;       /* the mesh's tensor axis (NULL: none): build this rank's piece */
     int sequence_parallel;    /* with `tensor`: split the token dimension as well */
     const char *specs;        /* parameter placement on the tensor axis (shard_model_create_placed) */
@@ -231,6 +244,12 @@ typedef struct shard_model_create_options {
 
 /* Builds the model the options describe into *out (destroyed through its table's destroy). */
 typedef shard_status (*shard_model_create_fn)(const shard_model_create_options *o, shard_model **out);
+
+/* The batch source a model of the kind trains on (the options' data_dir, max_rows, seq, config_text,
+ * config_path and ctx are read; m is the model it will feed, already built), into *out, destroyed by
+ * the caller (shard_batch_source_destroy).  A data_dir the source cannot use is refused here. */
+typedef shard_status (*shard_batch_source_fn)(const shard_model_create_options *o, const shard_model *m,
+                                              shard_batch_source **out);
 
 /* A kind and what it can do; the factory refuses what it cannot in one line before calling create. */
 typedef struct shard_model_kind {
@@ -242,7 +261,10 @@ typedef struct shard_model_kind {
     shard_status (*stage_layers)(const shard_model_create_options *o, size_t *layers);
     int tensor_parallel;  /* create builds a piece per rank of a tensor axis of more than one rank */
     int placed;           /* create reads `specs`; otherwise every parameter is whole and specs are refused */
-    void *ctx;            /* handed to create and stage_layers as options->ctx */
+    void *ctx;            /* handed to create, stage_layers and batch_source as options->ctx */
+    /* Where its rows come from (the trainer makes it next to the model); NULL: the trainer needs a
+     * source from its caller (trainer.h's factory). */
+    shard_batch_source_fn batch_source;
 } shard_model_kind;
 
 /* Adds a kind; a name already registered, an empty or over-long one, or no create function is refused. */
@@ -256,6 +278,10 @@ shard_status shard_model_kind_find(const char *name, shard_model_kind *out);
  * ("gpt2" when the text has none; no text is refused), checked against what the kind can do, then its
  * create with the kind's ctx. */
 shard_status shard_model_create_with(const shard_model_create_options *o, shard_model **out);
+/* The batch source of m's kind (the registered kind its table's `kind` names), from the options, with
+ * the kind's ctx; a kind without one is refused in one line. */
+shard_status shard_model_batch_source(const shard_model_create_options *o, const shard_model *m,
+                                      shard_batch_source **out);
 /* Frees what shard_model_setup_units allocated: for a model's destroy. */
 void shard_model_free_units(shard_model *m);
 

@@ -70,7 +70,8 @@ typedef struct shard_step_result {
 typedef struct shard_trainer shard_trainer;
 
 /* Collective over the mesh: axes `data`, `tensor` and `pipe` (others must have size 1).  The model is the
- * config's (config_path; model.h's registry builds the kind its model_type names). */
+ * config's (config_path; model.h's registry builds the kind its model_type names), its rows the kind's
+ * batch source's (data_dir): the trainer owns both. */
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
 
 /* A model the caller built, for shard_trainer_create_with_model.  Either form, not both:
@@ -90,13 +91,20 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
  *           the options (and once more, whole, on the world's rank 0 for --layers-per-stage balanced);
  *           the options carry the config's text when config_path is given (else NULL) and ctx.  The
  *           trainer owns and destroys what it returns.  stage_layers: the layers a pipe axis cuts into
- *           stages (0: refused on a pipe axis). */
+ *           stages (0: refused on a pipe axis).
+ *
+ * The rows (batch.h), with either form: batch_source, a source the caller built for at least the
+ * micro-batch's rows (the caller's: it outlives the trainer), or batch_source_create, called once per
+ * rank with the options above and the model it will feed (the trainer destroys what it returns); with
+ * neither, the batch source of the model's registered kind (shard_model_batch_source). */
 typedef struct shard_model_factory {
     size_t struct_size; /* sizeof(shard_model_factory): lets the struct grow */
     shard_model *model;
     shard_model_create_fn create;
     void *ctx;
     size_t stage_layers;
+    shard_batch_source *batch_source;
+    shard_batch_source_fn batch_source_create;
 } shard_model_factory;
 
 /* shard_trainer_create for a model of the caller's (config->config_path may be NULL; the factory's

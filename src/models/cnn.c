@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shard/data.h"
 #include "shard/layers.h"
 #include "models/model_impl.h"
 
@@ -28,8 +27,7 @@ struct shard_cnn {
     uint32_t *argmax;
     int32_t *labels;
     int have_labels;
-    shard_idx data_x, data_y; /* the model table's training set */
-    float *batch_x;           /* its loaded rows */
+    float *batch_x;           /* the model table's rows (set_batch's copy; the labels go to `labels`) */
 };
 
 static const char *const config_keys[] = {"in_channels", "height", "width", "channels", "kernel", "pool", "classes"};
@@ -173,7 +171,7 @@ void shard_cnn_destroy(shard_cnn *m) {
     if (!m) return;
     shard__model_free_units(&m->model);
     shard_params_destroy(m->params);
-    shard_idx_free(&m->data_x), shard_idx_free(&m->data_y), free(m->batch_x);
+    free(m->batch_x);
     shard_free(m->own_acts), shard_free(m->drelu), shard_free(m->dpool), free(m->labels);
     free(m);
 }
@@ -279,23 +277,14 @@ shard_model *shard_cnn_model(shard_cnn *m) { return &m->model; }
 
 static shard_cnn *impl(const shard_model *mm) { return (shard_cnn *)mm->impl; }
 
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Row r of step s's global batch: training image mix(seed, s, r) mod count, scaled to [0, 1]. */
-static shard_status model_load_batch(shard_model *mm, uint64_t seed, uint64_t step, size_t first_row, size_t rows) {
+/* Images and labels copied: a pipeline's backward reads a micro-batch's images after the next one was set
+ * (the source's buffers hold only the last). */
+static shard_status model_set_batch(shard_model *mm, const shard_batch *b) {
     shard_cnn *m = impl(mm);
-    if (rows > m->max_b) return shard_error(SHARD_ERR_INVALID_ARG, "cnn: %zu rows; this model was made for up to %zu", rows, m->max_b);
-    mm->seed = seed, mm->step = step, mm->first_row = first_row, mm->rows = rows;
-    size_t pixels = m->c.in_channels * m->c.height * m->c.width, count = m->data_y.count;
-    for (size_t i = 0; i < rows; i++) {
-        size_t k = (size_t)(mix64(mix64(seed * 0x9e3779b97f4a7c15ULL + step) ^ (first_row + i)) % count);
-        for (size_t p = 0; p < pixels; p++) m->batch_x[i * pixels + p] = (float)m->data_x.data[k * pixels + p] / 255.0f;
-        m->labels[i] = m->data_y.data[k];
-    }
+    size_t pixels = m->c.in_channels * m->c.height * m->c.width;
+    SHARD_CHECK(shard_model_check_batch(mm, b, m->max_b, SHARD_F32, pixels, SHARD_I32, 1));
+    if (b->rows) memcpy(m->batch_x, b->inputs, b->rows * pixels * sizeof *m->batch_x);
+    if (b->rows) memcpy(m->labels, b->targets, b->rows * sizeof *m->labels);
     return SHARD_OK;
 }
 
@@ -391,44 +380,22 @@ static const shard_model_pipe_ops cnn_pipe_ops = {.struct_size = sizeof(shard_mo
                                                   .forward_range = pipe_forward_range,
                                                   .backward_range = pipe_backward_range};
 
-static const shard_model_ops cnn_model_ops = {.struct_size = sizeof(shard_model_ops), .kind = "cnn", .load_batch = model_load_batch, .batch_items = model_items,
+static const shard_model_ops cnn_model_ops = {.struct_size = sizeof(shard_model_ops), .kind = "cnn", .set_batch = model_set_batch, .batch_items = model_items,
                                               .forward = model_forward, .backward = model_backward, .init = model_init,
                                               .describe = model_describe, .destroy = model_destroy,
                                               .pipe = &cnn_pipe_ops};
 
 shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out) {
-    const char *text = o->config_text, *where = o->config_path, *data_dir = o->data_dir;
+    const char *text = o->config_text, *where = o->config_path;
     size_t max_rows = o->max_rows;
     const shard_model_stage *stage = o->stage;
     shard_cnn_config c;
     SHARD_CHECK(shard_cnn_config_parse(text, where, &c));
     shard_cnn *m = NULL;
     SHARD_CHECK(cnn_create(&c, max_rows ? max_rows : 1, stage, &m));
-    if (!data_dir) data_dir = "/usr/share/datasets/fashion-mnist"; /* Debian's dataset-fashion-mnist */
-    char xp[4096], yp[4096];
-    snprintf(xp, sizeof xp, "%s/train-images-idx3-ubyte.gz", data_dir);
-    snprintf(yp, sizeof yp, "%s/train-labels-idx1-ubyte.gz", data_dir);
-    shard_status s = shard_idx_read(xp, &m->data_x);
-    if (s == SHARD_OK) s = shard_idx_read(yp, &m->data_y);
     size_t pixels = c.in_channels * c.height * c.width;
-    /* the images' own shape, [N, H, W] (one channel) or [N, C, H, W]: a count that merely matches would train on
-     * scrambled pixels */
-    const shard_idx *x = &m->data_x, *y = &m->data_y;
-    int x_ok = (x->ndim == 3 && c.in_channels == 1 && x->dims[1] == c.height && x->dims[2] == c.width) ||
-               (x->ndim == 4 && x->dims[1] == c.in_channels && x->dims[2] == c.height && x->dims[3] == c.width);
-    if (s == SHARD_OK && (!x_ok || y->ndim != 1 || y->count == 0 || x->dims[0] != y->count)) {
-        char shape[96] = "";
-        for (int d = 0, n = 0; d < x->ndim && n >= 0 && (size_t)n < sizeof shape; d++)
-            n += snprintf(shape + n, sizeof shape - (size_t)n, "%s%zu", d ? " x " : "", x->dims[d]);
-        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: images of shape [%s] with %zu labels; the config wants %zu x %zu x %zu "
-                        "images (in_channels x height x width), one label each", xp, shape, y->count, c.in_channels,
-                        c.height, c.width);
-    }
-    for (size_t i = 0; s == SHARD_OK && i < m->data_y.count; i++)
-        if (m->data_y.data[i] >= c.classes)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: label %u at %zu is outside the config's %zu classes", yp,
-                            m->data_y.data[i], i, c.classes);
-    if (s == SHARD_OK && !(m->batch_x = malloc((max_rows ? max_rows : 1) * pixels * sizeof(float))))
+    shard_status s = SHARD_OK;
+    if (!(m->batch_x = malloc((max_rows ? max_rows : 1) * pixels * sizeof(float))))
         s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory");
     if (s < 0) {
         shard_cnn_destroy(m);
@@ -437,4 +404,13 @@ shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_
     m->model.ops = &cnn_model_ops;
     *out = &m->model;
     return SHARD_OK;
+}
+
+/* Fashion-MNIST in the config's image shape and classes (data_dir NULL: Debian's copy). */
+shard_status shard__cnn_batch_source(const shard_model_create_options *o, const shard_model *mm, shard_batch_source **out) {
+    const shard_cnn_config *c = &impl(mm)->c;
+    shard_batch_images_options io = {.struct_size = sizeof io, .data_dir = o->data_dir, .in_channels = c->in_channels,
+                                     .height = c->height, .width = c->width, .classes = c->classes,
+                                     .max_rows = o->max_rows ? o->max_rows : 1};
+    return shard_batch_source_images(&io, out);
 }

@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "shard/blas.h"
-#include "shard/data.h"
 #include "shard/layers.h"
 #include "models/model_impl.h"
 #include "nn/placement.h"
@@ -219,7 +218,6 @@ struct shard_gpt {
     int32_t *inputs, *targets;
     int have_targets, dropout; /* dropout: this forward trains with it */
     float *slab;               /* every activation buffer, one allocation */
-    shard_tokens *tokens;      /* the model table's data (shard_model_create) */
 };
 
 static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
@@ -529,7 +527,6 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard__model_free_units(&g->model);
     shard_params_destroy(g->params);
     shard_free(g->slab);
-    shard_tokens_close(g->tokens);
     free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
     free(g->whole), free(g->unit_of);
     free(g);
@@ -861,13 +858,15 @@ shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads) {
 
 static shard_gpt *impl(const shard_model *m) { return (shard_gpt *)m->impl; }
 
-static shard_status model_load_batch(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows) {
+/* Tokens copied: a pipeline's stages read a micro-batch's tokens after the next one was set (the source's
+ * buffers hold only the last). */
+static shard_status model_set_batch(shard_model *m, const shard_batch *b) {
     shard_gpt *g = impl(m);
-    if (rows > g->max_b)
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: %zu rows; this model was made for up to %zu", rows, g->max_b);
-    m->seed = seed, m->step = step, m->first_row = first_row, m->rows = rows;
-    g->B = rows, g->T = g->max_t;
-    return rows ? shard_tokens_batch(g->tokens, seed, step, first_row, rows, g->max_t, g->inputs, g->targets) : SHARD_OK;
+    SHARD_CHECK(shard_model_check_batch(m, b, g->max_b, SHARD_I32, g->max_t, SHARD_I32, g->max_t));
+    g->B = b->rows, g->T = g->max_t;
+    if (b->rows) memcpy(g->inputs, b->inputs, b->rows * g->max_t * sizeof *g->inputs);
+    if (b->rows) memcpy(g->targets, b->targets, b->rows * g->max_t * sizeof *g->targets);
+    return SHARD_OK;
 }
 
 static size_t model_items(const shard_model *m) {
@@ -988,7 +987,7 @@ static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_mo
 
 static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_ops),
                                               .kind = "gpt2",
-                                              .load_batch = model_load_batch,
+                                              .set_batch = model_set_batch,
                                               .batch_items = model_items,
                                               .forward = model_forward,
                                               .backward = model_backward,
@@ -998,33 +997,32 @@ static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_
                                               .tensor = &gpt_tensor_ops,
                                               .pipe = &gpt_pipe_ops};
 
-shard_status shard__gpt_model_create(const char *text, const char *where, const char *data_dir, size_t max_rows,
-                                     size_t seq, shard_comm *tensor, int sequence_parallel, const char *specs,
+shard_status shard__gpt_model_create(const char *text, const char *where, size_t max_rows, size_t seq,
+                                     shard_comm *tensor, int sequence_parallel, const char *specs,
                                      const shard_model_stage *stage, shard_model **out) {
     shard_gpt_config c;
     SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
     if (seq > c.n_positions)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'n_positions' = %zu is shorter than --seq %zu", where,
                            c.n_positions, seq);
-    if (!data_dir) return shard_error(SHARD_ERR_INVALID_ARG, "%s: a GPT trains on token files: give --data DIR (shard data text)", where);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/train.tokens", data_dir);
-    shard_tokens *tokens = NULL;
-    SHARD_CHECK(shard_tokens_open(path, &tokens));
-    if (shard_tokens_vocab(tokens) > c.vocab_size) {
-        shard_status s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'vocab_size' = %zu is smaller than the data's vocabulary (%u)",
-                                     where, c.vocab_size, shard_tokens_vocab(tokens));
-        shard_tokens_close(tokens);
-        return s;
-    }
     shard_gpt *g = NULL;
     /* the model table trains: nothing reads the logits after the loss, so its gradient replaces them */
-    shard_status s = gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, stage, 0, &g);
-    if (s < 0) {
-        shard_tokens_close(tokens);
-        return s;
-    }
-    g->tokens = tokens, g->model.ops = &gpt_model_ops;
+    SHARD_CHECK(gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, stage, 0, &g));
+    g->model.ops = &gpt_model_ops;
     *out = &g->model;
     return SHARD_OK;
+}
+
+/* The token file of `shard data text` in data_dir, its vocabulary within the model's. */
+shard_status shard__gpt_batch_source(const shard_model_create_options *o, const shard_model *m, shard_batch_source **out) {
+    *out = NULL;
+    if (!o->data_dir)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a GPT trains on token files: give --data DIR (shard data text)",
+                           o->config_path);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/train.tokens", o->data_dir);
+    const shard_gpt *g = impl(m);
+    shard_batch_tokens_options t = {.struct_size = sizeof t, .path = path, .seq = g->max_t, .max_rows = g->max_b,
+                                    .vocab_size = g->c.vocab_size, .where = o->config_path};
+    return shard_batch_source_tokens(&t, out);
 }

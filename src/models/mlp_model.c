@@ -4,10 +4,11 @@
  * [hidden_dim, model_dim] (unit 1), as the MLP engine (engine.h) names them.
  *
  * Config: {"model_type": "mlp", "model_dim": 64, "hidden_dim": 256}.
- * Data is generated, a regression onto a fixed teacher: row r of step s's
- * global batch is x ~ N(0, 1) keyed by (seed, s, r), target tanh(x A) with A
- * drawn once (seed 7, std 1/sqrt(model_dim)).  A row's loss is the mean
- * squared error over its model_dim outputs. */
+ * Its kind's batch source generates the rows, a regression onto a fixed
+ * teacher: row r of step s's global batch is x ~ N(0, 1) keyed by (seed, s,
+ * r), target tanh(x A) with A drawn once (seed 7, std 1/sqrt(model_dim))
+ * (batch.h's teacher rows).  A row's loss is the mean squared error over its
+ * model_dim outputs. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,14 +16,13 @@
 #include <string.h>
 
 #include "models/model_impl.h"
-#include "shard/blas.h"
 #include "shard/layers.h"
 
 typedef struct mlp_model {
     shard_model model;
     size_t d, h, max_rows;
     shard_params *params;
-    float *teacher, *x, *target, *hidden, *relu, *y, *dy, *dhidden;
+    float *x, *target, *hidden, *relu, *y, *dy, *dhidden;
 } mlp_model;
 
 static mlp_model *impl(const shard_model *m) { return (mlp_model *)m->impl; }
@@ -53,15 +53,11 @@ static shard_status parse(const char *text, const char *where, size_t *d, size_t
     return s;
 }
 
-static shard_status load_batch(shard_model *m, uint64_t seed, uint64_t step, size_t first_row, size_t rows) {
+/* The rows are copied: the activations that follow x stay in one allocation. */
+static shard_status set_batch(shard_model *m, const shard_batch *b) {
     mlp_model *p = impl(m);
-    if (rows > p->max_rows) return shard_error(SHARD_ERR_INVALID_ARG, "mlp: %zu rows; made for up to %zu", rows, p->max_rows);
-    m->seed = seed, m->step = step, m->first_row = first_row, m->rows = rows;
-    char name[64];
-    snprintf(name, sizeof name, "mlp.data.%llu", (unsigned long long)step);
-    shard_init_normal(p->x, first_row * p->d, rows * p->d, 1.0f, seed, name);
-    if (rows) SHARD_CHECK(shard_sgemm(0, 0, rows, p->d, p->d, 1.0f, p->x, p->d, p->teacher, p->d, 0.0f, p->target, p->d));
-    for (size_t i = 0; i < rows * p->d; i++) p->target[i] = tanhf(p->target[i]);
+    SHARD_CHECK(shard_model_check_batch(m, b, p->max_rows, SHARD_F32, p->d, SHARD_F32, p->d));
+    if (b->rows) memcpy(p->x, b->inputs, b->rows * p->d * sizeof *p->x), memcpy(p->target, b->targets, b->rows * p->d * sizeof *p->target);
     return SHARD_OK;
 }
 
@@ -119,22 +115,18 @@ static void destroy(shard_model *m) {
     mlp_model *p = impl(m);
     shard__model_free_units(m);
     shard_params_destroy(p->params);
-    free(p->teacher);
     shard_free(p->x);
     free(p);
 }
 
-static const shard_model_ops mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = "mlp", .load_batch = load_batch, .batch_items = items, .forward = forward,
+static const shard_model_ops mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = "mlp", .set_batch = set_batch, .batch_items = items, .forward = forward,
                                         .backward = backward, .init = init, .describe = describe, .destroy = destroy};
 
 shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out) {
-    const char *text = o->config_text, *where = o->config_path, *data_dir = o->data_dir;
+    const char *text = o->config_text, *where = o->config_path;
     size_t max_rows = o->max_rows;
     size_t d, h;
     SHARD_CHECK(parse(text, where, &d, &h));
-    if (data_dir) /* a user who passes files expects them read: say they are not, rather than train on other data */
-        return shard_error(SHARD_ERR_INVALID_ARG, "--data %s: model_type 'mlp' (%s) trains on rows it generates from a "
-                           "seeded teacher and reads no files; drop --data", data_dir, where);
     mlp_model *p = calloc(1, sizeof *p);
     if (!p) return shard_error(SHARD_ERR_NO_MEMORY, "mlp: out of memory");
     p->d = d, p->h = h, p->max_rows = max_rows ? max_rows : 1, p->model.impl = p, p->model.ops = &mlp_ops;
@@ -145,9 +137,8 @@ shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_
     shard_status s = shard_params_create(t, 2, SHARD_MEM_PARAMS, &p->params);
     if (s == SHARD_OK) s = shard_model_setup_units(&p->model, p->params, unit_first, 2);
     if (s == SHARD_OK) {
-        p->teacher = malloc(d * d * sizeof(float));
         p->x = shard_alloc((R * d * 4 + R * h * 3) * sizeof(float), SHARD_MEM_ACTIVATIONS);
-        if (!p->teacher || !p->x) s = shard_error(SHARD_ERR_NO_MEMORY, "mlp: out of memory");
+        if (!p->x) s = shard_error(SHARD_ERR_NO_MEMORY, "mlp: out of memory");
     }
     if (s < 0) {
         destroy(&p->model);
@@ -155,7 +146,16 @@ shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_
     }
     p->target = p->x + R * d, p->y = p->target + R * d, p->dy = p->y + R * d;
     p->hidden = p->dy + R * d, p->relu = p->hidden + R * h, p->dhidden = p->relu + R * h;
-    shard_init_normal(p->teacher, 0, d * d, 1.0f / sqrtf((float)d), 7, "mlp.teacher");
     *out = &p->model;
     return SHARD_OK;
+}
+
+shard_status shard__mlp_batch_source(const shard_model_create_options *o, const shard_model *m, shard_batch_source **out) {
+    *out = NULL;
+    if (o->data_dir) /* a user who passes files expects them read: say they are not, rather than train on other data */
+        return shard_error(SHARD_ERR_INVALID_ARG, "--data %s: model_type 'mlp' (%s) trains on rows it generates from a "
+                           "seeded teacher and reads no files; drop --data", o->data_dir, o->config_path);
+    shard_batch_teacher_options t = {.struct_size = sizeof t, .name = "mlp", .dim = impl(m)->d,
+                                     .max_rows = o->max_rows ? o->max_rows : 1, .teacher_seed = 7};
+    return shard_batch_source_teacher(&t, out);
 }

@@ -1,7 +1,8 @@
 /* model.c — the generic half of model.h: units, where each parameter and its
  * gradient live, the hook calls, the registry of model kinds (the GPT, the CNN
  * and the MLP among them, and any a program adds), and the factory that reads
- * a config's model_type and builds that kind behind the same table. */
+ * a config's model_type and builds that kind behind the same table, or the
+ * batch source its rows come from. */
 #include "shard/model.h"
 
 #include <errno.h>
@@ -112,6 +113,24 @@ shard_status shard_model_check_tables(const shard_model *m) {
     if (o->pipe && (!o->pipe->blocks || !o->pipe->forward_range || !o->pipe->backward_range))
         return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its pipeline table lacks blocks, forward_range or "
                            "backward_range", kind);
+    return SHARD_OK;
+}
+
+shard_status shard_model_check_batch(shard_model *m, const shard_batch *b, size_t max_rows, shard_dtype input_dtype,
+                                     size_t input_elems, shard_dtype target_dtype, size_t target_elems) {
+    const char *kind = m->ops && m->ops->kind ? m->ops->kind : "(unnamed)";
+    if (!b)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': no batch given: load one from a batch source", kind);
+    if (b->rows > max_rows)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': a batch of %zu rows; this model was made for up to %zu",
+                           kind, b->rows, max_rows);
+    if (b->rows && (b->input_dtype != input_dtype || b->input_elems != input_elems || b->target_dtype != target_dtype ||
+                    b->target_elems != target_elems || !b->inputs || !b->targets))
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': a batch of rows of %zu %s inputs and %zu %s targets; this "
+                           "model takes %zu %s inputs and %zu %s targets per row", kind, b->input_elems,
+                           shard_dtype_name(b->input_dtype), b->target_elems, shard_dtype_name(b->target_dtype),
+                           input_elems, shard_dtype_name(input_dtype), target_elems, shard_dtype_name(target_dtype));
+    m->seed = b->seed, m->step = b->step, m->first_row = b->first_row, m->rows = b->rows;
     return SHARD_OK;
 }
 
@@ -231,7 +250,7 @@ static shard_status add_kind(const shard_model_kind *k) {
 
 /* The GPT's maker takes its settings one by one (gpt.c); the registry hands them over. */
 static shard_status gpt_create(const shard_model_create_options *o, shard_model **out) {
-    return shard__gpt_model_create(o->config_text, o->config_path, o->data_dir, o->max_rows, o->seq, o->tensor,
+    return shard__gpt_model_create(o->config_text, o->config_path, o->max_rows, o->seq, o->tensor,
                                    o->sequence_parallel, o->specs, o->stage, out);
 }
 
@@ -251,12 +270,13 @@ static shard_status cnn_layers(const shard_model_create_options *o, size_t *laye
 static void register_builtins(void) {
     const shard_model_kind kinds[] = {
         {.struct_size = sizeof(shard_model_kind), .name = "gpt2", .create = gpt_create, .stage_layers = gpt_layers,
-         .tensor_parallel = 1, .placed = 1},
+         .tensor_parallel = 1, .placed = 1, .batch_source = shard__gpt_batch_source},
         {.struct_size = sizeof(shard_model_kind), .name = "gpt", .create = gpt_create, .stage_layers = gpt_layers,
-         .tensor_parallel = 1, .placed = 1},
+         .tensor_parallel = 1, .placed = 1, .batch_source = shard__gpt_batch_source},
         {.struct_size = sizeof(shard_model_kind), .name = "cnn", .create = shard__cnn_model_create,
-         .stage_layers = cnn_layers},
-        {.struct_size = sizeof(shard_model_kind), .name = "mlp", .create = shard__mlp_model_create},
+         .stage_layers = cnn_layers, .batch_source = shard__cnn_batch_source},
+        {.struct_size = sizeof(shard_model_kind), .name = "mlp", .create = shard__mlp_model_create,
+         .batch_source = shard__mlp_batch_source},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) (void)add_kind(&kinds[i]);
 }
@@ -381,4 +401,28 @@ shard_status shard_model_create_stage(const char *config_path, const char *data_
     shard_status s = shard_model_create_with(&o, out);
     free(text);
     return s;
+}
+
+shard_status shard_model_batch_source(const shard_model_create_options *options, const shard_model *m,
+                                      shard_batch_source **out) {
+    *out = NULL;
+    if (!options || options->struct_size < sizeof(shard_model_create_options) || !m || !m->ops || !m->ops->kind)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_batch_source: options from an older header "
+                           "(struct_size), or no model with its table's kind");
+    shard_model_kind k;
+    SHARD_CHECK(find_kind(m->ops->kind, "the batch source", &k));
+    if (!k.batch_source)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model kind '%s' names no batch source: register it with one, or give "
+                           "the trainer's factory a batch_source", k.name);
+    shard_model_create_options o = *options;
+    o.struct_size = sizeof o, o.ctx = k.ctx;
+    if (!o.config_path) o.config_path = "the model config";
+    SHARD_CHECK(k.batch_source(&o, m, out));
+    if (!*out || !(*out)->ops || !(*out)->ops->load || !(*out)->ops->destroy) {
+        shard_batch_source_destroy(*out && (*out)->ops && (*out)->ops->destroy ? *out : NULL);
+        *out = NULL;
+        return shard_error(SHARD_ERR_INTERNAL, "model kind '%s': its batch_source made no source with load and "
+                           "destroy", k.name);
+    }
+    return SHARD_OK;
 }

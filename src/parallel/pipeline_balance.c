@@ -49,8 +49,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Per-layer seconds (median of REPS passes) and the prologue / epilogue's. */
-static shard_status measure(shard_model *m, size_t layers, uint64_t seed, size_t rows, double *layer_s, double *pro,
-                            double *epi) {
+static shard_status measure(shard_model *m, shard_batch_source *src, size_t layers, uint64_t seed, size_t rows,
+                            double *layer_s, double *pro, double *epi) {
     timing tm = {.units = m->units, .first_layer_unit = m->units - layers, .backward = -1};
     tm.t0 = calloc(m->units, sizeof *tm.t0), tm.unit_s = calloc(m->units, sizeof *tm.unit_s);
     double *rep = calloc((layers + 2) * REPS, sizeof *rep);
@@ -64,7 +64,9 @@ static shard_status measure(shard_model *m, size_t layers, uint64_t seed, size_t
         memset(tm.unit_s, 0, m->units * sizeof *tm.unit_s);
         tm.pro = tm.epi = 0, tm.backward = -1;
         double loss = 0;
-        s = m->ops->load_batch(m, seed, 1, 0, rows);
+        shard_batch b;
+        s = shard_batch_source_load(src, seed, 1, 0, rows, &b);
+        if (s == SHARD_OK) s = m->ops->set_batch(m, &b);
         if (s == SHARD_OK) s = m->ops->forward(m, (double)(m->ops->batch_items(m) ? m->ops->batch_items(m) : 1), &loss);
         if (s == SHARD_OK) s = m->ops->backward(m);
         for (size_t l = 0; r >= 0 && l < layers; l++) rep[l * REPS + (size_t)r] = tm.unit_s[tm.first_layer_unit + l];
@@ -82,7 +84,8 @@ static shard_status measure(shard_model *m, size_t layers, uint64_t seed, size_t
     return s;
 }
 
-shard_status shard__pipe_balance(shard_model *whole, size_t layers, int k, uint64_t seed, size_t rows, size_t *first,
+shard_status shard__pipe_balance(shard_model *whole, shard_batch_source *src, size_t layers, int k, uint64_t seed,
+                                 size_t rows, size_t *first,
                                  char *report, size_t report_bytes) {
     if (layers < (size_t)k || whole->units < layers)
         return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage balanced: %zu layers cannot fill %d stages", layers, k);
@@ -91,7 +94,7 @@ shard_status shard__pipe_balance(shard_model *whole, size_t layers, int k, uint6
     double *best = malloc((K + 1) * (L + 1) * sizeof *best), *best_mem = malloc((K + 1) * (L + 1) * sizeof *best_mem);
     size_t *cut = calloc((K + 1) * (L + 1), sizeof *cut);
     shard_status s = t && mem && best && best_mem && cut ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "balance: out of memory");
-    if (s == SHARD_OK) s = measure(whole, L, seed, rows, t, &pro, &epi);
+    if (s == SHARD_OK) s = measure(whole, src, L, seed, rows, t, &pro, &epi);
     for (size_t l = 0; s == SHARD_OK && l < L; l++) mem[l] = 16.0 * (double)shard_model_unit_elems(whole, whole->units - L + l);
     /* best[j][i]: the slowest stage's seconds when the first i layers fill j stages */
 #define AT(a, j, i) a[(j) * (L + 1) + (i)]

@@ -1,6 +1,8 @@
 /* trainer.c — the path of a training step (trainer.h):
  *
- *   for each micro-step k: load this rank's rows of micro-batch k, forward
+ *   for each micro-step k: load this rank's rows of micro-batch k from the
+ *     batch source (the trainer's, made next to the model) and hand them to
+ *     the model, forward
  *     (the loss divided by the global item count), backward — the strategy's
  *     hooks start gradient communication as units finish;
  *   the strategy waits for the gradients and gives the global norm;
@@ -44,6 +46,10 @@ struct shard_trainer {
      * built is theirs: the trainer gives its bindings back and does not destroy it */
     shard_model_factory factory;
     int owns_model;
+    /* where the rows come from: the factory's (the caller's, kept) or one the trainer made (destroyed) */
+    shard_batch_source *source;
+    int owns_source;
+    shard_batch batch;
     shard_optimizer *opt;
     shard_dp *dp;
     /* the pipe axis (pipe NULL without one of size > 1) */
@@ -123,6 +129,42 @@ static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const
     return s;
 }
 
+/* The batch source for models like m, made once: the factory's, its create function's, or m's kind's. */
+static shard_status make_source(shard_trainer *t, const shard_model *m) {
+    const shard_trainer_config *c = &t->c;
+    if (t->source) return SHARD_OK;
+    if (!m->ops->set_batch || !m->ops->batch_items)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its table lacks %s: the trainer hands each micro-batch "
+                           "to the model and counts its items", m->ops->kind, !m->ops->set_batch ? "set_batch"
+                                                                                           : "batch_items");
+    if (t->factory.batch_source) {
+        t->source = t->factory.batch_source;
+        if (t->source->max_rows < t->micro)
+            return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_create_with_model: the factory's batch source holds "
+                               "up to %zu rows and a micro-batch is %zu: build it for at least %zu",
+                               t->source->max_rows, t->micro, t->micro);
+        return SHARD_OK;
+    }
+    char *text = NULL;
+    if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, &text));
+    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = c->config_path,
+                                    .data_dir = c->data_dir, .max_rows = t->micro, .seq = c->seq,
+                                    .ctx = t->factory.ctx};
+    shard_status s = t->factory.batch_source_create ? t->factory.batch_source_create(&o, m, &t->source)
+                                                    : shard_model_batch_source(&o, m, &t->source);
+    free(text);
+    if (s == SHARD_OK && (!t->source || !t->source->ops || !t->source->ops->load || !t->source->ops->destroy))
+        s = shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_create_with_model: the factory's batch_source_create "
+                        "returned no source with load and destroy");
+    if (s == SHARD_OK && t->source->max_rows < t->micro)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "batch source '%s': made for up to %zu rows; a micro-batch is %zu",
+                        t->source->ops->kind ? t->source->ops->kind : "(unnamed)", t->source->max_rows, t->micro);
+    if (s == SHARD_OK) t->owns_source = 1;
+    else if (t->source && t->source->ops && t->source->ops->destroy) shard_batch_source_destroy(t->source);
+    if (s < 0) t->source = NULL;
+    return s;
+}
+
 /* The pipe axis: the schedule, this rank's stage (its blocks) and the activation slots it needs. */
 static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     int p = shard_comm_size(pipe), r = shard_comm_rank(pipe), v = t->c.virtual_stages > 0 ? t->c.virtual_stages : 1;
@@ -151,8 +193,10 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
             shard_model *whole = NULL;
             s = make_model(t, NULL, NULL, &whole);
             if (s == SHARD_OK) whole->ops->init(whole, t->c.seed);
+            if (s == SHARD_OK) s = make_source(t, whole);
             if (s == SHARD_OK)
-                s = shard__pipe_balance(whole, layers, p * v, t->c.seed, t->micro, first, t->partition, sizeof t->partition);
+                s = shard__pipe_balance(whole, t->source, layers, p * v, t->c.seed, t->micro, first, t->partition,
+                                        sizeof t->partition);
             shard_model_destroy(whole);
             for (int i = 0; s == SHARD_OK && i <= p * v; i++) cut[i] = (int64_t)first[i];
             if (s < 0) cut[0] = -1; /* the others learn of the failure */
@@ -274,6 +318,7 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
     if (s == SHARD_OK) s = resolve_batch(t);
     if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
     if (s == SHARD_OK) s = make_model(t, t->tensor, t->pipe ? &t->stage : NULL, &t->model);
+    if (s == SHARD_OK) s = make_source(t, t->model);
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
@@ -312,6 +357,7 @@ void shard_trainer_destroy(shard_trainer *t) {
     shard__pipe_schedule_destroy(t->sched);
     shard__dp_destroy(t->dp);
     shard_optimizer_destroy(t->opt);
+    if (t->owns_source) shard_batch_source_destroy(t->source);
     if (t->owns_model) shard_model_destroy(t->model);
     else if (t->model) shard_model_bind_grad_slab(t->model, NULL); /* the strategy's gradient buffers are gone */
     shard_comm_destroy(t->own_data);
@@ -338,7 +384,8 @@ static void my_rows(const shard_trainer *t, size_t k, size_t *first, size_t *row
 static shard_status load(shard_trainer *t, uint64_t step, size_t k) {
     size_t first, rows;
     my_rows(t, k, &first, &rows);
-    return t->model->ops->load_batch(t->model, t->c.seed, step, first, rows);
+    SHARD_CHECK(shard_batch_source_load(t->source, t->c.seed, step, first, rows, &t->batch));
+    return t->model->ops->set_batch(t->model, &t->batch);
 }
 
 /* The pipeline's loader: micro-batch k of the step being run. */
