@@ -64,7 +64,8 @@ static int bench_comm_main(int argc, char **argv) {
         } else if (strcmp(arg, "--op") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!bench_op_valid(v)) {
-                cli_error("--op '%s' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv", v);
+                cli_error("--op '%s' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv",
+                          v);
                 return 2;
             }
             opt.op = v;
@@ -81,8 +82,10 @@ static int bench_comm_main(int argc, char **argv) {
         } else if (strcmp(arg, "--iters") == 0 || strcmp(arg, "--warmup") == 0) {
             long n;
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, arg[2] == 'i' ? 5 : 0, 100000, &n)) return 2;
-            if (arg[2] == 'i') opt.iters = (int)n;
-            else opt.warmup = (int)n;
+            if (arg[2] == 'i')
+                opt.iters = (int)n;
+            else
+                opt.warmup = (int)n;
         } else {
             cli_error("bench comm: unknown option '%s' (see 'shard help')", arg);
             return 2;
@@ -134,12 +137,13 @@ static int bench_redistribute_main(int argc, char **argv) {
             if (!(opt.mesh = cli_value(argc, argv, &i))) return 2;
             shard_mesh_layout layout; /* its syntax now, before any rank starts */
             if (strlen(opt.mesh) >= 128 || shard_mesh_layout_parse(opt.mesh, 0, &layout) < 0) {
-                cli_error("--mesh '%s' is invalid: %s", opt.mesh, strlen(opt.mesh) >= 128 ? "at most 127 characters"
-                                                                                     : shard_last_error());
+                cli_error("--mesh '%s' is invalid: %s", opt.mesh,
+                          strlen(opt.mesh) >= 128 ? "at most 127 characters" : shard_last_error());
                 return 2;
             }
             if (layout.sizes[0] > 1024) {
-                cli_error("--mesh '%s' is invalid: the first axis splits 1,024 columns, so at most 1024 ranks", opt.mesh);
+                cli_error("--mesh '%s' is invalid: the first axis splits 1,024 columns, so at most 1024 ranks",
+                          opt.mesh);
                 return 2;
             }
         } else if (strcmp(arg, "--bytes") == 0) {
@@ -151,8 +155,10 @@ static int bench_redistribute_main(int argc, char **argv) {
         } else if (strcmp(arg, "--iters") == 0 || strcmp(arg, "--warmup") == 0) {
             long n;
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, arg[2] == 'i' ? 5 : 0, 100000, &n)) return 2;
-            if (arg[2] == 'i') opt.iters = (int)n;
-            else opt.warmup = (int)n;
+            if (arg[2] == 'i')
+                opt.iters = (int)n;
+            else
+                opt.warmup = (int)n;
         } else {
             cli_error("bench redistribute: unknown option '%s' (see 'shard help')", arg);
             return 2;
@@ -161,7 +167,8 @@ static int bench_redistribute_main(int argc, char **argv) {
     cli_ranks_from_mesh(&common, opt.mesh);
     opt.launch = cli_launch_config(&common);
     if (!opt.mesh && opt.launch.ranks > 1024) { /* the mesh data=N splits its 1,024 columns over N */
-        cli_error("bench redistribute: --ranks %d is more than the 1024 its 1,024 columns split over", opt.launch.ranks);
+        cli_error("bench redistribute: --ranks %d is more than the 1024 its 1,024 columns split over",
+                  opt.launch.ranks);
         return 2;
     }
     shard_status s = bench_redistribute_run(&opt);
@@ -279,7 +286,8 @@ int cli_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "pipeline") == 0) return cli_bench_pipeline(argc - 1, argv + 1);
     if (argc >= 2)
         cli_error("bench: unknown benchmark '%s': give comm, redistribute, ckpt, gemm, train, tensor or pipeline "
-                  "(see 'shard help')", argv[1]);
+                  "(see 'shard help')",
+                  argv[1]);
     else
         cli_error("bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor or pipeline, e.g. "
                   "'shard bench comm --op all_reduce --ranks 2' (see 'shard help')");

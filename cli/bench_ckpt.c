@@ -26,9 +26,9 @@ enum { NTENSORS = 8, COLS = 1024 };
 
 typedef struct ckpt_run {
     const bench_ckpt_options *opt;
-    char dir[PATH_MAX];  /* set by rank 0 */
-    int made;            /* rank 0 made dir (else it was empty): removed, not emptied, at the end */
-    char made_root[PATH_MAX]; /* the highest directory rank 0 made for it (dir, or a parent --dir lacked) */
+    char dir[PATH_MAX];             /* set by rank 0 */
+    int made;                       /* rank 0 made dir (else it was empty): removed, not emptied, at the end */
+    char made_root[PATH_MAX];       /* the highest directory rank 0 made for it (dir, or a parent --dir lacked) */
     double save, load, write, read; /* medians, seconds (rank 0) */
     uint64_t bytes;
     int ranks;
@@ -58,9 +58,9 @@ static shard_status plain_io(const char *path, void *buf, size_t bytes, int writ
     do {                                                                                                               \
         if (s == SHARD_OK) s = shard_comm_barrier(comm);                                                               \
         if (s != SHARD_OK) break;                                                                                      \
-        double t0_ = shard_clock_seconds();                                                                                     \
+        double t0_ = shard_clock_seconds();                                                                            \
         s = (expr);                                                                                                    \
-        double dt_ = shard_clock_seconds() - t0_;                                                                               \
+        double dt_ = shard_clock_seconds() - t0_;                                                                      \
         if (s == SHARD_OK) s = shard_comm_all_reduce(comm, &dt_, &(out), 1, SHARD_F64, SHARD_OP_MAX);                  \
     } while (0)
 
@@ -88,7 +88,8 @@ static shard_status measure(shard_comm *comm, ckpt_run *run, const char *dir) {
         snprintf(names[k], sizeof names[k], "layer_%d", k);
         saved[k].name = loaded[k].name = names[k];
         s = shard_dtensor_create(mesh, SHARD_F32, 2, shape, &spec, SHARD_MEM_PARAMS, &saved[k].tensor);
-        if (s == SHARD_OK) s = shard_dtensor_create(mesh, SHARD_F32, 2, shape, &spec, SHARD_MEM_PARAMS, &loaded[k].tensor);
+        if (s == SHARD_OK)
+            s = shard_dtensor_create(mesh, SHARD_F32, 2, shape, &spec, SHARD_MEM_PARAMS, &loaded[k].tensor);
         if (s < 0) break;
         float *v = saved[k].tensor->local->data;
         for (size_t i = 0; i < shard_tensor_numel(saved[k].tensor->local); i++) v[i] = (float)(i % 977) + (float)k;
@@ -144,7 +145,8 @@ static int dir_in_use(const char *path) {
     DIR *d = opendir(path);
     if (!d) return errno == ENOENT ? 0 : -1;
     int used = 0;
-    for (struct dirent *e; !used && (e = readdir(d));) used = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    for (struct dirent *e; !used && (e = readdir(d));)
+        used = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
     closedir(d);
     return used;
 }
@@ -193,8 +195,11 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         if (opt->dir) {
             int used = dir_in_use(opt->dir);
             if (used)
-                s = shard_error(SHARD_ERR_INVALID_ARG, "bench ckpt: --dir %s %s: give a new or empty directory", opt->dir,
-                                used > 0 ? "is not empty" : errno == ENOTDIR ? "is not a directory" : strerror(errno));
+                s = shard_error(SHARD_ERR_INVALID_ARG, "bench ckpt: --dir %s %s: give a new or empty directory",
+                                opt->dir,
+                                used > 0               ? "is not empty"
+                                    : errno == ENOTDIR ? "is not a directory"
+                                                       : strerror(errno));
             made = used == 0 && access(opt->dir, F_OK) != 0;
             if (made) highest_missing(opt->dir, run->made_root, sizeof run->made_root);
             if (s == SHARD_OK) s = shard_mkdirs(opt->dir);
@@ -203,13 +208,15 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
             snprintf(dir, sizeof dir, "/tmp/shard-bench-ckpt-XXXXXX");
             made = mkdtemp(dir) != NULL;
             snprintf(run->made_root, sizeof run->made_root, "%s", dir);
-            if (!made) s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory under /tmp: %s", strerror(errno));
+            if (!made)
+                s = shard_error(SHARD_ERR_IO, "bench ckpt: cannot make a directory under /tmp: %s", strerror(errno));
         }
         if (s < 0) dir[0] = '\0';
         snprintf(run->dir, sizeof run->dir, "%s", dir);
     }
     SHARD_CHECK(shard_comm_broadcast(comm, dir, sizeof dir, SHARD_U8, 0));
-    if (!dir[0]) return rank == 0 ? s : shard_error(SHARD_ERR_ABORTED, "bench ckpt: rank 0 could not make the directory");
+    if (!dir[0])
+        return rank == 0 ? s : shard_error(SHARD_ERR_ABORTED, "bench ckpt: rank 0 could not make the directory");
     if (rank == 0) run->made = made;
     return measure(comm, run, dir); /* the directory is cleaned once every rank has returned */
 }
@@ -232,12 +239,14 @@ shard_status bench_ckpt_run(const bench_ckpt_options *opt) {
         double save = gb / run->save, load = gb / run->load, wr = gb / run->write, rd = gb / run->read;
         if (opt->json) {
             char dir_json[2 * PATH_MAX];
-            printf("{\"backend\": \"%s\", \"dir\": %s, \"kept\": %s, \"ranks\": %d, \"bytes\": %llu, \"save_s\": %.4f, \"load_s\": %.4f, "
-                   "\"write_s\": %.4f, \"read_s\": %.4f, \"save_gbps\": %.4f, \"load_gbps\": %.4f, \"write_gbps\": %.4f, "
-                   "\"read_gbps\": %.4f, \"save_ratio\": %.4f, \"load_ratio\": %.4f}\n",
-                   run->backend, cli_json_string(run->dir, dir_json, sizeof dir_json), opt->keep ? "true" : "false",
-                   run->ranks, (unsigned long long)run->bytes, run->save, run->load, run->write, run->read,
-                   save, load, wr, rd, save / wr, load / rd);
+            printf(
+                "{\"backend\": \"%s\", \"dir\": %s, \"kept\": %s, \"ranks\": %d, \"bytes\": %llu, \"save_s\": %.4f, "
+                "\"load_s\": %.4f, "
+                "\"write_s\": %.4f, \"read_s\": %.4f, \"save_gbps\": %.4f, \"load_gbps\": %.4f, \"write_gbps\": %.4f, "
+                "\"read_gbps\": %.4f, \"save_ratio\": %.4f, \"load_ratio\": %.4f}\n",
+                run->backend, cli_json_string(run->dir, dir_json, sizeof dir_json), opt->keep ? "true" : "false",
+                run->ranks, (unsigned long long)run->bytes, run->save, run->load, run->write, run->read, save, load, wr,
+                rd, save / wr, load / rd);
         } else {
             char size[32];
             cli_format_size(run->bytes, size, sizeof size);
@@ -245,8 +254,8 @@ shard_status bench_ckpt_run(const bench_ckpt_options *opt) {
                    run->backend, run->ranks, size, NTENSORS, run->ranks, run->dir, opt->iters);
             printf("%-6s %10s %10s   %-24s %10s %10s %7s\n", "", "time_s", "GB/s", "plain sequential", "time_s", "GB/s",
                    "ratio");
-            printf("%-6s %10.3f %10.3f   %-24s %10.3f %10.3f %7.3f\n", "save", run->save, save, "write + fsync", run->write,
-                   wr, save / wr);
+            printf("%-6s %10.3f %10.3f   %-24s %10.3f %10.3f %7.3f\n", "save", run->save, save, "write + fsync",
+                   run->write, wr, save / wr);
             printf("%-6s %10.3f %10.3f   %-24s %10.3f %10.3f %7.3f\n", "load", run->load, load, "read", run->read, rd,
                    load / rd);
         }

@@ -37,8 +37,8 @@ typedef struct bench_run {
 } bench_run;
 
 /* Elements in each buffer for `bytes` under `op`. */
-static void buffer_counts(const char *op, uint64_t bytes, int n, size_t es, size_t *send_count,
-                          size_t *recv_count, size_t *arg_count) {
+static void buffer_counts(const char *op, uint64_t bytes, int n, size_t es, size_t *send_count, size_t *recv_count,
+                          size_t *arg_count) {
     size_t total = (size_t)(bytes / es);
     size_t per_rank = total / (size_t)n;
     if (strcmp(op, "all_reduce") == 0 || strcmp(op, "sendrecv") == 0) {
@@ -52,8 +52,8 @@ static void buffer_counts(const char *op, uint64_t bytes, int n, size_t es, size
     }
 }
 
-static shard_status run_op(shard_comm *comm, const char *op, const void *send, void *recv,
-                           size_t count, shard_dtype dtype) {
+static shard_status run_op(shard_comm *comm, const char *op, const void *send, void *recv, size_t count,
+                           shard_dtype dtype) {
     int n = shard_comm_size(comm), r = shard_comm_rank(comm);
     if (strcmp(op, "all_reduce") == 0) return shard_comm_all_reduce(comm, send, recv, count, dtype, SHARD_OP_SUM);
     if (strcmp(op, "all_gather") == 0) return shard_comm_all_gather(comm, send, recv, count, dtype);
@@ -76,8 +76,8 @@ static shard_status one_op(shard_comm *comm, const bench_options *opt, int raw, 
 /* Median over iterations of the slowest rank's time, in microseconds, for
  * shard's call and (with_raw) the raw MPI call.  The two alternate within
  * each iteration, so drifting machine load affects both alike. */
-static shard_status time_ops(shard_comm *comm, const bench_options *opt, int with_raw, const void *send,
-                             void *recv, size_t count, double *median_us, double *raw_median_us) {
+static shard_status time_ops(shard_comm *comm, const bench_options *opt, int with_raw, const void *send, void *recv,
+                             size_t count, double *median_us, double *raw_median_us) {
     int kinds = with_raw ? 2 : 1;
     /* warm-up; its slowest time decides how many timed iterations fit in ~0.2 s */
     double warm = 0;
@@ -105,8 +105,7 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
             s = one_op(comm, opt, k, send, recv, count);
             times[(size_t)k * (size_t)iters + (size_t)i] = shard_clock_seconds() - t0;
         }
-    if (s == SHARD_OK)
-        s = shard_comm_all_reduce(comm, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
+    if (s == SHARD_OK) s = shard_comm_all_reduce(comm, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
     if (s == SHARD_OK) {
         *median_us = 1e6 * cli_median(times, iters);
         if (with_raw) *raw_median_us = 1e6 * cli_median(times + iters, iters);
@@ -139,15 +138,21 @@ static shard_status verify(shard_comm *comm, const char *op, shard_dtype dtype, 
     SHARD_CHECK(run_op(comm, op, send, recv, count, dtype));
     for (size_t i = 0; i < recv_count; i++) {
         double expect;
-        if (strcmp(op, "all_reduce") == 0) expect = 1.0 + (double)(i % 5);
-        else if (strcmp(op, "reduce_scatter") == 0) expect = 1.0 + (double)(((size_t)r * count + i) % 5);
-        else if (strcmp(op, "all_gather") == 0) expect = sent_value(op, (int)(i / count), n, i % count);
-        else if (strcmp(op, "all_to_all") == 0) expect = sent_value(op, (int)(i / count), n, (size_t)r * count + i % count);
-        else expect = sent_value(op, (r + n - 1) % n, n, i);
+        if (strcmp(op, "all_reduce") == 0)
+            expect = 1.0 + (double)(i % 5);
+        else if (strcmp(op, "reduce_scatter") == 0)
+            expect = 1.0 + (double)(((size_t)r * count + i) % 5);
+        else if (strcmp(op, "all_gather") == 0)
+            expect = sent_value(op, (int)(i / count), n, i % count);
+        else if (strcmp(op, "all_to_all") == 0)
+            expect = sent_value(op, (int)(i / count), n, (size_t)r * count + i % count);
+        else
+            expect = sent_value(op, (r + n - 1) % n, n, i);
         double got = shard_tensor_get(&in, i);
         if (got != expect)
-            return shard_error(SHARD_ERR_INTERNAL, "bench %s: wrong result at element %zu on rank %d: got %g, expected %g (%s)",
-                               op, i, r, got, expect, shard_dtype_name(dtype));
+            return shard_error(SHARD_ERR_INTERNAL,
+                               "bench %s: wrong result at element %zu on rank %d: got %g, expected %g (%s)", op, i, r,
+                               got, expect, shard_dtype_name(dtype));
     }
     return SHARD_OK;
 }
@@ -173,9 +178,12 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         size_t sc, rc, ac;
         buffer_counts(opt->op, bytes, n, es, &sc, &rc, &ac);
         if (ac == 0) { /* a row of zeros would read as a bandwidth */
-            s = shard_error(SHARD_ERR_INVALID_ARG, "bench comm: %llu bytes of %s give %s over %d ranks no element each; "
-                            "give --min %zu or more", (unsigned long long)bytes, shard_dtype_name(opt->dtype), opt->op, n,
-                            strcmp(opt->op, "all_reduce") == 0 || strcmp(opt->op, "sendrecv") == 0 ? es : es * (size_t)n);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "bench comm: %llu bytes of %s give %s over %d ranks no element each; "
+                            "give --min %zu or more",
+                            (unsigned long long)bytes, shard_dtype_name(opt->dtype), opt->op, n,
+                            strcmp(opt->op, "all_reduce") == 0 || strcmp(opt->op, "sendrecv") == 0 ? es
+                                                                                                   : es * (size_t)n);
             break;
         }
         s = verify(comm, opt->op, opt->dtype, send, recv, sc, rc, ac);
@@ -186,8 +194,8 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         if (s == SHARD_OK && r == 0) {
             /* the bytes actually moved: a size not divisible by the ranks is rounded down */
             uint64_t moved = strcmp(opt->op, "all_reduce") == 0 || strcmp(opt->op, "sendrecv") == 0
-                                 ? (uint64_t)ac * es
-                                 : (uint64_t)ac * es * (uint64_t)n;
+                ? (uint64_t)ac * es
+                : (uint64_t)ac * es * (uint64_t)n;
             run->results[k] = (bench_result){moved, t, raw ? tb : 0};
         }
         if (bytes == 0) break;
@@ -206,8 +214,8 @@ static void print_results(const bench_run *run) {
     const bench_options *opt = run->opt;
     double factor = shard_cost_busbw_factor(opt->op, run->ranks);
     if (!opt->json) {
-        printf("# shard bench comm: %s, %s, %d ranks, %s, median of >= 5 timed iterations\n", opt->op,
-               run->backend, run->ranks, shard_dtype_name(opt->dtype));
+        printf("# shard bench comm: %s, %s, %d ranks, %s, median of >= 5 timed iterations\n", opt->op, run->backend,
+               run->ranks, shard_dtype_name(opt->dtype));
         printf("%12s %12s %12s %12s", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
         if (run->results[0].baseline_time_us > 0) printf(" %14s %8s", "mpi_busbw_GB/s", "ratio");
         printf("\n");

@@ -7,12 +7,12 @@
 #include "shard/shard.h"
 
 typedef struct bench_options {
-    const char *op;      /* all_reduce | all_gather | reduce_scatter | all_to_all | sendrecv */
+    const char *op; /* all_reduce | all_gather | reduce_scatter | all_to_all | sendrecv */
     shard_dtype dtype;
     uint64_t min_bytes, max_bytes;
-    int warmup, iters;   /* iters 0: as many as fit in ~0.2 s, at least 5 */
+    int warmup, iters; /* iters 0: as many as fit in ~0.2 s, at least 5 */
     int json;
-    int baseline;        /* under MPI, also time the raw MPI call */
+    int baseline; /* under MPI, also time the raw MPI call */
     shard_launch_config launch;
 } bench_options;
 

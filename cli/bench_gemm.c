@@ -124,9 +124,11 @@ shard_status bench_gemm_run(const bench_gemm_options *opt) {
         double ratios[1000];
         int m = opt->iters < 1000 ? opt->iters : 1000;
         for (int i = 0; i < m; i++) ratios[i] = rates[i] / peaks[i];
-        double rate = cli_median(rates, opt->iters), peak = cli_median(peaks, opt->iters), ratio = cli_median(ratios, m);
+        double rate = cli_median(rates, opt->iters), peak = cli_median(peaks, opt->iters),
+               ratio = cli_median(ratios, m);
         if (opt->json)
-            printf("{\"size\": %zu, \"threads\": %d, \"gflops\": %.2f, \"fma_peak_gflops\": %.2f, \"fraction_of_peak\": %.4f, "
+            printf("{\"size\": %zu, \"threads\": %d, \"gflops\": %.2f, \"fma_peak_gflops\": %.2f, "
+                   "\"fraction_of_peak\": %.4f, "
                    "\"blas\": \"%s\"}\n",
                    n, opt->threads, rate, peak, ratio, shard_blas_description());
         else

@@ -31,7 +31,7 @@
 #include "shard/schedule.h"
 #include "shard/shard.h"
 
-enum { MS = 3 };                       /* micro-batch counts of the bubble table */
+enum { MS = 3 }; /* micro-batch counts of the bubble table */
 static const int micro_counts[MS] = {4, 8, 16};
 static const char *const kinds[3] = {"gpipe", "1f1b", "interleaved"};
 
@@ -40,8 +40,8 @@ typedef struct bubble_row {
 } bubble_row;
 
 typedef struct act_row {
-    uint64_t bytes[16];  /* per stage: activation bytes allocated */
-    uint64_t held[16];   /* per stage: micro-batches held at once */
+    uint64_t bytes[16]; /* per stage: activation bytes allocated */
+    uint64_t held[16];  /* per stage: micro-batches held at once */
     uint64_t slots[16];
 } act_row;
 
@@ -51,18 +51,27 @@ typedef struct pp_args {
     long batch, seq, steps;
     int P;
     bubble_row bubble[3][MS];
-    act_row act[3];      /* gpipe, 1f1b, 1f1b + recompute at m = 8 */
+    act_row act[3];               /* gpipe, 1f1b, 1f1b + recompute at m = 8 */
     uint64_t one_micro_bytes[16]; /* per stage: one slot's activation bytes (from the 1-slot recompute run) */
     double ms_pipe, ms_one;
 } pp_args;
 
 /* Steps of a trainer on `mesh_text`; fills the medians / figures asked for (any may be NULL). */
-static shard_status run(shard_comm *comm, const char *config, const char *dir, const char *mesh_text, const char *schedule,
-                        int v, size_t m, int recompute, size_t batch, size_t seq, long steps, double *ms, double *bubble,
-                        double *f_ms, double *b_ms, uint64_t *act_bytes, uint64_t *held, uint64_t *slots) {
-    shard_trainer_config c = {.config_path = config, .data_dir = dir, .batch = batch, .seq = seq, .seed = 1,
-                              .adamw = shard_adamw_defaults(), .clip = 1.0f, .schedule = schedule,
-                              .micro_batches = m, .virtual_stages = v, .recompute = recompute};
+static shard_status run(shard_comm *comm, const char *config, const char *dir, const char *mesh_text,
+                        const char *schedule, int v, size_t m, int recompute, size_t batch, size_t seq, long steps,
+                        double *ms, double *bubble, double *f_ms, double *b_ms, uint64_t *act_bytes, uint64_t *held,
+                        uint64_t *slots) {
+    shard_trainer_config c = {.config_path = config,
+                              .data_dir = dir,
+                              .batch = batch,
+                              .seq = seq,
+                              .seed = 1,
+                              .adamw = shard_adamw_defaults(),
+                              .clip = 1.0f,
+                              .schedule = schedule,
+                              .micro_batches = m,
+                              .virtual_stages = v,
+                              .recompute = recompute};
     c.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, (uint64_t)steps + 2};
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
@@ -100,7 +109,8 @@ static shard_status run(shard_comm *comm, const char *config, const char *dir, c
         if (bubble) *bubble = cli_median(bub, (int)steps);
         if (f_ms) *f_ms = f_n ? f_sum / f_n : 0;
         if (b_ms) *b_ms = b_n ? b_sum / b_n : 0;
-        if (act_bytes) *act_bytes = after.current_bytes[SHARD_MEM_ACTIVATIONS] - before.current_bytes[SHARD_MEM_ACTIVATIONS];
+        if (act_bytes)
+            *act_bytes = after.current_bytes[SHARD_MEM_ACTIVATIONS] - before.current_bytes[SHARD_MEM_ACTIVATIONS];
     }
     shard_trainer_destroy(tr);
     shard_mesh_destroy(mesh);
@@ -143,13 +153,14 @@ static shard_status pp_rank(shard_comm *world, void *arg) {
         SHARD_CHECK(to_all(world, slots, a->act[k].slots));
     }
     /* 3. ms/step: pipe=P against one rank, the same global batch */
-    SHARD_CHECK(run(world, a->config, a->dir, mesh, "1f1b", 1, 8, 0, (size_t)a->batch, (size_t)a->seq, a->steps, &a->ms_pipe,
-                    NULL, NULL, NULL, NULL, NULL, NULL));
+    SHARD_CHECK(run(world, a->config, a->dir, mesh, "1f1b", 1, 8, 0, (size_t)a->batch, (size_t)a->seq, a->steps,
+                    &a->ms_pipe, NULL, NULL, NULL, NULL, NULL, NULL));
     shard_comm *self = NULL;
     SHARD_CHECK(shard_comm_split(world, rank == 0 ? 0 : -1, 0, &self));
     shard_status s = SHARD_OK;
-    if (self) s = run(self, a->config, a->dir, "data=1", NULL, 1, 0, 0, (size_t)a->batch, (size_t)a->seq, a->steps, &a->ms_one,
-                      NULL, NULL, NULL, NULL, NULL, NULL);
+    if (self)
+        s = run(self, a->config, a->dir, "data=1", NULL, 1, 0, 0, (size_t)a->batch, (size_t)a->seq, a->steps,
+                &a->ms_one, NULL, NULL, NULL, NULL, NULL, NULL);
     shard_comm_destroy(self);
     SHARD_CHECK(s);
     return shard_comm_barrier(world);
@@ -173,8 +184,8 @@ static shard_status bubble_model(pp_args *a, const shard_gpt_config *gc) {
     snprintf(a->bubble_config, sizeof a->bubble_config, "%s/bubble-gpt.json", a->dir);
     FILE *f = fopen(a->bubble_config, "w");
     if (!f) return shard_error(SHARD_ERR_IO, "bench pipeline: cannot write %s", a->bubble_config);
-    fprintf(f, "{\"n_embd\": %zu, \"n_layer\": %d, \"n_head\": %zu, \"n_positions\": %ld, \"vocab_size\": 256}\n", gc->n_embd,
-            4 * a->P, gc->n_head, a->seq);
+    fprintf(f, "{\"n_embd\": %zu, \"n_layer\": %d, \"n_head\": %zu, \"n_positions\": %ld, \"vocab_size\": 256}\n",
+            gc->n_embd, 4 * a->P, gc->n_head, a->seq);
     fclose(f);
     shard_gpt_config bc;
     return bench_random_tokens(a->bubble_config, &bc, a->bubble_dir, sizeof a->bubble_dir);
@@ -182,12 +193,14 @@ static shard_status bubble_model(pp_args *a, const shard_gpt_config *gc) {
 
 static void print_report(const pp_args *a, const shard_gpt_config *gc, int json) {
     int P = a->P;
-    size_t rows = ((size_t)a->batch + 7) / 8; /* the largest micro-batch's rows (8 micro-batches; the model's buffers) */
+    size_t rows =
+        ((size_t)a->batch + 7) / 8; /* the largest micro-batch's rows (8 micro-batches; the model's buffers) */
     double predicted[3][16];
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < P; r++) {
             size_t held = k == 0 ? 8 : (P - r < 8 ? (size_t)(P - r) : 8), inputs = held + 1 > 8 ? 8 : held + 1;
-            predicted[k][r] = shard_cost_gpt_stage_activation_bytes(gc, P, r, k == 2 ? 1 : held, inputs, rows, (size_t)a->seq);
+            predicted[k][r] =
+                shard_cost_gpt_stage_activation_bytes(gc, P, r, k == 2 ? 1 : held, inputs, rows, (size_t)a->seq);
         }
     if (json) {
         for (int k = 0; k < 3; k++)
@@ -195,28 +208,33 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
                 int m = micro_counts[i], v = k == 2 ? 2 : 1;
                 if (k == 2 && m % P) continue;
                 const bubble_row *b = &a->bubble[k][i];
-                printf("{\"table\": \"bubble\", \"schedule\": \"%s\", \"pipe\": %d, \"micro_batches\": %d, \"virtual_stages\": %d, "
+                printf("{\"table\": \"bubble\", \"schedule\": \"%s\", \"pipe\": %d, \"micro_batches\": %d, "
+                       "\"virtual_stages\": %d, "
                        "\"bubble_measured\": %.4f, \"bubble_formula\": %.4f, \"f_ms\": %.3f, \"b_ms\": %.3f, "
                        "\"bubble_replayed_p4\": %.4f, \"bubble_formula_p4\": %.4f}\n",
-                       kinds[k], P, m, v, b->measured, shard_cost_pipe_bubble((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms,
-                       replayed(k, 4, m, b->f_ms, b->b_ms), shard_cost_pipe_bubble((shard_pipe_kind)k, 4, m, v));
+                       kinds[k], P, m, v, b->measured, shard_cost_pipe_bubble((shard_pipe_kind)k, P, m, v), b->f_ms,
+                       b->b_ms, replayed(k, 4, m, b->f_ms, b->b_ms),
+                       shard_cost_pipe_bubble((shard_pipe_kind)k, 4, m, v));
             }
         for (int k = 0; k < 3; k++)
             for (int r = 0; r < P; r++)
-                printf("{\"table\": \"activations\", \"schedule\": \"%s\", \"recompute\": %d, \"stage\": %d, \"micro_batches\": 8, "
-                       "\"held_measured\": %llu, \"held_formula\": %d, \"activation_bytes\": %llu, \"activation_bytes_predicted\": "
+                printf("{\"table\": \"activations\", \"schedule\": \"%s\", \"recompute\": %d, \"stage\": %d, "
+                       "\"micro_batches\": 8, "
+                       "\"held_measured\": %llu, \"held_formula\": %d, \"activation_bytes\": %llu, "
+                       "\"activation_bytes_predicted\": "
                        "%.0f}\n",
                        k == 0 ? "gpipe" : "1f1b", k == 2, r, (unsigned long long)a->act[k].held[r],
                        k == 0 ? 8 : (P - r < 8 ? P - r : 8), (unsigned long long)a->act[k].bytes[r], predicted[k][r]);
         char cfg_json[4200];
-        printf("{\"table\": \"speed\", \"config\": %s, \"pipe\": %d, \"batch\": %ld, \"seq\": %ld, \"ms_per_step_pipe\": %.3f, "
+        printf("{\"table\": \"speed\", \"config\": %s, \"pipe\": %d, \"batch\": %ld, \"seq\": %ld, "
+               "\"ms_per_step_pipe\": %.3f, "
                "\"ms_per_step_one_rank\": %.3f}\n",
                cli_json_string(a->config, cfg_json, sizeof cfg_json), P, a->batch, a->seq, a->ms_pipe, a->ms_one);
         return;
     }
     printf("# shard bench pipeline: pipe=%d thread ranks, one BLAS thread each; medians of %ld steps\n", P, a->steps);
-    printf("## bubble, equal-cost stages (GPT %zu wide, %d blocks, vocab 256, micro-batches of 1 x %ld tokens)\n", gc->n_embd,
-           4 * P, a->seq);
+    printf("## bubble, equal-cost stages (GPT %zu wide, %d blocks, vocab 256, micro-batches of 1 x %ld tokens)\n",
+           gc->n_embd, 4 * P, a->seq);
     printf("%-12s %3s %9s %9s %7s %7s   %s\n", "schedule", "m", "measured", "formula", "F ms", "B ms",
            "p=4 replayed / formula, p=8 replayed / formula");
     for (int k = 0; k < 3; k++)
@@ -228,24 +246,31 @@ static void print_report(const pp_args *a, const shard_gpt_config *gc, int json)
             for (int w = 0; w < 2; w++) {
                 int p = w ? 8 : 4;
                 double r = replayed(k, p, m, b->f_ms, b->b_ms);
-                if (r < 0) snprintf(wide[w], sizeof wide[w], "  (m %% %d != 0)", p);
-                else snprintf(wide[w], sizeof wide[w], "%5.1f%% / %5.1f%%", 100 * r,
-                              100 * shard_cost_pipe_bubble((shard_pipe_kind)k, p, m, v));
+                if (r < 0)
+                    snprintf(wide[w], sizeof wide[w], "  (m %% %d != 0)", p);
+                else
+                    snprintf(wide[w], sizeof wide[w], "%5.1f%% / %5.1f%%", 100 * r,
+                             100 * shard_cost_pipe_bubble((shard_pipe_kind)k, p, m, v));
             }
-            printf("%-12s %3d %8.1f%% %8.1f%% %7.2f %7.2f   %s, %s\n", k == 2 ? "interleaved2" : kinds[k], m, 100 * b->measured,
-                   100 * shard_cost_pipe_bubble((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms, wide[0], wide[1]);
+            printf("%-12s %3d %8.1f%% %8.1f%% %7.2f %7.2f   %s, %s\n", k == 2 ? "interleaved2" : kinds[k], m,
+                   100 * b->measured, 100 * shard_cost_pipe_bubble((shard_pipe_kind)k, P, m, v), b->f_ms, b->b_ms,
+                   wide[0], wide[1]);
         }
     printf("## activations per stage, %s, batch %ld x %ld in 8 micro-batches\n", a->config, a->batch, a->seq);
     printf("%-16s %5s %14s %14s %14s %12s\n", "schedule", "stage", "held (formula)", "MiB measured", "MiB predicted",
            "act. slots");
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < P; r++)
-            printf("%-16s %5d %6llu (%4d) %14.2f %14.2f %12llu\n", k == 0 ? "gpipe" : k == 1 ? "1f1b" : "1f1b recompute", r,
-                   (unsigned long long)a->act[k].held[r], k == 0 ? 8 : (P - r < 8 ? P - r : 8),
-                   (double)a->act[k].bytes[r] / 1048576.0, predicted[k][r] / 1048576.0, (unsigned long long)a->act[k].slots[r]);
+            printf("%-16s %5d %6llu (%4d) %14.2f %14.2f %12llu\n",
+                   k == 0       ? "gpipe"
+                       : k == 1 ? "1f1b"
+                                : "1f1b recompute",
+                   r, (unsigned long long)a->act[k].held[r], k == 0 ? 8 : (P - r < 8 ? P - r : 8),
+                   (double)a->act[k].bytes[r] / 1048576.0, predicted[k][r] / 1048576.0,
+                   (unsigned long long)a->act[k].slots[r]);
     printf("## speed, %s, batch %ld x %ld\n", a->config, a->batch, a->seq);
-    printf("pipe=%d (1f1b, 8 micro-batches) %8.1f ms/step   one rank %8.1f ms/step   ratio %.2f\n", P, a->ms_pipe, a->ms_one,
-           a->ms_one / a->ms_pipe);
+    printf("pipe=%d (1f1b, 8 micro-batches) %8.1f ms/step   one rank %8.1f ms/step   ratio %.2f\n", P, a->ms_pipe,
+           a->ms_one, a->ms_one / a->ms_pipe);
 }
 
 static const char *const USAGE =
@@ -256,8 +281,7 @@ static const char *const USAGE =
     "holds (GPipe, 1F1B, 1F1B with recompute) against their count, and ms/step against one rank.\n"
     "\n"
     "options:\n"
-    "  --batch B                rows per step (global), 8..4096 (default 8)\n"
-    BENCH_MODEL_OPTIONS_USAGE
+    "  --batch B                rows per step (global), 8..4096 (default 8)\n" BENCH_MODEL_OPTIONS_USAGE
     "  --ranks P                the pipe stages, 2..16 (default 2; under mpirun the launcher's)\n";
 
 int cli_bench_pipeline(int argc, char **argv) {
@@ -279,8 +303,8 @@ int cli_bench_pipeline(int argc, char **argv) {
     shard_gpt_config gc;
     shard_status s = bench_random_tokens(a.config, &gc, a.dir, sizeof a.dir);
     if (s == SHARD_OK && gc.n_layer < (size_t)a.P)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "bench pipeline: %s has %zu blocks, fewer than the %d stages", a.config, gc.n_layer,
-                        a.P);
+        s = shard_error(SHARD_ERR_INVALID_ARG, "bench pipeline: %s has %zu blocks, fewer than the %d stages", a.config,
+                        gc.n_layer, a.P);
     if (s == SHARD_OK) s = bubble_model(&a, &gc);
     shard_launch_config launch = cli_launch_config(&common);
     if (s == SHARD_OK) s = shard_launch_with(&launch, pp_rank, &a);

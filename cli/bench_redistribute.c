@@ -53,7 +53,8 @@ typedef struct bench_redist {
 static shard_status run_collective(shard_comm *comm, const char *op, shard_dtensor *a, shard_dtensor *b) {
     int n = shard_comm_size(comm);
     size_t in = shard_tensor_numel(a->local), out = shard_tensor_numel(b->local);
-    if (strcmp(op, "all_gather") == 0) return shard_comm_all_gather(comm, a->local->data, b->local->data, in, SHARD_F32);
+    if (strcmp(op, "all_gather") == 0)
+        return shard_comm_all_gather(comm, a->local->data, b->local->data, in, SHARD_F32);
     if (strcmp(op, "all_reduce") == 0)
         return shard_comm_all_reduce(comm, a->local->data, b->local->data, in, SHARD_F32, SHARD_OP_SUM);
     if (strcmp(op, "reduce_scatter") == 0)
@@ -106,7 +107,8 @@ static shard_status time_transition(shard_mesh *mesh, shard_comm *axis, const tr
         for (int k = 0; k < kinds && s == SHARD_OK; k++) {
             s = shard_comm_barrier(world);
             double t0 = shard_clock_seconds();
-            if (s == SHARD_OK) s = k == 0 ? shard_dtensor_redistribute(a, b) : run_collective(axis, tr->collective, a, b);
+            if (s == SHARD_OK)
+                s = k == 0 ? shard_dtensor_redistribute(a, b) : run_collective(axis, tr->collective, a, b);
             if (i >= 0) times[(size_t)k * (size_t)iters + (size_t)i] = shard_clock_seconds() - t0;
         }
     if (s == SHARD_OK) s = shard_comm_all_reduce(world, times, times, 2 * (size_t)iters, SHARD_F64, SHARD_OP_MAX);
@@ -123,13 +125,16 @@ static shard_status time_transition(shard_mesh *mesh, shard_comm *axis, const tr
 static shard_status bench_rank(shard_comm *comm, void *arg) {
     bench_redist *run = arg;
     char mesh_text[128];
-    if (run->opt->mesh) snprintf(mesh_text, sizeof mesh_text, "%s", run->opt->mesh);
-    else snprintf(mesh_text, sizeof mesh_text, "data=%d", shard_comm_size(comm));
+    if (run->opt->mesh)
+        snprintf(mesh_text, sizeof mesh_text, "%s", run->opt->mesh);
+    else
+        snprintf(mesh_text, sizeof mesh_text, "data=%d", shard_comm_size(comm));
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(comm, mesh_text, &mesh));
     shard_comm *axis = shard_mesh_axis_comm(mesh, 0);
     /* rows x cols f32 of about --bytes, both divisible by the first axis (cols split over it for all_to_all) */
-    size_t n = (size_t)shard_mesh_axis_size(mesh, 0), cols = n * (1024 / n), rows = (size_t)(run->opt->bytes / (4 * cols));
+    size_t n = (size_t)shard_mesh_axis_size(mesh, 0), cols = n * (1024 / n),
+           rows = (size_t)(run->opt->bytes / (4 * cols));
     rows -= rows % n;
     if (rows == 0) rows = n;
     size_t shape[2] = {rows, cols};
@@ -173,10 +178,11 @@ static void print_results(const bench_redist *run) {
         double coll = r->coll_time_us > 0 ? (double)r->sent / (r->coll_time_us * 1e3) : 0;
         const char *collective = transitions[t].collective;
         if (run->opt->json) {
-            printf("{\"transition\": \"%s\", \"from\": \"%s\", \"to\": \"%s\", \"steps\": \"%s\", \"backend\": \"%s\", "
-                   "\"ranks\": %d, \"mesh\": \"%s\", \"bytes\": %llu, \"bytes_sent_per_rank\": %llu, \"time_us\": %.3f, ",
-                   transitions[t].name, r->from, r->to, r->steps, run->backend, run->ranks, run->mesh,
-                   (unsigned long long)bytes, (unsigned long long)r->sent, r->time_us);
+            printf(
+                "{\"transition\": \"%s\", \"from\": \"%s\", \"to\": \"%s\", \"steps\": \"%s\", \"backend\": \"%s\", "
+                "\"ranks\": %d, \"mesh\": \"%s\", \"bytes\": %llu, \"bytes_sent_per_rank\": %llu, \"time_us\": %.3f, ",
+                transitions[t].name, r->from, r->to, r->steps, run->backend, run->ranks, run->mesh,
+                (unsigned long long)bytes, (unsigned long long)r->sent, r->time_us);
             if (collective)
                 printf("\"busbw_gbps\": %.4f, \"collective\": \"%s\", \"collective_time_us\": %.3f, "
                        "\"collective_busbw_gbps\": %.4f, \"ratio\": %.4f}\n",
@@ -185,8 +191,8 @@ static void print_results(const bench_redist *run) {
                 printf("\"busbw_gbps\": null, \"collective\": null, \"collective_time_us\": null, "
                        "\"collective_busbw_gbps\": null, \"ratio\": null}\n");
         } else if (collective) {
-            printf("%-22s %-34s %-34s %-15s %10.2f %11.3f %15.3f %7.3f\n", transitions[t].name, r->from, r->to, r->steps,
-                   r->time_us / 1e3, busbw, coll, coll > 0 ? busbw / coll : 0.0);
+            printf("%-22s %-34s %-34s %-15s %10.2f %11.3f %15.3f %7.3f\n", transitions[t].name, r->from, r->to,
+                   r->steps, r->time_us / 1e3, busbw, coll, coll > 0 ? busbw / coll : 0.0);
         } else {
             printf("%-22s %-34s %-34s %-15s %10.2f %11s %15s %7s\n", transitions[t].name, r->from, r->to, r->steps,
                    r->time_us / 1e3, "no traffic", "-", "-");

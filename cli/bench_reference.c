@@ -61,14 +61,17 @@ double bench_reference_ms(const char *script, const char *config, const long num
     double ms = -1;
     while (out && fgets(line, sizeof line, out)) {
         const char *k = strstr(line, "\"ms_per_step\": ");
-        if (k) ms = atof(k + 15);
-        else if (line[0] != '\n') snprintf(why, why_bytes, "%.*s", (int)strcspn(line, "\n"), line); /* its last word */
+        if (k)
+            ms = atof(k + 15);
+        else if (line[0] != '\n')
+            snprintf(why, why_bytes, "%.*s", (int)strcspn(line, "\n"), line); /* its last word */
     }
-    if (out) fclose(out);
-    else close(fd[0]);
+    if (out)
+        fclose(out);
+    else
+        close(fd[0]);
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     if (exit_code != 0 || ms <= 0) {
         if (!why[0]) snprintf(why, why_bytes, "%s exited with %d%s", script, exit_code, ms > 0 ? "" : " and no timing");

@@ -34,7 +34,6 @@ typedef struct tp_args {
     tp_run runs[3]; /* one rank; tensor=T; tensor=T with sequence parallel */
 } tp_args;
 
-
 /* Training steps and forward latency on a mesh "tensor=T" over comm; rank 0's figures. */
 static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
     char text[32], path[300];
@@ -42,8 +41,13 @@ static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
     snprintf(text, sizeof text, "tensor=%d", T);
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
-    shard_trainer_config c = {.config_path = a->config, .data_dir = a->dir, .batch = (size_t)a->batch,
-                              .seq = (size_t)a->seq, .seed = 1, .adamw = shard_adamw_defaults(), .clip = 1.0f,
+    shard_trainer_config c = {.config_path = a->config,
+                              .data_dir = a->dir,
+                              .batch = (size_t)a->batch,
+                              .seq = (size_t)a->seq,
+                              .seed = 1,
+                              .adamw = shard_adamw_defaults(),
+                              .clip = 1.0f,
                               .sequence_parallel = sp};
     c.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, (uint64_t)a->steps + 2};
     double *ms = calloc((size_t)a->steps, sizeof *ms), fw[11];
@@ -68,8 +72,8 @@ static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
     shard_batch b;
     snprintf(path, sizeof path, "%s", a->config);
     if (s == SHARD_OK) s = shard_model_create(path, a->dir, 1, (size_t)a->seq, tensor, sp, &m);
-    shard_model_create_options o = {.struct_size = sizeof o, .config_path = path, .data_dir = a->dir, .max_rows = 1,
-                                    .seq = (size_t)a->seq};
+    shard_model_create_options o = {
+        .struct_size = sizeof o, .config_path = path, .data_dir = a->dir, .max_rows = 1, .seq = (size_t)a->seq};
     if (s == SHARD_OK) s = shard_model_batch_source(&o, m, &src);
     if (s == SHARD_OK) m->ops->init(m, 1);
     for (int i = 0; s == SHARD_OK && i < 11; i++) {
@@ -87,7 +91,8 @@ static shard_status measure(shard_comm *comm, tp_args *a, int sp, tp_run *out) {
     if (s == SHARD_OK) {
         out->ms = cli_median(ms, (int)a->steps), out->fwd_ms = cli_median(fw + 1, 10);
         out->activations = after.current_bytes[SHARD_MEM_ACTIVATIONS] - before.current_bytes[SHARD_MEM_ACTIVATIONS];
-        out->expected = shard_cost_gpt_tensor_bytes(&a->gc, (size_t)(a->batch * a->seq), (size_t)T, (size_t)shard_comm_rank(comm), sp);
+        out->expected = shard_cost_gpt_tensor_bytes(&a->gc, (size_t)(a->batch * a->seq), (size_t)T,
+                                                    (size_t)shard_comm_rank(comm), sp);
     }
     free(ms);
     return s;
@@ -109,8 +114,9 @@ static shard_status tp_rank(shard_comm *world, void *arg) {
     /* bytes must match on every rank; report rank 0's figures and whether all matched */
     int64_t bad = (r[1].bytes != r[1].expected) + (r[2].bytes != r[2].expected), any = 0;
     SHARD_CHECK(shard_comm_all_reduce(world, &bad, &any, 1, SHARD_I64, SHARD_OP_SUM));
-    if (any) return shard_error(SHARD_ERR_INTERNAL, "bench tensor: bytes sent differ from the formula on %lld rank runs",
-                                (long long)any);
+    if (any)
+        return shard_error(SHARD_ERR_INTERNAL, "bench tensor: bytes sent differ from the formula on %lld rank runs",
+                           (long long)any);
     if (rank == 0) memcpy(a->runs, r, sizeof r);
     return SHARD_OK;
 }
@@ -123,7 +129,8 @@ int bench_model_options(int argc, char **argv, const char *verb, bench_model_opt
         const char *a = argv[i], *v = NULL;
         long *ints[] = {&o->batch, &o->seq, &o->steps};
         const char *names[] = {"--batch", "--seq", "--steps"};
-        const long lo[] = {o->batch_min > 0 ? o->batch_min : 1, 1, 5}, hi[] = {4096, 65536, 100000}; /* medians of >= 5 */
+        const long lo[] = {o->batch_min > 0 ? o->batch_min : 1, 1, 5},
+                   hi[] = {4096, 65536, 100000}; /* medians of >= 5 */
         int done = 0;
         for (int k = 0; k < 3 && !done; k++)
             if (strcmp(a, names[k]) == 0) {
@@ -157,8 +164,7 @@ static const char *const USAGE =
     "tokens; one BLAS thread per rank.\n"
     "\n"
     "options:\n"
-    "  --batch B                rows per step (global), 1..4096 (default 8)\n"
-    BENCH_MODEL_OPTIONS_USAGE
+    "  --batch B                rows per step (global), 1..4096 (default 8)\n" BENCH_MODEL_OPTIONS_USAGE
     "  --ranks T                the tensor ranks, 1..4096 (default 2; under mpirun the launcher's)\n";
 
 int cli_bench_tensor(int argc, char **argv) {
@@ -190,14 +196,13 @@ int cli_bench_tensor(int argc, char **argv) {
             printf("{\"config\": %s, \"tensor\": %d, \"sequence_parallel\": %d, \"batch\": %ld, \"seq\": %ld, "
                    "\"ms_per_step\": %.3f, \"forward_ms_batch1\": %.3f, \"tensor_bytes_sent\": %llu, "
                    "\"tensor_bytes_formula\": %llu, \"activation_bytes\": %llu}\n",
-                   cli_json_string(a.config, cfg_json, sizeof cfg_json), k ? T : 1, k == 2, a.batch, a.seq, a.runs[k].ms,
-                   a.runs[k].fwd_ms,
-                   (unsigned long long)a.runs[k].bytes, (unsigned long long)a.runs[k].expected,
-                   (unsigned long long)a.runs[k].activations);
+                   cli_json_string(a.config, cfg_json, sizeof cfg_json), k ? T : 1, k == 2, a.batch, a.seq,
+                   a.runs[k].ms, a.runs[k].fwd_ms, (unsigned long long)a.runs[k].bytes,
+                   (unsigned long long)a.runs[k].expected, (unsigned long long)a.runs[k].activations);
         return 0;
     }
-    printf("# shard bench tensor: %s, batch %ld x %ld, T = %d; rank 0's figures, medians of %ld steps\n", a.config, a.batch,
-           a.seq, T, a.steps);
+    printf("# shard bench tensor: %s, batch %ld x %ld, T = %d; rank 0's figures, medians of %ld steps\n", a.config,
+           a.batch, a.seq, T, a.steps);
     for (int k = 0; k < 3; k++)
         printf("%-28s %8.1f ms/step  forward (1 x %ld) %7.2f ms  tensor bytes/step %11llu (formula %llu)  "
                "activations %7.2f MiB\n",

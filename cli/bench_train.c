@@ -51,8 +51,8 @@ static const char *const USAGE =
 
 int cli_bench_train(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
-    bench_train_opts o = {.batch = 8, .seq = 128, .steps = 20, .warmup = 3, .threads = 2, .zero = -1, .bucket_mb = 25,
-                          .torch = 1};
+    bench_train_opts o = {
+        .batch = 8, .seq = 128, .steps = 20, .warmup = 3, .threads = 2, .zero = -1, .bucket_mb = 25, .torch = 1};
     cli_common common = {0};
     int mesh_ranks = 0, threads_given = 0; /* --mesh data=N; --threads */
     for (int i = 1; i < argc; i++) {
@@ -149,7 +149,8 @@ int cli_bench_train(int argc, char **argv) {
     double *ms = calloc((size_t)steps, sizeof *ms);
     shard_status s = in && tg && ms ? shard_gpt_config_load(config, &c) : SHARD_ERR_NO_MEMORY;
     if (s == SHARD_OK) s = shard_blas_set_threads((int)threads);
-    if (s == SHARD_OK) s = shard_gpt_create_training(&c, B, T, &g); /* as the trainer: the loss gradient over the logits */
+    if (s == SHARD_OK)
+        s = shard_gpt_create_training(&c, B, T, &g); /* as the trainer: the loss gradient over the logits */
     if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &grads);
     if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_OPTIMIZER, &m);
     if (s == SHARD_OK) s = shard_params_like(shard_gpt_params(g), SHARD_MEM_OPTIMIZER, &v);
@@ -196,35 +197,44 @@ int cli_bench_train(int argc, char **argv) {
     double at_peak_ms = prod_gflop / peak * 1e3;
     double tms = -1;
     char why[300] = "";
-    if (torch) tms = bench_reference_ms("bench_gpt_torch.py", config, (long[5]){batch, seq, steps, warmup, threads}, NULL, 1, why,
-                                        sizeof why);
+    if (torch)
+        tms = bench_reference_ms("bench_gpt_torch.py", config, (long[5]){batch, seq, steps, warmup, threads}, NULL, 1,
+                                 why, sizeof why);
     if (torch && tms <= 0 && json) /* said on stderr too: a loop over --json runs must not lose the ratio unseen */
         cli_error("bench train: PyTorch not measured: %s", why);
     if (json) {
         char cfg_json[4200];
-        printf("{\"config\": %s, \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, "
+        printf("{\"config\": %s, \"batch\": %ld, \"seq\": %ld, \"threads\": %ld, \"ms_per_step\": %.3f, "
+               "\"tokens_per_s\": %.1f, "
                "\"mfu\": %.4f, \"fma_peak_gflops\": %.1f",
-               cli_json_string(config, cfg_json, sizeof cfg_json), batch, seq, threads, med, (double)N / (med / 1e3), mfu,
-               peak);
-        printf(", \"products_alone_ms\": %.3f, \"products_gflop\": %.9g, \"products_at_peak_ms\": %.6g", prod_ms, prod_gflop,
-               at_peak_ms);
+               cli_json_string(config, cfg_json, sizeof cfg_json), batch, seq, threads, med, (double)N / (med / 1e3),
+               mfu, peak);
+        printf(", \"products_alone_ms\": %.3f, \"products_gflop\": %.9g, \"products_at_peak_ms\": %.6g", prod_ms,
+               prod_gflop, at_peak_ms);
         char why_json[700];
-        if (tms > 0) printf(", \"torch_ms_per_step\": %.3f, \"speedup_vs_torch\": %.4f", tms, tms / med);
-        else if (torch) printf(", \"torch_error\": %s", cli_json_string(why, why_json, sizeof why_json));
+        if (tms > 0)
+            printf(", \"torch_ms_per_step\": %.3f, \"speedup_vs_torch\": %.4f", tms, tms / med);
+        else if (torch)
+            printf(", \"torch_error\": %s", cli_json_string(why, why_json, sizeof why_json));
         printf("}\n");
     } else {
         printf("# shard bench train: %s, batch %ld x %ld, %ld threads, median of %ld steps after %ld warm-up\n", config,
                batch, seq, threads, steps, warmup);
-        printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s (%.2f M parameters, 6 N + 12 L s h = "
-               "%.1f MFLOP/token)\n", med, (double)N / (med / 1e3), 100 * mfu, peak, (double)shard_gpt_param_count(&c) / 1e6,
-               shard_cost_gpt_flops_per_token(&c, T) / 1e6);
-        printf("products alone: %.1f ms/step (%.2f GFLOP at %.0f GFLOP/s: the linear layers' and LM head's products, each\n"
+        printf(
+            "shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s (%.2f M parameters, 6 N + 12 L s h = "
+            "%.1f MFLOP/token)\n",
+            med, (double)N / (med / 1e3), 100 * mfu, peak, (double)shard_gpt_param_count(&c) / 1e6,
+            shard_cost_gpt_flops_per_token(&c, T) / 1e6);
+        printf("products alone: %.1f ms/step (%.2f GFLOP at %.0f GFLOP/s: the linear layers' and LM head's products, "
+               "each\n"
                "         timed on its own with warm operands); the rest of the step: %.1f ms\n",
                prod_ms, prod_gflop, prod_gflop / (prod_ms / 1e3), med - prod_ms);
         printf("at the FMA peak the products would take %.1f ms/step: no step on this machine is faster\n", at_peak_ms);
-        if (tms > 0) printf("PyTorch: %8.1f ms/step  (tools/reference/bench_gpt_torch.py, same run)  speedup %.2fx\n", tms,
-                            tms / med);
-        else if (torch) printf("PyTorch: not measured: %s\n", why);
+        if (tms > 0)
+            printf("PyTorch: %8.1f ms/step  (tools/reference/bench_gpt_torch.py, same run)  speedup %.2fx\n", tms,
+                   tms / med);
+        else if (torch)
+            printf("PyTorch: not measured: %s\n", why);
     }
     free(in), free(tg), free(ms);
     shard_params_destroy(grads), shard_params_destroy(m), shard_params_destroy(v);

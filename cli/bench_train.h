@@ -29,10 +29,10 @@ double bench_reference_ms(const char *script, const char *config, const long num
 
 /* The usage lines of the options bench_model_options reads besides --batch and --ranks (whose ranges
  * differ between `bench tensor` and `bench pipeline`). */
-#define BENCH_MODEL_OPTIONS_USAGE \
-    "  --config FILE            the GPT's config JSON (required), e.g. configs/gpt-bench.json\n" \
-    "  --seq T                  tokens per row, 1..65536 (default 128)\n" \
-    "  --steps S                timed steps, 5..100000 (default 10)\n" \
+#define BENCH_MODEL_OPTIONS_USAGE                                                                                      \
+    "  --config FILE            the GPT's config JSON (required), e.g. configs/gpt-bench.json\n"                       \
+    "  --seq T                  tokens per row, 1..65536 (default 128)\n"                                              \
+    "  --steps S                timed steps, 5..100000 (default 10)\n"                                                 \
     "  --json                   one JSON object per run instead of the table\n"
 
 /* The options `bench tensor` and `bench pipeline` share: --config C.json [--batch B] [--seq T] [--steps S]

@@ -41,10 +41,16 @@ typedef struct dp_args {
 } dp_args;
 
 static shard_trainer_config make_config(const dp_args *a, size_t batch) {
-    shard_trainer_config c = {.config_path = a->o->config, .data_dir = a->dir, .batch = batch, .seq = (size_t)a->o->seq,
-                              .seed = 1, .zero = a->o->zero, .bucket_mb = a->o->bucket_mb,
+    shard_trainer_config c = {.config_path = a->o->config,
+                              .data_dir = a->dir,
+                              .batch = batch,
+                              .seq = (size_t)a->o->seq,
+                              .seed = 1,
+                              .zero = a->o->zero,
+                              .bucket_mb = a->o->bucket_mb,
                               .grad_dtype = a->o->bf16 ? SHARD_BF16 : SHARD_F32,
-                              .compute_dtype = a->o->bf16_compute ? SHARD_BF16 : SHARD_F32, .adamw = shard_adamw_defaults(),
+                              .compute_dtype = a->o->bf16_compute ? SHARD_BF16 : SHARD_F32,
+                              .adamw = shard_adamw_defaults(),
                               .clip = 1.0f};
     c.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, (uint64_t)(a->o->steps + a->o->warmup)};
     return c;
@@ -86,8 +92,10 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
         size_t per = (n + D - 1) / D;
         float *buf = shard_alloc(per * D * sizeof(float) + 4, SHARD_MEM_COMM);
         shard_dtype dt = a->o->bf16 ? SHARD_BF16 : SHARD_F32;
-        if (!buf) s = SHARD_ERR_NO_MEMORY;
-        else memset(buf, 0, per * D * sizeof(float));
+        if (!buf)
+            s = SHARD_ERR_NO_MEMORY;
+        else
+            memset(buf, 0, per * D * sizeof(float));
         for (int i = -1; s == SHARD_OK && i < 5; i++) { /* what a step's gradients cost without compute */
             s = shard_comm_barrier(comm);
             double t0 = shard_clock_seconds();
@@ -95,11 +103,13 @@ static shard_status timed_run(shard_comm *comm, const dp_args *a, size_t batch, 
             /* in place, as the strategy's: this rank's block of the whole buffer */
             size_t r = (size_t)shard_comm_rank(comm);
             if (s == SHARD_OK && a->o->zero > 0)
-                s = shard_comm_reduce_scatter(comm, buf, (char *)buf + r * per * shard_dtype_size(dt), per, dt, SHARD_OP_SUM);
+                s = shard_comm_reduce_scatter(comm, buf, (char *)buf + r * per * shard_dtype_size(dt), per, dt,
+                                              SHARD_OP_SUM);
             if (s == SHARD_OK && a->o->zero > 0 && a->o->zero < 3) /* the values made whole */
                 s = shard_comm_all_gather(comm, buf + r * per, buf, per, SHARD_F32);
             shard_dtype gd = a->o->bf16_compute ? SHARD_BF16 : SHARD_F32;
-            for (int g = 0; s == SHARD_OK && a->o->zero == 3 && g < 2; g++) /* each unit gathered for forward and backward */
+            for (int g = 0; s == SHARD_OK && a->o->zero == 3 && g < 2;
+                 g++) /* each unit gathered for forward and backward */
                 s = shard_comm_all_gather(comm, (char *)buf + r * per * shard_dtype_size(gd), buf, per, gd);
             if (i >= 0) al[i] = (shard_clock_seconds() - t0) * 1e3; /* round -1 warms the buffers and the transport */
         }
@@ -175,7 +185,8 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     int mrank = 0, msize = 0;
     if (shard_launch_detect_mpi(env, sizeof env, &mrank, &msize)) world = msize;
     if (o->batch % world) { /* uneven rows: DDP's reference and the one-rank baseline would train fewer */
-        cli_error("bench train: --batch %ld does not divide over %d ranks; give a multiple of %d", o->batch, world, world);
+        cli_error("bench train: --batch %ld does not divide over %d ranks; give a multiple of %d", o->batch, world,
+                  world);
         return 2;
     }
     shard_gpt_config gc; /* random tokens over the config's vocabulary */
@@ -197,7 +208,8 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     long numbers[5] = {o->batch, o->seq, o->steps, o->warmup, world};
     char bucket[32];
     snprintf(bucket, sizeof bucket, "%.17g", o->bucket_mb);
-    double tms = o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config, numbers, bucket, 0, why, sizeof why) : -1;
+    double tms =
+        o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config, numbers, bucket, 0, why, sizeof why) : -1;
     if (o->torch && tms <= 0 && o->json) cli_error("bench train: PyTorch DDP not measured: %s", why);
     /* bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
     double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
@@ -206,7 +218,10 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
      * reduce-scattered pieces from zero 1), or the pieces + unit 0's buffer (the tied embedding's: from the
      * LM head to the end of backward) + two others (one filling, one in flight) */
     double unit_grads = a.r.largest_other > 0 ? U0 + 2 * Uo : U0;
-    double pred[3] = {o->zero >= 3 ? P / Dn + 2 * U : P, o->zero >= 2 ? P / Dn + unit_grads : o->zero == 1 ? P + P / Dn : P,
+    double pred[3] = {o->zero >= 3 ? P / Dn + 2 * U : P,
+                      o->zero >= 2       ? P / Dn + unit_grads
+                          : o->zero == 1 ? P + P / Dn
+                                         : P,
                       o->zero >= 1 ? 2 * P / Dn : 2 * P};
     const char *cat[3] = {"params", "grads", "optimizer"};
     shard_mem_category ids[3] = {SHARD_MEM_PARAMS, SHARD_MEM_GRADS, SHARD_MEM_OPTIMIZER};
@@ -214,9 +229,11 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     for (int i = 0; i < 3; i++) states += (double)a.r.mem.peak_bytes[ids[i]];
     if (o->json) {
         char cfg_json[4200];
-        printf("{\"config\": %s, \"ranks\": %d, \"zero\": %ld, \"batch\": %ld, \"seq\": %ld, \"grad_dtype\": \"%s\", \"compute_dtype\": \"%s\", "
+        printf("{\"config\": %s, \"ranks\": %d, \"zero\": %ld, \"batch\": %ld, \"seq\": %ld, \"grad_dtype\": \"%s\", "
+               "\"compute_dtype\": \"%s\", "
                "\"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, \"single_rank_ms_per_step\": %.3f, "
-               "\"scaling_efficiency\": %.4f, \"exposed_comm_ms\": %.3f, \"comm_alone_ms\": %.3f, \"hidden_comm_fraction\": %.4f, "
+               "\"scaling_efficiency\": %.4f, \"exposed_comm_ms\": %.3f, \"comm_alone_ms\": %.3f, "
+               "\"hidden_comm_fraction\": %.4f, "
                "\"model_state_bytes\": %.0f, \"model_state_target_bytes\": %.0f",
                cli_json_string(o->config, cfg_json, sizeof cfg_json), world, o->zero, o->batch, o->seq,
                o->bf16 ? "bf16" : "f32", o->bf16_compute ? "bf16" : "f32", a.r.ms, N / (a.r.ms / 1e3), mfu,
@@ -225,24 +242,31 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
             printf(", \"peak_%s_bytes\": %llu, \"predicted_%s_bytes\": %.0f", cat[i],
                    (unsigned long long)a.r.mem.peak_bytes[ids[i]], cat[i], pred[i]);
         char why_json[700];
-        if (tms > 0) printf(", \"torch_ddp_ms_per_step\": %.3f, \"speedup_vs_torch_ddp\": %.4f", tms, tms / a.r.ms);
-        else if (o->torch) printf(", \"torch_error\": %s", cli_json_string(why, why_json, sizeof why_json));
+        if (tms > 0)
+            printf(", \"torch_ddp_ms_per_step\": %.3f, \"speedup_vs_torch_ddp\": %.4f", tms, tms / a.r.ms);
+        else if (o->torch)
+            printf(", \"torch_error\": %s", cli_json_string(why, why_json, sizeof why_json));
         printf("}\n");
         return 0;
     }
-    printf("# shard bench train: %s, global batch %ld x %ld over %d ranks, zero %ld, gradients %s; median of %ld steps\n",
-           o->config, o->batch, o->seq, world, o->zero, o->bf16 ? "bf16" : "f32", o->steps);
-    printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s\n", a.r.ms, N / (a.r.ms / 1e3), 100 * mfu, peak);
+    printf(
+        "# shard bench train: %s, global batch %ld x %ld over %d ranks, zero %ld, gradients %s; median of %ld steps\n",
+        o->config, o->batch, o->seq, world, o->zero, o->bf16 ? "bf16" : "f32", o->steps);
+    printf("shard:   %8.1f ms/step  %9.0f tokens/s  MFU %.1f%% of %.0f GFLOP/s\n", a.r.ms, N / (a.r.ms / 1e3),
+           100 * mfu, peak);
     printf("scaling: 1 rank at the same per-rank batch %.1f ms/step -> efficiency %.2f\n", a.r.single_ms, eff);
     printf("comm:    %.2f ms/step waited on, %.2f ms for the collectives alone: %.0f%% hidden behind compute\n",
            a.r.exposed_ms, a.r.alone_ms, 100 * hidden);
     for (int i = 0; i < 3; i++)
         printf("memory:  %-9s peak %8.2f MiB per rank, predicted %8.2f MiB\n", cat[i],
                (double)a.r.mem.peak_bytes[ids[i]] / 1048576.0, pred[i] / 1048576.0);
-    printf("memory:  model states %.2f MiB per rank; target 1.05 x 16 bytes x params / N + one unit's buffers = %.2f MiB\n",
+    printf("memory:  model states %.2f MiB per rank; target 1.05 x 16 bytes x params / N + one unit's buffers = %.2f "
+           "MiB\n",
            states / 1048576.0, (1.05 * 4 * P / Dn + 3 * U) / 1048576.0);
-    if (tms > 0) printf("PyTorch DDP: %8.1f ms/step (gloo, %d processes x 1 thread, same run)  speedup %.2fx\n", tms, world,
-                        tms / a.r.ms);
-    else if (o->torch) printf("PyTorch DDP: not measured: %s\n", why);
+    if (tms > 0)
+        printf("PyTorch DDP: %8.1f ms/step (gloo, %d processes x 1 thread, same run)  speedup %.2fx\n", tms, world,
+               tms / a.r.ms);
+    else if (o->torch)
+        printf("PyTorch DDP: not measured: %s\n", why);
     return 0;
 }

@@ -35,11 +35,13 @@ int cli_inspect_ckpt(int argc, char **argv) {
     const char *target = NULL;
     int verify = 0;
     for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--verify") == 0) verify = 1;
+        if (strcmp(argv[i], "--verify") == 0)
+            verify = 1;
         else if (argv[i][0] == '-') {
             cli_error("inspect ckpt: unknown option '%s' (give DIR|FILE [--verify])", argv[i]);
             return 2;
-        } else if (!target) target = argv[i];
+        } else if (!target)
+            target = argv[i];
         else {
             cli_error("inspect ckpt: one checkpoint directory or safetensors file, not '%s' too", argv[i]);
             return 2;
@@ -53,10 +55,10 @@ int cli_inspect_ckpt(int argc, char **argv) {
     int index = shard_safetensors_is_index(target);
     struct stat st; /* a file by another name: read as safetensors (the format's own checks say if it is not) */
     int file = (n > 12 && strcmp(target + n - 12, ".safetensors") == 0) ||
-               (!index && stat(target, &st) == 0 && S_ISREG(st.st_mode));
-    shard_status s = file    ? shard_safetensors_describe(target, verify, stdout)
-                     : index ? shard_safetensors_index_describe(target, verify, stdout)
-                             : shard_ckpt_describe(target, verify, stdout);
+        (!index && stat(target, &st) == 0 && S_ISREG(st.st_mode));
+    shard_status s = file ? shard_safetensors_describe(target, verify, stdout)
+        : index           ? shard_safetensors_index_describe(target, verify, stdout)
+                          : shard_ckpt_describe(target, verify, stdout);
     if (s < 0) cli_error("%s", shard_last_error());
     return s < 0 ? 1 : 0;
 }
@@ -143,7 +145,8 @@ int cli_ckpt(int argc, char **argv) {
     }
     size_t n = out ? strlen(out) : 0;
     if (dir && out && (n <= 12 || strcmp(out + n - 12, ".safetensors") != 0)) {
-        cli_error("ckpt export: --out '%s' is invalid: give a file name ending in .safetensors, e.g. model.safetensors", out);
+        cli_error("ckpt export: --out '%s' is invalid: give a file name ending in .safetensors, e.g. model.safetensors",
+                  out);
         return 2;
     }
     if (!dir || !out) {

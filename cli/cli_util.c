@@ -99,9 +99,12 @@ int cli_parse_size(const char *option, const char *text, uint64_t *out) {
     uint64_t mult = 1;
     if (*end) {
         switch (*end) {
-        case 'K': case 'k': mult = 1ULL << 10; break;
-        case 'M': case 'm': mult = 1ULL << 20; break;
-        case 'G': case 'g': mult = 1ULL << 30; break;
+        case 'K':
+        case 'k': mult = 1ULL << 10; break;
+        case 'M':
+        case 'm': mult = 1ULL << 20; break;
+        case 'G':
+        case 'g': mult = 1ULL << 30; break;
         default: goto bad;
         }
         end++;
@@ -140,9 +143,12 @@ int cli_common_option(cli_common *common, int argc, char **argv, int *i) {
     if (strcmp(arg, "--backend") == 0) {
         const char *v = cli_value(argc, argv, i);
         if (!v) return -1;
-        if (strcmp(v, "threads") == 0) common->backend = SHARD_BACKEND_THREADS;
-        else if (strcmp(v, "mpi") == 0) common->backend = SHARD_BACKEND_MPI;
-        else if (strcmp(v, "auto") == 0) common->backend = SHARD_BACKEND_AUTO;
+        if (strcmp(v, "threads") == 0)
+            common->backend = SHARD_BACKEND_THREADS;
+        else if (strcmp(v, "mpi") == 0)
+            common->backend = SHARD_BACKEND_MPI;
+        else if (strcmp(v, "auto") == 0)
+            common->backend = SHARD_BACKEND_AUTO;
         else {
             cli_error("--backend '%s' is invalid: give threads, mpi or auto", v);
             return -1;
@@ -179,9 +185,12 @@ const char *cli_json_string(const char *text, char *out, size_t out_bytes) {
     if (out_bytes < 3) return out_bytes ? (out[0] = '\0', out) : out;
     out[n++] = '"';
     for (const unsigned char *p = (const unsigned char *)text; *p && n + 8 < out_bytes; p++) {
-        if (*p == '"' || *p == '\\') out[n++] = '\\', out[n++] = (char)*p;
-        else if (*p < 0x20) n += (size_t)snprintf(out + n, out_bytes - n, "\\u%04x", *p);
-        else out[n++] = (char)*p;
+        if (*p == '"' || *p == '\\')
+            out[n++] = '\\', out[n++] = (char)*p;
+        else if (*p < 0x20)
+            n += (size_t)snprintf(out + n, out_bytes - n, "\\u%04x", *p);
+        else
+            out[n++] = (char)*p;
     }
     out[n++] = '"';
     out[n] = '\0';

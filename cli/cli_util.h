@@ -11,10 +11,10 @@
 
 /* Options every verb that runs ranks understands. */
 typedef struct cli_common {
-    int ranks;     /* --ranks N (0: not given) */
+    int ranks;                    /* --ranks N (0: not given) */
     shard_backend_choice backend; /* --backend threads|mpi */
-    double timeout; /* --timeout SECONDS (0: SHARD_TIMEOUT or 300) */
-    int verbose;    /* --verbose */
+    double timeout;               /* --timeout SECONDS (0: SHARD_TIMEOUT or 300) */
+    int verbose;                  /* --verbose */
 } cli_common;
 
 /* Try to consume argv[*i] (and its value) as a common option.

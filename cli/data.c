@@ -30,7 +30,8 @@ static const char *const USAGE_TEXT =
 int cli_data(int argc, char **argv) {
     if (argc >= 2 && cli_is_help(argv[1])) return cli_usage(USAGE_DATA, 0);
     if (argc >= 2 && strcmp(argv[1], "text") != 0) {
-        cli_error("data: unknown '%s': give text (the byte-level tokenizer): 'shard data text FILE... --out DIR'", argv[1]);
+        cli_error("data: unknown '%s': give text (the byte-level tokenizer): 'shard data text FILE... --out DIR'",
+                  argv[1]);
         return 2;
     }
     if (argc < 2) {

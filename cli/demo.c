@@ -26,14 +26,16 @@ static shard_status demo_rank(shard_comm *comm, void *arg) {
     (void)arg;
     int n = shard_comm_size(comm), r = shard_comm_rank(comm);
     char line[LINE_BYTES];
-    if (r == 0) printf("shard demo: %d ranks on the %s backend\n\n1. a token passed round a ring (send/recv)\n", n, shard_comm_backend(comm));
+    if (r == 0)
+        printf("shard demo: %d ranks on the %s backend\n\n1. a token passed round a ring (send/recv)\n", n,
+               shard_comm_backend(comm));
     int token = 100 + r, got = -1;
     shard_request *reqs[2];
     SHARD_CHECK(shard_comm_irecv(comm, &got, 1, SHARD_I32, (r + n - 1) % n, 0, &reqs[0]));
     SHARD_CHECK(shard_comm_isend(comm, &token, 1, SHARD_I32, (r + 1) % n, 0, &reqs[1]));
     SHARD_CHECK(shard_request_wait_all(2, reqs));
-    snprintf(line, sizeof line, "rank %d sent %d to rank %d and received %d from rank %d", r, token, (r + 1) % n,
-             got, (r + n - 1) % n);
+    snprintf(line, sizeof line, "rank %d sent %d to rank %d and received %d from rank %d", r, token, (r + 1) % n, got,
+             (r + n - 1) % n);
     SHARD_CHECK(print_from_all(comm, line));
 
     float v[4] = {(float)(r + 1), (float)(r + 1) * 10, 1, (float)r};

@@ -42,7 +42,8 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
     if (c.vocab_size < 256)
         return shard_error(SHARD_ERR_INVALID_ARG, "generate: the model's vocab_size %zu cannot hold byte tokens (256)",
                            c.vocab_size);
-    if (plen == 0) return shard_error(SHARD_ERR_INVALID_ARG, "generate: --prompt is empty; give at least one character");
+    if (plen == 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "generate: --prompt is empty; give at least one character");
     if (total < ctx) ctx = total; /* activations for the tokens there will be, not all n_positions */
     shard_gpt *g = NULL;
     SHARD_CHECK(shard_gpt_create(&c, 1, ctx, &g));
@@ -61,11 +62,13 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
         if (s < 0) break;
         /* byte tokens: a model with a larger vocabulary is sampled over its first 256 ids, the bytes */
         int next = 0;
-        s = shard_sample_token(shard_gpt_logits(g) + (T - 1) * c.vocab_size, 256, o->temperature, (size_t)o->top_k, &rng,
-                               &next);
+        s = shard_sample_token(shard_gpt_logits(g) + (T - 1) * c.vocab_size, 256, o->temperature, (size_t)o->top_k,
+                               &rng, &next);
         if (s == SHARD_ERR_INVALID_ARG) { /* a logit not finite: said in terms of the model */
-            s = shard_error(SHARD_ERR_INVALID_ARG, "generate: the model's logits at token %zu are NaN or infinite: its "
-                            "weights are not finite (a diverged run?)", n - plen + 1);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "generate: the model's logits at token %zu are NaN or infinite: its "
+                            "weights are not finite (a diverged run?)",
+                            n - plen + 1);
         }
         if (s < 0) break;
         ids[n] = next;
@@ -136,11 +139,13 @@ int cli_generate(int argc, char **argv) {
         }
     }
     if (o.ckpt && (o.config || o.init)) {
-        cli_error("generate: --ckpt DIR carries its config and weights: give it alone, or --config with --init instead");
+        cli_error(
+            "generate: --ckpt DIR carries its config and weights: give it alone, or --config with --init instead");
         return 2;
     }
     if (!o.prompt || (!o.ckpt && !(o.config && o.init))) {
-        cli_error("generate: give --prompt and either --ckpt DIR or --config CONFIG.json with --init weights.safetensors");
+        cli_error(
+            "generate: give --prompt and either --ckpt DIR or --config CONFIG.json with --init weights.safetensors");
         return 2;
     }
     shard_launch_config launch = shard_launch_config_default();

@@ -71,7 +71,9 @@ int cli_inspect(int argc, char **argv) {
         return 2;
     }
     if (argc < 2) {
-        cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec \"P('data','tensor')\"', 'shard inspect ckpt DIR|FILE [--verify]' or 'shard inspect schedule --pipe 4 --micro-batches 8'");
+        cli_error("inspect: give what to inspect: 'shard inspect spec --mesh data=4,tensor=2 --shape 128,4096 --spec "
+                  "\"P('data','tensor')\"', 'shard inspect ckpt DIR|FILE [--verify]' or 'shard inspect schedule --pipe "
+                  "4 --micro-batches 8'");
         return 2;
     }
     if (cli_help_asked(argc, argv, 2)) return cli_usage(USAGE_SPEC, 0);
@@ -82,10 +84,14 @@ int cli_inspect(int argc, char **argv) {
         if (strcmp(arg, "--mesh") == 0 || strcmp(arg, "--spec") == 0 || strcmp(arg, "--shape") == 0 ||
             strcmp(arg, "--dtype") == 0 || strcmp(arg, "--to") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (arg[2] == 'm') mesh = v;
-            else if (arg[2] == 't') to_text = v;
-            else if (arg[3] == 'p') spec_text = v;
-            else if (arg[3] == 'h') shape_text = v;
+            if (arg[2] == 'm')
+                mesh = v;
+            else if (arg[2] == 't')
+                to_text = v;
+            else if (arg[3] == 'p')
+                spec_text = v;
+            else if (arg[3] == 'h')
+                shape_text = v;
             else if (shard_dtype_parse(v, &dtype) < 0) {
                 cli_error("--dtype: %s", shard_last_error());
                 return 2;
@@ -111,8 +117,9 @@ int cli_inspect(int argc, char **argv) {
     }
     shard_spec to;
     shard_redistribute_plan plan;
-    if (to_text && (shard_spec_parse(to_text, &layout, ndim, &to) < 0 ||
-                    shard_redistribute_plan_make(&layout, dtype, ndim, shape, &spec, &to, &plan) < 0)) {
+    if (to_text &&
+        (shard_spec_parse(to_text, &layout, ndim, &to) < 0 ||
+         shard_redistribute_plan_make(&layout, dtype, ndim, shape, &spec, &to, &plan) < 0)) {
         cli_error("--to: %s", shard_last_error());
         return 2;
     }

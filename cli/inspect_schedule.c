@@ -53,7 +53,8 @@ int cli_inspect_schedule(int argc, char **argv) {
         return 2;
     }
     if (!p || !m) {
-        cli_error("inspect schedule: give --pipe P and --micro-batches M, e.g. --pipe 4 --micro-batches 8 --schedule 1f1b");
+        cli_error(
+            "inspect schedule: give --pipe P and --micro-batches M, e.g. --pipe 4 --micro-batches 8 --schedule 1f1b");
         return 2;
     }
     shard_pipe_kind kind;
@@ -71,8 +72,8 @@ int cli_inspect_schedule(int argc, char **argv) {
     }
     free(peak);
     double f1 = shard_pipe_schedule_bubble(s, 1, 1), f2 = shard_pipe_schedule_bubble(s, 1, (int)b_cost);
-    printf("bubble of the equal-cost timeline: %.1f%% (B = F), %.1f%% (B = %ld F); formula %.1f%%\n", 100 * f1, 100 * f2,
-           b_cost, 100 * shard_cost_pipe_bubble(kind, (int)p, (int)m, (int)v));
+    printf("bubble of the equal-cost timeline: %.1f%% (B = F), %.1f%% (B = %ld F); formula %.1f%%\n", 100 * f1,
+           100 * f2, b_cost, 100 * shard_cost_pipe_bubble(kind, (int)p, (int)m, (int)v));
     shard_pipe_schedule_destroy(s);
     return 0;
 }

@@ -86,8 +86,10 @@ static int help(int argc, char **argv) {
     }
     int subs = verb && verb->has_sub_verbs;
     if (argc > 1 + subs) {
-        if (subs) cli_error("help: one verb and one sub-verb, not '%s' too: give 'shard help %s %s'", argv[2], name, argv[1]);
-        else cli_error("help: %s has no sub-verbs, not '%s': give 'shard help %s'", name, argv[1], name);
+        if (subs)
+            cli_error("help: one verb and one sub-verb, not '%s' too: give 'shard help %s %s'", argv[2], name, argv[1]);
+        else
+            cli_error("help: %s has no sub-verbs, not '%s': give 'shard help %s'", name, argv[1], name);
         return 2;
     }
     if (is_list) return cli_usage(USAGE, 0);

@@ -89,8 +89,9 @@ static char *render(const double *all, const size_t *counts, const size_t *displ
             append(&out,
                    ",\n{\"name\": \"%s%s%.0f%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
                    "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"micro_batch\": %.0f, \"chunk\": %.0f}}",
-                   span_name(what), compute ? "" : " ", f[1] < 0 ? 0 : f[1], chunk, compute ? "compute" : "communication", r,
-                   compute ? 0 : 1, (f[3] - origin) * 1e6, (f[4] - f[3]) * 1e6, f[1], f[2]);
+                   span_name(what), compute ? "" : " ", f[1] < 0 ? 0 : f[1], chunk,
+                   compute ? "compute" : "communication", r, compute ? 0 : 1, (f[3] - origin) * 1e6,
+                   (f[4] - f[3]) * 1e6, f[1], f[2]);
         }
     }
     append(&out, "\n]}\n");
@@ -112,8 +113,8 @@ shard_status cli_write_trace(shard_comm *world, const shard_pipeline_stats *st, 
     int64_t *pairs = calloc((size_t)ranks * 2, sizeof *pairs);
     double *all = NULL;
     shard_status s = pack && counts && displs && all_counts && stages && pairs
-                         ? SHARD_OK
-                         : shard_error(SHARD_ERR_NO_MEMORY, "--trace: out of memory");
+        ? SHARD_OK
+        : shard_error(SHARD_ERR_NO_MEMORY, "--trace: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < st->spans; i++) {
         const shard_trace_span *sp = &st->span[i];
         double *f = pack + i * FIELDS;
@@ -129,7 +130,8 @@ shard_status cli_write_trace(shard_comm *world, const shard_pipeline_stats *st, 
     if (s == SHARD_OK && rank == 0) {
         size_t len = 0;
         char *text = render(all, counts, displs, stages, ranks, &len);
-        s = text ? shard_atomic_write_file(path, text, len) : shard_error(SHARD_ERR_NO_MEMORY, "--trace: out of memory");
+        s = text ? shard_atomic_write_file(path, text, len)
+                 : shard_error(SHARD_ERR_NO_MEMORY, "--trace: out of memory");
         free(text);
     }
     free(pack), free(counts), free(displs), free(all_counts), free(stages), free(pairs), free(all);

@@ -37,7 +37,8 @@
 #include "train_util.h"
 
 typedef struct train_opts {
-    const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype, *schedule, *layers_per_stage;
+    const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype, *schedule,
+        *layers_per_stage;
     const char *trace, *optimizer;
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero, micro_batches, virtual_stages;
     int recompute;
@@ -84,12 +85,14 @@ static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
         for (int r = 0; r < world; r++) {
             char where[64] = "";
             int coords[8], at = 0, rest = r;
-            for (int a = shard_mesh_ndim(mesh) - 1; a >= 0; a--) coords[a] = rest % shard_mesh_axis_size(mesh, a), rest /= shard_mesh_axis_size(mesh, a);
+            for (int a = shard_mesh_ndim(mesh) - 1; a >= 0; a--)
+                coords[a] = rest % shard_mesh_axis_size(mesh, a), rest /= shard_mesh_axis_size(mesh, a);
             for (int a = 0; a < shard_mesh_ndim(mesh) && at < (int)sizeof where; a++)
-                at += snprintf(where + at, sizeof where - (size_t)at, "%s%s=%d", a ? "," : "", shard_mesh_axis_name(mesh, a), coords[a]);
+                at += snprintf(where + at, sizeof where - (size_t)at, "%s%s=%d", a ? "," : "",
+                               shard_mesh_axis_name(mesh, a), coords[a]);
             const double *v = all + r * F, M = 1048576.0;
-            printf("  rank %-2d %-18s %7.2f %8.2f %10.2f %12.2f %8.2f %8.2f %8.2f\n", r, where, v[0] / M, v[1] / M, v[2] / M,
-                   v[3] / M, v[4] / M, v[5] / M, v[CATS] / M);
+            printf("  rank %-2d %-18s %7.2f %8.2f %10.2f %12.2f %8.2f %8.2f %8.2f\n", r, where, v[0] / M, v[1] / M,
+                   v[2] / M, v[3] / M, v[4] / M, v[5] / M, v[CATS] / M);
         }
     }
     free(all);
@@ -155,8 +158,10 @@ static shard_status cut_log(const char *path, uint64_t done) {
         size_t n = strlen(line);
         if (used + n + 1 > cap) {
             char *more = realloc(kept, cap = 2 * (used + n + 1));
-            if (!more) s = shard_error(SHARD_ERR_NO_MEMORY, "--log %s: out of memory", path);
-            else kept = more;
+            if (!more)
+                s = shard_error(SHARD_ERR_NO_MEMORY, "--log %s: out of memory", path);
+            else
+                kept = more;
         }
         if (s == SHARD_OK) memcpy(kept + used, line, n), used += n;
     }
@@ -177,26 +182,41 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
      * (the library accepts them there, so that one configuration serves a reference run of one stage) */
     int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
-    const char *pipe_flag = o->schedule ? "--schedule" : o->virtual_stages > 0 ? "--virtual-stages"
-                            : o->recompute ? "--recompute" : o->layers_per_stage ? "--layers-per-stage" : NULL;
+    const char *pipe_flag = o->schedule ? "--schedule"
+        : o->virtual_stages > 0         ? "--virtual-stages"
+        : o->recompute                  ? "--recompute"
+        : o->layers_per_stage           ? "--layers-per-stage"
+                                        : NULL;
     if (pipe_flag && (pipe_axis < 0 || shard_mesh_axis_size(mesh, pipe_axis) < 2)) {
         shard_mesh_destroy(mesh);
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s acts on a pipe axis of 2 or more ranks, and this mesh has %s: give "
-                           "e.g. --mesh pipe=2, or leave %s out", pipe_flag, pipe_axis >= 0 ? "pipe=1" : "none",
-                           pipe_flag);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s acts on a pipe axis of 2 or more ranks, and this mesh has %s: give "
+                           "e.g. --mesh pipe=2, or leave %s out",
+                           pipe_flag, pipe_axis >= 0 ? "pipe=1" : "none", pipe_flag);
     }
-    shard_trainer_config tc = {.config_path = o->config, .data_dir = o->data, .batch = (size_t)o->batch,
-                               .micro_batch = (size_t)o->micro_batch, .accum = (size_t)o->accum, .seq = (size_t)o->seq,
-                               .seed = o->seed, .zero = (int)o->zero, .bucket_mb = o->bucket_mb,
-                               .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-                               .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-                               .optimizer = o->optimizer, .adamw = shard_adamw_defaults(),
-                               .sgd = {.momentum = (float)o->momentum, .weight_decay = (float)o->weight_decay},
-                               .clip = (float)o->clip,
-                               .sequence_parallel = o->sequence_parallel, .param_specs = o->specs,
-                               .schedule = o->schedule, .micro_batches = (size_t)o->micro_batches,
-                               .virtual_stages = (int)o->virtual_stages, .recompute = o->recompute,
-                               .layers_per_stage = o->layers_per_stage};
+    shard_trainer_config tc = {
+        .config_path = o->config,
+        .data_dir = o->data,
+        .batch = (size_t)o->batch,
+        .micro_batch = (size_t)o->micro_batch,
+        .accum = (size_t)o->accum,
+        .seq = (size_t)o->seq,
+        .seed = o->seed,
+        .zero = (int)o->zero,
+        .bucket_mb = o->bucket_mb,
+        .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
+        .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
+        .optimizer = o->optimizer,
+        .adamw = shard_adamw_defaults(),
+        .sgd = {.momentum = (float)o->momentum, .weight_decay = (float)o->weight_decay},
+        .clip = (float)o->clip,
+        .sequence_parallel = o->sequence_parallel,
+        .param_specs = o->specs,
+        .schedule = o->schedule,
+        .micro_batches = (size_t)o->micro_batches,
+        .virtual_stages = (int)o->virtual_stages,
+        .recompute = o->recompute,
+        .layers_per_stage = o->layers_per_stage};
     tc.adamw.weight_decay = (float)o->weight_decay; /* whichever optimizer runs */
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
@@ -213,13 +233,17 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         s = shard_trainer_resume(t, o->resume, &done);
         first = done + 1;
         if (s == SHARD_OK && first > (uint64_t)o->steps)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "--steps %ld: the checkpoint in %s is at step %llu already; give --steps "
-                            "%llu or more", o->steps, o->resume, (unsigned long long)done, (unsigned long long)done + 1);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "--steps %ld: the checkpoint in %s is at step %llu already; give --steps "
+                            "%llu or more",
+                            o->steps, o->resume, (unsigned long long)done, (unsigned long long)done + 1);
         char differ[1024];
         if (s == SHARD_OK && rank == 0 &&
             shard_trainer_resume_differences(t, o->resume, done, differ, sizeof differ) == SHARD_OK && differ[0])
-            fprintf(stderr, "train: warning: resuming with settings other than the checkpoint's: %s; the run will not "
-                    "match one that was never interrupted\n", differ);
+            fprintf(stderr,
+                    "train: warning: resuming with settings other than the checkpoint's: %s; the run will not "
+                    "match one that was never interrupted\n",
+                    differ);
     }
     /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
      * of a pipeline that is not there */
@@ -228,7 +252,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         s = shard_ckpt_save_check(o->save, first, last, every, o->resume != NULL, rank == 0 ? stderr : NULL);
     shard_pipeline_stats unused;
     if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1", o->trace);
+        s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1",
+                        o->trace);
     if (s == SHARD_OK && o->save) s = shard_model_config_read(o->config, &config_text);
     if (s == SHARD_OK && o->resume && o->log && rank == 0) s = cut_log(o->log, first - 1); /* once nothing can refuse */
     if (s == SHARD_OK && rank == 0 && o->log && !(log = fopen(o->log, o->resume ? "a" : "w"))) /* a resumed run adds */
@@ -243,12 +268,16 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         m->ops->describe(m, what, sizeof what);
         shard_mesh_string(mesh, mesh_str, sizeof mesh_str);
         char split_str[160]; /* an uneven split gives some ranks one row fewer: say so rather than a wrong product */
-        if (micro * K * D == B) snprintf(split_str, sizeof split_str, "micro-batch %zu x accum %zu x data %zu", micro, K, D);
-        else snprintf(split_str, sizeof split_str, "accum %zu x data %zu slices of %zu-%zu rows (split unevenly)", K, D,
-                      B / (K * D), micro);
-        printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = %s; %ld steps%s\n"
+        if (micro * K * D == B)
+            snprintf(split_str, sizeof split_str, "micro-batch %zu x accum %zu x data %zu", micro, K, D);
+        else
+            snprintf(split_str, sizeof split_str, "accum %zu x data %zu slices of %zu-%zu rows (split unevenly)", K, D,
+                     B / (K * D), micro);
+        printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = %s; %ld "
+               "steps%s\n"
                "  blas: %s\n",
-               what, mesh_str, shard_comm_backend(comm), o->zero, tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
+               what, mesh_str, shard_comm_backend(comm), o->zero,
+               tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, split_str, o->steps, o->resume ? " (resumed)" : "",
                shard_blas_description());
         if (o->print_specs) print_specs(m);
@@ -269,8 +298,9 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
         if (log) {
-            fprintf(log, "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
-                         "\"ms\": %.3f, \"comm_wait_ms\": %.3f}\n",
+            fprintf(log,
+                    "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
+                    "\"ms\": %.3f, \"comm_wait_ms\": %.3f}\n",
                     (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms, r.exposed_comm_ms);
             fflush(log); /* a run killed later keeps its lines */
         }
@@ -284,7 +314,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         shard_pipeline_stats ps;
         s = shard_trainer_pipeline_stats(t, &ps);
         if (s == SHARD_OK) s = cli_write_trace(comm, &ps, o->trace);
-        if (s == SHARD_OK && rank == 0) printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
+        if (s == SHARD_OK && rank == 0)
+            printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
     }
     if (s == SHARD_OK && rank == 0)
         printf("train: %ld steps in %.1f s, loss %.4f -> %.4f, %.0f %s/s on average%s%s\n", o->steps - (long)first + 1,
@@ -374,12 +405,32 @@ int cli_train(int argc, char **argv) {
         if (cc < 0) return 2;
         if (cc > 0) continue;
         const char *a = argv[i], *val = NULL;
-        const char **strs[] = {&o.config, &o.data,       &o.init,          &o.log,      &o.save,
-                               &o.mesh,   &o.resume,     &o.grad_dtype,    &o.compute_dtype, &o.schedule,
-                               &o.layers_per_stage, &o.trace, &o.optimizer};
-        const char *str_names[] = {"--config", "--data",   "--init",       "--log",          "--save",     "--mesh",
-                                   "--resume", "--grad-dtype", "--compute-dtype", "--schedule", "--layers-per-stage",
-                                   "--trace", "--optimizer"};
+        const char **strs[] = {&o.config,
+                               &o.data,
+                               &o.init,
+                               &o.log,
+                               &o.save,
+                               &o.mesh,
+                               &o.resume,
+                               &o.grad_dtype,
+                               &o.compute_dtype,
+                               &o.schedule,
+                               &o.layers_per_stage,
+                               &o.trace,
+                               &o.optimizer};
+        const char *str_names[] = {"--config",
+                                   "--data",
+                                   "--init",
+                                   "--log",
+                                   "--save",
+                                   "--mesh",
+                                   "--resume",
+                                   "--grad-dtype",
+                                   "--compute-dtype",
+                                   "--schedule",
+                                   "--layers-per-stage",
+                                   "--trace",
+                                   "--optimizer"};
         int done = 0;
         for (int k = 0; k < 13 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
@@ -387,7 +438,7 @@ int cli_train(int argc, char **argv) {
                 done = 1;
             }
         if (done) continue;
-        long *ints[] = {&o.batch, &o.seq,   &o.steps,       &o.save_every,   &o.warmup,
+        long *ints[] = {&o.batch, &o.seq,   &o.steps,       &o.save_every,    &o.warmup,
                         &o.zero,  &o.accum, &o.micro_batch, &o.micro_batches, &o.virtual_stages};
         const char *int_names[] = {"--batch", "--seq",   "--steps",       "--save-every",    "--warmup",
                                    "--zero",  "--accum", "--micro-batch", "--micro-batches", "--virtual-stages"};
@@ -405,9 +456,12 @@ int cli_train(int argc, char **argv) {
         for (int k = 0; k < 6 && !done; k++)
             if (strcmp(a, dbl_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i))) return 2;
-                if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || ((k == 0 || k == 4) && !(*dbls[k] > 0)) || *dbls[k] > 1e6) {
+                if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || ((k == 0 || k == 4) && !(*dbls[k] > 0)) ||
+                    *dbls[k] > 1e6) {
                     cli_error("%s '%s' is invalid: give a number in %s", a, val,
-                              k == 0 ? "(0, 1e6], e.g. 3e-4" : k == 4 ? "(0, 1e6] (MiB), e.g. 25" : "[0, 1e6]");
+                              k == 0       ? "(0, 1e6], e.g. 3e-4"
+                                  : k == 4 ? "(0, 1e6] (MiB), e.g. 25"
+                                           : "[0, 1e6]");
                     return 2;
                 }
                 if (k == 1) o.have_min_lr = 1;
@@ -432,7 +486,8 @@ int cli_train(int argc, char **argv) {
             size_t used = strlen(o.specs);
             if (used + strlen(val) + 2 > sizeof o.specs) {
                 cli_error("--spec '%s': the --spec options add up to more than %zu characters; place groups with a "
-                          "pattern instead, e.g. --spec 'h.*.mlp.*=P()'", val, sizeof o.specs - 1);
+                          "pattern instead, e.g. --spec 'h.*.mlp.*=P()'",
+                          val, sizeof o.specs - 1);
                 return 2;
             }
             if (!strchr(val, '=') || strchr(val, ';')) {

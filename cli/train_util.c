@@ -18,7 +18,8 @@ void cli_progress(int tty, long step, long steps, float loss, float lr, double t
 }
 
 /* One replicated dtensor per parameter on a one-rank mesh. */
-static shard_status make_items(shard_comm *comm, const shard_params *params, shard_mesh **mesh, shard_ckpt_item **items) {
+static shard_status make_items(shard_comm *comm, const shard_params *params, shard_mesh **mesh,
+                               shard_ckpt_item **items) {
     SHARD_CHECK(shard_mesh_create(comm, "data=1", mesh));
     *items = calloc(params->count, sizeof **items);
     if (!*items) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
@@ -43,7 +44,8 @@ shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_pa
     shard_status s = make_items(comm, params, &mesh, &items);
     if (s == SHARD_OK) s = shard_ckpt_load(where, items, params->count, step);
     for (size_t i = 0; s == SHARD_OK && i < params->count; i++)
-        memcpy(params->data + params->info[i].offset, items[i].tensor->local->data, params->info[i].numel * sizeof(float));
+        memcpy(params->data + params->info[i].offset, items[i].tensor->local->data,
+               params->info[i].numel * sizeof(float));
     free_items(mesh, items, params->count);
     return s;
 }

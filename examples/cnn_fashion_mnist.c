@@ -15,7 +15,8 @@
 static shard_status load(const char *images, const char *labels, shard_idx *x, shard_idx *y) {
     SHARD_CHECK(shard_idx_read(images, x));
     shard_status s = shard_idx_read(labels, y);
-    if (s == SHARD_OK && (x->ndim != 3 || y->ndim != 1 || x->dims[0] != y->dims[0] || x->dims[1] != 28 || x->dims[2] != 28))
+    if (s == SHARD_OK &&
+        (x->ndim != 3 || y->ndim != 1 || x->dims[0] != y->dims[0] || x->dims[1] != 28 || x->dims[2] != 28))
         s = shard_error(SHARD_ERR_IO, "%s: expected N x 28 x 28 images with N labels", images);
     return s;
 }
@@ -70,7 +71,8 @@ int main(int argc, char **argv) {
         shard_params_zero(grads);
         s = shard_cnn_forward(m, images, labels, (size_t)batch, &loss);
         if (s == SHARD_OK) s = shard_cnn_backward(m, grads);
-        if (s == SHARD_OK) shard_adamw_update(&ac, (uint64_t)step, 2e-3f, p->data, grads->data, mo->data, ve->data, p->total);
+        if (s == SHARD_OK)
+            shard_adamw_update(&ac, (uint64_t)step, 2e-3f, p->data, grads->data, mo->data, ve->data, p->total);
         if (step == 1) first = loss;
     }
     size_t correct = 0;
@@ -87,8 +89,8 @@ int main(int argc, char **argv) {
         }
     }
     if (s == SHARD_OK)
-        printf("fashion-mnist: %ld steps of %ld images, loss %.3f -> %.3f, test accuracy %.1f%% (%zu/%zu)\n", steps, batch,
-               first, loss, 100.0 * (double)correct / (double)test_y.count, correct, test_y.count);
+        printf("fashion-mnist: %ld steps of %ld images, loss %.3f -> %.3f, test accuracy %.1f%% (%zu/%zu)\n", steps,
+               batch, first, loss, 100.0 * (double)correct / (double)test_y.count, correct, test_y.count);
     free(images), free(labels), free(order);
     shard_params_destroy(grads), shard_params_destroy(mo), shard_params_destroy(ve);
     shard_cnn_destroy(m);

@@ -27,9 +27,14 @@ typedef struct run_args {
 } run_args;
 
 /* Train on `mesh_text` over comm; the whole trained parameters (every stage's, put together) in *out. */
-static shard_status train(shard_comm *comm, const run_args *a, const char *mesh_text, shard_params *whole, double *last) {
-    shard_trainer_config c = {.config_path = a->config, .batch = (size_t)a->batch, .seed = 7,
-                              .adamw = shard_adamw_defaults(), .clip = 0, .schedule = "1f1b",
+static shard_status train(shard_comm *comm, const run_args *a, const char *mesh_text, shard_params *whole,
+                          double *last) {
+    shard_trainer_config c = {.config_path = a->config,
+                              .batch = (size_t)a->batch,
+                              .seed = 7,
+                              .adamw = shard_adamw_defaults(),
+                              .clip = 0,
+                              .schedule = "1f1b",
                               .micro_batches = 4};
     c.adamw.weight_decay = 0;
     c.lr = (shard_lr_schedule){2e-3f, 2e-3f, 0, (uint64_t)a->steps};
@@ -93,7 +98,8 @@ static shard_status rank_main(shard_comm *world, void *arg) {
     run_args *a = arg;
     int rank = shard_comm_rank(world);
     if (shard_comm_size(world) != 2)
-        return shard_error(SHARD_ERR_INVALID_ARG, "cnn_pipeline: 2 ranks (one per shard), got %d", shard_comm_size(world));
+        return shard_error(SHARD_ERR_INVALID_ARG, "cnn_pipeline: 2 ranks (one per shard), got %d",
+                           shard_comm_size(world));
     if (rank == 0) SHARD_CHECK(shard_blas_set_threads(1));
     shard_cnn_config c;
     shard_cnn *layout = NULL;

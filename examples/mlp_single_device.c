@@ -49,8 +49,10 @@ int main(void) {
     /* load_checkpoint(params by name): a seeded initialisation stands in for a checkpoint file */
     if (s == SHARD_OK) s = shard_params_create(layout, 2, SHARD_MEM_OTHER, &weights);
     if (s == SHARD_OK) {
-        shard_init_normal(shard_params_data(weights, "layer_0/weights"), 0, MODEL * HIDDEN, 0.35f, 1, "layer_0/weights");
-        shard_init_normal(shard_params_data(weights, "layer_1/weights"), 0, HIDDEN * MODEL, 0.18f, 1, "layer_1/weights");
+        shard_init_normal(shard_params_data(weights, "layer_0/weights"), 0, MODEL * HIDDEN, 0.35f, 1,
+                          "layer_0/weights");
+        shard_init_normal(shard_params_data(weights, "layer_1/weights"), 0, HIDDEN * MODEL, 0.18f, 1,
+                          "layer_1/weights");
         shard_tensor w0 = shard_params_view(weights, 0), w1 = shard_params_view(weights, 1);
         shard_named params[2] = {{"layer_0/weights", &w0}, {"layer_1/weights", &w1}};
         s = shard_engine_load_checkpoint(engine, params, 2);

@@ -51,8 +51,10 @@ static shard_status run(shard_comm *world, void *arg) {
     if (s == SHARD_OK) s = shard_mlp_engine_create(MODEL, HIDDEN, &engines[1]);
     if (s == SHARD_OK) s = shard_params_create(layout, 2, SHARD_MEM_OTHER, &weights);
     if (s == SHARD_OK) { /* the whole weights, the same on every rank; each engine keeps its part */
-        shard_init_normal(shard_params_data(weights, "layer_0/weights"), 0, MODEL * HIDDEN, 0.35f, 1, "layer_0/weights");
-        shard_init_normal(shard_params_data(weights, "layer_1/weights"), 0, HIDDEN * MODEL, 0.18f, 1, "layer_1/weights");
+        shard_init_normal(shard_params_data(weights, "layer_0/weights"), 0, MODEL * HIDDEN, 0.35f, 1,
+                          "layer_0/weights");
+        shard_init_normal(shard_params_data(weights, "layer_1/weights"), 0, HIDDEN * MODEL, 0.18f, 1,
+                          "layer_1/weights");
         shard_tensor w0 = shard_params_view(weights, 0), w1 = shard_params_view(weights, 1);
         shard_named params[2] = {{"layer_0/weights", &w0}, {"layer_1/weights", &w1}};
         for (int e = 0; s == SHARD_OK && e < 2; e++) s = shard_engine_load_checkpoint(engines[e], params, 2);
@@ -80,8 +82,10 @@ static shard_status run(shard_comm *world, void *arg) {
         /* this rank's blocks: W0's columns h0.., W1's rows h0.. */
         size_t h = engines[0]->params->info[0].shape[1], h0 = 0;
         for (int r = 0; r < rank; r++) h0 += HIDDEN / size + ((size_t)r < HIDDEN % size);
-        const float *g0 = shard_params_data(grads[0], "layer_0/weights"), *g1 = shard_params_data(grads[0], "layer_1/weights");
-        const float *w0 = shard_params_data(grads[1], "layer_0/weights"), *w1 = shard_params_data(grads[1], "layer_1/weights");
+        const float *g0 = shard_params_data(grads[0], "layer_0/weights"),
+                    *g1 = shard_params_data(grads[0], "layer_1/weights");
+        const float *w0 = shard_params_data(grads[1], "layer_0/weights"),
+                    *w1 = shard_params_data(grads[1], "layer_1/weights");
         for (size_t i = 0; s == SHARD_OK && i < MODEL; i++)
             for (size_t j = 0; j < h; j++) {
                 worst_g = worse(worst_g, fabs(g0[i * h + j] - w0[i * HIDDEN + h0 + j]));
@@ -99,11 +103,13 @@ static shard_status run(shard_comm *world, void *arg) {
                engines[0]->ops->name, size, shard_comm_backend(world), MODEL, engines[0]->params->info[0].shape[1],
                engines[0]->params->info[1].shape[0], MODEL, MODEL, HIDDEN, HIDDEN, MODEL);
         printf("%d SGD steps: loss %.4f -> %.4f; against one device: outputs within %.2g, gradient blocks within %.2g, "
-               "losses within %.2g relative\n", STEPS, first, last, worst_y, worst_g, worst_loss);
+               "losses within %.2g relative\n",
+               STEPS, first, last, worst_y, worst_g, worst_loss);
     }
     if (s == SHARD_OK && !(worst_y <= 1e-5 && worst_g <= 1e-5 && worst_loss <= 1e-5 && last < first / 2))
-        s = shard_error(SHARD_ERR_INTERNAL, "tensor-parallel MLP differs from one device (outputs %g, gradients %g, loss %g)",
-                        worst_y, worst_g, worst_loss);
+        s = shard_error(SHARD_ERR_INTERNAL,
+                        "tensor-parallel MLP differs from one device (outputs %g, gradients %g, loss %g)", worst_y,
+                        worst_g, worst_loss);
     for (int e = 0; e < 2; e++) {
         shard_engine_destroy(engines[e]);
         shard_params_destroy(grads[e]), shard_params_destroy(momentum[e]);

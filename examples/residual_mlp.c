@@ -130,9 +130,15 @@ static void destroy(shard_model *m) {
     free(p);
 }
 
-static const shard_model_ops residual_mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = KIND, .set_batch = set_batch, .batch_items = batch_items,
-                                                 .forward = forward, .backward = backward, .init = init,
-                                                 .describe = describe, .destroy = destroy};
+static const shard_model_ops residual_mlp_ops = {.struct_size = sizeof(shard_model_ops),
+                                                 .kind = KIND,
+                                                 .set_batch = set_batch,
+                                                 .batch_items = batch_items,
+                                                 .forward = forward,
+                                                 .backward = backward,
+                                                 .init = init,
+                                                 .describe = describe,
+                                                 .destroy = destroy};
 
 /* A positive integer key of the config text ("dim": 8); 0 when absent or not one. */
 static size_t config_size(const char *text, const char *key) {
@@ -149,8 +155,9 @@ static size_t config_size(const char *text, const char *key) {
 static shard_status residual_mlp_create(const shard_model_create_options *o, shard_model **out) {
     size_t d = config_size(o->config_text, "dim"), h = config_size(o->config_text, "hidden");
     if (!d || !h)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' is missing or not an integer in 1..4096 (" KIND
-                           " keys: dim, hidden)", o->config_path, d ? "hidden" : "dim");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: key '%s' is missing or not an integer in 1..4096 (" KIND " keys: dim, hidden)",
+                           o->config_path, d ? "hidden" : "dim");
     residual_mlp *p = calloc(1, sizeof *p);
     if (!p) return shard_error(SHARD_ERR_NO_MEMORY, KIND ": out of memory");
     p->d = d, p->h = h, p->max_rows = o->max_rows ? o->max_rows : 1;
@@ -170,8 +177,8 @@ static shard_status residual_mlp_create(const shard_model_create_options *o, sha
         destroy(&p->model);
         return s;
     }
-    float **rows_d[] = {&p->target, &p->y, &p->dy}, **rows_h[] = {&p->a1, &p->h1, &p->a2, &p->h2, &p->sum, &p->dsum,
-                                                                   &p->dh1, &p->da2};
+    float **rows_d[] = {&p->target, &p->y, &p->dy},
+          **rows_h[] = {&p->a1, &p->h1, &p->a2, &p->h2, &p->sum, &p->dsum, &p->dh1, &p->da2};
     float *at = p->x + R * d;
     for (size_t i = 0; i < 3; i++) *rows_d[i] = at, at += R * d;
     for (size_t i = 0; i < 8; i++) *rows_h[i] = at, at += R * h;
@@ -183,7 +190,7 @@ static shard_status residual_mlp_create(const shard_model_create_options *o, sha
 
 /* Its batch source: x ~ N(0, 1) keyed by (seed, step, global row), target tanh(x A), A drawn once. */
 typedef struct teacher_rows {
-    shard_batch_source src; /* first: the table's source is this struct */
+    shard_batch_source src;      /* first: the table's source is this struct */
     float *teacher, *x, *target; /* A [d, d]; the loaded rows */
     size_t d;
 } teacher_rows;
@@ -191,8 +198,15 @@ typedef struct teacher_rows {
 static shard_status rows_load(shard_batch_source *src, uint64_t seed, uint64_t step, size_t first_row, size_t rows,
                               shard_batch *into) {
     teacher_rows *r = src->impl;
-    *into = (shard_batch){.rows = rows, .seed = seed, .step = step, .first_row = first_row, .input_dtype = SHARD_F32,
-                          .target_dtype = SHARD_F32, .input_elems = r->d, .target_elems = r->d, .inputs = r->x,
+    *into = (shard_batch){.rows = rows,
+                          .seed = seed,
+                          .step = step,
+                          .first_row = first_row,
+                          .input_dtype = SHARD_F32,
+                          .target_dtype = SHARD_F32,
+                          .input_elems = r->d,
+                          .target_elems = r->d,
+                          .inputs = r->x,
                           .targets = r->target};
     char name[64];
     snprintf(name, sizeof name, KIND ".data.%llu", (unsigned long long)step);
@@ -208,9 +222,8 @@ static void rows_destroy(shard_batch_source *src) {
     free(r->teacher), shard_free(r->x), free(r);
 }
 
-static const shard_batch_source_ops teacher_rows_ops = {.struct_size = sizeof(shard_batch_source_ops),
-                                                        .kind = KIND " rows", .load = rows_load,
-                                                        .destroy = rows_destroy};
+static const shard_batch_source_ops teacher_rows_ops = {
+    .struct_size = sizeof(shard_batch_source_ops), .kind = KIND " rows", .load = rows_load, .destroy = rows_destroy};
 
 /* The kind's batch source, for the model m it will feed: rows of its width, up to o->max_rows of them. */
 static shard_status teacher_rows_create(const shard_model_create_options *o, const shard_model *m,
@@ -295,9 +308,14 @@ static shard_status train(shard_comm *world, void *arg) {
     snprintf(axes, sizeof axes, "data=%d", shard_comm_size(world));
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(world, axes, &mesh));
-    shard_trainer_config c = {.config_path = r->config_path, .batch = BATCH, .seed = 1, .zero = r->zero,
-                              .bucket_mb = 0.001 /* a bucket per unit */, .adamw = shard_adamw_defaults(),
-                              .lr = {1e-2f, 1e-3f, 3, STEPS}, .clip = 1.0f};
+    shard_trainer_config c = {.config_path = r->config_path,
+                              .batch = BATCH,
+                              .seed = 1,
+                              .zero = r->zero,
+                              .bucket_mb = 0.001 /* a bucket per unit */,
+                              .adamw = shard_adamw_defaults(),
+                              .lr = {1e-2f, 1e-3f, 3, STEPS},
+                              .clip = 1.0f};
     shard_model *mine = NULL; /* this rank's model: built here, as one builds a module and then wraps it */
     shard_trainer *t = NULL;
     shard_status s = SHARD_OK;
@@ -335,8 +353,8 @@ static int agree(const char *what, const run *ref, const run *got) {
     for (int i = 0; i < STEPS; i++) {
         double rel = fabs(got->loss[i] - ref->loss[i]) / fmax(fabs(ref->loss[i]), 1e-12);
         if (!(rel <= 1e-5)) {
-            fprintf(stderr, "residual_mlp: %s step %d: loss %.9g, one rank's %.9g (%.2g relative; at most 1e-5)\n", what,
-                    i + 1, got->loss[i], ref->loss[i], rel);
+            fprintf(stderr, "residual_mlp: %s step %d: loss %.9g, one rank's %.9g (%.2g relative; at most 1e-5)\n",
+                    what, i + 1, got->loss[i], ref->loss[i], rel);
             return 0;
         }
     }
@@ -347,7 +365,9 @@ static int agree(const char *what, const run *ref, const run *got) {
 int main(void) {
     static run one = {.zero = 0}, zero3 = {.zero = 3}, by_config = {.zero = 1};
     char path[4096] = "";
-    shard_model_kind kind = {.struct_size = sizeof kind, .name = KIND, .create = residual_mlp_create,
+    shard_model_kind kind = {.struct_size = sizeof kind,
+                             .name = KIND,
+                             .create = residual_mlp_create,
                              .batch_source = teacher_rows_create}; /* the model and where its rows come from */
     shard_status s = shard_model_register_kind(&kind);
     if (s == SHARD_OK) s = check_gradient();
@@ -362,7 +382,7 @@ int main(void) {
     }
     printf("one rank: loss %.4f at step 1, %.4f at step %d\n", one.loss[0], one.loss[STEPS - 1], STEPS);
     int ok = agree("data=2, ZeRO-3, the caller's models", &one, &zero3) &&
-             agree("data=2, ZeRO-1, model_type " KIND, &one, &by_config);
+        agree("data=2, ZeRO-1, model_type " KIND, &one, &by_config);
     if (ok && !(one.loss[STEPS - 1] < one.loss[0] / 2)) {
         fprintf(stderr, "residual_mlp: the loss went from %g to %g: not learning\n", one.loss[0], one.loss[STEPS - 1]);
         ok = 0;

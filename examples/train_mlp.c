@@ -21,8 +21,13 @@ static shard_status train(shard_comm *world, void *arg) {
     snprintf(axes, sizeof axes, "data=%d", shard_comm_size(world));
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(world, axes, &mesh));
-    shard_trainer_config c = {.config_path = a->config, .batch = 16, .seed = 1, .zero = 3,
-                              .adamw = shard_adamw_defaults(), .lr = {3e-3f, 3e-4f, 10, 200}, .clip = 1.0f};
+    shard_trainer_config c = {.config_path = a->config,
+                              .batch = 16,
+                              .seed = 1,
+                              .zero = 3,
+                              .adamw = shard_adamw_defaults(),
+                              .lr = {3e-3f, 3e-4f, 10, 200},
+                              .clip = 1.0f};
     shard_trainer *t = NULL;
     shard_status s = shard_trainer_create(mesh, &c, &t);
     double first = 0, last = 0;

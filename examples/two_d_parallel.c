@@ -40,7 +40,8 @@ static shard_status run(shard_comm *world, void *arg) {
     shard_status s = SHARD_OK;
     for (int i = 0; s == SHARD_OK && i < 3; i++) {
         s = shard_spec_parse(texts[i], &layout, 2, &specs[i]);
-        if (s == SHARD_OK) s = shard_dtensor_create(mesh, SHARD_F32, 2, shapes[i], &specs[i], SHARD_MEM_ACTIVATIONS, &d[i]);
+        if (s == SHARD_OK)
+            s = shard_dtensor_create(mesh, SHARD_F32, 2, shapes[i], &specs[i], SHARD_MEM_ACTIVATIONS, &d[i]);
         if (s == SHARD_OK) s = shard_tensor_create(SHARD_F32, 2, shapes[i], SHARD_MEM_OTHER, &full[i]);
         if (s == SHARD_OK && rank == 0) {
             printf("---- %s\n", names[i]);

@@ -19,8 +19,7 @@ static int report(test_ctx *t, const char *file, int line, const char *detail, c
     char what[512];
     vsnprintf(what, sizeof what, fmt, ap);
     fprintf(stderr, "FAIL [case %s] rank %d of %d: %s:%d: %s%s%s (rerun: %s --ranks %d --case %s)\n", t->case_name,
-            t->rank, t->size, file, line, what, detail[0] ? ": " : "", detail, program_name, world_ranks,
-            t->case_name);
+            t->rank, t->size, file, line, what, detail[0] ? ": " : "", detail, program_name, world_ranks, t->case_name);
     return 0;
 }
 
@@ -33,8 +32,8 @@ int test_check(test_ctx *t, int ok, const char *file, int line, const char *fmt,
     return 0;
 }
 
-int test_check_near(test_ctx *t, double got, double expect, double tol, const char *file, int line,
-                    const char *fmt, ...) {
+int test_check_near(test_ctx *t, double got, double expect, double tol, const char *file, int line, const char *fmt,
+                    ...) {
     if (fabs(got - expect) <= tol || (isnan(got) && isnan(expect))) return 1;
     char detail[160];
     snprintf(detail, sizeof detail, "got %.9g, expected %.9g (tolerance %g)", got, expect, tol);
@@ -86,8 +85,7 @@ static shard_status rank_fn(shard_comm *comm, void *arg) {
             fprintf(stderr, "FAIL [case %s] rank %d: %d more failures not shown\n", t.case_name, t.rank,
                     t.failures - MAX_PRINTED_PER_CASE);
     }
-    if (t.total_failures)
-        return shard_error(SHARD_ERR_INTERNAL, "rank %d: %d checks failed", t.rank, t.total_failures);
+    if (t.total_failures) return shard_error(SHARD_ERR_INTERNAL, "rank %d: %d checks failed", t.rank, t.total_failures);
     return SHARD_OK;
 }
 
@@ -128,8 +126,10 @@ int test_main(int argc, char **argv, const char *program, const test_case *cases
         }
     }
     int mpi_rank = 0, mpi_size = 0;
-    if (shard_launch_detect_mpi(NULL, 0, &mpi_rank, &mpi_size)) world_ranks = mpi_size;
-    else world_ranks = cfg.ranks;
+    if (shard_launch_detect_mpi(NULL, 0, &mpi_rank, &mpi_size))
+        world_ranks = mpi_size;
+    else
+        world_ranks = cfg.ranks;
     shard_status s = shard_launch_with(&cfg, rank_fn, &a);
     if (s < 0) {
         fprintf(stderr, "%s: FAILED: %s\n", program, shard_last_error());

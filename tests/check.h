@@ -27,17 +27,17 @@ typedef struct test_case {
 
 int test_check(test_ctx *t, int ok, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-int test_check_near(test_ctx *t, double got, double expect, double tol, const char *file, int line,
-                    const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-int test_check_eq_int(test_ctx *t, int64_t got, int64_t expect, const char *file, int line,
-                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+int test_check_near(test_ctx *t, double got, double expect, double tol, const char *file, int line, const char *fmt,
+                    ...) __attribute__((format(printf, 7, 8)));
+int test_check_eq_int(test_ctx *t, int64_t got, int64_t expect, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
 int test_check_ok(test_ctx *t, shard_status s, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
 #define CHECK(t, cond, ...) test_check((t), (cond) ? 1 : 0, __FILE__, __LINE__, __VA_ARGS__)
-#define CHECK_NEAR(t, got, expect, tol, ...) \
+#define CHECK_NEAR(t, got, expect, tol, ...)                                                                           \
     test_check_near((t), (double)(got), (double)(expect), (double)(tol), __FILE__, __LINE__, __VA_ARGS__)
-#define CHECK_EQ_INT(t, got, expect, ...) \
+#define CHECK_EQ_INT(t, got, expect, ...)                                                                              \
     test_check_eq_int((t), (int64_t)(got), (int64_t)(expect), __FILE__, __LINE__, __VA_ARGS__)
 #define CHECK_OK(t, status, ...) test_check_ok((t), (status), __FILE__, __LINE__, __VA_ARGS__)
 

@@ -28,7 +28,8 @@ static void against_loops(void **state) {
         for (int tb = 0; tb < 2; tb++) {
             size_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
             size_t arows = ta ? K : M, brows = tb ? N : K;
-            float *A = malloc(arows * lda * sizeof *A), *B = malloc(brows * ldb * sizeof *B), *C = malloc(M * ldc * sizeof *C);
+            float *A = malloc(arows * lda * sizeof *A), *B = malloc(brows * ldb * sizeof *B),
+                  *C = malloc(M * ldc * sizeof *C);
             for (size_t i = 0; i < arows * lda; i++) A[i] = (float)((int)(i * 7 % 23) - 11) * 0.125f;
             for (size_t i = 0; i < brows * ldb; i++) B[i] = (float)((int)(i * 5 % 17) - 8) * 0.25f;
             for (size_t i = 0; i < M * ldc; i++) C[i] = (float)(i % 3);
@@ -38,7 +39,8 @@ static void against_loops(void **state) {
             for (size_t i = 0; i < M; i++)
                 for (size_t j = 0; j < N; j++) {
                     double want = 0.5 * C0[i * ldc + j];
-                    for (size_t k = 0; k < K; k++) want += 1.5 * (double)at(A, lda, ta, i, k) * (double)at(B, ldb, tb, k, j);
+                    for (size_t k = 0; k < K; k++)
+                        want += 1.5 * (double)at(A, lda, ta, i, k) * (double)at(B, ldb, tb, k, j);
                     if (!(fabs(C[i * ldc + j] - want) <= 1e-4 * (1 + fabs(want)))) /* NaN fails too */
                         fail_msg("ta %d tb %d: C[%zu,%zu] = %g, want %g", ta, tb, i, j, C[i * ldc + j], want);
                 }
@@ -69,15 +71,16 @@ typedef struct big_product {
 } big_product;
 
 static void big_fill(big_product *p, size_t M, size_t N, size_t K, int ta, int tb) {
-    *p = (big_product){M, N, K, ta, tb, malloc(M * K * sizeof(float)), malloc(K * N * sizeof(float)), malloc(M * N * sizeof(float))};
+    *p = (big_product){
+        M, N, K, ta, tb, malloc(M * K * sizeof(float)), malloc(K * N * sizeof(float)), malloc(M * N * sizeof(float))};
     for (size_t i = 0; i < M * K; i++) p->A[i] = (float)((int)(i * 7 % 23) - 11) / 16.0f;
     for (size_t i = 0; i < K * N; i++) p->B[i] = (float)((int)(i * 5 % 19) - 9) / 8.0f;
     for (size_t i = 0; i < M * N; i++) p->C[i] = (float)(i % 5);
 }
 
 static shard_status big_run(big_product *p) {
-    return shard_sgemm(p->ta, p->tb, p->M, p->N, p->K, 0.75f, p->A, p->ta ? p->M : p->K, p->B, p->tb ? p->K : p->N, 0.5f,
-                       p->C, p->N);
+    return shard_sgemm(p->ta, p->tb, p->M, p->N, p->K, 0.75f, p->A, p->ta ? p->M : p->K, p->B, p->tb ? p->K : p->N,
+                       0.5f, p->C, p->N);
 }
 
 static void *big_run_thread(void *arg) { return big_run(arg) == SHARD_OK ? arg : NULL; }
@@ -98,8 +101,8 @@ static void split_products_same_bits(void **state) {
                     assert_int_equal(shard_blas_threads(), threads);
                     assert_int_equal(big_run(&many), SHARD_OK);
                     if (memcmp(one.C, many.C, one.M * one.N * sizeof(float)) != 0)
-                        fail_msg("%zu x %zu x %zu (ta %d tb %d) on %d threads differs from 1 thread", one.M, one.N, one.K, ta,
-                                 tb, threads);
+                        fail_msg("%zu x %zu x %zu (ta %d tb %d) on %d threads differs from 1 thread", one.M, one.N,
+                                 one.K, ta, tb, threads);
                     free(many.A), free(many.B), free(many.C);
                 }
                 /* two callers at once: one has the helpers, the other runs its blocks itself */
@@ -123,8 +126,8 @@ static void split_products_same_bits(void **state) {
  * shard_sgemm calls on one thread, on 1, 2 (each product whole on its thread) and 3 threads; a bad
  * stride in either is refused with shard_sgemm's message. */
 static shard_gemm as_gemm(const big_product *p) {
-    return (shard_gemm){p->ta, p->tb, p->M, p->N, p->K, 0.75f, p->A, p->ta ? p->M : p->K, p->B, p->tb ? p->K : p->N, 0.5f,
-                        p->C, p->N};
+    return (shard_gemm){p->ta, p->tb, p->M, p->N, p->K, 0.75f, p->A, p->ta ? p->M : p->K, p->B, p->tb ? p->K : p->N,
+                        0.5f,  p->C,  p->N};
 }
 
 static void pair_of_products(void **state) {
@@ -142,8 +145,8 @@ static void pair_of_products(void **state) {
                 assert_int_equal(shard_sgemm_pair(&g0, &g1), SHARD_OK);
                 for (int i = 0; i < 2; i++) {
                     if (memcmp(want[i].C, got[i].C, want[i].M * want[i].N * sizeof(float)) != 0)
-                        fail_msg("product %d of the pair (ta %d tb %d) on %d threads differs from shard_sgemm", i, ta, tb,
-                                 threads);
+                        fail_msg("product %d of the pair (ta %d tb %d) on %d threads differs from shard_sgemm", i, ta,
+                                 tb, threads);
                     free(got[i].A), free(got[i].B), free(got[i].C);
                 }
             }
@@ -189,12 +192,14 @@ static void bias_rows(void **state) {
                 big_product p;
                 big_fill(&p, shapes[sh][0], shapes[sh][1], shapes[sh][2], ta, tb);
                 size_t M = p.M, N = p.N, K = p.K, lda = ta ? M : K, ldb = tb ? K : N, ldc = N + 3;
-                float *bias = malloc(N * sizeof *bias), *C = malloc(M * ldc * sizeof *C), *first = malloc(M * ldc * sizeof *first);
+                float *bias = malloc(N * sizeof *bias), *C = malloc(M * ldc * sizeof *C),
+                      *first = malloc(M * ldc * sizeof *first);
                 for (size_t j = 0; j < N; j++) bias[j] = (float)((int)(j * 3 % 11) - 5) * 0.5f;
                 for (int threads = 1; threads <= 3; threads++) {
                     for (size_t i = 0; i < M * ldc; i++) C[i] = 1e9f; /* overwritten, never read; the padding kept */
                     assert_int_equal(shard_blas_set_threads(threads), SHARD_OK);
-                    assert_int_equal(shard_sgemm_bias(ta, tb, M, N, K, 0.75f, p.A, lda, p.B, ldb, bias, C, ldc), SHARD_OK);
+                    assert_int_equal(shard_sgemm_bias(ta, tb, M, N, K, 0.75f, p.A, lda, p.B, ldb, bias, C, ldc),
+                                     SHARD_OK);
                     if (threads == 1) {
                         for (size_t i = 0; i < M; i++) {
                             for (size_t j = 0; j < N; j++) {
@@ -202,15 +207,15 @@ static void bias_rows(void **state) {
                                 for (size_t k = 0; k < K; k++)
                                     want += 0.75 * (double)at(p.A, lda, ta, i, k) * (double)at(p.B, ldb, tb, k, j);
                                 if (!(fabs(C[i * ldc + j] - want) <= 1e-4 * (1 + fabs(want)))) /* NaN fails too */
-                                    fail_msg("%zu x %zu x %zu (ta %d tb %d): C[%zu,%zu] = %g, want %g", M, N, K, ta, tb, i, j,
-                                             C[i * ldc + j], want);
+                                    fail_msg("%zu x %zu x %zu (ta %d tb %d): C[%zu,%zu] = %g, want %g", M, N, K, ta, tb,
+                                             i, j, C[i * ldc + j], want);
                             }
                             for (size_t j = N; j < ldc; j++) assert_true(C[i * ldc + j] == 1e9f);
                         }
                         memcpy(first, C, M * ldc * sizeof *first);
                     } else if (memcmp(first, C, M * ldc * sizeof *first) != 0) {
-                        fail_msg("%zu x %zu x %zu (ta %d tb %d) with a bias on %d threads differs from 1 thread", M, N, K, ta,
-                                 tb, threads);
+                        fail_msg("%zu x %zu x %zu (ta %d tb %d) with a bias on %d threads differs from 1 thread", M, N,
+                                 K, ta, tb, threads);
                     }
                 }
                 /* no bias: the product alone, C's old values not read */
@@ -219,7 +224,8 @@ static void bias_rows(void **state) {
                 for (size_t i = 0; i < M; i++)
                     for (size_t j = 0; j < N; j++) assert_true(C[i * ldc + j] == first[i * ldc + j] - bias[j]);
                 /* K = 0: the bias alone */
-                assert_int_equal(shard_sgemm_bias(ta, tb, M, N, 0, 0.75f, p.A, ta ? M : 1, p.B, ldb, bias, C, ldc), SHARD_OK);
+                assert_int_equal(shard_sgemm_bias(ta, tb, M, N, 0, 0.75f, p.A, ta ? M : 1, p.B, ldb, bias, C, ldc),
+                                 SHARD_OK);
                 for (size_t i = 0; i < M; i++)
                     for (size_t j = 0; j < N; j++) assert_true(C[i * ldc + j] == bias[j]);
                 free(p.A), free(p.B), free(p.C), free(bias), free(C), free(first);
@@ -229,10 +235,8 @@ static void bias_rows(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(bias_rows),
-        cmocka_unit_test(against_loops),
-        cmocka_unit_test(edges_and_refusals),
-        cmocka_unit_test(split_products_same_bits),
+        cmocka_unit_test(bias_rows),          cmocka_unit_test(against_loops),
+        cmocka_unit_test(edges_and_refusals), cmocka_unit_test(split_products_same_bits),
         cmocka_unit_test(pair_of_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

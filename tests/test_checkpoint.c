@@ -34,7 +34,9 @@ static const tdef tensors[] = {
 };
 enum { NT = sizeof tensors / sizeof tensors[0] };
 
-static double value(size_t t, size_t i, uint64_t step) { return (double)(i % 61) * 0.5 - 3.0 + (double)t + (double)step; }
+static double value(size_t t, size_t i, uint64_t step) {
+    return (double)(i % 61) * 0.5 - 3.0 + (double)t + (double)step;
+}
 
 static shard_tensor *full_of(test_ctx *t, size_t k, uint64_t step) {
     shard_tensor *x = NULL;
@@ -53,8 +55,9 @@ static void make_items(test_ctx *t, shard_mesh *mesh, int which, uint64_t step, 
         items[k].name = tensors[k].name;
         items[k].tensor = NULL;
         if (!CHECK_OK(t, shard_spec_parse(text, &layout, tensors[k].ndim, &spec), "spec %s", text)) continue;
-        CHECK_OK(t, shard_dtensor_create(mesh, tensors[k].dtype, tensors[k].ndim, tensors[k].shape, &spec,
-                                         SHARD_MEM_PARAMS, &items[k].tensor),
+        CHECK_OK(t,
+                 shard_dtensor_create(mesh, tensors[k].dtype, tensors[k].ndim, tensors[k].shape, &spec,
+                                      SHARD_MEM_PARAMS, &items[k].tensor),
                  "create %s", tensors[k].name);
         if (fill && items[k].tensor) {
             shard_tensor *x = full_of(t, k, step);
@@ -73,7 +76,8 @@ static void check_items(test_ctx *t, shard_ckpt_item *items, uint64_t step, cons
     for (size_t k = 0; k < NT; k++) {
         if (!items[k].tensor) continue;
         shard_tensor *want = full_of(t, k, step), *got = NULL;
-        CHECK_OK(t, shard_tensor_create(tensors[k].dtype, tensors[k].ndim, tensors[k].shape, SHARD_MEM_OTHER, &got), "got");
+        CHECK_OK(t, shard_tensor_create(tensors[k].dtype, tensors[k].ndim, tensors[k].shape, SHARD_MEM_OTHER, &got),
+                 "got");
         CHECK_OK(t, shard_dtensor_gather(items[k].tensor, got, -1), "gather %s", tensors[k].name);
         CHECK(t, shard_tensor_equal_bits(got, want), "%s: tensor %s differs from step %llu", where, tensors[k].name,
               (unsigned long long)step);
@@ -126,8 +130,9 @@ static void case_reshard(test_ctx *t) {
         f = fopen(path, "r");
         if (f) index[fread(index, 1, sizeof index - 1, f)] = '\0', fclose(f);
         snprintf(want, sizeof want, "\"mesh\": \"data=%d\"", t->size);
-        CHECK(t, strstr(index, want) && strstr(index, "\"step\": 5") && strstr(index, "\"lr\": 0.001") &&
-                     strstr(index, "\"xxh3\": \"") && strstr(index, "\"spec\": \"P('data', None)\""),
+        CHECK(t,
+              strstr(index, want) && strstr(index, "\"step\": 5") && strstr(index, "\"lr\": 0.001") &&
+                  strstr(index, "\"xxh3\": \"") && strstr(index, "\"spec\": \"P('data', None)\""),
               "index.json lacks the mesh, step, config, checksums or specs: %s", index);
         snprintf(path, sizeof path, "%s/step_5/rank_00000.safetensors", dir);
         shard_safetensors *st = NULL;
@@ -168,7 +173,8 @@ static void case_reshard(test_ctx *t) {
 }
 
 static void case_crash_points(test_ctx *t) {
-    static const char *const points[] = {"before_write", "after_write", "before_index", "before_rename", "before_latest"};
+    static const char *const points[] = {"before_write", "after_write", "before_index", "before_rename",
+                                         "before_latest"};
     char dir[256], text[32], load_text[32];
     test_shared_dir(t, "shard-ckpt", dir, sizeof dir);
     snprintf(text, sizeof text, "data=%d", t->size);
@@ -208,7 +214,8 @@ static void case_crash_points(test_ctx *t) {
                 aside += access(index, F_OK) == 0;
             }
         if (d) closedir(d);
-        CHECK(t, aside == 1, "the superseded step_%llu moved aside whole: %d copies", (unsigned long long)(step - 1), aside);
+        CHECK(t, aside == 1, "the superseded step_%llu moved aside whole: %d copies", (unsigned long long)(step - 1),
+              aside);
     }
     save_step(t, mesh, dir, step); /* and the next save goes through, over the debris */
     load_on(t, t->comm, load_text, dir, step);
@@ -323,7 +330,8 @@ static void case_few_rows(test_ctx *t) {
                   "%d ranks: %d chunks, or a zero-size one: %s", t->size, chunks, index);
         }
         shard_spec whole_spec = shard_spec_replicated(2);
-        if (CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &whole_spec, SHARD_MEM_PARAMS, &back), "back")) {
+        if (CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &whole_spec, SHARD_MEM_PARAMS, &back),
+                     "back")) {
             shard_ckpt_item in = {"few", back};
             CHECK_OK(t, shard_ckpt_load(dir, &in, 1, NULL), "load");
             CHECK_OK(t, shard_dtensor_gather(back, got, -1), "gather");

@@ -30,7 +30,8 @@ static void compare(const float *got, const float *want, size_t n, double rel, c
     size_t at = 0;
     for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
     for (size_t i = 0; i < n; i++) /* a NaN is the worst element: !(d <= worst) holds for it */
-        if (!(fabs((double)got[i] - want[i]) <= worst)) worst = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]), at = i;
+        if (!(fabs((double)got[i] - want[i]) <= worst))
+            worst = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]), at = i;
     if (!(worst <= rel * scale)) fail_msg("%s: element %zu: %.9g vs %.9g", what, at, got[at], want[at]);
 }
 
@@ -48,8 +49,9 @@ static void golden(void **state) {
     assert_int_equal(shard_params_like(shard_cnn_params(m), SHARD_MEM_GRADS, &grads), SHARD_OK);
     float loss;
     size_t n;
-    assert_int_equal(shard_cnn_forward(m, data_of(f, "images", NULL), (const int32_t *)data_of(f, "labels", NULL), 4, &loss),
-                     SHARD_OK);
+    assert_int_equal(
+        shard_cnn_forward(m, data_of(f, "images", NULL), (const int32_t *)data_of(f, "labels", NULL), 4, &loss),
+        SHARD_OK);
     const float *logits = data_of(f, "logits", &n);
     compare(shard_cnn_logits(m), logits, n, 1e-5, "logits");
     const float *want_loss = data_of(f, "loss", NULL);
@@ -76,10 +78,12 @@ static void refusals(void **state) {
     assert_non_null(strstr(shard_last_error(), "key 'pool' = 3 must divide height 28"));
     assert_int_equal(shard_cnn_config_parse("{\"kernel\": 4}", "cnn.json", &c), SHARD_ERR_INVALID_ARG);
     /* sizes past their caps, and products that would wrap size_t (2^60 + 1 channels once wrapped to 784 pixels) */
-    assert_int_equal(shard_cnn_config_parse("{\"in_channels\": 1152921504606846977}", "cnn.json", &c), SHARD_ERR_INVALID_ARG);
+    assert_int_equal(shard_cnn_config_parse("{\"in_channels\": 1152921504606846977}", "cnn.json", &c),
+                     SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "key 'in_channels' = 1152921504606846977; valid: 1..1048576"));
     assert_int_equal(shard_cnn_config_parse("{\"in_channels\": 1048576, \"kernel\": 1023, \"height\": 65536, "
-                                            "\"width\": 65536, \"pool\": 1}", "cnn.json", &c),
+                                            "\"width\": 65536, \"pool\": 1}",
+                                            "cnn.json", &c),
                      SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "need buffers larger than memory can address"));
     assert_int_equal(shard_cnn_config_parse("{}", "cnn.json", &c), SHARD_OK);

@@ -58,8 +58,8 @@ static double input(shard_reduce_op op, shard_dtype d, int r, size_t i) {
     switch (op) {
     case SHARD_OP_PROD: return ((size_t)r + i) % 3 == 0 ? 2 : 1;
     case SHARD_OP_MAX:
-    case SHARD_OP_MIN: return d == SHARD_U8 ? (double)(((size_t)r * 7 + i) % 11)
-                                            : (double)(((size_t)r * 7 + i) % 11) - 5;
+    case SHARD_OP_MIN:
+        return d == SHARD_U8 ? (double)(((size_t)r * 7 + i) % 11) : (double)(((size_t)r * 7 + i) % 11) - 5;
     default: return (double)(r % 5) + (double)(i % 4);
     }
 }
@@ -111,8 +111,8 @@ static void case_all_reduce(test_ctx *t) {
                     void *send = alloc_buf(count, d), *recv = inplace ? send : alloc_buf(count, d);
                     for (size_t i = 0; i < count; i++) put(d, send, i, input(op, d, r, i));
                     shard_status s = shard_comm_all_reduce(c, send, recv, count, d, op);
-                    CHECK_OK(t, s, "all_reduce %s %s %s count %zu", shard_dtype_name(d),
-                             shard_reduce_op_name(op), inplace ? "in-place" : "out-of-place", count);
+                    CHECK_OK(t, s, "all_reduce %s %s %s count %zu", shard_dtype_name(d), shard_reduce_op_name(op),
+                             inplace ? "in-place" : "out-of-place", count);
                     for (size_t i = 0; i < count; i++) {
                         double e = expected_reduce(op, d, n, i), g = get(d, recv, i);
                         if (!CHECK_NEAR(t, g, e, tolerance(d, e), "all_reduce %s %s %s count %zu element %zu",
@@ -149,9 +149,11 @@ static void case_max_min_nan(test_ctx *t) {
                 }
                 CHECK_OK(t, s, "all_reduce %s %s with NaN", shard_dtype_name(d), shard_reduce_op_name(ops[oi]));
                 for (size_t i = 0; i < count; i++)
-                    if (!CHECK(t, isnan(get(d, x, i)), "%sall_reduce %s %s: element %zu is %g, but rank %zu holds a "
-                               "NaN there", nonblocking ? "i" : "", shard_dtype_name(d),
-                               shard_reduce_op_name(ops[oi]), i, get(d, x, i), i % (size_t)n))
+                    if (!CHECK(t, isnan(get(d, x, i)),
+                               "%sall_reduce %s %s: element %zu is %g, but rank %zu holds a "
+                               "NaN there",
+                               nonblocking ? "i" : "", shard_dtype_name(d), shard_reduce_op_name(ops[oi]), i,
+                               get(d, x, i), i % (size_t)n))
                         break;
                 shard_free(x);
             }
@@ -167,10 +169,10 @@ static void case_overlap_refused(test_ctx *t) {
     size_t count = 4, total = (size_t)n * count;
     float *b = alloc_buf(total + 1, SHARD_F32);
     for (int k = 0; k < 4; k++) {
-        shard_status s = k == 0   ? shard_comm_all_reduce(c, b, b + 1, count, SHARD_F32, SHARD_OP_SUM)
-                         : k == 1 ? shard_comm_all_gather(c, b + 1, b, count, SHARD_F32)
-                         : k == 2 ? shard_comm_reduce_scatter(c, b, b + 1, count, SHARD_F32, SHARD_OP_SUM)
-                                  : shard_comm_all_to_all(c, b, b + 1, count, SHARD_F32);
+        shard_status s = k == 0 ? shard_comm_all_reduce(c, b, b + 1, count, SHARD_F32, SHARD_OP_SUM)
+            : k == 1            ? shard_comm_all_gather(c, b + 1, b, count, SHARD_F32)
+            : k == 2            ? shard_comm_reduce_scatter(c, b, b + 1, count, SHARD_F32, SHARD_OP_SUM)
+                                : shard_comm_all_to_all(c, b, b + 1, count, SHARD_F32);
         CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "overlaps the recv buffer"),
               "collective %d with overlapping buffers: status %d, '%s'", k, (int)s, shard_last_error());
     }
@@ -203,8 +205,9 @@ static void case_half_rounds_once(test_ctx *t) {
                 shard_dtype d = dtypes[di];
                 shard_reduce_op op = ops[oi];
                 for (size_t i = 0; i < count; i++) /* near 1 for products, spread over binades for sums */
-                    put(d, x, i, op == SHARD_OP_PROD ? 1.0 + 0.0078125 * (double)((i * 7 + (size_t)r * 13) % 9)
-                                                      : sin((double)(i * 31 + (size_t)r * 977)) * (1 + (double)(i % 5)));
+                    put(d, x, i,
+                        op == SHARD_OP_PROD ? 1.0 + 0.0078125 * (double)((i * 7 + (size_t)r * 13) % 9)
+                                            : sin((double)(i * 31 + (size_t)r * 977)) * (1 + (double)(i % 5)));
                 CHECK_OK(t, shard_comm_all_gather(c, x, all, count, d), "all_gather of the inputs");
                 shard_status s = SHARD_OK;
                 size_t first = 0, len = count;
@@ -214,7 +217,8 @@ static void case_half_rounds_once(test_ctx *t) {
                     s = shard_comm_iall_reduce(c, x, y, count, d, op, &req);
                     if (s == SHARD_OK) s = shard_request_wait(&req);
                 }
-                if (form == 2) first = (size_t)r * block, len = block, s = shard_comm_reduce_scatter(c, x, y, block, d, op);
+                if (form == 2)
+                    first = (size_t)r * block, len = block, s = shard_comm_reduce_scatter(c, x, y, block, d, op);
                 if (form == 3) { /* uneven blocks: rank p gets p + 1 elements, packed from 0 */
                     size_t counts[64];
                     first = 0, len = (size_t)r + 1;
@@ -234,8 +238,10 @@ static void case_half_rounds_once(test_ctx *t) {
                     }
                     if (op == SHARD_OP_AVG) acc /= (float)n;
                     uint16_t want = d == SHARD_BF16 ? shard_bf16_from_f32(acc) : shard_f16_from_f32(acc), got = y[i];
-                    if (!CHECK(t, got == want, "%s %s form %d element %zu: 0x%04x, the rank-order f32 sum rounded once "
-                               "is 0x%04x", shard_dtype_name(d), shard_reduce_op_name(op), form, first + i, got, want))
+                    if (!CHECK(t, got == want,
+                               "%s %s form %d element %zu: 0x%04x, the rank-order f32 sum rounded once "
+                               "is 0x%04x",
+                               shard_dtype_name(d), shard_reduce_op_name(op), form, first + i, got, want))
                         break;
                 }
             }
@@ -267,8 +273,11 @@ static void case_half_nonblocking_order(test_ctx *t) {
             }
         double y = (double)(r + 1), sum = 0;
         shard_request *other = NULL; /* blocking (round 0) or not: MPI libraries order the two kinds apart */
-        if (round == 0) CHECK_OK(t, shard_comm_all_reduce(c, &y, &sum, 1, SHARD_F64, SHARD_OP_SUM), "all_reduce meanwhile");
-        else CHECK_OK(t, shard_comm_iall_reduce(c, &y, &sum, 1, SHARD_F64, SHARD_OP_SUM, &other), "iall_reduce meanwhile");
+        if (round == 0)
+            CHECK_OK(t, shard_comm_all_reduce(c, &y, &sum, 1, SHARD_F64, SHARD_OP_SUM), "all_reduce meanwhile");
+        else
+            CHECK_OK(t, shard_comm_iall_reduce(c, &y, &sum, 1, SHARD_F64, SHARD_OP_SUM, &other),
+                     "iall_reduce meanwhile");
         CHECK_OK(t, shard_request_wait(&other), "wait (f64)");
         CHECK_OK(t, shard_request_wait(&req), "wait");
         CHECK_NEAR(t, sum, n * (n + 1) / 2.0, 0, "the f64 all_reduce issued while the bf16 one was in flight");
@@ -338,12 +347,14 @@ static void case_all_reduce_large(test_ctx *t) {
             if (!CHECK_NEAR(t, all[(size_t)p * block + i], (double)(p * 7) + (double)(((size_t)r * block + i) % 977), 0,
                             "large all_to_all block %d element %zu", p, i))
                 break;
-    CHECK_NEAR(t, all[(size_t)n * block - 1], (double)((n - 1) * 7) + (double)(((size_t)r * block + block - 1) % 977), 0,
-               "large all_to_all last element");
+    CHECK_NEAR(t, all[(size_t)n * block - 1], (double)((n - 1) * 7) + (double)(((size_t)r * block + block - 1) % 977),
+               0, "large all_to_all last element");
     CHECK_OK(t, shard_comm_broadcast(c, mine, block, SHARD_F32, n - 1), "large broadcast");
     for (size_t i = 0; i < block; i += 991)
-        if (!CHECK_NEAR(t, mine[i], (double)((n - 1) * 7) + (double)(i % 977), 0, "large broadcast element %zu", i)) break;
-    CHECK_NEAR(t, mine[block - 1], (double)((n - 1) * 7) + (double)((block - 1) % 977), 0, "large broadcast last element");
+        if (!CHECK_NEAR(t, mine[i], (double)((n - 1) * 7) + (double)(i % 977), 0, "large broadcast element %zu", i))
+            break;
+    CHECK_NEAR(t, mine[block - 1], (double)((n - 1) * 7) + (double)((block - 1) % 977), 0,
+               "large broadcast last element");
     shard_free(mine);
     shard_free(all);
     /* bf16 and max through the same path */
@@ -371,8 +382,8 @@ static void case_reduce_scatter(test_ctx *t) {
                     void *send = alloc_buf(total, d);
                     void *recv = inplace ? (char *)send + (size_t)r * count * shard_dtype_size(d) : alloc_buf(count, d);
                     for (size_t i = 0; i < total; i++) put(d, send, i, input(op, d, r, i));
-                    CHECK_OK(t, shard_comm_reduce_scatter(c, send, recv, count, d, op), "reduce_scatter %s %s count %zu",
-                             shard_dtype_name(d), shard_reduce_op_name(op), count);
+                    CHECK_OK(t, shard_comm_reduce_scatter(c, send, recv, count, d, op),
+                             "reduce_scatter %s %s count %zu", shard_dtype_name(d), shard_reduce_op_name(op), count);
                     for (size_t i = 0; i < count; i++) {
                         double e = expected_reduce(op, d, n, (size_t)r * count + i), g = get(d, recv, i);
                         if (!CHECK_NEAR(t, g, e, tolerance(d, e), "reduce_scatter %s %s %s count %zu element %zu",
@@ -399,7 +410,8 @@ static void case_all_gather(test_ctx *t) {
                 void *recv = alloc_buf(count * (size_t)n, d);
                 void *send = inplace ? (char *)recv + (size_t)r * count * es : alloc_buf(count, d);
                 for (size_t i = 0; i < count; i++) put(d, send, i, gather_value(r, i));
-                CHECK_OK(t, shard_comm_all_gather(c, send, recv, count, d), "all_gather %s count %zu", shard_dtype_name(d), count);
+                CHECK_OK(t, shard_comm_all_gather(c, send, recv, count, d), "all_gather %s count %zu",
+                         shard_dtype_name(d), count);
                 for (int p = 0; p < n; p++)
                     for (size_t i = 0; i < count; i++)
                         CHECK_NEAR(t, get(d, recv, (size_t)p * count + i), gather_value(p, i), 0,
@@ -425,7 +437,8 @@ static void case_all_to_all(test_ctx *t) {
                 void *send = alloc_buf(total, d), *recv = inplace ? send : alloc_buf(total, d);
                 for (int q = 0; q < n; q++)
                     for (size_t i = 0; i < count; i++) put(d, send, (size_t)q * count + i, a2a_value(r, q, i));
-                CHECK_OK(t, shard_comm_all_to_all(c, send, recv, count, d), "all_to_all %s count %zu", shard_dtype_name(d), count);
+                CHECK_OK(t, shard_comm_all_to_all(c, send, recv, count, d), "all_to_all %s count %zu",
+                         shard_dtype_name(d), count);
                 for (int p = 0; p < n; p++)
                     for (size_t i = 0; i < count; i++)
                         CHECK_NEAR(t, get(d, recv, (size_t)p * count + i), a2a_value(p, r, i), 0,
@@ -447,10 +460,11 @@ static void case_broadcast(test_ctx *t) {
                 size_t count = counts[ci];
                 void *buf = alloc_buf(count, d);
                 for (size_t i = 0; i < count; i++) put(d, buf, i, r == root ? gather_value(root, i) : 7);
-                CHECK_OK(t, shard_comm_broadcast(c, buf, count, d, root), "broadcast %s root %d", shard_dtype_name(d), root);
+                CHECK_OK(t, shard_comm_broadcast(c, buf, count, d, root), "broadcast %s root %d", shard_dtype_name(d),
+                         root);
                 for (size_t i = 0; i < count; i++)
-                    if (!CHECK_NEAR(t, get(d, buf, i), gather_value(root, i), 0, "broadcast %s root %d count %zu element %zu",
-                                    shard_dtype_name(d), root, count, i))
+                    if (!CHECK_NEAR(t, get(d, buf, i), gather_value(root, i), 0,
+                                    "broadcast %s root %d count %zu element %zu", shard_dtype_name(d), root, count, i))
                         break;
                 shard_free(buf);
             }
@@ -496,10 +510,12 @@ static void case_all_gatherv(test_ctx *t) {
         CHECK_OK(t, shard_comm_all_gatherv(c, send, 3, recv, three, mine_displs, SHARD_F32), "all_gatherv, own gaps");
         for (int p = 0; p < n; p++)
             for (size_t i = 0; i < 3; i++)
-                CHECK_NEAR(t, recv[mine_displs[p] + i], gather_value(p, i), 0, "all_gatherv, own gaps, %s: block %d element %zu",
-                           inplace ? "in place" : "out of place", p, i);
+                CHECK_NEAR(t, recv[mine_displs[p] + i], gather_value(p, i), 0,
+                           "all_gatherv, own gaps, %s: block %d element %zu", inplace ? "in place" : "out of place", p,
+                           i);
         for (int p = 0; r % 2 && p < n; p++)
-            CHECK_NEAR(t, recv[mine_displs[p] + 3], -1, 0, "all_gatherv, own gaps: wrote into the gap after block %d", p);
+            CHECK_NEAR(t, recv[mine_displs[p] + 3], -1, 0, "all_gatherv, own gaps: wrote into the gap after block %d",
+                       p);
         if (!inplace) shard_free(send);
         shard_free(recv);
     }
@@ -620,9 +636,11 @@ static void all_to_allw_transpose(test_ctx *t, shard_dtype dtype, int nonblockin
         size_t c0, cn, r0, rn;
         split(cols, n, q, &c0, &cn);
         split(rows, n, q, &r0, &rn);
-        sb[q] = (shard_block){c0, my_rows, cn, cols};         /* my rows of q's columns */
-        if (q % 2) rb[q] = (shard_block){r0 * my_cols, 1, rn * my_cols, 0}; /* one contiguous run */
-        else rb[q] = (shard_block){r0 * my_cols, rn, my_cols, my_cols};
+        sb[q] = (shard_block){c0, my_rows, cn, cols}; /* my rows of q's columns */
+        if (q % 2)
+            rb[q] = (shard_block){r0 * my_cols, 1, rn * my_cols, 0}; /* one contiguous run */
+        else
+            rb[q] = (shard_block){r0 * my_cols, rn, my_cols, my_cols};
         if (q != r) expect_sent += my_rows * cn * shard_dtype_size(dtype);
     }
     uint64_t before = shard_comm_bytes_sent(c);
@@ -655,7 +673,8 @@ static void case_all_to_allw(test_ctx *t) {
     CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "need stride >= row length"),
           "stride < row length: %s", shard_last_error());
     s = shard_comm_all_to_allw(t->comm, buf, empty, buf, empty, SHARD_F32);
-    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "not in place"), "in place: %s", shard_last_error());
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "not in place"), "in place: %s",
+          shard_last_error());
 }
 
 static void case_barrier(test_ctx *t) {
@@ -720,7 +739,8 @@ static void case_point_to_point(test_ctx *t) {
     int done = 0;
     while (!done) CHECK_OK(t, shard_request_test(&br[0], &done), "test big");
     CHECK_OK(t, shard_request_wait(&br[1]), "wait big send");
-    for (size_t i = 0; i < big; i += 997) CHECK_NEAR(t, bi[i], (float)(i % 1000) + (float)prev, 0, "big message element %zu", i);
+    for (size_t i = 0; i < big; i += 997)
+        CHECK_NEAR(t, bi[i], (float)(i % 1000) + (float)prev, 0, "big message element %zu", i);
     shard_free(bo);
     shard_free(bi);
 }
@@ -742,7 +762,8 @@ static void case_nonblocking_out_of_order(test_ctx *t) {
     CHECK_OK(t, shard_comm_ibroadcast(c, &bval, 1, SHARD_I64, 0, &rb), "ibroadcast");
     /* a blocking collective in between runs after the queued ones */
     int32_t one = 1, total = 0;
-    CHECK_OK(t, shard_comm_all_reduce(c, &one, &total, 1, SHARD_I32, SHARD_OP_SUM), "blocking all_reduce among requests");
+    CHECK_OK(t, shard_comm_all_reduce(c, &one, &total, 1, SHARD_I32, SHARD_OP_SUM),
+             "blocking all_reduce among requests");
     CHECK_EQ_INT(t, total, n, "blocking all_reduce among requests");
     /* complete in reverse order, one by polling */
     CHECK_OK(t, shard_request_wait(&rb), "wait ibroadcast");
@@ -752,7 +773,8 @@ static void case_nonblocking_out_of_order(test_ctx *t) {
     CHECK_OK(t, shard_request_wait(&rg), "wait iall_gather");
     CHECK_OK(t, shard_request_wait(&ra), "wait iall_reduce");
     CHECK_EQ_INT(t, bval, 4242, "ibroadcast value");
-    for (size_t i = 0; i < 5; i++) CHECK_NEAR(t, rs_out[i], (double)((size_t)r * 5 + i), 0, "ireduce_scatter max element %zu", i);
+    for (size_t i = 0; i < 5; i++)
+        CHECK_NEAR(t, rs_out[i], (double)((size_t)r * 5 + i), 0, "ireduce_scatter max element %zu", i);
     for (int p = 0; p < n; p++) CHECK_EQ_INT(t, g[3 * p + 1], p + 1, "iall_gather block %d", p);
     for (size_t i = 0; i < count; i += 111) CHECK_NEAR(t, a[i], n * (n + 1) / 2.0, 0, "iall_reduce element %zu", i);
     /* the v-forms and all_to_all as non-blocking too */
@@ -820,7 +842,8 @@ static void case_split_2d(test_ctx *t) {
     CHECK_OK(t, shard_comm_split(c, 0, -r, &rev), "split reversed");
     if (CHECK(t, rev != NULL, "reversed split")) CHECK_EQ_INT(t, shard_comm_rank(rev), n - 1 - r, "reversed rank");
     CHECK_OK(t, shard_comm_split(c, r == 0 && n > 1 ? -1 : 1, r, &some), "split leaving rank 0 out");
-    if (r == 0 && n > 1) CHECK(t, some == NULL, "rank 0 left out");
+    if (r == 0 && n > 1)
+        CHECK(t, some == NULL, "rank 0 left out");
     else if (CHECK(t, some != NULL, "member")) {
         CHECK_EQ_INT(t, shard_comm_size(some), n > 1 ? n - 1 : 1, "size without rank 0");
         CHECK_OK(t, shard_comm_barrier(some), "barrier without rank 0");
@@ -840,13 +863,16 @@ static void case_traffic_counters(test_ctx *t) {
     uint64_t before = shard_comm_bytes_sent(c);
     CHECK_OK(t, shard_comm_all_reduce(c, x, y, count, SHARD_F32, SHARD_OP_SUM), "all_reduce");
     uint64_t ar = shard_comm_bytes_sent(c) - before;
-    CHECK_EQ_INT(t, (int64_t)ar, n == 1 ? 0 : (int64_t)(4 * ((count - off_len) + off_len * (size_t)(n - 1))), "all_reduce bytes");
+    CHECK_EQ_INT(t, (int64_t)ar, n == 1 ? 0 : (int64_t)(4 * ((count - off_len) + off_len * (size_t)(n - 1))),
+                 "all_reduce bytes");
     before = shard_comm_bytes_sent(c);
     CHECK_OK(t, shard_comm_all_gather(c, x, y, count, SHARD_F32), "all_gather");
-    CHECK_EQ_INT(t, (int64_t)(shard_comm_bytes_sent(c) - before), (int64_t)(4 * count * (size_t)(n - 1)), "all_gather bytes");
+    CHECK_EQ_INT(t, (int64_t)(shard_comm_bytes_sent(c) - before), (int64_t)(4 * count * (size_t)(n - 1)),
+                 "all_gather bytes");
     before = shard_comm_bytes_sent(c);
     CHECK_OK(t, shard_comm_reduce_scatter(c, x, y, count, SHARD_F32, SHARD_OP_SUM), "reduce_scatter");
-    CHECK_EQ_INT(t, (int64_t)(shard_comm_bytes_sent(c) - before), (int64_t)(4 * count * (size_t)(n - 1)), "reduce_scatter bytes");
+    CHECK_EQ_INT(t, (int64_t)(shard_comm_bytes_sent(c) - before), (int64_t)(4 * count * (size_t)(n - 1)),
+                 "reduce_scatter bytes");
     shard_free(x);
     shard_free(y);
 }

@@ -29,14 +29,14 @@ typedef struct job {
 #include <stdatomic.h>
 static _Atomic int failures; /* ranks are threads */
 
-#define EXPECT(cond, ...)                                                        \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            failures++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fprintf(stderr, "\n");                                               \
-        }                                                                        \
+#define EXPECT(cond, ...)                                                                                              \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            failures++;                                                                                                \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fprintf(stderr, "\n");                                                                                     \
+        }                                                                                                              \
     } while (0)
 
 static double now(void) {
@@ -88,9 +88,7 @@ static shard_status scenario_rank(shard_comm *comm, void *arg) {
         s = r == 1 ? shard_comm_all_reduce(comm, xd, xd, 1024, SHARD_F64, SHARD_OP_SUM)
                    : shard_comm_all_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM);
         break;
-    case COUNT_MISMATCH:
-        s = shard_comm_all_reduce(comm, x, x, r == 2 ? 512 : 1024, SHARD_F32, SHARD_OP_SUM);
-        break;
+    case COUNT_MISMATCH: s = shard_comm_all_reduce(comm, x, x, r == 2 ? 512 : 1024, SHARD_F32, SHARD_OP_SUM); break;
     case KIND_MISMATCH:
         s = r == 2 ? shard_comm_all_gather(comm, x, y, 1024, SHARD_F32)
                    : shard_comm_all_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM);
@@ -102,7 +100,7 @@ static shard_status scenario_rank(shard_comm *comm, void *arg) {
         s = shard_comm_all_to_allv(comm, x, sc, NULL, y, rc, NULL, SHARD_F32);
         break;
     }
-    case RANK_FAILS: { /* rank 1 fails before the collective; the deadline is long */
+    case RANK_FAILS: {          /* rank 1 fails before the collective; the deadline is long */
         shard_comm *own = NULL; /* a one-rank communicator: after the abort its calls fail too */
         s = shard_comm_split(comm, r, 0, &own);
         if (s == SHARD_OK && r == 1) s = shard_error(SHARD_ERR_IO, "injected failure: disk on fire");
@@ -181,7 +179,8 @@ static void test_timeout_names_missing_rank(void) {
     outcome o;
     double elapsed;
     shard_status s = run(SKIP_ONE, 4, 1.0, &o, &elapsed);
-    EXPECT(s == SHARD_ERR_TIMEOUT, "launch status %s, expected timeout (%s)", shard_status_string(s), shard_last_error());
+    EXPECT(s == SHARD_ERR_TIMEOUT, "launch status %s, expected timeout (%s)", shard_status_string(s),
+           shard_last_error());
     const char *want = "timeout after 1 s in all_reduce #1 on comm 'world': rank 3 never entered it";
     for (int r = 0; r < 3; r++) {
         EXPECT(o.status[r] == SHARD_ERR_TIMEOUT || o.status[r] == SHARD_ERR_ABORTED, "rank %d status %s", r,
@@ -251,7 +250,8 @@ static void test_failing_rank_stops_others(void) {
            "launch text '%s' lacks the root cause", shard_last_error());
     for (int r = 0; r < 4; r++) {
         if (r == 1) continue;
-        EXPECT(o.status[r] == SHARD_ERR_ABORTED, "rank %d status %s, expected aborted", r, shard_status_string(o.status[r]));
+        EXPECT(o.status[r] == SHARD_ERR_ABORTED, "rank %d status %s, expected aborted", r,
+               shard_status_string(o.status[r]));
         EXPECT(strstr(o.text[r], "aborted in all_reduce #3 on comm 'world': rank 1 failed: injected failure") != NULL,
                "rank %d text '%s'", r, o.text[r]);
         EXPECT(o.seconds[r] < 2.0, "rank %d took %.2f s to stop (deadline 60 s)", r, o.seconds[r]);
@@ -263,7 +263,8 @@ static void test_recv_never_sent(void) {
     double elapsed;
     run(RECV_NEVER_SENT, 2, 0.5, &o, &elapsed);
     EXPECT(o.status[0] == SHARD_ERR_TIMEOUT, "status %s", shard_status_string(o.status[0]));
-    const char *want = "timeout after 0.5 s in recv #1 on comm 'world': rank 1 never sent the message (tag 7, 16 bytes)";
+    const char *want =
+        "timeout after 0.5 s in recv #1 on comm 'world': rank 1 never sent the message (tag 7, 16 bytes)";
     EXPECT(strstr(o.text[0], want) != NULL, "text '%s' lacks '%s'", o.text[0], want);
 }
 
@@ -280,10 +281,12 @@ static void test_message_size_mismatch(void) {
     double elapsed;
     run(MESSAGE_SIZE_MISMATCH, 2, 5, &o, &elapsed);
     /* the 16-byte send completed eagerly; the receiver gets the error */
-    const char *want = "message size mismatch on comm 'world': rank 0 sent 16 bytes with tag 0 (send #1), rank 1 expected 32";
+    const char *want =
+        "message size mismatch on comm 'world': rank 0 sent 16 bytes with tag 0 (send #1), rank 1 expected 32";
     EXPECT(o.status[1] == SHARD_ERR_MISMATCH, "rank 1 status %s", shard_status_string(o.status[1]));
     EXPECT(strstr(o.text[1], want) != NULL, "rank 1 text '%s' lacks '%s'", o.text[1], want);
-    EXPECT(o.status[0] == SHARD_OK || o.status[0] == SHARD_ERR_ABORTED, "rank 0 status %s", shard_status_string(o.status[0]));
+    EXPECT(o.status[0] == SHARD_OK || o.status[0] == SHARD_ERR_ABORTED, "rank 0 status %s",
+           shard_status_string(o.status[0]));
 }
 
 static void test_nonblocking_skip(void) {
@@ -304,9 +307,11 @@ static void test_queue_after_timeout(void) {
     for (int r = 0; r < 2; r++) {
         EXPECT(o.status[r] == SHARD_ERR_TIMEOUT || o.status[r] == SHARD_ERR_ABORTED, "rank %d status %s", r,
                shard_status_string(o.status[r]));
-        EXPECT(strstr(o.text[r], "timeout after 0.5 s in all_reduce #1 on comm 'world': rank 2 never entered it") != NULL,
+        EXPECT(strstr(o.text[r], "timeout after 0.5 s in all_reduce #1 on comm 'world': rank 2 never entered it") !=
+                   NULL,
                "rank %d text '%s'", r, o.text[r]);
-        EXPECT(o.seconds[r] < 1.5, "rank %d waited %.2f s for four queued collectives (deadline 0.5 s)", r, o.seconds[r]);
+        EXPECT(o.seconds[r] < 1.5, "rank %d waited %.2f s for four queued collectives (deadline 0.5 s)", r,
+               o.seconds[r]);
     }
 }
 
@@ -330,18 +335,20 @@ static shard_status bad_args_rank(shard_comm *comm, void *arg) {
     EXPECT(strstr(shard_last_error(), "broadcast on comm 'world': root 5 is out of range 0..1") != NULL, "text '%s'",
            shard_last_error());
     s = shard_comm_all_reduce(comm, NULL, x, 4, SHARD_F32, SHARD_OP_SUM);
-    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "send buffer is NULL with count 4"), "NULL send: '%s'",
-           shard_last_error());
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "send buffer is NULL with count 4"),
+           "NULL send: '%s'", shard_last_error());
     s = shard_comm_all_reduce(comm, x, x, 4, (shard_dtype)42, SHARD_OP_SUM);
     EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "valid dtypes are"), "bad dtype: '%s'",
            shard_last_error());
     s = shard_comm_all_reduce(comm, x, x, 4, SHARD_F32, (shard_reduce_op)9);
-    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "valid ops are"), "bad op: '%s'", shard_last_error());
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "valid ops are"), "bad op: '%s'",
+           shard_last_error());
     s = shard_comm_send(comm, x, 4, SHARD_F32, 2, 0);
     EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "destination rank 2 is out of range 0..1"),
            "bad destination: '%s'", shard_last_error());
     s = shard_comm_send(comm, x, 4, SHARD_F32, 0, -1);
-    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "tag -1 is invalid"), "bad tag: '%s'", shard_last_error());
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "tag -1 is invalid"), "bad tag: '%s'",
+           shard_last_error());
     s = shard_comm_set_timeout(comm, -1);
     EXPECT(s == SHARD_ERR_INVALID_ARG, "negative timeout accepted");
     size_t counts[2] = {1, 2};
@@ -357,8 +364,8 @@ static shard_status bad_args_rank(shard_comm *comm, void *arg) {
     s = shard_comm_irecv(comm, x, 1, SHARD_F32, shard_comm_rank(comm), 1, &pending);
     EXPECT(s == SHARD_OK, "irecv from self: %s", shard_last_error());
     s = shard_comm_set_timeout(comm, 5);
-    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "1 request is pending"), "set_timeout while pending: '%s'",
-           shard_last_error());
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "1 request is pending"),
+           "set_timeout while pending: '%s'", shard_last_error());
     EXPECT(shard_comm_send(comm, x, 1, SHARD_F32, shard_comm_rank(comm), 1) == SHARD_OK, "send to self");
     EXPECT(shard_request_wait(&pending) == SHARD_OK, "wait irecv from self");
     /* nothing above counted as a collective: the ranks are still in step */
@@ -368,7 +375,8 @@ static shard_status bad_args_rank(shard_comm *comm, void *arg) {
 
 static shard_status one_rank(shard_comm *comm, void *arg) {
     (void)arg;
-    return shard_comm_size(comm) == 1 ? SHARD_OK : shard_error(SHARD_ERR_INTERNAL, "%d ranks, not 1", shard_comm_size(comm));
+    return shard_comm_size(comm) == 1 ? SHARD_OK
+                                      : shard_error(SHARD_ERR_INTERNAL, "%d ranks, not 1", shard_comm_size(comm));
 }
 
 static void test_bad_arguments(void) {
@@ -378,10 +386,12 @@ static void test_bad_arguments(void) {
     s = shard_launch(0, one_rank, NULL);
     EXPECT(s == SHARD_OK, "ranks 0: %s", shard_last_error());
     s = shard_launch(-1, one_rank, NULL);
-    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "-1 ranks (--ranks, or shard_launch's ranks) is invalid"),
+    EXPECT(s == SHARD_ERR_INVALID_ARG &&
+               strstr(shard_last_error(), "-1 ranks (--ranks, or shard_launch's ranks) is invalid"),
            "ranks -1: '%s'", shard_last_error());
     s = shard_launch(4097, one_rank, NULL);
-    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "give 1..4096"), "ranks 4097: '%s'", shard_last_error());
+    EXPECT(s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "give 1..4096"), "ranks 4097: '%s'",
+           shard_last_error());
 }
 
 static const struct {

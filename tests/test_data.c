@@ -38,7 +38,7 @@ static void token_files(void **state) {
     path_of(path, sizeof path, "t.tokens");
     uint32_t toks[5] = {1, 255, 0, 7, 300};
     assert_int_equal(shard_tokens_write(path, toks, 5, 256), SHARD_ERR_INVALID_ARG); /* 300 >= 256 */
-    for (uint32_t vocab = 512; vocab <= 100000; vocab += 99488) { /* 2 and 4 bytes per token */
+    for (uint32_t vocab = 512; vocab <= 100000; vocab += 99488) {                    /* 2 and 4 bytes per token */
         assert_int_equal(shard_tokens_write(path, toks, 5, vocab), SHARD_OK);
         shard_tokens *t = NULL;
         assert_int_equal(shard_tokens_open(path, &t), SHARD_OK);
@@ -229,10 +229,11 @@ static void batch_sources(void **state) {
     for (size_t i = 0; i < 400; i++) toks[i] = (uint32_t)(i * 7 % 300);
     assert_int_equal(shard_tokens_write(path, toks, 400, 300), SHARD_OK);
     shard_batch_source *src = NULL;
-    shard_batch_tokens_options to = {.struct_size = sizeof to, .path = path, .seq = 16, .max_rows = 8,
-                                     .vocab_size = 256, .where = "g.json"};
+    shard_batch_tokens_options to = {
+        .struct_size = sizeof to, .path = path, .seq = 16, .max_rows = 8, .vocab_size = 256, .where = "g.json"};
     assert_int_equal(shard_batch_source_tokens(&to, &src), SHARD_ERR_INVALID_ARG); /* a vocabulary too small */
-    assert_non_null(strstr(shard_last_error(), "g.json: key 'vocab_size' = 256 is smaller than the data's vocabulary (300)"));
+    assert_non_null(
+        strstr(shard_last_error(), "g.json: key 'vocab_size' = 256 is smaller than the data's vocabulary (300)"));
     to.vocab_size = 300;
     assert_int_equal(shard_batch_source_tokens(&to, &src), SHARD_OK);
     shard_batch b;
@@ -249,18 +250,20 @@ static void batch_sources(void **state) {
     same_rows_split(src, sizeof(int32_t), sizeof(int32_t));
     shard_batch_source_destroy(src);
 
-    shard_batch_images_options io = {.struct_size = sizeof io, .in_channels = 1, .height = 28, .width = 28,
-                                     .classes = 10, .max_rows = 8};
+    shard_batch_images_options io = {
+        .struct_size = sizeof io, .in_channels = 1, .height = 28, .width = 28, .classes = 10, .max_rows = 8};
     assert_int_equal(shard_batch_source_images(&io, &src), SHARD_OK); /* Debian's Fashion-MNIST */
     assert_int_equal(shard_batch_source_load(src, 1, 1, 0, 2, &b), SHARD_OK);
-    assert_true(b.input_dtype == SHARD_F32 && b.input_elems == 784 && b.target_dtype == SHARD_I32 && b.target_elems == 1);
+    assert_true(b.input_dtype == SHARD_F32 && b.input_elems == 784 && b.target_dtype == SHARD_I32 &&
+                b.target_elems == 1);
     same_rows_split(src, sizeof(float), sizeof(int32_t));
     shard_batch_source_destroy(src);
     io.width = 27; /* images of another shape */
     assert_int_equal(shard_batch_source_images(&io, &src), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "images of shape [60000 x 28 x 28]"));
 
-    shard_batch_teacher_options go = {.struct_size = sizeof go, .name = "unit", .dim = 6, .max_rows = 8, .teacher_seed = 7};
+    shard_batch_teacher_options go = {
+        .struct_size = sizeof go, .name = "unit", .dim = 6, .max_rows = 8, .teacher_seed = 7};
     assert_int_equal(shard_batch_source_teacher(&go, &src), SHARD_OK);
     same_rows_split(src, sizeof(float), sizeof(float));
     shard_batch_source_destroy(src);
@@ -273,7 +276,8 @@ static void set_batch_refusals(void **state) {
     shard_model *m = NULL;
     shard_model_create_options o = {.struct_size = sizeof o,
                                     .config_text = "{\"model_type\": \"mlp\", \"model_dim\": 6, \"hidden_dim\": 8}",
-                                    .config_path = "mlp.json", .max_rows = 4};
+                                    .config_path = "mlp.json",
+                                    .max_rows = 4};
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_OK);
     shard_batch_source *src = NULL, *wide = NULL, *tokens = NULL;
     o.data_dir = "/tmp";
@@ -288,12 +292,14 @@ static void set_batch_refusals(void **state) {
     assert_int_equal(shard_batch_source_load(src, 1, 1, 0, 5, &b), SHARD_OK); /* more rows than the model's 4 */
     assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "model 'mlp': a batch of 5 rows; this model was made for up to 4"));
-    shard_batch_teacher_options go = {.struct_size = sizeof go, .name = "wide", .dim = 5, .max_rows = 4, .teacher_seed = 7};
+    shard_batch_teacher_options go = {
+        .struct_size = sizeof go, .name = "wide", .dim = 5, .max_rows = 4, .teacher_seed = 7};
     assert_int_equal(shard_batch_source_teacher(&go, &wide), SHARD_OK);
     assert_int_equal(shard_batch_source_load(wide, 1, 1, 0, 2, &b), SHARD_OK);
     assert_int_equal(m->ops->set_batch(m, &b), SHARD_ERR_INVALID_ARG);
-    assert_non_null(strstr(shard_last_error(), "a batch of rows of 5 f32 inputs and 5 f32 targets; this model takes 6 "
-                                               "f32 inputs and 6 f32 targets per row"));
+    assert_non_null(strstr(shard_last_error(),
+                           "a batch of rows of 5 f32 inputs and 5 f32 targets; this model takes 6 "
+                           "f32 inputs and 6 f32 targets per row"));
     char path[128];
     path_of(path, sizeof path, "m.tokens");
     uint32_t toks[64] = {0};
@@ -309,11 +315,8 @@ static void set_batch_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(token_files),
-        cmocka_unit_test(tokenizer_and_batches),
-        cmocka_unit_test(idx),
-        cmocka_unit_test(batch_sources),
-        cmocka_unit_test(set_batch_refusals),
+        cmocka_unit_test(token_files),   cmocka_unit_test(tokenizer_and_batches), cmocka_unit_test(idx),
+        cmocka_unit_test(batch_sources), cmocka_unit_test(set_batch_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (dir[0]) {

@@ -54,8 +54,9 @@ static void shared_setup(test_ctx *t) {
         test_write_words(t, path, words, 9, 20000, 42);
         const char *configs[][2] = {
             {"gpt.json", "{\"n_embd\": 32, \"n_layer\": 2, \"n_head\": 2, \"n_positions\": 16, \"vocab_size\": 256}"},
-            {"gpt_drop.json", "{\"n_embd\": 32, \"n_layer\": 2, \"n_head\": 2, \"n_positions\": 16, \"vocab_size\": 256, "
-                              "\"resid_pdrop\": 0.1, \"embd_pdrop\": 0.1, \"attn_pdrop\": 0.1}"},
+            {"gpt_drop.json",
+             "{\"n_embd\": 32, \"n_layer\": 2, \"n_head\": 2, \"n_positions\": 16, \"vocab_size\": 256, "
+             "\"resid_pdrop\": 0.1, \"embd_pdrop\": 0.1, \"attn_pdrop\": 0.1}"},
             {"mlp.json", "{\"model_type\": \"mlp\", \"model_dim\": 16, \"hidden_dim\": 48}"},
             {"cnn.json", "{\"model_type\": \"cnn\", \"channels\": 4}"},
         };
@@ -75,24 +76,32 @@ typedef struct run_opts {
     size_t batch, accum;
     int zero;
     shard_dtype grad_dtype, compute_dtype;
-    uint64_t first, last;        /* steps */
-    const char *save, *resume;   /* checkpoint dir (save at `last`) */
-    const char *init;            /* weights to start from (shard_trainer_load_weights) */
+    uint64_t first, last;      /* steps */
+    const char *save, *resume; /* checkpoint dir (save at `last`) */
+    const char *init;          /* weights to start from (shard_trainer_load_weights) */
     int check_replicas;
-    const char *optimizer;       /* NULL: AdamW */
-    float momentum, lr;          /* SGD's momentum; the peak learning rate (0: 3e-3) */
+    const char *optimizer; /* NULL: AdamW */
+    float momentum, lr;    /* SGD's momentum; the peak learning rate (0: 3e-3) */
 } run_opts;
 
 static shard_trainer_config trainer_config(const run_opts *o, char *config_path, size_t bytes) {
     snprintf(config_path, bytes, "%s/%s", g_dir, o->config);
     /* the MLP generates its rows and refuses a data directory; the GPT's token files and the CNN's images are here */
     const char *data = o->data ? o->data : strncmp(o->config, "mlp", 3) == 0 ? NULL : g_dir;
-    shard_trainer_config c = {.config_path = config_path, .data_dir = data, .batch = o->batch,
-                              .accum = o->accum, .seq = 16, .seed = 3, .zero = o->zero,
-                              .bucket_mb = 0.01 /* several buckets */, .grad_dtype = o->grad_dtype,
+    shard_trainer_config c = {.config_path = config_path,
+                              .data_dir = data,
+                              .batch = o->batch,
+                              .accum = o->accum,
+                              .seq = 16,
+                              .seed = 3,
+                              .zero = o->zero,
+                              .bucket_mb = 0.01 /* several buckets */,
+                              .grad_dtype = o->grad_dtype,
                               .compute_dtype = o->compute_dtype,
-                              .optimizer = o->optimizer, .adamw = shard_adamw_defaults(),
-                              .sgd = {.momentum = o->momentum}, .clip = 1.0f};
+                              .optimizer = o->optimizer,
+                              .adamw = shard_adamw_defaults(),
+                              .sgd = {.momentum = o->momentum},
+                              .clip = 1.0f};
     float lr = o->lr > 0 ? o->lr : 3e-3f;
     c.lr = (shard_lr_schedule){lr, lr / 10, 3, STEPS};
     return c;
@@ -249,8 +258,8 @@ static void case_bf16(test_ctx *t) {
  * bf16); against f32 training, 2e-2 (bf16 keeps 8 significant bits). */
 static void case_mixed(test_ctx *t) {
     shared_setup(t);
-    run_opts o = {.config = "gpt.json", .batch = 6, .first = 1, .last = 10, .compute_dtype = SHARD_BF16,
-                  .check_replicas = 1};
+    run_opts o = {
+        .config = "gpt.json", .batch = 6, .first = 1, .last = 10, .compute_dtype = SHARD_BF16, .check_replicas = 1};
     double ref16[STEPS], ref32[STEPS];
     reference(t, o, ref16);
     run_opts f32 = o;
@@ -380,8 +389,8 @@ static void case_nonfinite(test_ctx *t) {
      * f32 and bf16 compute. */
     for (int z = 0; z <= 3; z++)
         for (int bf = 0; bf < 2; bf++) {
-            run_opts o = {.config = "gpt.json", .batch = 24, .accum = 2, .zero = z,
-                          .compute_dtype = bf ? SHARD_BF16 : SHARD_F32};
+            run_opts o = {
+                .config = "gpt.json", .batch = 24, .accum = 2, .zero = z, .compute_dtype = bf ? SHARD_BF16 : SHARD_F32};
             shard_trainer_config c = trainer_config(&o, path, sizeof path);
             char text[32];
             snprintf(text, sizeof text, "data=%d", t->size);
@@ -400,7 +409,8 @@ static void case_nonfinite(test_ctx *t) {
                     uint64_t done = 0;
                     if (failed_first && CHECK_OK(t, shard_trainer_save(tr, good, 1, NULL), "save") &&
                         CHECK_OK(t, shard_trainer_load_weights(tr, poisoned), "load poisoned")) {
-                        CHECK(t, shard_trainer_step(tr, 2, &r) == SHARD_ERR_INVALID_ARG, "zero %d: a NaN step went on", z);
+                        CHECK(t, shard_trainer_step(tr, 2, &r) == SHARD_ERR_INVALID_ARG, "zero %d: a NaN step went on",
+                              z);
                         CHECK_OK(t, shard_trainer_resume(tr, good, &done), "resume");
                     }
                     if (CHECK_OK(t, shard_trainer_step(tr, 2, &r), "zero %d: step 2", z)) loss[failed_first] = r.loss;
@@ -408,8 +418,8 @@ static void case_nonfinite(test_ctx *t) {
                 shard_trainer_destroy(tr);
                 shard_mesh_destroy(mesh);
             }
-            CHECK(t, loss[1] == loss[0], "zero %d, %s compute: after a failed step, loss %.9g; a fresh trainer's %.9g", z,
-                  bf ? "bf16" : "f32", loss[1], loss[0]);
+            CHECK(t, loss[1] == loss[0], "zero %d, %s compute: after a failed step, loss %.9g; a fresh trainer's %.9g",
+                  z, bf ? "bf16" : "f32", loss[1], loss[0]);
         }
 }
 
@@ -426,7 +436,8 @@ static void case_save_memory(test_ctx *t) {
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
     shard_step_result r;
-    if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh") && CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer") &&
+    if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh") &&
+        CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer") &&
         CHECK_OK(t, shard_trainer_step(tr, 1, &r), "step")) {
         size_t params = shard_trainer_model(tr)->params->total;
         for (int resume = 0; resume < 2; resume++) {
@@ -439,14 +450,18 @@ static void case_save_memory(test_ctx *t) {
                      resume ? "resume" : "save");
             shard_mem_stats_get(&after);
             uint64_t now = 0, peak = 0;
-            for (int k = 0; k < SHARD_MEM_CATEGORY_COUNT; k++) now += before.current_bytes[k], peak += after.peak_bytes[k];
+            for (int k = 0; k < SHARD_MEM_CATEGORY_COUNT; k++)
+                now += before.current_bytes[k], peak += after.peak_bytes[k];
             double extra = (double)(peak - now) / (double)params; /* bytes per parameter of the whole model */
-            if (t->rank == 0) printf("zero 3 on %d ranks: %s takes %.2f bytes per parameter more\n", t->size,
-                                     resume ? "resume" : "save", extra);
+            if (t->rank == 0)
+                printf("zero 3 on %d ranks: %s takes %.2f bytes per parameter more\n", t->size,
+                       resume ? "resume" : "save", extra);
             /* this rank's rows of the three arrays (12 / N) and one parameter's scratch (this model's largest,
              * wte, is a quarter of it: 2 bytes) and the loader's buffers; the whole state alone would be 12 */
-            CHECK(t, extra <= 12.0 / t->size + 4.5, "zero 3 on %d ranks: %s took %.2f bytes per parameter on top of "
-                  "training's; want at most 12 / N + 4.5", t->size, resume ? "resume" : "save", extra);
+            CHECK(t, extra <= 12.0 / t->size + 4.5,
+                  "zero 3 on %d ranks: %s took %.2f bytes per parameter on top of "
+                  "training's; want at most 12 / N + 4.5",
+                  t->size, resume ? "resume" : "save", extra);
         }
     }
     shard_trainer_destroy(tr);
@@ -466,9 +481,10 @@ static void case_refusals(test_ctx *t) {
         shard_trainer *tr = NULL;
         if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) {
             shard_status s = shard_trainer_create(mesh, &c, &tr);
-            CHECK(t, s == SHARD_ERR_INVALID_ARG && !tr, "compute dtype %s: create returned %d", shard_dtype_name(wrong[i]),
-                  (int)s);
-            CHECK(t, strstr(shard_last_error(), shard_dtype_name(wrong[i])) != NULL, "the message: %s", shard_last_error());
+            CHECK(t, s == SHARD_ERR_INVALID_ARG && !tr, "compute dtype %s: create returned %d",
+                  shard_dtype_name(wrong[i]), (int)s);
+            CHECK(t, strstr(shard_last_error(), shard_dtype_name(wrong[i])) != NULL, "the message: %s",
+                  shard_last_error());
         }
         shard_trainer_destroy(tr);
         shard_mesh_destroy(mesh);
@@ -476,8 +492,8 @@ static void case_refusals(test_ctx *t) {
 }
 
 /* SGD with momentum: ZeRO shards its one state array as it does AdamW's two. */
-static const run_opts sgd_opts = {.config = "gpt.json", .batch = 6, .first = 1, .last = 10, .optimizer = "sgd",
-                                  .momentum = 0.9f, .lr = 0.05f};
+static const run_opts sgd_opts = {
+    .config = "gpt.json", .batch = 6, .first = 1, .last = 10, .optimizer = "sgd", .momentum = 0.9f, .lr = 0.05f};
 
 static void case_sgd(test_ctx *t) {
     shared_setup(t);
@@ -507,8 +523,9 @@ static void case_sgd_checkpoint(test_ctx *t) {
     r.first = 11, r.last = STEPS, r.save = NULL, r.resume = ckpt;
     run(t, t->comm, &r, again, NULL);
     for (uint64_t s = 11; s <= STEPS; s++)
-        CHECK(t, again[s - 1] == whole[s - 1], "sgd resumed under zero 3: loss at step %llu is %.17g, uninterrupted %.17g",
-              (unsigned long long)s, again[s - 1], whole[s - 1]);
+        CHECK(t, again[s - 1] == whole[s - 1],
+              "sgd resumed under zero 3: loss at step %llu is %.17g, uninterrupted %.17g", (unsigned long long)s,
+              again[s - 1], whole[s - 1]);
     shard_comm *self = self_comm(t);
     r.zero = 0;
     if (self) run(t, self, &r, single, NULL);
@@ -522,8 +539,9 @@ static void case_sgd_checkpoint(test_ctx *t) {
         size_t got = fread(index, 1, sizeof index - 1, f);
         index[got] = '\0';
         fclose(f);
-        CHECK(t, strstr(index, "\"optimizer.momentum_buffer.wte.weight\"") && strstr(index, "\"optimizer\": \"sgd\"") &&
-                     !strstr(index, "optimizer.exp_avg"),
+        CHECK(t,
+              strstr(index, "\"optimizer.momentum_buffer.wte.weight\"") && strstr(index, "\"optimizer\": \"sgd\"") &&
+                  !strstr(index, "optimizer.exp_avg"),
               "%s: the SGD state's names or the recorded optimizer are missing", path);
     }
     /* an AdamW trainer refuses it, naming both optimizers, on every rank */
@@ -534,9 +552,12 @@ static void case_sgd_checkpoint(test_ctx *t) {
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
     uint64_t done = 0;
-    if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh") && CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer")) {
+    if (CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh") &&
+        CHECK_OK(t, shard_trainer_create(mesh, &c, &tr), "trainer")) {
         shard_status s = shard_trainer_resume(tr, ckpt, &done);
-        CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "was trained with sgd, and this run's optimizer is adamw"),
+        CHECK(t,
+              s == SHARD_ERR_INVALID_ARG &&
+                  strstr(shard_last_error(), "was trained with sgd, and this run's optimizer is adamw"),
               "adamw resuming an sgd checkpoint: %d (%s)", (int)s, shard_last_error());
     }
     shard_trainer_destroy(tr);
@@ -550,10 +571,19 @@ static void case_cleanup(test_ctx *t) {
 }
 
 static const test_case cases[] = {
-    {"gpt", case_gpt},         {"accum", case_accum}, {"dropout", case_dropout},       {"models", case_models},
-    {"bf16", case_bf16},       {"mixed", case_mixed}, {"checkpoint", case_checkpoint}, {"init", case_init},
-    {"nonfinite", case_nonfinite}, {"refusals", case_refusals},
-    {"save_memory", case_save_memory}, {"sgd", case_sgd}, {"sgd_checkpoint", case_sgd_checkpoint},
+    {"gpt", case_gpt},
+    {"accum", case_accum},
+    {"dropout", case_dropout},
+    {"models", case_models},
+    {"bf16", case_bf16},
+    {"mixed", case_mixed},
+    {"checkpoint", case_checkpoint},
+    {"init", case_init},
+    {"nonfinite", case_nonfinite},
+    {"refusals", case_refusals},
+    {"save_memory", case_save_memory},
+    {"sgd", case_sgd},
+    {"sgd_checkpoint", case_sgd_checkpoint},
     {"cleanup", case_cleanup},
 };
 

@@ -31,8 +31,8 @@ static int make_model_with(test_ctx *t, fake_model *f, shard_optimizer_kind kind
     shard_optimizer_options o = shard_optimizer_defaults(kind);
     o.sgd.momentum = momentum;
     return CHECK_OK(t, shard_params_create(info, 4, SHARD_MEM_PARAMS, &f->p), "params") &&
-           CHECK_OK(t, shard_model_setup_units(&f->m, f->p, first, 2), "units") &&
-           CHECK_OK(t, shard_optimizer_create(&o, &f->opt), "optimizer");
+        CHECK_OK(t, shard_model_setup_units(&f->m, f->p, first, 2), "units") &&
+        CHECK_OK(t, shard_optimizer_create(&o, &f->opt), "optimizer");
 }
 
 static int make_model(test_ctx *t, fake_model *f) { return make_model_with(t, f, SHARD_OPTIMIZER_ADAMW, 0); }
@@ -51,8 +51,9 @@ static void case_roundtrip(test_ctx *t) {
             fake_model f;
             if (!make_model(t, &f)) return;
             shard_dp *dp = NULL;
-            if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, zero, 1 << 20, SHARD_F32, 1, bf16 ? SHARD_BF16 : SHARD_F32,
-                                              f.opt, &dp),
+            if (!CHECK_OK(t,
+                          shard__dp_create(t->comm, &f.m, zero, 1 << 20, SHARD_F32, 1, bf16 ? SHARD_BF16 : SHARD_F32,
+                                           f.opt, &dp),
                           "dp zero %d", zero))
                 return;
             float buf[4000], got[4000];
@@ -72,16 +73,20 @@ static void case_roundtrip(test_ctx *t) {
                     for (size_t i = 0; i < pi->numel && bad == SIZE_MAX; i++)
                         if (got[i] != pattern(w, pi->offset + i)) bad = i;
                     CHECK(t, bad == SIZE_MAX, "zero %d: %s array %d element %zu: %g, want %g", zero, pi->name, w, bad,
-                          bad == SIZE_MAX ? 0.0 : (double)got[bad], bad == SIZE_MAX ? 0.0 : (double)pattern(w, pi->offset + bad));
+                          bad == SIZE_MAX ? 0.0 : (double)got[bad],
+                          bad == SIZE_MAX ? 0.0 : (double)pattern(w, pi->offset + bad));
                 }
             }
             /* NULL: zeros */
             const shard_param_info *d = &f.p->info[3];
             CHECK_OK(t, shard__dp_set_range(dp, 2, d->offset, d->numel, NULL), "zeros");
             CHECK_OK(t, shard__dp_get_range(dp, 2, d->offset, d->numel, got), "get zeros");
-            for (size_t i = 0; i < d->numel; i++) CHECK(t, got[i] == 0, "zero %d: d's exp_avg_sq %zu = %g", zero, i, (double)got[i]);
+            for (size_t i = 0; i < d->numel; i++)
+                CHECK(t, got[i] == 0, "zero %d: d's exp_avg_sq %zu = %g", zero, i, (double)got[i]);
             if (bf16 && zero < 3) /* the compute copy follows the values */
-                CHECK(t, shard__precision_copy(&dp->prec, d->offset + 2)[0] == shard_bf16_from_f32(pattern(0, d->offset + 2)),
+                CHECK(t,
+                      shard__precision_copy(&dp->prec, d->offset + 2)[0] ==
+                          shard_bf16_from_f32(pattern(0, d->offset + 2)),
                       "zero %d: bf16 copy", zero);
             shard__dp_destroy(dp);
             free_model(&f);
@@ -139,4 +144,6 @@ static void case_sgd_arrays(test_ctx *t) {
 static const test_case cases[] = {
     {"roundtrip", case_roundtrip}, {"adjacent_buffers", case_adjacent_buffers}, {"sgd_arrays", case_sgd_arrays}};
 
-int main(int argc, char **argv) { return test_main(argc, argv, "test_dp_ranges", cases, sizeof cases / sizeof cases[0]); }
+int main(int argc, char **argv) {
+    return test_main(argc, argv, "test_dp_ranges", cases, sizeof cases / sizeof cases[0]);
+}

@@ -19,9 +19,18 @@
 #include "shard/dtensor.h"
 
 static const char *const specs[] = {
-    "P()", "P('a')", "P(None, 'a')", "P('a', 'b')", "P('b', 'a')", "P(('a','b'))", "P(None, ('b','a'))",
-    "P(None, partial='a')", "P('b', partial='a')", "P('a', partial='b', partial_op='max')",
-    "P(partial=('a','b'), partial_op='min')", "P(None, 'b', partial='a', partial_op='avg')",
+    "P()",
+    "P('a')",
+    "P(None, 'a')",
+    "P('a', 'b')",
+    "P('b', 'a')",
+    "P(('a','b'))",
+    "P(None, ('b','a'))",
+    "P(None, partial='a')",
+    "P('b', partial='a')",
+    "P('a', partial='b', partial_op='max')",
+    "P(partial=('a','b'), partial_op='min')",
+    "P(None, 'b', partial='a', partial_op='avg')",
 };
 
 /* Create every axis-set communicator now, so that splits do not count as traffic later. */
@@ -48,8 +57,8 @@ static size_t block_numel(const shard_spec *spec, const shard_mesh_layout *layou
 /* Bytes this rank should send to distribute from `root`: a broadcast when no
  * dim is split, else the root sends each other rank that keeps the value its
  * block (a pending sum keeps it at coordinate 0 of the partial axes only). */
-static uint64_t distribute_bytes(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *shape,
-                                 int me, int root, int n) {
+static uint64_t distribute_bytes(const shard_spec *spec, const shard_mesh_layout *layout, const size_t *shape, int me,
+                                 int root, int n) {
     if (root < 0 || me != root) return 0;
     unsigned all = (1u << layout->ndim) - 1, split = shard_spec_split_axes(spec);
     if (!split) return (uint64_t)shape[0] * shape[1] * 4 * (uint64_t)(n - 1);
@@ -114,8 +123,8 @@ static void round_trips(test_ctx *t, const char *mesh_text) {
                           "create %s", specs[si]))
                 continue;
             uint64_t sent = shard_mesh_bytes_sent(mesh);
-            CHECK_OK(t, shard_dtensor_distribute(d, root < 0 || t->rank == root ? x : NULL, root), "distribute %s root %d",
-                     specs[si], root);
+            CHECK_OK(t, shard_dtensor_distribute(d, root < 0 || t->rank == root ? x : NULL, root),
+                     "distribute %s root %d", specs[si], root);
             sent = shard_mesh_bytes_sent(mesh) - sent;
             uint64_t want = distribute_bytes(&spec, &layout, shape, t->rank, root, t->size);
             CHECK(t, sent == want, "mesh %s spec %s: distribute from %d sent %llu bytes, want %llu", mesh_text,
@@ -125,9 +134,8 @@ static void round_trips(test_ctx *t, const char *mesh_text) {
             CHECK_OK(t, shard_dtensor_gather(d, back, -1), "gather %s", specs[si]);
             shard_tensor_diff diff;
             shard_tensor_compare(back, x, &diff);
-            CHECK(t, diff.mismatched_bits == 0,
-                  "mesh %s spec %s root %d: %zu elements differ, worst at %zu: %g vs %g", mesh_text, specs[si], root,
-                  diff.mismatched_bits, diff.worst_index, diff.worst_a, diff.worst_b);
+            CHECK(t, diff.mismatched_bits == 0, "mesh %s spec %s root %d: %zu elements differ, worst at %zu: %g vs %g",
+                  mesh_text, specs[si], root, diff.mismatched_bits, diff.worst_index, diff.worst_a, diff.worst_b);
             int to = root < 0 ? t->size / 2 : root;
             shard_tensor_fill(back, 99);
             sent = shard_mesh_bytes_sent(mesh);
@@ -137,8 +145,8 @@ static void round_trips(test_ctx *t, const char *mesh_text) {
             CHECK(t, sent == want, "mesh %s spec %s: gather to %d sent %llu bytes, want %llu", mesh_text, specs[si], to,
                   (unsigned long long)sent, (unsigned long long)want);
             if (t->rank == to)
-                CHECK(t, shard_tensor_equal_bits(back, x), "mesh %s spec %s: gather to %d differs", mesh_text, specs[si],
-                      to);
+                CHECK(t, shard_tensor_equal_bits(back, x), "mesh %s spec %s: gather to %d differs", mesh_text,
+                      specs[si], to);
             shard_dtensor_destroy(d);
         }
     }
@@ -163,7 +171,7 @@ static void case_round_trips(test_ctx *t) {
 static void all_pairs(test_ctx *t, const char *mesh_text) {
     static const char *const more_specs[] = {
         "P(('a','c'), 'b')", "P('c', partial=('a','b'))", "P(None, ('c','a'), partial='b', partial_op='max')",
-        "P(('c','b','a'))", "P('b', 'c', partial='a')",
+        "P(('c','b','a'))",  "P('b', 'c', partial='a')",
     };
     shard_mesh *mesh = NULL;
     if (!CHECK_OK(t, shard_mesh_create(t->comm, mesh_text, &mesh), "mesh %s", mesh_text)) return;
@@ -180,7 +188,8 @@ static void all_pairs(test_ctx *t, const char *mesh_text) {
     const char *list[32];
     size_t nspecs = 0;
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) list[nspecs++] = specs[i];
-    for (size_t i = 0; layout.ndim == 3 && i < sizeof more_specs / sizeof more_specs[0]; i++) list[nspecs++] = more_specs[i];
+    for (size_t i = 0; layout.ndim == 3 && i < sizeof more_specs / sizeof more_specs[0]; i++)
+        list[nspecs++] = more_specs[i];
     for (size_t i = 0; i < nspecs; i++)
         for (size_t j = 0; j < nspecs; j++) {
             shard_spec si, sj;
@@ -216,8 +225,14 @@ static void all_pairs(test_ctx *t, const char *mesh_text) {
  * (every member of an exchange must still choose the same collective). */
 static void case_three_dims(test_ctx *t) {
     static const char *const specs3[] = {
-        "P(None, 'a', 'b')", "P(None, None, 'a')", "P(('a','b'))", "P('b', None, 'a')", "P(None, ('b','a'))",
-        "P('a', 'b')", "P(None, 'b', None, partial='a')", "P()",
+        "P(None, 'a', 'b')",
+        "P(None, None, 'a')",
+        "P(('a','b'))",
+        "P('b', None, 'a')",
+        "P(None, ('b','a'))",
+        "P('a', 'b')",
+        "P(None, 'b', None, partial='a')",
+        "P()",
     };
     for (int a = 1; a <= t->size; a++) {
         if (t->size % a) continue;
@@ -239,7 +254,8 @@ static void case_three_dims(test_ctx *t) {
         for (size_t i = 0; i < n; i++)
             for (size_t j = 0; j < n; j++) {
                 shard_spec si, sj;
-                if (shard_spec_parse(specs3[i], &layout, 3, &si) < 0 || shard_spec_parse(specs3[j], &layout, 3, &sj) < 0) {
+                if (shard_spec_parse(specs3[i], &layout, 3, &si) < 0 ||
+                    shard_spec_parse(specs3[j], &layout, 3, &sj) < 0) {
                     CHECK(t, 0, "parse %s / %s: %s", specs3[i], specs3[j], shard_last_error());
                     continue;
                 }
@@ -318,7 +334,7 @@ static void case_transition_bytes(test_ctx *t) {
     size_t ar_len; /* the all_reduce's ring slice of this rank */
     shard_split_range(total, n, r, &off, &ar_len);
     uint64_t expect[] = {
-        (uint64_t)(n - 1) * my_rows * cols * es,                   /* all_gather: my block to each other rank */
+        (uint64_t)(n - 1) * my_rows * cols * es,                    /* all_gather: my block to each other rank */
         0,                                                          /* slice: nothing */
         (uint64_t)(total - ar_len + ar_len * (size_t)(n - 1)) * es, /* all_reduce: ring */
         (uint64_t)(total - my_rows * cols) * es,                    /* reduce_scatter: every other rank's rows */
@@ -335,9 +351,9 @@ static void case_transition_bytes(test_ctx *t) {
         CHECK_OK(t, shard_spec_parse(cases[c].to, &layout, 2, &to), "parse");
         shard_redistribute_plan plan;
         CHECK_OK(t, shard_redistribute_plan_make(&layout, SHARD_F32, 2, shape, &from, &to, &plan), "plan");
-        CHECK(t, plan.nsteps == 1 && plan.steps[0].kind == cases[c].kind, "%s -> %s: %d steps, the first %s, want one %s",
-              cases[c].from, cases[c].to, plan.nsteps, shard_redistribute_kind_name(plan.steps[0].kind),
-              shard_redistribute_kind_name(cases[c].kind));
+        CHECK(t, plan.nsteps == 1 && plan.steps[0].kind == cases[c].kind,
+              "%s -> %s: %d steps, the first %s, want one %s", cases[c].from, cases[c].to, plan.nsteps,
+              shard_redistribute_kind_name(plan.steps[0].kind), shard_redistribute_kind_name(cases[c].kind));
         shard_dtensor *a = NULL, *b = NULL;
         CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &from, SHARD_MEM_ACTIVATIONS, &a), "create");
         CHECK_OK(t, shard_dtensor_create(mesh, SHARD_F32, 2, shape, &to, SHARD_MEM_ACTIVATIONS, &b), "create");
@@ -380,11 +396,14 @@ static void case_local_shapes(test_ctx *t) {
     shard_spec bad = spec;
     bad.axes[0][0] = layout.ndim; /* an axis the mesh lacks */
     shard_status s = shard_dtensor_create(mesh, SHARD_F32, 1, shape, &bad, SHARD_MEM_PARAMS, &d);
-    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "shard_dtensor_create: the spec splits dim 0 over axis index 1"),
+    CHECK(t,
+          s == SHARD_ERR_INVALID_ARG &&
+              strstr(shard_last_error(), "shard_dtensor_create: the spec splits dim 0 over axis index 1"),
           "a spec over a missing axis: %s", shard_last_error());
     size_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
     s = shard_dtensor_create(mesh, SHARD_F32, 9, nine, &spec, SHARD_MEM_PARAMS, &d);
-    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "a tensor of 9 dims"), "9 dims: %s", shard_last_error());
+    CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "a tensor of 9 dims"), "9 dims: %s",
+          shard_last_error());
     shard_mesh_destroy(mesh);
 }
 

@@ -66,7 +66,8 @@ static void forward_backward_adamw(void **state) {
     shard_gpt *g = load_model();
     shard_params *p = shard_gpt_params(g), *grads = NULL, *m = NULL, *v = NULL;
     assert_int_equal(shard_params_like(p, SHARD_MEM_GRADS, &grads), SHARD_OK);
-    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL),
+                  *targets = (const int32_t *)data_of("targets", NULL);
     float loss = 0;
     assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &loss), SHARD_OK);
     size_t n;
@@ -111,7 +112,8 @@ static void determinism(void **state) {
     for (int run = 0; run < 2; run++) {
         shard_gpt *g = load_model();
         assert_int_equal(shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &grads[run]), SHARD_OK);
-        const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+        const int32_t *inputs = (const int32_t *)data_of("inputs", NULL),
+                      *targets = (const int32_t *)data_of("targets", NULL);
         assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &losses[run]), SHARD_OK);
         assert_int_equal(shard_gpt_backward(g, grads[run]), SHARD_OK);
         shard_gpt_destroy(g);
@@ -124,7 +126,8 @@ static void determinism(void **state) {
     assert_int_equal(shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &own), SHARD_OK);
     assert_int_equal(shard_params_like(shard_gpt_params(g), SHARD_MEM_GRADS, &given), SHARD_OK);
     shard_model_bind_grad_slab(shard_gpt_model(g), own->data);
-    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL),
+                  *targets = (const int32_t *)data_of("targets", NULL);
     assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &losses[0]), SHARD_OK);
     assert_int_equal(shard_gpt_backward(g, given), SHARD_OK);
     for (size_t i = 0; i < own->total; i++)
@@ -149,7 +152,8 @@ static void training_model_shares_logits(void **state) {
     shard_mem_stats_get(&at[2]);
     shard_params *grads[2];
     float loss[2];
-    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL),
+                  *targets = (const int32_t *)data_of("targets", NULL);
     size_t n_logits;
     data_of("logits", &n_logits);
     shard_gpt *both[2] = {kept, g};
@@ -180,13 +184,15 @@ static void dropout_masks(void **state) {
     const char *text = shard_safetensors_metadata(golden, "config");
     if (shard_gpt_config_parse(text, "fixture config", &c) < 0) fail_msg("%s", shard_last_error());
     c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0.2f;
-    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL), *targets = (const int32_t *)data_of("targets", NULL);
+    const int32_t *inputs = (const int32_t *)data_of("inputs", NULL),
+                  *targets = (const int32_t *)data_of("targets", NULL);
     float loss[2][3];
     for (int run = 0; run < 2; run++) {
         shard_gpt *g = NULL;
         assert_int_equal(shard_gpt_create(&c, 2, 8, &g), SHARD_OK);
         shard_gpt_init(g, 7);
-        for (int k = 0; k < 3; k++) assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &loss[run][k]), SHARD_OK);
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(shard_gpt_forward(g, inputs, targets, 2, 8, &loss[run][k]), SHARD_OK);
         shard_gpt_destroy(g);
     }
     /* a token id outside the vocabulary is refused before any work, naming where it is */
@@ -218,7 +224,8 @@ static void config_refusals(void **state) {
         {"{\"n_embd\": 32, \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8}", "key 'vocab_size' is missing"},
         {"{\"n_embd\": \"32\", \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8, \"vocab_size\": 16}",
          "key 'n_embd' must be a positive integer"},
-        {"{\"n_embd\": 32, \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8, \"vocab_size\": 16, \"activation_function\": \"relu\"}",
+        {"{\"n_embd\": 32, \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8, \"vocab_size\": 16, "
+         "\"activation_function\": \"relu\"}",
          "key 'activation_function' must be \"gelu_new\""},
         {"[1]", "must be a JSON object"},
         {"{\"n_embd\": 32, \"n_layer\": 1, \"n_head\": 4, \"n_positions\": 8, \"vocab_size\": 16, \"n_special\": 2}",
@@ -232,8 +239,13 @@ static void config_refusals(void **state) {
             fail_msg("case %zu: '%s' lacks '%s'", i, shard_last_error(), cases[i].expect);
     }
     /* a config filled in by the caller gets the same checks (n_head 0 divided by zero) */
-    shard_gpt_config by_hand = {.n_embd = 32, .n_layer = 1, .n_head = 0, .n_positions = 8, .vocab_size = 16,
-                                .layer_norm_epsilon = 1e-5f, .initializer_range = 0.02f};
+    shard_gpt_config by_hand = {.n_embd = 32,
+                                .n_layer = 1,
+                                .n_head = 0,
+                                .n_positions = 8,
+                                .vocab_size = 16,
+                                .layer_norm_epsilon = 1e-5f,
+                                .initializer_range = 0.02f};
     shard_gpt *g = NULL;
     assert_int_equal(shard_gpt_create(&by_hand, 1, 8, &g), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "gpt: key 'n_head' is missing"));
@@ -248,14 +260,15 @@ static void config_refusals(void **state) {
     assert_non_null(strstr(shard_last_error(), "key 'resid_pdrop' must be in [0, 1)"));
     assert_null(g);
     /* Hugging Face's GPT-2 config.json is accepted as it is */
-    const char *hf = "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"], \"attn_pdrop\": 0.1,"
-                     "\"bos_token_id\": 50256, \"embd_pdrop\": 0.1, \"eos_token_id\": 50256, \"initializer_range\": 0.02,"
-                     "\"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\", \"n_ctx\": 1024, \"n_embd\": 768,"
-                     "\"n_head\": 12, \"n_inner\": null, \"n_layer\": 12, \"n_positions\": 1024, \"resid_pdrop\": 0.1,"
-                     "\"scale_attn_weights\": true, \"summary_activation\": null, \"summary_first_dropout\": 0.1,"
-                     "\"summary_proj_to_labels\": true, \"summary_type\": \"cls_index\", \"summary_use_proj\": true,"
-                     "\"task_specific_params\": {\"text-generation\": {\"do_sample\": true, \"max_length\": 50}},"
-                     "\"transformers_version\": \"4.26.0\", \"use_cache\": true, \"vocab_size\": 50257}";
+    const char *hf =
+        "{\"activation_function\": \"gelu_new\", \"architectures\": [\"GPT2LMHeadModel\"], \"attn_pdrop\": 0.1,"
+        "\"bos_token_id\": 50256, \"embd_pdrop\": 0.1, \"eos_token_id\": 50256, \"initializer_range\": 0.02,"
+        "\"layer_norm_epsilon\": 1e-05, \"model_type\": \"gpt2\", \"n_ctx\": 1024, \"n_embd\": 768,"
+        "\"n_head\": 12, \"n_inner\": null, \"n_layer\": 12, \"n_positions\": 1024, \"resid_pdrop\": 0.1,"
+        "\"scale_attn_weights\": true, \"summary_activation\": null, \"summary_first_dropout\": 0.1,"
+        "\"summary_proj_to_labels\": true, \"summary_type\": \"cls_index\", \"summary_use_proj\": true,"
+        "\"task_specific_params\": {\"text-generation\": {\"do_sample\": true, \"max_length\": 50}},"
+        "\"transformers_version\": \"4.26.0\", \"use_cache\": true, \"vocab_size\": 50257}";
     assert_int_equal(shard_gpt_config_parse(hf, "config.json", &c), SHARD_OK);
     assert_int_equal(shard_gpt_param_count(&c), 124439808); /* GPT-2 small: 124M */
     /* gpt2-medium's (large and xl's the same keys): n_special, predict_special_tokens */

@@ -43,10 +43,10 @@ typedef struct kcase {
 
 struct op_def {
     const char *name;
-    const char *keys[MAX_DIMS];           /* the shape's names, NULL-terminated */
+    const char *keys[MAX_DIMS]; /* the shape's names, NULL-terminated */
     const size_t (*shapes)[MAX_DIMS];
     size_t count;
-    int (*run)(const kcase *c);           /* failed checks: 0 passes */
+    int (*run)(const kcase *c); /* failed checks: 0 passes */
     double atol, rtol;
 };
 
@@ -97,7 +97,8 @@ static int close_to(const kcase *c, const char *what, size_t i, double got, doub
     double tol = c->op->atol + c->op->rtol * fabs(want);
     if (fabs(got - want) <= tol) return 1;
     printf("FAIL %s: %s[%zu] = %.9g, reference %.9g, |difference| %.3g > tolerance %.3g (atol %g + rtol %g x "
-           "|reference|)\n", c->name, what, i, got, want, fabs(got - want), tol, c->op->atol, c->op->rtol);
+           "|reference|)\n",
+           c->name, what, i, got, want, fabs(got - want), tol, c->op->atol, c->op->rtol);
     return 0;
 }
 
@@ -156,7 +157,7 @@ static int run_linear_backward(const kcase *c) {
     shard_status s = shard_linear_backward(x, W, dy, dx, dW, db, N, in, out);
     shard__ref_linear_backward(x, W, dy, want_dx, want_dW, want_db, N, in, out);
     return check_ok(c, "shard_linear_backward", s) || check(c, "dx", dx, want_dx, N * in) ||
-           check(c, "dW", dW, want_dW, in * out) || check(c, "db", db, want_db, out);
+        check(c, "dW", dW, want_dW, in * out) || check(c, "db", db, want_db, out);
 }
 
 /* ---------------------------------------------------------------- element-wise */
@@ -225,7 +226,7 @@ static int run_layernorm_forward(const kcase *c) {
     shard_layernorm_forward(x, gamma, beta, 1e-5f, y, mean, rstd, N, C);
     shard__ref_layernorm_forward(x, gamma, beta, 1e-5f, want_y, want_mean, want_rstd, N, C);
     return check(c, "y", y, want_y, N * C) || check(c, "mean", mean, want_mean, N) ||
-           check(c, "rstd", rstd, want_rstd, N);
+        check(c, "rstd", rstd, want_rstd, N);
 }
 
 static int run_layernorm_backward(const kcase *c) {
@@ -239,7 +240,7 @@ static int run_layernorm_backward(const kcase *c) {
     shard_layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, N, C);
     shard__ref_layernorm_backward(x, gamma, mean, rstd, dy, want_dx, want_dgamma, want_dbeta, N, C);
     return check(c, "dx", dx, want_dx, N * C) || check(c, "dgamma", dgamma, want_dgamma, C) ||
-           check(c, "dbeta", dbeta, want_dbeta, C);
+        check(c, "dbeta", dbeta, want_dbeta, C);
 }
 
 static int run_softmax_forward(const kcase *c) {
@@ -275,8 +276,8 @@ static int run_cross_entropy(const kcase *c) {
         return 1;
     }
     return check_value(c, "loss", loss, want) || check(c, "dlogits", d, want_d, N * V) ||
-           check_value(c, "loss (in place)", loss_in_place, want) ||
-           check(c, "dlogits (in place)", in_place, want_d, N * V);
+        check_value(c, "loss (in place)", loss_in_place, want) ||
+        check(c, "dlogits (in place)", in_place, want_d, N * V);
 }
 
 static int run_cross_entropy_sum(const kcase *c) {
@@ -287,7 +288,7 @@ static int run_cross_entropy_sum(const kcase *c) {
     double loss = 0, want = shard__ref_cross_entropy_sum(logits, t, IGNORE, N, V, 1000.0, NULL, want_d);
     shard_status s = shard_cross_entropy_sum(logits, t, IGNORE, N, V, 1000.0, &loss, NULL, d);
     return check_ok(c, "shard_cross_entropy_sum", s) || check_value(c, "loss", loss, want) ||
-           check(c, "dlogits", d, want_d, N * V);
+        check(c, "dlogits", d, want_d, N * V);
 }
 
 /* part p's columns [first, first + count) of n over `parts`, the first n % parts parts one longer */
@@ -375,7 +376,7 @@ static int run_embedding_split(const kcase *c) {
         shard__embedding_backward_split(id, dy, dtable + v0 * C, N, v0, Vl, C);
     }
     return failed || check(c, "y (summed over the parts)", sum, want, N * C) ||
-           check(c, "dtable", dtable, want_dtable, rows * C);
+        check(c, "dtable", dtable, want_dtable, rows * C);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -392,13 +393,13 @@ static int run_attention_either(const kcase *c, int backward) {
     if (!backward) {
         shard_status s = shard_attention_forward_dropout(qkv, y, att, B, T, C, H, p, 5, 3, H + 2, 1);
         return check_ok(c, "shard_attention_forward_dropout", s) || check(c, "att", att, want_att, B * H * T * T) ||
-               check(c, "y", y, want_y, B * T * C);
+            check(c, "y", y, want_y, B * T * C);
     }
     float *dqkv = zeros(B * T * 3 * C), *want = zeros(B * T * 3 * C);
     shard_status s = shard_attention_backward_dropout(qkv, want_att, dy, dqkv, B, T, C, H, p, 5, 3, H + 2, 1);
     ref = shard__ref_attention_backward(qkv, want_att, dy, want, B, T, C, H, p, 5, 3, H + 2, 1);
     return check_ok(c, "shard_attention_backward_dropout", s) || check_ok(c, "the reference backward", ref) ||
-           check(c, "dqkv", dqkv, want, B * T * 3 * C);
+        check(c, "dqkv", dqkv, want, B * T * 3 * C);
 }
 
 static int run_attention_forward(const kcase *c) { return run_attention_either(c, 0); }
@@ -416,7 +417,7 @@ static int run_conv2d_either(const kcase *c, int backward) {
         shard_status s = shard_conv2d_forward(x, w, b, y, N, Cin, H, W, Cout, K, pad);
         shard_status ref = shard__ref_conv2d_forward(x, w, b, want, N, Cin, H, W, Cout, K, pad);
         return check_ok(c, "shard_conv2d_forward", s) || check_ok(c, "the reference", ref) ||
-               check(c, "y", y, want, ny);
+            check(c, "y", y, want, ny);
     }
     const float *dy = uniform(ny, -1, 1);
     float *dx = zeros(nx), *dw = uniform(nw, -1, 1), *db = uniform(Cout, -1, 1);
@@ -424,7 +425,7 @@ static int run_conv2d_either(const kcase *c, int backward) {
     shard_status s = shard_conv2d_backward(x, w, dy, dx, dw, db, N, Cin, H, W, Cout, K, pad);
     shard_status ref = shard__ref_conv2d_backward(x, w, dy, want_dx, want_dw, want_db, N, Cin, H, W, Cout, K, pad);
     return check_ok(c, "shard_conv2d_backward", s) || check_ok(c, "the reference", ref) ||
-           check(c, "dx", dx, want_dx, nx) || check(c, "dw", dw, want_dw, nw) || check(c, "db", db, want_db, Cout);
+        check(c, "dx", dx, want_dx, nx) || check(c, "dw", dw, want_dw, nw) || check(c, "db", db, want_db, Cout);
 }
 
 static int run_conv2d_forward(const kcase *c) { return run_conv2d_either(c, 0); }
@@ -464,12 +465,14 @@ static int run_adamw_either(const kcase *c, int clipped) {
     shard_adamw_config cfg = shard_adamw_defaults();
     float *g = uniform(n, -1, 1), *p = uniform(n, -1, 1), *m = uniform(n, -0.1f, 0.1f), *v = uniform(n, 0, 0.01f);
     float *want_p = copy(p, n), *want_m = copy(m, n), *want_v = copy(v, n), *g_in = copy(g, n);
-    if (clipped) shard_adamw_update_clipped(&cfg, c->d[1], 1e-3f, 0.37f, p, g, m, v, n);
-    else shard_adamw_update(&cfg, c->d[1], 1e-3f, p, g, m, v, n);
+    if (clipped)
+        shard_adamw_update_clipped(&cfg, c->d[1], 1e-3f, 0.37f, p, g, m, v, n);
+    else
+        shard_adamw_update(&cfg, c->d[1], 1e-3f, p, g, m, v, n);
     shard__ref_adamw_update(&cfg, c->d[1], 1e-3f, clipped ? 0.37f : 1.0f, want_p, g_in, want_m, want_v, n);
     float *want_g = clipped ? zeros(n) : g_in; /* the clipped form leaves the gradient zeroed */
     return check(c, "p", p, want_p, n) || check(c, "exp_avg", m, want_m, n) || check(c, "exp_avg_sq", v, want_v, n) ||
-           check(c, "g", g, want_g, n);
+        check(c, "g", g, want_g, n);
 }
 
 static int run_adamw_update(const kcase *c) { return run_adamw_either(c, 0); }
@@ -501,10 +504,10 @@ static int run_scale(const kcase *c) {
 
 /* one-dimensional: the vector tails (1, 7, 37, 65, 129) and a size cut into chunks */
 static const size_t SIZES[][MAX_DIMS] = {{1}, {7}, {37}, {65}, {129}, {300007}};
-static const size_t GEMMS[][MAX_DIMS] = {{1, 1, 1, 0, 0},   {7, 37, 65, 0, 1},    {37, 7, 129, 1, 0},
-                                         {65, 129, 37, 1, 1}, {129, 65, 7, 0, 0}, {257, 129, 129, 1, 0},
+static const size_t GEMMS[][MAX_DIMS] = {{1, 1, 1, 0, 0},      {7, 37, 65, 0, 1},  {37, 7, 129, 1, 0},
+                                         {65, 129, 37, 1, 1},  {129, 65, 7, 0, 0}, {257, 129, 129, 1, 0},
                                          {129, 257, 129, 0, 1}};
-static const size_t LINEARS[][MAX_DIMS] = {{1, 1, 1},     {7, 37, 65},    {37, 65, 7},     {65, 129, 37},
+static const size_t LINEARS[][MAX_DIMS] = {{1, 1, 1},     {7, 37, 65},     {37, 65, 7},   {65, 129, 37},
                                            {129, 7, 129}, {257, 129, 129}, {1031, 37, 65}};
 static const size_t DROPOUTS[][MAX_DIMS] = {{1, 50}, {37, 0}, {129, 10}, {300007, 50}};
 static const size_t ROWS[][MAX_DIMS] = {{1, 1}, {7, 37}, {37, 65}, {65, 129}, {129, 7}, {1031, 129}};
@@ -513,13 +516,16 @@ static const size_t SPLIT_LOGITS[][MAX_DIMS] = {{1, 1, 1}, {7, 37, 2}, {37, 65, 
 static const size_t TABLES[][MAX_DIMS] = {{1, 1, 1}, {7, 37, 65}, {37, 7, 129}, {129, 65, 7}};
 static const size_t SPLIT_TABLES[][MAX_DIMS] = {{1, 1, 1, 1}, {7, 37, 65, 2}, {37, 7, 129, 3}, {129, 65, 7, 3}};
 /* B T H D p: widths of heads 1, 3, 5, 7, 13, 16; T across one and several row blocks of 32 */
-static const size_t ATTENTIONS[][MAX_DIMS] = {{1, 1, 1, 1, 0},  {1, 7, 2, 3, 0},  {2, 37, 3, 7, 0},
+static const size_t ATTENTIONS[][MAX_DIMS] = {{1, 1, 1, 1, 0},   {1, 7, 2, 3, 0},   {2, 37, 3, 7, 0},
                                               {1, 65, 1, 13, 0}, {2, 129, 3, 5, 0}, {3, 33, 4, 16, 0},
-                                              {1, 7, 2, 3, 50}, {2, 37, 3, 7, 10}, {1, 65, 2, 13, 25}};
-static const size_t CONVS[][MAX_DIMS] = {{1, 1, 1, 1, 1, 1, 0}, {2, 3, 7, 7, 5, 3, 1}, {1, 2, 13, 9, 4, 5, 2},
-                                         {3, 1, 8, 8, 2, 2, 0}, {1, 4, 6, 11, 3, 3, 0}};
-static const size_t POOLS[][MAX_DIMS] = {{1, 1, 1, 1, 1}, {2, 3, 8, 8, 2}, {1, 2, 9, 7, 3}, {1, 1, 5, 5, 5},
-                                         {2, 7, 37, 65, 2}};
+                                              {1, 7, 2, 3, 50},  {2, 37, 3, 7, 10}, {1, 65, 2, 13, 25}};
+static const size_t CONVS[][MAX_DIMS] = {{1, 1, 1, 1, 1, 1, 0},
+                                         {2, 3, 7, 7, 5, 3, 1},
+                                         {1, 2, 13, 9, 4, 5, 2},
+                                         {3, 1, 8, 8, 2, 2, 0},
+                                         {1, 4, 6, 11, 3, 3, 0}};
+static const size_t POOLS[][MAX_DIMS] = {
+    {1, 1, 1, 1, 1}, {2, 3, 8, 8, 2}, {1, 2, 9, 7, 3}, {1, 1, 5, 5, 5}, {2, 7, 37, 65, 2}};
 static const size_t SGDS[][MAX_DIMS] = {{1, 0, 1}, {37, 1, 1}, {65, 0, 4}, {129, 1, 3}, {300007, 1, 2}};
 static const size_t ADAMWS[][MAX_DIMS] = {{1, 1}, {7, 3}, {37, 1}, {65, 2}, {129, 10}, {300007, 2}};
 static const size_t NORMS[][MAX_DIMS] = {{1}, {37}, {129}, {300007}};
@@ -615,8 +621,10 @@ static int run_cases(const char *op, const char *only, int list, size_t *matched
 }
 
 static int usage(const char *why, const char *arg) {
-    fprintf(stderr, "test_kernels: %s '%s'; usage: test_kernels [--list] [--op NAME] [--case 'NAME K=v ... "
-                    "threads=n']\n", why, arg);
+    fprintf(stderr,
+            "test_kernels: %s '%s'; usage: test_kernels [--list] [--op NAME] [--case 'NAME K=v ... "
+            "threads=n']\n",
+            why, arg);
     return 2;
 }
 
@@ -624,12 +632,16 @@ int main(int argc, char **argv) {
     const char *op = NULL, *only = NULL;
     int list = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--list") == 0) list = 1;
-        else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc) op = argv[++i];
-        else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) only = argv[++i];
+        if (strcmp(argv[i], "--list") == 0)
+            list = 1;
+        else if (strcmp(argv[i], "--op") == 0 && i + 1 < argc)
+            op = argv[++i];
+        else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc)
+            only = argv[++i];
         else if (strcmp(argv[i], "--op") == 0 || strcmp(argv[i], "--case") == 0)
             return usage("a value is missing after", argv[i]);
-        else return usage("unknown argument", argv[i]);
+        else
+            return usage("unknown argument", argv[i]);
     }
     if (op) {
         size_t o = 0;

@@ -106,7 +106,8 @@ static void linear_bias_grad_wide(void **state) {
         }
         assert_int_equal(shard_linear_backward(x, W, dy, NULL, NULL, db, N, in, out), SHARD_OK);
         for (size_t o = 0; o < out; o++)
-            if (db[o] != want[o]) fail_msg("width %zu: db[%zu] = %.9g, a plain row-order sum gives %.9g", out, o, db[o], want[o]);
+            if (db[o] != want[o])
+                fail_msg("width %zu: db[%zu] = %.9g, a plain row-order sum gives %.9g", out, o, db[o], want[o]);
         free(x), free(W), free(dy), free(db), free(want);
     }
     assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
@@ -122,9 +123,12 @@ typedef struct ew_ctx {
 
 static double ew_loss(void *p) {
     ew_ctx *c = p;
-    if (c->kind == 0) shard_relu_forward(c->x, c->y, c->n);
-    else if (c->kind == 1) shard_gelu_forward(c->x, c->y, c->n);
-    else shard_dropout_forward(c->x, c->y, c->n, 0.3f, 99, 1000);
+    if (c->kind == 0)
+        shard_relu_forward(c->x, c->y, c->n);
+    else if (c->kind == 1)
+        shard_gelu_forward(c->x, c->y, c->n);
+    else
+        shard_dropout_forward(c->x, c->y, c->n, 0.3f, 99, 1000);
     return dot(c->y, c->r, c->n);
 }
 
@@ -136,9 +140,12 @@ static void elementwise(void **state) {
         for (size_t i = 0; kind == 0 && i < n; i++) /* away from the kink */
             if (fabsf(c.x[i]) < 0.1f) c.x[i] = 0.5f;
         float *dx = zeros(n);
-        if (kind == 0) shard_relu_backward(c.x, c.r, dx, n);
-        else if (kind == 1) shard_gelu_backward(c.x, c.r, dx, n);
-        else shard_dropout_backward(c.r, dx, n, 0.3f, 99, 1000);
+        if (kind == 0)
+            shard_relu_backward(c.x, c.r, dx, n);
+        else if (kind == 1)
+            shard_gelu_backward(c.x, c.r, dx, n);
+        else
+            shard_dropout_backward(c.r, dx, n, 0.3f, 99, 1000);
         grad_check(kind == 0 ? "relu" : kind == 1 ? "gelu" : "dropout", c.x, n, dx, ew_loss, &c);
         free(c.x), free(c.y), free(c.r), free(dx);
     }
@@ -172,7 +179,8 @@ static void gelu_slope(void **state) {
     shard_mul(dy, slope, dx_slope, n);
     assert_int_equal(shard_blas_set_threads(1), SHARD_OK);
     for (size_t i = 0; i < n; i++) {
-        if (y_slope[i] != y[i]) fail_msg("x = %.9g: gelu %.9g with the slope kept, %.9g without", x[i], y_slope[i], y[i]);
+        if (y_slope[i] != y[i])
+            fail_msg("x = %.9g: gelu %.9g with the slope kept, %.9g without", x[i], y_slope[i], y[i]);
         if (dx_slope[i] != dx[i]) fail_msg("x = %.9g: dx %.9g from the slope, %.9g from x", x[i], dx_slope[i], dx[i]);
     }
     free(x), free(dy), free(slope), free(y), free(y_slope), free(dx), free(dx_slope);
@@ -325,8 +333,9 @@ typedef struct att_ctx {
 
 static double att_loss(void *p) {
     att_ctx *c = p;
-    assert_int_equal(shard_attention_forward_dropout(c->qkv, c->y, c->att, c->B, c->T, c->C, c->H, c->p_drop, 7, 0, c->H, 0),
-                     SHARD_OK);
+    assert_int_equal(
+        shard_attention_forward_dropout(c->qkv, c->y, c->att, c->B, c->T, c->C, c->H, c->p_drop, 7, 0, c->H, 0),
+        SHARD_OK);
     return dot(c->y, c->r, c->B * c->T * c->C);
 }
 
@@ -366,7 +375,8 @@ static void attention_backward_exact(void **state) {
     (void)state;
     size_t B = 1, C = 8, H = 2, D = C / H;
     for (size_t T = 1; T <= 40; T++) {
-        float *qkv = randv(B * T * 3 * C, 1), *y = zeros(B * T * C), *att = zeros(B * H * T * T), *dy = randv(B * T * C, 1);
+        float *qkv = randv(B * T * 3 * C, 1), *y = zeros(B * T * C), *att = zeros(B * H * T * T),
+              *dy = randv(B * T * C, 1);
         float *d = zeros(B * T * 3 * C);
         double *want = calloc(B * T * 3 * C, sizeof *want), *ds = calloc(T * T, sizeof *ds);
         assert_int_equal(shard_attention_forward(qkv, y, att, B, T, C, H), SHARD_OK);
@@ -374,10 +384,10 @@ static void attention_backward_exact(void **state) {
         double biggest = 0;
         for (size_t h = 0; h < H; h++) {
             const float *P = att + h * T * T;
-#define Q_(t, k) qkv[(t) * 3 * C + h * D + (k)]
-#define K_(t, k) qkv[(t) * 3 * C + C + h * D + (k)]
-#define V_(t, k) qkv[(t) * 3 * C + 2 * C + h * D + (k)]
-#define DY_(t, k) dy[(t) * C + h * D + (k)]
+#define Q_(t, k) qkv[(t)*3 * C + h * D + (k)]
+#define K_(t, k) qkv[(t)*3 * C + C + h * D + (k)]
+#define V_(t, k) qkv[(t)*3 * C + 2 * C + h * D + (k)]
+#define DY_(t, k) dy[(t)*C + h * D + (k)]
             for (size_t t = 0; t < T; t++) {
                 double dot = 0;
                 for (size_t j = 0; j <= t; j++) {
@@ -392,7 +402,8 @@ static void attention_backward_exact(void **state) {
                 for (size_t k = 0; k < D; k++) {
                     double dq = 0, dk = 0, dv = 0;
                     for (size_t j = 0; j <= t; j++) dq += ds[t * T + j] * K_(j, k);
-                    for (size_t i = t; i < T; i++) dk += ds[i * T + t] * Q_(i, k), dv += P[i * T + t] * (double)DY_(i, k);
+                    for (size_t i = t; i < T; i++)
+                        dk += ds[i * T + t] * Q_(i, k), dv += P[i * T + t] * (double)DY_(i, k);
                     want[t * 3 * C + h * D + k] = dq, want[t * 3 * C + C + h * D + k] = dk;
                     want[t * 3 * C + 2 * C + h * D + k] = dv;
                 }
@@ -421,7 +432,8 @@ static void attention_scratch_accounted(void **state) {
         shard_mem_stats before, after;
         shard_mem_stats_reset_peak();
         shard_mem_stats_get(&before);
-        assert_int_equal(shard_attention_forward_dropout(qkv, y, att, B, T, C, H, drop ? 0.1f : 0.0f, 3, 0, H, 0), SHARD_OK);
+        assert_int_equal(shard_attention_forward_dropout(qkv, y, att, B, T, C, H, drop ? 0.1f : 0.0f, 3, 0, H, 0),
+                         SHARD_OK);
         assert_int_equal(shard_attention_backward_dropout(qkv, att, dy, d, B, T, C, H, drop ? 0.1f : 0.0f, 3, 0, H, 0),
                          SHARD_OK);
         shard_mem_stats_get(&after);
@@ -441,14 +453,16 @@ static void attention_scratch_accounted(void **state) {
 static void attention(void **state) {
     (void)state;
     size_t B = 2, T = 5, C = 6, H = 2;
-    att_ctx c = {randv(B * T * 3 * C, 1), zeros(B * T * C), zeros(B * H * T * T), randv(B * T * C, 1), B, T, C, H, 0.0f};
+    att_ctx c = {
+        randv(B * T * 3 * C, 1), zeros(B * T * C), zeros(B * H * T * T), randv(B * T * C, 1), B, T, C, H, 0.0f};
     float *d = zeros(B * T * 3 * C);
     att_loss(&c);
     assert_int_equal(shard_attention_backward(c.qkv, c.att, c.r, d, B, T, C, H), SHARD_OK);
     grad_check("attention dqkv", c.qkv, B * T * 3 * C, d, att_loss, &c);
     /* causal: the first position attends only to itself, so its output is its own v */
     for (size_t h = 0; h < H; h++)
-        for (size_t k = 0; k < C / H; k++) assert_true(fabsf(c.y[h * (C / H) + k] - c.qkv[2 * C + h * (C / H) + k]) < 1e-6f);
+        for (size_t k = 0; k < C / H; k++)
+            assert_true(fabsf(c.y[h * (C / H) + k] - c.qkv[2 * C + h * (C / H) + k]) < 1e-6f);
     assert_int_equal(shard_attention_forward(c.qkv, c.y, c.att, B, T, C, 4), SHARD_ERR_INVALID_ARG);
     free(c.qkv), free(c.y), free(c.att), free(c.r), free(d);
 }
@@ -472,8 +486,19 @@ static void conv2d(void **state) {
     for (size_t pad = 0; pad <= 1; pad++) {
         size_t N = 2, Cin = 2, H = 5, W = 4, Cout = 3, K = 3, Ho = H + 2 * pad - 2, Wo = W + 2 * pad - 2;
         size_t out = N * Cout * Ho * Wo;
-        conv_ctx c = {randv(N * Cin * H * W, 1), randv(Cout * Cin * K * K, 1), randv(Cout, 1), zeros(out), randv(out, 1),
-                      N, Cin, H, W, Cout, K, pad, out};
+        conv_ctx c = {randv(N * Cin * H * W, 1),
+                      randv(Cout * Cin * K * K, 1),
+                      randv(Cout, 1),
+                      zeros(out),
+                      randv(out, 1),
+                      N,
+                      Cin,
+                      H,
+                      W,
+                      Cout,
+                      K,
+                      pad,
+                      out};
         float *dx = zeros(N * Cin * H * W), *dw = zeros(Cout * Cin * K * K), *db = zeros(Cout);
         conv_loss(&c);
         assert_int_equal(shard_conv2d_backward(c.x, c.w, c.r, dx, dw, db, N, Cin, H, W, Cout, K, pad), SHARD_OK);
@@ -530,12 +555,21 @@ static void nan_propagates(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(nan_propagates),
-        cmocka_unit_test(linear),           cmocka_unit_test(linear_bias_grad_wide), cmocka_unit_test(softmax_widths),
-        cmocka_unit_test(elementwise),      cmocka_unit_test(gelu_slope), cmocka_unit_test(layernorm),             cmocka_unit_test(cross_entropy),
+        cmocka_unit_test(linear),
+        cmocka_unit_test(linear_bias_grad_wide),
+        cmocka_unit_test(softmax_widths),
+        cmocka_unit_test(elementwise),
+        cmocka_unit_test(gelu_slope),
+        cmocka_unit_test(layernorm),
+        cmocka_unit_test(cross_entropy),
         cmocka_unit_test(cross_entropy_in_place),
-        cmocka_unit_test(embedding),        cmocka_unit_test(attention),             cmocka_unit_test(attention_blocks),
-        cmocka_unit_test(attention_backward_exact), cmocka_unit_test(attention_scratch_accounted),
-        cmocka_unit_test(conv2d),           cmocka_unit_test(maxpool),
+        cmocka_unit_test(embedding),
+        cmocka_unit_test(attention),
+        cmocka_unit_test(attention_blocks),
+        cmocka_unit_test(attention_backward_exact),
+        cmocka_unit_test(attention_scratch_accounted),
+        cmocka_unit_test(conv2d),
+        cmocka_unit_test(maxpool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

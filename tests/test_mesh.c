@@ -59,7 +59,8 @@ static void check_mesh(test_ctx *t, const char *text, int ndim, const int *sizes
               shard_comm_name(c));
         /* the peers along axis k are the ranks that differ only in coordinate k */
         int64_t mine = t->rank, sum = 0, expect = 0;
-        CHECK_OK(t, shard_comm_all_reduce(c, &mine, &sum, 1, SHARD_I64, SHARD_OP_SUM), "%s: axis %d all_reduce", text, k);
+        CHECK_OK(t, shard_comm_all_reduce(c, &mine, &sum, 1, SHARD_I64, SHARD_OP_SUM), "%s: axis %d all_reduce", text,
+                 k);
         int other[SHARD_MESH_MAX_AXES];
         memcpy(other, coords, sizeof other);
         for (int v = 0; v < sizes[k]; v++) other[k] = v, expect += shard_mesh_rank_at(m, other);
@@ -71,13 +72,16 @@ static void check_mesh(test_ctx *t, const char *text, int ndim, const int *sizes
         shard_comm *c = NULL;
         if (CHECK_OK(t, shard_mesh_axes_comm(m, set, &c), "%s: axes %s", text, set)) {
             CHECK_EQ_INT(t, shard_comm_size(c), sizes[0] * sizes[1], "%s: size over %s", text, set);
-            CHECK_EQ_INT(t, shard_comm_rank(c), coords[0] * sizes[1] + coords[1], "%s: rank over %s (row-major)", text, set);
+            CHECK_EQ_INT(t, shard_comm_rank(c), coords[0] * sizes[1] + coords[1], "%s: rank over %s (row-major)", text,
+                         set);
             shard_comm *again = NULL;
             CHECK_OK(t, shard_mesh_axes_comm(m, set, &again), "cached");
             CHECK(t, again == c, "%s: the set's communicator is cached", text);
         }
-        CHECK(t, shard_mesh_axes_comm(m, "nope", &c) == SHARD_ERR_INVALID_ARG &&
-                     strstr(shard_last_error(), "no axis 'nope' in mesh"), "unknown axis: '%s'", shard_last_error());
+        CHECK(t,
+              shard_mesh_axes_comm(m, "nope", &c) == SHARD_ERR_INVALID_ARG &&
+                  strstr(shard_last_error(), "no axis 'nope' in mesh"),
+              "unknown axis: '%s'", shard_last_error());
     }
     shard_mesh_destroy(m);
 }

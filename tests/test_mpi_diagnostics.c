@@ -44,8 +44,8 @@ static shard_status rank_fn(shard_comm *comm, void *arg) {
         if (r == 1) return SHARD_OK;
         shard_request *req = NULL;
         shard_status s = scenario[0] == 'i' ? shard_comm_iall_reduce(comm, x, x, 1024, SHARD_F32, SHARD_OP_SUM, &req)
-                         : r == 0          ? shard_comm_isend(comm, big, 1 << 20, SHARD_F32, 1, 7, &req)
-                                           : SHARD_OK;
+            : r == 0                        ? shard_comm_isend(comm, big, 1 << 20, SHARD_F32, 1, 7, &req)
+                                            : SHARD_OK;
         if (s == SHARD_OK && req) s = shard_request_wait(&req);
         if (r == 0 || scenario[0] == 'i') fprintf(stderr, "rank %d: the wait returned (%d)\n", r, (int)s);
         return s;
@@ -55,7 +55,8 @@ static shard_status rank_fn(shard_comm *comm, void *arg) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: mpiexec -np 3 %s timeout|mismatch|abort|recv_timeout|itimeout|send_timeout|exit_wait\n", argv[0]);
+        fprintf(stderr, "usage: mpiexec -np 3 %s timeout|mismatch|abort|recv_timeout|itimeout|send_timeout|exit_wait\n",
+                argv[0]);
         return 2;
     }
     scenario = argv[1];

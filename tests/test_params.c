@@ -58,7 +58,7 @@ static void init(void **state) {
     shard_init_normal(a, 0, n, 0.02f, 42, "h.0.attn.c_attn.weight");
     shard_init_normal(b, 0, n, 0.02f, 42, "h.0.attn.c_attn.weight");
     shard_init_normal(c, 0, n, 0.02f, 42, "h.1.attn.c_attn.weight");
-    assert_memory_equal(a, b, n * sizeof *a); /* reproducible */
+    assert_memory_equal(a, b, n * sizeof *a);      /* reproducible */
     assert_true(memcmp(a, c, n * sizeof *a) != 0); /* another name, another stream */
     /* element i depends on i only: a slice made alone equals that slice of the whole */
     shard_init_normal(b, 12345, 777, 0.02f, 42, "h.0.attn.c_attn.weight");

@@ -49,8 +49,10 @@ static void setup(test_ctx *t) {
             FILE *f = fopen(path, "w");
             CHECK(t, f != NULL, "config");
             if (f) {
-                fprintf(f, "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
-                           "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}", C, k ? 8 : L, H, T, V);
+                fprintf(f,
+                        "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
+                        "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}",
+                        C, k ? 8 : L, H, T, V);
                 fclose(f);
             }
         }
@@ -72,23 +74,29 @@ static void check_schedule(test_ctx *t, shard_pipe_kind kind, int p, int m, int 
         for (int i = 0; i < s->count[r]; i++) {
             const shard_pipe_op *op = &s->ops[r][i];
             int *state = &seen[op->chunk * m + op->micro];
-            CHECK(t, op->what == 'F' ? *state == 0 : *state == 1, "%s p %d m %d v %d: rank %d op %d (%c%d chunk %d) out of "
-                  "order", name, p, m, v, r, i, op->what, op->micro, op->chunk);
+            CHECK(t, op->what == 'F' ? *state == 0 : *state == 1,
+                  "%s p %d m %d v %d: rank %d op %d (%c%d chunk %d) out of "
+                  "order",
+                  name, p, m, v, r, i, op->what, op->micro, op->chunk);
             (*state)++;
         }
-        for (int k = 0; k < m * v; k++) CHECK_EQ_INT(t, seen[k], 2, "%s p %d m %d: rank %d, F and B of %d", name, p, m, r, k);
+        for (int k = 0; k < m * v; k++)
+            CHECK_EQ_INT(t, seen[k], 2, "%s p %d m %d: rank %d, F and B of %d", name, p, m, r, k);
     }
-    CHECK_OK(t, shard__pipe_schedule_timeline(s, 1, 1, NULL, &total, peak), "%s p %d m %d v %d: timeline", name, p, m, v);
+    CHECK_OK(t, shard__pipe_schedule_timeline(s, 1, 1, NULL, &total, peak), "%s p %d m %d v %d: timeline", name, p, m,
+             v);
     double bubble = shard__pipe_schedule_bubble(s, 1, 1), want = shard__pipe_bubble_formula(kind, p, m, v);
     if (kind != SHARD_PIPE_INTERLEAVED || p == 1)
         CHECK_NEAR(t, bubble, want, 1e-12, "%s p %d m %d: bubble of the equal-cost timeline", name, p, m);
     else /* interleaved: the formula, or less when a rank's warm-up fills the gaps */
-        CHECK(t, bubble <= want + 1e-12, "interleaved p %d m %d v %d: bubble %.4f above (p-1)/(vm+p-1) = %.4f", p, m, v, bubble,
-              want);
+        CHECK(t, bubble <= want + 1e-12, "interleaved p %d m %d v %d: bubble %.4f above (p-1)/(vm+p-1) = %.4f", p, m, v,
+              bubble, want);
     for (int r = 0; r < p; r++) {
         int limit = kind == SHARD_PIPE_GPIPE ? m : kind == SHARD_PIPE_1F1B ? (p - r < m ? p - r : m) : m * v;
-        CHECK(t, peak[r] <= limit, "%s p %d m %d: rank %d holds %d micro-batches (at most %d)", name, p, m, r, peak[r], limit);
-        if (kind == SHARD_PIPE_GPIPE) CHECK_EQ_INT(t, peak[r], m, "gpipe p %d m %d: rank %d holds every micro-batch", p, m, r);
+        CHECK(t, peak[r] <= limit, "%s p %d m %d: rank %d holds %d micro-batches (at most %d)", name, p, m, r, peak[r],
+              limit);
+        if (kind == SHARD_PIPE_GPIPE)
+            CHECK_EQ_INT(t, peak[r], m, "gpipe p %d m %d: rank %d holds every micro-batch", p, m, r);
     }
     free(seen), free(peak);
     shard__pipe_schedule_destroy(s);
@@ -107,32 +115,41 @@ static void case_schedules(test_ctx *t) {
     int peak[4];
     if (CHECK_OK(t, shard__pipe_schedule_create(SHARD_PIPE_1F1B, 4, 8, 1, &s), "1f1b") &&
         CHECK_OK(t, shard__pipe_schedule_timeline(s, 1, 2, NULL, NULL, peak), "timeline"))
-        for (int r = 0; r < 4; r++) CHECK_EQ_INT(t, peak[r], 4 - r, "1f1b p 4 m 8: rank %d's micro-batches in flight", r);
+        for (int r = 0; r < 4; r++)
+            CHECK_EQ_INT(t, peak[r], 4 - r, "1f1b p 4 m 8: rank %d's micro-batches in flight", r);
     shard__pipe_schedule_destroy(s);
     CHECK(t, shard__pipe_schedule_create(SHARD_PIPE_INTERLEAVED, 4, 6, 2, &s) == SHARD_ERR_INVALID_ARG,
           "interleaved needs m a multiple of p");
-    CHECK(t, shard__pipe_schedule_create(SHARD_PIPE_1F1B, 2, 4, 2, &s) == SHARD_ERR_INVALID_ARG, "v > 1 needs interleaved");
+    CHECK(t, shard__pipe_schedule_create(SHARD_PIPE_1F1B, 2, 4, 2, &s) == SHARD_ERR_INVALID_ARG,
+          "v > 1 needs interleaved");
     shard_pipe_kind kind;
-    CHECK(t, shard__pipe_kind_parse("zigzag", &kind) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "gpipe, 1f1b"),
+    CHECK(t,
+          shard__pipe_kind_parse("zigzag", &kind) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "gpipe, 1f1b"),
           "unknown schedule: %s", shard_last_error());
     /* partitions */
     size_t first[5];
     CHECK_OK(t, shard__pipe_partition(10, 4, NULL, first), "even");
-    CHECK(t, first[1] == 3 && first[2] == 6 && first[3] == 8 && first[4] == 10, "10 layers over 4: 3,3,2,2 (%zu %zu %zu %zu)",
-          first[1], first[2], first[3], first[4]);
+    CHECK(t, first[1] == 3 && first[2] == 6 && first[3] == 8 && first[4] == 10,
+          "10 layers over 4: 3,3,2,2 (%zu %zu %zu %zu)", first[1], first[2], first[3], first[4]);
     CHECK_OK(t, shard__pipe_partition(8, 3, "3,3,2", first), "explicit");
     CHECK(t, first[1] == 3 && first[2] == 6 && first[3] == 8, "3,3,2");
-    CHECK(t, shard__pipe_partition(8, 3, "3,3,3", first) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "adds up to 9"),
+    CHECK(t,
+          shard__pipe_partition(8, 3, "3,3,3", first) == SHARD_ERR_INVALID_ARG &&
+              strstr(shard_last_error(), "adds up to 9"),
           "bad sum: %s", shard_last_error());
     CHECK(t, shard__pipe_partition(8, 3, "4,4", first) == SHARD_ERR_INVALID_ARG, "too few counts");
     CHECK(t, shard__pipe_partition(8, 3, "4,0,4", first) == SHARD_ERR_INVALID_ARG, "an empty stage");
     CHECK(t, shard__pipe_partition(2, 3, NULL, first) == SHARD_ERR_INVALID_ARG, "more stages than layers");
     /* counts whose sum wraps around to the model's layers: 2 (2^63 - 1) + 6 = 2^64 + 4; each count past the
      * model's layers is refused on its own, and one past the long range too */
-    CHECK(t, shard__pipe_partition(4, 3, "9223372036854775807,9223372036854775807,6", first) == SHARD_ERR_INVALID_ARG &&
-          strstr(shard_last_error(), "give 3 counts >= 1"), "counts that wrap: %s", shard_last_error());
-    CHECK(t, shard__pipe_partition(4, 2, "99999999999999999999,1", first) == SHARD_ERR_INVALID_ARG &&
-          strstr(shard_last_error(), "give 2 counts >= 1"), "a count past the long range: %s", shard_last_error());
+    CHECK(t,
+          shard__pipe_partition(4, 3, "9223372036854775807,9223372036854775807,6", first) == SHARD_ERR_INVALID_ARG &&
+              strstr(shard_last_error(), "give 3 counts >= 1"),
+          "counts that wrap: %s", shard_last_error());
+    CHECK(t,
+          shard__pipe_partition(4, 2, "99999999999999999999,1", first) == SHARD_ERR_INVALID_ARG &&
+              strstr(shard_last_error(), "give 2 counts >= 1"),
+          "a count past the long range: %s", shard_last_error());
 }
 
 /* ---------------------------------------------------------------- losses */
@@ -148,10 +165,20 @@ static shard_status train_span(test_ctx *t, shard_comm *comm, const run_opts *o,
                                uint64_t last, const char *save, const char *resume) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", g_dir, o->config ? o->config : "gpt.json");
-    shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = BATCH, .seq = T, .seed = 3, .zero = o->zero,
-                              .adamw = shard_adamw_defaults(), .clip = 1.0f, .sequence_parallel = o->sp,
-                              .schedule = o->schedule, .micro_batches = o->micro_batches, .recompute = o->recompute,
-                              .virtual_stages = o->virtual_stages, .grad_dtype = o->grad_bf16 ? SHARD_BF16 : SHARD_F32};
+    shard_trainer_config c = {.config_path = path,
+                              .data_dir = g_dir,
+                              .batch = BATCH,
+                              .seq = T,
+                              .seed = 3,
+                              .zero = o->zero,
+                              .adamw = shard_adamw_defaults(),
+                              .clip = 1.0f,
+                              .sequence_parallel = o->sp,
+                              .schedule = o->schedule,
+                              .micro_batches = o->micro_batches,
+                              .recompute = o->recompute,
+                              .virtual_stages = o->virtual_stages,
+                              .grad_dtype = o->grad_bf16 ? SHARD_BF16 : SHARD_F32};
     c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
@@ -176,9 +203,17 @@ static shard_status train(test_ctx *t, shard_comm *comm, const run_opts *o, doub
 
 static void case_losses(test_ctx *t) {
     setup(t);
-    static const char *const meshes[9][3] = {{NULL}, {NULL}, {"pipe=2"}, {"pipe=3"}, {"pipe=4", "data=2,pipe=2"}, {NULL},
-                                             {"data=3,pipe=2", "data=1,tensor=3,pipe=2"}, {NULL}, {"data=2,tensor=2,pipe=2"}};
-    static const size_t micro_batches[4] = {4, 6, 2, 5}; /* the reference accumulates the same micro-batches; 5: uneven */
+    static const char *const meshes[9][3] = {{NULL},
+                                             {NULL},
+                                             {"pipe=2"},
+                                             {"pipe=3"},
+                                             {"pipe=4", "data=2,pipe=2"},
+                                             {NULL},
+                                             {"data=3,pipe=2", "data=1,tensor=3,pipe=2"},
+                                             {NULL},
+                                             {"data=2,tensor=2,pipe=2"}};
+    static const size_t micro_batches[4] = {4, 6, 2,
+                                            5}; /* the reference accumulates the same micro-batches; 5: uneven */
     for (int mb = 0; mb < 4; mb++) {
         double ref[STEPS] = {0}, got[STEPS];
         shard_comm *self = NULL;
@@ -193,13 +228,20 @@ static void case_losses(test_ctx *t) {
             /* interleaved: two chunks of the 4 blocks per rank on pipe=2, micro-batches a multiple of 2 */
             int interleaved = strstr(mesh, "pipe=2") && micro_batches[mb] % 2 == 0;
             for (int run = 0; run < 10; run++) {
-                if ((run >= 4 && run < 6 && !tensor) || (run >= 6 && run < 8 && !interleaved) || (run >= 8 && !data)) continue;
+                if ((run >= 4 && run < 6 && !tensor) || (run >= 6 && run < 8 && !interleaved) || (run >= 8 && !data))
+                    continue;
                 /* runs 8, 9: gradients sent as bf16 with ZeRO-2 / ZeRO-3 (each unit reduce-scattered once per
                  * micro-batch: a second send would count it twice, a 1e-2 error) */
-                run_opts o = {.mesh = mesh, .schedule = run >= 6 && run < 8 ? "interleaved" : run & 1 ? "1f1b" : "gpipe",
-                              .recompute = (run >> 1) & 1, .zero = data ? (run >= 8 ? run - 6 : run % 4) : 0,
-                              .sp = run == 4 || run == 5, .virtual_stages = run >= 6 && run < 8 ? 2 : 1,
-                              .micro_batches = micro_batches[mb], .grad_bf16 = run >= 8};
+                run_opts o = {.mesh = mesh,
+                              .schedule = run >= 6 && run < 8 ? "interleaved"
+                                  : run & 1                   ? "1f1b"
+                                                              : "gpipe",
+                              .recompute = (run >> 1) & 1,
+                              .zero = data ? (run >= 8 ? run - 6 : run % 4) : 0,
+                              .sp = run == 4 || run == 5,
+                              .virtual_stages = run >= 6 && run < 8 ? 2 : 1,
+                              .micro_batches = micro_batches[mb],
+                              .grad_bf16 = run >= 8};
                 /* bf16 gradients: their rounding moves the losses by ~1e-5 relative over 20 steps */
                 double tolerance = o.grad_bf16 ? 1e-4 : 1e-5;
                 memset(got, 0, sizeof got);
@@ -210,8 +252,10 @@ static void case_losses(test_ctx *t) {
                     double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
                     if (!isnan(worst) && !(rel <= worst)) worst = rel, at = s; /* a NaN stays the worst */
                 }
-                CHECK(t, worst <= tolerance, "mesh %s, %s, %zu micro-batches%s%s%s, zero %d: loss at step %d is %.9g, one rank "
-                      "%.9g (relative %.3g)", mesh, o.schedule, o.micro_batches, o.recompute ? ", recompute" : "",
+                CHECK(t, worst <= tolerance,
+                      "mesh %s, %s, %zu micro-batches%s%s%s, zero %d: loss at step %d is %.9g, one rank "
+                      "%.9g (relative %.3g)",
+                      mesh, o.schedule, o.micro_batches, o.recompute ? ", recompute" : "",
                       o.sp ? ", sequence parallel" : "", o.grad_bf16 ? ", bf16 gradients" : "", o.zero, at + 1, got[at],
                       ref[at], worst);
             }
@@ -234,8 +278,12 @@ static void case_interleaved(test_ctx *t) {
         if (self) CHECK_OK(t, train(t, self, &one, ref), "one rank, %zu micro-batches", m);
         shard_comm_destroy(self);
         for (int rc = 0; rc < 2; rc++) {
-            run_opts o = {.mesh = mesh, .schedule = "interleaved", .config = "gpt8.json", .virtual_stages = 2,
-                          .recompute = rc, .micro_batches = m};
+            run_opts o = {.mesh = mesh,
+                          .schedule = "interleaved",
+                          .config = "gpt8.json",
+                          .virtual_stages = 2,
+                          .recompute = rc,
+                          .micro_batches = m};
             memset(got, 0, sizeof got);
             if (!CHECK_OK(t, train(t, t->comm, &o, got), "%s interleaved m %zu", mesh, m)) continue;
             double worst = 0;
@@ -244,8 +292,10 @@ static void case_interleaved(test_ctx *t) {
                 double rel = fabs(got[s] - ref[s]) / fabs(ref[s]);
                 if (!isnan(worst) && !(rel <= worst)) worst = rel, at = s; /* a NaN stays the worst */
             }
-            CHECK(t, worst <= 1e-5, "%s interleaved (2 chunks per rank), %zu micro-batches%s: loss at step %d is %.9g, one "
-                  "rank %.9g (relative %.3g)", mesh, m, rc ? ", recompute" : "", at + 1, got[at], ref[at], worst);
+            CHECK(t, worst <= 1e-5,
+                  "%s interleaved (2 chunks per rank), %zu micro-batches%s: loss at step %d is %.9g, one "
+                  "rank %.9g (relative %.3g)",
+                  mesh, m, rc ? ", recompute" : "", at + 1, got[at], ref[at], worst);
         }
     }
 }
@@ -259,8 +309,8 @@ static void expect_error(test_ctx *t, shard_status s, const char *needle, const 
 
 static void compare_tail(test_ctx *t, const double *got, const double *want, const char *what) {
     for (int s = 10; s < STEPS; s++)
-        CHECK(t, fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s]), "%s: step %d loss %.9g, uninterrupted %.9g", what, s + 1,
-              got[s], want[s]);
+        CHECK(t, fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s]), "%s: step %d loss %.9g, uninterrupted %.9g", what,
+              s + 1, got[s], want[s]);
 }
 
 static void case_checkpoint(test_ctx *t) {
@@ -296,8 +346,14 @@ static void case_refusals(test_ctx *t) {
     if (t->size != 2) return;
     char path[512];
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
-    shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = BATCH, .seq = T, .seed = 3,
-                              .adamw = shard_adamw_defaults(), .micro_batches = 4, .layers_per_stage = "3,3"};
+    shard_trainer_config c = {.config_path = path,
+                              .data_dir = g_dir,
+                              .batch = BATCH,
+                              .seq = T,
+                              .seed = 3,
+                              .adamw = shard_adamw_defaults(),
+                              .micro_batches = 4,
+                              .layers_per_stage = "3,3"};
     c.lr = (shard_lr_schedule){1e-3f, 1e-3f, 0, STEPS};
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
@@ -311,8 +367,11 @@ static void case_refusals(test_ctx *t) {
             char text[2048] = "";
             FILE *f = fmemopen(text, sizeof text - 1, "w");
             if (f) shard_trainer_print_schedule(tr, f), fclose(f);
-            CHECK(t, strstr(text, !k ? "layers per stage 1,3; given" : t->rank ? "; balanced on the world's rank 0's"
-                                                                                : "; balanced on measured ms per stage") != NULL,
+            CHECK(t,
+                  strstr(text,
+                         !k            ? "layers per stage 1,3; given"
+                             : t->rank ? "; balanced on the world's rank 0's"
+                                       : "; balanced on measured ms per stage") != NULL,
                   "the partition's line: %s", text);
         }
         shard_trainer_destroy(tr);
@@ -326,10 +385,9 @@ static void case_cleanup(test_ctx *t) {
     test_remove_dir(t, g_dir);
 }
 
-static const test_case cases[] = {
-    {"schedules", case_schedules}, {"losses", case_losses}, {"interleaved", case_interleaved},
-    {"checkpoint", case_checkpoint}, {"refusals", case_refusals},
-    {"cleanup", case_cleanup}};
+static const test_case cases[] = {{"schedules", case_schedules},     {"losses", case_losses},
+                                  {"interleaved", case_interleaved}, {"checkpoint", case_checkpoint},
+                                  {"refusals", case_refusals},       {"cleanup", case_cleanup}};
 
 int main(int argc, char **argv) {
     shard_blas_set_threads(1);

@@ -34,8 +34,7 @@ static _Thread_local int g_calls, g_fail_call;
 
 static shard_status failing_forward(shard_model *m, float *acts, size_t first, size_t last, const float *in, float *out,
                                     double denominator, double *loss) {
-    if (++g_calls == g_fail_call)
-        return shard_error(SHARD_ERR_IO, "injected stage failure at forward %d", g_calls);
+    if (++g_calls == g_fail_call) return shard_error(SHARD_ERR_IO, "injected stage failure at forward %d", g_calls);
     return g_original->forward_range(m, acts, first, last, in, out, denominator, loss);
 }
 
@@ -45,8 +44,13 @@ static shard_status rank_fn(shard_comm *world, void *arg) {
     snprintf(config, sizeof config, "%s/gpt.json", g_dir);
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(world, "pipe=2", &mesh));
-    shard_trainer_config c = {.config_path = config, .data_dir = g_dir, .batch = 8, .seq = 16, .seed = 1,
-                              .adamw = shard_adamw_defaults(), .schedule = sc->schedule,
+    shard_trainer_config c = {.config_path = config,
+                              .data_dir = g_dir,
+                              .batch = 8,
+                              .seq = 16,
+                              .seed = 1,
+                              .adamw = shard_adamw_defaults(),
+                              .schedule = sc->schedule,
                               .micro_batches = sc->micro_batches};
     c.lr = (shard_lr_schedule){1e-3f, 1e-3f, 0, 10};
     shard_trainer *t = NULL;
@@ -107,10 +111,10 @@ int main(void) {
     }
     shard_blas_set_threads(1);
     static const scenario scenarios[] = {
-        {"gpipe", 4, 0, 4},  /* rank 1 waits for F3's activation; rank 0 has posted B0's gradient receive */
-        {"1f1b", 1, 0, 1},   /* the only forward */
-        {"1f1b", 4, 1, 3},   /* the last stage, mid-schedule */
-        {"gpipe", 4, 0, 1},  /* the first forward (returned at once before the fix too) */
+        {"gpipe", 4, 0, 4}, /* rank 1 waits for F3's activation; rank 0 has posted B0's gradient receive */
+        {"1f1b", 1, 0, 1},  /* the only forward */
+        {"1f1b", 4, 1, 3},  /* the last stage, mid-schedule */
+        {"gpipe", 4, 0, 1}, /* the first forward (returned at once before the fix too) */
     };
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) run(&scenarios[i]);
     char cmd[128];

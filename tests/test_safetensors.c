@@ -39,9 +39,9 @@ typedef struct ref_tensor {
 } ref_tensor;
 
 static const ref_tensor refs[] = {
-    {"f32", SHARD_F32, 2, {3, 4, 0}},    {"f64", SHARD_F64, 1, {5, 0, 0}},  {"bf16", SHARD_BF16, 2, {2, 3, 0}},
-    {"f16", SHARD_F16, 1, {4, 0, 0}},    {"i8", SHARD_I8, 1, {6, 0, 0}},    {"i32", SHARD_I32, 2, {2, 2, 0}},
-    {"i64", SHARD_I64, 1, {3, 0, 0}},    {"u8", SHARD_U8, 3, {2, 1, 3}},    {"scalar", SHARD_F32, 0, {0, 0, 0}},
+    {"f32", SHARD_F32, 2, {3, 4, 0}},  {"f64", SHARD_F64, 1, {5, 0, 0}}, {"bf16", SHARD_BF16, 2, {2, 3, 0}},
+    {"f16", SHARD_F16, 1, {4, 0, 0}},  {"i8", SHARD_I8, 1, {6, 0, 0}},   {"i32", SHARD_I32, 2, {2, 2, 0}},
+    {"i64", SHARD_I64, 1, {3, 0, 0}},  {"u8", SHARD_U8, 3, {2, 1, 3}},   {"scalar", SHARD_F32, 0, {0, 0, 0}},
     {"empty", SHARD_U8, 2, {0, 3, 0}},
 };
 enum { NREFS = sizeof refs / sizeof refs[0] };
@@ -88,7 +88,8 @@ static void write_refs(const char *path) {
     const char *names[NREFS];
     for (size_t k = 0; k < NREFS; k++) ts[k] = ref_make(&refs[k]), names[k] = refs[k].name;
     const char *keys[2] = {"format", "written_by"}, *values[2] = {"pt", "shard"};
-    assert_int_equal(shard_safetensors_write(path, names, (const shard_tensor *const *)ts, NREFS, keys, values, 2), SHARD_OK);
+    assert_int_equal(shard_safetensors_write(path, names, (const shard_tensor *const *)ts, NREFS, keys, values, 2),
+                     SHARD_OK);
     for (size_t k = 0; k < NREFS; k++) shard_tensor_destroy(ts[k]);
 }
 
@@ -139,7 +140,8 @@ static void round_trip(void **state) {
     for (size_t i = 0; i < 24; i++) shard_tensor_set(big, i, (double)i);
     assert_int_equal(shard_tensor_narrow(big, 1, 2, 3, &view), SHARD_OK);
     const char *name = "cols";
-    assert_int_equal(shard_safetensors_write(path, &name, (const shard_tensor *const *)&view, 1, NULL, NULL, 0), SHARD_OK);
+    assert_int_equal(shard_safetensors_write(path, &name, (const shard_tensor *const *)&view, 1, NULL, NULL, 0),
+                     SHARD_OK);
     assert_int_equal(shard_safetensors_open(path, &f), SHARD_OK);
     assert_int_equal(shard_safetensors_tensor(f, "cols", SHARD_MEM_OTHER, &packed, NULL), SHARD_OK);
     for (size_t r = 0; r < 4; r++)
@@ -186,7 +188,8 @@ static void round_trip(void **state) {
         if (sf) fclose(sf);
     }
     const char *xname = "x";
-    assert_int_equal(shard_safetensors_write(other, &xname, (const shard_tensor *const *)two, 1, NULL, NULL, 0), SHARD_OK);
+    assert_int_equal(shard_safetensors_write(other, &xname, (const shard_tensor *const *)two, 1, NULL, NULL, 0),
+                     SHARD_OK);
     assert_int_equal(access(other, F_OK), 0);
     for (int k = 0; k < 256; k++) {
         snprintf(stale, sizeof stale, "%s.tmp-%d-%d", other, (int)getpid(), k);
@@ -224,13 +227,15 @@ static const malformed corpus[] = {
     {"not_brace", "[{\"t\":1}]", 0, "the header does not start with '{' (it starts with byte 0x5b)"},
     {"leading_space", " {}", 0, "does not start with '{'"},
     {"dup_top", "{" T1 "," T1 "}", 8, "duplicate key"},
-    {"dup_nested", "{\"t\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "duplicate key"},
+    {"dup_nested", "{\"t\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+     "duplicate key"},
     {"dup_meta", "{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", 0, "duplicate key"},
     {"unknown_dtype", "{\"t\":{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
      "tensor 't': field 'dtype' is 'F33', an unknown dtype"},
     {"unsupported_dtype", "{\"t\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2,
      "field 'dtype' is 'BOOL', which shard does not support"},
-    {"dtype_not_string", "{\"t\":{\"dtype\":3,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "field 'dtype' is 3, not a string"},
+    {"dtype_not_string", "{\"t\":{\"dtype\":3,\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+     "field 'dtype' is 3, not a string"},
     {"missing_dtype", "{\"t\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 't': field 'dtype' is missing"},
     {"shape_float", "{\"t\":{\"dtype\":\"F32\",\"shape\":[2,2.5],\"data_offsets\":[0,8]}}", 8,
      "tensor 't': field 'shape' entry 1 is 2.5, expected a non-negative integer"},
@@ -239,7 +244,8 @@ static const malformed corpus[] = {
     {"shape_string", "{\"t\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8,
      "field 'shape' entry 0 is \"2\""},
     {"missing_shape", "{\"t\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8, "field 'shape' is missing"},
-    {"shape_not_array", "{\"t\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8, "field 'shape' is not an array"},
+    {"shape_not_array", "{\"t\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8,
+     "field 'shape' is not an array"},
     {"nine_dims", "{\"t\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
      "field 'shape' has 9 dims, at most 8"},
     {"missing_offsets", "{\"t\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "field 'data_offsets' is missing"},
@@ -249,14 +255,19 @@ static const malformed corpus[] = {
      "field 'data_offsets' entry 1 is 8.0"},
     {"offsets_negative", "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 8,
      "field 'data_offsets' entry 0 is -8"},
-    {"offsets_reversed", "{\"t\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8, "ends before it begins"},
+    {"offsets_reversed", "{\"t\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8,
+     "ends before it begins"},
     {"size_overflow", "{\"t\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}", 8,
      "its element count times 8 bytes overflows 64 bits"},
     {"size_mismatch", "{\"t\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
      "field 'data_offsets' [0, 8) holds 8 bytes, but its shape of F32 needs 12"},
-    {"gap", "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[3,5]}}",
+    {"gap",
+     "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_"
+     "offsets\":[3,5]}}",
      5, "a gap of 1 bytes between tensors 'a' (ends at 2) and 'b' (begins at 3)"},
-    {"overlap", "{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}",
+    {"overlap",
+     "{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_"
+     "offsets\":[2,4]}}",
      4, "tensors 'a' [0, 3) and 'b' [2, 4) overlap"},
     {"not_from_zero", "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[1,3]}}", 3,
      "tensor 'a' starts at byte 1 of the data area, not 0"},
@@ -265,7 +276,8 @@ static const malformed corpus[] = {
     {"empty_name", "{\"\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "a tensor has an empty name"},
     {"nul_in_name", "{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
      "a tensor name contains a NUL byte"},
-    {"meta_not_string", "{\"__metadata__\":{\"step\":3}}", 0, "field '__metadata__': the value of 'step' is 3, not a string"},
+    {"meta_not_string", "{\"__metadata__\":{\"step\":3}}", 0,
+     "field '__metadata__': the value of 'step' is 3, not a string"},
     {"meta_not_object", "{\"__metadata__\":[1]}", 0, "field '__metadata__' is not an object"},
     {"entry_not_object", "{\"t\":[1]}", 0, "tensor 't': its entry is not an object"},
     {"nul_in_dtype", "{\"t\":{\"dtype\":\"F32\\u0000junk\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
@@ -310,7 +322,8 @@ static void malformed_corpus(void **state) {
     expect_refusal(raw, 0, "empty", "0 bytes, too short");
     uint64_t lens[3] = {100000001ull, UINT64_MAX, 9};
     const char *want[3] = {"the header length 100000001 is more than the 100000000 bytes allowed",
-                           "is more than the 100000000 bytes allowed", "the header length 9 runs past the end of the file (16 bytes: at most 8)"};
+                           "is more than the 100000000 bytes allowed",
+                           "the header length 9 runs past the end of the file (16 bytes: at most 8)"};
     for (int k = 0; k < 3; k++) {
         for (int i = 0; i < 8; i++) raw[i] = (unsigned char)(lens[k] >> (8 * i));
         raw[8] = '{';
@@ -337,8 +350,9 @@ static void malformed_corpus(void **state) {
 /* A well-formed header with trailing spaces, metadata and unknown extra fields is accepted. */
 static void accepted_variants(void **state) {
     (void)state;
-    const malformed ok = {"ok", "{\"__metadata__\":{\"k\":\"v\"}," T1 ",\"z\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[8,9]}}   ",
-                          9, NULL};
+    const malformed ok = {
+        "ok", "{\"__metadata__\":{\"k\":\"v\"}," T1 ",\"z\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[8,9]}}   ",
+        9, NULL};
     size_t size;
     unsigned char *b = build(&ok, &size);
     shard_safetensors *f = NULL;

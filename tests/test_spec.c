@@ -39,7 +39,8 @@ static void parse_and_print(void **state) {
     round_trip(&l, "P(('tensor',), None)", 2, "P('tensor', None)");
     round_trip(&l, "P()", 2, "P(None, None)");
     round_trip(&l, "P(None, 'tensor', partial='data')", 2, "P(None, 'tensor', partial='data')");
-    round_trip(&l, "P(partial=('data','tensor'), partial_op='max')", 1, "P(None, partial=('data','tensor'), partial_op='max')");
+    round_trip(&l, "P(partial=('data','tensor'), partial_op='max')", 1,
+               "P(None, partial=('data','tensor'), partial_op='max')");
     shard_spec s;
     assert_int_equal(shard_spec_parse("P(('data','tensor'), None)", &l, 2, &s), SHARD_OK);
     assert_int_equal(s.naxes[0], 2);
@@ -162,7 +163,8 @@ static shard_redistribute_plan plan_of(const char *mesh, const char *from, const
     return p;
 }
 
-static void expect_steps(const char *mesh, const char *from, const char *to, int n, const shard_redistribute_kind *kinds) {
+static void expect_steps(const char *mesh, const char *from, const char *to, int n,
+                         const shard_redistribute_kind *kinds) {
     shard_redistribute_plan p = plan_of(mesh, from, to);
     if (p.nsteps != n) fail_msg("%s -> %s on %s: %d steps, want %d", from, to, mesh, p.nsteps, n);
     for (int i = 0; i < n; i++)
@@ -208,7 +210,8 @@ static void redistribute_plans(void **state) {
     size_t shape[2] = {4, 4};
     bad.partial_mask = 1, bad.partial_op = SHARD_OP_PROD;
     assert_int_equal(shard_redistribute_plan_make(&l, SHARD_F32, 2, shape, &ok, &bad, &p), SHARD_ERR_INVALID_ARG);
-    assert_non_null(strstr(shard_last_error(), "the target spec's pending reduction is 'prod'; valid: sum, max, min, avg"));
+    assert_non_null(
+        strstr(shard_last_error(), "the target spec's pending reduction is 'prod'; valid: sum, max, min, avg"));
     bad = ok;
     bad.naxes[0] = 1, bad.axes[0][0] = 1, bad.naxes[1] = 1, bad.axes[1][0] = 1;
     assert_int_equal(shard_redistribute_plan_make(&l, SHARD_F32, 2, shape, &bad, &ok, &p), SHARD_ERR_INVALID_ARG);
@@ -221,11 +224,8 @@ static void redistribute_plans(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(parse_and_print),
-        cmocka_unit_test(refusals),
-        cmocka_unit_test(type_strings),
-        cmocka_unit_test(split_rule_and_pieces),
-        cmocka_unit_test(redistribute_plans),
+        cmocka_unit_test(parse_and_print),       cmocka_unit_test(refusals),           cmocka_unit_test(type_strings),
+        cmocka_unit_test(split_rule_and_pieces), cmocka_unit_test(redistribute_plans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -151,10 +151,8 @@ static void comparisons(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(create_and_account),
-        cmocka_unit_test(bad_creation),
-        cmocka_unit_test(narrow_views_and_copy),
-        cmocka_unit_test(casts_round_to_nearest_even),
+        cmocka_unit_test(create_and_account),    cmocka_unit_test(bad_creation),
+        cmocka_unit_test(narrow_views_and_copy), cmocka_unit_test(casts_round_to_nearest_even),
         cmocka_unit_test(comparisons),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

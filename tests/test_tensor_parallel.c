@@ -46,8 +46,10 @@ static void setup(test_ctx *t) {
         FILE *f = fopen(path, "w");
         CHECK(t, f != NULL, "config");
         if (f) {
-            fprintf(f, "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
-                       "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}", C, L, H, T, V);
+            fprintf(f,
+                    "{\"n_embd\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_positions\": %d, \"vocab_size\": %d, "
+                    "\"resid_pdrop\": 0.1, \"attn_pdrop\": 0.1, \"embd_pdrop\": 0.1}",
+                    C, L, H, T, V);
             fclose(f);
         }
     }
@@ -111,59 +113,62 @@ static void case_grads(test_ctx *t) {
     if (!CHECK_OK(t, shard_mesh_create(t->comm, text, &mesh), "mesh")) return;
     shard_comm *tensor = shard_mesh_axis_comm(mesh, shard_mesh_axis_index(mesh, "tensor"));
     for (int run = 0; run < 4; run++) {
-    int sp = run & 1;
-    const char *specs = run >> 1 ? MIXED_SPECS : NULL;
-    shard_model *tp = make(t, tensor, 3, sp, specs), *one = make(t, NULL, 3, 0, NULL);
-    float *g_tp = tp ? calloc(tp->params->total, sizeof *g_tp) : NULL, *g_one = one ? calloc(one->params->total, sizeof *g_one) : NULL;
-    /* the rows both models take: the token file, as the trainer's source draws it */
-    char tokens[512];
-    snprintf(tokens, sizeof tokens, "%s/train.tokens", g_dir);
-    shard_batch_tokens_options to = {.struct_size = sizeof to, .path = tokens, .seq = T, .max_rows = 3};
-    shard_batch_source *src = NULL;
-    shard_batch b;
-    if (tp && one && g_tp && g_one && CHECK_OK(t, shard_batch_source_tokens(&to, &src), "source") &&
-        CHECK_OK(t, shard_batch_source_load(src, 5, 7, 0, 3, &b), "batch")) {
-        shard_model *ms[2] = {tp, one};
-        float *gs[2] = {g_tp, g_one};
-        for (int k = 0; k < 2; k++) {
-            double loss = 0;
-            shard_model_bind_grad_slab(ms[k], gs[k]);
-            CHECK_OK(t, ms[k]->ops->set_batch(ms[k], &b), "batch");
-            CHECK_OK(t, ms[k]->ops->forward(ms[k], 3.0 * T, &loss), "forward");
-            CHECK_OK(t, ms[k]->ops->backward(ms[k]), "backward");
-        }
-        for (size_t i = 0; i < tp->params->count; i++) {
-            const shard_param_info *pi = &tp->params->info[i], *wi = shard_params_find(one->params, pi->name);
-            if (!CHECK(t, wi != NULL, "%s: not in the single-device model", pi->name)) continue;
-            size_t rows = wi->ndim == 2 ? wi->shape[0] : 1, cols = wi->ndim == 2 ? wi->shape[1] : wi->shape[0];
-            float *want = calloc(wi->numel, sizeof *want);
-            slice_of(specs, pi->name, g_one + wi->offset, rows, cols, (size_t)t->rank, (size_t)t->size, want);
-            double worst = 0, big = 1e-12;
-            for (size_t e = 0; e < wi->numel; e++) big = fmax(big, fabs(g_one[wi->offset + e]));
-            for (size_t e = 0; e < pi->numel; e++) { /* a NaN stays the worst (fmax would drop it) */
-                double d = fabs(g_tp[pi->offset + e] - want[e]);
-                if (!isnan(worst) && !(d <= worst)) worst = d;
+        int sp = run & 1;
+        const char *specs = run >> 1 ? MIXED_SPECS : NULL;
+        shard_model *tp = make(t, tensor, 3, sp, specs), *one = make(t, NULL, 3, 0, NULL);
+        float *g_tp = tp ? calloc(tp->params->total, sizeof *g_tp) : NULL,
+              *g_one = one ? calloc(one->params->total, sizeof *g_one) : NULL;
+        /* the rows both models take: the token file, as the trainer's source draws it */
+        char tokens[512];
+        snprintf(tokens, sizeof tokens, "%s/train.tokens", g_dir);
+        shard_batch_tokens_options to = {.struct_size = sizeof to, .path = tokens, .seq = T, .max_rows = 3};
+        shard_batch_source *src = NULL;
+        shard_batch b;
+        if (tp && one && g_tp && g_one && CHECK_OK(t, shard_batch_source_tokens(&to, &src), "source") &&
+            CHECK_OK(t, shard_batch_source_load(src, 5, 7, 0, 3, &b), "batch")) {
+            shard_model *ms[2] = {tp, one};
+            float *gs[2] = {g_tp, g_one};
+            for (int k = 0; k < 2; k++) {
+                double loss = 0;
+                shard_model_bind_grad_slab(ms[k], gs[k]);
+                CHECK_OK(t, ms[k]->ops->set_batch(ms[k], &b), "batch");
+                CHECK_OK(t, ms[k]->ops->forward(ms[k], 3.0 * T, &loss), "forward");
+                CHECK_OK(t, ms[k]->ops->backward(ms[k]), "backward");
             }
-            CHECK(t, worst <= 1e-5 * big, "tensor=%d%s%s rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)",
-                  t->size, sp ? " sequence parallel" : "", specs ? " --spec " MIXED_SPECS : "", t->rank, pi->name, worst,
-                  big);
-            /* the tensor table's wrappers: the whole shape, this rank's slice, the whole again from the slices */
-            size_t shape[SHARD_MAX_DIMS] = {0};
-            shard_model_whole_shape(tp, i, shape);
-            CHECK(t, memcmp(shape, wi->shape, (size_t)wi->ndim * sizeof *shape) == 0, "%s: whole shape", pi->name);
-            float *piece = calloc(pi->numel, sizeof *piece), *whole = calloc(wi->numel, sizeof *whole);
-            shard_model_take_piece(tp, i, g_one + wi->offset, piece);
-            CHECK(t, memcmp(piece, want, pi->numel * sizeof *piece) == 0, "%s: take_piece is not its slice", pi->name);
-            CHECK_OK(t, shard_model_gather_piece(tp, i, piece, whole), "%s: gather_piece", pi->name);
-            CHECK(t, memcmp(whole, g_one + wi->offset, wi->numel * sizeof *whole) == 0, "%s: gather_piece is not the whole",
-                  pi->name);
-            free(piece), free(whole);
-            free(want);
+            for (size_t i = 0; i < tp->params->count; i++) {
+                const shard_param_info *pi = &tp->params->info[i], *wi = shard_params_find(one->params, pi->name);
+                if (!CHECK(t, wi != NULL, "%s: not in the single-device model", pi->name)) continue;
+                size_t rows = wi->ndim == 2 ? wi->shape[0] : 1, cols = wi->ndim == 2 ? wi->shape[1] : wi->shape[0];
+                float *want = calloc(wi->numel, sizeof *want);
+                slice_of(specs, pi->name, g_one + wi->offset, rows, cols, (size_t)t->rank, (size_t)t->size, want);
+                double worst = 0, big = 1e-12;
+                for (size_t e = 0; e < wi->numel; e++) big = fmax(big, fabs(g_one[wi->offset + e]));
+                for (size_t e = 0; e < pi->numel; e++) { /* a NaN stays the worst (fmax would drop it) */
+                    double d = fabs(g_tp[pi->offset + e] - want[e]);
+                    if (!isnan(worst) && !(d <= worst)) worst = d;
+                }
+                CHECK(t, worst <= 1e-5 * big,
+                      "tensor=%d%s%s rank %d: %s's gradient differs from its slice by %.3g (largest %.3g)", t->size,
+                      sp ? " sequence parallel" : "", specs ? " --spec " MIXED_SPECS : "", t->rank, pi->name, worst,
+                      big);
+                /* the tensor table's wrappers: the whole shape, this rank's slice, the whole again from the slices */
+                size_t shape[SHARD_MAX_DIMS] = {0};
+                shard_model_whole_shape(tp, i, shape);
+                CHECK(t, memcmp(shape, wi->shape, (size_t)wi->ndim * sizeof *shape) == 0, "%s: whole shape", pi->name);
+                float *piece = calloc(pi->numel, sizeof *piece), *whole = calloc(wi->numel, sizeof *whole);
+                shard_model_take_piece(tp, i, g_one + wi->offset, piece);
+                CHECK(t, memcmp(piece, want, pi->numel * sizeof *piece) == 0, "%s: take_piece is not its slice",
+                      pi->name);
+                CHECK_OK(t, shard_model_gather_piece(tp, i, piece, whole), "%s: gather_piece", pi->name);
+                CHECK(t, memcmp(whole, g_one + wi->offset, wi->numel * sizeof *whole) == 0,
+                      "%s: gather_piece is not the whole", pi->name);
+                free(piece), free(whole);
+                free(want);
+            }
         }
-    }
-    free(g_tp), free(g_one);
-    shard_batch_source_destroy(src);
-    shard_model_destroy(tp), shard_model_destroy(one);
+        free(g_tp), free(g_one);
+        shard_batch_source_destroy(src);
+        shard_model_destroy(tp), shard_model_destroy(one);
     }
     shard_mesh_destroy(mesh);
 }
@@ -173,9 +178,17 @@ static void train_span(test_ctx *t, shard_comm *comm, const char *mesh_text, int
                        double *losses, uint64_t first, uint64_t last, const char *save, const char *resume) {
     char path[512];
     snprintf(path, sizeof path, "%s/gpt.json", g_dir);
-    shard_trainer_config c = {.config_path = path, .data_dir = g_dir, .batch = 6, .seq = T, .seed = 3, .zero = zero,
-                              .bucket_mb = 0.01, .adamw = shard_adamw_defaults(), .clip = 1.0f,
-                              .sequence_parallel = sp, .param_specs = specs};
+    shard_trainer_config c = {.config_path = path,
+                              .data_dir = g_dir,
+                              .batch = 6,
+                              .seq = T,
+                              .seed = 3,
+                              .zero = zero,
+                              .bucket_mb = 0.01,
+                              .adamw = shard_adamw_defaults(),
+                              .clip = 1.0f,
+                              .sequence_parallel = sp,
+                              .param_specs = specs};
     c.lr = (shard_lr_schedule){3e-3f, 3e-4f, 3, STEPS};
     shard_mesh *mesh = NULL;
     shard_trainer *tr = NULL;
@@ -212,8 +225,8 @@ static void case_checkpoint(test_ctx *t) {
     if (self) train_span(t, self, "data=1", 0, 0, NULL, got, 11, STEPS, NULL, dir);
     shard_comm_destroy(self);
     for (int s = 10; s < STEPS; s++)
-        CHECK(t, fabs(got[s] - whole[s]) <= 1e-5 * fabs(whole[s]), "resumed from tensor=%d: step %d loss %.9g, uninterrupted %.9g",
-              t->size, s + 1, got[s], whole[s]);
+        CHECK(t, fabs(got[s] - whole[s]) <= 1e-5 * fabs(whole[s]),
+              "resumed from tensor=%d: step %d loss %.9g, uninterrupted %.9g", t->size, s + 1, got[s], whole[s]);
     CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
 }
 
@@ -224,7 +237,10 @@ static void case_losses(test_ctx *t) {
     CHECK_OK(t, shard_comm_split(t->comm, t->rank, 0, &self), "split");
     if (self) train(t, self, "data=1", 0, 0, ref);
     shard_comm_destroy(self);
-    const char *meshes[5][3] = {{NULL}, {"tensor=1"}, {"tensor=2"}, {"tensor=3", "data=1,tensor=3", "data=3,tensor=1"},
+    const char *meshes[5][3] = {{NULL},
+                                {"tensor=1"},
+                                {"tensor=2"},
+                                {"tensor=3", "data=1,tensor=3", "data=3,tensor=1"},
                                 {"tensor=4", "data=2,tensor=2"}};
     for (int k = 0; t->size <= 4 && k < 3 && meshes[t->size][k]; k++)
         for (int run = 0; run < 4; run++) {
@@ -276,9 +292,11 @@ static void case_cleanup(test_ctx *t) {
     test_remove_dir(t, g_dir);
 }
 
-static const test_case cases[] = {
-    {"grads", case_grads}, {"losses", case_losses}, {"checkpoint", case_checkpoint}, {"specs", case_specs},
-    {"cleanup", case_cleanup}};
+static const test_case cases[] = {{"grads", case_grads},
+                                  {"losses", case_losses},
+                                  {"checkpoint", case_checkpoint},
+                                  {"specs", case_specs},
+                                  {"cleanup", case_cleanup}};
 
 int main(int argc, char **argv) {
     shard_blas_set_threads(1);

@@ -134,19 +134,20 @@ static void bf16_rounds_to_nearest_even(void **state) {
     assert_int_equal(shard_bf16_from_f32(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
     assert_true(isnan(shard_f32_from_bf16(shard_bf16_from_f32(NAN))));
     assert_true(isinf(shard_f32_from_bf16(shard_bf16_from_f32(INFINITY))));
-    for (int i = -300; i <= 300; i++) assert_true(shard_f32_from_bf16(shard_bf16_from_f32((float)i)) == (float)i || abs(i) > 256);
+    for (int i = -300; i <= 300; i++)
+        assert_true(shard_f32_from_bf16(shard_bf16_from_f32((float)i)) == (float)i || abs(i) > 256);
 }
 
 static void f16_conversions(void **state) {
     (void)state;
     assert_int_equal(shard_f16_from_f32(1.0f), 0x3c00);
     assert_int_equal(shard_f16_from_f32(-2.0f), 0xc000);
-    assert_int_equal(shard_f16_from_f32(65504.0f), 0x7bff);          /* largest finite */
-    assert_int_equal(shard_f16_from_f32(65520.0f), 0x7c00);          /* rounds to infinity */
-    assert_int_equal(shard_f16_from_f32(0x1p-24f), 0x0001);          /* smallest subnormal */
-    assert_int_equal(shard_f16_from_f32(0x1p-25f), 0x0000);          /* halfway: ties to even (0) */
-    assert_int_equal(shard_f16_from_f32(0x1.8p-24f), 0x0002);        /* 1.5 ulp: ties to even (2) */
-    assert_int_equal(shard_f16_from_f32(1.0f + 0x1p-11f), 0x3c00);   /* halfway: even */
+    assert_int_equal(shard_f16_from_f32(65504.0f), 0x7bff);        /* largest finite */
+    assert_int_equal(shard_f16_from_f32(65520.0f), 0x7c00);        /* rounds to infinity */
+    assert_int_equal(shard_f16_from_f32(0x1p-24f), 0x0001);        /* smallest subnormal */
+    assert_int_equal(shard_f16_from_f32(0x1p-25f), 0x0000);        /* halfway: ties to even (0) */
+    assert_int_equal(shard_f16_from_f32(0x1.8p-24f), 0x0002);      /* 1.5 ulp: ties to even (2) */
+    assert_int_equal(shard_f16_from_f32(1.0f + 0x1p-11f), 0x3c00); /* halfway: even */
     assert_int_equal(shard_f16_from_f32(1.0f + 3 * 0x1p-11f), 0x3c02);
     assert_true(isnan(shard_f32_from_f16(shard_f16_from_f32(NAN))));
     /* every f16 bit pattern survives a round trip through f32 */
@@ -440,14 +441,19 @@ static shard_status unit_backward(shard_model *m) {
     return SHARD_OK;
 }
 
-static const shard_model_ops unit_ops = {.struct_size = sizeof(shard_model_ops), .kind = "unit_kind",
-                                         .forward = unit_forward, .backward = unit_backward, .destroy = unit_destroy};
+static const shard_model_ops unit_ops = {.struct_size = sizeof(shard_model_ops),
+                                         .kind = "unit_kind",
+                                         .forward = unit_forward,
+                                         .backward = unit_backward,
+                                         .destroy = unit_destroy};
 /* Tables a model built against other headers, or a half-filled one, would give */
 static const shard_model_ops unit_ops_older = {.struct_size = sizeof(shard_model_ops) - sizeof(void *),
-                                               .kind = "unit_kind", .forward = unit_forward,
-                                               .backward = unit_backward, .destroy = unit_destroy};
-static const shard_model_ops unit_ops_no_backward = {.struct_size = sizeof(shard_model_ops), .kind = "unit_kind",
-                                                     .forward = unit_forward, .destroy = unit_destroy};
+                                               .kind = "unit_kind",
+                                               .forward = unit_forward,
+                                               .backward = unit_backward,
+                                               .destroy = unit_destroy};
+static const shard_model_ops unit_ops_no_backward = {
+    .struct_size = sizeof(shard_model_ops), .kind = "unit_kind", .forward = unit_forward, .destroy = unit_destroy};
 
 static shard_status unit_create(const shard_model_create_options *o, shard_model **out) {
     unit_model *u = calloc(1, sizeof *u);
@@ -469,10 +475,13 @@ static void model_registry(void **state) {
     assert_true(found.create == unit_create && found.ctx == &ctx && !found.stage_layers);
     assert_int_equal(shard_model_kind_find("mlp", &found), SHARD_OK);
     shard_model *m = NULL;
-    shard_model_create_options o = {.struct_size = sizeof o, .config_text = "{\"model_type\": \"unit_kind\"}",
-                                    .config_path = "unit.json", .max_rows = 7};
+    shard_model_create_options o = {.struct_size = sizeof o,
+                                    .config_text = "{\"model_type\": \"unit_kind\"}",
+                                    .config_path = "unit.json",
+                                    .max_rows = 7};
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_OK);
-    assert_true(m && m->ops == &unit_ops && ((unit_model *)m->impl)->max_rows == 7 && ((unit_model *)m->impl)->ctx == &ctx);
+    assert_true(m && m->ops == &unit_ops && ((unit_model *)m->impl)->max_rows == 7 &&
+                ((unit_model *)m->impl)->ctx == &ctx);
     shard_model_destroy(m);
     /* a table from other headers, or without backward, is refused naming the kind and what is wrong */
     shard_model fake = {.ops = &unit_ops_older};
@@ -497,7 +506,8 @@ static void model_registry(void **state) {
     o.config_text = "{\"model_type\": \"transformer_xl\"}";
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
     assert_null(m);
-    assert_non_null(strstr(shard_last_error(), "unit.json: model_type 'transformer_xl' is not a registered model kind"));
+    assert_non_null(
+        strstr(shard_last_error(), "unit.json: model_type 'transformer_xl' is not a registered model kind"));
     assert_non_null(strstr(shard_last_error(), "gpt2, gpt, cnn, mlp, unit_kind"));
     assert_int_equal(shard_model_kind_find("transformer_xl", &found), SHARD_ERR_INVALID_ARG);
     o.config_text = NULL; /* no text, no model_type to build */
@@ -505,13 +515,15 @@ static void model_registry(void **state) {
     /* what the short form's kind cannot do is refused before its create, in the built-ins' words */
     o.config_text = "{\"model_type\": \"unit_kind\"}", o.specs = "layer=P()";
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
-    assert_string_equal(shard_last_error(), "--spec: model_type 'unit_kind' places every parameter whole; specs are "
-                                            "for the GPT's parameters");
+    assert_string_equal(shard_last_error(),
+                        "--spec: model_type 'unit_kind' places every parameter whole; specs are "
+                        "for the GPT's parameters");
     shard_model_stage stage = {.index = 0, .count = 2, .chunks = 1, .first = {0}, .last = {1}};
     o.specs = NULL, o.stage = &stage;
     assert_int_equal(shard_model_create_with(&o, &m), SHARD_ERR_INVALID_ARG);
-    assert_string_equal(shard_last_error(), "unit.json: model_type 'unit_kind' is not cut into pipeline stages (the "
-                                            "GPT and the CNN are): give pipe=1");
+    assert_string_equal(shard_last_error(),
+                        "unit.json: model_type 'unit_kind' is not cut into pipeline stages (the "
+                        "GPT and the CNN are): give pipe=1");
 }
 
 /* The trainer's factory: a model built by the caller only where it runs whole, a create function
@@ -531,19 +543,21 @@ static shard_status factory_rank(shard_comm *world, void *arg) {
     shard_trainer *t = NULL;
     shard_trainer_config c = {.batch = 4, .seed = 1, .adamw = shard_adamw_defaults(), .lr = {1e-3f, 1e-4f, 0, 2}};
     shard_model_create_options o = {.struct_size = sizeof o, .config_text = UNIT_MLP, .max_rows = 4};
-    shard_model_factory given = {.struct_size = sizeof given}, made = {.struct_size = sizeof made,
-                                                                         .create = factory_create, .ctx = UNIT_MLP};
+    shard_model_factory given = {.struct_size = sizeof given},
+                        made = {.struct_size = sizeof made, .create = factory_create, .ctx = UNIT_MLP};
     shard_status s = shard_mesh_create(world, "tensor=2", &tensor);
     if (s == SHARD_OK) s = shard_mesh_create(world, "data=2", &data);
     if (s == SHARD_OK) s = shard_model_create_with(&o, &built);
     given.model = built;
     /* no config and no model; a caller's model on a tensor axis; neither form given */
-    if (s == SHARD_OK && (shard_trainer_create(data, &c, &t) != SHARD_ERR_INVALID_ARG ||
-                          !strstr(shard_last_error(), "no config_path")))
+    if (s == SHARD_OK &&
+        (shard_trainer_create(data, &c, &t) != SHARD_ERR_INVALID_ARG || !strstr(shard_last_error(), "no config_path")))
         s = shard_error(SHARD_ERR_INTERNAL, "a NULL config_path: %s", shard_last_error());
-    if (s == SHARD_OK && (shard_trainer_create_with_model(tensor, &c, &given, &t) != SHARD_ERR_INVALID_ARG ||
-                          !strstr(shard_last_error(), "a model built by the caller runs whole on each rank, and this mesh "
-                                                      "has tensor=2, pipe=1")))
+    if (s == SHARD_OK &&
+        (shard_trainer_create_with_model(tensor, &c, &given, &t) != SHARD_ERR_INVALID_ARG ||
+         !strstr(shard_last_error(),
+                 "a model built by the caller runs whole on each rank, and this mesh "
+                 "has tensor=2, pipe=1")))
         s = shard_error(SHARD_ERR_INTERNAL, "a caller's model on tensor=2: %s", shard_last_error());
     shard_model_factory neither = {.struct_size = sizeof neither};
     if (s == SHARD_OK && shard_trainer_create_with_model(data, &c, &neither, &t) != SHARD_ERR_INVALID_ARG)
@@ -553,7 +567,8 @@ static shard_status factory_rank(shard_comm *world, void *arg) {
     c.zero = 3;
     shard_step_result r[3];
     shard_batch_source *rows = NULL;
-    shard_batch_teacher_options to = {.struct_size = sizeof to, .name = "mlp", .dim = 4, .max_rows = 4, .teacher_seed = 7};
+    shard_batch_teacher_options to = {
+        .struct_size = sizeof to, .name = "mlp", .dim = 4, .max_rows = 4, .teacher_seed = 7};
     if (s == SHARD_OK) s = shard_batch_source_teacher(&to, &rows);
     shard_model_factory sourced = made;
     sourced.batch_source = rows;

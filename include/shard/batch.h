@@ -62,10 +62,10 @@ void shard_batch_source_destroy(shard_batch_source *src);
 /* Token rows from a token file: inputs and targets int32, seq per row. */
 typedef struct shard_batch_tokens_options {
     size_t struct_size;
-    const char *path;   /* a token file (train.tokens) */
+    const char *path; /* a token file (train.tokens) */
     size_t seq, max_rows;
-    size_t vocab_size;  /* the model's vocabulary: a file with a larger one is refused; 0: not checked */
-    const char *where;  /* what asked for vocab_size, for that refusal (the config's path) */
+    size_t vocab_size; /* the model's vocabulary: a file with a larger one is refused; 0: not checked */
+    const char *where; /* what asked for vocab_size, for that refusal (the config's path) */
 } shard_batch_tokens_options;
 shard_status shard_batch_source_tokens(const shard_batch_tokens_options *o, shard_batch_source **out);
 

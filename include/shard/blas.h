@@ -41,8 +41,9 @@ shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, s
 /* Row-major C = alpha op(A) op(B) + bias, the bias (N values; NULL: none) added to every row of C;
  * C's old values are not read (beta 0), and the bias must not overlap C.  Large products fill each
  * block's bias on the thread that then multiplies into it. */
-shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
-                              size_t lda, const float *B, size_t ldb, const float *bias, float *C, size_t ldc);
+shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha,
+                              const float *A, size_t lda, const float *B, size_t ldb, const float *bias, float *C,
+                              size_t ldc);
 
 /* One product's arguments, as shard_sgemm takes them. */
 typedef struct shard_gemm {

@@ -95,14 +95,14 @@ shard_status shard_ckpt_describe(const char *where, int verify, FILE *out);
 
 /* What shard_ckpt_export wrote. */
 typedef struct shard_ckpt_export_result {
-    char step_dir[4096];   /* the step directory exported */
-    size_t tensors;        /* tensors written */
-    uint64_t total_bytes;  /* their data */
-    size_t left_out;       /* the optimizer's tensors (optimizer.*) not written */
-    int parts;             /* 1: one file at `out`; else Hugging Face's sharded layout */
+    char step_dir[4096];      /* the step directory exported */
+    size_t tensors;           /* tensors written */
+    uint64_t total_bytes;     /* their data */
+    size_t left_out;          /* the optimizer's tensors (optimizer.*) not written */
+    int parts;                /* 1: one file at `out`; else Hugging Face's sharded layout */
     char parts_pattern[4096]; /* parts > 1: the parts' names, "DIR/NAME-0000k-of-0000N.safetensors" */
-    char index_path[4096]; /* parts > 1: the NAME.safetensors.index.json written */
-    int removed_single;    /* parts > 1: an earlier single file at `out` was removed (it would shadow the index) */
+    char index_path[4096];    /* parts > 1: the NAME.safetensors.index.json written */
+    int removed_single;       /* parts > 1: an earlier single file at `out` was removed (it would shadow the index) */
 } shard_ckpt_export_result;
 
 /* Write a checkpoint's full tensors as one safetensors file `out` (metadata format "pt" and the step),

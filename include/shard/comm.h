@@ -48,8 +48,8 @@ shard_status shard_reduce_op_parse(const char *name, shard_reduce_op *out);
 /* ---- identity and settings ---- */
 int shard_comm_rank(const shard_comm *comm);
 int shard_comm_size(const shard_comm *comm);
-const char *shard_comm_name(const shard_comm *comm);     /* "world", or a mesh axis */
-const char *shard_comm_backend(const shard_comm *comm);  /* "threads" or "mpi" */
+const char *shard_comm_name(const shard_comm *comm);    /* "world", or a mesh axis */
+const char *shard_comm_backend(const shard_comm *comm); /* "threads" or "mpi" */
 /* Settings: refused while requests made on this communicator are pending. */
 shard_status shard_comm_set_name(shard_comm *comm, const char *name);
 /* Deadline of every blocking wait on this communicator, in seconds (> 0). */
@@ -78,14 +78,12 @@ shard_status shard_comm_destroy(shard_comm *comm);
 void shard_comm_abort(shard_comm *comm, shard_status status, const char *reason);
 
 /* ---- point to point (tags >= 0; messages between a pair with one tag arrive in order) ---- */
-shard_status shard_comm_send(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype,
-                             int dst, int tag);
-shard_status shard_comm_recv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
-                             int src, int tag);
-shard_status shard_comm_isend(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype,
-                              int dst, int tag, shard_request **req);
-shard_status shard_comm_irecv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
-                              int src, int tag, shard_request **req);
+shard_status shard_comm_send(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype, int dst, int tag);
+shard_status shard_comm_recv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype, int src, int tag);
+shard_status shard_comm_isend(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype, int dst, int tag,
+                              shard_request **req);
+shard_status shard_comm_irecv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype, int src, int tag,
+                              shard_request **req);
 
 /* ---- requests ---- */
 /* Block until done (or the deadline), free the request and set *req = NULL. */
@@ -97,30 +95,26 @@ shard_status shard_request_wait_all(size_t n, shard_request **reqs);
 
 /* ---- collectives ---- */
 shard_status shard_comm_barrier(shard_comm *comm);
-shard_status shard_comm_broadcast(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
-                                  int root);
-shard_status shard_comm_all_reduce(shard_comm *comm, const void *send, void *recv, size_t count,
-                                   shard_dtype dtype, shard_reduce_op op);
+shard_status shard_comm_broadcast(shard_comm *comm, void *buf, size_t count, shard_dtype dtype, int root);
+shard_status shard_comm_all_reduce(shard_comm *comm, const void *send, void *recv, size_t count, shard_dtype dtype,
+                                   shard_reduce_op op);
 /* send holds size * recv_count elements; rank r receives block r, reduced. */
-shard_status shard_comm_reduce_scatter(shard_comm *comm, const void *send, void *recv,
-                                       size_t recv_count, shard_dtype dtype, shard_reduce_op op);
+shard_status shard_comm_reduce_scatter(shard_comm *comm, const void *send, void *recv, size_t recv_count,
+                                       shard_dtype dtype, shard_reduce_op op);
 /* recv holds size * send_count elements, rank r's block at r * send_count. */
-shard_status shard_comm_all_gather(shard_comm *comm, const void *send, void *recv,
-                                   size_t send_count, shard_dtype dtype);
+shard_status shard_comm_all_gather(shard_comm *comm, const void *send, void *recv, size_t send_count,
+                                   shard_dtype dtype);
 /* send and recv hold size * count_per_rank elements; block q of send goes to rank q. */
-shard_status shard_comm_all_to_all(shard_comm *comm, const void *send, void *recv,
-                                   size_t count_per_rank, shard_dtype dtype);
-shard_status shard_comm_all_gatherv(shard_comm *comm, const void *send, size_t send_count,
-                                    void *recv, const size_t *recv_counts,
-                                    const size_t *recv_displs, shard_dtype dtype);
+shard_status shard_comm_all_to_all(shard_comm *comm, const void *send, void *recv, size_t count_per_rank,
+                                   shard_dtype dtype);
+shard_status shard_comm_all_gatherv(shard_comm *comm, const void *send, size_t send_count, void *recv,
+                                    const size_t *recv_counts, const size_t *recv_displs, shard_dtype dtype);
 /* send holds sum(recv_counts) elements, block r (packed in rank order) reduced onto rank r. */
-shard_status shard_comm_reduce_scatterv(shard_comm *comm, const void *send, void *recv,
-                                        const size_t *recv_counts, shard_dtype dtype,
-                                        shard_reduce_op op);
+shard_status shard_comm_reduce_scatterv(shard_comm *comm, const void *send, void *recv, const size_t *recv_counts,
+                                        shard_dtype dtype, shard_reduce_op op);
 shard_status shard_comm_all_to_allv(shard_comm *comm, const void *send, const size_t *send_counts,
-                                    const size_t *send_displs, void *recv,
-                                    const size_t *recv_counts, const size_t *recv_displs,
-                                    shard_dtype dtype);
+                                    const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                    const size_t *recv_displs, shard_dtype dtype);
 
 /* A strided block of a buffer, as MPI's vector type: `rows` runs of `row_len`
  * elements, the first at element `offset`, each `stride` elements after the
@@ -139,32 +133,26 @@ shard_status shard_comm_all_to_allw(shard_comm *comm, const void *send, const sh
 
 /* ---- non-blocking collectives: same arguments, plus the request ---- */
 shard_status shard_comm_ibarrier(shard_comm *comm, shard_request **req);
-shard_status shard_comm_ibroadcast(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
-                                   int root, shard_request **req);
-shard_status shard_comm_iall_reduce(shard_comm *comm, const void *send, void *recv, size_t count,
-                                    shard_dtype dtype, shard_reduce_op op, shard_request **req);
-shard_status shard_comm_ireduce_scatter(shard_comm *comm, const void *send, void *recv,
-                                        size_t recv_count, shard_dtype dtype, shard_reduce_op op,
-                                        shard_request **req);
-shard_status shard_comm_iall_gather(shard_comm *comm, const void *send, void *recv,
-                                    size_t send_count, shard_dtype dtype, shard_request **req);
-shard_status shard_comm_iall_to_all(shard_comm *comm, const void *send, void *recv,
-                                    size_t count_per_rank, shard_dtype dtype, shard_request **req);
-shard_status shard_comm_iall_gatherv(shard_comm *comm, const void *send, size_t send_count,
-                                     void *recv, const size_t *recv_counts,
-                                     const size_t *recv_displs, shard_dtype dtype,
+shard_status shard_comm_ibroadcast(shard_comm *comm, void *buf, size_t count, shard_dtype dtype, int root,
+                                   shard_request **req);
+shard_status shard_comm_iall_reduce(shard_comm *comm, const void *send, void *recv, size_t count, shard_dtype dtype,
+                                    shard_reduce_op op, shard_request **req);
+shard_status shard_comm_ireduce_scatter(shard_comm *comm, const void *send, void *recv, size_t recv_count,
+                                        shard_dtype dtype, shard_reduce_op op, shard_request **req);
+shard_status shard_comm_iall_gather(shard_comm *comm, const void *send, void *recv, size_t send_count,
+                                    shard_dtype dtype, shard_request **req);
+shard_status shard_comm_iall_to_all(shard_comm *comm, const void *send, void *recv, size_t count_per_rank,
+                                    shard_dtype dtype, shard_request **req);
+shard_status shard_comm_iall_gatherv(shard_comm *comm, const void *send, size_t send_count, void *recv,
+                                     const size_t *recv_counts, const size_t *recv_displs, shard_dtype dtype,
                                      shard_request **req);
-shard_status shard_comm_ireduce_scatterv(shard_comm *comm, const void *send, void *recv,
-                                         const size_t *recv_counts, shard_dtype dtype,
-                                         shard_reduce_op op, shard_request **req);
-shard_status shard_comm_iall_to_allv(shard_comm *comm, const void *send,
-                                     const size_t *send_counts, const size_t *send_displs,
-                                     void *recv, const size_t *recv_counts,
-                                     const size_t *recv_displs, shard_dtype dtype,
-                                     shard_request **req);
-shard_status shard_comm_iall_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks,
-                                     void *recv, const shard_block *recv_blocks, shard_dtype dtype,
-                                     shard_request **req);
+shard_status shard_comm_ireduce_scatterv(shard_comm *comm, const void *send, void *recv, const size_t *recv_counts,
+                                         shard_dtype dtype, shard_reduce_op op, shard_request **req);
+shard_status shard_comm_iall_to_allv(shard_comm *comm, const void *send, const size_t *send_counts,
+                                     const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                     const size_t *recv_displs, shard_dtype dtype, shard_request **req);
+shard_status shard_comm_iall_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks, void *recv,
+                                     const shard_block *recv_blocks, shard_dtype dtype, shard_request **req);
 
 #ifdef __cplusplus
 }

@@ -61,7 +61,7 @@ void shard_engine_destroy(shard_engine *e);
 
 /* Reads inputs from `next` until it returns 0 (or fails) and hands each
  * output to `emit`, an inference loop over two streams. */
-typedef int (*shard_stream_read)(void *ctx, shard_tensor **x);          /* 1: an input, 0: end, < 0: error */
+typedef int (*shard_stream_read)(void *ctx, shard_tensor **x);                /* 1: an input, 0: end, < 0: error */
 typedef shard_status (*shard_stream_write)(void *ctx, const shard_tensor *y); /* y is valid during the call */
 shard_status shard_engine_inference_loop(shard_engine *e, shard_stream_read next, void *in_ctx, shard_stream_write emit,
                                          void *out_ctx, size_t out_features);

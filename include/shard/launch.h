@@ -27,11 +27,11 @@ typedef enum shard_backend_choice {
 } shard_backend_choice;
 
 typedef struct shard_launch_config {
-    size_t struct_size;           /* sizeof(shard_launch_config): lets the struct grow */
-    int ranks;                    /* threads: number of ranks (0: 1); MPI: 0 or the launcher's size */
+    size_t struct_size; /* sizeof(shard_launch_config): lets the struct grow */
+    int ranks;          /* threads: number of ranks (0: 1); MPI: 0 or the launcher's size */
     shard_backend_choice backend;
-    double timeout_seconds;       /* 0: SHARD_TIMEOUT from the environment, else 300 */
-    int verbose;                  /* say which backend and environment were used (stderr) */
+    double timeout_seconds; /* 0: SHARD_TIMEOUT from the environment, else 300 */
+    int verbose;            /* say which backend and environment were used (stderr) */
 } shard_launch_config;
 
 /* A config with the defaults filled in. */

@@ -79,8 +79,8 @@ shard_status shard_attention_backward(const float *qkv, const float *att, const 
  * heads_total, t, s) — so a rank holding some heads (tensor parallel) draws
  * their part of the whole mask; att keeps the probabilities before dropout. */
 shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
-                                             size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
-                                             size_t head0);
+                                             size_t H, float p_drop, uint64_t seed, size_t first_row,
+                                             size_t heads_total, size_t head0);
 shard_status shard_attention_backward_dropout(const float *qkv, const float *att, const float *dy, float *dqkv,
                                               size_t B, size_t T, size_t C, size_t H, float p_drop, uint64_t seed,
                                               size_t first_row, size_t heads_total, size_t head0);
@@ -102,8 +102,8 @@ shard_status shard_conv2d_backward(const float *x, const float *w, const float *
 void shard_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t N, size_t C, size_t H, size_t W,
                              size_t P);
 /* dx (all N*C*H*W of it) written: dy routed to the winners. */
-void shard_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H, size_t W,
-                              size_t P);
+void shard_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H,
+                              size_t W, size_t P);
 
 #ifdef __cplusplus
 }

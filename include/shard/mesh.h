@@ -42,7 +42,7 @@ int shard_mesh_axis_index(const shard_mesh *mesh, const char *name);
 int shard_mesh_coord(const shard_mesh *mesh, int axis);
 /* The rank (in the mesh's communicator) at the given coordinates. */
 int shard_mesh_rank_at(const shard_mesh *mesh, const int *coords);
-shard_comm *shard_mesh_comm(const shard_mesh *mesh);            /* all ranks */
+shard_comm *shard_mesh_comm(const shard_mesh *mesh); /* all ranks */
 shard_comm *shard_mesh_axis_comm(const shard_mesh *mesh, int axis);
 
 /* The communicator over a set of axes, e.g. "data,tensor" (ranks that differ

@@ -138,15 +138,15 @@ typedef struct shard_model_pipe_ops {
 
 struct shard_model {
     const shard_model_ops *ops;
-    shard_params *params;   /* the layout; values in params->data unless a strategy moved them */
+    shard_params *params; /* the layout; values in params->data unless a strategy moved them */
     size_t units;
-    size_t *unit_first;     /* [units + 1]: unit u holds parameters unit_first[u] .. unit_first[u+1]-1 */
-    size_t *unit_offset;    /* [units + 1]: and slab elements unit_offset[u] .. unit_offset[u+1]-1 */
-    size_t *unit_of;        /* [params->count]: the unit of each parameter */
-    float **value, **grad;  /* [params->count] */
+    size_t *unit_first;    /* [units + 1]: unit u holds parameters unit_first[u] .. unit_first[u+1]-1 */
+    size_t *unit_offset;   /* [units + 1]: and slab elements unit_offset[u] .. unit_offset[u+1]-1 */
+    size_t *unit_of;       /* [params->count]: the unit of each parameter */
+    float **value, **grad; /* [params->count] */
     const unsigned char *tensor_replicated; /* [params->count] or NULL: held whole by every tensor rank */
     shard_model_hooks hooks;
-    uint64_t seed, step;    /* of the loaded batch (dropout masks are keyed by them and the global row) */
+    uint64_t seed, step; /* of the loaded batch (dropout masks are keyed by them and the global row) */
     size_t first_row, rows;
     void *impl;
 };
@@ -231,15 +231,15 @@ uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site);
 /* What a kind's create function is given (the library sets struct_size to its sizeof). */
 typedef struct shard_model_create_options {
     size_t struct_size;
-    const char *config_text;  /* the config's JSON text; NULL when the caller built no config */
-    const char *config_path;  /* where the text came from, for messages ("the model config" when none) */
-    const char *data_dir;     /* NULL: none given */
-    size_t max_rows, seq;     /* the most rows one batch holds; tokens per row (sequence models) */
-    shard_comm *tensor;       /* the mesh's tensor axis (NULL: none): build this rank's piece */
-    int sequence_parallel;    /* with `tensor`: split the token dimension as well */
-    const char *specs;        /* parameter placement on the tensor axis (shard_model_create_placed) */
+    const char *config_text;        /* the config's JSON text; NULL when the caller built no config */
+    const char *config_path;        /* where the text came from, for messages ("the model config" when none) */
+    const char *data_dir;           /* NULL: none given */
+    size_t max_rows, seq;           /* the most rows one batch holds; tokens per row (sequence models) */
+    shard_comm *tensor;             /* the mesh's tensor axis (NULL: none): build this rank's piece */
+    int sequence_parallel;          /* with `tensor`: split the token dimension as well */
+    const char *specs;              /* parameter placement on the tensor axis (shard_model_create_placed) */
     const shard_model_stage *stage; /* a pipe rank's layers; NULL: the whole model */
-    void *ctx;                /* the registration's (or the trainer factory's) context */
+    void *ctx;                      /* the registration's (or the trainer factory's) context */
 } shard_model_create_options;
 
 /* Builds the model the options describe into *out (destroyed through its table's destroy). */
@@ -253,15 +253,15 @@ typedef shard_status (*shard_batch_source_fn)(const shard_model_create_options *
 
 /* A kind and what it can do; the factory refuses what it cannot in one line before calling create. */
 typedef struct shard_model_kind {
-    size_t struct_size;   /* sizeof(shard_model_kind): lets the struct grow */
-    const char *name;     /* the config's model_type; copied (at most 63 bytes) */
+    size_t struct_size; /* sizeof(shard_model_kind): lets the struct grow */
+    const char *name;   /* the config's model_type; copied (at most 63 bytes) */
     shard_model_create_fn create;
     /* The layers a pipeline cuts into stages for the options' config (only config_text, config_path
      * and ctx are read); NULL: the kind is not cut into pipeline stages. */
     shard_status (*stage_layers)(const shard_model_create_options *o, size_t *layers);
-    int tensor_parallel;  /* create builds a piece per rank of a tensor axis of more than one rank */
-    int placed;           /* create reads `specs`; otherwise every parameter is whole and specs are refused */
-    void *ctx;            /* handed to create, stage_layers and batch_source as options->ctx */
+    int tensor_parallel; /* create builds a piece per rank of a tensor axis of more than one rank */
+    int placed;          /* create reads `specs`; otherwise every parameter is whole and specs are refused */
+    void *ctx;           /* handed to create, stage_layers and batch_source as options->ctx */
     /* Where its rows come from (the trainer makes it next to the model); NULL: the trainer needs a
      * source from its caller (trainer.h's factory). */
     shard_batch_source_fn batch_source;

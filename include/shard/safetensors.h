@@ -32,11 +32,11 @@ extern "C" {
 #define SHARD_SAFETENSORS_MAX_HEADER 100000000u /* bytes of JSON header accepted */
 
 typedef struct shard_st_entry {
-    const char *name;             /* NUL-terminated, non-empty, no NUL inside */
+    const char *name; /* NUL-terminated, non-empty, no NUL inside */
     shard_dtype dtype;
-    int ndim;                     /* 0..SHARD_MAX_DIMS */
+    int ndim; /* 0..SHARD_MAX_DIMS */
     size_t shape[SHARD_MAX_DIMS];
-    uint64_t begin, end;          /* byte offsets in the data area */
+    uint64_t begin, end; /* byte offsets in the data area */
 } shard_st_entry;
 
 typedef struct shard_safetensors shard_safetensors;

@@ -17,16 +17,16 @@ extern "C" {
 typedef enum shard_pipe_kind { SHARD_PIPE_GPIPE, SHARD_PIPE_1F1B, SHARD_PIPE_INTERLEAVED } shard_pipe_kind;
 
 typedef struct shard_pipe_op {
-    char what;    /* 'F' or 'B' */
-    int micro;    /* 0 .. m-1 */
-    int chunk;    /* 0 .. v-1: the rank's model chunk (virtual stage chunk * p + rank) */
+    char what; /* 'F' or 'B' */
+    int micro; /* 0 .. m-1 */
+    int chunk; /* 0 .. v-1: the rank's model chunk (virtual stage chunk * p + rank) */
 } shard_pipe_op;
 
 typedef struct shard_pipe_schedule {
     shard_pipe_kind kind;
-    int p, m, v;            /* pipe ranks, micro-batches, chunks per rank */
-    int *count;             /* [p]: ops of rank r (2 * m * v) */
-    shard_pipe_op **ops;    /* [p][count[r]] */
+    int p, m, v;         /* pipe ranks, micro-batches, chunks per rank */
+    int *count;          /* [p]: ops of rank r (2 * m * v) */
+    shard_pipe_op **ops; /* [p][count[r]] */
 } shard_pipe_schedule;
 
 /* "gpipe", "1f1b" or "interleaved"; anything else is refused naming the three. */

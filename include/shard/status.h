@@ -35,30 +35,29 @@ void shard_clear_error(void);
 
 /* Record an error (printf-style text) on this thread and return `status`,
  * so that callers can write `return shard_error(SHARD_ERR_INVALID_ARG, ...)`. */
-shard_status shard_error(shard_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+shard_status shard_error(shard_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Propagate a failing status to the caller.  With SHARD_DEBUG=1 in the
  * environment each propagation step is logged with file:line. */
 void shard__trace_failure(shard_status status, const char *expr, const char *file, int line);
 
-#define SHARD_CHECK(expr)                                                    \
-    do {                                                                     \
-        shard_status shard__s = (expr);                                      \
-        if (shard__s < 0) {                                                  \
-            shard__trace_failure(shard__s, #expr, __FILE__, __LINE__);       \
-            return shard__s;                                                 \
-        }                                                                    \
+#define SHARD_CHECK(expr)                                                                                              \
+    do {                                                                                                               \
+        shard_status shard__s = (expr);                                                                                \
+        if (shard__s < 0) {                                                                                            \
+            shard__trace_failure(shard__s, #expr, __FILE__, __LINE__);                                                 \
+            return shard__s;                                                                                           \
+        }                                                                                                              \
     } while (0)
 
 /* Like SHARD_CHECK but jumps to a cleanup label with the status stored. */
-#define SHARD_CHECK_GOTO(expr, status_var, label)                            \
-    do {                                                                     \
-        (status_var) = (expr);                                               \
-        if ((status_var) < 0) {                                              \
-            shard__trace_failure((status_var), #expr, __FILE__, __LINE__);   \
-            goto label;                                                      \
-        }                                                                    \
+#define SHARD_CHECK_GOTO(expr, status_var, label)                                                                      \
+    do {                                                                                                               \
+        (status_var) = (expr);                                                                                         \
+        if ((status_var) < 0) {                                                                                        \
+            shard__trace_failure((status_var), #expr, __FILE__, __LINE__);                                             \
+            goto label;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 #ifdef __cplusplus

@@ -22,23 +22,22 @@ extern "C" {
 
 typedef struct shard_tensor {
     shard_dtype dtype;
-    int ndim;                          /* 0..SHARD_MAX_DIMS (0: a scalar) */
+    int ndim; /* 0..SHARD_MAX_DIMS (0: a scalar) */
     size_t shape[SHARD_MAX_DIMS];
-    size_t strides[SHARD_MAX_DIMS];    /* elements between neighbours along each dim */
-    void *data;                        /* element [0,...,0] */
-    void *storage;                     /* owned allocation; NULL for a view */
+    size_t strides[SHARD_MAX_DIMS]; /* elements between neighbours along each dim */
+    void *data;                     /* element [0,...,0] */
+    void *storage;                  /* owned allocation; NULL for a view */
     shard_mem_category category;
 } shard_tensor;
 
 /* A new zero-filled tensor. */
-shard_status shard_tensor_create(shard_dtype dtype, int ndim, const size_t *shape,
-                                 shard_mem_category category, shard_tensor **out);
+shard_status shard_tensor_create(shard_dtype dtype, int ndim, const size_t *shape, shard_mem_category category,
+                                 shard_tensor **out);
 /* Releases storage it owns; NULL is ignored. */
 void shard_tensor_destroy(shard_tensor *t);
 
 /* A view of t with dim `dim` narrowed to [start, start + length). */
-shard_status shard_tensor_narrow(const shard_tensor *t, int dim, size_t start, size_t length,
-                                 shard_tensor **out);
+shard_status shard_tensor_narrow(const shard_tensor *t, int dim, size_t start, size_t length, shard_tensor **out);
 
 size_t shard_tensor_numel(const shard_tensor *t);
 size_t shard_tensor_nbytes(const shard_tensor *t); /* numel x element size */

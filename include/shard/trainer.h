@@ -28,14 +28,14 @@ extern "C" {
 
 typedef struct shard_trainer_config {
     const char *config_path, *data_dir;
-    size_t batch;       /* global rows per step (0: micro_batch x accum x data) */
-    size_t micro_batch; /* rows per rank per micro-step (0: derived) */
-    size_t accum;       /* micro-steps per step (0: derived, else 1) */
-    size_t seq;         /* tokens per row (the GPT) */
-    uint64_t seed;      /* initialisation, data order and dropout */
-    int zero;           /* 0 (plain data parallel), 1, 2 or 3 */
-    double bucket_mb;   /* gradient bucket size (MiB); <= 0: 25 */
-    shard_dtype grad_dtype; /* SHARD_F32, or SHARD_BF16 to halve gradient traffic */
+    size_t batch;              /* global rows per step (0: micro_batch x accum x data) */
+    size_t micro_batch;        /* rows per rank per micro-step (0: derived) */
+    size_t accum;              /* micro-steps per step (0: derived, else 1) */
+    size_t seq;                /* tokens per row (the GPT) */
+    uint64_t seed;             /* initialisation, data order and dropout */
+    int zero;                  /* 0 (plain data parallel), 1, 2 or 3 */
+    double bucket_mb;          /* gradient bucket size (MiB); <= 0: 25 */
+    shard_dtype grad_dtype;    /* SHARD_F32, or SHARD_BF16 to halve gradient traffic */
     shard_dtype compute_dtype; /* SHARD_F32 (0), or SHARD_BF16: mixed precision, bf16 compute copies of
                                   f32 master values (the optimizer's state stays f32) */
     /* the optimizer: "adamw" (NULL) with `adamw`'s hyperparameters, or "sgd" with `sgd`'s (momentum 0:
@@ -45,8 +45,8 @@ typedef struct shard_trainer_config {
     shard_adamw_config adamw;
     shard_sgd_config sgd;
     shard_lr_schedule lr;
-    float clip; /* max global gradient norm; 0: no clipping */
-    int sequence_parallel; /* with a tensor axis: LayerNorm / dropout / residual regions split over tokens */
+    float clip;              /* max global gradient norm; 0: no clipping */
+    int sequence_parallel;   /* with a tensor axis: LayerNorm / dropout / residual regions split over tokens */
     const char *param_specs; /* placement of parameters on the tensor axis, "NAME=SPEC;..." (model.h,
                                 shard_model_create_placed); NULL: Megatron's layout */
     /* the pipe axis (a mesh with pipe > 1): the schedule ("gpipe" (NULL), "1f1b", "interleaved"), its
@@ -129,9 +129,9 @@ typedef struct shard_trace_span {
 } shard_trace_span;
 
 typedef struct shard_pipeline_stats {
-    int stage, stages, chunks;  /* this pipe rank, the pipe size, chunks per rank */
+    int stage, stages, chunks; /* this pipe rank, the pipe size, chunks per rank */
     double begin_s, wall_s, compute_s;
-    size_t held_peak, slots;     /* micro-batches held at once in the step; activation slots made */
+    size_t held_peak, slots; /* micro-batches held at once in the step; activation slots made */
     size_t spans;
     const shard_trace_span *span;
 } shard_pipeline_stats;

@@ -18,7 +18,7 @@ extern "C" {
 
 /* Two levels so that the numbers' macros are expanded before they are turned into text. */
 #define SHARD__VERSION_TEXT(x) #x
-#define SHARD__VERSION_JOIN(major, minor, patch) \
+#define SHARD__VERSION_JOIN(major, minor, patch)                                                                       \
     SHARD__VERSION_TEXT(major) "." SHARD__VERSION_TEXT(minor) "." SHARD__VERSION_TEXT(patch)
 
 /* "MAJOR.MINOR.PATCH" of these headers, e.g. "0.1.0". */

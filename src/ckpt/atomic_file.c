@@ -14,9 +14,12 @@
 
 void shard__dir_of(const char *path, char *out, size_t out_bytes) {
     const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(out, out_bytes, ".");
-    else if (slash == path) snprintf(out, out_bytes, "/");
-    else snprintf(out, out_bytes, "%.*s", (int)(slash - path), path);
+    if (!slash)
+        snprintf(out, out_bytes, ".");
+    else if (slash == path)
+        snprintf(out, out_bytes, "/");
+    else
+        snprintf(out, out_bytes, "%.*s", (int)(slash - path), path);
 }
 
 shard_status shard__fsync_dir(const char *dir) {
@@ -25,7 +28,8 @@ shard_status shard__fsync_dir(const char *dir) {
     int rc = fsync(fd);
     int e = errno;
     close(fd);
-    if (rc != 0 && e != EINVAL) return shard_error(SHARD_ERR_IO, "%s: fsync of the directory failed: %s", dir, strerror(e));
+    if (rc != 0 && e != EINVAL)
+        return shard_error(SHARD_ERR_IO, "%s: fsync of the directory failed: %s", dir, strerror(e));
     return SHARD_OK;
 }
 
@@ -57,7 +61,8 @@ shard_status shard__atomic_write(shard__atomic_file *f, const void *bytes, size_
     while (size) {
         ssize_t n = write(f->fd, p, size > (1u << 30) ? (1u << 30) : size);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return shard_error(SHARD_ERR_IO, "%s: write failed: %s", f->tmp, n < 0 ? strerror(errno) : "no progress");
+        if (n <= 0)
+            return shard_error(SHARD_ERR_IO, "%s: write failed: %s", f->tmp, n < 0 ? strerror(errno) : "no progress");
         p += n, size -= (size_t)n;
     }
     return SHARD_OK;

@@ -60,7 +60,8 @@ shard_status shard__ckpt_candidates(const char *root, uint64_t **out, size_t *n)
     if (!steps) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     qsort(steps + has_latest, *n - (size_t)has_latest, sizeof *steps, cmp_desc);
     if (!has_latest && *n) /* a save stopped before it wrote `latest`, or the file was damaged: said, not silent */
-        fprintf(stderr, "shard: note: %s/latest is missing or names no step_N; trying the newest step directory, step_%llu\n",
+        fprintf(stderr,
+                "shard: note: %s/latest is missing or names no step_N; trying the newest step directory, step_%llu\n",
                 root, (unsigned long long)steps[0]);
     *out = steps;
     return SHARD_OK;
@@ -76,7 +77,8 @@ static shard_status check_step(shard_comm *world, const char *dir, shard__ckpt_i
     snprintf(path, sizeof path, "%s/index.json", dir);
     int have_index = shard__ckpt_index_read(path, ix) == SHARD_OK, ok = have_index;
     if (!ok) snprintf(why, REASON_BYTES, "%s", shard_last_error());
-    for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size) ok = shard__ckpt_check_file(dir, &ix->files[i], why, REASON_BYTES);
+    for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size)
+        ok = shard__ckpt_check_file(dir, &ix->files[i], why, REASON_BYTES);
     int32_t first_bad = ok ? INT32_MAX : rank;
     shard_status s = shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN);
     if (s == SHARD_OK && first_bad == INT32_MAX) return SHARD_OK;
@@ -115,10 +117,12 @@ static shard_status load_item(open_files *of, const shard_ckpt_item *item) {
         size_t used = 0;
         shard_spec_type_string(&t->spec, &t->layout, t->dtype, t->global_shape, want, sizeof want);
         for (int d = 0; d < x->ndim && used < sizeof have; d++)
-            used += (size_t)snprintf(have + used, sizeof have - used, "%s%llu", d ? "," : "", (unsigned long long)x->shape[d]);
-        return shard_error(SHARD_ERR_INVALID_ARG, "checkpoint %s: tensor '%s' is %s[%s] there, but %s here (a config "
-                           "other than the checkpoint's?)", of->dir, item->name, shard_safetensors_dtype_name(x->dtype),
-                           have, want);
+            used += (size_t)snprintf(have + used, sizeof have - used, "%s%llu", d ? "," : "",
+                                     (unsigned long long)x->shape[d]);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "checkpoint %s: tensor '%s' is %s[%s] there, but %s here (a config "
+                           "other than the checkpoint's?)",
+                           of->dir, item->name, shard_safetensors_dtype_name(x->dtype), have, want);
     }
     int coords[SHARD_MESH_MAX_AXES];
     shard__ckpt_my_coords(t->mesh, coords);
@@ -139,15 +143,16 @@ static shard_status load_item(open_files *of, const shard_ckpt_item *item) {
         int fits = e && e->dtype == t->dtype && e->ndim == t->ndim;
         for (int d = 0; fits && d < t->ndim; d++) fits = e->shape[d] == chunk.len[d];
         if (!fits)
-            return shard_error(SHARD_ERR_IO, "checkpoint %s: %s does not hold the chunk of '%s' the index lists", of->dir,
-                               of->ix->files[x->chunks[c].file].name, item->name);
+            return shard_error(SHARD_ERR_IO, "checkpoint %s: %s does not hold the chunk of '%s' the index lists",
+                               of->dir, of->ix->files[x->chunks[c].file].name, item->name);
         shard_tensor src = shard__contiguous_over((void *)shard_safetensors_data(f, e), t->dtype, t->ndim, &chunk);
         shard_tensor from = shard__sub_view(&src, &chunk, &both), to = shard__sub_view(t->local, &mine, &both);
         SHARD_CHECK(shard_tensor_copy(&to, &from));
         covered += shard__box_numel(&both, t->ndim);
     }
     if (covered != shard__box_numel(&mine, t->ndim))
-        return shard_error(SHARD_ERR_IO, "checkpoint %s: the chunks of '%s' cover %zu of the %zu elements of this rank's block",
+        return shard_error(SHARD_ERR_IO,
+                           "checkpoint %s: the chunks of '%s' cover %zu of the %zu elements of this rank's block",
                            of->dir, item->name, covered, shard__box_numel(&mine, t->ndim));
     return SHARD_OK;
 }

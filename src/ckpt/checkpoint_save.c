@@ -178,17 +178,20 @@ static void free_built_index(shard__ckpt_index *ix) {
 }
 
 /* Rank 0's part after every file is in: index, rename, latest. */
-static shard_status commit(const char *dir, uint64_t step, const char *tmp_dir, const shard__ckpt_index *ix, int *crashed) {
+static shard_status commit(const char *dir, uint64_t step, const char *tmp_dir, const shard__ckpt_index *ix,
+                           int *crashed) {
     char path[PATH_MAX], final[PATH_MAX], latest[64];
     if (crashes_here("before_index", 0)) return *crashed = 1, shard_error(SHARD_ERR_IO, "simulated crash before_index");
     snprintf(path, sizeof path, "%s/index.json", tmp_dir);
     SHARD_CHECK(shard__ckpt_index_write(path, ix));
-    if (crashes_here("before_rename", 0)) return *crashed = 1, shard_error(SHARD_ERR_IO, "simulated crash before_rename");
+    if (crashes_here("before_rename", 0))
+        return *crashed = 1, shard_error(SHARD_ERR_IO, "simulated crash before_rename");
     shard__ckpt_step_dir(dir, step, final, sizeof final);
     if (rename(tmp_dir, final) != 0)
         return shard_error(SHARD_ERR_IO, "checkpoint: cannot rename %s to %s: %s", tmp_dir, final, strerror(errno));
     SHARD_CHECK(shard__fsync_dir(dir));
-    if (crashes_here("before_latest", 0)) return *crashed = 1, shard_error(SHARD_ERR_IO, "simulated crash before_latest");
+    if (crashes_here("before_latest", 0))
+        return *crashed = 1, shard_error(SHARD_ERR_IO, "simulated crash before_latest");
     snprintf(path, sizeof path, "%s/latest", dir);
     int n = snprintf(latest, sizeof latest, "step_%llu\n", (unsigned long long)step);
     return shard__atomic_write_file(path, latest, (size_t)n);
@@ -241,7 +244,8 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
     shard_status s = rank == 0 ? make_tmp_dir(dir, step, tmp_dir) : SHARD_OK;
     int32_t ok0 = s == SHARD_OK;
     shard_status cs = shard_comm_broadcast(world, &ok0, 1, SHARD_I32, 0);
-    if (cs < 0) s = cs;
+    if (cs < 0)
+        s = cs;
     else if (!ok0 && rank != 0) /* rank 0's own error is the cause */
         s = shard_error(SHARD_ERR_ABORTED, "checkpoint: rank 0 could not prepare %s", tmp_dir);
     if (s == SHARD_OK) s = prepare_items(items, count, p); /* collective: every rank, same order */
@@ -287,8 +291,8 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
                         per_rank[4 * first_bad] == CRASHED ? "" : messages + (size_t)first_bad * MESSAGE_BYTES);
     if (s == SHARD_OK && crashed) s = shard_error(SHARD_ERR_IO, "checkpoint %s: simulated crash", tmp_dir);
     if (s == SHARD_OK && !verdict[0])
-        s = shard_error(SHARD_ERR_IO, "checkpoint step %llu in %s: rank 0 could not commit it%s", (unsigned long long)step,
-                        dir, verdict[1] ? " (simulated crash during the commit)" : "");
+        s = shard_error(SHARD_ERR_IO, "checkpoint step %llu in %s: rank 0 could not commit it%s",
+                        (unsigned long long)step, dir, verdict[1] ? " (simulated crash during the commit)" : "");
     free(per_rank);
     free(messages);
     return s;

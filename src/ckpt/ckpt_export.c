@@ -29,7 +29,8 @@ static shard_status assemble(shard_safetensors **files, const shard__ckpt_tensor
         memcpy(chunk.len, x->chunks[c].len, sizeof chunk.len);
         int fits = e && e->dtype == x->dtype && e->ndim == x->ndim;
         for (int d = 0; fits && d < x->ndim; d++) fits = e->shape[d] == chunk.len[d];
-        if (!fits) return shard_error(SHARD_ERR_IO, "chunk %zu of '%s' is not in its file as the index lists it", c, x->name);
+        if (!fits)
+            return shard_error(SHARD_ERR_IO, "chunk %zu of '%s' is not in its file as the index lists it", c, x->name);
         shard_tensor src = shard__contiguous_over((void *)shard_safetensors_data(files[x->chunks[c].file], e), x->dtype,
                                                   x->ndim, &chunk);
         shard_tensor to = shard__sub_view(&dst, &whole, &chunk);
@@ -45,8 +46,8 @@ static uint64_t tensor_bytes(const shard__ckpt_tensor *x) {
 }
 
 /* Write the n tensors of ix listed in which[] into one safetensors file. */
-static shard_status write_part(const char *path, shard_safetensors **files, const shard__ckpt_index *ix, const size_t *which,
-                               size_t n, const char *step_text) {
+static shard_status write_part(const char *path, shard_safetensors **files, const shard__ckpt_index *ix,
+                               const size_t *which, size_t n, const char *step_text) {
     shard_st_entry *entries = calloc(n ? n : 1, sizeof *entries);
     if (!entries) return shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory");
     uint64_t biggest = 1;
@@ -62,8 +63,8 @@ static shard_status write_part(const char *path, shard_safetensors **files, cons
     shard_status s = shard_st_writer_open(path, entries, n, keys, values, 2, &w);
     free(entries);
     void *buffer = s == SHARD_OK ? malloc(biggest) : NULL; /* one tensor at a time */
-    if (s == SHARD_OK && !buffer) s = shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %llu bytes",
-                                                  (unsigned long long)biggest);
+    if (s == SHARD_OK && !buffer)
+        s = shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %llu bytes", (unsigned long long)biggest);
     for (size_t k = 0; s == SHARD_OK && k < n; k++) {
         s = assemble(files, &ix->tensors[which[k]], buffer);
         if (s == SHARD_OK) s = shard_st_writer_write(w, buffer, tensor_bytes(&ix->tensors[which[k]]));
@@ -78,22 +79,27 @@ static shard_status write_part(const char *path, shard_safetensors **files, cons
 
 /* Part p (0-based) of a sharded export, Hugging Face's name ("model-00001-of-00004.safetensors"), in dir
  * (NULL: the bare name), with a suffix (".partial" while it is written, or ""). */
-static void part_name(char *out, size_t bytes, const char *dir, const char *base, size_t p, int parts, const char *suffix) {
-    snprintf(out, bytes, "%s%s%s-%05zu-of-%05d.safetensors%s", dir ? dir : "", dir ? "/" : "", base, p + 1, parts, suffix);
+static void part_name(char *out, size_t bytes, const char *dir, const char *base, size_t p, int parts,
+                      const char *suffix) {
+    snprintf(out, bytes, "%s%s%s-%05zu-of-%05d.safetensors%s", dir ? dir : "", dir ? "/" : "", base, p + 1, parts,
+             suffix);
 }
 
 /* Hugging Face's index of a sharded export (jansson writes the names, escaped as JSON needs). */
 static shard_status write_hf_index(const char *path, const shard__ckpt_index *ix, const size_t *which, size_t n,
                                    const size_t *part_of, int parts, const char *base, uint64_t total) {
     json_t *root = json_object(), *map = json_object();
-    int ok = root && map && json_object_set_new(root, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) == 0;
+    int ok =
+        root && map && json_object_set_new(root, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total)) == 0;
     for (size_t k = 0; ok && k < n; k++) {
         char file[PATH_MAX];
         part_name(file, sizeof file, NULL, base, part_of[k], parts, "");
         ok = json_object_set_new(map, ix->tensors[which[k]].name, json_string(file)) == 0;
     }
-    if (ok) ok = json_object_set_new(root, "weight_map", map) == 0;
-    else json_decref(map);
+    if (ok)
+        ok = json_object_set_new(root, "weight_map", map) == 0;
+    else
+        json_decref(map);
     char *text = ok ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %s", path);
@@ -134,11 +140,14 @@ static shard_status open_export_step(const char *where, char *dir, size_t dir_by
         }
         if (s < 0) snprintf(why, sizeof why, "%s", shard_last_error());
         shard_safetensors **files = s == SHARD_OK ? calloc(ix->nfiles ? ix->nfiles : 1, sizeof *files) : NULL;
-        if (s == SHARD_OK && !files) snprintf(why, sizeof why, "export: out of memory for %zu files", ix->nfiles), s = SHARD_ERR_NO_MEMORY;
+        if (s == SHARD_OK && !files)
+            snprintf(why, sizeof why, "export: out of memory for %zu files", ix->nfiles), s = SHARD_ERR_NO_MEMORY;
         for (size_t i = 0; s == SHARD_OK && i < ix->nfiles; i++) {
             snprintf(path, sizeof path, "%s/%s", dir, ix->files[i].name);
-            if (!shard__ckpt_check_file(dir, &ix->files[i], why, sizeof why)) s = SHARD_ERR_IO;
-            else if ((s = shard_safetensors_open(path, &files[i])) < 0) snprintf(why, sizeof why, "%s", shard_last_error());
+            if (!shard__ckpt_check_file(dir, &ix->files[i], why, sizeof why))
+                s = SHARD_ERR_IO;
+            else if ((s = shard_safetensors_open(path, &files[i])) < 0)
+                snprintf(why, sizeof why, "%s", shard_last_error());
         }
         if (s == SHARD_OK) {
             free(steps);
@@ -147,7 +156,8 @@ static shard_status open_export_step(const char *where, char *dir, size_t dir_by
         }
         close_step(files, ix);
         if (!first[0]) snprintf(first, sizeof first, "%s", why);
-        if (c + 1 < nsteps) fprintf(stderr, "shard: checkpoint %s is not usable (%s); trying the previous one\n", dir, why);
+        if (c + 1 < nsteps)
+            fprintf(stderr, "shard: checkpoint %s is not usable (%s); trying the previous one\n", dir, why);
     }
     free(steps);
     return shard_error(SHARD_ERR_IO, "%s", first);
@@ -155,9 +165,9 @@ static shard_status open_export_step(const char *where, char *dir, size_t dir_by
 
 /* Hugging Face's sharded layout: the parts under temporary names, renamed once all are written, then the
  * index; an earlier single file at `out` removed (transformers would read it before the index). */
-static shard_status write_sharded(const char *out, const char *out_dir, shard_safetensors **files, const shard__ckpt_index *ix,
-                                  const size_t *which, size_t n, const size_t *part_of, int parts, uint64_t total,
-                                  const char *step_text, shard_ckpt_export_result *r) {
+static shard_status write_sharded(const char *out, const char *out_dir, shard_safetensors **files,
+                                  const shard__ckpt_index *ix, const size_t *which, size_t n, const size_t *part_of,
+                                  int parts, uint64_t total, const char *step_text, shard_ckpt_export_result *r) {
     char base[PATH_MAX], path[PATH_MAX + 64], final[PATH_MAX + 64];
     const char *name = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
     snprintf(base, sizeof base, "%s", name);
@@ -177,8 +187,8 @@ static shard_status write_sharded(const char *out, const char *out_dir, shard_sa
     for (int p = 0; s == SHARD_OK && p < parts; p++) { /* each final name free for a file, before any is replaced */
         part_name(final, sizeof final, out_dir, base, (size_t)p, parts, "");
         if (stat(final, &st) == 0 && !S_ISREG(st.st_mode))
-            s = shard_error(SHARD_ERR_INVALID_ARG, "export: %s exists and is not a file; remove it or give another --out",
-                            final);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "export: %s exists and is not a file; remove it or give another --out", final);
     }
     int renamed = 0;
     for (int p = 0; s == SHARD_OK && p < parts; p++, renamed++) {
@@ -211,8 +221,10 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
         return shard_error(SHARD_ERR_INVALID_ARG, "ckpt export: --out %s: its directory %s %s", out, out_dir,
                            stat(out_dir, &st) != 0 ? "does not exist (create it first)" : "is not a directory");
     if (stat(out, &st) == 0 && !S_ISREG(st.st_mode))
-        return shard_error(SHARD_ERR_INVALID_ARG, "ckpt export: --out %s exists and is not a file; remove it or give "
-                           "another name", out);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "ckpt export: --out %s exists and is not a file; remove it or give "
+                           "another name",
+                           out);
     shard__ckpt_index ix;
     memset(&ix, 0, sizeof ix);
     shard_safetensors **files = NULL;
@@ -223,15 +235,20 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
     if (!ix.ntensors)
         s = shard_error(SHARD_ERR_INVALID_ARG, "ckpt export: %s holds no tensors: nothing to export", dir);
     else if (realpath(out_dir, real_out) && realpath(dir, real_step) && strcmp(real_out, real_step) == 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "ckpt export: --out %s is inside the checkpoint %s it exports; give a "
-                        "path outside it", out, dir);
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "ckpt export: --out %s is inside the checkpoint %s it exports; give a "
+                        "path outside it",
+                        out, dir);
     /* the model's tensors; the optimizer's state arrays (optimizer.*) only with with_optimizer */
     size_t *which = s == SHARD_OK ? calloc(ix.ntensors, sizeof *which) : NULL, n = 0;
     size_t *part_of = which ? calloc(ix.ntensors, sizeof *part_of) : NULL;
-    if (s == SHARD_OK && !part_of) s = shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %zu tensors", ix.ntensors);
+    if (s == SHARD_OK && !part_of)
+        s = shard_error(SHARD_ERR_NO_MEMORY, "export: out of memory for %zu tensors", ix.ntensors);
     for (size_t t = 0; s == SHARD_OK && t < ix.ntensors; t++) {
-        if (!with_optimizer && strncmp(ix.tensors[t].name, "optimizer.", 10) == 0) r->left_out++;
-        else which[n++] = t;
+        if (!with_optimizer && strncmp(ix.tensors[t].name, "optimizer.", 10) == 0)
+            r->left_out++;
+        else
+            which[n++] = t;
     }
     /* parts: tensors in index order, a new part when the next would pass the limit */
     int parts = 1;
@@ -244,8 +261,10 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
     char step_text[32];
     snprintf(step_text, sizeof step_text, "%llu", (unsigned long long)ix.step);
     r->tensors = n, r->total_bytes = total, r->parts = parts;
-    if (s == SHARD_OK && parts == 1) s = write_part(out, files, &ix, which, n, step_text);
-    else if (s == SHARD_OK) s = write_sharded(out, out_dir, files, &ix, which, n, part_of, parts, total, step_text, r);
+    if (s == SHARD_OK && parts == 1)
+        s = write_part(out, files, &ix, which, n, step_text);
+    else if (s == SHARD_OK)
+        s = write_sharded(out, out_dir, files, &ix, which, n, part_of, parts, total, step_text, r);
     free(part_of), free(which);
     close_step(files, &ix);
     return s;

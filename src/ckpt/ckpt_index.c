@@ -53,30 +53,41 @@ shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *
         const shard__ckpt_tensor *x = &ix->tensors[t];
         json_t *chunks = json_array();
         for (size_t c = 0; chunks && c < x->nchunks; c++)
-            ok &= json_array_append_new(chunks, json_pack("{s:s, s:o, s:o}", "file", ix->files[x->chunks[c].file].name,
-                                                          "offsets", size_array(x->chunks[c].off, x->ndim), "sizes",
-                                                          size_array(x->chunks[c].len, x->ndim))) == 0;
-        ok &= chunks && json_object_set_new(tensors, x->name,
-                                            json_pack("{s:s, s:o, s:s, s:o}", "dtype", shard_safetensors_dtype_name(x->dtype),
-                                                      "shape", size_array(x->shape, x->ndim), "spec", x->spec, "chunks",
-                                                      chunks)) == 0;
+            ok &= json_array_append_new(chunks,
+                                        json_pack("{s:s, s:o, s:o}", "file", ix->files[x->chunks[c].file].name,
+                                                  "offsets", size_array(x->chunks[c].off, x->ndim), "sizes",
+                                                  size_array(x->chunks[c].len, x->ndim))) == 0;
+        ok &= chunks &&
+            json_object_set_new(tensors, x->name,
+                                json_pack("{s:s, s:o, s:s, s:o}", "dtype", shard_safetensors_dtype_name(x->dtype),
+                                          "shape", size_array(x->shape, x->ndim), "spec", x->spec, "chunks", chunks)) ==
+                0;
     }
     /* the top level, in this order; json_object_set_new takes each value (on failure too), and what is not
      * set is released */
-    static const char *const keys[9] = {"format", "version", "step", "mesh", "world", "config", "training", "files",
-                                        "tensors"};
-    json_t *fields[9] = {json_string("shard-checkpoint"), json_integer(1), json_integer((json_int_t)ix->step),
-                         json_string(ix->mesh), json_integer(ix->world), config ? config : json_null(), training, files,
+    static const char *const keys[9] = {"format", "version",  "step",  "mesh",   "world",
+                                        "config", "training", "files", "tensors"};
+    json_t *fields[9] = {json_string("shard-checkpoint"),
+                         json_integer(1),
+                         json_integer((json_int_t)ix->step),
+                         json_string(ix->mesh),
+                         json_integer(ix->world),
+                         config ? config : json_null(),
+                         training,
+                         files,
                          tensors};
     for (int i = 0; i < 9; i++) {
         if (!fields[i]) {
             ok &= i == 6; /* no training record: no key */
             continue;
         }
-        if (!ok) json_decref(fields[i]);
-        else if (json_object_set_new(root, keys[i], fields[i]) < 0) ok = 0;
+        if (!ok)
+            json_decref(fields[i]);
+        else if (json_object_set_new(root, keys[i], fields[i]) < 0)
+            ok = 0;
     }
-    char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL; /* float-sized */
+    char *text =
+        ok ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL; /* float-sized */
     json_decref(root);
     if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "%s: cannot build the index (out of memory)", path);
     size_t len = strlen(text);
@@ -88,9 +99,7 @@ shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *
 
 /* ---------------------------------------------------------------- reading */
 
-static shard_status fail(const char *path, const char *what) {
-    return shard_error(SHARD_ERR_IO, "%s: %s", path, what);
-}
+static shard_status fail(const char *path, const char *what) { return shard_error(SHARD_ERR_IO, "%s: %s", path, what); }
 
 static int read_sizes(const json_t *a, int ndim, size_t *out) {
     if (!json_is_array(a) || (int)json_array_size(a) != ndim) return 0;
@@ -196,8 +205,10 @@ static int find_file(const shard__ckpt_index *ix, const size_t *order, const cha
         size_t mid = lo + (hi - lo) / 2;
         int c = strcmp(ix->files[order[mid]].name, name);
         if (c == 0) return (int)order[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return -1;
 }
@@ -233,7 +244,7 @@ static shard_status read_tensor(const char *path, const char *name, const json_t
         const char *file = json_string_value(json_object_get(ch, "file"));
         k->file = find_file(ix, order, file);
         int ok = k->file >= 0 && read_sizes(json_object_get(ch, "offsets"), t->ndim, k->off) &&
-                 read_sizes(json_object_get(ch, "sizes"), t->ndim, k->len);
+            read_sizes(json_object_get(ch, "sizes"), t->ndim, k->len);
         for (int d = 0; ok && d < t->ndim; d++) ok = k->off[d] <= t->shape[d] && k->len[d] <= t->shape[d] - k->off[d];
         if (!ok) {
             snprintf(why, sizeof why, "tensor '%s': chunk %zu names no listed file or lies outside the shape", name, c);
@@ -263,15 +274,16 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     const char *mesh = json_string_value(json_object_get(root, "mesh"));
     if (s == SHARD_OK && version && (!json_is_integer(version) || json_integer_value(version) != 1))
         s = fail(path, "its version is not 1, the one this shard reads");
-    if (s == SHARD_OK && json_integer_value(step) >= (json_int_t)1 << 62)
-        s = fail(path, "its step is past 2^62");
-    if (s == SHARD_OK && world && (!json_is_integer(world) || json_integer_value(world) < 1 || json_integer_value(world) > 1 << 20))
+    if (s == SHARD_OK && json_integer_value(step) >= (json_int_t)1 << 62) s = fail(path, "its step is past 2^62");
+    if (s == SHARD_OK && world &&
+        (!json_is_integer(world) || json_integer_value(world) < 1 || json_integer_value(world) > 1 << 20))
         s = fail(path, "its world is not a rank count in 1..2^20");
     if (s == SHARD_OK && mesh && *mesh && shard_mesh_parse(mesh, (int)json_integer_value(world), NULL, NULL) < 0)
         s = fail(path, "its mesh does not parse, or does not span its world");
     if (s == SHARD_OK) {
         ix->step = (uint64_t)json_integer_value(step);
-        ix->mesh = strdup(json_string_value(json_object_get(root, "mesh")) ? json_string_value(json_object_get(root, "mesh")) : "");
+        ix->mesh = strdup(
+            json_string_value(json_object_get(root, "mesh")) ? json_string_value(json_object_get(root, "mesh")) : "");
         ix->world = (int)json_integer_value(json_object_get(root, "world"));
         ix->config = config && !json_is_null(config) ? json_dumps(config, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
         ix->training = json_is_object(training) ? json_dumps(training, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -284,31 +296,31 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     const char *key;
     json_t *v;
     if (s == SHARD_OK) json_object_foreach((json_t *)files, key, v) {
-        const char *hex = json_string_value(json_object_get(v, "xxh3"));
-        char *end = NULL;
-        const json_t *bytes = json_object_get(v, "bytes");
-        if (strlen(key) >= SHARD__CKPT_NAME_BYTES || strchr(key, '/') || !hex || strlen(hex) != 16 ||
-            !json_is_integer(bytes) || json_integer_value(bytes) < 0) {
-            s = fail(path, "a file entry is malformed (name, bytes or xxh3)");
-            break;
+            const char *hex = json_string_value(json_object_get(v, "xxh3"));
+            char *end = NULL;
+            const json_t *bytes = json_object_get(v, "bytes");
+            if (strlen(key) >= SHARD__CKPT_NAME_BYTES || strchr(key, '/') || !hex || strlen(hex) != 16 ||
+                !json_is_integer(bytes) || json_integer_value(bytes) < 0) {
+                s = fail(path, "a file entry is malformed (name, bytes or xxh3)");
+                break;
+            }
+            snprintf(ix->files[f].name, sizeof ix->files[f].name, "%s", key);
+            ix->files[f].bytes = (uint64_t)json_integer_value(bytes);
+            ix->files[f].xxh3 = strtoull(hex, &end, 16);
+            if (!end || *end) {
+                s = fail(path, "a file's xxh3 is not 16 hex digits");
+                break;
+            }
+            f++;
         }
-        snprintf(ix->files[f].name, sizeof ix->files[f].name, "%s", key);
-        ix->files[f].bytes = (uint64_t)json_integer_value(bytes);
-        ix->files[f].xxh3 = strtoull(hex, &end, 16);
-        if (!end || *end) {
-            s = fail(path, "a file's xxh3 is not 16 hex digits");
-            break;
-        }
-        f++;
-    }
     size_t *order = s == SHARD_OK ? malloc((ix->nfiles ? ix->nfiles : 1) * sizeof *order) : NULL;
     if (s == SHARD_OK && !order) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     for (size_t i = 0; order && i < ix->nfiles; i++) order[i] = i;
     if (order) qsort_r(order, ix->nfiles, sizeof *order, by_file_name, ix->files);
     if (s == SHARD_OK) json_object_foreach((json_t *)tensors, key, v) {
-        s = read_tensor(path, key, v, ix, order, &ix->tensors[ix->ntensors++]);
-        if (s < 0) break;
-    }
+            s = read_tensor(path, key, v, ix, order, &ix->tensors[ix->ntensors++]);
+            if (s < 0) break;
+        }
     free(order);
     json_decref(root);
     if (s == SHARD_OK && !(ix->by_name = malloc((ix->ntensors ? ix->ntensors : 1) * sizeof *ix->by_name)))
@@ -341,8 +353,10 @@ const shard__ckpt_tensor *shard__ckpt_index_find(const shard__ckpt_index *ix, co
         const shard__ckpt_tensor *t = &ix->tensors[ix->by_name[mid]];
         int c = strcmp(t->name, name);
         if (c == 0) return t;
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     for (size_t t = 0; !ix->by_name && t < ix->ntensors; t++)
         if (strcmp(ix->tensors[t].name, name) == 0) return &ix->tensors[t];

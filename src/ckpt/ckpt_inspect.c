@@ -72,7 +72,8 @@ shard_status shard_ckpt_save_check(const char *root, uint64_t first, uint64_t la
     shard_status s = shard_ckpt_list_steps(root, &existing, &n_existing); /* the steps a run could overwrite */
     for (size_t k = 0; s == SHARD_OK && k < n_existing; k++) {
         uint64_t step = existing[k];
-        if (step < first || step > last || (step != last && (!every || step % every))) continue; /* not saved by this run */
+        if (step < first || step > last || (step != last && (!every || step % every)))
+            continue; /* not saved by this run */
         char dir[PATH_MAX];
         shard__ckpt_step_dir(root, step, dir, sizeof dir);
         uint64_t latest = 0;
@@ -80,15 +81,17 @@ shard_status shard_ckpt_save_check(const char *root, uint64_t first, uint64_t la
             s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s: %s exists already; give another directory or remove it",
                             root, dir);
         else if (notes && access(dir, F_OK) == 0 && shard__ckpt_read_latest(root, &latest))
-            fprintf(notes, "shard: note: %s is past %s/latest (step_%llu), so no load through the root picks it; "
-                    "saving step %llu will move it aside to %s.replaced-<time>\n", dir, root,
-                    (unsigned long long)latest, (unsigned long long)step, dir);
+            fprintf(notes,
+                    "shard: note: %s is past %s/latest (step_%llu), so no load through the root picks it; "
+                    "saving step %llu will move it aside to %s.replaced-<time>\n",
+                    dir, root, (unsigned long long)latest, (unsigned long long)step, dir);
     }
     free(existing);
     uint64_t root_latest = 0; /* a fresh run saving below a root's latest would move it back onto its own older step */
     uint64_t first_save = every && every < last ? every : last; /* a fresh run starts at step 1 */
     if (s == SHARD_OK && !resumed && shard__ckpt_read_latest(root, &root_latest) && root_latest > first_save)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--save %s holds a run up to step_%llu (its latest), past this run's first "
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "--save %s holds a run up to step_%llu (its latest), past this run's first "
                         "save at step %llu: saving would move latest back among the other run's steps; give another "
                         "directory, --resume it, or remove it",
                         root, (unsigned long long)root_latest, (unsigned long long)first_save);
@@ -239,7 +242,8 @@ shard_status shard_ckpt_describe(const char *where, int verify, FILE *out) {
             char off[160], len[160];
             shape_text(x->chunks[c].off, x->ndim, off, sizeof off);
             shape_text(x->chunks[c].len, x->ndim, len, sizeof len);
-            fprintf(out, "    chunk %-4zu %-26s offsets %-16s sizes %s\n", c, ix.files[x->chunks[c].file].name, off, len);
+            fprintf(out, "    chunk %-4zu %-26s offsets %-16s sizes %s\n", c, ix.files[x->chunks[c].file].name, off,
+                    len);
         }
     }
     shard_status s = SHARD_OK;
@@ -249,7 +253,8 @@ shard_status shard_ckpt_describe(const char *where, int verify, FILE *out) {
             if (!shard__ckpt_check_file(dir, &ix.files[i], why, sizeof why)) s = shard_error(SHARD_ERR_IO, "%s", why);
         if (s == SHARD_OK) s = verify_chunks(dir, &ix);
         if (s == SHARD_OK)
-            fprintf(out, "verified: %zu files match their sizes and xxh3 checksums; every chunk is where the index says\n",
+            fprintf(out,
+                    "verified: %zu files match their sizes and xxh3 checksums; every chunk is where the index says\n",
                     ix.nfiles);
     }
     shard__ckpt_index_free(&ix);

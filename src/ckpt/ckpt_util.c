@@ -16,8 +16,10 @@
 #include <xxhash.h>
 
 void shard__ckpt_rank_file(const char *dir, int rank, char *out, size_t out_bytes) {
-    if (dir) snprintf(out, out_bytes, "%s/rank_%05d.safetensors", dir, rank);
-    else snprintf(out, out_bytes, "rank_%05d.safetensors", rank);
+    if (dir)
+        snprintf(out, out_bytes, "%s/rank_%05d.safetensors", dir, rank);
+    else
+        snprintf(out, out_bytes, "rank_%05d.safetensors", rank);
 }
 
 void shard__ckpt_step_dir(const char *dir, uint64_t step, char *out, size_t out_bytes) {
@@ -104,10 +106,13 @@ int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why
     }
     struct stat st;
     int stat_ok = fstat(fd, &st) == 0, ok = stat_ok && S_ISREG(st.st_mode) && (uint64_t)st.st_size == f->bytes;
-    if (!stat_ok) snprintf(why, why_bytes, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!ok && !S_ISREG(st.st_mode)) snprintf(why, why_bytes, "%s: not a file (a directory or device stands there)", path);
-    else if (!ok) snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
-                           (unsigned long long)f->bytes);
+    if (!stat_ok)
+        snprintf(why, why_bytes, "%s: cannot stat: %s", path, strerror(errno));
+    else if (!ok && !S_ISREG(st.st_mode))
+        snprintf(why, why_bytes, "%s: not a file (a directory or device stands there)", path);
+    else if (!ok)
+        snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
+                 (unsigned long long)f->bytes);
     if (ok && f->bytes) {
         void *map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
         ok = map != MAP_FAILED;
@@ -116,8 +121,9 @@ int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why
             uint64_t h = XXH3_64bits(map, f->bytes);
             munmap(map, f->bytes);
             ok = h == f->xxh3;
-            if (!ok) snprintf(why, why_bytes, "%s: checksum %016llx, the index says %016llx", path, (unsigned long long)h,
-                              (unsigned long long)f->xxh3);
+            if (!ok)
+                snprintf(why, why_bytes, "%s: checksum %016llx, the index says %016llx", path, (unsigned long long)h,
+                         (unsigned long long)f->xxh3);
         } else {
             snprintf(why, why_bytes, "%s: cannot map: %s", path, strerror(errno));
         }
@@ -135,8 +141,9 @@ shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes)
     }
     snprintf(path, sizeof path, "%s/latest", where);
     FILE *f = fopen(path, "r");
-    if (!f) return shard_error(SHARD_ERR_IO, "%s: not a checkpoint (no index.json) nor a checkpoint root (no latest): %s",
-                               where, strerror(errno));
+    if (!f)
+        return shard_error(SHARD_ERR_IO, "%s: not a checkpoint (no index.json) nor a checkpoint root (no latest): %s",
+                           where, strerror(errno));
     int ok = fgets(text, sizeof text, f) != NULL;
     fclose(f);
     text[strcspn(text, "\r\n")] = '\0';
@@ -190,7 +197,8 @@ shard_status shard__ckpt_move_aside(const char *path, char *moved_to, size_t mov
         if (n < 0 || (size_t)n >= moved_to_bytes) return shard_error(SHARD_ERR_INVALID_ARG, "%s: path too long", path);
         if (access(moved_to, F_OK) == 0) continue;
         if (rename(path, moved_to) != 0)
-            return shard_error(SHARD_ERR_IO, "checkpoint: cannot move %s aside to %s: %s", path, moved_to, strerror(errno));
+            return shard_error(SHARD_ERR_IO, "checkpoint: cannot move %s aside to %s: %s", path, moved_to,
+                               strerror(errno));
         return SHARD_OK;
     }
     return shard_error(SHARD_ERR_IO, "checkpoint: cannot move %s aside: every name %s.replaced-%lld[-k] is taken", path,

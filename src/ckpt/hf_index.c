@@ -29,8 +29,10 @@ shard_status shard__hf_index_open(const char *path, shard__hf_index *ix) {
     const json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) {
         shard__hf_index_close(ix);
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: not a safetensors index (it needs a \"weight_map\" object of tensor "
-                           "name -> file name)", path);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: not a safetensors index (it needs a \"weight_map\" object of tensor "
+                           "name -> file name)",
+                           path);
     }
     const json_t *total = json_object_get(json_object_get(root, "metadata"), "total_size");
     if (json_is_integer(total)) ix->total_size = (long long)json_integer_value(total);
@@ -47,11 +49,15 @@ shard_status shard__hf_index_open(const char *path, shard__hf_index *ix) {
         const char *file = json_string_value(v);
         shard_status s = SHARD_OK;
         if (!file || !*file || strchr(file, '/'))
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: weight_map[\"%s\"] is not a file name beside the index (give e.g. "
-                            "\"model-00001-of-00002.safetensors\")", path, name);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "%s: weight_map[\"%s\"] is not a file name beside the index (give e.g. "
+                            "\"model-00001-of-00002.safetensors\")",
+                            path, name);
         else if (!ends_with(file, ".safetensors"))
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: weight_map[\"%s\"] is %s, not a .safetensors file (shard reads "
-                            "safetensors only)", path, name, file);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "%s: weight_map[\"%s\"] is %s, not a .safetensors file (shard reads "
+                            "safetensors only)",
+                            path, name, file);
         if (s < 0) {
             shard__hf_index_close(ix);
             return s;

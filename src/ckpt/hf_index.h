@@ -9,12 +9,12 @@
 #include "shard/status.h"
 
 typedef struct shard__hf_index {
-    void *root;              /* the parsed JSON (jansson), which owns the names below */
-    const char *path;        /* the index, as given */
-    size_t dir_len;          /* the length of path's directory part, with its '/' (0: none) */
-    const char **files;      /* the distinct files, in first-use order */
+    void *root;         /* the parsed JSON (jansson), which owns the names below */
+    const char *path;   /* the index, as given */
+    size_t dir_len;     /* the length of path's directory part, with its '/' (0: none) */
+    const char **files; /* the distinct files, in first-use order */
     size_t nfiles, ntensors;
-    long long total_size;    /* metadata.total_size; -1 when absent */
+    long long total_size; /* metadata.total_size; -1 when absent */
 } shard__hf_index;
 
 /* 1 when path names such an index (it ends in ".index.json"). */

@@ -36,8 +36,8 @@ struct shard_safetensors {
 
 static const char *const st_dtypes[SHARD_DTYPE_COUNT] = {"F32", "F64", "BF16", "F16", "I8", "I32", "I64", "U8"};
 /* dtypes of the format that shard does not compute in */
-static const char *const st_other_dtypes[] = {"BOOL", "U16", "I16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0",
-                                              "F4", "F6_E2M3", "F6_E3M2", "C64"};
+static const char *const st_other_dtypes[] = {"BOOL",    "U16",     "I16", "U32",     "U64",     "F8_E4M3",
+                                              "F8_E5M2", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
 
 const char *shard_safetensors_dtype_name(shard_dtype dtype) {
     return (unsigned)dtype < SHARD_DTYPE_COUNT ? st_dtypes[dtype] : "?";
@@ -112,9 +112,12 @@ static shard_status parse_dtype(shard_safetensors *f, const char *tensor, const 
         }
     for (size_t i = 0; i < sizeof st_other_dtypes / sizeof st_other_dtypes[0]; i++)
         if (strcmp(s, st_other_dtypes[i]) == 0)
-            return bad(f, "tensor '%s': field 'dtype' is '%s', which shard does not support (it reads F32, F64, BF16, F16, I8, I32, I64, U8)",
+            return bad(f,
+                       "tensor '%s': field 'dtype' is '%s', which shard does not support (it reads F32, F64, BF16, "
+                       "F16, I8, I32, I64, U8)",
                        tensor, s);
-    return bad(f, "tensor '%s': field 'dtype' is '%.40s', an unknown dtype (valid: F32, F64, BF16, F16, I8, I32, I64, U8)",
+    return bad(f,
+               "tensor '%s': field 'dtype' is '%.40s', an unknown dtype (valid: F32, F64, BF16, F16, I8, I32, I64, U8)",
                tensor, s);
 }
 
@@ -124,7 +127,8 @@ static shard_status parse_count(shard_safetensors *f, const char *tensor, const 
     if (!json_is_integer(v) || json_integer_value(v) < 0) {
         char t[64];
         json_text(v, t, sizeof t);
-        return bad(f, "tensor '%s': field '%s' entry %zu is %s, expected a non-negative integer", tensor, field, index, t);
+        return bad(f, "tensor '%s': field '%s' entry %zu is %s, expected a non-negative integer", tensor, field, index,
+                   t);
     }
     *out = (uint64_t)json_integer_value(v);
     return SHARD_OK;
@@ -137,8 +141,8 @@ static shard_status parse_entry(shard_safetensors *f, const char *tensor, const 
     if (!shape) return bad(f, "tensor '%s': field 'shape' is missing", tensor);
     if (!json_is_array(shape)) return bad(f, "tensor '%s': field 'shape' is not an array", tensor);
     if (json_array_size(shape) > SHARD_MAX_DIMS)
-        return bad(f, "tensor '%s': field 'shape' has %zu dims, at most %d are supported", tensor, json_array_size(shape),
-                   SHARD_MAX_DIMS);
+        return bad(f, "tensor '%s': field 'shape' has %zu dims, at most %d are supported", tensor,
+                   json_array_size(shape), SHARD_MAX_DIMS);
     e->ndim = (int)json_array_size(shape);
     uint64_t numel = 1;
     int overflow = 0;
@@ -198,7 +202,9 @@ static int by_offset(const void *a, const void *b) {
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-static int cmp_names(const shard_st_entry *entries, size_t a, size_t b) { return strcmp(entries[a].name, entries[b].name); }
+static int cmp_names(const shard_st_entry *entries, size_t a, size_t b) {
+    return strcmp(entries[a].name, entries[b].name);
+}
 
 typedef struct named_index {
     const char *name;
@@ -226,8 +232,9 @@ static shard_status check_layout(shard_safetensors *f) {
     for (size_t i = 0; i < f->count; i++) {
         const shard_st_entry *e = &f->entries[i];
         if (e->begin > at) {
-            if (i == 0) return bad(f, "tensor '%s' starts at byte %llu of the data area, not 0 (a gap)", e->name,
-                                   (unsigned long long)e->begin);
+            if (i == 0)
+                return bad(f, "tensor '%s' starts at byte %llu of the data area, not 0 (a gap)", e->name,
+                           (unsigned long long)e->begin);
             return bad(f, "a gap of %llu bytes between tensors '%s' (ends at %llu) and '%s' (begins at %llu)",
                        (unsigned long long)(e->begin - at), f->entries[i - 1].name, (unsigned long long)at, e->name,
                        (unsigned long long)e->begin);
@@ -242,7 +249,8 @@ static shard_status check_layout(shard_safetensors *f) {
         return bad(f, "truncated: tensor '%s' ends at byte %llu of the data area, which has %llu bytes",
                    f->entries[f->count - 1].name, (unsigned long long)at, (unsigned long long)f->data_size);
     if (at < f->data_size)
-        return bad(f, "%llu trailing bytes after the last tensor's data (the tensors end at %llu, the data area has %llu)",
+        return bad(f,
+                   "%llu trailing bytes after the last tensor's data (the tensors end at %llu, the data area has %llu)",
                    (unsigned long long)(f->data_size - at), (unsigned long long)at, (unsigned long long)f->data_size);
     f->by_name = malloc((f->count ? f->count : 1) * sizeof *f->by_name);
     if (!f->by_name) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", f->name);
@@ -397,8 +405,10 @@ const shard_st_entry *shard_safetensors_find(const shard_safetensors *f, const c
         size_t mid = lo + (hi - lo) / 2;
         int c = strcmp(f->entries[f->by_name[mid]].name, name);
         if (c == 0) return &f->entries[f->by_name[mid]];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
@@ -425,7 +435,8 @@ shard_status shard_safetensors_tensor(const shard_safetensors *f, const char *na
     if (!f || !name || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_safetensors_tensor: NULL argument");
     *out = NULL;
     const shard_st_entry *e = shard_safetensors_find(f, name);
-    if (!e) return shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensor named '%s' (%zu tensors)", f->name, name, f->count);
+    if (!e)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensor named '%s' (%zu tensors)", f->name, name, f->count);
     const unsigned char *data = f->data + e->begin;
     size_t es = shard_dtype_size(e->dtype);
     if ((uintptr_t)data % es == 0) {

@@ -35,8 +35,9 @@ static shard_status check_entries(const char *path, const shard_st_entry *entrie
         const shard_st_entry *e = &entries[i];
         names[i] = e->name ? e->name : "";
         if (!e->name || !*e->name || strcmp(e->name, "__metadata__") == 0)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor %zu has the name '%s'; names must be non-empty and not __metadata__",
-                            path, i, names[i]);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "%s: tensor %zu has the name '%s'; names must be non-empty and not __metadata__", path, i,
+                            names[i]);
         else if ((unsigned)e->dtype >= SHARD_DTYPE_COUNT || e->ndim < 0 || e->ndim > SHARD_MAX_DIMS)
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s': invalid dtype or %d dims", path, e->name, e->ndim);
         uint64_t bytes = shard_dtype_size(e->dtype);
@@ -45,8 +46,8 @@ static shard_status check_entries(const char *path, const shard_st_entry *entrie
                 s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s': its size overflows 64 bits", path, e->name);
         for (int d = 0; s == SHARD_OK && d < e->ndim; d++) /* the header's integers are JSON's (signed 64-bit) */
             if ((uint64_t)e->shape[d] > INT64_MAX)
-                s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s': dim %d of %zu is past 2^63 - 1", path, e->name, d,
-                                e->shape[d]);
+                s = shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s': dim %d of %zu is past 2^63 - 1", path, e->name,
+                                d, e->shape[d]);
         if (s == SHARD_OK && (__builtin_add_overflow(*total, bytes, total) || *total > INT64_MAX))
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: the tensors' total size is past 2^63 - 1 bytes", path);
     }
@@ -68,7 +69,8 @@ static char *header_json(const shard_st_entry *entries, size_t count, const char
     int ok = 1;
     if (meta_count) {
         json_t *meta = json_object();
-        for (size_t i = 0; meta && i < meta_count; i++) ok &= json_object_set_new(meta, keys[i], json_string(values[i])) == 0;
+        for (size_t i = 0; meta && i < meta_count; i++)
+            ok &= json_object_set_new(meta, keys[i], json_string(values[i])) == 0;
         ok &= meta && json_object_set_new(root, "__metadata__", meta) == 0;
     }
     uint64_t at = 0;
@@ -106,15 +108,20 @@ shard_status shard_st_writer_open(const char *path, const shard_st_entry *entrie
             return shard_error(SHARD_ERR_INVALID_ARG, "%s: metadata pair %zu has a NULL key or value", path, i);
         for (size_t j = 0; j < i; j++) /* a JSON object keeps one: the other value would be lost */
             if (strcmp(meta_keys[i], meta_keys[j]) == 0)
-                return shard_error(SHARD_ERR_INVALID_ARG, "%s: the metadata key '%s' is given twice", path, meta_keys[i]);
+                return shard_error(SHARD_ERR_INVALID_ARG, "%s: the metadata key '%s' is given twice", path,
+                                   meta_keys[i]);
     }
     char *json = header_json(entries, count, meta_keys, meta_values, meta_count);
-    if (!json) return shard_error(SHARD_ERR_NO_MEMORY, "%s: cannot build the header (out of memory or bad UTF-8 in a name)", path);
+    if (!json)
+        return shard_error(SHARD_ERR_NO_MEMORY, "%s: cannot build the header (out of memory or bad UTF-8 in a name)",
+                           path);
     size_t len = strlen(json), padded = len + (8 - (8 + len) % 8) % 8;
     if (padded > SHARD_SAFETENSORS_MAX_HEADER) {
         free(json);
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: the header would be %zu bytes, more than the %u a reader accepts "
-                           "(fewer tensors or shorter names per file)", path, padded, SHARD_SAFETENSORS_MAX_HEADER);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: the header would be %zu bytes, more than the %u a reader accepts "
+                           "(fewer tensors or shorter names per file)",
+                           path, padded, SHARD_SAFETENSORS_MAX_HEADER);
     }
     shard_st_writer *w = calloc(1, sizeof *w);
     char *header = malloc(8 + padded);
@@ -162,8 +169,8 @@ static shard_status flush(shard_st_writer *w) {
 shard_status shard_st_writer_write(shard_st_writer *w, const void *bytes, size_t size) {
     if (!w || (size && !bytes)) return shard_error(SHARD_ERR_INVALID_ARG, "shard_st_writer_write: NULL argument");
     if (size > w->expected - w->written)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu more bytes of data than the header declares (%llu)", w->file.path,
-                           size - (size_t)(w->expected - w->written), (unsigned long long)w->expected);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu more bytes of data than the header declares (%llu)",
+                           w->file.path, size - (size_t)(w->expected - w->written), (unsigned long long)w->expected);
     w->written += size;
     if (size >= BUFFER_BYTES) { /* large: straight through */
         SHARD_CHECK(flush(w));
@@ -184,8 +191,10 @@ shard_status shard_st_writer_commit_digest(shard_st_writer *w, uint64_t *xxh3, u
         s = shard_error(SHARD_ERR_INVALID_ARG, "%s: %llu bytes of data written, the header declares %llu", w->file.path,
                         (unsigned long long)w->written, (unsigned long long)w->expected);
     if (s == SHARD_OK) s = flush(w);
-    if (s == SHARD_OK) s = shard__atomic_commit(&w->file); /* aborts itself on failure */
-    else shard__atomic_abort(&w->file);
+    if (s == SHARD_OK)
+        s = shard__atomic_commit(&w->file); /* aborts itself on failure */
+    else
+        shard__atomic_abort(&w->file);
     if (xxh3) *xxh3 = XXH3_64bits_digest(w->hash);
     if (file_bytes) *file_bytes = w->file_bytes;
     XXH3_freeState(w->hash);

@@ -13,8 +13,8 @@
 #include "shard/clock.h"
 
 static const char *const coll_names[SHARD__COLL_KIND_COUNT] = {
-    "barrier",    "broadcast",  "all_reduce",     "reduce_scatter", "all_gather",
-    "all_to_all", "all_gatherv", "reduce_scatterv", "all_to_allv", "all_to_allw"};
+    "barrier",    "broadcast",   "all_reduce",      "reduce_scatter", "all_gather",
+    "all_to_all", "all_gatherv", "reduce_scatterv", "all_to_allv",    "all_to_allw"};
 
 const char *shard__coll_kind_name(shard__coll_kind kind) {
     return (int)kind >= 0 && kind < SHARD__COLL_KIND_COUNT ? coll_names[kind] : "invalid";
@@ -49,8 +49,8 @@ shard_status shard_comm_mpi_raw(shard_comm *comm, const char *op, const void *se
     return shard__mpi_raw_op(comm, op, send, recv, count_per_rank, dtype);
 }
 
-void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size,
-                             const char *name, double timeout_seconds) {
+void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size, const char *name,
+                             double timeout_seconds) {
     comm->vt = vt;
     comm->rank = rank;
     comm->size = size;
@@ -93,19 +93,18 @@ void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes
 }
 
 void shard__abort_text(const shard_comm *comm, const char *reason, char *out, size_t out_bytes) {
-    if (strcmp(comm->name, "world") == 0) snprintf(out, out_bytes, "rank %d failed: %s", comm->rank, reason);
-    else snprintf(out, out_bytes, "rank %d of comm '%s' failed: %s", comm->rank, comm->name, reason);
+    if (strcmp(comm->name, "world") == 0)
+        snprintf(out, out_bytes, "rank %d failed: %s", comm->rank, reason);
+    else
+        snprintf(out, out_bytes, "rank %d of comm '%s' failed: %s", comm->rank, comm->name, reason);
 }
 
-void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out,
-                          size_t out_bytes) {
+void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out, size_t out_bytes) {
     int w = snprintf(out, out_bytes, "%s", shard__coll_kind_name(a->kind));
     if (a->kind == SHARD__BARRIER || w < 0 || (size_t)w >= out_bytes) return;
     size_t used = (size_t)w;
-    used += (size_t)snprintf(out + used, out_bytes - used, " %s x%zu", shard_dtype_name(a->dtype),
-                             a->count);
-    int reduces = a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER ||
-                  a->kind == SHARD__REDUCE_SCATTERV;
+    used += (size_t)snprintf(out + used, out_bytes - used, " %s x%zu", shard_dtype_name(a->dtype), a->count);
+    int reduces = a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV;
     /* op and root only when they are what differs */
     if (used < out_bytes && reduces && (!other || (other->kind == a->kind && other->op != a->op)))
         used += (size_t)snprintf(out + used, out_bytes - used, " op %s", shard_reduce_op_name(a->op));
@@ -114,12 +113,12 @@ void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *oth
 }
 
 int shard__coll_args_differ(const shard__coll_args *a, const shard__coll_args *b, int size) {
-    int v_form = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV ||
-                 a->kind == SHARD__ALL_TO_ALLV || a->kind == SHARD__ALL_TO_ALLW; /* counts differ per rank */
+    int v_form = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV ||
+        a->kind == SHARD__ALL_TO_ALLW; /* counts differ per rank */
     if (a->kind != b->kind || a->dtype != b->dtype || (!v_form && a->count != b->count)) return 1;
     if (a->kind == SHARD__BARRIER) return 0;
-    if ((a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER ||
-         a->kind == SHARD__REDUCE_SCATTERV) && a->op != b->op)
+    if ((a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV) &&
+        a->op != b->op)
         return 1;
     if (a->kind == SHARD__BROADCAST && a->root != b->root) return 1;
     if (a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV)
@@ -143,16 +142,15 @@ double shard_comm_timeout(const shard_comm *comm) { return comm ? comm->timeout_
 static shard_status check_no_pending(const shard_comm *comm, const char *what) {
     int64_t pending = atomic_load(&comm->outstanding);
     if (pending > 0)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %lld request%s pending; wait for them first",
-                           what, comm->name, (long long)pending, pending == 1 ? " is" : "s are");
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %lld request%s pending; wait for them first", what,
+                           comm->name, (long long)pending, pending == 1 ? " is" : "s are");
     return SHARD_OK;
 }
 
 shard_status shard_comm_set_name(shard_comm *comm, const char *name) {
     if (comm) SHARD_CHECK(check_no_pending(comm, "shard_comm_set_name"));
     if (!comm || !name || !name[0] || strlen(name) >= sizeof comm->name)
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "shard_comm_set_name: name must be 1..%zu characters, got %s",
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_comm_set_name: name must be 1..%zu characters, got %s",
                            sizeof comm->name - 1, name ? "a longer or empty one" : "NULL");
     snprintf(comm->name, sizeof comm->name, "%s", name);
     return SHARD_OK;
@@ -162,8 +160,8 @@ shard_status shard_comm_set_timeout(shard_comm *comm, double seconds) {
     if (!comm) return shard_error(SHARD_ERR_INVALID_ARG, "shard_comm_set_timeout: comm is NULL");
     SHARD_CHECK(check_no_pending(comm, "shard_comm_set_timeout"));
     if (!(seconds > 0.0) || seconds > 1e9)
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "timeout %g s on comm '%s' is invalid: give seconds > 0", seconds, comm->name);
+        return shard_error(SHARD_ERR_INVALID_ARG, "timeout %g s on comm '%s' is invalid: give seconds > 0", seconds,
+                           comm->name);
     comm->timeout_seconds = seconds;
     return SHARD_OK;
 }
@@ -180,8 +178,8 @@ shard_status shard_comm_destroy(shard_comm *comm) {
     int64_t pending = atomic_load(&comm->outstanding);
     if (pending > 0) /* their completion would touch this communicator */
         return shard_error(SHARD_ERR_INVALID_ARG,
-                           "comm '%s' destroyed with %lld request%s never waited on: wait for them first",
-                           comm->name, (long long)pending, pending == 1 ? "" : "s");
+                           "comm '%s' destroyed with %lld request%s never waited on: wait for them first", comm->name,
+                           (long long)pending, pending == 1 ? "" : "s");
     comm->vt->destroy(comm);
     return SHARD_OK;
 }
@@ -203,48 +201,51 @@ static shard_status check_comm(const shard_comm *comm, const char *what) {
 
 static shard_status check_dtype(const shard_comm *comm, const char *what, shard_dtype dtype) {
     if ((int)dtype < 0 || dtype >= SHARD_DTYPE_COUNT)
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "%s on comm '%s': dtype %d is invalid: valid dtypes are f32, f64, bf16, f16, i8, i32, i64, u8",
-                           what, comm->name, (int)dtype);
+        return shard_error(
+            SHARD_ERR_INVALID_ARG,
+            "%s on comm '%s': dtype %d is invalid: valid dtypes are f32, f64, bf16, f16, i8, i32, i64, u8", what,
+            comm->name, (int)dtype);
     return SHARD_OK;
 }
 
 static shard_status check_op(const shard_comm *comm, const char *what, shard_reduce_op op) {
     if ((int)op < 0 || op >= SHARD_OP_COUNT)
         return shard_error(SHARD_ERR_INVALID_ARG,
-                           "%s on comm '%s': reduce op %d is invalid: valid ops are sum, prod, max, min, avg",
-                           what, comm->name, (int)op);
+                           "%s on comm '%s': reduce op %d is invalid: valid ops are sum, prod, max, min, avg", what,
+                           comm->name, (int)op);
     return SHARD_OK;
 }
 
-static shard_status check_buffer(const shard_comm *comm, const char *what, const char *which,
-                                 const void *buf, size_t count, shard_dtype dtype) {
+static shard_status check_buffer(const shard_comm *comm, const char *what, const char *which, const void *buf,
+                                 size_t count, shard_dtype dtype) {
     if (count > SIZE_MAX / 8 / (size_t)(comm->size ? comm->size : 1))
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': count %zu of %s is too large",
-                           what, comm->name, count, shard_dtype_name(dtype));
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': count %zu of %s is too large", what, comm->name,
+                           count, shard_dtype_name(dtype));
     if (count > 0 && !buf)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %s buffer is NULL with count %zu",
-                           what, comm->name, which, count);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %s buffer is NULL with count %zu", what, comm->name,
+                           which, count);
     return SHARD_OK;
 }
 
 /* send and recv may be one buffer only in the collective's in-place layout: any other overlap lets a rank
  * overwrite what a peer is still reading (results that depend on timing, never an error) */
-static shard_status check_overlap(const shard_comm *comm, const char *what, const shard__coll_args *a, size_t send_bytes,
-                                  size_t recv_bytes, const char *in_place_layout) {
+static shard_status check_overlap(const shard_comm *comm, const char *what, const shard__coll_args *a,
+                                  size_t send_bytes, size_t recv_bytes, const char *in_place_layout) {
     if (a->in_place || !send_bytes || !recv_bytes || !a->send || !a->recv) return SHARD_OK;
     uintptr_t s0 = (uintptr_t)a->send, r0 = (uintptr_t)a->recv;
     if (s0 < r0 + recv_bytes && r0 < s0 + send_bytes)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': the send buffer (%zu bytes) overlaps the recv buffer "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s on comm '%s': the send buffer (%zu bytes) overlaps the recv buffer "
                            "(%zu bytes) outside the in-place layout; give separate buffers, or the in-place layout "
-                           "(%s)", what, comm->name, send_bytes, recv_bytes, in_place_layout);
+                           "(%s)",
+                           what, comm->name, send_bytes, recv_bytes, in_place_layout);
     return SHARD_OK;
 }
 
 static shard_status check_peer(const shard_comm *comm, const char *what, const char *role, int peer) {
     if (peer < 0 || peer >= comm->size)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %s %d is out of range 0..%d",
-                           what, comm->name, role, peer, comm->size - 1);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %s %d is out of range 0..%d", what, comm->name,
+                           role, peer, comm->size - 1);
     return SHARD_OK;
 }
 
@@ -342,8 +343,8 @@ shard_status shard_request_wait_all(size_t n, shard_request **reqs) {
 
 /* ---------------- point to point ---------------- */
 
-static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t count,
-                              shard_dtype dtype, int peer, int tag, shard_request **out) {
+static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t count, shard_dtype dtype, int peer,
+                              int tag, shard_request **out) {
     const char *what = is_send ? "send" : "recv";
     if (out) *out = NULL; /* a refused request is NULL, as a refused collective's, so wait_all may take it */
     SHARD_CHECK(check_comm(comm, what));
@@ -351,8 +352,8 @@ static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t c
     SHARD_CHECK(check_buffer(comm, what, "message", buf, count, dtype));
     SHARD_CHECK(check_peer(comm, what, is_send ? "destination rank" : "source rank", peer));
     if (tag < 0)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': tag %d is invalid: tags are >= 0",
-                           what, comm->name, tag);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': tag %d is invalid: tags are >= 0", what, comm->name,
+                           tag);
     if (!out) return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': request pointer is NULL", what, comm->name);
     shard_request *req = request_new(comm, is_send ? SHARD__REQ_SEND : SHARD__REQ_RECV);
     if (!req) return SHARD_ERR_NO_MEMORY;
@@ -369,25 +370,23 @@ static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t c
     return SHARD_OK;
 }
 
-shard_status shard_comm_isend(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype,
-                              int dst, int tag, shard_request **req) {
+shard_status shard_comm_isend(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype, int dst, int tag,
+                              shard_request **req) {
     return p2p_start(comm, 1, (void *)(uintptr_t)buf, count, dtype, dst, tag, req);
 }
 
-shard_status shard_comm_irecv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
-                              int src, int tag, shard_request **req) {
+shard_status shard_comm_irecv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype, int src, int tag,
+                              shard_request **req) {
     return p2p_start(comm, 0, buf, count, dtype, src, tag, req);
 }
 
-shard_status shard_comm_send(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype,
-                             int dst, int tag) {
+shard_status shard_comm_send(shard_comm *comm, const void *buf, size_t count, shard_dtype dtype, int dst, int tag) {
     shard_request *req = NULL;
     SHARD_CHECK(shard_comm_isend(comm, buf, count, dtype, dst, tag, &req));
     return shard_request_wait(&req);
 }
 
-shard_status shard_comm_recv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
-                             int src, int tag) {
+shard_status shard_comm_recv(shard_comm *comm, void *buf, size_t count, shard_dtype dtype, int src, int tag) {
     shard_request *req = NULL;
     SHARD_CHECK(shard_comm_irecv(comm, buf, count, dtype, src, tag, &req));
     return shard_request_wait(&req);
@@ -424,7 +423,7 @@ static shard_status copy_blocks(shard_comm *comm, const char *which, const shard
         const shard_block *b = &blocks[p];
         size_t rows = b->row_len ? b->rows : 0, len = rows ? b->row_len : 0;
         int bad = len > SIZE_MAX / 16 || rows > SIZE_MAX / 16 || b->offset > SIZE_MAX / 16 ||
-                  (rows > 1 && (b->stride < len || b->stride > SIZE_MAX / 16 / rows));
+            (rows > 1 && (b->stride < len || b->stride > SIZE_MAX / 16 / rows));
         if (!bad && rows) bad = rows * len > SIZE_MAX / 16;
         if (bad)
             return shard_error(SHARD_ERR_INVALID_ARG,
@@ -455,8 +454,8 @@ void shard__copy_strided(void *dst, size_t dst_row_len, size_t dst_stride, const
     while (count) {
         size_t n = dst_row_len - dpos < src_row_len - spos ? dst_row_len - dpos : src_row_len - spos;
         if (n > count) n = count;
-        copy((char *)dst + (di * dst_stride + dpos) * elem_size, (const char *)src + (si * src_stride + spos) * elem_size,
-             n * elem_size);
+        copy((char *)dst + (di * dst_stride + dpos) * elem_size,
+             (const char *)src + (si * src_stride + spos) * elem_size, n * elem_size);
         count -= n, dpos += n, spos += n;
         if (dpos == dst_row_len) di++, dpos = 0;
         if (spos == src_row_len) si++, spos = 0;
@@ -471,8 +470,7 @@ static void fill_uniform(size_t *counts, size_t *displs, int n, size_t count) {
 }
 
 static shard_status copy_counts(shard_comm *comm, const shard__coll_args *a, const char *which,
-                                const size_t *src_counts, const size_t *src_displs, size_t *counts,
-                                size_t *displs) {
+                                const size_t *src_counts, const size_t *src_displs, size_t *counts, size_t *displs) {
     if (!src_counts)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s on comm '%s': %s counts are NULL (need %d entries)",
                            shard__coll_kind_name(a->kind), comm->name, which, comm->size);
@@ -492,9 +490,8 @@ static shard_status copy_counts(shard_comm *comm, const shard__coll_args *a, con
 }
 
 /* Check and normalise; on success `a` owns its arrays (free with args_free_arrays). */
-static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t *send_counts,
-                            const size_t *send_displs, const size_t *recv_counts,
-                            const size_t *recv_displs) {
+static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t *send_counts, const size_t *send_displs,
+                            const size_t *recv_counts, const size_t *recv_displs) {
     const char *what = shard__coll_kind_name(a->kind);
     SHARD_CHECK(check_comm(comm, what));
     SHARD_CHECK(check_dtype(comm, what, a->dtype));
@@ -505,25 +502,21 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
     size_t es = shard_dtype_size(a->dtype);
     shard_status s = SHARD_OK;
     switch (a->kind) {
-    case SHARD__BARRIER:
-        return SHARD_OK;
-    case SHARD__BROADCAST:
-        return check_buffer(comm, what, "data", a->recv, a->count, a->dtype);
+    case SHARD__BARRIER: return SHARD_OK;
+    case SHARD__BROADCAST: return check_buffer(comm, what, "data", a->recv, a->count, a->dtype);
     case SHARD__ALL_REDUCE:
         SHARD_CHECK(check_buffer(comm, what, "send", a->send, a->count, a->dtype));
         SHARD_CHECK(check_buffer(comm, what, "recv", a->recv, a->count, a->dtype));
         a->in_place = a->send == a->recv;
         return check_overlap(comm, what, a, a->count * es, a->count * es, "send = recv");
-    default:
-        break;
+    default: break;
     }
     SHARD_CHECK(alloc_arrays(comm, a));
     switch (a->kind) {
-    case SHARD__ALL_GATHER:
-        fill_uniform(a->recv_counts, a->recv_displs, n, a->count);
-        break;
+    case SHARD__ALL_GATHER: fill_uniform(a->recv_counts, a->recv_displs, n, a->count); break;
     case SHARD__ALL_GATHERV:
-        SHARD_CHECK_GOTO(copy_counts(comm, a, "recv", recv_counts, recv_displs, a->recv_counts, a->recv_displs), s, fail);
+        SHARD_CHECK_GOTO(copy_counts(comm, a, "recv", recv_counts, recv_displs, a->recv_counts, a->recv_displs), s,
+                         fail);
         if (a->recv_counts[r] != a->count) {
             s = shard_error(SHARD_ERR_INVALID_ARG,
                             "all_gatherv on comm '%s': rank %d sends %zu elements but recv_counts[%d] = %zu",
@@ -531,9 +524,7 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
             goto fail;
         }
         break;
-    case SHARD__REDUCE_SCATTER:
-        fill_uniform(a->recv_counts, a->recv_displs, n, a->count);
-        break;
+    case SHARD__REDUCE_SCATTER: fill_uniform(a->recv_counts, a->recv_displs, n, a->count); break;
     case SHARD__REDUCE_SCATTERV:
         SHARD_CHECK_GOTO(copy_counts(comm, a, "recv", recv_counts, NULL, a->recv_counts, a->recv_displs), s, fail);
         break;
@@ -542,8 +533,10 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
         fill_uniform(a->send_counts, a->send_displs, n, a->count);
         break;
     case SHARD__ALL_TO_ALLV:
-        SHARD_CHECK_GOTO(copy_counts(comm, a, "send", send_counts, send_displs, a->send_counts, a->send_displs), s, fail);
-        SHARD_CHECK_GOTO(copy_counts(comm, a, "recv", recv_counts, recv_displs, a->recv_counts, a->recv_displs), s, fail);
+        SHARD_CHECK_GOTO(copy_counts(comm, a, "send", send_counts, send_displs, a->send_counts, a->send_displs), s,
+                         fail);
+        SHARD_CHECK_GOTO(copy_counts(comm, a, "recv", recv_counts, recv_displs, a->recv_counts, a->recv_displs), s,
+                         fail);
         if (a->send_counts[r] != a->recv_counts[r]) { /* the block to oneself: both sides are here */
             s = shard_error(SHARD_ERR_INVALID_ARG,
                             "all_to_allv on comm '%s': rank %d sends %zu elements to itself but expects %zu",
@@ -552,10 +545,12 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
         }
         break;
     case SHARD__ALL_TO_ALLW:
-        SHARD_CHECK_GOTO(copy_blocks(comm, "send", a->send_blocks, a->send_counts, a->send_displs, a->send_row_len,
-                                     a->send_stride), s, fail);
-        SHARD_CHECK_GOTO(copy_blocks(comm, "recv", a->recv_blocks, a->recv_counts, a->recv_displs, a->recv_row_len,
-                                     a->recv_stride), s, fail);
+        SHARD_CHECK_GOTO(
+            copy_blocks(comm, "send", a->send_blocks, a->send_counts, a->send_displs, a->send_row_len, a->send_stride),
+            s, fail);
+        SHARD_CHECK_GOTO(
+            copy_blocks(comm, "recv", a->recv_blocks, a->recv_counts, a->recv_displs, a->recv_row_len, a->recv_stride),
+            s, fail);
         if (a->send_counts[r] != a->recv_counts[r]) {
             s = shard_error(SHARD_ERR_INVALID_ARG,
                             "all_to_allw on comm '%s': rank %d sends %zu elements to itself but expects %zu",
@@ -563,14 +558,14 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
             goto fail;
         }
         if (a->send && a->send == a->recv) {
-            s = shard_error(SHARD_ERR_INVALID_ARG, "all_to_allw on comm '%s': send and recv are one buffer; "
-                            "all_to_allw is not in place (use all_to_allv, or another buffer)", comm->name);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "all_to_allw on comm '%s': send and recv are one buffer; "
+                            "all_to_allw is not in place (use all_to_allv, or another buffer)",
+                            comm->name);
             goto fail;
         }
         break;
-    default:
-        s = shard_error(SHARD_ERR_INTERNAL, "unknown collective kind %d", (int)a->kind);
-        goto fail;
+    default: s = shard_error(SHARD_ERR_INTERNAL, "unknown collective kind %d", (int)a->kind); goto fail;
     }
     a->send_blocks = a->recv_blocks = NULL; /* the caller's: not kept */
     /* the total extent of each buffer, for NULL checks */
@@ -591,8 +586,9 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
         SHARD_CHECK_GOTO(check_buffer(comm, what, "send", a->send, a->count, a->dtype), s, fail);
         SHARD_CHECK_GOTO(check_buffer(comm, what, "recv", a->recv, recv_extent, a->dtype), s, fail);
         a->in_place = a->recv && a->send == (const char *)a->recv + a->recv_displs[r] * es;
-        SHARD_CHECK_GOTO(check_overlap(comm, what, a, a->count * es, recv_extent * es,
-                                       "send = recv + this rank's displacement"), s, fail);
+        SHARD_CHECK_GOTO(
+            check_overlap(comm, what, a, a->count * es, recv_extent * es, "send = recv + this rank's displacement"), s,
+            fail);
         break;
     case SHARD__REDUCE_SCATTER:
     case SHARD__REDUCE_SCATTERV:
@@ -600,15 +596,17 @@ static shard_status prepare(shard_comm *comm, shard__coll_args *a, const size_t 
         SHARD_CHECK_GOTO(check_buffer(comm, what, "recv", a->recv, a->recv_counts[r], a->dtype), s, fail);
         a->in_place = a->send && (const char *)a->recv == (const char *)a->send + a->recv_displs[r] * es;
         SHARD_CHECK_GOTO(check_overlap(comm, what, a, recv_extent * es, a->recv_counts[r] * es,
-                                       "recv = send + this rank's displacement"), s, fail);
+                                       "recv = send + this rank's displacement"),
+                         s, fail);
         break;
     default: /* all_to_all(v) */
         SHARD_CHECK_GOTO(check_buffer(comm, what, "send", a->send, send_extent, a->dtype), s, fail);
         SHARD_CHECK_GOTO(check_buffer(comm, what, "recv", a->recv, recv_extent, a->dtype), s, fail);
         a->in_place = a->send == a->recv;
-        SHARD_CHECK_GOTO(check_overlap(comm, what, a, send_extent * es, recv_extent * es,
-                                       a->kind == SHARD__ALL_TO_ALLW ? "none: all_to_allw is not in place" : "send = recv"),
-                         s, fail);
+        SHARD_CHECK_GOTO(
+            check_overlap(comm, what, a, send_extent * es, recv_extent * es,
+                          a->kind == SHARD__ALL_TO_ALLW ? "none: all_to_allw is not in place" : "send = recv"),
+            s, fail);
         break;
     }
     return SHARD_OK;
@@ -644,8 +642,8 @@ static uint64_t bytes_sent_by(const shard_comm *comm, const shard__coll_args *a)
     }
 }
 
-static shard_status run_blocking(shard_comm *comm, shard__coll_args *a, const size_t *sc,
-                                 const size_t *sd, const size_t *rc, const size_t *rd) {
+static shard_status run_blocking(shard_comm *comm, shard__coll_args *a, const size_t *sc, const size_t *sd,
+                                 const size_t *rc, const size_t *rd) {
     SHARD_CHECK(prepare(comm, a, sc, sd, rc, rd));
     a->seq = ++comm->coll_seq;
     atomic_fetch_add(&comm->bytes_sent, bytes_sent_by(comm, a));
@@ -654,11 +652,11 @@ static shard_status run_blocking(shard_comm *comm, shard__coll_args *a, const si
     return s;
 }
 
-static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const size_t *sc,
-                                    const size_t *sd, const size_t *rc, const size_t *rd,
-                                    shard_request **out) {
-    if (!out) return shard_error(SHARD_ERR_INVALID_ARG, "non-blocking %s: request pointer is NULL",
-                                 shard__coll_kind_name(a->kind));
+static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const size_t *sc, const size_t *sd,
+                                    const size_t *rc, const size_t *rd, shard_request **out) {
+    if (!out)
+        return shard_error(SHARD_ERR_INVALID_ARG, "non-blocking %s: request pointer is NULL",
+                           shard__coll_kind_name(a->kind));
     *out = NULL;
     SHARD_CHECK(prepare(comm, a, sc, sd, rc, rd));
     shard_request *req = request_new(comm, SHARD__REQ_COLL);
@@ -691,9 +689,11 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
     return SHARD_OK;
 }
 
-#define ARGS(kind_, send_, recv_, count_, dtype_, op_, root_)                                   \
-    (shard__coll_args) { .kind = (kind_), .send = (send_), .recv = (recv_), .count = (count_),  \
-                         .dtype = (dtype_), .op = (op_), .root = (root_) }
+#define ARGS(kind_, send_, recv_, count_, dtype_, op_, root_)                                                          \
+    (shard__coll_args) {                                                                                               \
+        .kind = (kind_), .send = (send_), .recv = (recv_), .count = (count_), .dtype = (dtype_), .op = (op_),          \
+        .root = (root_)                                                                                                \
+    }
 
 shard_status shard_comm_barrier(shard_comm *comm) {
     shard__coll_args a = ARGS(SHARD__BARRIER, NULL, NULL, 0, SHARD_U8, SHARD_OP_SUM, 0);
@@ -708,98 +708,90 @@ shard_status shard_comm_broadcast(shard_comm *comm, void *buf, size_t count, sha
     shard__coll_args a = ARGS(SHARD__BROADCAST, buf, buf, count, dtype, SHARD_OP_SUM, root);
     return run_blocking(comm, &a, NULL, NULL, NULL, NULL);
 }
-shard_status shard_comm_ibroadcast(shard_comm *comm, void *buf, size_t count, shard_dtype dtype,
-                                   int root, shard_request **req) {
+shard_status shard_comm_ibroadcast(shard_comm *comm, void *buf, size_t count, shard_dtype dtype, int root,
+                                   shard_request **req) {
     shard__coll_args a = ARGS(SHARD__BROADCAST, buf, buf, count, dtype, SHARD_OP_SUM, root);
     return run_nonblocking(comm, &a, NULL, NULL, NULL, NULL, req);
 }
 
-shard_status shard_comm_all_reduce(shard_comm *comm, const void *send, void *recv, size_t count,
-                                   shard_dtype dtype, shard_reduce_op op) {
+shard_status shard_comm_all_reduce(shard_comm *comm, const void *send, void *recv, size_t count, shard_dtype dtype,
+                                   shard_reduce_op op) {
     shard__coll_args a = ARGS(SHARD__ALL_REDUCE, send, recv, count, dtype, op, 0);
     return run_blocking(comm, &a, NULL, NULL, NULL, NULL);
 }
-shard_status shard_comm_iall_reduce(shard_comm *comm, const void *send, void *recv, size_t count,
-                                    shard_dtype dtype, shard_reduce_op op, shard_request **req) {
+shard_status shard_comm_iall_reduce(shard_comm *comm, const void *send, void *recv, size_t count, shard_dtype dtype,
+                                    shard_reduce_op op, shard_request **req) {
     shard__coll_args a = ARGS(SHARD__ALL_REDUCE, send, recv, count, dtype, op, 0);
     return run_nonblocking(comm, &a, NULL, NULL, NULL, NULL, req);
 }
 
-shard_status shard_comm_reduce_scatter(shard_comm *comm, const void *send, void *recv,
-                                       size_t recv_count, shard_dtype dtype, shard_reduce_op op) {
+shard_status shard_comm_reduce_scatter(shard_comm *comm, const void *send, void *recv, size_t recv_count,
+                                       shard_dtype dtype, shard_reduce_op op) {
     shard__coll_args a = ARGS(SHARD__REDUCE_SCATTER, send, recv, recv_count, dtype, op, 0);
     return run_blocking(comm, &a, NULL, NULL, NULL, NULL);
 }
-shard_status shard_comm_ireduce_scatter(shard_comm *comm, const void *send, void *recv,
-                                        size_t recv_count, shard_dtype dtype, shard_reduce_op op,
-                                        shard_request **req) {
+shard_status shard_comm_ireduce_scatter(shard_comm *comm, const void *send, void *recv, size_t recv_count,
+                                        shard_dtype dtype, shard_reduce_op op, shard_request **req) {
     shard__coll_args a = ARGS(SHARD__REDUCE_SCATTER, send, recv, recv_count, dtype, op, 0);
     return run_nonblocking(comm, &a, NULL, NULL, NULL, NULL, req);
 }
 
-shard_status shard_comm_all_gather(shard_comm *comm, const void *send, void *recv,
-                                   size_t send_count, shard_dtype dtype) {
+shard_status shard_comm_all_gather(shard_comm *comm, const void *send, void *recv, size_t send_count,
+                                   shard_dtype dtype) {
     shard__coll_args a = ARGS(SHARD__ALL_GATHER, send, recv, send_count, dtype, SHARD_OP_SUM, 0);
     return run_blocking(comm, &a, NULL, NULL, NULL, NULL);
 }
-shard_status shard_comm_iall_gather(shard_comm *comm, const void *send, void *recv,
-                                    size_t send_count, shard_dtype dtype, shard_request **req) {
+shard_status shard_comm_iall_gather(shard_comm *comm, const void *send, void *recv, size_t send_count,
+                                    shard_dtype dtype, shard_request **req) {
     shard__coll_args a = ARGS(SHARD__ALL_GATHER, send, recv, send_count, dtype, SHARD_OP_SUM, 0);
     return run_nonblocking(comm, &a, NULL, NULL, NULL, NULL, req);
 }
 
-shard_status shard_comm_all_to_all(shard_comm *comm, const void *send, void *recv,
-                                   size_t count_per_rank, shard_dtype dtype) {
+shard_status shard_comm_all_to_all(shard_comm *comm, const void *send, void *recv, size_t count_per_rank,
+                                   shard_dtype dtype) {
     shard__coll_args a = ARGS(SHARD__ALL_TO_ALL, send, recv, count_per_rank, dtype, SHARD_OP_SUM, 0);
     return run_blocking(comm, &a, NULL, NULL, NULL, NULL);
 }
-shard_status shard_comm_iall_to_all(shard_comm *comm, const void *send, void *recv,
-                                    size_t count_per_rank, shard_dtype dtype, shard_request **req) {
+shard_status shard_comm_iall_to_all(shard_comm *comm, const void *send, void *recv, size_t count_per_rank,
+                                    shard_dtype dtype, shard_request **req) {
     shard__coll_args a = ARGS(SHARD__ALL_TO_ALL, send, recv, count_per_rank, dtype, SHARD_OP_SUM, 0);
     return run_nonblocking(comm, &a, NULL, NULL, NULL, NULL, req);
 }
 
-shard_status shard_comm_all_gatherv(shard_comm *comm, const void *send, size_t send_count,
-                                    void *recv, const size_t *recv_counts,
-                                    const size_t *recv_displs, shard_dtype dtype) {
+shard_status shard_comm_all_gatherv(shard_comm *comm, const void *send, size_t send_count, void *recv,
+                                    const size_t *recv_counts, const size_t *recv_displs, shard_dtype dtype) {
     shard__coll_args a = ARGS(SHARD__ALL_GATHERV, send, recv, send_count, dtype, SHARD_OP_SUM, 0);
     return run_blocking(comm, &a, NULL, NULL, recv_counts, recv_displs);
 }
-shard_status shard_comm_iall_gatherv(shard_comm *comm, const void *send, size_t send_count,
-                                     void *recv, const size_t *recv_counts,
-                                     const size_t *recv_displs, shard_dtype dtype,
+shard_status shard_comm_iall_gatherv(shard_comm *comm, const void *send, size_t send_count, void *recv,
+                                     const size_t *recv_counts, const size_t *recv_displs, shard_dtype dtype,
                                      shard_request **req) {
     shard__coll_args a = ARGS(SHARD__ALL_GATHERV, send, recv, send_count, dtype, SHARD_OP_SUM, 0);
     return run_nonblocking(comm, &a, NULL, NULL, recv_counts, recv_displs, req);
 }
 
-shard_status shard_comm_reduce_scatterv(shard_comm *comm, const void *send, void *recv,
-                                        const size_t *recv_counts, shard_dtype dtype,
-                                        shard_reduce_op op) {
+shard_status shard_comm_reduce_scatterv(shard_comm *comm, const void *send, void *recv, const size_t *recv_counts,
+                                        shard_dtype dtype, shard_reduce_op op) {
     size_t own = comm && recv_counts ? recv_counts[comm->rank] : 0;
     shard__coll_args a = ARGS(SHARD__REDUCE_SCATTERV, send, recv, own, dtype, op, 0);
     return run_blocking(comm, &a, NULL, NULL, recv_counts, NULL);
 }
-shard_status shard_comm_ireduce_scatterv(shard_comm *comm, const void *send, void *recv,
-                                         const size_t *recv_counts, shard_dtype dtype,
-                                         shard_reduce_op op, shard_request **req) {
+shard_status shard_comm_ireduce_scatterv(shard_comm *comm, const void *send, void *recv, const size_t *recv_counts,
+                                         shard_dtype dtype, shard_reduce_op op, shard_request **req) {
     size_t own = comm && recv_counts ? recv_counts[comm->rank] : 0;
     shard__coll_args a = ARGS(SHARD__REDUCE_SCATTERV, send, recv, own, dtype, op, 0);
     return run_nonblocking(comm, &a, NULL, NULL, recv_counts, NULL, req);
 }
 
 shard_status shard_comm_all_to_allv(shard_comm *comm, const void *send, const size_t *send_counts,
-                                    const size_t *send_displs, void *recv,
-                                    const size_t *recv_counts, const size_t *recv_displs,
-                                    shard_dtype dtype) {
+                                    const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                    const size_t *recv_displs, shard_dtype dtype) {
     shard__coll_args a = ARGS(SHARD__ALL_TO_ALLV, send, recv, 0, dtype, SHARD_OP_SUM, 0);
     return run_blocking(comm, &a, send_counts, send_displs, recv_counts, recv_displs);
 }
-shard_status shard_comm_iall_to_allv(shard_comm *comm, const void *send,
-                                     const size_t *send_counts, const size_t *send_displs,
-                                     void *recv, const size_t *recv_counts,
-                                     const size_t *recv_displs, shard_dtype dtype,
-                                     shard_request **req) {
+shard_status shard_comm_iall_to_allv(shard_comm *comm, const void *send, const size_t *send_counts,
+                                     const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                     const size_t *recv_displs, shard_dtype dtype, shard_request **req) {
     shard__coll_args a = ARGS(SHARD__ALL_TO_ALLV, send, recv, 0, dtype, SHARD_OP_SUM, 0);
     return run_nonblocking(comm, &a, send_counts, send_displs, recv_counts, recv_displs, req);
 }
@@ -810,9 +802,8 @@ shard_status shard_comm_all_to_allw(shard_comm *comm, const void *send, const sh
     a.send_blocks = send_blocks, a.recv_blocks = recv_blocks;
     return run_blocking(comm, &a, NULL, NULL, NULL, NULL);
 }
-shard_status shard_comm_iall_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks,
-                                     void *recv, const shard_block *recv_blocks, shard_dtype dtype,
-                                     shard_request **req) {
+shard_status shard_comm_iall_to_allw(shard_comm *comm, const void *send, const shard_block *send_blocks, void *recv,
+                                     const shard_block *recv_blocks, shard_dtype dtype, shard_request **req) {
     shard__coll_args a = ARGS(SHARD__ALL_TO_ALLW, send, recv, 0, dtype, SHARD_OP_SUM, 0);
     a.send_blocks = send_blocks, a.recv_blocks = recv_blocks;
     return run_nonblocking(comm, &a, NULL, NULL, NULL, NULL, req);

@@ -46,20 +46,20 @@ typedef struct shard__coll_args {
     shard_reduce_op op;
     int root;
     int in_place;
-    uint64_t seq;   /* 1-based sequence number of this collective on its communicator */
+    uint64_t seq; /* 1-based sequence number of this collective on its communicator */
     size_t *send_counts, *send_displs, *recv_counts, *recv_displs;
     size_t *send_row_len, *send_stride, *recv_row_len, *recv_stride; /* all_to_allw only */
-    const shard_block *send_blocks, *recv_blocks; /* the caller's, read while preparing only */
+    const shard_block *send_blocks, *recv_blocks;                    /* the caller's, read while preparing only */
 } shard__coll_args;
 
 typedef struct shard__comm_vtable {
     const char *name;
     /* required */
     shard_status (*collective)(shard_comm *comm, shard__coll_args *args);
-    shard_status (*isend)(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag,
-                          uint64_t seq, shard_request *req);
-    shard_status (*irecv)(shard_comm *comm, void *buf, size_t bytes, int src, int tag,
-                          uint64_t seq, shard_request *req);
+    shard_status (*isend)(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag, uint64_t seq,
+                          shard_request *req);
+    shard_status (*irecv)(shard_comm *comm, void *buf, size_t bytes, int src, int tag, uint64_t seq,
+                          shard_request *req);
     shard_status (*request_test)(shard_request *req, int *done);
     shard_status (*request_wait)(shard_request *req);
     shard_status (*split)(shard_comm *comm, int color, int key, shard_comm **out);
@@ -92,11 +92,11 @@ typedef enum shard__request_kind { SHARD__REQ_SEND, SHARD__REQ_RECV, SHARD__REQ_
 struct shard_request {
     shard_comm *comm;
     shard__request_kind kind;
-    shard__coll_args coll;  /* for collectives: the args (owning the count arrays) */
-    void *impl;             /* backend state */
-    _Atomic int done;       /* set by the backend when complete */
-    shard_status status;    /* result, valid once done */
-    char error[512];        /* error text when status < 0 (the thread that failed may differ) */
+    shard__coll_args coll; /* for collectives: the args (owning the count arrays) */
+    void *impl;            /* backend state */
+    _Atomic int done;      /* set by the backend when complete */
+    shard_status status;   /* result, valid once done */
+    char error[512];       /* error text when status < 0 (the thread that failed may differ) */
 };
 
 /* The block of rank r when `count` elements are split over n ranks: the first
@@ -113,8 +113,8 @@ void shard__copy_strided(void *dst, size_t dst_row_len, size_t dst_stride, const
                          void (*copy)(void *dst, const void *src, size_t bytes));
 
 /* Initialise the common header of a backend communicator. */
-void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size,
-                             const char *name, double timeout_seconds);
+void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size, const char *name,
+                             double timeout_seconds);
 
 /* Destroy even with requests outstanding (a failed rank's cleanup): the
  * backend stops using them; their memory is abandoned. */
@@ -131,8 +131,7 @@ void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes
 /* "rank R failed: REASON", naming the communicator when it is not the world (a sub-communicator's rank
  * is not the world's): the line an abort leaves on every backend. */
 void shard__abort_text(const shard_comm *comm, const char *reason, char *out, size_t out_bytes);
-void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out,
-                          size_t out_bytes);
+void shard__describe_coll(const shard__coll_args *a, const shard__coll_args *other, char *out, size_t out_bytes);
 
 /* Compare two ranks' descriptions; 0 if they agree.  Fills `why` on mismatch. */
 int shard__coll_args_differ(const shard__coll_args *a, const shard__coll_args *b, int size);
@@ -140,8 +139,7 @@ int shard__coll_args_differ(const shard__coll_args *a, const shard__coll_args *b
 /* ---- reduction kernels (reduce.c) ---- */
 /* dst[i] = op over p of srcs[p][i] for i < n, in rank order p = 0..nsrc-1 (deterministic);
  * AVG divides by nsrc.  dst may alias any source. */
-void shard__reduce_many(shard_dtype dtype, shard_reduce_op op, const void *const *srcs, int nsrc,
-                        void *dst, size_t n);
+void shard__reduce_many(shard_dtype dtype, shard_reduce_op op, const void *const *srcs, int nsrc, void *dst, size_t n);
 /* inout[i] = op(in[i], inout[i]); AVG combines as SUM (divide afterwards). */
 void shard__reduce_pair(shard_dtype dtype, shard_reduce_op op, const void *in, void *inout, size_t n);
 /* buf[i] /= divisor (AVG after a SUM). */
@@ -152,8 +150,8 @@ void shard__divide(shard_dtype dtype, void *buf, size_t n, int divisor);
 shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seconds);
 int shard__mpi_built(void);
 /* Time the raw MPI call for a benchmark baseline (MPI backend only). */
-shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *send, void *recv,
-                               size_t count_per_rank, shard_dtype dtype);
+shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *send, void *recv, size_t count_per_rank,
+                               shard_dtype dtype);
 void shard__mpi_finalize_at_exit(void);
 
 #endif

@@ -7,34 +7,34 @@
 
 #include "comm_impl.h"
 
-#define COMBINE_INT(T, UT, op, a, b)                                                  \
-    ((op) == SHARD_OP_MAX   ? ((a) > (b) ? (a) : (b))                                \
-     : (op) == SHARD_OP_MIN ? ((a) < (b) ? (a) : (b))                                \
-     : (op) == SHARD_OP_PROD ? (T)((UT)(a) * (UT)(b))                                 \
-                             : (T)((UT)(a) + (UT)(b)))
+#define COMBINE_INT(T, UT, op, a, b)                                                                                   \
+    ((op) == SHARD_OP_MAX        ? ((a) > (b) ? (a) : (b))                                                             \
+         : (op) == SHARD_OP_MIN  ? ((a) < (b) ? (a) : (b))                                                             \
+         : (op) == SHARD_OP_PROD ? (T)((UT)(a) * (UT)(b))                                                              \
+                                 : (T)((UT)(a) + (UT)(b)))
 
-#define COMBINE_FLOAT(op, a, b)                                                       \
-    ((op) == SHARD_OP_MAX ? ((a) > (b) || (a) != (a) ? (a) : (b))                     \
-     : (op) == SHARD_OP_MIN ? ((a) < (b) || (a) != (a) ? (a) : (b))                   \
-     : (op) == SHARD_OP_PROD ? (a) * (b)                                              \
-                             : (a) + (b))
+#define COMBINE_FLOAT(op, a, b)                                                                                        \
+    ((op) == SHARD_OP_MAX        ? ((a) > (b) || (a) != (a) ? (a) : (b))                                               \
+         : (op) == SHARD_OP_MIN  ? ((a) < (b) || (a) != (a) ? (a) : (b))                                               \
+         : (op) == SHARD_OP_PROD ? (a) * (b)                                                                           \
+                                 : (a) + (b))
 
 /* acc[i] = op(acc[i], src[i]); the op is chosen outside the loop so each loop vectorises. */
-#define DEFINE_COMBINE(NAME, T, COMBINE)                                               \
-    static void NAME(shard_reduce_op op, T *restrict acc, const T *restrict src, size_t m) { \
-        switch (op) {                                                                  \
-        case SHARD_OP_PROD:                                                            \
-            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_PROD, acc[i], src[i]); \
-            break;                                                                     \
-        case SHARD_OP_MAX:                                                             \
-            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_MAX, acc[i], src[i]); \
-            break;                                                                     \
-        case SHARD_OP_MIN:                                                             \
-            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_MIN, acc[i], src[i]); \
-            break;                                                                     \
-        default: /* SUM, and AVG before its division */                                \
-            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_SUM, acc[i], src[i]); \
-        }                                                                              \
+#define DEFINE_COMBINE(NAME, T, COMBINE)                                                                               \
+    static void NAME(shard_reduce_op op, T *restrict acc, const T *restrict src, size_t m) {                           \
+        switch (op) {                                                                                                  \
+        case SHARD_OP_PROD:                                                                                            \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_PROD, acc[i], src[i]);                            \
+            break;                                                                                                     \
+        case SHARD_OP_MAX:                                                                                             \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_MAX, acc[i], src[i]);                             \
+            break;                                                                                                     \
+        case SHARD_OP_MIN:                                                                                             \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_MIN, acc[i], src[i]);                             \
+            break;                                                                                                     \
+        default: /* SUM, and AVG before its division */                                                                \
+            for (size_t i = 0; i < m; i++) acc[i] = COMBINE(SHARD_OP_SUM, acc[i], src[i]);                             \
+        }                                                                                                              \
     }
 
 #define CI32(op, a, b) COMBINE_INT(int32_t, uint32_t, op, a, b)
@@ -61,21 +61,20 @@ enum { BLOCK = 1024 }; /* elements per pass: the accumulator stays in L1 */
 
 /* One dtype: accumulate a block of every source into a local buffer in rank
  * order, divide for AVG, then write the block (dst may alias a source). */
-#define REDUCE_BLOCKS(T, COMBINE_FN)                                                   \
-    do {                                                                               \
-        T acc[BLOCK];                                                                  \
-        for (size_t base = 0; base < n; base += BLOCK) {                               \
-            size_t m = n - base < BLOCK ? n - base : BLOCK;                            \
-            memcpy(acc, (const T *)srcs[0] + base, m * sizeof(T));                     \
-            for (int p = 1; p < nsrc; p++) COMBINE_FN(op, acc, (const T *)srcs[p] + base, m); \
-            if (op == SHARD_OP_AVG)                                                    \
-                for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / nsrc);               \
-            memcpy((T *)dst + base, acc, m * sizeof(T));                               \
-        }                                                                              \
+#define REDUCE_BLOCKS(T, COMBINE_FN)                                                                                   \
+    do {                                                                                                               \
+        T acc[BLOCK];                                                                                                  \
+        for (size_t base = 0; base < n; base += BLOCK) {                                                               \
+            size_t m = n - base < BLOCK ? n - base : BLOCK;                                                            \
+            memcpy(acc, (const T *)srcs[0] + base, m * sizeof(T));                                                     \
+            for (int p = 1; p < nsrc; p++) COMBINE_FN(op, acc, (const T *)srcs[p] + base, m);                          \
+            if (op == SHARD_OP_AVG)                                                                                    \
+                for (size_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / nsrc);                                            \
+            memcpy((T *)dst + base, acc, m * sizeof(T));                                                               \
+        }                                                                                                              \
     } while (0)
 
-void shard__reduce_many(shard_dtype dtype, shard_reduce_op op, const void *const *srcs, int nsrc,
-                        void *dst, size_t n) {
+void shard__reduce_many(shard_dtype dtype, shard_reduce_op op, const void *const *srcs, int nsrc, void *dst, size_t n) {
     if (dtype == SHARD_F32 && op == SHARD_OP_SUM && nsrc == 2) { /* the hot case: one pass */
         const float *a = srcs[0], *b = srcs[1];
         float *d = dst;
@@ -112,11 +111,11 @@ void shard__reduce_many(shard_dtype dtype, shard_reduce_op op, const void *const
     }
 }
 
-#define REDUCE_PAIR_NATIVE(T, COMBINE)                                                \
-    do {                                                                              \
-        const T *a = in;                                                              \
-        T *b = inout;                                                                 \
-        for (size_t i = 0; i < n; i++) b[i] = COMBINE(op, a[i], b[i]);                \
+#define REDUCE_PAIR_NATIVE(T, COMBINE)                                                                                 \
+    do {                                                                                                               \
+        const T *a = in;                                                                                               \
+        T *b = inout;                                                                                                  \
+        for (size_t i = 0; i < n; i++) b[i] = COMBINE(op, a[i], b[i]);                                                 \
     } while (0)
 
 void shard__reduce_pair(shard_dtype dtype, shard_reduce_op op, const void *in, void *inout, size_t n) {
@@ -142,10 +141,10 @@ void shard__reduce_pair(shard_dtype dtype, shard_reduce_op op, const void *in, v
     }
 }
 
-#define DIVIDE_NATIVE(T)                                                              \
-    do {                                                                              \
-        T *b = buf;                                                                   \
-        for (size_t i = 0; i < n; i++) b[i] = (T)(b[i] / (T)divisor);                 \
+#define DIVIDE_NATIVE(T)                                                                                               \
+    do {                                                                                                               \
+        T *b = buf;                                                                                                    \
+        for (size_t i = 0; i < n; i++) b[i] = (T)(b[i] / (T)divisor);                                                  \
     } while (0)
 
 void shard__divide(shard_dtype dtype, void *buf, size_t n, int divisor) {

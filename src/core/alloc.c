@@ -35,9 +35,7 @@ _Static_assert(sizeof(block_header) == SHARD_ALIGNMENT_BYTES, "header must keep 
 static shard__mem_ledger process_ledger;
 static _Thread_local shard__mem_ledger *thread_ledger;
 
-shard__mem_ledger *shard__mem_ledger_current(void) {
-    return thread_ledger ? thread_ledger : &process_ledger;
-}
+shard__mem_ledger *shard__mem_ledger_current(void) { return thread_ledger ? thread_ledger : &process_ledger; }
 
 void shard__mem_ledger_adopt(shard__mem_ledger *ledger) { thread_ledger = ledger; }
 
@@ -52,8 +50,8 @@ void shard__mem_ledger_init(shard__mem_ledger *ledger) {
 }
 
 const char *shard_mem_category_name(shard_mem_category category) {
-    static const char *names[SHARD_MEM_CATEGORY_COUNT] = {"params", "grads", "optimizer",
-                                                          "activations", "comm", "other"};
+    static const char *names[SHARD_MEM_CATEGORY_COUNT] = {"params",      "grads", "optimizer",
+                                                          "activations", "comm",  "other"};
     if ((int)category < 0 || category >= SHARD_MEM_CATEGORY_COUNT) return "invalid";
     return names[category];
 }
@@ -61,9 +59,7 @@ const char *shard_mem_category_name(shard_mem_category category) {
 static void raise_peak(_Atomic uint64_t *peak, uint64_t value) {
     uint64_t seen = atomic_load_explicit(peak, memory_order_relaxed);
     while (value > seen &&
-           !atomic_compare_exchange_weak_explicit(peak, &seen, value, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-    }
+           !atomic_compare_exchange_weak_explicit(peak, &seen, value, memory_order_relaxed, memory_order_relaxed)) {}
 }
 
 static void charge(shard__mem_ledger *ledger, int category, uint64_t bytes) {
@@ -75,8 +71,8 @@ static void charge(shard__mem_ledger *ledger, int category, uint64_t bytes) {
 
 void *shard_alloc(size_t bytes, shard_mem_category category) {
     if ((int)category < 0 || category >= SHARD_MEM_CATEGORY_COUNT) {
-        shard_error(SHARD_ERR_INVALID_ARG, "shard_alloc: category %d is not one of 0..%d",
-                    (int)category, SHARD_MEM_CATEGORY_COUNT - 1);
+        shard_error(SHARD_ERR_INVALID_ARG, "shard_alloc: category %d is not one of 0..%d", (int)category,
+                    SHARD_MEM_CATEGORY_COUNT - 1);
         return NULL;
     }
     if (bytes > SIZE_MAX - 2 * SHARD_ALIGNMENT_BYTES) {
@@ -99,8 +95,8 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
         aligned = ((uintptr_t)raw + 2 * SHARD_ALIGNMENT_BYTES - 1) & ~(uintptr_t)(SHARD_ALIGNMENT_BYTES - 1);
     }
     if (!raw) {
-        shard_error(SHARD_ERR_NO_MEMORY, "shard_alloc: out of memory allocating %zu bytes of %s",
-                    bytes, shard_mem_category_name(category));
+        shard_error(SHARD_ERR_NO_MEMORY, "shard_alloc: out of memory allocating %zu bytes of %s", bytes,
+                    shard_mem_category_name(category));
         return NULL;
     }
     block_header *h = (block_header *)(aligned - sizeof(block_header));

@@ -20,9 +20,7 @@ static int valid(shard_dtype d) { return (int)d >= 0 && d < SHARD_DTYPE_COUNT; }
 
 size_t shard_dtype_size(shard_dtype dtype) { return valid(dtype) ? dtype_info[dtype].size : 0; }
 
-const char *shard_dtype_name(shard_dtype dtype) {
-    return valid(dtype) ? dtype_info[dtype].name : "invalid";
-}
+const char *shard_dtype_name(shard_dtype dtype) { return valid(dtype) ? dtype_info[dtype].name : "invalid"; }
 
 int shard_dtype_is_float(shard_dtype dtype) { return valid(dtype) && dtype_info[dtype].is_float; }
 
@@ -63,7 +61,7 @@ uint16_t shard_f16_from_f32(float value) {
         return (uint16_t)(sign | 0x7c00u | (mantissa ? 0x0200u | (mantissa >> 13) : 0u));
     int e = (int)exponent - 127 + 15;
     if (e >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow: infinity */
-    if (e <= 0) {                                    /* f16 subnormal or zero */
+    if (e <= 0) {                                   /* f16 subnormal or zero */
         if (e < -10) return (uint16_t)sign;
         mantissa |= 0x800000u;
         int shift = 14 - e;

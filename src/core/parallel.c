@@ -28,8 +28,8 @@ static inline void relax(void) {
 }
 
 static struct {
-    pthread_mutex_t owner;  /* held by the caller running a region */
-    pthread_mutex_t lock;   /* guards sleeping helpers */
+    pthread_mutex_t owner; /* held by the caller running a region */
+    pthread_mutex_t lock;  /* guards sleeping helpers */
     pthread_cond_t wake;
     atomic_int threads;     /* configured width */
     int started;            /* helpers running (under `owner`) */

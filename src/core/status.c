@@ -51,6 +51,6 @@ void shard__trace_failure(shard_status status, const char *expr, const char *fil
         atomic_store(&debug, on);
     }
     if (on)
-        fprintf(stderr, "shard: %s:%d: %s -> %s (%s)\n", file, line, expr,
-                shard_status_string(status), last_error_text);
+        fprintf(stderr, "shard: %s:%d: %s -> %s (%s)\n", file, line, expr, shard_status_string(status),
+                last_error_text);
 }

@@ -28,9 +28,16 @@ void shard_batch_source_destroy(shard_batch_source *src) {
 /* The batch's description; the data itself the source wrote. */
 static void describe(shard_batch *b, uint64_t seed, uint64_t step, size_t first_row, size_t rows, shard_dtype in_dtype,
                      size_t in_elems, void *inputs, shard_dtype target_dtype, size_t target_elems, void *targets) {
-    *b = (shard_batch){.rows = rows, .seed = seed, .step = step, .first_row = first_row, .input_dtype = in_dtype,
-                       .target_dtype = target_dtype, .input_elems = in_elems, .target_elems = target_elems,
-                       .inputs = inputs, .targets = targets};
+    *b = (shard_batch){.rows = rows,
+                       .seed = seed,
+                       .step = step,
+                       .first_row = first_row,
+                       .input_dtype = in_dtype,
+                       .target_dtype = target_dtype,
+                       .input_elems = in_elems,
+                       .target_elems = target_elems,
+                       .inputs = inputs,
+                       .targets = targets};
 }
 
 /* ---------------------------------------------------------------- token files */
@@ -55,20 +62,23 @@ static void tokens_destroy(shard_batch_source *src) {
     free(t->inputs), free(t->targets), free(t);
 }
 
-static const shard_batch_source_ops token_ops = {.struct_size = sizeof(shard_batch_source_ops), .kind = "tokens",
-                                                 .load = tokens_load, .destroy = tokens_destroy};
+static const shard_batch_source_ops token_ops = {
+    .struct_size = sizeof(shard_batch_source_ops), .kind = "tokens", .load = tokens_load, .destroy = tokens_destroy};
 
 shard_status shard_batch_source_tokens(const shard_batch_tokens_options *o, shard_batch_source **out) {
     *out = NULL;
     if (!o || o->struct_size < sizeof *o || !o->path)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_batch_source_tokens: options missing, from an older header "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_batch_source_tokens: options missing, from an older header "
                            "(struct_size) or without a path");
     shard_tokens *tokens = NULL;
     SHARD_CHECK(shard_tokens_open(o->path, &tokens));
     if (o->vocab_size && shard_tokens_vocab(tokens) > o->vocab_size) {
-        shard_status s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'vocab_size' = %zu is smaller than the data's "
-                                     "vocabulary (%u)", o->where ? o->where : "the model config", o->vocab_size,
-                                     shard_tokens_vocab(tokens));
+        shard_status s =
+            shard_error(SHARD_ERR_INVALID_ARG,
+                        "%s: key 'vocab_size' = %zu is smaller than the data's "
+                        "vocabulary (%u)",
+                        o->where ? o->where : "the model config", o->vocab_size, shard_tokens_vocab(tokens));
         shard_tokens_close(tokens);
         return s;
     }
@@ -123,15 +133,18 @@ static void images_destroy(shard_batch_source *src) {
 }
 
 static const shard_batch_source_ops image_ops = {.struct_size = sizeof(shard_batch_source_ops),
-                                                 .kind = "fashion-mnist", .load = images_load,
+                                                 .kind = "fashion-mnist",
+                                                 .load = images_load,
                                                  .destroy = images_destroy};
 
 shard_status shard_batch_source_images(const shard_batch_images_options *o, shard_batch_source **out) {
     *out = NULL;
     if (!o || o->struct_size < sizeof *o)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_batch_source_images: options missing or from an older header "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_batch_source_images: options missing or from an older header "
                            "(struct_size)");
-    const char *data_dir = o->data_dir ? o->data_dir : "/usr/share/datasets/fashion-mnist"; /* Debian's dataset-fashion-mnist */
+    const char *data_dir =
+        o->data_dir ? o->data_dir : "/usr/share/datasets/fashion-mnist"; /* Debian's dataset-fashion-mnist */
     image_source *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "fashion-mnist: out of memory");
     m->src = (shard_batch_source){.ops = &image_ops, .max_rows = o->max_rows ? o->max_rows : 1, .impl = m};
@@ -145,14 +158,15 @@ shard_status shard_batch_source_images(const shard_batch_images_options *o, shar
      * scrambled pixels */
     const shard_idx *x = &m->x, *y = &m->y;
     int x_ok = (x->ndim == 3 && o->in_channels == 1 && x->dims[1] == o->height && x->dims[2] == o->width) ||
-               (x->ndim == 4 && x->dims[1] == o->in_channels && x->dims[2] == o->height && x->dims[3] == o->width);
+        (x->ndim == 4 && x->dims[1] == o->in_channels && x->dims[2] == o->height && x->dims[3] == o->width);
     if (s == SHARD_OK && (!x_ok || y->ndim != 1 || y->count == 0 || x->dims[0] != y->count)) {
         char shape[96] = "";
         for (int d = 0, n = 0; d < x->ndim && n >= 0 && (size_t)n < sizeof shape; d++)
             n += snprintf(shape + n, sizeof shape - (size_t)n, "%s%zu", d ? " x " : "", x->dims[d]);
-        s = shard_error(SHARD_ERR_INVALID_ARG, "%s: images of shape [%s] with %zu labels; the config wants %zu x %zu x %zu "
-                        "images (in_channels x height x width), one label each", xp, shape, y->count, o->in_channels,
-                        o->height, o->width);
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "%s: images of shape [%s] with %zu labels; the config wants %zu x %zu x %zu "
+                        "images (in_channels x height x width), one label each",
+                        xp, shape, y->count, o->in_channels, o->height, o->width);
     }
     for (size_t i = 0; s == SHARD_OK && i < m->y.count; i++)
         if (m->y.data[i] >= o->classes)
@@ -187,7 +201,8 @@ static shard_status teacher_load(shard_batch_source *src, uint64_t seed, uint64_
     char name[80];
     snprintf(name, sizeof name, "%s.data.%llu", p->name, (unsigned long long)step);
     shard_init_normal(p->x, first_row * p->d, rows * p->d, 1.0f, seed, name); /* keyed by the global row */
-    if (rows) SHARD_CHECK(shard_sgemm(0, 0, rows, p->d, p->d, 1.0f, p->x, p->d, p->teacher, p->d, 0.0f, p->target, p->d));
+    if (rows)
+        SHARD_CHECK(shard_sgemm(0, 0, rows, p->d, p->d, 1.0f, p->x, p->d, p->teacher, p->d, 0.0f, p->target, p->d));
     for (size_t i = 0; i < rows * p->d; i++) p->target[i] = tanhf(p->target[i]);
     return SHARD_OK;
 }
@@ -197,13 +212,14 @@ static void teacher_destroy(shard_batch_source *src) {
     free(p->teacher), shard_free(p->x), free(p);
 }
 
-static const shard_batch_source_ops teacher_ops = {.struct_size = sizeof(shard_batch_source_ops), .kind = "teacher",
-                                                   .load = teacher_load, .destroy = teacher_destroy};
+static const shard_batch_source_ops teacher_ops = {
+    .struct_size = sizeof(shard_batch_source_ops), .kind = "teacher", .load = teacher_load, .destroy = teacher_destroy};
 
 shard_status shard_batch_source_teacher(const shard_batch_teacher_options *o, shard_batch_source **out) {
     *out = NULL;
-    if (!o || o->struct_size < sizeof *o || !o->name || strlen(o->name) >= sizeof ((teacher_source *)0)->name || !o->dim)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_batch_source_teacher: options missing, from an older header "
+    if (!o || o->struct_size < sizeof *o || !o->name || strlen(o->name) >= sizeof((teacher_source *)0)->name || !o->dim)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_batch_source_teacher: options missing, from an older header "
                            "(struct_size), without a name of 1..47 bytes or with dim 0");
     teacher_source *p = calloc(1, sizeof *p);
     if (!p) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", o->name);

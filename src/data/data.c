@@ -65,8 +65,10 @@ shard_status shard_tokens_write(const char *path, const uint32_t *tokens, size_t
             return shard_error(SHARD_ERR_INVALID_ARG, "%s: token %u at %zu is outside the vocabulary of %u", path,
                                tokens[i], i, vocab);
         }
-        if (width == 2) body[2 * i] = (unsigned char)tokens[i], body[2 * i + 1] = (unsigned char)(tokens[i] >> 8);
-        else put32(body + 4 * i, tokens[i]);
+        if (width == 2)
+            body[2 * i] = (unsigned char)tokens[i], body[2 * i + 1] = (unsigned char)(tokens[i] >> 8);
+        else
+            put32(body + 4 * i, tokens[i]);
     }
     fill_header(buf, width, vocab, count, XXH3_64bits(body, count * width));
     shard_status s = shard__atomic_write_file(path, buf, HEADER_BYTES + count * width);
@@ -83,7 +85,8 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
     if (!stat_ok || !S_ISREG(st.st_mode) || st.st_size < HEADER_BYTES) {
         int regular = stat_ok && S_ISREG(st.st_mode);
         close(fd);
-        if (!regular) return shard_error(SHARD_ERR_IO, "%s: not a token file (a directory or device, not a file)", path);
+        if (!regular)
+            return shard_error(SHARD_ERR_IO, "%s: not a token file (a directory or device, not a file)", path);
         return shard_error(SHARD_ERR_IO, "%s: not a token file (shorter than its %d-byte header)", path, HEADER_BYTES);
     }
     void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -97,22 +100,27 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
         t->map = map, t->map_bytes = (size_t)st.st_size, t->tokens = h + HEADER_BYTES;
         t->token_bytes = get32(h + 12), t->vocab = get32(h + 16), t->count = (size_t)get64(h + 24);
         if (memcmp(h, MAGIC, 8) != 0 || get32(h + 8) != 1)
-            s = shard_error(SHARD_ERR_IO, "%s: not a shard token file (it should begin with \"SHRDTOK1\" and version 1, "
-                            "as `shard data text` writes)", path);
+            s = shard_error(SHARD_ERR_IO,
+                            "%s: not a shard token file (it should begin with \"SHRDTOK1\" and version 1, "
+                            "as `shard data text` writes)",
+                            path);
         else if ((t->token_bytes != 2 && t->token_bytes != 4) || t->vocab == 0 || t->vocab > INT32_MAX)
-            s = shard_error(SHARD_ERR_IO, "%s: header says %u bytes per token and vocab %u; valid: 2 or 4 bytes, vocab 1.."
-                            "2147483647", path, t->token_bytes, t->vocab);
+            s = shard_error(SHARD_ERR_IO,
+                            "%s: header says %u bytes per token and vocab %u; valid: 2 or 4 bytes, vocab 1.."
+                            "2147483647",
+                            path, t->token_bytes, t->vocab);
         else if (t->count > (t->map_bytes - HEADER_BYTES) / t->token_bytes ||
                  HEADER_BYTES + t->count * t->token_bytes != t->map_bytes)
-            s = shard_error(SHARD_ERR_IO, "%s: header says %zu tokens (%zu bytes), the file holds %zu bytes of them", path,
-                            t->count, t->count > SIZE_MAX / 4 ? (size_t)0 : t->count * t->token_bytes,
+            s = shard_error(SHARD_ERR_IO, "%s: header says %zu tokens (%zu bytes), the file holds %zu bytes of them",
+                            path, t->count, t->count > SIZE_MAX / 4 ? (size_t)0 : t->count * t->token_bytes,
                             t->map_bytes - HEADER_BYTES);
         else if (XXH3_64bits(t->tokens, t->count * t->token_bytes) != get64(h + 32))
             s = shard_error(SHARD_ERR_IO, "%s: checksum mismatch: the tokens are corrupt", path);
         for (size_t i = 0; s == SHARD_OK && i < t->count; i++) /* a file any tool wrote: ids the model can index */
             if (shard_tokens_at(t, i) >= t->vocab)
-                s = shard_error(SHARD_ERR_IO, "%s: token %u at index %zu is outside the header's vocabulary (ids 0..%u)",
-                                path, shard_tokens_at(t, i), i, t->vocab - 1);
+                s = shard_error(SHARD_ERR_IO,
+                                "%s: token %u at index %zu is outside the header's vocabulary (ids 0..%u)", path,
+                                shard_tokens_at(t, i), i, t->vocab - 1);
     }
     if (s < 0) {
         munmap(map, (size_t)st.st_size);
@@ -151,8 +159,9 @@ shard_status shard_tokens_batch(const shard_tokens *t, uint64_t seed, uint64_t s
     uint64_t starts = t->count - T; /* positions 0 .. count - T - 1 */
     for (size_t r = 0; r < rows; r++) {
         uint64_t row = first_row + r;
-        uint64_t pos = mix(mix(seed * 0x9e3779b97f4a7c15ULL + step) ^ (row * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL)) %
-                       starts;
+        uint64_t pos =
+            mix(mix(seed * 0x9e3779b97f4a7c15ULL + step) ^ (row * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL)) %
+            starts;
         for (size_t i = 0; i < T; i++) {
             inputs[r * T + i] = (int32_t)shard_tokens_at(t, pos + i);
             targets[r * T + i] = (int32_t)shard_tokens_at(t, pos + i + 1);
@@ -169,12 +178,13 @@ static shard_status write_byte_tokens(const char *path, const uint8_t *bytes, si
     enum { PIECE = 1 << 16 };
     unsigned char *buf = malloc(2 * PIECE), header[HEADER_BYTES];
     XXH3_state_t *hash = XXH3_createState();
-    shard_status s = buf && hash ? SHARD_OK
-                                 : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu tokens", path, count);
+    shard_status s =
+        buf && hash ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu tokens", path, count);
     shard__atomic_file f;
     int opened = 0;
     for (int pass = 0; pass < 2 && s == SHARD_OK; pass++) { /* the checksum (it goes first), then the file */
-        if (pass == 0) XXH3_64bits_reset(hash);
+        if (pass == 0)
+            XXH3_64bits_reset(hash);
         else {
             fill_header(header, 2, 256, count, XXH3_64bits_digest(hash));
             s = shard__atomic_open(path, &f);
@@ -184,13 +194,17 @@ static shard_status write_byte_tokens(const char *path, const uint8_t *bytes, si
         for (size_t at = 0; s == SHARD_OK && at < count; at += PIECE) {
             size_t n = count - at < PIECE ? count - at : PIECE;
             for (size_t i = 0; i < n; i++) buf[2 * i] = bytes[at + i], buf[2 * i + 1] = 0; /* little-endian uint16 */
-            if (pass == 0) XXH3_64bits_update(hash, buf, 2 * n);
-            else s = shard__atomic_write(&f, buf, 2 * n);
+            if (pass == 0)
+                XXH3_64bits_update(hash, buf, 2 * n);
+            else
+                s = shard__atomic_write(&f, buf, 2 * n);
         }
     }
     if (opened) {
-        if (s == SHARD_OK) s = shard__atomic_commit(&f);
-        else shard__atomic_abort(&f);
+        if (s == SHARD_OK)
+            s = shard__atomic_commit(&f);
+        else
+            shard__atomic_abort(&f);
     }
     XXH3_freeState(hash);
     free(buf);
@@ -213,8 +227,8 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
             break;
         }
         struct stat st; /* a file or a pipe; a device such as /dev/zero would never end, a directory has no text */
-        if (fstat(fileno(in), &st) == 0 && ((S_ISCHR(st.st_mode) && !isatty(fileno(in))) || S_ISBLK(st.st_mode) ||
-                                            S_ISDIR(st.st_mode))) {
+        if (fstat(fileno(in), &st) == 0 &&
+            ((S_ISCHR(st.st_mode) && !isatty(fileno(in))) || S_ISBLK(st.st_mode) || S_ISDIR(st.st_mode))) {
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: a %s, not a text file (give files, or a pipe)", files[f],
                             S_ISDIR(st.st_mode) ? "directory" : "device");
             fclose(in);
@@ -232,12 +246,13 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
             got = fread(bytes + total, 1, cap - total, in);
             total += got;
         }
-        if (ferror(in) && s == SHARD_OK) s = shard_error(SHARD_ERR_IO, "%s: cannot read: %s", files[f], strerror(errno));
+        if (ferror(in) && s == SHARD_OK)
+            s = shard_error(SHARD_ERR_IO, "%s: cannot read: %s", files[f], strerror(errno));
         fclose(in);
     }
     if (s == SHARD_OK && total == 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "data text: the %zu input file%s hold%s no bytes: give text to tokenize", count,
-                        count == 1 ? "" : "s", count == 1 ? "s" : "");
+        s = shard_error(SHARD_ERR_INVALID_ARG, "data text: the %zu input file%s hold%s no bytes: give text to tokenize",
+                        count, count == 1 ? "" : "s", count == 1 ? "s" : "");
     size_t val = (size_t)((double)total * val_fraction), train = total - val;
     char path[PATH_MAX];
     if (s == SHARD_OK) s = shard__ckpt_mkdirs(out_dir);
@@ -247,8 +262,10 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
         struct stat st;
         snprintf(path, sizeof path, "%s/%s", out_dir, outputs[i]);
         if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-            s = shard_error(SHARD_ERR_INVALID_ARG, "data text: %s exists and is not a regular file; remove it or give "
-                            "another --out", path);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "data text: %s exists and is not a regular file; remove it or give "
+                            "another --out",
+                            path);
     }
     if (s == SHARD_OK) {
         snprintf(path, sizeof path, "%s/train.tokens", out_dir);
@@ -294,8 +311,10 @@ shard_status shard_idx_read(const char *path, shard_idx *out) {
     if (got < 0)
         s = shard_error(SHARD_ERR_IO, "%s: unreadable: %s", path, gz_why(gz, path));
     else if (got != 4 || head[0] || head[1] || head[2] != 0x08 || head[3] < 1 || head[3] > 4)
-        s = shard_error(SHARD_ERR_IO, "%s: not an IDX file of unsigned bytes with 1 to 4 dims (magic 0x00000801.."
-                        "0x00000804)", path);
+        s = shard_error(SHARD_ERR_IO,
+                        "%s: not an IDX file of unsigned bytes with 1 to 4 dims (magic 0x00000801.."
+                        "0x00000804)",
+                        path);
     if (s == SHARD_OK) {
         out->ndim = head[3];
         if (gzread(gz, head + 4, (unsigned)(4 * out->ndim)) != 4 * out->ndim)
@@ -317,9 +336,13 @@ shard_status shard_idx_read(const char *path, shard_idx *out) {
         unsigned chunk = out->count - done > (1u << 30) ? (1u << 30) : (unsigned)(out->count - done);
         int n = gzread(gz, out->data + done, chunk);
         const char *why = n < 0 ? gz_why(gz, path) : NULL;
-        if (n < 0) s = shard_error(SHARD_ERR_IO, "%s: unreadable after %zu of %zu data bytes: %s", path, done, out->count, why);
-        else if (n == 0) s = shard_error(SHARD_ERR_IO, "%s: truncated: %zu of %zu data bytes", path, done, out->count);
-        else done += (size_t)n;
+        if (n < 0)
+            s = shard_error(SHARD_ERR_IO, "%s: unreadable after %zu of %zu data bytes: %s", path, done, out->count,
+                            why);
+        else if (n == 0)
+            s = shard_error(SHARD_ERR_IO, "%s: truncated: %zu of %zu data bytes", path, done, out->count);
+        else
+            done += (size_t)n;
     }
     unsigned char extra;
     int more = s == SHARD_OK ? gzread(gz, &extra, 1) : 0; /* the end, and gzip's own check of it */
@@ -327,7 +350,8 @@ shard_status shard_idx_read(const char *path, shard_idx *out) {
         s = shard_error(SHARD_ERR_IO, "%s: bytes follow the %zu the dims describe (not an IDX file, or two joined)",
                         path, out->count);
     else if (more < 0)
-        s = shard_error(SHARD_ERR_IO, "%s: unreadable after its %zu data bytes: %s", path, out->count, gz_why(gz, path));
+        s = shard_error(SHARD_ERR_IO, "%s: unreadable after its %zu data bytes: %s", path, out->count,
+                        gz_why(gz, path));
     gzclose(gz);
     if (s < 0) shard_idx_free(out);
     return s;

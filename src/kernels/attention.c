@@ -182,7 +182,8 @@ static shard_status att_run(att_job *j, shard__chunk_fn fn, size_t scratch_float
     if (!scratch_floats) scratch_floats = 1; /* heads of width 0: nothing to pack, but no NULL buffers */
     size_t bytes = chunks * scratch_floats * sizeof(float);
     j->scratch = shard_alloc(bytes, SHARD_MEM_ACTIVATIONS);
-    if (!j->scratch) return shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory for %zu bytes of scratch", bytes);
+    if (!j->scratch)
+        return shard_error(SHARD_ERR_NO_MEMORY, "attention: out of memory for %zu bytes of scratch", bytes);
     j->scratch_floats = scratch_floats;
     shard__parallel_for(chunks, fn, j);
     shard_free(j->scratch);
@@ -190,11 +191,21 @@ static shard_status att_run(att_job *j, shard__chunk_fn fn, size_t scratch_float
 }
 
 shard_status shard_attention_forward_dropout(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
-                                             size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
-                                             size_t head0) {
+                                             size_t H, float p_drop, uint64_t seed, size_t first_row,
+                                             size_t heads_total, size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention"));
-    att_job j = {.qkv = qkv, .y = y, .att_out = att, .B = B, .T = T, .C = C, .H = H, .p_drop = p_drop, .seed = seed,
-                 .first_row = first_row, .heads_total = heads_total, .head0 = head0};
+    att_job j = {.qkv = qkv,
+                 .y = y,
+                 .att_out = att,
+                 .B = B,
+                 .T = T,
+                 .C = C,
+                 .H = H,
+                 .p_drop = p_drop,
+                 .seed = seed,
+                 .first_row = first_row,
+                 .heads_total = heads_total,
+                 .head0 = head0};
     return att_run(&j, att_forward_chunk, 3 * T * (C / H) + (p_drop > 0 ? T * T : 0));
 }
 
@@ -254,8 +265,19 @@ shard_status shard_attention_backward_dropout(const float *qkv, const float *att
                                               size_t B, size_t T, size_t C, size_t H, float p_drop, uint64_t seed,
                                               size_t first_row, size_t heads_total, size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention backward"));
-    att_job j = {.qkv = qkv, .att = att, .dy = dy, .dqkv = dqkv, .B = B, .T = T, .C = C, .H = H, .p_drop = p_drop,
-                 .seed = seed, .first_row = first_row, .heads_total = heads_total, .head0 = head0};
+    att_job j = {.qkv = qkv,
+                 .att = att,
+                 .dy = dy,
+                 .dqkv = dqkv,
+                 .B = B,
+                 .T = T,
+                 .C = C,
+                 .H = H,
+                 .p_drop = p_drop,
+                 .seed = seed,
+                 .first_row = first_row,
+                 .heads_total = heads_total,
+                 .head0 = head0};
     size_t tt = T ? T * T : 1;
     return att_run(&j, att_backward_chunk, tt + ATT_PACKS * T * (C / H) + (p_drop > 0 ? tt : 0));
 }
@@ -281,8 +303,8 @@ static double ref_keep_factor(float p_drop, uint64_t seed, uint64_t index) {
 }
 
 shard_status shard__ref_attention_forward(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
-                                         size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
-                                         size_t head0) {
+                                          size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
+                                          size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention reference"));
     size_t D = C / H;
     double *prob = malloc((T ? T : 1) * sizeof *prob), scale = 1.0 / sqrt((double)D);
@@ -304,7 +326,7 @@ shard_status shard__ref_attention_forward(const float *qkv, float *y, float *att
                     double acc = 0;
                     for (size_t j = 0; j <= t; j++)
                         acc += prob[j] / sum * ref_keep_factor(p_drop, seed, offset + t * T + j) *
-                               ref_row(qkv, 2, b, j, h, T, C, D)[d];
+                            ref_row(qkv, 2, b, j, h, T, C, D)[d];
                     y[(b * T + t) * C + h * D + d] = (float)acc;
                 }
             }
@@ -314,8 +336,8 @@ shard_status shard__ref_attention_forward(const float *qkv, float *y, float *att
 }
 
 shard_status shard__ref_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
-                                          size_t T, size_t C, size_t H, float p_drop, uint64_t seed, size_t first_row,
-                                          size_t heads_total, size_t head0) {
+                                           size_t T, size_t C, size_t H, float p_drop, uint64_t seed, size_t first_row,
+                                           size_t heads_total, size_t head0) {
     SHARD_CHECK(check_heads(C, H, "attention backward reference"));
     size_t D = C / H;
     double *ds = malloc((T ? T * T : 1) * sizeof *ds), scale = 1.0 / sqrt((double)D);
@@ -329,7 +351,7 @@ shard_status shard__ref_attention_backward(const float *qkv, const float *att, c
                 double dot = 0;
                 for (size_t j = 0; j <= t; j++) {
                     ds[t * T + j] = ref_dot(g, ref_row(qkv, 2, b, j, h, T, C, D), D) *
-                                    ref_keep_factor(p_drop, seed, offset + t * T + j);
+                        ref_keep_factor(p_drop, seed, offset + t * T + j);
                     dot += P[t * T + j] * ds[t * T + j];
                 }
                 for (size_t j = 0; j <= t; j++) ds[t * T + j] = P[t * T + j] * (ds[t * T + j] - dot) * scale;
@@ -341,7 +363,7 @@ shard_status shard__ref_attention_backward(const float *qkv, const float *att, c
                     for (size_t i = t; i < T; i++) {
                         dk += ds[i * T + t] * ref_row(qkv, 0, b, i, h, T, C, D)[d];
                         dv += P[i * T + t] * ref_keep_factor(p_drop, seed, offset + i * T + t) *
-                              dy[(b * T + i) * C + h * D + d];
+                            dy[(b * T + i) * C + h * D + d];
                     }
                     float *out = dqkv + (b * T + t) * 3 * C + h * D + d;
                     out[0] = (float)dq, out[C] = (float)dk, out[2 * C] = (float)dv;

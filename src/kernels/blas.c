@@ -45,7 +45,7 @@ static const char *best_core(void) {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return NULL;
     unsigned ebx7 = b;
     int avx512 = (ebx7 >> 16 & 1) && (ebx7 >> 17 & 1) && (ebx7 >> 30 & 1) && (ebx7 >> 31 & 1); /* F, DQ, BW, VL */
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return NULL; /* OSXSAVE */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return NULL;                        /* OSXSAVE */
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     int os_avx512 = (lo & 0xE6) == 0xE6; /* XMM, YMM, opmask, ZMM state enabled */
@@ -75,13 +75,16 @@ static void load(void) {
     char saved[32] = "";
     if (user_threads) snprintf(saved, sizeof saved, "%s", user_threads);
     cpu_set_t allowed; /* the cores this process may run on (taskset, a cpuset, a batch system's binding) */
-    long cores = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : sysconf(_SC_NPROCESSORS_ONLN);
+    long cores =
+        sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : sysconf(_SC_NPROCESSORS_ONLN);
     long width = user_threads && atoi(user_threads) > 0 ? atoi(user_threads) : cores;
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
     for (size_t i = 0; i < 2 && !B.lib; i++) B.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (user_threads) setenv("OPENBLAS_NUM_THREADS", saved, 1);
-    else unsetenv("OPENBLAS_NUM_THREADS");
+    if (user_threads)
+        setenv("OPENBLAS_NUM_THREADS", saved, 1);
+    else
+        unsetenv("OPENBLAS_NUM_THREADS");
     shard__parallel_set_threads(width > 0 ? (int)width : 1);
     if (!B.lib) {
         snprintf(B.error, sizeof B.error, "OpenBLAS could not be loaded (%s); install libopenblas0 (make deps does)",
@@ -115,7 +118,8 @@ shard_status shard_blas_init(void) {
 
 shard_status shard_blas_set_threads(int threads) {
     SHARD_CHECK(shard_blas_init());
-    if (threads < 1) return shard_error(SHARD_ERR_INVALID_ARG, "shard_blas_set_threads: %d threads (need >= 1)", threads);
+    if (threads < 1)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_blas_set_threads: %d threads (need >= 1)", threads);
     /* OpenBLAS runs each call on one thread; shard spreads products and element-wise kernels over
      * `threads` itself (parallel.h), so no BLAS thread spins on a core the next loop needs */
     if (B.set_threads) B.set_threads(1);
@@ -151,24 +155,28 @@ static void gemm_chunk(void *ctx, size_t chunk, size_t chunks) {
     float *C = j->C;
     size_t M = j->M, N = j->N;
     const float *bias = j->bias;
-    if (j->by_rows) A += j->ta ? at : at * j->lda, C += at * j->ldc, M = n;
-    else Bm += j->tb ? at * j->ldb : at, C += at, N = n, bias = bias ? bias + at : NULL;
+    if (j->by_rows)
+        A += j->ta ? at : at * j->lda, C += at * j->ldc, M = n;
+    else
+        Bm += j->tb ? at * j->ldb : at, C += at, N = n, bias = bias ? bias + at : NULL;
     if (bias) fill_bias(C, j->ldc, bias, M, N);
     B.sgemm(CBLAS_ROW_MAJOR, j->ta ? CBLAS_TRANS : CBLAS_NO_TRANS, j->tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)M, (int)N,
-            (int)j->K, j->alpha, A, (int)(j->lda ? j->lda : 1), Bm, (int)(j->ldb ? j->ldb : 1), bias ? 1.0f : j->beta, C,
-            (int)j->ldc);
+            (int)j->K, j->alpha, A, (int)(j->lda ? j->lda : 1), Bm, (int)(j->ldb ? j->ldb : 1), bias ? 1.0f : j->beta,
+            C, (int)j->ldc);
 }
 
 static shard_status gemm(const char *name, int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha,
-                         const float *A, size_t lda, const float *Bm, size_t ldb, float beta, const float *bias, float *C,
-                         size_t ldc) {
+                         const float *A, size_t lda, const float *Bm, size_t ldb, float beta, const float *bias,
+                         float *C, size_t ldc) {
     SHARD_CHECK(shard_blas_init());
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: sizes %zu x %zu x %zu exceed the BLAS int range", name, M, N, K);
     size_t a_cols = transpose_a ? M : K, b_cols = transpose_b ? K : N;
     if ((M && N && !C) || ldc < N || lda < a_cols || ldb < b_cols)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu x %zu x %zu with lda %zu, ldb %zu, ldc %zu: a stride is "
-                           "shorter than its row", name, M, N, K, lda, ldb, ldc);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: %zu x %zu x %zu with lda %zu, ldb %zu, ldc %zu: a stride is "
+                           "shorter than its row",
+                           name, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return SHARD_OK;
     int threads = shard__parallel_threads();
     gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, bias, C};
@@ -186,14 +194,15 @@ shard_status shard_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, s
     return gemm("shard_sgemm", transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, beta, NULL, C, ldc);
 }
 
-shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha, const float *A,
-                              size_t lda, const float *Bm, size_t ldb, const float *bias, float *C, size_t ldc) {
+shard_status shard_sgemm_bias(int transpose_a, int transpose_b, size_t M, size_t N, size_t K, float alpha,
+                              const float *A, size_t lda, const float *Bm, size_t ldb, const float *bias, float *C,
+                              size_t ldc) {
     return gemm("shard_sgemm_bias", transpose_a, transpose_b, M, N, K, alpha, A, lda, Bm, ldb, 0.0f, bias, C, ldc);
 }
 
 static shard_status gemm_args(const shard_gemm *g) {
-    return gemm("shard_sgemm_pair", g->transpose_a, g->transpose_b, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B, g->ldb,
-                g->beta, NULL, g->C, g->ldc);
+    return gemm("shard_sgemm_pair", g->transpose_a, g->transpose_b, g->M, g->N, g->K, g->alpha, g->A, g->lda, g->B,
+                g->ldb, g->beta, NULL, g->C, g->ldc);
 }
 
 typedef struct gemm_pair_job {
@@ -239,8 +248,10 @@ void shard__ref_sgemm(int transpose_a, int transpose_b, size_t M, size_t N, size
             double s = 0;
             for (size_t k = 0; k < K; k++) s += ref_at(A, lda, transpose_a, m, k) * ref_at(Bm, ldb, transpose_b, k, n);
             s *= alpha;
-            if (bias) s += bias[n];
-            else if (beta != 0) s += (double)beta * C[m * ldc + n];
+            if (bias)
+                s += bias[n];
+            else if (beta != 0)
+                s += (double)beta * C[m * ldc + n];
             C[m * ldc + n] = (float)s;
         }
 }

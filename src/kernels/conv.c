@@ -24,8 +24,8 @@ static void im2col(const float *x, float *col, size_t Cin, size_t H, size_t W, s
                     for (size_t j = 0; j < Wo; j++) {
                         long yi = (long)(i + ki) - (long)pad, xj = (long)(j + kj) - (long)pad;
                         row[i * Wo + j] = yi < 0 || xj < 0 || yi >= (long)H || xj >= (long)W
-                                              ? 0.0f
-                                              : x[(c * H + (size_t)yi) * W + (size_t)xj];
+                            ? 0.0f
+                            : x[(c * H + (size_t)yi) * W + (size_t)xj];
                     }
             }
 }
@@ -48,8 +48,8 @@ static void col2im(const float *col, float *x, size_t Cin, size_t H, size_t W, s
 
 static shard_status conv_sizes(size_t H, size_t W, size_t K, size_t pad, size_t *Ho, size_t *Wo) {
     if (K == 0 || H + 2 * pad < K || W + 2 * pad < K)
-        return shard_error(SHARD_ERR_INVALID_ARG, "conv2d: a %zux%zu kernel does not fit a %zux%zu image padded by %zu", K,
-                           K, H, W, pad);
+        return shard_error(SHARD_ERR_INVALID_ARG, "conv2d: a %zux%zu kernel does not fit a %zux%zu image padded by %zu",
+                           K, K, H, W, pad);
     *Ho = H + 2 * pad - K + 1, *Wo = W + 2 * pad - K + 1;
     return SHARD_OK;
 }
@@ -109,15 +109,16 @@ void shard_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t 
                 for (size_t a = 0; a < P; a++)
                     for (size_t b = 0; b < P; b++) {
                         size_t at = (i * P + a) * W + j * P + b;
-                        if (plane[at] > plane[best] || isnan(plane[at])) best = at; /* NaN wins, the last one (PyTorch) */
+                        if (plane[at] > plane[best] || isnan(plane[at]))
+                            best = at; /* NaN wins, the last one (PyTorch) */
                     }
                 y[(nc * Ho + i) * Wo + j] = plane[best];
                 argmax[(nc * Ho + i) * Wo + j] = (uint32_t)best;
             }
 }
 
-void shard_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H, size_t W,
-                              size_t P) {
+void shard_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H,
+                              size_t W, size_t P) {
     size_t per_plane = (H / P) * (W / P);
     memset(dx, 0, N * C * H * W * sizeof *dx);
     for (size_t nc = 0; nc < N * C; nc++)
@@ -133,7 +134,7 @@ static double ref_pixel(const float *x, size_t c, long yi, long xj, size_t H, si
 }
 
 shard_status shard__ref_conv2d_forward(const float *x, const float *w, const float *b, float *y, size_t N, size_t Cin,
-                                      size_t H, size_t W, size_t Cout, size_t K, size_t pad) {
+                                       size_t H, size_t W, size_t Cout, size_t K, size_t pad) {
     size_t Ho = 0, Wo = 0;
     SHARD_CHECK(conv_sizes(H, W, K, pad, &Ho, &Wo));
     for (size_t n = 0; n < N; n++)
@@ -145,15 +146,16 @@ shard_status shard__ref_conv2d_forward(const float *x, const float *w, const flo
                         for (size_t ki = 0; ki < K; ki++)
                             for (size_t kj = 0; kj < K; kj++)
                                 s += (double)w[((o * Cin + c) * K + ki) * K + kj] *
-                                     ref_pixel(x + n * Cin * H * W, c, (long)(i + ki) - (long)pad,
-                                               (long)(j + kj) - (long)pad, H, W);
+                                    ref_pixel(x + n * Cin * H * W, c, (long)(i + ki) - (long)pad,
+                                              (long)(j + kj) - (long)pad, H, W);
                     y[((n * Cout + o) * Ho + i) * Wo + j] = (float)s;
                 }
     return SHARD_OK;
 }
 
 shard_status shard__ref_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
-                                       float *db, size_t N, size_t Cin, size_t H, size_t W, size_t Cout, size_t K, size_t pad) {
+                                        float *db, size_t N, size_t Cin, size_t H, size_t W, size_t Cout, size_t K,
+                                        size_t pad) {
     size_t Ho = 0, Wo = 0;
     SHARD_CHECK(conv_sizes(H, W, K, pad, &Ho, &Wo));
     for (size_t o = 0; db && o < Cout; o++) { /* db += sums of dy over images and pixels */
@@ -171,8 +173,8 @@ shard_status shard__ref_conv2d_backward(const float *x, const float *w, const fl
                         for (size_t i = 0; i < Ho; i++)
                             for (size_t j = 0; j < Wo; j++)
                                 s += (double)dy[((n * Cout + o) * Ho + i) * Wo + j] *
-                                     ref_pixel(x + n * Cin * H * W, c, (long)(i + ki) - (long)pad,
-                                               (long)(j + kj) - (long)pad, H, W);
+                                    ref_pixel(x + n * Cin * H * W, c, (long)(i + ki) - (long)pad,
+                                              (long)(j + kj) - (long)pad, H, W);
                     dw[((o * Cin + c) * K + ki) * K + kj] = (float)s;
                 }
     for (size_t n = 0; dx && n < N; n++) /* dx = sums of dy times the weight each output met the pixel with */
@@ -186,7 +188,7 @@ shard_status shard__ref_conv2d_backward(const float *x, const float *w, const fl
                                 long i = (long)(yi + pad) - (long)ki, j = (long)(xj + pad) - (long)kj;
                                 if (i < 0 || j < 0 || i >= (long)Ho || j >= (long)Wo) continue;
                                 s += (double)w[((o * Cin + c) * K + ki) * K + kj] *
-                                     dy[((n * Cout + o) * Ho + (size_t)i) * Wo + (size_t)j];
+                                    dy[((n * Cout + o) * Ho + (size_t)i) * Wo + (size_t)j];
                             }
                     dx[((n * Cin + c) * H + yi) * W + xj] = (float)s;
                 }

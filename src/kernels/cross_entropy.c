@@ -22,8 +22,9 @@ shard_status shard__cross_entropy_check_targets(const int32_t *targets, int32_t 
     for (size_t n = 0; n < N; n++) {
         if (targets[n] == ignore_index) continue;
         if (targets[n] < 0 || (size_t)targets[n] >= V)
-            return shard_error(SHARD_ERR_INVALID_ARG, "cross_entropy: target %d at row %zu is outside 0..%zu (ignore index %d)",
-                               targets[n], n, V - 1, ignore_index);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "cross_entropy: target %d at row %zu is outside 0..%zu (ignore index %d)", targets[n], n,
+                               V - 1, ignore_index);
         (*used)++;
     }
     return SHARD_OK;
@@ -58,7 +59,7 @@ static void ce_chunk(void *ctx, size_t chunk, size_t chunks) {
             continue;
         }
         float m = shard__row_max(r, V), at_target = r[j->targets[n]]; /* read before d, which may be r, is written */
-        double sum = shard__exp_row(r, d, V, m); /* one pass of exp, kept in d for the gradient */
+        double sum = shard__exp_row(r, d, V, m);                      /* one pass of exp, kept in d for the gradient */
         total += (double)m + log(sum) - (double)at_target;
         if (j->dlogits) {
             shard__scale_row(d, V, (float)(1.0 / sum) * j->scale);
@@ -73,8 +74,13 @@ shard_status shard_cross_entropy_sum(const float *logits, const int32_t *targets
                                      size_t V, double denominator, double *loss, size_t *count, float *dlogits) {
     size_t used = 0;
     SHARD_CHECK(shard__cross_entropy_check_targets(targets, ignore_index, N, V, &used));
-    ce_job j = {.logits = logits, .targets = targets, .ignore_index = ignore_index, .N = N, .V = V,
-                .scale = denominator > 0 ? (float)(1.0 / denominator) : 0.0f, .dlogits = dlogits};
+    ce_job j = {.logits = logits,
+                .targets = targets,
+                .ignore_index = ignore_index,
+                .N = N,
+                .V = V,
+                .scale = denominator > 0 ? (float)(1.0 / denominator) : 0.0f,
+                .dlogits = dlogits};
     size_t chunks = shard__chunks_for(N * V, 4 * GRAIN);
     shard__parallel_for(chunks, ce_chunk, &j);
     for (size_t k = 0; k < chunks; k++)

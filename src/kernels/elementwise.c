@@ -101,11 +101,16 @@ static void ew_chunk(void *ctx, size_t chunk, size_t chunks) {
     const ew_job *j = ctx;
     size_t at, n;
     shard__chunk_range(j->n, chunks, chunk, &at, &n);
-    if (j->kind == 0) gelu_forward_range(j->a + at, j->y + at, n);
-    else if (j->kind == 1) gelu_backward_range(j->a + at, j->b + at, j->y + at, n);
-    else if (j->kind == 2) add_range(j->a + at, j->b + at, j->y + at, n);
-    else if (j->kind == 3) gelu_forward_slope_range(j->slope + at, j->y + at, n);
-    else mul_range(j->a + at, j->b + at, j->y + at, n);
+    if (j->kind == 0)
+        gelu_forward_range(j->a + at, j->y + at, n);
+    else if (j->kind == 1)
+        gelu_backward_range(j->a + at, j->b + at, j->y + at, n);
+    else if (j->kind == 2)
+        add_range(j->a + at, j->b + at, j->y + at, n);
+    else if (j->kind == 3)
+        gelu_forward_slope_range(j->slope + at, j->y + at, n);
+    else
+        mul_range(j->a + at, j->b + at, j->y + at, n);
 }
 
 static void elementwise(int kind, const float *a, const float *b, float *y, size_t n) {
@@ -181,7 +186,9 @@ void shard__ref_mul(const float *a, const float *b, float *y, size_t n) {
 
 void shard__ref_dropout(const float *x, float *y, size_t n, float p, uint64_t seed, uint64_t offset) {
     for (size_t i = 0; i < n; i++) {
-        if (p <= 0) y[i] = x[i];
-        else y[i] = shard__dropout_keeps(seed, offset + i, p) ? (float)((double)x[i] / (1.0 - (double)p)) : 0.0f;
+        if (p <= 0)
+            y[i] = x[i];
+        else
+            y[i] = shard__dropout_keeps(seed, offset + i, p) ? (float)((double)x[i] / (1.0 - (double)p)) : 0.0f;
     }
 }

@@ -14,12 +14,13 @@
 static shard_status check_ids(const int32_t *ids, size_t N, size_t rows, const char *what) {
     for (size_t n = 0; n < N; n++)
         if (ids[n] < 0 || (size_t)ids[n] >= rows)
-            return shard_error(SHARD_ERR_INVALID_ARG, "%s: id %d at position %zu is outside the table's rows 0..%zu", what,
-                               ids[n], n, rows - 1);
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: id %d at position %zu is outside the table's rows 0..%zu",
+                               what, ids[n], n, rows - 1);
     return SHARD_OK;
 }
 
-shard_status shard_embedding_forward(const float *table, const int32_t *ids, float *y, size_t N, size_t rows, size_t C) {
+shard_status shard_embedding_forward(const float *table, const int32_t *ids, float *y, size_t N, size_t rows,
+                                     size_t C) {
     SHARD_CHECK(check_ids(ids, N, rows, "embedding"));
     for (size_t n = 0; n < N; n++) memcpy(y + n * C, table + (size_t)ids[n] * C, C * sizeof *y);
     return SHARD_OK;
@@ -41,11 +42,13 @@ shard_status shard__embedding_forward_split(const float *table, const int32_t *i
                                             size_t Vl, size_t V, size_t C) {
     for (size_t n = 0; n < N; n++) {
         if (ids[n] < 0 || (size_t)ids[n] >= V)
-            return shard_error(SHARD_ERR_INVALID_ARG, "embedding: id %d at position %zu is outside the table's rows 0..%zu",
-                               ids[n], n, V - 1);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "embedding: id %d at position %zu is outside the table's rows 0..%zu", ids[n], n, V - 1);
         size_t id = (size_t)ids[n];
-        if (id >= v0 && id < v0 + Vl) memcpy(y + n * C, table + (id - v0) * C, C * sizeof *y);
-        else memset(y + n * C, 0, C * sizeof *y);
+        if (id >= v0 && id < v0 + Vl)
+            memcpy(y + n * C, table + (id - v0) * C, C * sizeof *y);
+        else
+            memset(y + n * C, 0, C * sizeof *y);
     }
     return SHARD_OK;
 }

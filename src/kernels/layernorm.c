@@ -89,7 +89,8 @@ static void ln_forward_chunk(void *ctx, size_t chunk, size_t chunks) {
     const ln_job *j = ctx;
     size_t r, n;
     shard__chunk_range(j->N, chunks, chunk, &r, &n);
-    layernorm_forward_rows(j->x + r * j->C, j->gamma, j->beta, j->eps, j->y + r * j->C, j->mean + r, j->rstd + r, n, j->C);
+    layernorm_forward_rows(j->x + r * j->C, j->gamma, j->beta, j->eps, j->y + r * j->C, j->mean + r, j->rstd + r, n,
+                           j->C);
 }
 
 void shard_layernorm_forward(const float *x, const float *gamma, const float *beta, float eps, float *y, float *mean,
@@ -103,8 +104,8 @@ static void ln_backward_chunk(void *ctx, size_t chunk, size_t chunks) {
     size_t r, n, C = j->C;
     shard__chunk_range(j->N, chunks, chunk, &r, &n);
     float *dg = j->partial + chunk * 2 * C;
-    layernorm_backward_rows(j->x + r * C, j->gamma, j->mean_in + r, j->rstd_in + r, j->dy + r * C, j->dx ? j->dx + r * C : NULL,
-                            dg, dg + C, n, C);
+    layernorm_backward_rows(j->x + r * C, j->gamma, j->mean_in + r, j->rstd_in + r, j->dy + r * C,
+                            j->dx ? j->dx + r * C : NULL, dg, dg + C, n, C);
 }
 
 SHARD_VECTOR_CLONES
@@ -120,8 +121,15 @@ void shard_layernorm_backward(const float *x, const float *gamma, const float *m
         layernorm_backward_rows(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, N, C);
         return;
     }
-    ln_job j = {.x = x, .gamma = gamma, .mean_in = mean, .rstd_in = rstd, .dy = dy, .dx = dx, .partial = partial,
-                .N = N, .C = C};
+    ln_job j = {.x = x,
+                .gamma = gamma,
+                .mean_in = mean,
+                .rstd_in = rstd,
+                .dy = dy,
+                .dx = dx,
+                .partial = partial,
+                .N = N,
+                .C = C};
     shard__parallel_for(chunks, ln_backward_chunk, &j);
     for (size_t k = 0; k < chunks; k++) {
         add_partials(dgamma, partial + k * 2 * C, C);

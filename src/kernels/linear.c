@@ -53,7 +53,7 @@ static void bias_grad(const float *dy, float *db, size_t N, size_t out) {
 
 shard_status shard_linear_backward(const float *x, const float *W, const float *dy, float *dx, float *dW, float *db,
                                    size_t N, size_t in, size_t out) {
-    shard_gemm gx = {0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in};   /* dx = dy W^T */
+    shard_gemm gx = {0, 1, N, in, out, 1.0f, dy, out, W, out, 0.0f, dx, in}; /* dx = dy W^T */
     shard_gemm gw = {1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW, out}; /* dW += x^T dy */
     SHARD_CHECK(shard_sgemm_pair(dx ? &gx : NULL, dW ? &gw : NULL));
     if (db) bias_grad(dy, db, N, out);

@@ -53,17 +53,26 @@ static void adamw_chunk(void *ctx, size_t chunk, size_t chunks) {
     const adamw_job *j = ctx;
     size_t at, n;
     shard__chunk_range(j->n, chunks, chunk, &at, &n);
-    adamw_range(j->c, j->step_size, j->bc2_sqrt, j->decay, j->clip, j->p + at, j->zero_grad ? j->g + at : (float *)j->g_in + at,
-                j->m + at, j->v + at, n, j->zero_grad);
+    adamw_range(j->c, j->step_size, j->bc2_sqrt, j->decay, j->clip, j->p + at,
+                j->zero_grad ? j->g + at : (float *)j->g_in + at, j->m + at, j->v + at, n, j->zero_grad);
 }
 
 static void adamw(const shard_adamw_config *c, uint64_t step, float lr, float clip, float *p, const float *g_in,
                   float *g, float *m, float *v, size_t n) {
     /* the scalars in double, as PyTorch computes them in Python, then used as floats */
     double bc1 = 1.0 - pow((double)c->beta1, (double)step), bc2 = 1.0 - pow((double)c->beta2, (double)step);
-    adamw_job j = {.c = c, .step_size = (float)((double)lr / bc1), .bc2_sqrt = (float)sqrt(bc2),
-                   .decay = (float)(1.0 - (double)lr * (double)c->weight_decay), .clip = clip, .p = p, .g = g, .m = m,
-                   .v = v, .g_in = g_in, .n = n, .zero_grad = g != NULL};
+    adamw_job j = {.c = c,
+                   .step_size = (float)((double)lr / bc1),
+                   .bc2_sqrt = (float)sqrt(bc2),
+                   .decay = (float)(1.0 - (double)lr * (double)c->weight_decay),
+                   .clip = clip,
+                   .p = p,
+                   .g = g,
+                   .m = m,
+                   .v = v,
+                   .g_in = g_in,
+                   .n = n,
+                   .zero_grad = g != NULL};
     shard__parallel_for(shard__chunks_for(n, 65536), adamw_chunk, &j);
 }
 

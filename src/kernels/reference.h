@@ -54,16 +54,17 @@ void shard__ref_embedding_backward(const int32_t *ids, const float *dy, float *d
 /* Causal attention with dropout p_drop on the probabilities (0: none), the mask keyed as
  * shard_attention_forward_dropout keys it. */
 shard_status shard__ref_attention_forward(const float *qkv, float *y, float *att, size_t B, size_t T, size_t C,
-                                         size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
-                                         size_t head0);
+                                          size_t H, float p_drop, uint64_t seed, size_t first_row, size_t heads_total,
+                                          size_t head0);
 shard_status shard__ref_attention_backward(const float *qkv, const float *att, const float *dy, float *dqkv, size_t B,
-                                          size_t T, size_t C, size_t H, float p_drop, uint64_t seed, size_t first_row,
-                                          size_t heads_total, size_t head0);
+                                           size_t T, size_t C, size_t H, float p_drop, uint64_t seed, size_t first_row,
+                                           size_t heads_total, size_t head0);
 
 shard_status shard__ref_conv2d_forward(const float *x, const float *w, const float *b, float *y, size_t N, size_t Cin,
-                                      size_t H, size_t W, size_t Cout, size_t K, size_t pad);
+                                       size_t H, size_t W, size_t Cout, size_t K, size_t pad);
 shard_status shard__ref_conv2d_backward(const float *x, const float *w, const float *dy, float *dx, float *dw,
-                                       float *db, size_t N, size_t Cin, size_t H, size_t W, size_t Cout, size_t K, size_t pad);
+                                        float *db, size_t N, size_t Cin, size_t H, size_t W, size_t Cout, size_t K,
+                                        size_t pad);
 void shard__ref_maxpool2d_forward(const float *x, float *y, uint32_t *argmax, size_t N, size_t C, size_t H, size_t W,
                                   size_t P);
 void shard__ref_maxpool2d_backward(const float *dy, const uint32_t *argmax, float *dx, size_t N, size_t C, size_t H,

@@ -102,9 +102,7 @@ static shard_status alloc_counts(int n, size_t **a, size_t **b, size_t **c, size
     return shard_error(SHARD_ERR_NO_MEMORY, "out of memory for %d ranks' counts", n);
 }
 
-static void free_counts(size_t *a, size_t *b, size_t *c, size_t *d) {
-    free(a), free(b), free(c), free(d);
-}
+static void free_counts(size_t *a, size_t *b, size_t *c, size_t *d) { free(a), free(b), free(c), free(d); }
 
 /* Root sends every rank that holds the value its block; the others get zeros. */
 static shard_status scatter_from(shard_dtensor *dst, const shard_tensor *full, int root) {
@@ -124,17 +122,20 @@ static shard_status scatter_from(shard_dtensor *dst, const shard_tensor *full, i
         rank_coords(dst, q, coords);
         shard__box b;
         block_at(dst, coords, &b);
-        if (q != root && holds_value(dst, coords)) sc[q] = shard__box_numel(&b, dst->ndim), sd[q] = total, total += sc[q];
+        if (q != root && holds_value(dst, coords))
+            sc[q] = shard__box_numel(&b, dst->ndim), sd[q] = total, total += sc[q];
     }
     if (s == SHARD_OK && me == root) {
         packed = shard__mesh_scratch(dst->mesh, SHARD__SCRATCH_SEND, total * es);
-        if (!packed) s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_distribute: out of memory for %zu elements", total);
+        if (!packed)
+            s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_distribute: out of memory for %zu elements", total);
         for (int q = 0; s == SHARD_OK && q < n; q++) {
             if (!sc[q]) continue;
             shard__box b;
             rank_coords(dst, q, coords);
             block_at(dst, coords, &b);
-            shard_tensor from = shard__sub_view(full, &whole, &b), to = shard__contiguous_over(packed + sd[q] * es, dst->dtype, dst->ndim, &b);
+            shard_tensor from = shard__sub_view(full, &whole, &b),
+                         to = shard__contiguous_over(packed + sd[q] * es, dst->dtype, dst->ndim, &b);
             s = shard_tensor_copy(&to, &from);
         }
     }
@@ -158,7 +159,8 @@ shard_status shard_dtensor_distribute(shard_dtensor *dst, const shard_tensor *fu
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: root %d is out of range 0..%d", root,
                            shard_comm_size(world) - 1);
     if (root < 0 || me == root) {
-        if (!full) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: full tensor is NULL on rank %d", me);
+        if (!full)
+            return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_distribute: full tensor is NULL on rank %d", me);
         SHARD_CHECK(check_full(dst, full, "shard_dtensor_distribute"));
     }
     int coords[SHARD_MESH_MAX_AXES] = {0};
@@ -205,11 +207,13 @@ static shard_status gather_everywhere(const shard_dtensor *src, const shard_tens
     SHARD_CHECK(shard_mesh_axes_comm_mask(src->mesh, split, &gc));
     int members = shard_comm_size(gc), coords[SHARD_MESH_MAX_AXES] = {0};
     rank_coords(src, shard_comm_rank(shard_mesh_comm(src->mesh)), coords);
-    size_t es = shard_dtype_size(src->dtype), *counts = NULL, *displs = NULL, *unused1 = NULL, *unused2 = NULL, total = 0;
+    size_t es = shard_dtype_size(src->dtype), *counts = NULL, *displs = NULL, *unused1 = NULL, *unused2 = NULL,
+           total = 0;
     shard__box *boxes = calloc((size_t)members, sizeof *boxes);
     shard_status s = alloc_counts(members, &counts, &displs, &unused1, &unused2);
     if (s == SHARD_OK && !boxes) s = shard_error(SHARD_ERR_NO_MEMORY, "shard_dtensor_gather: out of memory");
-    for (int q = 0; s == SHARD_OK && q < members; q++) { /* member q: row-major over the splitting axes, mine elsewhere */
+    for (int q = 0; s == SHARD_OK && q < members;
+         q++) { /* member q: row-major over the splitting axes, mine elsewhere */
         int c[SHARD_MESH_MAX_AXES];
         memcpy(c, coords, sizeof c);
         shard_mesh_layout_unravel(&src->layout, split, q, c);
@@ -301,7 +305,8 @@ shard_status shard_dtensor_gather(const shard_dtensor *src, shard_tensor *full, 
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_gather: root %d is out of range 0..%d", root,
                            shard_comm_size(world) - 1);
     if (root < 0 || root == me) {
-        if (!full) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_gather: full tensor is NULL on rank %d", me);
+        if (!full)
+            return shard_error(SHARD_ERR_INVALID_ARG, "shard_dtensor_gather: full tensor is NULL on rank %d", me);
         SHARD_CHECK(check_full(src, full, "shard_dtensor_gather"));
     }
     shard_tensor *reduced = NULL;

@@ -26,7 +26,7 @@ struct shard_mesh {
     int sizes[SHARD_MESH_MAX_AXES];
     int coords[SHARD_MESH_MAX_AXES];
     shard_comm *axis_sets[MAX_AXIS_SETS]; /* indexed by the bit mask of axes; [0] unused */
-    void *scratch[SHARD__SCRATCH_SLOTS];   /* staging buffers (mesh_scratch.h) */
+    void *scratch[SHARD__SCRATCH_SLOTS];  /* staging buffers (mesh_scratch.h) */
     size_t scratch_bytes[SHARD__SCRATCH_SLOTS];
     void *attached[SHARD__ATTACH_SLOTS];
     void (*attached_destroy[SHARD__ATTACH_SLOTS])(void *);
@@ -36,8 +36,8 @@ struct shard_mesh {
 
 /* Append the meshes of `world` ranks over the given axis names ("data=4 |
  * data=2,tensor=2 | tensor=4"): first axes largest first, size-1 axes left out. */
-static void list_meshes(char names[][SHARD_MESH_AXIS_NAME_BYTES], int naxes, int world, int axis, int *sizes,
-                        char *out, size_t out_bytes, int *count) {
+static void list_meshes(char names[][SHARD_MESH_AXIS_NAME_BYTES], int naxes, int world, int axis, int *sizes, char *out,
+                        size_t out_bytes, int *count) {
     if (axis == naxes) {
         if (world != 1) return;
         size_t used = strlen(out);
@@ -74,14 +74,16 @@ int shard_mesh_parse(const char *text, int world_size, char names_out[][SHARD_ME
             return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: empty axis name at column %d: %s", text,
                                (int)(p - text) + 1, syntax);
         if (isdigit((unsigned char)p[0]) || len >= SHARD_MESH_AXIS_NAME_BYTES)
-            return shard_error(SHARD_ERR_INVALID_ARG,
-                               "mesh %s: axis name '%.*s' is invalid: names start with a letter or _ and have at most %d characters",
-                               text, (int)len, p, SHARD_MESH_AXIS_NAME_BYTES - 1);
+            return shard_error(
+                SHARD_ERR_INVALID_ARG,
+                "mesh %s: axis name '%.*s' is invalid: names start with a letter or _ and have at most %d characters",
+                text, (int)len, p, SHARD_MESH_AXIS_NAME_BYTES - 1);
         memcpy(names[n], p, len);
         names[n][len] = '\0';
         p += len;
         if (*p != '=')
-            return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: expected '=' after axis '%s': %s", text, names[n], syntax);
+            return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: expected '=' after axis '%s': %s", text, names[n],
+                               syntax);
         p++;
         char *end = NULL;
         long size = strtol(p, &end, 10);
@@ -89,12 +91,13 @@ int shard_mesh_parse(const char *text, int world_size, char names_out[][SHARD_ME
             return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: axis '%s' needs a size (a positive integer): %s", text,
                                names[n], syntax);
         if (size == 0)
-            return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: axis '%s' has size 0; sizes are 1 or more", text, names[n]);
+            return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: axis '%s' has size 0; sizes are 1 or more", text,
+                               names[n]);
         sizes[n] = (int)size;
         for (int k = 0; k < n; k++)
             if (strcmp(names[k], names[n]) == 0)
-                return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: axis '%s' appears twice; axis names are unique", text,
-                                   names[n]);
+                return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s: axis '%s' appears twice; axis names are unique",
+                                   text, names[n]);
         n++;
         p = end;
         if (*p == '\0') break;
@@ -112,8 +115,8 @@ int shard_mesh_parse(const char *text, int world_size, char names_out[][SHARD_ME
         char valid[512] = "";
         int count = 0, trial[SHARD_MESH_MAX_AXES];
         list_meshes(names, n, world_size, 0, trial, valid, sizeof valid, &count);
-        return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s needs %ld ranks, got %d; meshes of %d ranks: %s", text, product,
-                           world_size, world_size, valid);
+        return shard_error(SHARD_ERR_INVALID_ARG, "mesh %s needs %ld ranks, got %d; meshes of %d ranks: %s", text,
+                           product, world_size, world_size, valid);
     }
     for (int k = 0; k < n; k++) {
         if (names_out) memcpy(names_out[k], names[k], SHARD_MESH_AXIS_NAME_BYTES);
@@ -136,7 +139,8 @@ static shard_status split_for_axes(shard_mesh *m, unsigned mask, shard_comm **ou
     char name[64] = "";
     size_t used = 0;
     for (int k = 0; k < m->ndim && used < sizeof name; k++)
-        if (mask & (1u << k)) used += (size_t)snprintf(name + used, sizeof name - used, "%s%s", used ? "," : "", m->names[k]);
+        if (mask & (1u << k))
+            used += (size_t)snprintf(name + used, sizeof name - used, "%s%s", used ? "," : "", m->names[k]);
     return shard_comm_set_name(*out, name);
 }
 
@@ -232,8 +236,7 @@ shard_status shard_mesh_axes_comm(shard_mesh *mesh, const char *axes, shard_comm
             shard_mesh_string(mesh, mesh_text, sizeof mesh_text);
             return shard_error(SHARD_ERR_INVALID_ARG, "axes '%s': no axis '%s' in mesh %s", axes, name, mesh_text);
         }
-        if (mask & (1u << k))
-            return shard_error(SHARD_ERR_INVALID_ARG, "axes '%s': axis '%s' named twice", axes, name);
+        if (mask & (1u << k)) return shard_error(SHARD_ERR_INVALID_ARG, "axes '%s': axis '%s' named twice", axes, name);
         mask |= 1u << k;
         p += len;
         if (*p == ',') p++;
@@ -246,7 +249,8 @@ shard_status shard_mesh_axes_comm_mask(shard_mesh *mesh, unsigned axes_mask, sha
     if (!mesh || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_mesh_axes_comm_mask: NULL argument");
     *out = NULL;
     if (axes_mask == 0 || (axes_mask >> mesh->ndim))
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_mesh_axes_comm_mask: mask 0x%x names no axis or one outside the %d of the mesh",
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_mesh_axes_comm_mask: mask 0x%x names no axis or one outside the %d of the mesh",
                            axes_mask, mesh->ndim);
     if (!mesh->axis_sets[axes_mask]) SHARD_CHECK(split_for_axes(mesh, axes_mask, &mesh->axis_sets[axes_mask]));
     *out = mesh->axis_sets[axes_mask];

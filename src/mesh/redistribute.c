@@ -25,7 +25,7 @@ typedef struct step_ctx {
     const shard_dtensor *t; /* for mesh, layout, shape, dtype */
     const shard_spec *before, *after;
     int coords[SHARD_MESH_MAX_AXES];
-    box in, out;            /* this rank's block before and after */
+    box in, out; /* this rank's block before and after */
     const shard_tensor *src;
     shard_tensor *dst;
     shard_comm *comm;
@@ -72,8 +72,10 @@ static int box_as_block(const box *at, const box *b, int ndim, shard_block *out)
     for (; d >= 0; d--) { /* outer dims: their rows must continue one arithmetic progression */
         offset += (b->off[d] - at->off[d]) * inner;
         if (b->len[d] > 1) {
-            if (stride == 0) stride = inner;
-            else if (rows * stride != inner) return 0; /* a second level of spacing */
+            if (stride == 0)
+                stride = inner;
+            else if (rows * stride != inner)
+                return 0; /* a second level of spacing */
             rows *= b->len[d];
         }
         inner *= at->len[d];
@@ -119,9 +121,7 @@ static shard_status members_alloc(layout_of_members *m, int n) {
     return shard_error(SHARD_ERR_NO_MEMORY, "redistribute: out of memory for %d members", n);
 }
 
-static void members_free(layout_of_members *m) {
-    free(m->counts), free(m->displs), free(m->boxes);
-}
+static void members_free(layout_of_members *m) { free(m->counts), free(m->displs), free(m->boxes); }
 
 /* Set counts and displacements for boxes inside `at`: in place where every
  * box is contiguous (and, if `packed_in_order`, they follow one another in
@@ -152,7 +152,8 @@ static shard_status members_copy(const step_ctx *c, layout_of_members *m, void *
     size_t es = shard_dtype_size(c->t->dtype);
     for (int q = 0; q < c->members; q++) {
         if (!m->counts[q]) continue;
-        shard_tensor packed = shard__contiguous_over((char *)staging + m->displs[q] * es, c->t->dtype, c->t->ndim, &m->boxes[q]);
+        shard_tensor packed =
+            shard__contiguous_over((char *)staging + m->displs[q] * es, c->t->dtype, c->t->ndim, &m->boxes[q]);
         shard_tensor part = shard__sub_view(whole, at, &m->boxes[q]);
         shard_status s = into_staging ? shard_tensor_copy(&packed, &part) : shard_tensor_copy(&part, &packed);
         if (s < 0) return s;
@@ -232,9 +233,10 @@ static shard_status run_exchange(step_ctx *c, unsigned axes) {
         shard__box_intersect(&c->in, &theirs_after, c->t->ndim, &send.boxes[q]);
         shard__box_intersect(&theirs_before, &c->out, c->t->ndim, &recv.boxes[q]);
         strided = strided && box_as_block(&c->in, &send.boxes[q], c->t->ndim, &sb[q]) &&
-                  box_as_block(&c->out, &recv.boxes[q], c->t->ndim, &rb[q]);
+            box_as_block(&c->out, &recv.boxes[q], c->t->ndim, &rb[q]);
     }
-    for (int p = 0; s == SHARD_OK && strided && p < c->members; p++) { /* every member must choose the same collective: check all pairs */
+    for (int p = 0; s == SHARD_OK && strided && p < c->members;
+         p++) { /* every member must choose the same collective: check all pairs */
         int pc[SHARD_MESH_MAX_AXES];
         box pin, pout;
         member_coords(c, axes, p, pc);
@@ -343,7 +345,8 @@ static shard_status cached_plan(const shard_dtensor *src, const shard_spec *to, 
             return SHARD_OK;
         }
     shard_redistribute_plan made;
-    SHARD_CHECK(shard_redistribute_plan_make(&src->layout, src->dtype, src->ndim, src->global_shape, &src->spec, to, &made));
+    SHARD_CHECK(
+        shard_redistribute_plan_make(&src->layout, src->dtype, src->ndim, src->global_shape, &src->spec, to, &made));
     shard_redistribute_plan *slot = &cache->plans[cache->next];
     *slot = made;
     cache->next = (cache->next + 1) % PLAN_CACHE_SIZE;

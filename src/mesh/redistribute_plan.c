@@ -71,7 +71,6 @@ static int common_prefix(const shard_spec *a, const shard_spec *b, int d) {
     return n;
 }
 
-
 static void push(shard_redistribute_plan *p, shard_redistribute_kind kind, unsigned axes, int from_dim, int to_dim,
                  const shard_spec *after) {
     shard_redistribute_step *st = &p->steps[p->nsteps++];
@@ -159,7 +158,8 @@ shard_status shard_redistribute_plan_make(const shard_mesh_layout *layout, shard
     if (!layout || !from || !to || !out || (ndim > 0 && !shape))
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_redistribute_plan_make: NULL argument");
     if (ndim < 0 || ndim > SHARD_MAX_DIMS)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_redistribute_plan_make: %d dims (0..%d)", ndim, SHARD_MAX_DIMS);
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_redistribute_plan_make: %d dims (0..%d)", ndim,
+                           SHARD_MAX_DIMS);
     SHARD_CHECK(shard_spec_validate(from, layout, ndim, "redistribute: the source spec"));
     SHARD_CHECK(shard_spec_validate(to, layout, ndim, "redistribute: the target spec"));
     SHARD_CHECK(shard_spec_check_dtype(from, dtype, "redistribute: the source spec"));
@@ -170,7 +170,8 @@ shard_status shard_redistribute_plan_make(const shard_mesh_layout *layout, shard
     shard_spec cur = *from;
     while (!shard_spec_equal(&cur, to)) {
         if (out->nsteps == SHARD_REDISTRIBUTE_MAX_STEPS)
-            return shard_error(SHARD_ERR_INTERNAL, "redistribute: no plan within %d steps", SHARD_REDISTRIBUTE_MAX_STEPS);
+            return shard_error(SHARD_ERR_INTERNAL, "redistribute: no plan within %d steps",
+                               SHARD_REDISTRIBUTE_MAX_STEPS);
         unsigned clear = cur.partial_mask & ~to->partial_mask;
         if (cur.partial_mask && to->partial_mask && cur.partial_op != to->partial_op) clear = cur.partial_mask;
         if (acquire(out, &cur, clear)) continue;

@@ -63,7 +63,8 @@ static void skip_space(parser *ps) {
 static shard_status fail(parser *ps, const char *fmt, const char *detail) {
     char what[480];
     snprintf(what, sizeof what, fmt, detail ? detail : "");
-    return shard_error(SHARD_ERR_INVALID_ARG, "spec %s: %s (at column %d)", ps->text, what, (int)(ps->p - ps->text) + 1);
+    return shard_error(SHARD_ERR_INVALID_ARG, "spec %s: %s (at column %d)", ps->text, what,
+                       (int)(ps->p - ps->text) + 1);
 }
 
 static int accept(parser *ps, const char *token) {
@@ -97,7 +98,9 @@ static shard_status parse_axis(parser *ps, int *axis) {
     for (int k = 0; k < ps->layout->ndim; k++)
         if (strcmp(ps->layout->names[k], name) == 0) {
             if (ps->in_partial && (ps->split & (1u << k)))
-                return fail(ps, "axis '%s' both splits a dim and is partial; a tensor is partial only over axes that do not split it",
+                return fail(ps,
+                            "axis '%s' both splits a dim and is partial; a tensor is partial only over axes that do "
+                            "not split it",
                             name);
             if ((ps->split | ps->partial) & (1u << k)) return fail(ps, "axis '%s' is used twice", name);
             *(ps->in_partial ? &ps->partial : &ps->split) |= 1u << k;
@@ -241,7 +244,8 @@ void shard_spec_string(const shard_spec *spec, const shard_mesh_layout *layout, 
         used += (size_t)snprintf(out + used, out_bytes - used, "%spartial=", spec->ndim ? ", " : "");
         if (used < out_bytes) used += put_axes(out + used, out_bytes - used, axes, n, layout, "'");
         if (spec->partial_op != SHARD_OP_SUM && used < out_bytes)
-            used += (size_t)snprintf(out + used, out_bytes - used, ", partial_op='%s'", shard_reduce_op_name(spec->partial_op));
+            used += (size_t)snprintf(out + used, out_bytes - used, ", partial_op='%s'",
+                                     shard_reduce_op_name(spec->partial_op));
     }
     if (used < out_bytes) snprintf(out + used, out_bytes - used, ")");
 }
@@ -253,14 +257,16 @@ void shard_spec_type_string(const shard_spec *spec, const shard_mesh_layout *lay
         used += (size_t)snprintf(out + used, out_bytes - used, "%s%zu", d ? "," : "", global_shape[d]);
         if (spec->naxes[d] && used < out_bytes) {
             used += (size_t)snprintf(out + used, out_bytes - used, "@");
-            if (used < out_bytes) used += put_axes(out + used, out_bytes - used, spec->axes[d], spec->naxes[d], layout, "");
+            if (used < out_bytes)
+                used += put_axes(out + used, out_bytes - used, spec->axes[d], spec->naxes[d], layout, "");
         }
     }
     if (used < out_bytes) used += (size_t)snprintf(out + used, out_bytes - used, "]");
     if (spec->partial_mask && used < out_bytes) {
         int8_t axes[SHARD_MESH_MAX_AXES];
         int n = mask_axes(spec->partial_mask, axes);
-        used += (size_t)snprintf(out + used, out_bytes - used, " partial %s over ", shard_reduce_op_name(spec->partial_op));
+        used +=
+            (size_t)snprintf(out + used, out_bytes - used, " partial %s over ", shard_reduce_op_name(spec->partial_op));
         if (used < out_bytes) put_axes(out + used, out_bytes - used, axes, n, layout, "");
     }
 }
@@ -300,8 +306,10 @@ void shard_spec_local_range(const shard_spec *spec, const shard_mesh_layout *lay
 
 shard_status shard_spec_check_dtype(const shard_spec *s, shard_dtype dtype, const char *what) {
     if (s->partial_mask && s->partial_op == SHARD_OP_AVG && !shard_dtype_is_float(dtype))
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a pending avg of %s would wrap its sum before dividing; give "
-                           "partial_op sum, max or min for integer dtypes", what, shard_dtype_name(dtype));
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: a pending avg of %s would wrap its sum before dividing; give "
+                           "partial_op sum, max or min for integer dtypes",
+                           what, shard_dtype_name(dtype));
     return SHARD_OK;
 }
 
@@ -315,7 +323,8 @@ shard_status shard_spec_validate(const shard_spec *s, const shard_mesh_layout *l
             return shard_error(SHARD_ERR_INVALID_ARG, "%s: mesh axis '%s' has size %d (sizes are >= 1)", what,
                                layout->names[k], layout->sizes[k]);
     if (ndim < 0 || ndim > SHARD_MAX_DIMS)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a tensor of %d dims (0..%d are possible)", what, ndim, SHARD_MAX_DIMS);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a tensor of %d dims (0..%d are possible)", what, ndim,
+                           SHARD_MAX_DIMS);
     if (s->ndim != ndim)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s has %d dims, the tensor %d", what, s->ndim, ndim);
     for (int d = 0; d < ndim; d++) {
@@ -325,23 +334,24 @@ shard_status shard_spec_validate(const shard_spec *s, const shard_mesh_layout *l
         for (int i = 0; i < s->naxes[d]; i++) {
             int k = s->axes[d][i];
             if (k < 0 || k >= layout->ndim)
-                return shard_error(SHARD_ERR_INVALID_ARG, "%s splits dim %d over axis index %d; the mesh's axes are 0..%d",
-                                   what, d, k, layout->ndim - 1);
+                return shard_error(SHARD_ERR_INVALID_ARG,
+                                   "%s splits dim %d over axis index %d; the mesh's axes are 0..%d", what, d, k,
+                                   layout->ndim - 1);
             if (seen & (1u << k))
                 return shard_error(SHARD_ERR_INVALID_ARG, "%s uses axis '%s' twice", what, layout->names[k]);
             seen |= 1u << k;
         }
     }
     if (s->partial_mask >> layout->ndim)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s is partial over axis index %d; the mesh has %d axes",
-                           what, 31 - __builtin_clz(s->partial_mask), layout->ndim);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s is partial over axis index %d; the mesh has %d axes", what,
+                           31 - __builtin_clz(s->partial_mask), layout->ndim);
     for (int k = 0; k < layout->ndim; k++)
         if (s->partial_mask & seen & (1u << k))
-            return shard_error(SHARD_ERR_INVALID_ARG, "%s is partial over axis '%s', which also splits a dim",
-                               what, layout->names[k]);
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s is partial over axis '%s', which also splits a dim", what,
+                               layout->names[k]);
     if (s->partial_mask && s->partial_op != SHARD_OP_SUM && s->partial_op != SHARD_OP_MAX &&
         s->partial_op != SHARD_OP_MIN && s->partial_op != SHARD_OP_AVG)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s's pending reduction is '%s'; valid: sum, max, min, avg",
-                           what, shard_reduce_op_name(s->partial_op));
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s's pending reduction is '%s'; valid: sum, max, min, avg", what,
+                           shard_reduce_op_name(s->partial_op));
     return SHARD_OK;
 }

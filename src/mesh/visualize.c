@@ -11,7 +11,8 @@
 #include "shard/spec.h"
 
 /* The ranks holding block (i, j): "0,1", "0-3" style (the communicator's rank-list format). */
-static void ranks_of_block(const shard_spec *spec, const shard_mesh_layout *l, int bi, int bj, char *out, size_t bytes) {
+static void ranks_of_block(const shard_spec *spec, const shard_mesh_layout *l, int bi, int bj, char *out,
+                           size_t bytes) {
     int world = shard_mesh_layout_world(l);
     int *hold = calloc((size_t)world, sizeof *hold);
     if (!hold) {
@@ -43,8 +44,8 @@ static void range_text(const shard_spec *spec, const shard_mesh_layout *l, const
     snprintf(out, bytes, "%zu:%zu", off, off + len);
 }
 
-void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *l, shard_dtype dtype,
-                         const size_t *shape, FILE *to) {
+void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *l, shard_dtype dtype, const size_t *shape,
+                         FILE *to) {
     char text[256];
     int world = shard_mesh_layout_world(l);
     fprintf(to, "mesh  ");
@@ -57,7 +58,8 @@ void shard_spec_describe(const shard_spec *spec, const shard_mesh_layout *l, sha
     int cols = spec->ndim == 1 || spec->ndim == 2 ? shard_spec_pieces(spec, l, spec->ndim - 1) : 1;
     /* each block's holders take a pass over every rank: past 2^24 rank visits (a second or so) the grid is left out */
     if ((spec->ndim == 1 || spec->ndim == 2) && (double)rows * cols * world > (double)(1 << 24))
-        fprintf(to, "\n(the grid of which ranks hold each block is left out: %d blocks x %d ranks)\n", rows * cols, world);
+        fprintf(to, "\n(the grid of which ranks hold each block is left out: %d blocks x %d ranks)\n", rows * cols,
+                world);
     else if (spec->ndim == 1 || spec->ndim == 2) {
         fprintf(to, "\nwhich ranks hold each block (%s):\n", spec->ndim == 2 ? "rows x columns" : "elements");
         enum { W = 14 };

@@ -23,11 +23,12 @@ struct shard_cnn {
     size_t idx[4];            /* parameter indices of CONV_W, CONV_B, DENSE_W, DENSE_B (SIZE_MAX: not held) */
     float *own_acts;     /* the whole model's buffer of a forward's activations (NULL on a stage: the pipeline's) */
     const float *images; /* the caller's, kept for backward */
-    float *conv, *relu, *pool, *logits, *dlogits, *dpool, *drelu; /* the bound buffer's (carve), and backward's scratch */
+    float *conv, *relu, *pool, *logits, *dlogits, *dpool,
+        *drelu; /* the bound buffer's (carve), and backward's scratch */
     uint32_t *argmax;
     int32_t *labels;
     int have_labels;
-    float *batch_x;           /* the model table's rows (set_batch's copy; the labels go to `labels`) */
+    float *batch_x; /* the model table's rows (set_batch's copy; the labels go to `labels`) */
 };
 
 static const char *const config_keys[] = {"in_channels", "height", "width", "channels", "kernel", "pool", "classes"};
@@ -43,22 +44,25 @@ static shard_status check_config(const shard_cnn_config *c, const char *where, s
     const size_t most[] = {1u << 20, 1u << 16, 1u << 16, 1u << 20, 1u << 10, 1u << 16, 1u << 24};
     for (int i = 0; i < 7; i++)
         if (value[i] == 0 || value[i] > most[i])
-            return shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' = %zu; valid: 1..%zu", where, config_keys[i], value[i],
-                               most[i]);
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' = %zu; valid: 1..%zu", where, config_keys[i],
+                               value[i], most[i]);
     if (c->kernel % 2 == 0)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'kernel' = %zu must be odd (same padding)", where, c->kernel);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'kernel' = %zu must be odd (same padding)", where,
+                           c->kernel);
     if (c->height % c->pool || c->width % c->pool)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'pool' = %zu must divide height %zu and width %zu", where,
                            c->pool, c->height, c->width);
     size_t plane = c->height * c->width, image, maps, taps, unfolded, weights, dense;
-    if (!mul_ok(plane, c->in_channels, &image) || !mul_ok(image, max_batch, &image) || !mul_ok(plane, c->channels, &maps) ||
-        !mul_ok(maps, max_batch, &maps) || !mul_ok(c->in_channels, c->kernel * c->kernel, &taps) ||
-        !mul_ok(taps, plane, &unfolded) || !mul_ok(taps, c->channels, &weights) ||
-        !mul_ok(shard_cnn_features(c), c->classes, &dense) || !mul_ok(maps, sizeof(float), &maps) ||
-        !mul_ok(unfolded, sizeof(float), &unfolded) || !mul_ok(image, sizeof(float), &image))
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: %zu x %zu x %zu images to %zu channels (kernel %zu, %zu classes, "
-                           "batch %zu) need buffers larger than memory can address", where, c->in_channels, c->height,
-                           c->width, c->channels, c->kernel, c->classes, max_batch);
+    if (!mul_ok(plane, c->in_channels, &image) || !mul_ok(image, max_batch, &image) ||
+        !mul_ok(plane, c->channels, &maps) || !mul_ok(maps, max_batch, &maps) ||
+        !mul_ok(c->in_channels, c->kernel * c->kernel, &taps) || !mul_ok(taps, plane, &unfolded) ||
+        !mul_ok(taps, c->channels, &weights) || !mul_ok(shard_cnn_features(c), c->classes, &dense) ||
+        !mul_ok(maps, sizeof(float), &maps) || !mul_ok(unfolded, sizeof(float), &unfolded) ||
+        !mul_ok(image, sizeof(float), &image))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: %zu x %zu x %zu images to %zu channels (kernel %zu, %zu classes, "
+                           "batch %zu) need buffers larger than memory can address",
+                           where, c->in_channels, c->height, c->width, c->channels, c->kernel, c->classes, max_batch);
     return SHARD_OK;
 }
 
@@ -68,7 +72,9 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
     if (!root) return shard_error(SHARD_ERR_INVALID_ARG, "%s: not valid JSON: %s (line %d)", where, err.text, err.line);
     shard_cnn_config c = {1, 28, 28, 8, 3, 2, 10};
     size_t *fields[] = {&c.in_channels, &c.height, &c.width, &c.channels, &c.kernel, &c.pool, &c.classes};
-    shard_status s = json_is_object(root) ? SHARD_OK : shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
+    shard_status s = json_is_object(root)
+        ? SHARD_OK
+        : shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
@@ -79,7 +85,8 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
                 known = 1;
                 if (!json_is_integer(v) || json_integer_value(v) <= 0)
                     s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' must be a positive integer", where, key);
-                else *fields[i] = (size_t)json_integer_value(v);
+                else
+                    *fields[i] = (size_t)json_integer_value(v);
             }
         if (!known && strcmp(key, "model_type") == 0) {
             known = 1;
@@ -88,8 +95,10 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
         }
         if (!known && strcmp(key, "comment") == 0) known = 1;
         if (!known)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' is unknown (CNN keys: model_type, in_channels, height, "
-                            "width, channels, kernel, pool, classes)", where, key);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "%s: key '%s' is unknown (CNN keys: model_type, in_channels, height, "
+                            "width, channels, kernel, pool, classes)",
+                            where, key);
     }
     json_decref(root);
     if (s < 0) return s;
@@ -98,7 +107,9 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
     return SHARD_OK;
 }
 
-size_t shard_cnn_features(const shard_cnn_config *c) { return c->channels * (c->height / c->pool) * (c->width / c->pool); }
+size_t shard_cnn_features(const shard_cnn_config *c) {
+    return c->channels * (c->height / c->pool) * (c->width / c->pool);
+}
 
 /* What a forward of the layers this model holds keeps for its backward, carved from base (NULL: only
  * counted): the pooled maps; the features' conv and ReLU outputs and max-pool's choices (32-bit, in
@@ -119,20 +130,23 @@ static size_t carve(shard_cnn *m, float *base) {
 }
 
 /* The whole model (stage NULL) or one pipeline stage of its two layers. */
-static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, const shard_model_stage *stage, shard_cnn **out) {
+static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, const shard_model_stage *stage,
+                               shard_cnn **out) {
     *out = NULL;
     SHARD_CHECK(check_config(c, "cnn", max_batch));
     if (stage && (stage->chunks != 1 || stage->first[0] >= stage->last[0] || stage->last[0] > 2))
-        return shard_error(SHARD_ERR_INVALID_ARG, "cnn: a pipeline stage holds one run of its 2 layers (features, classifier)");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "cnn: a pipeline stage holds one run of its 2 layers (features, classifier)");
     shard_cnn *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory");
     m->c = *c, m->max_b = max_batch;
     m->features = !stage || stage->first[0] == 0, m->classifier = !stage || stage->last[0] == 2;
     size_t F = shard_cnn_features(c), K = c->kernel;
-    shard_param_info all[4] = {{.name = "features.conv.weight", .ndim = 4, .shape = {c->channels, c->in_channels, K, K}},
-                               {.name = "features.conv.bias", .ndim = 1, .shape = {c->channels}},
-                               {.name = "classifier.weight", .ndim = 2, .shape = {F, c->classes}},
-                               {.name = "classifier.bias", .ndim = 1, .shape = {c->classes}}};
+    shard_param_info all[4] = {
+        {.name = "features.conv.weight", .ndim = 4, .shape = {c->channels, c->in_channels, K, K}},
+        {.name = "features.conv.bias", .ndim = 1, .shape = {c->channels}},
+        {.name = "classifier.weight", .ndim = 2, .shape = {F, c->classes}},
+        {.name = "classifier.bias", .ndim = 1, .shape = {c->classes}}};
     shard_param_info t[4];
     size_t n = 0, units = 0, unit_first[3];
     for (size_t i = 0; i < 4; i++) {
@@ -149,7 +163,8 @@ static shard_status cnn_create(const shard_cnn_config *c, size_t max_batch, cons
     if (s == SHARD_OK && !stage && !(m->own_acts = shard_alloc(carve(m, NULL) * sizeof(float), SHARD_MEM_ACTIVATIONS)))
         s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory for activations");
     if (s == SHARD_OK) {
-        m->dpool = shard_alloc(pooled * sizeof(float), SHARD_MEM_ACTIVATIONS), m->labels = malloc(max_batch * sizeof(int32_t));
+        m->dpool = shard_alloc(pooled * sizeof(float), SHARD_MEM_ACTIVATIONS),
+        m->labels = malloc(max_batch * sizeof(int32_t));
         if (m->features) m->drelu = shard_alloc(map * sizeof(float), SHARD_MEM_ACTIVATIONS);
         if (!m->dpool || !m->labels || (m->features && !m->drelu))
             s = shard_error(SHARD_ERR_NO_MEMORY, "cnn: out of memory for activations");
@@ -201,18 +216,19 @@ static shard_status cnn_forward(shard_cnn *m, const float *images, const int32_t
                                 double *loss, const float *in, float *out) {
     const shard_cnn_config *c = &m->c;
     if (B == 0 || B > m->max_b)
-        return shard_error(SHARD_ERR_INVALID_ARG, "cnn forward: batch %zu (this model was made for 1..%zu)", B, m->max_b);
+        return shard_error(SHARD_ERR_INVALID_ARG, "cnn forward: batch %zu (this model was made for 1..%zu)", B,
+                           m->max_b);
     size_t HW = c->height * c->width, F = shard_cnn_features(c);
     m->B = B, m->images = images, m->have_labels = labels != NULL;
     if (!m->features) {
         if (in) memcpy(m->pool, in, B * F * sizeof *m->pool);
     } else {
-    SHARD_CHECK(shard_model_acquire(&m->model, 0, 0));
-    SHARD_CHECK(shard_conv2d_forward(images, P(m, CONV_W), P(m, CONV_B), m->conv, B, c->in_channels, c->height, c->width,
-                                     c->channels, c->kernel, c->kernel / 2));
-    SHARD_CHECK(shard_model_release(&m->model, 0, 0));
-    shard_relu_forward(m->conv, m->relu, B * c->channels * HW);
-    shard_maxpool2d_forward(m->relu, m->pool, m->argmax, B, c->channels, c->height, c->width, c->pool);
+        SHARD_CHECK(shard_model_acquire(&m->model, 0, 0));
+        SHARD_CHECK(shard_conv2d_forward(images, P(m, CONV_W), P(m, CONV_B), m->conv, B, c->in_channels, c->height,
+                                         c->width, c->channels, c->kernel, c->kernel / 2));
+        SHARD_CHECK(shard_model_release(&m->model, 0, 0));
+        shard_relu_forward(m->conv, m->relu, B * c->channels * HW);
+        shard_maxpool2d_forward(m->relu, m->pool, m->argmax, B, c->channels, c->height, c->width, c->pool);
     }
     if (!m->classifier) { /* the first shard (features) ends here: the next stage classifies */
         if (out) memcpy(out, m->pool, B * F * sizeof *out);
@@ -242,11 +258,11 @@ static shard_status cnn_backward(shard_cnn *m, const float *d_out, float *d_in) 
     if (!m->classifier) {
         if (d_out) memcpy(m->dpool, d_out, B * F * sizeof *m->dpool);
     } else {
-    SHARD_CHECK(shard_model_acquire(&m->model, classifier_unit(m), 1));
-    SHARD_CHECK(shard_linear_backward(m->pool, P(m, DENSE_W), m->dlogits, m->dpool, G(m, DENSE_W), G(m, DENSE_B), B, F,
-                                      c->classes));
-    SHARD_CHECK(shard_model_release(&m->model, classifier_unit(m), 1));
-    SHARD_CHECK(shard_model_grads_ready(&m->model, classifier_unit(m)));
+        SHARD_CHECK(shard_model_acquire(&m->model, classifier_unit(m), 1));
+        SHARD_CHECK(shard_linear_backward(m->pool, P(m, DENSE_W), m->dlogits, m->dpool, G(m, DENSE_W), G(m, DENSE_B), B,
+                                          F, c->classes));
+        SHARD_CHECK(shard_model_release(&m->model, classifier_unit(m), 1));
+        SHARD_CHECK(shard_model_grads_ready(&m->model, classifier_unit(m)));
     }
     if (!m->features) { /* the previous stage goes on with the gradient of the pooled maps */
         if (d_in) memcpy(d_in, m->dpool, B * F * sizeof *d_in);
@@ -265,7 +281,8 @@ shard_status shard_cnn_backward(shard_cnn *m, shard_params *grads) {
     if (!m->have_labels) return shard_error(SHARD_ERR_INVALID_ARG, "cnn backward: the last forward had no labels");
     if (grads) {
         if (grads->total != m->params->total)
-            return shard_error(SHARD_ERR_INVALID_ARG, "cnn backward: grads must have the parameters' layout (shard_params_like)");
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "cnn backward: grads must have the parameters' layout (shard_params_like)");
         shard_model_bind_grad_slab(&m->model, grads->data);
     }
     return cnn_backward(m, NULL, NULL);
@@ -293,7 +310,8 @@ static size_t model_items(const shard_model *mm) { return mm->rows; }
 /* A pipeline stage's model runs through the pipeline table, over the pipeline's buffers. */
 static shard_status whole_only(const shard_cnn *m) {
     if (m->own_acts) return SHARD_OK;
-    return shard_error(SHARD_ERR_INVALID_ARG, "cnn: this model holds one pipeline stage: run it through its pipeline "
+    return shard_error(SHARD_ERR_INVALID_ARG,
+                       "cnn: this model holds one pipeline stage: run it through its pipeline "
                        "table (forward_range, backward_range)");
 }
 
@@ -333,7 +351,8 @@ static shard_status check_range(const shard_model *mm, size_t first, size_t last
     size_t a, b;
     pipe_stage_blocks(mm, 0, &a, &b);
     if (first != a || last != b)
-        return shard_error(SHARD_ERR_INVALID_ARG, "cnn: layers %zu..%zu of a stage holding %zu..%zu", first, last, a, b);
+        return shard_error(SHARD_ERR_INVALID_ARG, "cnn: layers %zu..%zu of a stage holding %zu..%zu", first, last, a,
+                           b);
     return SHARD_OK;
 }
 
@@ -362,14 +381,16 @@ static void model_destroy(shard_model *mm) { shard_cnn_destroy(impl(mm)); }
 static void model_describe(const shard_model *mm, char *out, size_t bytes) {
     const shard_cnn_config *c = &impl(mm)->c;
     const shard_params *p = impl(mm)->params;
-    size_t held = 0, whole = c->channels * (c->in_channels * c->kernel * c->kernel + 1) +
-                             (shard_cnn_features(c) + 1) * c->classes;
+    size_t held = 0,
+           whole =
+               c->channels * (c->in_channels * c->kernel * c->kernel + 1) + (shard_cnn_features(c) + 1) * c->classes;
     for (size_t i = 0; i < p->count; i++) held += p->info[i].numel;
     char stage[64] = "";
     if (held != whole) snprintf(stage, sizeof stage, " (%zu on this stage)", held);
-    snprintf(out, bytes, "CNN %zux%zux%zu images: conv %zux%zu -> %zu channels -> ReLU -> max-pool %zu -> dense %zu classes: "
-             "%zu parameters%s", c->in_channels, c->height, c->width, c->kernel, c->kernel, c->channels, c->pool,
-             c->classes, whole, stage);
+    snprintf(out, bytes,
+             "CNN %zux%zux%zu images: conv %zux%zu -> %zu channels -> ReLU -> max-pool %zu -> dense %zu classes: "
+             "%zu parameters%s",
+             c->in_channels, c->height, c->width, c->kernel, c->kernel, c->channels, c->pool, c->classes, whole, stage);
 }
 
 static const shard_model_pipe_ops cnn_pipe_ops = {.struct_size = sizeof(shard_model_pipe_ops),
@@ -380,9 +401,15 @@ static const shard_model_pipe_ops cnn_pipe_ops = {.struct_size = sizeof(shard_mo
                                                   .forward_range = pipe_forward_range,
                                                   .backward_range = pipe_backward_range};
 
-static const shard_model_ops cnn_model_ops = {.struct_size = sizeof(shard_model_ops), .kind = "cnn", .set_batch = model_set_batch, .batch_items = model_items,
-                                              .forward = model_forward, .backward = model_backward, .init = model_init,
-                                              .describe = model_describe, .destroy = model_destroy,
+static const shard_model_ops cnn_model_ops = {.struct_size = sizeof(shard_model_ops),
+                                              .kind = "cnn",
+                                              .set_batch = model_set_batch,
+                                              .batch_items = model_items,
+                                              .forward = model_forward,
+                                              .backward = model_backward,
+                                              .init = model_init,
+                                              .describe = model_describe,
+                                              .destroy = model_destroy,
                                               .pipe = &cnn_pipe_ops};
 
 shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out) {
@@ -407,10 +434,15 @@ shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_
 }
 
 /* Fashion-MNIST in the config's image shape and classes (data_dir NULL: Debian's copy). */
-shard_status shard__cnn_batch_source(const shard_model_create_options *o, const shard_model *mm, shard_batch_source **out) {
+shard_status shard__cnn_batch_source(const shard_model_create_options *o, const shard_model *mm,
+                                     shard_batch_source **out) {
     const shard_cnn_config *c = &impl(mm)->c;
-    shard_batch_images_options io = {.struct_size = sizeof io, .data_dir = o->data_dir, .in_channels = c->in_channels,
-                                     .height = c->height, .width = c->width, .classes = c->classes,
+    shard_batch_images_options io = {.struct_size = sizeof io,
+                                     .data_dir = o->data_dir,
+                                     .in_channels = c->in_channels,
+                                     .height = c->height,
+                                     .width = c->width,
+                                     .classes = c->classes,
                                      .max_rows = o->max_rows ? o->max_rows : 1};
     return shard_batch_source_images(&io, out);
 }

@@ -30,8 +30,7 @@ static shard_status bad_key(const char *where, const char *key, const char *why)
 }
 
 static shard_status size_field(const char *where, const char *key, const json_t *v, size_t *out) {
-    if (!json_is_integer(v) || json_integer_value(v) <= 0)
-        return bad_key(where, key, "must be a positive integer");
+    if (!json_is_integer(v) || json_integer_value(v) <= 0) return bad_key(where, key, "must be a positive integer");
     *out = (size_t)json_integer_value(v);
     return SHARD_OK;
 }
@@ -59,12 +58,14 @@ static shard_status check_config(const shard_gpt_config *c, const char *where) {
             return bad_key(where, need[i], why);
         }
     }
-    double C = (double)c->n_embd, params = ((double)c->vocab_size + (double)c->n_positions) * C +
-                                           (double)c->n_layer * (12 * C * C + 13 * C) + 2 * C;
+    double C = (double)c->n_embd,
+           params = ((double)c->vocab_size + (double)c->n_positions) * C + (double)c->n_layer * (12 * C * C + 13 * C) +
+        2 * C;
     if (params > 0x1p40)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: n_embd %zu, n_layer %zu, n_positions %zu and vocab_size %zu make %.3g "
-                           "parameters; at most 2^40 (1.1e12)", where, c->n_embd, c->n_layer, c->n_positions, c->vocab_size,
-                           params);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: n_embd %zu, n_layer %zu, n_positions %zu and vocab_size %zu make %.3g "
+                           "parameters; at most 2^40 (1.1e12)",
+                           where, c->n_embd, c->n_layer, c->n_positions, c->vocab_size, params);
     if (c->n_embd % c->n_head) {
         char why[96];
         snprintf(why, sizeof why, "= %zu does not divide n_embd = %zu into heads", c->n_head, c->n_embd);
@@ -84,8 +85,8 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
     json_error_t err;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
     if (!root)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: not valid JSON: %s (line %d, column %d)", where, err.text, err.line,
-                           err.column);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: not valid JSON: %s (line %d, column %d)", where, err.text,
+                           err.line, err.column);
     if (!json_is_object(root)) {
         json_decref(root);
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
@@ -95,32 +96,54 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
     const char *key;
     json_t *v;
     /* Hugging Face GPT-2 keys that do not change the math here, accepted as they are */
-    static const char *const ignored[] = {"architectures", "bos_token_id", "eos_token_id", "n_ctx", "summary_activation",
-                                          "summary_first_dropout", "summary_proj_to_labels", "summary_type",
-                                          "summary_use_proj", "task_specific_params", "torch_dtype", "transformers_version",
-                                          "use_cache", "output_past", "_name_or_path", "comment"};
+    static const char *const ignored[] = {"architectures",
+                                          "bos_token_id",
+                                          "eos_token_id",
+                                          "n_ctx",
+                                          "summary_activation",
+                                          "summary_first_dropout",
+                                          "summary_proj_to_labels",
+                                          "summary_type",
+                                          "summary_use_proj",
+                                          "task_specific_params",
+                                          "torch_dtype",
+                                          "transformers_version",
+                                          "use_cache",
+                                          "output_past",
+                                          "_name_or_path",
+                                          "comment"};
     json_object_foreach(root, key, v) {
         if (s < 0) break;
-        if (strcmp(key, "n_embd") == 0) s = size_field(where, key, v, &c.n_embd);
-        else if (strcmp(key, "n_layer") == 0) s = size_field(where, key, v, &c.n_layer);
-        else if (strcmp(key, "n_head") == 0) s = size_field(where, key, v, &c.n_head);
-        else if (strcmp(key, "n_positions") == 0) s = size_field(where, key, v, &c.n_positions);
-        else if (strcmp(key, "vocab_size") == 0) s = size_field(where, key, v, &c.vocab_size);
-        else if (strcmp(key, "layer_norm_epsilon") == 0) s = float_field(where, key, v, &c.layer_norm_epsilon);
-        else if (strcmp(key, "initializer_range") == 0) s = float_field(where, key, v, &c.initializer_range);
+        if (strcmp(key, "n_embd") == 0)
+            s = size_field(where, key, v, &c.n_embd);
+        else if (strcmp(key, "n_layer") == 0)
+            s = size_field(where, key, v, &c.n_layer);
+        else if (strcmp(key, "n_head") == 0)
+            s = size_field(where, key, v, &c.n_head);
+        else if (strcmp(key, "n_positions") == 0)
+            s = size_field(where, key, v, &c.n_positions);
+        else if (strcmp(key, "vocab_size") == 0)
+            s = size_field(where, key, v, &c.vocab_size);
+        else if (strcmp(key, "layer_norm_epsilon") == 0)
+            s = float_field(where, key, v, &c.layer_norm_epsilon);
+        else if (strcmp(key, "initializer_range") == 0)
+            s = float_field(where, key, v, &c.initializer_range);
         else if (strcmp(key, "model_type") == 0) {
             if (!json_is_string(v) || (strcmp(json_string_value(v), "gpt2") && strcmp(json_string_value(v), "gpt")))
-                s = bad_key(where, key, "is not a model shard builds: give \"gpt2\" (a GPT-2 decoder), \"mlp\" or \"cnn\"");
+                s = bad_key(where, key,
+                            "is not a model shard builds: give \"gpt2\" (a GPT-2 decoder), \"mlp\" or \"cnn\"");
         } else if (strcmp(key, "activation_function") == 0) {
             if (!json_is_string(v) || strcmp(json_string_value(v), "gelu_new") != 0)
                 s = bad_key(where, key, "must be \"gelu_new\" (GELU, tanh form)");
         } else if (strcmp(key, "n_inner") == 0) {
             if (!json_is_null(v) && !json_is_integer(v)) s = bad_key(where, key, "must be null or 4 * n_embd");
-        } else if (strcmp(key, "resid_pdrop") == 0 || strcmp(key, "embd_pdrop") == 0 || strcmp(key, "attn_pdrop") == 0) {
+        } else if (strcmp(key, "resid_pdrop") == 0 || strcmp(key, "embd_pdrop") == 0 ||
+                   strcmp(key, "attn_pdrop") == 0) {
             float *p = key[0] == 'r' ? &c.resid_pdrop : key[0] == 'e' ? &c.embd_pdrop : &c.attn_pdrop;
-            s = float_field(where, key, v, p); /* its range: check_config */
+            s = float_field(where, key, v, p);      /* its range: check_config */
         } else if (strcmp(key, "n_special") == 0) { /* gpt2-medium/large/xl's configs: no extra tokens */
-            if (!json_is_integer(v) || json_integer_value(v) != 0) s = bad_key(where, key, "must be 0 (no special tokens)");
+            if (!json_is_integer(v) || json_integer_value(v) != 0)
+                s = bad_key(where, key, "must be 0 (no special tokens)");
         } else if (strcmp(key, "predict_special_tokens") == 0 || strcmp(key, "gradient_checkpointing") == 0) {
             if (!json_is_boolean(v)) s = bad_key(where, key, "must be true or false");
         } else if (strcmp(key, "scale_attn_weights") == 0) {
@@ -131,8 +154,9 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
             int known = 0;
             for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) known |= strcmp(key, ignored[i]) == 0;
             if (!known)
-                s = bad_key(where, key, "is unknown (GPT keys: n_embd, n_layer, n_head, n_positions, vocab_size, "
-                                        "layer_norm_epsilon, initializer_range, and Hugging Face GPT-2's others)");
+                s = bad_key(where, key,
+                            "is unknown (GPT keys: n_embd, n_layer, n_head, n_positions, vocab_size, "
+                            "layer_norm_epsilon, initializer_range, and Hugging Face GPT-2's others)");
         }
     }
     const json_t *inner = json_object_get(root, "n_inner");
@@ -194,11 +218,11 @@ struct shard_gpt {
      * spec P(): everything whole, the single-device math */
     shard_comm *tp;
     int tp_rank;
-    shard_mesh_layout layout;  /* tensor=<tp size>: what the specs are written on */
-    shard__placement *place;   /* per parameter: logical shape and spec */
-    layer_split *ls;           /* per block */
-    size_t D, Cmax, Fmax;      /* the widest block's Cl and Fl (buffer sizes) */
-    size_t Vl, v0;             /* vocabulary rows v0 .. v0 + Vl - 1 of wte (and logit columns) */
+    shard_mesh_layout layout; /* tensor=<tp size>: what the specs are written on */
+    shard__placement *place;  /* per parameter: logical shape and spec */
+    layer_split *ls;          /* per block */
+    size_t D, Cmax, Fmax;     /* the widest block's Cl and Fl (buffer sizes) */
+    size_t Vl, v0;            /* vocabulary rows v0 .. v0 + Vl - 1 of wte (and logit columns) */
     int vocab_split;
     unsigned char *whole; /* per parameter: not split (the model table's tensor_replicated) */
     /* sequence parallel: the residual stream, LayerNorms and dropout hold this rank's tokens n0 .. n0+Nl-1
@@ -209,9 +233,9 @@ struct shard_gpt {
     size_t max_b, max_t, B, T;
     shard_params *params;
     size_t wte, wpe, lnf_w, lnf_b, *layer; /* parameter indices; layer[l * PER_LAYER + k] */
-    layer_acts *acts; /* [n_layer]: the bound range's blocks (use_range) */
-    size_t Nr;        /* rows of the residual stream this rank keeps at most (all N without sequence parallel) */
-    float *own_acts;  /* the whole model's range buffer (NULL on a pipeline stage: the pipeline's) */
+    layer_acts *acts;                      /* [n_layer]: the bound range's blocks (use_range) */
+    size_t Nr;       /* rows of the residual stream this rank keeps at most (all N without sequence parallel) */
+    float *own_acts; /* the whole model's range buffer (NULL on a pipeline stage: the pipeline's) */
     float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the range's dlogits */
     int keep_logits; /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
@@ -238,7 +262,8 @@ static int holds_block(const shard_gpt *g, size_t l) {
 
 /* Parameter i's logical shape (dims d[0..ndim-1], merged into stored dims by `groups`) and the dim it
  * can split over `tensor` (-1: none); the default spec splits it (Megatron's layout). */
-static void place(shard__placement *p, int ndim, const size_t *dims, int stored_ndim, const int *groups, int split_dim) {
+static void place(shard__placement *p, int ndim, const size_t *dims, int stored_ndim, const int *groups,
+                  int split_dim) {
     memset(p, 0, sizeof *p);
     p->ndim = ndim, p->stored_ndim = stored_ndim, p->split_dim = split_dim;
     memcpy(p->shape, dims, (size_t)ndim * sizeof *dims);
@@ -249,8 +274,8 @@ static void place(shard__placement *p, int ndim, const size_t *dims, int stored_
 static const char *split_help(size_t k, int is_wte) {
     if (is_wte) return "vocab-parallel";
     return k == ATTN_W || k == ATTN_B ? "heads, column-parallel"
-           : k == APROJ_W             ? "heads, row-parallel"
-           : k == MPROJ_W             ? "row-parallel"
+        : k == APROJ_W                ? "heads, row-parallel"
+        : k == MPROJ_W                ? "row-parallel"
                                       : "column-parallel";
 }
 
@@ -263,8 +288,10 @@ static shard_status apply_specs(shard_gpt *g, const shard_param_info *t, size_t 
     for (char *item = strtok_r(copy, ";", &save); item && s == SHARD_OK; item = strtok_r(NULL, ";", &save)) {
         char *eq = strchr(item, '=');
         if (!eq || eq == item) {
-            s = shard_error(SHARD_ERR_INVALID_ARG, "--spec '%s': give NAME=SPEC, e.g. 'h.*.mlp.*=P()' or "
-                            "'wte.weight=P(\'tensor\', None)'", item);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "--spec '%s': give NAME=SPEC, e.g. 'h.*.mlp.*=P()' or "
+                            "'wte.weight=P(\'tensor\', None)'",
+                            item);
             break;
         }
         *eq = '\0';
@@ -276,8 +303,10 @@ static shard_status apply_specs(shard_gpt *g, const shard_param_info *t, size_t 
             s = shard__placement_set(&g->place[i], &g->layout, t[i].name, eq + 1, split_help((size_t)k, i == g->wte));
         }
         if (s == SHARD_OK && !matched)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "--spec '%s': no parameter is named so (names look like wte.weight, "
-                            "h.0.attn.c_attn.weight, h.*.mlp.*)", item);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "--spec '%s': no parameter is named so (names look like wte.weight, "
+                            "h.0.attn.c_attn.weight, h.*.mlp.*)",
+                            item);
     }
     free(copy);
     return s;
@@ -291,7 +320,8 @@ static shard_status check_pair(const shard_gpt *g, const shard_param_info *t, co
             char a[96], b[96];
             shard__placement_spec_text(&g->place[idx[0]], &g->layout, a, sizeof a);
             shard__placement_spec_text(&g->place[idx[k]], &g->layout, b, sizeof b);
-            return shard_error(SHARD_ERR_INVALID_ARG, "--spec: %s is %s but %s is %s: a column-parallel linear and the "
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--spec: %s is %s but %s is %s: a column-parallel linear and the "
                                "row-parallel one after it (and its bias) split together; give both split or both P()",
                                t[idx[0]].name, a, t[idx[k]].name, b);
         }
@@ -314,21 +344,26 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
         shard__placement_range(&g->place[w[ATTN_W]], &g->layout, g->tp_rank, &ls->h0, &ls->Hl);
         shard__placement_range(&g->place[w[FC_W]], &g->layout, g->tp_rank, &ls->f0, &ls->Fl);
         if (!ls->Hl)
-            return shard_error(SHARD_ERR_INVALID_ARG, "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
                                "the %zu heads (n_head) the GPT can "
-                               "split attention over (or place h.*.attn.* as P())", parts, c->n_head);
+                               "split attention over (or place h.*.attn.* as P())",
+                               parts, c->n_head);
         if (!ls->Fl)
-            return shard_error(SHARD_ERR_INVALID_ARG, "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
-                               "the %zu MLP columns", parts, 4 * c->n_embd);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
+                               "the %zu MLP columns",
+                               parts, 4 * c->n_embd);
         ls->Cl = ls->Hl * g->D;
         g->Cmax = ls->Cl > g->Cmax ? ls->Cl : g->Cmax, g->Fmax = ls->Fl > g->Fmax ? ls->Fl : g->Fmax;
     }
     g->vocab_split = shard__placement_is_split(&g->place[g->wte], &g->layout);
     shard__placement_range(&g->place[g->wte], &g->layout, g->tp_rank, &g->v0, &g->Vl);
     if (!g->Vl)
-        return shard_error(SHARD_ERR_INVALID_ARG, "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
-                           "the %zu vocabulary rows (vocab_size)", parts,
-                           c->vocab_size);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
+                           "the %zu vocabulary rows (vocab_size)",
+                           parts, c->vocab_size);
     return SHARD_OK;
 }
 
@@ -341,14 +376,16 @@ static size_t carve_range(shard_gpt *g, float *base, size_t first, size_t last) 
 #define TAKE(ptr, n_) ((ptr) = base ? base + at : NULL, at += (n_))
     for (size_t l = first; l < last; l++) {
         layer_acts *a = &g->acts[l];
-        TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr), TAKE(a->qkv, N * 3 * Cl);
+        TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr),
+            TAKE(a->qkv, N * 3 * Cl);
         TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
         TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
     }
     TAKE(g->out, Nr * C);
     if (g->own_last && last == g->c.n_layer)
         TAKE(g->lnf, N * C), TAKE(g->lnf_mean, Nr), TAKE(g->lnf_rstd, Nr), TAKE(g->dlogits, N * V);
-    if (base && !g->keep_logits) g->logits = g->dlogits; /* the head writes the logits there; the loss overwrites them */
+    if (base && !g->keep_logits)
+        g->logits = g->dlogits; /* the head writes the logits there; the loss overwrites them */
     return at;
 }
 
@@ -359,7 +396,9 @@ static size_t carve_shared(shard_gpt *g, float *base) {
     if (g->own_last && g->keep_logits) TAKE(g->logits, N * V);
     TAKE(g->d_resid, Nr * C), TAKE(g->d_tmp, Nr * C), TAKE(g->d_ln, N * C), TAKE(g->d_atty, N * Cl);
     TAKE(g->d_qkv, N * 3 * Cl), TAKE(g->d_fc, N * Fl);
-    if (g->sp) TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C), TAKE(g->wpe_scratch, g->c.n_positions * C);
+    if (g->sp)
+        TAKE(g->full, N * C), TAKE(g->d_lnl, Nr * C), TAKE(g->ln_scratch, 2 * C),
+            TAKE(g->wpe_scratch, g->c.n_positions * C);
 #undef TAKE
     return at;
 }
@@ -387,21 +426,25 @@ static size_t keep_stage_params(shard_gpt *g, shard_param_info *t, size_t n) {
 }
 
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
-                               int sequence_parallel, const char *specs, const shard_model_stage *stage, int keep_logits,
-                               shard_gpt **out) {
+                               int sequence_parallel, const char *specs, const shard_model_stage *stage,
+                               int keep_logits, shard_gpt **out) {
     *out = NULL;
     SHARD_CHECK(check_config(c, "gpt"));
     if (!max_batch || !max_seq || max_seq > c->n_positions)
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)",
-                           max_batch, max_seq, c->n_positions);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)", max_batch,
+                           max_seq, c->n_positions);
     size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2;
-    int bad_stage = stage && (stage->index < 0 || stage->index >= stage->count || !stage->chunks ||
-                              stage->chunks > SHARD_MAX_STAGE_CHUNKS);
+    int bad_stage = stage &&
+        (stage->index < 0 || stage->index >= stage->count || !stage->chunks || stage->chunks > SHARD_MAX_STAGE_CHUNKS);
     for (size_t k = 0; stage && !bad_stage && k < stage->chunks; k++)
-        bad_stage = stage->first[k] >= stage->last[k] || stage->last[k] > L || (k && stage->first[k] < stage->last[k - 1]);
+        bad_stage =
+            stage->first[k] >= stage->last[k] || stage->last[k] > L || (k && stage->first[k] < stage->last[k - 1]);
     if (bad_stage)
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: pipeline stage %d of %d: %zu chunks of blocks, not ascending runs "
-                           "within the %zu blocks", stage->index, stage->count, stage->chunks, L);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "gpt: pipeline stage %d of %d: %zu chunks of blocks, not ascending runs "
+                           "within the %zu blocks",
+                           stage->index, stage->count, stage->chunks, L);
     shard_gpt *g = calloc(1, sizeof *g);
     shard_param_info *t = calloc(count, sizeof *t);
     size_t *unit_first = calloc(L + 2, sizeof *unit_first);
@@ -416,7 +459,8 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     }
     g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->keep_logits = keep_logits;
     g->chunks = stage ? stage->chunks : 1;
-    for (size_t k = 0; k < g->chunks; k++) g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
+    for (size_t k = 0; k < g->chunks; k++)
+        g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
     g->own_first = !stage || stage->index == 0, g->own_last = !stage || stage->index == stage->count - 1;
     g->has_u0 = g->own_first || g->own_last;
     int parts = tp ? shard_comm_size(tp) : 1;
@@ -428,13 +472,17 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
      * LayerNorm; unit 1 + l: block l */
     const int one[1] = {1}, two[2] = {1, 1}, qkv[2] = {1, 3}, heads[2] = {2, 1}, three[1] = {3};
     size_t n = 0;
-    place(&g->place[n], 2, (size_t[]){c->vocab_size, C}, 2, two, 0), snprintf(t[n].name, sizeof t[n].name, "wte.weight"), g->wte = n++;
-    place(&g->place[n], 2, (size_t[]){c->n_positions, C}, 2, two, -1), snprintf(t[n].name, sizeof t[n].name, "wpe.weight"), g->wpe = n++;
-    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.weight"), g->lnf_w = n++;
-    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.bias"), g->lnf_b = n++;
-    static const char *const suffix[PER_LAYER] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                                                  "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                                                  "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+    place(&g->place[n], 2, (size_t[]){c->vocab_size, C}, 2, two, 0),
+        snprintf(t[n].name, sizeof t[n].name, "wte.weight"), g->wte = n++;
+    place(&g->place[n], 2, (size_t[]){c->n_positions, C}, 2, two, -1),
+        snprintf(t[n].name, sizeof t[n].name, "wpe.weight"), g->wpe = n++;
+    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.weight"),
+        g->lnf_w = n++;
+    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.bias"),
+        g->lnf_b = n++;
+    static const char *const suffix[PER_LAYER] = {
+        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
     for (size_t l = 0; l < L; l++) {
         for (int k = 0; k < PER_LAYER; k++) {
             shard__placement *p = &g->place[n];
@@ -459,7 +507,8 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     size_t units = 0;
     if (s == SHARD_OK) {
         if (g->has_u0) unit_first[units++] = 0;
-        if (!(g->unit_of = calloc(L ? L : 1, sizeof *g->unit_of))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+        if (!(g->unit_of = calloc(L ? L : 1, sizeof *g->unit_of)))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
         for (size_t l = 0; s == SHARD_OK && l < L; l++)
             if (holds_block(g, l)) g->unit_of[l] = units, unit_first[units++] = g->layer[l * PER_LAYER];
         unit_first[units] = n;
@@ -493,8 +542,10 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     double rows = (double)max_batch * (double)max_seq, V = (double)c->vocab_size;
     double per_slot = (double)L * ((double)H * rows * (double)max_seq + rows * 16 * (double)C) + rows * 2 * V;
     if (s == SHARD_OK && per_slot + rows * (3 * V + 16 * (double)C) > 0x1p50)
-        s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: activations for batch %zu x sequence %zu would take over 2^50 floats; "
-                        "give a smaller batch or sequence", max_batch, max_seq);
+        s = shard_error(SHARD_ERR_NO_MEMORY,
+                        "gpt: activations for batch %zu x sequence %zu would take over 2^50 floats; "
+                        "give a smaller batch or sequence",
+                        max_batch, max_seq);
     if (s == SHARD_OK) {
         size_t own = stage ? 0 : carve_range(g, NULL, 0, L); /* the whole model runs one range, its own */
         g->slab = shard_alloc((own + carve_shared(g, NULL)) * sizeof(float) + 1, SHARD_MEM_ACTIVATIONS);
@@ -555,8 +606,10 @@ typedef struct copy_ctx {
 
 static void copy_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
     copy_ctx *c = ctx;
-    if (c->to_whole) memcpy(c->to + whole_at, c->from + piece_at, n * sizeof(float));
-    else memcpy(c->to + piece_at, c->from + whole_at, n * sizeof(float));
+    if (c->to_whole)
+        memcpy(c->to + whole_at, c->from + piece_at, n * sizeof(float));
+    else
+        memcpy(c->to + piece_at, c->from + whole_at, n * sizeof(float));
 }
 
 static void init_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
@@ -595,7 +648,8 @@ static shard_status model_gather_piece(shard_model *m, size_t i, const float *pi
         return SHARD_OK;
     }
     size_t *counts = calloc((size_t)parts, sizeof *counts), *displs = calloc((size_t)parts, sizeof *displs), sum = 0;
-    for (int r = 0; counts && displs && r < parts; r++) displs[r] = sum, counts[r] = piece_runs(g, i, r, NULL, NULL), sum += counts[r];
+    for (int r = 0; counts && displs && r < parts; r++)
+        displs[r] = sum, counts[r] = piece_runs(g, i, r, NULL, NULL), sum += counts[r];
     float *all = counts && displs ? malloc(sum * sizeof *all + 1) : NULL;
     shard_status s = all ? shard_comm_all_gatherv(g->tp, piece, counts[g->tp_rank], all, counts, displs, SHARD_F32)
                          : shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory gathering %s", g->params->info[i].name);
@@ -675,13 +729,16 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     const shard_gpt_config *c = &g->c;
     size_t C = c->n_embd, V = c->vocab_size, H = c->n_head, N = B * T;
     if (B == 0 || T == 0 || B > g->max_b || T > g->max_t)
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu",
-                           B, T, g->max_b, g->max_t);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "gpt forward: batch %zu x sequence %zu; this model was made for up to %zu x %zu", B, T,
+                           g->max_b, g->max_t);
     /* checked before any unit is acquired: a failure inside would leave a strategy's unit held */
     for (size_t n = 0; n < N; n++)
         if (inputs[n] < 0 || (size_t)inputs[n] >= V)
-            return shard_error(SHARD_ERR_INVALID_ARG, "gpt forward: token id %d at position %zu is outside the vocabulary "
-                               "[0, %zu)", (int)inputs[n], n, V);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "gpt forward: token id %d at position %zu is outside the vocabulary "
+                               "[0, %zu)",
+                               (int)inputs[n], n, V);
     g->B = B, g->T = T, g->have_targets = targets != NULL;
     g->dropout = targets != NULL && (c->resid_pdrop > 0 || c->embd_pdrop > 0 || c->attn_pdrop > 0);
     if (inputs != g->inputs) memcpy(g->inputs, inputs, N * sizeof *inputs);
@@ -694,12 +751,14 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     if (!g->first) { /* a later pipeline stage: the previous stage's output */
         memcpy(x, stage_in, Nl * C * sizeof *x);
     } else {
-    SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
-    shard_tp_place emb = tp_place(g, g->vocab_split);
-    SHARD_CHECK(shard_tp_embedding_forward(&emb, P(g, g->wte), inputs, g->sp ? g->full : x, x, N, g->v0, g->Vl, V, C));
-    for (size_t n = 0; n < Nl; n++) shard_add(x + n * C, P(g, g->wpe) + ((r0 + n) % T) * C, x + n * C, C);
-    SHARD_CHECK(shard_model_release(&g->model, 0, 0));
-    if (drop_p(g, c->embd_pdrop) > 0) shard_dropout_forward(x, x, Nl * C, c->embd_pdrop, drop_seed(g, 0), rows_offset);
+        SHARD_CHECK(shard_model_acquire(&g->model, 0, 0));
+        shard_tp_place emb = tp_place(g, g->vocab_split);
+        SHARD_CHECK(
+            shard_tp_embedding_forward(&emb, P(g, g->wte), inputs, g->sp ? g->full : x, x, N, g->v0, g->Vl, V, C));
+        for (size_t n = 0; n < Nl; n++) shard_add(x + n * C, P(g, g->wpe) + ((r0 + n) % T) * C, x + n * C, C);
+        SHARD_CHECK(shard_model_release(&g->model, 0, 0));
+        if (drop_p(g, c->embd_pdrop) > 0)
+            shard_dropout_forward(x, x, Nl * C, c->embd_pdrop, drop_seed(g, 0), rows_offset);
     }
     for (size_t l = g->l0; l < g->l1; l++) {
         layer_acts *a = &g->acts[l];
@@ -711,8 +770,8 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         shard_tp_place attn = tp_place(g, ls->attn_split), mlp = tp_place(g, ls->mlp_split);
         SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 0));
         /* attention: column-parallel c_attn, this rank's heads, row-parallel c_proj */
-        shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1 + r0 * C, a->ln1_mean,
-                                a->ln1_rstd, Nl, C);
+        shard_layernorm_forward(a->in, P(g, w[LN1_W]), P(g, w[LN1_B]), c->layer_norm_epsilon, a->ln1 + r0 * C,
+                                a->ln1_mean, a->ln1_rstd, Nl, C);
         SHARD_CHECK(shard_tp_column_forward(&attn, a->ln1, P(g, w[ATTN_W]), P(g, w[ATTN_B]), a->qkv, N, C, 3 * Cl));
         SHARD_CHECK(shard_attention_forward_dropout(a->qkv, a->atty, a->att, B, T, Cl, ls->Hl, drop_p(g, c->attn_pdrop),
                                                     drop_seed(g, 1 + 3 * l), g->model.first_row, H, ls->h0));
@@ -721,12 +780,12 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         if (pr > 0) shard_dropout_forward(a->mid, a->mid, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset);
         shard_add(a->in, a->mid, a->mid, Nl * C); /* mid = in + attention */
         /* MLP: column-parallel c_fc, GELU on this rank's columns, row-parallel c_proj */
-        shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C, a->ln2_mean,
-                                a->ln2_rstd, Nl, C);
+        shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C,
+                                a->ln2_mean, a->ln2_rstd, Nl, C);
         SHARD_CHECK(shard_tp_column_forward(&mlp, a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
         shard_gelu_forward_slope(a->fc, a->gelu, N * Fl); /* a->fc now holds GELU' of the pre-activation */
-        SHARD_CHECK(shard_tp_row_forward(&mlp, a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), g->sp ? g->full : next, next,
-                                         N, Fl, C));
+        SHARD_CHECK(shard_tp_row_forward(&mlp, a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), g->sp ? g->full : next,
+                                         next, N, Fl, C));
         SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 0));
         if (pr > 0) shard_dropout_forward(next, next, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset);
         shard_add(a->mid, next, next, Nl * C); /* next = mid + MLP */
@@ -743,8 +802,8 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
     SHARD_CHECK(shard_sgemm(0, 1, N, g->Vl, C, 1.0f, g->lnf, C, head_w(g), C, 0.0f, g->logits, g->Vl));
     SHARD_CHECK(shard_model_release(&g->model, 0, 0));
     if (!targets) return SHARD_OK;
-    return shard_tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V, denominator,
-                                   loss, g->dlogits);
+    return shard_tp_cross_entropy(g->vocab_split ? g->tp : NULL, g->logits, targets, -100, N, g->v0, g->Vl, V,
+                                  denominator, loss, g->dlogits);
 }
 
 shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
@@ -770,15 +829,15 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     float *dln = g->sp ? g->d_lnl : g->d_ln; /* an LayerNorm output's gradient, summed: this rank's rows */
     /* head (tied to wte) and the final LayerNorm; with the vocabulary split, d(lnf) is summed over tensor ranks */
     if (g->last) {
-    SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
-    SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, head_w(g), C, 0.0f, g->d_ln, C));
-    SHARD_CHECK(shard_tp_redistribute(g->tp, g->d_ln, dln, N, C, g->vocab_split ? SHARD_TP_PARTIAL : SHARD_TP_REPLICATED,
-                                      rows_state(g)));
-    SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, head_g(g), C));
-    memset(g->d_resid, 0, Nl * C * sizeof(float));
-    SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
-    SHARD_CHECK(shard_model_release(&g->model, 0, 1));
-    if (!g->own_first) SHARD_CHECK(shard_model_grads_ready(&g->model, 0)); /* the last stage's unit 0: ln_f */
+        SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
+        SHARD_CHECK(shard_sgemm(0, 0, N, C, Vl, 1.0f, g->dlogits, Vl, head_w(g), C, 0.0f, g->d_ln, C));
+        SHARD_CHECK(shard_tp_redistribute(g->tp, g->d_ln, dln, N, C,
+                                          g->vocab_split ? SHARD_TP_PARTIAL : SHARD_TP_REPLICATED, rows_state(g)));
+        SHARD_CHECK(shard_sgemm(1, 0, Vl, C, N, 1.0f, g->dlogits, Vl, g->lnf, C, 1.0f, head_g(g), C));
+        memset(g->d_resid, 0, Nl * C * sizeof(float));
+        SHARD_CHECK(ln_backward(g, g->out, g->lnf_w, g->lnf_b, g->lnf_mean, g->lnf_rstd, dln, g->d_resid));
+        SHARD_CHECK(shard_model_release(&g->model, 0, 1));
+        if (!g->own_first) SHARD_CHECK(shard_model_grads_ready(&g->model, 0)); /* the last stage's unit 0: ln_f */
     } else { /* the next pipeline stage's gradient of this stage's output */
         memcpy(g->d_resid, stage_d_out, Nl * C * sizeof(float));
     }
@@ -792,7 +851,9 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         SHARD_CHECK(shard_model_acquire(&g->model, block_unit(g, l), 1));
         /* MLP: next = mid + drop(c_proj(gelu(c_fc(ln_2(mid))))) */
         const float *dy = g->d_resid;
-        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset), dy = g->d_tmp;
+        if (pr > 0)
+            shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset),
+                dy = g->d_tmp;
         SHARD_CHECK(shard_tp_row_backward(&mlp, a->gelu, P(g, w[MPROJ_W]), dy, g->full, g->d_fc, G(g, w[MPROJ_W]),
                                           G(g, w[MPROJ_B]), N, Fl, C));
         shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
@@ -803,12 +864,14 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
         dy = g->d_resid;
-        if (pr > 0) shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset), dy = g->d_tmp;
+        if (pr > 0)
+            shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 2 + 3 * l), rows_offset),
+                dy = g->d_tmp;
         SHARD_CHECK(shard_tp_row_backward(&attn, a->atty, P(g, w[APROJ_W]), dy, g->full, g->d_atty, G(g, w[APROJ_W]),
                                           G(g, w[APROJ_B]), N, Cl, C));
         SHARD_CHECK(shard_attention_backward_dropout(a->qkv, a->att, g->d_atty, g->d_qkv, B, T, Cl, ls->Hl,
-                                                     drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l), g->model.first_row,
-                                                     H, ls->h0));
+                                                     drop_p(g, c->attn_pdrop), drop_seed(g, 1 + 3 * l),
+                                                     g->model.first_row, H, ls->h0));
         SHARD_CHECK(shard_tp_column_backward(&attn, a->ln1, P(g, w[ATTN_W]), g->d_qkv, g->d_ln, dln, G(g, w[ATTN_W]),
                                              G(g, w[ATTN_B]), N, C, 3 * Cl));
         SHARD_CHECK(ln_backward(g, a->in, w[LN1_W], w[LN1_B], a->ln1_mean, a->ln1_rstd, dln, g->d_tmp));
@@ -826,7 +889,8 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
     SHARD_CHECK(shard_model_acquire(&g->model, 0, 1));
     float *dwpe = g->sp ? g->wpe_scratch : G(g, g->wpe);
     if (g->sp) memset(dwpe, 0, c->n_positions * C * sizeof(float));
-    for (size_t n = 0; n < Nl; n++) shard_add(dwpe + ((r0 + n) % T) * C, g->d_resid + n * C, dwpe + ((r0 + n) % T) * C, C);
+    for (size_t n = 0; n < Nl; n++)
+        shard_add(dwpe + ((r0 + n) % T) * C, g->d_resid + n * C, dwpe + ((r0 + n) % T) * C, C);
     if (g->sp) { /* position rows from this rank's tokens: summed over tensor ranks */
         SHARD_CHECK(shard_tp_sum(g->tp, dwpe, c->n_positions * C));
         shard_add(G(g, g->wpe), dwpe, G(g, g->wpe), c->n_positions * C);
@@ -841,7 +905,8 @@ shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads) {
     if (!g->have_targets) return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: the last forward had no targets");
     if (!grads) return gpt_backward(g, NULL, NULL);
     if (grads->total != g->params->total)
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt backward: grads must have the parameters' layout (shard_params_like)");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "gpt backward: grads must have the parameters' layout (shard_params_like)");
     /* into grads for this call only: the gradient pointers bound before (a strategy's) are put back */
     size_t n = g->params->count;
     float **bound = malloc(n * sizeof *bound);
@@ -879,7 +944,8 @@ static size_t model_items(const shard_model *m) {
 /* A pipeline stage's model runs its ranges through the pipeline table, over the pipeline's buffers. */
 static shard_status whole_only(const shard_gpt *g) {
     if (g->own_acts) return SHARD_OK;
-    return shard_error(SHARD_ERR_INVALID_ARG, "gpt: this model holds one pipeline stage: run it through its pipeline "
+    return shard_error(SHARD_ERR_INVALID_ARG,
+                       "gpt: this model holds one pipeline stage: run it through its pipeline "
                        "table (forward_range, backward_range)");
 }
 
@@ -923,8 +989,8 @@ static shard_status check_range(const shard_gpt *g, size_t first, size_t last, c
     int held = first < last && last <= g->c.n_layer;
     for (size_t l = first; held && l < last; l++) held = holds_block(g, l);
     if (!held || (!in && !(first == 0 && g->own_first)) || (!out && !(last == g->c.n_layer && g->own_last)))
-        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: blocks %zu..%zu%s%s are not a range this stage runs", first, last,
-                           in ? "" : " from the embeddings", out ? "" : " to the loss");
+        return shard_error(SHARD_ERR_INVALID_ARG, "gpt: blocks %zu..%zu%s%s are not a range this stage runs", first,
+                           last, in ? "" : " from the embeddings", out ? "" : " to the loss");
     return SHARD_OK;
 }
 
@@ -965,8 +1031,8 @@ static void model_destroy(shard_model *m) { shard_gpt_destroy(impl(m)); }
 
 static void model_describe(const shard_model *m, char *out, size_t bytes) {
     const shard_gpt_config *c = &impl(m)->c;
-    snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions: %.2f M parameters", c->n_layer,
-             c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
+    snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions: %.2f M parameters",
+             c->n_layer, c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
 }
 
 static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shard_model_tensor_ops),
@@ -1014,7 +1080,8 @@ shard_status shard__gpt_model_create(const char *text, const char *where, size_t
 }
 
 /* The token file of `shard data text` in data_dir, its vocabulary within the model's. */
-shard_status shard__gpt_batch_source(const shard_model_create_options *o, const shard_model *m, shard_batch_source **out) {
+shard_status shard__gpt_batch_source(const shard_model_create_options *o, const shard_model *m,
+                                     shard_batch_source **out) {
     *out = NULL;
     if (!o->data_dir)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: a GPT trains on token files: give --data DIR (shard data text)",
@@ -1022,7 +1089,11 @@ shard_status shard__gpt_batch_source(const shard_model_create_options *o, const 
     char path[4096];
     snprintf(path, sizeof path, "%s/train.tokens", o->data_dir);
     const shard_gpt *g = impl(m);
-    shard_batch_tokens_options t = {.struct_size = sizeof t, .path = path, .seq = g->max_t, .max_rows = g->max_b,
-                                    .vocab_size = g->c.vocab_size, .where = o->config_path};
+    shard_batch_tokens_options t = {.struct_size = sizeof t,
+                                    .path = path,
+                                    .seq = g->max_t,
+                                    .max_rows = g->max_b,
+                                    .vocab_size = g->c.vocab_size,
+                                    .where = o->config_path};
     return shard_batch_source_tokens(&t, out);
 }

@@ -31,7 +31,9 @@ static shard_status parse(const char *text, const char *where, size_t *d, size_t
     json_error_t err;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
     if (!root) return shard_error(SHARD_ERR_INVALID_ARG, "%s: not valid JSON: %s (line %d)", where, err.text, err.line);
-    shard_status s = json_is_object(root) ? SHARD_OK : shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
+    shard_status s = json_is_object(root)
+        ? SHARD_OK
+        : shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
     const char *key;
     json_t *v;
     *d = 0, *h = 0;
@@ -41,10 +43,11 @@ static shard_status parse(const char *text, const char *where, size_t *d, size_t
         if (field) {
             if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 20))
                 s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' must be an integer in 1..1048576", where, key);
-            else *field = (size_t)json_integer_value(v);
+            else
+                *field = (size_t)json_integer_value(v);
         } else if (strcmp(key, "model_type") != 0 && strcmp(key, "comment") != 0) {
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' is unknown (MLP keys: model_type, model_dim, hidden_dim)",
-                            where, key);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "%s: key '%s' is unknown (MLP keys: model_type, model_dim, hidden_dim)", where, key);
         }
     }
     json_decref(root);
@@ -57,7 +60,9 @@ static shard_status parse(const char *text, const char *where, size_t *d, size_t
 static shard_status set_batch(shard_model *m, const shard_batch *b) {
     mlp_model *p = impl(m);
     SHARD_CHECK(shard_model_check_batch(m, b, p->max_rows, SHARD_F32, p->d, SHARD_F32, p->d));
-    if (b->rows) memcpy(p->x, b->inputs, b->rows * p->d * sizeof *p->x), memcpy(p->target, b->targets, b->rows * p->d * sizeof *p->target);
+    if (b->rows)
+        memcpy(p->x, b->inputs, b->rows * p->d * sizeof *p->x),
+            memcpy(p->target, b->targets, b->rows * p->d * sizeof *p->target);
     return SHARD_OK;
 }
 
@@ -119,8 +124,15 @@ static void destroy(shard_model *m) {
     free(p);
 }
 
-static const shard_model_ops mlp_ops = {.struct_size = sizeof(shard_model_ops), .kind = "mlp", .set_batch = set_batch, .batch_items = items, .forward = forward,
-                                        .backward = backward, .init = init, .describe = describe, .destroy = destroy};
+static const shard_model_ops mlp_ops = {.struct_size = sizeof(shard_model_ops),
+                                        .kind = "mlp",
+                                        .set_batch = set_batch,
+                                        .batch_items = items,
+                                        .forward = forward,
+                                        .backward = backward,
+                                        .init = init,
+                                        .describe = describe,
+                                        .destroy = destroy};
 
 shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out) {
     const char *text = o->config_text, *where = o->config_path;
@@ -150,12 +162,18 @@ shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_
     return SHARD_OK;
 }
 
-shard_status shard__mlp_batch_source(const shard_model_create_options *o, const shard_model *m, shard_batch_source **out) {
+shard_status shard__mlp_batch_source(const shard_model_create_options *o, const shard_model *m,
+                                     shard_batch_source **out) {
     *out = NULL;
     if (o->data_dir) /* a user who passes files expects them read: say they are not, rather than train on other data */
-        return shard_error(SHARD_ERR_INVALID_ARG, "--data %s: model_type 'mlp' (%s) trains on rows it generates from a "
-                           "seeded teacher and reads no files; drop --data", o->data_dir, o->config_path);
-    shard_batch_teacher_options t = {.struct_size = sizeof t, .name = "mlp", .dim = impl(m)->d,
-                                     .max_rows = o->max_rows ? o->max_rows : 1, .teacher_seed = 7};
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--data %s: model_type 'mlp' (%s) trains on rows it generates from a "
+                           "seeded teacher and reads no files; drop --data",
+                           o->data_dir, o->config_path);
+    shard_batch_teacher_options t = {.struct_size = sizeof t,
+                                     .name = "mlp",
+                                     .dim = impl(m)->d,
+                                     .max_rows = o->max_rows ? o->max_rows : 1,
+                                     .teacher_seed = 7};
     return shard_batch_source_teacher(&t, out);
 }

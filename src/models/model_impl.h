@@ -14,9 +14,12 @@ shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_
 shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out);
 /* The built-in kinds' batch sources (model.h's shard_batch_source_fn): the GPT's token file, the CNN's
  * Fashion-MNIST, the MLP's generated rows. */
-shard_status shard__gpt_batch_source(const shard_model_create_options *o, const shard_model *m, shard_batch_source **out);
-shard_status shard__cnn_batch_source(const shard_model_create_options *o, const shard_model *m, shard_batch_source **out);
-shard_status shard__mlp_batch_source(const shard_model_create_options *o, const shard_model *m, shard_batch_source **out);
+shard_status shard__gpt_batch_source(const shard_model_create_options *o, const shard_model *m,
+                                     shard_batch_source **out);
+shard_status shard__cnn_batch_source(const shard_model_create_options *o, const shard_model *m,
+                                     shard_batch_source **out);
+shard_status shard__mlp_batch_source(const shard_model_create_options *o, const shard_model *m,
+                                     shard_batch_source **out);
 
 void shard__model_free_units(shard_model *m);
 /* A config file's text (malloc'd), or NULL with the error set. */

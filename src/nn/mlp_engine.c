@@ -14,9 +14,9 @@ enum { TAPE_DEPTH = 64 };
 
 typedef struct mlp_engine {
     shard_engine base;
-    size_t model, hidden;     /* hidden: this rank's columns of W0 (rows of W1) */
-    size_t hidden_whole, h0;  /* all of them; where this rank's start */
-    shard_comm *tp;           /* NULL: one device */
+    size_t model, hidden;                                  /* hidden: this rank's columns of W0 (rows of W1) */
+    size_t hidden_whole, h0;                               /* all of them; where this rank's start */
+    shard_comm *tp;                                        /* NULL: one device */
     shard_tensor *tape_x[TAPE_DEPTH], *tape_z[TAPE_DEPTH]; /* copies of each forward's input and pre-activation */
     int depth;
 } mlp_engine;
@@ -25,7 +25,8 @@ static shard_status check_batch(const shard_tensor *t, size_t features, const ch
     if (!t || t->dtype != SHARD_F32 || t->ndim != 2 || t->shape[1] != features || !shard_tensor_is_contiguous(t)) {
         char type[160] = "(null)";
         if (t) shard_tensor_type_string(t, type, sizeof type);
-        return shard_error(SHARD_ERR_INVALID_ARG, "mlp %s: expected a contiguous f32[batch,%zu], got %s", what, features, type);
+        return shard_error(SHARD_ERR_INVALID_ARG, "mlp %s: expected a contiguous f32[batch,%zu], got %s", what,
+                           features, type);
     }
     return SHARD_OK;
 }
@@ -37,7 +38,8 @@ static shard_status load_checkpoint(shard_engine *e, const shard_named *params, 
     for (size_t i = 0; i < count; i++) {
         const shard_param_info *info = params ? shard_params_find(e->params, params[i].name) : NULL;
         if (!info)
-            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: no parameter '%s' (the MLP has layer_0/weights, layer_1/weights)",
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "load_checkpoint: no parameter '%s' (the MLP has layer_0/weights, layer_1/weights)",
                                params && params[i].name ? params[i].name : "(null)");
         const shard_tensor *src = params[i].tensor;
         int first = info == e->params->info; /* layer_0: [model, hidden], split by columns; layer_1 by rows */
@@ -45,24 +47,25 @@ static shard_status load_checkpoint(shard_engine *e, const shard_named *params, 
         if (!src || src->ndim != 2 || src->shape[0] != want[0] || src->shape[1] != want[1]) {
             char type[160] = "(null)";
             if (src) shard_tensor_type_string(src, type, sizeof type);
-            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' must be [%zu,%zu], got %s", info->name, want[0],
-                               want[1], type);
+            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' must be [%zu,%zu], got %s", info->name,
+                               want[0], want[1], type);
         }
-        if (seen[!first]++)
-            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' given twice", info->name);
+        if (seen[!first]++) return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' given twice", info->name);
     }
     for (int k = 0; k < 2; k++)
         if (!seen[k])
-            return shard_error(SHARD_ERR_INVALID_ARG, "load_checkpoint: '%s' is missing (the MLP needs layer_0/weights "
-                               "[%zu,%zu] and layer_1/weights [%zu,%zu])", e->params->info[k].name, m->model,
-                               m->hidden_whole, m->hidden_whole, m->model);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "load_checkpoint: '%s' is missing (the MLP needs layer_0/weights "
+                               "[%zu,%zu] and layer_1/weights [%zu,%zu])",
+                               e->params->info[k].name, m->model, m->hidden_whole, m->hidden_whole, m->model);
     for (size_t i = 0; i < count; i++) {
         const shard_param_info *info = shard_params_find(e->params, params[i].name);
         const shard_tensor *src = params[i].tensor;
         int first = info == e->params->info;
         shard_tensor piece = *src; /* this rank's block of the whole (a view) */
         size_t d = first ? 1 : 0;
-        piece.shape[d] = m->hidden, piece.data = (char *)src->data + m->h0 * src->strides[d] * shard_dtype_size(src->dtype);
+        piece.shape[d] = m->hidden,
+        piece.data = (char *)src->data + m->h0 * src->strides[d] * shard_dtype_size(src->dtype);
         shard_tensor dst = shard_params_view(e->params, (size_t)(info - e->params->info));
         SHARD_CHECK(shard_tensor_cast(&dst, &piece));
     }
@@ -72,14 +75,14 @@ static shard_status load_checkpoint(shard_engine *e, const shard_named *params, 
 static shard_status run(mlp_engine *m, const shard_tensor *x, shard_tensor *y, shard_tensor *z) {
     size_t B = x->shape[0];
     shard_tp_place tp = {.comm = m->tp, .split = 1};
-    SHARD_CHECK(shard_tp_column_forward(&tp, x->data, shard_params_data(m->base.params, "layer_0/weights"), NULL, z->data,
-                                        B, m->model, m->hidden));
+    SHARD_CHECK(shard_tp_column_forward(&tp, x->data, shard_params_data(m->base.params, "layer_0/weights"), NULL,
+                                        z->data, B, m->model, m->hidden));
     shard_tensor *h = NULL;
     size_t hs[2] = {B, m->hidden};
     SHARD_CHECK(shard_tensor_create(SHARD_F32, 2, hs, SHARD_MEM_ACTIVATIONS, &h));
     shard_relu_forward(z->data, h->data, B * m->hidden);
-    shard_status s = shard_tp_row_forward(&tp, h->data, shard_params_data(m->base.params, "layer_1/weights"), NULL, y->data,
-                                          y->data, B, m->hidden, m->model);
+    shard_status s = shard_tp_row_forward(&tp, h->data, shard_params_data(m->base.params, "layer_1/weights"), NULL,
+                                          y->data, y->data, B, m->hidden, m->model);
     shard_tensor_destroy(h);
     return s;
 }
@@ -91,8 +94,10 @@ static shard_status forward_or_infer(shard_engine *e, const shard_tensor *x, sha
     if (y->shape[0] != x->shape[0])
         return shard_error(SHARD_ERR_INVALID_ARG, "mlp: %zu inputs but room for %zu outputs", x->shape[0], y->shape[0]);
     if (keep && m->depth == TAPE_DEPTH)
-        return shard_error(SHARD_ERR_INVALID_ARG, "mlp forward: %d forwards without a backward; call backward, or "
-                           "inference_loop for outputs alone", TAPE_DEPTH);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "mlp forward: %d forwards without a backward; call backward, or "
+                           "inference_loop for outputs alone",
+                           TAPE_DEPTH);
     size_t zs[2] = {x->shape[0], m->hidden};
     shard_tensor *z = NULL, *xc = NULL;
     SHARD_CHECK(shard_tensor_create(SHARD_F32, 2, zs, SHARD_MEM_ACTIVATIONS, &z));
@@ -109,8 +114,12 @@ static shard_status forward_or_infer(shard_engine *e, const shard_tensor *x, sha
     return s;
 }
 
-static shard_status forward(shard_engine *e, const shard_tensor *x, shard_tensor *y) { return forward_or_infer(e, x, y, 1); }
-static shard_status infer(shard_engine *e, const shard_tensor *x, shard_tensor *y) { return forward_or_infer(e, x, y, 0); }
+static shard_status forward(shard_engine *e, const shard_tensor *x, shard_tensor *y) {
+    return forward_or_infer(e, x, y, 1);
+}
+static shard_status infer(shard_engine *e, const shard_tensor *x, shard_tensor *y) {
+    return forward_or_infer(e, x, y, 0);
+}
 
 static shard_status backward(shard_engine *e, const shard_tensor *dy, shard_params *grads) {
     mlp_engine *m = (mlp_engine *)e;
@@ -119,10 +128,13 @@ static shard_status backward(shard_engine *e, const shard_tensor *dy, shard_para
     shard_tensor *x = m->tape_x[m->depth - 1], *z = m->tape_z[m->depth - 1];
     size_t B = x->shape[0];
     if (dy->shape[0] != B)
-        return shard_error(SHARD_ERR_INVALID_ARG, "mlp backward: gradient for %zu rows, the forward had %zu", dy->shape[0], B);
+        return shard_error(SHARD_ERR_INVALID_ARG, "mlp backward: gradient for %zu rows, the forward had %zu",
+                           dy->shape[0], B);
     if (!grads || grads == e->params)
-        return shard_error(SHARD_ERR_INVALID_ARG, "mlp backward: give a gradient slab of the engine's layout "
-                           "(shard_params_like of its params), not %s", grads ? "its params" : "NULL");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "mlp backward: give a gradient slab of the engine's layout "
+                           "(shard_params_like of its params), not %s",
+                           grads ? "its params" : "NULL");
     for (size_t k = 0; k < 2; k++) { /* the names, and this engine's shapes (a tensor-parallel rank's block) */
         const shard_param_info *want = &e->params->info[k], *have = shard_params_find(grads, want->name);
         if (!have || have->ndim != 2 || have->shape[0] != want->shape[0] || have->shape[1] != want->shape[1])
@@ -140,13 +152,13 @@ static shard_status backward(shard_engine *e, const shard_tensor *dy, shard_para
         memset(g0, 0, m->model * m->hidden * sizeof *g0);
         memset(g1, 0, m->model * m->hidden * sizeof *g1);
         shard_relu_forward(z->data, h->data, B * m->hidden); /* h = ReLU(z), layer 1's input */
-        s = shard_tp_row_backward(&tp, h->data, shard_params_data(e->params, "layer_1/weights"), dy->data, NULL, dh->data,
-                                  g1, NULL, B, m->hidden, m->model);
+        s = shard_tp_row_backward(&tp, h->data, shard_params_data(e->params, "layer_1/weights"), dy->data, NULL,
+                                  dh->data, g1, NULL, B, m->hidden, m->model);
     }
     if (s == SHARD_OK) {
         shard_relu_backward(z->data, dh->data, dh->data, B * m->hidden); /* dL/dz */
-        s = shard_tp_column_backward(&tp, x->data, shard_params_data(e->params, "layer_0/weights"), dh->data, NULL, NULL,
-                                     g0, NULL, B, m->model, m->hidden);
+        s = shard_tp_column_backward(&tp, x->data, shard_params_data(e->params, "layer_0/weights"), dh->data, NULL,
+                                     NULL, g0, NULL, B, m->model, m->hidden);
     }
     shard_tensor_destroy(dh);
     shard_tensor_destroy(h);
@@ -161,7 +173,8 @@ static void destroy(shard_engine *e) {
 }
 
 static const shard_engine_ops mlp_ops = {"mlp (single device)", load_checkpoint, forward, backward, infer, destroy};
-static const shard_engine_ops mlp_tp_ops = {"mlp (tensor parallel)", load_checkpoint, forward, backward, infer, destroy};
+static const shard_engine_ops mlp_tp_ops = {
+    "mlp (tensor parallel)", load_checkpoint, forward, backward, infer, destroy};
 
 shard_status shard_mlp_engine_create(size_t model_dim, size_t hidden_dim, shard_engine **out) {
     return shard_mlp_engine_create_tp(NULL, model_dim, hidden_dim, out);
@@ -173,8 +186,8 @@ shard_status shard_mlp_engine_create_tp(shard_comm *tensor, size_t model_dim, si
     *out = NULL;
     int parts = tensor ? shard_comm_size(tensor) : 1;
     if ((size_t)parts > hidden_dim)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_mlp_engine_create: %d tensor ranks for %zu hidden units", parts,
-                           hidden_dim);
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_mlp_engine_create: %d tensor ranks for %zu hidden units",
+                           parts, hidden_dim);
     mlp_engine *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "shard_mlp_engine_create: out of memory");
     m->tp = tensor, m->hidden_whole = hidden_dim;

@@ -69,8 +69,10 @@ static const shard_model_tensor_ops *tensor_ops(const shard_model *m) { return m
 
 void shard_model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
     const shard_model_tensor_ops *t = tensor_ops(m);
-    if (t && t->whole_shape) t->whole_shape(m, i, shape);
-    else memcpy(shape, m->params->info[i].shape, sizeof m->params->info[i].shape);
+    if (t && t->whole_shape)
+        t->whole_shape(m, i, shape);
+    else
+        memcpy(shape, m->params->info[i].shape, sizeof m->params->info[i].shape);
 }
 
 shard_status shard_model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole) {
@@ -82,14 +84,18 @@ shard_status shard_model_gather_piece(shard_model *m, size_t i, const float *pie
 
 void shard_model_take_piece(const shard_model *m, size_t i, const float *whole, float *piece) {
     const shard_model_tensor_ops *t = tensor_ops(m);
-    if (t && t->take_piece) t->take_piece(m, i, whole, piece);
-    else memcpy(piece, whole, m->params->info[i].numel * sizeof *piece);
+    if (t && t->take_piece)
+        t->take_piece(m, i, whole, piece);
+    else
+        memcpy(piece, whole, m->params->info[i].numel * sizeof *piece);
 }
 
 void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes) {
     const shard_model_tensor_ops *t = tensor_ops(m);
-    if (t && t->param_spec) t->param_spec(m, i, out, bytes);
-    else snprintf(out, bytes, "P()");
+    if (t && t->param_spec)
+        t->param_spec(m, i, out, bytes);
+    else
+        snprintf(out, bytes, "P()");
 }
 
 shard_status shard_model_check_tables(const shard_model *m) {
@@ -97,45 +103,60 @@ shard_status shard_model_check_tables(const shard_model *m) {
     if (!o) return shard_error(SHARD_ERR_INVALID_ARG, "model: no table (m->ops is NULL)");
     const char *kind = o->struct_size >= sizeof *o && o->kind ? o->kind : "(unnamed)";
     if (o->struct_size < sizeof *o)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its table's struct_size %zu is not this library's %zu: "
-                           "set .struct_size = sizeof(shard_model_ops) and rebuild against these headers", kind,
-                           o->struct_size, sizeof *o);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its table's struct_size %zu is not this library's %zu: "
+                           "set .struct_size = sizeof(shard_model_ops) and rebuild against these headers",
+                           kind, o->struct_size, sizeof *o);
     if (!o->kind || !o->forward || !o->backward || !o->destroy)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its table lacks %s: every model gives kind, forward, "
-                           "backward and destroy", kind, !o->kind ? "kind" : !o->forward ? "forward"
-                                                                         : !o->backward ? "backward" : "destroy");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its table lacks %s: every model gives kind, forward, "
+                           "backward and destroy",
+                           kind,
+                           !o->kind           ? "kind"
+                               : !o->forward  ? "forward"
+                               : !o->backward ? "backward"
+                                              : "destroy");
     if (o->tensor && o->tensor->struct_size < sizeof *o->tensor)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its tensor table's struct_size %zu is not this "
-                           "library's %zu", kind, o->tensor->struct_size, sizeof *o->tensor);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its tensor table's struct_size %zu is not this "
+                           "library's %zu",
+                           kind, o->tensor->struct_size, sizeof *o->tensor);
     if (o->pipe && o->pipe->struct_size < sizeof *o->pipe)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its pipeline table's struct_size %zu is not this "
-                           "library's %zu", kind, o->pipe->struct_size, sizeof *o->pipe);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its pipeline table's struct_size %zu is not this "
+                           "library's %zu",
+                           kind, o->pipe->struct_size, sizeof *o->pipe);
     if (o->pipe && (!o->pipe->blocks || !o->pipe->forward_range || !o->pipe->backward_range))
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its pipeline table lacks blocks, forward_range or "
-                           "backward_range", kind);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its pipeline table lacks blocks, forward_range or "
+                           "backward_range",
+                           kind);
     return SHARD_OK;
 }
 
 shard_status shard_model_check_batch(shard_model *m, const shard_batch *b, size_t max_rows, shard_dtype input_dtype,
                                      size_t input_elems, shard_dtype target_dtype, size_t target_elems) {
     const char *kind = m->ops && m->ops->kind ? m->ops->kind : "(unnamed)";
-    if (!b)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': no batch given: load one from a batch source", kind);
+    if (!b) return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': no batch given: load one from a batch source", kind);
     if (b->rows > max_rows)
         return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': a batch of %zu rows; this model was made for up to %zu",
                            kind, b->rows, max_rows);
-    if (b->rows && (b->input_dtype != input_dtype || b->input_elems != input_elems || b->target_dtype != target_dtype ||
-                    b->target_elems != target_elems || !b->inputs || !b->targets))
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': a batch of rows of %zu %s inputs and %zu %s targets; this "
-                           "model takes %zu %s inputs and %zu %s targets per row", kind, b->input_elems,
-                           shard_dtype_name(b->input_dtype), b->target_elems, shard_dtype_name(b->target_dtype),
-                           input_elems, shard_dtype_name(input_dtype), target_elems, shard_dtype_name(target_dtype));
+    if (b->rows &&
+        (b->input_dtype != input_dtype || b->input_elems != input_elems || b->target_dtype != target_dtype ||
+         b->target_elems != target_elems || !b->inputs || !b->targets))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': a batch of rows of %zu %s inputs and %zu %s targets; this "
+                           "model takes %zu %s inputs and %zu %s targets per row",
+                           kind, b->input_elems, shard_dtype_name(b->input_dtype), b->target_elems,
+                           shard_dtype_name(b->target_dtype), input_elems, shard_dtype_name(input_dtype), target_elems,
+                           shard_dtype_name(target_dtype));
     m->seed = b->seed, m->step = b->step, m->first_row = b->first_row, m->rows = b->rows;
     return SHARD_OK;
 }
 
 uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site) {
-    uint64_t z = m->seed * 0x9e3779b97f4a7c15ULL ^ (m->step + 1) * 0xbf58476d1ce4e5b9ULL ^ (site + 1) * 0x94d049bb133111ebULL;
+    uint64_t z =
+        m->seed * 0x9e3779b97f4a7c15ULL ^ (m->step + 1) * 0xbf58476d1ce4e5b9ULL ^ (site + 1) * 0x94d049bb133111ebULL;
     z = (z ^ (z >> 31)) * 0xd6e8feb86659fd93ULL;
     return z ^ (z >> 32);
 }
@@ -219,7 +240,8 @@ static void kind_names(char *out, size_t bytes) {
 
 static shard_status add_kind(const shard_model_kind *k) {
     if (!k || k->struct_size < sizeof(shard_model_kind))
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register_kind: kind missing or from an older header "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_model_register_kind: kind missing or from an older header "
                            "(struct_size)");
     if (!k->name || !*k->name || strlen(k->name) >= KIND_NAME_BYTES)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register: kind name '%s': give 1..%d bytes",
@@ -232,8 +254,10 @@ static shard_status add_kind(const shard_model_kind *k) {
     for (size_t i = 0; s == SHARD_OK && i < g_count; i++)
         if (strcmp(g_kinds[i].name, k->name) == 0) {
             kind_names(names, sizeof names);
-            s = shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register: model kind '%s' is registered already "
-                            "(registered: %s): pick another name", k->name, names);
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "shard_model_register: model kind '%s' is registered already "
+                            "(registered: %s): pick another name",
+                            k->name, names);
         }
     if (s == SHARD_OK && g_count == MAX_KINDS)
         s = shard_error(SHARD_ERR_INVALID_ARG, "shard_model_register: kind '%s': the registry holds at most %d kinds",
@@ -250,8 +274,8 @@ static shard_status add_kind(const shard_model_kind *k) {
 
 /* The GPT's maker takes its settings one by one (gpt.c); the registry hands them over. */
 static shard_status gpt_create(const shard_model_create_options *o, shard_model **out) {
-    return shard__gpt_model_create(o->config_text, o->config_path, o->max_rows, o->seq, o->tensor,
-                                   o->sequence_parallel, o->specs, o->stage, out);
+    return shard__gpt_model_create(o->config_text, o->config_path, o->max_rows, o->seq, o->tensor, o->sequence_parallel,
+                                   o->specs, o->stage, out);
 }
 
 static shard_status gpt_layers(const shard_model_create_options *o, size_t *layers) {
@@ -269,13 +293,28 @@ static shard_status cnn_layers(const shard_model_create_options *o, size_t *laye
 
 static void register_builtins(void) {
     const shard_model_kind kinds[] = {
-        {.struct_size = sizeof(shard_model_kind), .name = "gpt2", .create = gpt_create, .stage_layers = gpt_layers,
-         .tensor_parallel = 1, .placed = 1, .batch_source = shard__gpt_batch_source},
-        {.struct_size = sizeof(shard_model_kind), .name = "gpt", .create = gpt_create, .stage_layers = gpt_layers,
-         .tensor_parallel = 1, .placed = 1, .batch_source = shard__gpt_batch_source},
-        {.struct_size = sizeof(shard_model_kind), .name = "cnn", .create = shard__cnn_model_create,
-         .stage_layers = cnn_layers, .batch_source = shard__cnn_batch_source},
-        {.struct_size = sizeof(shard_model_kind), .name = "mlp", .create = shard__mlp_model_create,
+        {.struct_size = sizeof(shard_model_kind),
+         .name = "gpt2",
+         .create = gpt_create,
+         .stage_layers = gpt_layers,
+         .tensor_parallel = 1,
+         .placed = 1,
+         .batch_source = shard__gpt_batch_source},
+        {.struct_size = sizeof(shard_model_kind),
+         .name = "gpt",
+         .create = gpt_create,
+         .stage_layers = gpt_layers,
+         .tensor_parallel = 1,
+         .placed = 1,
+         .batch_source = shard__gpt_batch_source},
+        {.struct_size = sizeof(shard_model_kind),
+         .name = "cnn",
+         .create = shard__cnn_model_create,
+         .stage_layers = cnn_layers,
+         .batch_source = shard__cnn_batch_source},
+        {.struct_size = sizeof(shard_model_kind),
+         .name = "mlp",
+         .create = shard__mlp_model_create,
          .batch_source = shard__mlp_batch_source},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) (void)add_kind(&kinds[i]);
@@ -287,8 +326,8 @@ shard_status shard_model_register_kind(const shard_model_kind *kind) {
 }
 
 shard_status shard_model_register(const char *kind, shard_model_create_fn create) {
-    return shard_model_register_kind(&(shard_model_kind){.struct_size = sizeof(shard_model_kind), .name = kind,
-                                                         .create = create});
+    return shard_model_register_kind(
+        &(shard_model_kind){.struct_size = sizeof(shard_model_kind), .name = kind, .create = create});
 }
 
 /* The kind of that name; `where` (NULL: none) opens the refusal of an unknown one. */
@@ -301,9 +340,10 @@ static shard_status find_kind(const char *name, const char *where, shard_model_k
     if (s < 0) {
         char names[MAX_KINDS * (KIND_NAME_BYTES + 2)];
         kind_names(names, sizeof names);
-        s = shard_error(SHARD_ERR_INVALID_ARG, "%s%smodel_type '%s' is not a registered model kind: give one of %s (or "
-                        "register it with shard_model_register)", where ? where : "", where ? ": " : "",
-                        name ? name : "(null)", names);
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "%s%smodel_type '%s' is not a registered model kind: give one of %s (or "
+                        "register it with shard_model_register)",
+                        where ? where : "", where ? ": " : "", name ? name : "(null)", names);
     }
     pthread_mutex_unlock(&g_lock);
     return s;
@@ -337,10 +377,12 @@ static shard_status kind_of(const shard_model_create_options *o, shard_model_kin
 shard_status shard_model_create_with(const shard_model_create_options *options, shard_model **out) {
     *out = NULL;
     if (!options || options->struct_size < sizeof(shard_model_create_options))
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_create_with: options missing or from an older header "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_model_create_with: options missing or from an older header "
                            "(struct_size)");
     if (!options->config_text) /* the kind is the text's model_type: without a text there is none to build */
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_create_with: no config text: give the config's JSON, "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_model_create_with: no config text: give the config's JSON, "
                            "its model_type naming the kind");
     shard_model_create_options o = *options;
     o.struct_size = sizeof o;
@@ -348,18 +390,25 @@ shard_status shard_model_create_with(const shard_model_create_options *options, 
     shard_model_kind k;
     SHARD_CHECK(kind_of(&o, &k));
     if (o.tensor && shard_comm_size(o.tensor) > 1 && !k.tensor_parallel)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' has no tensor-parallel layout here (the GPT "
-                           "has): give tensor=1", o.config_path, k.name);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: model_type '%s' has no tensor-parallel layout here (the GPT "
+                           "has): give tensor=1",
+                           o.config_path, k.name);
     if (o.specs && *o.specs && !k.placed)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--spec: model_type '%s' places every parameter whole; specs are for "
-                           "the GPT's parameters", k.name);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--spec: model_type '%s' places every parameter whole; specs are for "
+                           "the GPT's parameters",
+                           k.name);
     if (o.stage && o.stage->count > 1 && !k.stage_layers)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: model_type '%s' is not cut into pipeline stages (the GPT and "
-                           "the CNN are): give pipe=1", o.config_path, k.name);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: model_type '%s' is not cut into pipeline stages (the GPT and "
+                           "the CNN are): give pipe=1",
+                           o.config_path, k.name);
     o.ctx = k.ctx;
     SHARD_CHECK(k.create(&o, out));
-    shard_status s = *out ? shard_model_check_tables(*out)
-                          : shard_error(SHARD_ERR_INTERNAL, "model_type '%s': its create function made no model", k.name);
+    shard_status s = *out
+        ? shard_model_check_tables(*out)
+        : shard_error(SHARD_ERR_INTERNAL, "model_type '%s': its create function made no model", k.name);
     if (s < 0 && *out) shard_model_destroy(*out), *out = NULL;
     return s;
 }
@@ -370,7 +419,8 @@ shard_status shard_model_create(const char *config_path, const char *data_dir, s
 }
 
 shard_status shard_model_create_placed(const char *config_path, const char *data_dir, size_t max_rows, size_t seq,
-                                       shard_comm *tensor, int sequence_parallel, const char *specs, shard_model **out) {
+                                       shard_comm *tensor, int sequence_parallel, const char *specs,
+                                       shard_model **out) {
     return shard_model_create_stage(config_path, data_dir, max_rows, seq, tensor, sequence_parallel, specs, NULL, out);
 }
 
@@ -395,9 +445,16 @@ shard_status shard_model_create_stage(const char *config_path, const char *data_
     *out = NULL;
     char *text = shard__read_config(config_path);
     if (!text) return SHARD_ERR_IO;
-    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = config_path,
-                                    .data_dir = data_dir, .max_rows = max_rows, .seq = seq, .tensor = tensor,
-                                    .sequence_parallel = sequence_parallel, .specs = specs, .stage = stage};
+    shard_model_create_options o = {.struct_size = sizeof o,
+                                    .config_text = text,
+                                    .config_path = config_path,
+                                    .data_dir = data_dir,
+                                    .max_rows = max_rows,
+                                    .seq = seq,
+                                    .tensor = tensor,
+                                    .sequence_parallel = sequence_parallel,
+                                    .specs = specs,
+                                    .stage = stage};
     shard_status s = shard_model_create_with(&o, out);
     free(text);
     return s;
@@ -407,13 +464,16 @@ shard_status shard_model_batch_source(const shard_model_create_options *options,
                                       shard_batch_source **out) {
     *out = NULL;
     if (!options || options->struct_size < sizeof(shard_model_create_options) || !m || !m->ops || !m->ops->kind)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_batch_source: options from an older header "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_model_batch_source: options from an older header "
                            "(struct_size), or no model with its table's kind");
     shard_model_kind k;
     SHARD_CHECK(find_kind(m->ops->kind, "the batch source", &k));
     if (!k.batch_source)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model kind '%s' names no batch source: register it with one, or give "
-                           "the trainer's factory a batch_source", k.name);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model kind '%s' names no batch source: register it with one, or give "
+                           "the trainer's factory a batch_source",
+                           k.name);
     shard_model_create_options o = *options;
     o.struct_size = sizeof o, o.ctx = k.ctx;
     if (!o.config_path) o.config_path = "the model config";
@@ -421,8 +481,10 @@ shard_status shard_model_batch_source(const shard_model_create_options *options,
     if (!*out || !(*out)->ops || !(*out)->ops->load || !(*out)->ops->destroy) {
         shard_batch_source_destroy(*out && (*out)->ops && (*out)->ops->destroy ? *out : NULL);
         *out = NULL;
-        return shard_error(SHARD_ERR_INTERNAL, "model kind '%s': its batch_source made no source with load and "
-                           "destroy", k.name);
+        return shard_error(SHARD_ERR_INTERNAL,
+                           "model kind '%s': its batch_source made no source with load and "
+                           "destroy",
+                           k.name);
     }
     return SHARD_OK;
 }

@@ -67,16 +67,24 @@ static void sgd_update(const shard_optimizer_options *o, uint64_t step, float lr
 }
 
 static const kind_def kinds[] = {
-    [SHARD_OPTIMIZER_ADAMW] = {.name = "adamw", .state_names = adamw_states, .state_count = adamw_state_count,
-                               .check = adamw_check, .update = adamw_update},
-    [SHARD_OPTIMIZER_SGD] = {.name = "sgd", .state_names = sgd_states, .state_count = sgd_state_count,
-                             .check = sgd_check, .update = sgd_update},
+    [SHARD_OPTIMIZER_ADAMW] = {.name = "adamw",
+                               .state_names = adamw_states,
+                               .state_count = adamw_state_count,
+                               .check = adamw_check,
+                               .update = adamw_update},
+    [SHARD_OPTIMIZER_SGD] = {.name = "sgd",
+                             .state_names = sgd_states,
+                             .state_count = sgd_state_count,
+                             .check = sgd_check,
+                             .update = sgd_update},
 };
 enum { KINDS = sizeof kinds / sizeof kinds[0] };
 
 shard_optimizer_options shard_optimizer_defaults(shard_optimizer_kind kind) {
-    return (shard_optimizer_options){.struct_size = sizeof(shard_optimizer_options), .kind = kind,
-                                     .adamw = shard_adamw_defaults(), .sgd = {.momentum = 0, .weight_decay = 0}};
+    return (shard_optimizer_options){.struct_size = sizeof(shard_optimizer_options),
+                                     .kind = kind,
+                                     .adamw = shard_adamw_defaults(),
+                                     .sgd = {.momentum = 0, .weight_decay = 0}};
 }
 
 shard_status shard_optimizer_find(const char *name, shard_optimizer_kind *out) {
@@ -92,11 +100,14 @@ shard_status shard_optimizer_create(const shard_optimizer_options *options, shar
     if (!out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_optimizer_create: no place for the optimizer");
     *out = NULL;
     if (!options || options->struct_size < sizeof(shard_optimizer_options))
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_optimizer_create: options missing or from an older header "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_optimizer_create: options missing or from an older header "
                            "(struct_size)");
     if ((unsigned)options->kind >= KINDS)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_optimizer_create: kind %d is unknown: give "
-                           "SHARD_OPTIMIZER_ADAMW or SHARD_OPTIMIZER_SGD", (int)options->kind);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_optimizer_create: kind %d is unknown: give "
+                           "SHARD_OPTIMIZER_ADAMW or SHARD_OPTIMIZER_SGD",
+                           (int)options->kind);
     const kind_def *def = &kinds[options->kind];
     SHARD_CHECK(def->check(options));
     shard_optimizer *opt = calloc(1, sizeof *opt);
@@ -123,7 +134,8 @@ const char *shard_optimizer_state_name(const shard_optimizer *opt, size_t k) {
 shard_status shard_optimizer_update(const shard_optimizer *opt, uint64_t step, float lr, float clip, float *p, float *g,
                                     float *const *state, size_t n) {
     if (!opt || (n && (!p || !g)))
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_optimizer_update: %s missing", !opt ? "the optimizer" : "p or g");
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_optimizer_update: %s missing",
+                           !opt ? "the optimizer" : "p or g");
     for (size_t k = 0; k < opt->states; k++)
         if (n && (!state || !state[k]))
             return shard_error(SHARD_ERR_INVALID_ARG, "%s: state array '%s' missing (it declares %zu)",

@@ -35,7 +35,8 @@ shard_status shard_params_create(const shard_param_info *tensors, size_t count, 
         for (size_t j = 0; j < i; j++)
             if (strcmp(info[i].name, info[j].name) == 0) {
                 free(p), free(info);
-                return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: the name '%s' is given twice", tensors[i].name);
+                return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: the name '%s' is given twice",
+                                   tensors[i].name);
             }
         size_t n = 1;
         for (int d = 0; d < info[i].ndim; d++) n *= info[i].shape[d];
@@ -118,7 +119,8 @@ void shard_init_normal(float *x, size_t first, size_t n, float std, uint64_t see
 
 void shard_init_uniform(float *x, size_t first, size_t n, float bound, uint64_t seed, const char *name) {
     uint64_t stream = name_stream(name);
-    for (size_t k = 0; k < n; k++) x[k] = (float)((2.0 * unit(seed, stream, (uint64_t)(first + k)) - 1.0) * (double)bound);
+    for (size_t k = 0; k < n; k++)
+        x[k] = (float)((2.0 * unit(seed, stream, (uint64_t)(first + k)) - 1.0) * (double)bound);
 }
 
 /* ---------------------------------------------------------------- safetensors */
@@ -135,10 +137,12 @@ static shard_status load_one(shard_params *p, size_t i, shard_safetensors *f, co
     if (!same) {
         char have[160] = "", want[160] = "";
         size_t hu = 0, wu = 0;
-        for (int d = 0; d < e->ndim; d++) hu += (size_t)snprintf(have + hu, sizeof have - hu, "%s%zu", d ? "," : "", e->shape[d]);
-        for (int d = 0; d < info->ndim; d++) wu += (size_t)snprintf(want + wu, sizeof want - wu, "%s%zu", d ? "," : "", info->shape[d]);
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' has shape [%s], the model needs [%s]", path, info->name,
-                           have, want);
+        for (int d = 0; d < e->ndim; d++)
+            hu += (size_t)snprintf(have + hu, sizeof have - hu, "%s%zu", d ? "," : "", e->shape[d]);
+        for (int d = 0; d < info->ndim; d++)
+            wu += (size_t)snprintf(want + wu, sizeof want - wu, "%s%zu", d ? "," : "", info->shape[d]);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' has shape [%s], the model needs [%s]", path,
+                           info->name, have, want);
     }
     if (e->dtype != SHARD_F32 && e->dtype != SHARD_BF16 && e->dtype != SHARD_F16)
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: tensor '%s' is %s; parameters load from F32, BF16 or F16", path,
@@ -166,7 +170,8 @@ static shard_status load_sharded(shard_params *p, const char *path, int require_
         long k = shard__hf_index_file_of(&ix, p->info[i].name);
         if (k < 0) {
             if (require_all)
-                s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, p->info[i].name);
+                s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path,
+                                p->info[i].name);
             continue;
         }
         shard__hf_index_file_path(&ix, (size_t)k, file, sizeof file);
@@ -174,7 +179,8 @@ static shard_status load_sharded(shard_params *p, const char *path, int require_
         int found = 0;
         s = load_one(p, i, files[k], file, &found);
         if (s == SHARD_OK && !found)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensor '%s', which %s says it holds", file, p->info[i].name, path);
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s: no tensor '%s', which %s says it holds", file, p->info[i].name,
+                            path);
         n += s == SHARD_OK;
     }
     for (size_t k = 0; files && k < ix.nfiles; k++)
@@ -195,7 +201,8 @@ shard_status shard_params_load(shard_params *p, const char *path, int require_al
         int found = 0;
         s = load_one(p, i, f, path, &found);
         if (s == SHARD_OK && !found && require_all)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path, p->info[i].name);
+            s = shard_error(SHARD_ERR_INVALID_ARG, "%s has no tensor '%s', which the model needs", path,
+                            p->info[i].name);
         n += s == SHARD_OK && found;
     }
     shard_safetensors_close(f);

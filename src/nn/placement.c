@@ -92,12 +92,13 @@ shard_status shard__placement_set(shard__placement *p, const shard_mesh_layout *
     if (shard_spec_parse(text, layout, p->ndim, &want) < 0) {
         char why[256];
         snprintf(why, sizeof why, "%s", shard_last_error());
-        return shard_error(SHARD_ERR_INVALID_ARG, "--spec \"%s=%s\": %s; %s [%s] can be %s", name, text, why, name, shape,
-                           valid);
+        return shard_error(SHARD_ERR_INVALID_ARG, "--spec \"%s=%s\": %s; %s [%s] can be %s", name, text, why, name,
+                           shape, valid);
     }
     shard_spec replicated = shard_spec_replicated(p->ndim);
     if (!shard_spec_equal(&want, &replicated) && !(p->split_dim >= 0 && shard_spec_equal(&want, &split)))
-        return shard_error(SHARD_ERR_INVALID_ARG, "--spec \"%s=%s\": %s [%s] can be %s", name, text, name, shape, valid);
+        return shard_error(SHARD_ERR_INVALID_ARG, "--spec \"%s=%s\": %s [%s] can be %s", name, text, name, shape,
+                           valid);
     p->spec = want;
     return SHARD_OK;
 }

@@ -26,9 +26,9 @@ typedef struct shard__placement {
     int ndim;                               /* logical dims */
     size_t shape[SHARD_PLACEMENT_MAX_DIMS]; /* the whole tensor's logical shape */
     int stored_ndim;
-    int groups[SHARD_PLACEMENT_MAX_DIMS];   /* logical dims merged into stored dim k */
-    int split_dim;                          /* the dim the model can split over `tensor` (-1: none) */
-    shard_spec spec;                        /* on the layout tensor=<size> */
+    int groups[SHARD_PLACEMENT_MAX_DIMS]; /* logical dims merged into stored dim k */
+    int split_dim;                        /* the dim the model can split over `tensor` (-1: none) */
+    shard_spec spec;                      /* on the layout tensor=<size> */
 } shard__placement;
 
 /* The logical block tensor rank `part` holds: offsets and lengths per logical dim (tp.h's shard_tp_piece;

@@ -34,11 +34,13 @@ static shard_status kth_largest(const float *x, size_t n, size_t K, float *out) 
 shard_status shard_sample_token(const float *logits, size_t vocab, double temperature, size_t top_k, uint64_t *rng,
                                 int *token) {
     if (!logits || !vocab || !rng || !token)
-        return shard_error(SHARD_ERR_INVALID_ARG, "sampling: give logits, a vocabulary of at least one token, a "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "sampling: give logits, a vocabulary of at least one token, a "
                            "generator state and a place for the token");
     size_t best = 0;
     for (size_t v = 0; v < vocab; v++) {
-        if (!isfinite(logits[v])) return shard_error(SHARD_ERR_INVALID_ARG, "sampling: logit %zu is NaN or infinite", v);
+        if (!isfinite(logits[v]))
+            return shard_error(SHARD_ERR_INVALID_ARG, "sampling: logit %zu is NaN or infinite", v);
         if (logits[v] > logits[best]) best = v;
     }
     *token = (int)best;

@@ -39,15 +39,17 @@ uint64_t shard_cost_gpt_tensor_bytes(const shard_gpt_config *c, size_t tokens, s
                                      int sequence_parallel) {
     size_t N = tokens, p = ranks, r = rank, C = c->n_embd, L = c->n_layer, pairs = 4 * L + 2;
     uint64_t fixed = shard_cost_all_reduce_bytes(N, p, r, 4) + shard_cost_all_reduce_bytes(2 * N, p, r, 8) +
-                     shard_cost_all_reduce_bytes(1, p, r, 8);
+        shard_cost_all_reduce_bytes(1, p, r, 8);
     if (!sequence_parallel) return fixed + pairs * shard_cost_all_reduce_bytes(N * C, p, r, 4);
     size_t mine = part_of(N, p, r);
     uint64_t gather = (uint64_t)mine * C * 4 * (p - 1), scatter = (uint64_t)(N - mine) * C * 4;
     return fixed + pairs * (gather + scatter) + (2 * L + 1) * shard_cost_all_reduce_bytes(2 * C, p, r, 4) +
-           shard_cost_all_reduce_bytes(c->n_positions * C, p, r, 4);
+        shard_cost_all_reduce_bytes(c->n_positions * C, p, r, 4);
 }
 
-double shard_cost_pipe_bubble(shard_pipe_kind kind, int p, int m, int v) { return shard__pipe_bubble_formula(kind, p, m, v); }
+double shard_cost_pipe_bubble(shard_pipe_kind kind, int p, int m, int v) {
+    return shard__pipe_bubble_formula(kind, p, m, v);
+}
 
 double shard_cost_busbw_factor(const char *op, int n) {
     if (n <= 1) return strcmp(op, "sendrecv") == 0 ? 1.0 : 0.0;

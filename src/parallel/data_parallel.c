@@ -45,17 +45,17 @@ typedef struct unit_state {
     float *gathered;                     /* zero 3 or bf16 compute: the whole values while acquired */
     uint16_t *gathered16;                /* zero 3 with bf16 compute: what the all_gather fills */
     shard_request *gather;
-    int in_use;                          /* zero 3: acquire count */
-    float *grad;                         /* zero 2/3: the whole gradient during backward */
-    shard_request *rs;                   /* the reduce-scatter of this unit's gradient */
-    void *rs_send, *rs_recv;             /* what it reads (a bf16 copy or a unit buffer) and writes */
-    int ready;                           /* grads_ready seen in this micro-step */
+    int in_use;              /* zero 3: acquire count */
+    float *grad;             /* zero 2/3: the whole gradient during backward */
+    shard_request *rs;       /* the reduce-scatter of this unit's gradient */
+    void *rs_send, *rs_recv; /* what it reads (a bf16 copy or a unit buffer) and writes */
+    int ready;               /* grads_ready seen in this micro-step */
 } unit_state;
 
 typedef struct bucket {
     size_t lo, hi, waiting; /* units lo..hi; units not ready yet */
     shard_request *req;
-    uint16_t *wire;         /* bf16 copy while in flight */
+    uint16_t *wire; /* bf16 copy while in flight */
 } bucket;
 
 struct shard_dp {
@@ -140,8 +140,8 @@ static shard_status start_rs(shard_dp *dp, size_t k, const float *grad) {
         u->rs_send = (void *)grad, u->rs_recv = dp->rs_out + u->shard_off;
     }
     dp->grad_bytes += u->n * wire_bytes(dp);
-    shard_status s = shard_comm_ireduce_scatterv(dp->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM,
-                                                 &u->rs);
+    shard_status s =
+        shard_comm_ireduce_scatterv(dp->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM, &u->rs);
     if (s < 0) { /* nothing in flight: finish_rs must not add a piece that never came */
         if (dp->grad_dtype == SHARD_BF16) shard_free(u->rs_send), shard_free(u->rs_recv);
         u->rs_send = u->rs_recv = NULL;
@@ -304,14 +304,15 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
                               int count_replicated, shard_dtype compute_dtype, const shard_optimizer *opt,
                               shard_dp **out) {
     *out = NULL;
-    if (zero < 0 || zero > 3) return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
+    if (zero < 0 || zero > 3)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
     if (grad_dtype != SHARD_F32 && grad_dtype != SHARD_BF16)
         return shard_error(SHARD_ERR_INVALID_ARG, "--grad-dtype %s is invalid: gradients travel as f32 or bf16",
                            shard_dtype_name(grad_dtype));
     SHARD_CHECK(shard__precision_check(compute_dtype));
     if (!opt || shard_optimizer_state_count(opt) > SHARD_OPTIMIZER_MAX_STATES)
-        return shard_error(SHARD_ERR_INVALID_ARG, "data parallel: %s", opt ? "the optimizer declares too many state arrays"
-                                                                            : "no optimizer given");
+        return shard_error(SHARD_ERR_INVALID_ARG, "data parallel: %s",
+                           opt ? "the optimizer declares too many state arrays" : "no optimizer given");
     shard_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
     dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype, dp->last_rs = (size_t)-1;
@@ -320,7 +321,9 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
     size_t U = m->units, D = (size_t)dp->size, total = total_of(dp);
     dp->u = calloc(U, sizeof *dp->u);
     dp->buckets = calloc(U, sizeof *dp->buckets), dp->bucket_of = calloc(U, sizeof *dp->bucket_of);
-    shard_status s = dp->u && dp->buckets && dp->bucket_of ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
+    shard_status s = dp->u && dp->buckets && dp->bucket_of
+        ? SHARD_OK
+        : shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
     for (size_t k = 0; s == SHARD_OK && k < U; k++) {
         unit_state *u = &dp->u[k];
         u->n = shard_model_unit_elems(m, k);
@@ -354,19 +357,22 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
         }
         if (zero == 3) dp->value_shard = shard_alloc(S * sizeof(float) + 1, SHARD_MEM_PARAMS);
         s = shard__precision_create(&dp->prec, compute_dtype, zero == 3 ? S : total);
-        if (!states_ok || (zero <= 1 && !dp->grads) ||
-            (zero >= 1 && (!dp->grad_shard || !dp->rs_out)) || (zero == 3 && !dp->value_shard))
+        if (!states_ok || (zero <= 1 && !dp->grads) || (zero >= 1 && (!dp->grad_shard || !dp->rs_out)) ||
+            (zero == 3 && !dp->value_shard))
             s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for the model states (zero %d)", zero);
     }
     if (s < 0) {
         shard__dp_destroy(dp);
         return s;
     }
-    if (zero <= 1) shard_model_bind_grad_slab(m, dp->grads);
-    else shard_model_bind_grad_slab(m, NULL);
+    if (zero <= 1)
+        shard_model_bind_grad_slab(m, dp->grads);
+    else
+        shard_model_bind_grad_slab(m, NULL);
     if (zero == 3) { /* keep this rank's pieces; the whole values go */
         for (size_t k = 0; k < U; k++)
-            memcpy(dp->value_shard + dp->u[k].shard_off, unit_values(dp, k) + dp->u[k].my_displ, dp->u[k].mine * sizeof(float));
+            memcpy(dp->value_shard + dp->u[k].shard_off, unit_values(dp, k) + dp->u[k].my_displ,
+                   dp->u[k].mine * sizeof(float));
         shard_free(m->params->data);
         m->params->data = NULL;
         for (size_t k = 0; k < U; k++) shard_model_bind_values(m, k, NULL);
@@ -476,7 +482,8 @@ static double counted_squares(const shard_dp *dp, size_t offset, size_t n, const
     double sum = 0;
     for (size_t i = 0; i < m->params->count; i++) {
         const shard_param_info *p = &m->params->info[i];
-        size_t lo = p->offset > offset ? p->offset : offset, hi = p->offset + p->numel < offset + n ? p->offset + p->numel : offset + n;
+        size_t lo = p->offset > offset ? p->offset : offset,
+               hi = p->offset + p->numel < offset + n ? p->offset + p->numel : offset + n;
         if (lo < hi && !m->tensor_replicated[i]) sum += shard_sum_squares(g + at + (lo - offset), hi - lo);
     }
     return sum;
@@ -529,7 +536,8 @@ shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip)
         unit_state *u = &dp->u[k];
         float *values = dp->zero == 3 ? dp->value_shard + u->shard_off : unit_values(dp, k) + u->my_displ;
         states_at(dp, u->shard_off, st);
-        SHARD_CHECK(shard_optimizer_update(dp->opt, step, lr, clip, values, dp->grad_shard + u->shard_off, st, u->mine));
+        SHARD_CHECK(
+            shard_optimizer_update(dp->opt, step, lr, clip, values, dp->grad_shard + u->shard_off, st, u->mine));
         covered += u->mine;
     }
     dp->shard_zeroed = covered == dp->shard_total;
@@ -545,7 +553,8 @@ shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip)
     for (size_t k = 0; k < dp->m->units && s == SHARD_OK; k++, started++) {
         unit_state *u = &dp->u[k];
         float *base = unit_values(dp, k);
-        s = shard_comm_iall_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32, &reqs[k]);
+        s = shard_comm_iall_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32,
+                                    &reqs[k]);
     }
     double t0 = shard__now();
     shard_status w = shard_request_wait_all(started, reqs);
@@ -603,7 +612,8 @@ static shard_status gather_range(shard_dp *dp, const float *shard, size_t off, s
     for (size_t k = 0; s == SHARD_OK && next_part(dp, off, n, &p, &k);) {
         const unit_state *u = &dp->u[p.k];
         size_t a, b;
-        for (size_t r = 0; r < (size_t)dp->size; r++) held(u, r, p.lo, p.hi, &a, &b), counts[r] = b - a, displs[r] = a - p.lo;
+        for (size_t r = 0; r < (size_t)dp->size; r++)
+            held(u, r, p.lo, p.hi, &a, &b), counts[r] = b - a, displs[r] = a - p.lo;
         held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
         s = shard_comm_all_gatherv(dp->comm, in_shard(u, (float *)shard, a, b), b - a, dst + p.at, counts, displs,
                                    SHARD_F32);
@@ -620,8 +630,10 @@ static void scatter_range(const shard_dp *dp, float *shard, size_t off, size_t n
         size_t a, b;
         held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
         float *to = in_shard(u, shard, a, b);
-        if (src) memcpy(to, src + p.at + (a - p.lo), (b - a) * sizeof(float));
-        else memset(to, 0, (b - a) * sizeof(float));
+        if (src)
+            memcpy(to, src + p.at + (a - p.lo), (b - a) * sizeof(float));
+        else
+            memset(to, 0, (b - a) * sizeof(float));
     }
 }
 
@@ -629,7 +641,8 @@ static void scatter_range(const shard_dp *dp, float *shard, size_t off, size_t n
  * all of it (else its pieces, in the shard layout). */
 static shard_status state_array(const shard_dp *dp, int which, size_t off, size_t n, float **out, int *whole) {
     if (which < 0 || (size_t)which > dp->n_states || off > total_of(dp) || n > total_of(dp) - off)
-        return shard_error(SHARD_ERR_INVALID_ARG, "data parallel: array %d, range [%zu, %zu + %zu) is invalid: give 0 "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "data parallel: array %d, range [%zu, %zu + %zu) is invalid: give 0 "
                            "(the values) to %zu (the %s optimizer's state arrays) and a range inside the %zu values",
                            which, off, off, n, dp->n_states, shard_optimizer_name(dp->opt), total_of(dp));
     *whole = which == 0 ? dp->zero < 3 : dp->zero == 0;
@@ -656,9 +669,12 @@ shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, 
     int whole;
     float *a = NULL;
     SHARD_CHECK(state_array(dp, which, off, n, &a, &whole));
-    if (!whole) scatter_range(dp, a, off, n, src);
-    else if (src) memcpy(a + off, src, n * sizeof(float));
-    else memset(a + off, 0, n * sizeof(float));
+    if (!whole)
+        scatter_range(dp, a, off, n, src);
+    else if (src)
+        memcpy(a + off, src, n * sizeof(float));
+    else
+        memset(a + off, 0, n * sizeof(float));
     if (which != 0 || !dp->prec.bf16) return SHARD_OK;
     if (whole) { /* the bf16 compute copy of what changed */
         shard__precision_refresh(&dp->prec, a, off, n);
@@ -683,7 +699,8 @@ static shard_status gather_whole(shard_dp *dp, const float *src, float *dst) {
         unit_state *u = &dp->u[k];
         float *base = dst + dp->m->unit_offset[k];
         memcpy(base + u->my_displ, src + u->shard_off, u->mine * sizeof(float));
-        SHARD_CHECK(shard_comm_all_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32));
+        SHARD_CHECK(
+            shard_comm_all_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32));
     }
     return SHARD_OK;
 }
@@ -691,12 +708,16 @@ static shard_status gather_whole(shard_dp *dp, const float *src, float *dst) {
 shard_status shard__dp_get_state(shard_dp *dp, float *values, float *const *state) {
     size_t bytes = total_of(dp) * sizeof(float);
     memset(values, 0, bytes);
-    if (dp->zero == 3) SHARD_CHECK(gather_whole(dp, dp->value_shard, values));
-    else memcpy(values, dp->m->params->data, bytes);
+    if (dp->zero == 3)
+        SHARD_CHECK(gather_whole(dp, dp->value_shard, values));
+    else
+        memcpy(values, dp->m->params->data, bytes);
     for (size_t k = 0; state && k < dp->n_states; k++) {
         memset(state[k], 0, bytes);
-        if (dp->zero == 0) memcpy(state[k], dp->state[k], bytes);
-        else SHARD_CHECK(gather_whole(dp, dp->state[k], state[k]));
+        if (dp->zero == 0)
+            memcpy(state[k], dp->state[k], bytes);
+        else
+            SHARD_CHECK(gather_whole(dp, dp->state[k], state[k]));
     }
     return SHARD_OK;
 }

@@ -33,9 +33,9 @@ struct shard_pp {
     int rank, p, recompute;
     shard_model *m;
     const shard_pipe_schedule *s;
-    size_t io_cap;       /* floats each holder buffer has room for */
-    size_t *io;          /* [m]: floats of micro-batch j's activation on this rank */
-    int S;               /* virtual stages: p * v */
+    size_t io_cap; /* floats each holder buffer has room for */
+    size_t *io;    /* [m]: floats of micro-batch j's activation on this rank */
+    int S;         /* virtual stages: p * v */
     int n_holders, n_slots;
     holder *h;
     float **acts;             /* [n_slots]: activation slots, room for any chunk's range */
@@ -68,8 +68,10 @@ shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe
     if (!po || !po->forward_range)
         return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: model_type '%s' cannot be cut into stages", m->ops->kind);
     if ((double)s->p * s->v * s->m > (INT_MAX - TAG_FIRST_STAGE - 1) / 2.0)
-        return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: %d stages x %d chunks x %d micro-batches: too many messages to "
-                           "tag (at most %d)", s->p, s->v, s->m, (INT_MAX - TAG_FIRST_STAGE - 1) / 2);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "pipeline: %d stages x %d chunks x %d micro-batches: too many messages to "
+                           "tag (at most %d)",
+                           s->p, s->v, s->m, (INT_MAX - TAG_FIRST_STAGE - 1) / 2);
     shard_pp *pp = calloc(1, sizeof *pp);
     if (!pp) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
     pp->comm = pipe, pp->rank = shard_comm_rank(pipe), pp->p = shard_comm_size(pipe), pp->m = m, pp->s = s;
@@ -80,7 +82,8 @@ shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe
     size_t M = (size_t)s->m, MV = M * (size_t)s->v;
     pp->io = calloc(M, sizeof *pp->io), pp->holder_of = calloc(MV, sizeof(int)), pp->slot_of = calloc(MV, sizeof(int));
     pp->h = calloc((size_t)pp->n_holders, sizeof *pp->h);
-    pp->holder_free = calloc((size_t)pp->n_holders, sizeof(int)), pp->slot_free = calloc((size_t)pp->n_slots, sizeof(int));
+    pp->holder_free = calloc((size_t)pp->n_holders, sizeof(int)),
+    pp->slot_free = calloc((size_t)pp->n_slots, sizeof(int));
     pp->acts = calloc((size_t)pp->n_slots, sizeof *pp->acts);
     if (!pp->io || !pp->holder_of || !pp->slot_of || !pp->h || !pp->holder_free || !pp->slot_free || !pp->acts) {
         shard__pp_destroy(pp);
@@ -110,7 +113,8 @@ shard_status shard__pp_create(shard_comm *pipe, shard_model *m, const shard_pipe
         pp->tied_grad = shard_alloc_zeroed(pp->tied_n * sizeof(float), SHARD_MEM_GRADS);
         if (!pp->tied_value || !pp->tied_grad) {
             shard__pp_destroy(pp);
-            return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory for the last stage's copy of the tied parameter");
+            return shard_error(SHARD_ERR_NO_MEMORY,
+                               "pipeline: out of memory for the last stage's copy of the tied parameter");
         }
         po->use_tied(m, pp->tied_value, pp->tied_grad);
     }
@@ -169,8 +173,8 @@ static void note(shard_pp *pp, char what, const shard_pipe_op *op, double t0) {
         if (!more) return; /* the trace loses a span; the run goes on */
         pp->span = more, pp->span_cap = cap;
     }
-    pp->span[pp->spans++] = (shard_trace_span){what, op ? op->micro : -1, op ? op->chunk : 0, t0 - pp->t_begin,
-                                               shard__now() - pp->t_begin};
+    pp->span[pp->spans++] =
+        (shard_trace_span){what, op ? op->micro : -1, op ? op->chunk : 0, t0 - pp->t_begin, shard__now() - pp->t_begin};
 }
 
 /* Wait for a request, noting the time as `what` when it had not finished. */
@@ -228,11 +232,12 @@ static shard_status post(shard_pp *pp, const shard_pipe_op *op) {
     }
     if (st == pp->S - 1) return SHARD_OK;
     holder *h = &pp->h[pp->holder_of[k]];
-    return shard_comm_irecv(pp->comm, h->g_in, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st, j, 1), &h->g_in_req);
+    return shard_comm_irecv(pp->comm, h->g_in, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st, j, 1),
+                            &h->g_in_req);
 }
 
-static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_load_fn load, void *ctx, double denominator,
-                                double *loss) {
+static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_load_fn load, void *ctx,
+                                double denominator, double *loss) {
     int j = op->micro, st = stage_of(pp, op), k = key_of(pp, op), first = st == 0, last = st == pp->S - 1;
     holder *h = &pp->h[pp->holder_of[k]];
     SHARD_CHECK(load(ctx, (size_t)j));
@@ -247,12 +252,13 @@ static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_
     pipe_ops(pp)->stage_blocks(pp->m, (size_t)op->chunk, &b0, &b1);
     double t0 = shard__now(), l = 0;
     SHARD_CHECK(pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in, last ? NULL : h->out,
-                                      denominator, &l));
+                                            denominator, &l));
     pp->compute += shard__now() - t0;
     note(pp, 'F', op, t0);
     *loss += l;
     if (last) return SHARD_OK;
-    return shard_comm_isend(pp->comm, h->out, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st + 1, j, 0), &h->out_req);
+    return shard_comm_isend(pp->comm, h->out, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st + 1, j, 0),
+                            &h->out_req);
 }
 
 static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int final, shard_dp *dp, shard_pp_load_fn load,
@@ -260,7 +266,8 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     int j = op->micro, st = stage_of(pp, op), k = key_of(pp, op), first = st == 0, last = st == pp->S - 1;
     int hi = pp->holder_of[k];
     holder *h = &pp->h[hi];
-    if (final && pp->rank == 0 && pp->tied_n) { /* the last stage's part of the tied gradient, then the usual backward */
+    if (final && pp->rank == 0 &&
+        pp->tied_n) { /* the last stage's part of the tied gradient, then the usual backward */
         double t0 = shard__now();
         SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_in, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_GRAD));
         note(pp, 't', op, t0);
@@ -277,22 +284,23 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     if (pp->recompute) { /* the forward again, from the kept input */
         double t0 = shard__now(), l = 0;
         SHARD_CHECK(wait_noted(pp, &h->out_req, 0, op));
-        SHARD_CHECK(pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in, last ? NULL : h->out,
-                                          denominator, &l));
+        SHARD_CHECK(pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in,
+                                                last ? NULL : h->out, denominator, &l));
         pp->compute += shard__now() - t0;
         note(pp, 'r', op, t0);
     }
     SHARD_CHECK(wait_noted(pp, &h->g_in_req, 'b', op));
     SHARD_CHECK(wait_noted(pp, &h->g_out_req, 0, op));
     double t0 = shard__now();
-    SHARD_CHECK(pipe_ops(pp)->backward_range(pp->m, pp->acts[slot], b0, b1, last ? NULL : h->g_in, first ? NULL : h->g_out));
+    SHARD_CHECK(
+        pipe_ops(pp)->backward_range(pp->m, pp->acts[slot], b0, b1, last ? NULL : h->g_in, first ? NULL : h->g_out));
     pp->compute += shard__now() - t0;
     note(pp, 'B', op, t0);
     if (!pp->recompute) pp->slot_free[slot] = 0;
     pp->held--;
     if (!first)
-        SHARD_CHECK(shard_comm_isend(pp->comm, h->g_out, pp->io[j], SHARD_F32, rank_of(pp, st - 1), tag_of(pp, st - 1, j, 1),
-                                     &h->g_out_req));
+        SHARD_CHECK(shard_comm_isend(pp->comm, h->g_out, pp->io[j], SHARD_F32, rank_of(pp, st - 1),
+                                     tag_of(pp, st - 1, j, 1), &h->g_out_req));
     if (final && pp->rank == pp->p - 1 && pp->tied_n) {
         float *value, *grad;
         SHARD_CHECK(tied_begin(pp, 1, &value, &grad));
@@ -372,7 +380,14 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
 }
 
 void shard__pp_stats(const shard_pp *pp, shard_pipeline_stats *out) {
-    *out = (shard_pipeline_stats){.stage = pp->rank, .stages = pp->p, .chunks = pp->s->v, .begin_s = pp->t_begin,
-                                  .wall_s = pp->wall, .compute_s = pp->compute, .held_peak = pp->peak_held,
-                                  .slots = (size_t)pp->n_slots, .spans = pp->spans, .span = pp->span};
+    *out = (shard_pipeline_stats){.stage = pp->rank,
+                                  .stages = pp->p,
+                                  .chunks = pp->s->v,
+                                  .begin_s = pp->t_begin,
+                                  .wall_s = pp->wall,
+                                  .compute_s = pp->compute,
+                                  .held_peak = pp->peak_held,
+                                  .slots = (size_t)pp->n_slots,
+                                  .spans = pp->spans,
+                                  .span = pp->span};
 }

@@ -49,8 +49,7 @@ shard_status shard__pp_run(shard_pp *pp, shard_dp *dp, shard_pp_load_fn load, vo
  * src (its last `layers` units are the layers) and cut them into k stages, first[0..k]; *report: one
  * line. */
 shard_status shard__pipe_balance(shard_model *whole, shard_batch_source *src, size_t layers, int k, uint64_t seed,
-                                 size_t rows, size_t *first,
-                                 char *report, size_t report_bytes);
+                                 size_t rows, size_t *first, char *report, size_t report_bytes);
 
 /* Timing of the last run (trainer.h's shard_pipeline_stats, less the stage and schedule). */
 void shard__pp_stats(const shard_pp *pp, shard_pipeline_stats *out);

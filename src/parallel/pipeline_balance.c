@@ -37,9 +37,12 @@ static shard_status time_release(void *ctx, shard_model *m, size_t u, int backwa
     (void)m;
     timing *tm = ctx;
     double d = shard__now() - tm->t0[u];
-    if (u >= tm->first_layer_unit) tm->unit_s[u] += d;
-    else if (tm->seen_layer == !backward) tm->epi += d; /* forward: after the layers; backward: before them */
-    else tm->pro += d;
+    if (u >= tm->first_layer_unit)
+        tm->unit_s[u] += d;
+    else if (tm->seen_layer == !backward)
+        tm->epi += d; /* forward: after the layers; backward: before them */
+    else
+        tm->pro += d;
     return SHARD_OK;
 }
 
@@ -55,7 +58,8 @@ static shard_status measure(shard_model *m, shard_batch_source *src, size_t laye
     tm.t0 = calloc(m->units, sizeof *tm.t0), tm.unit_s = calloc(m->units, sizeof *tm.unit_s);
     double *rep = calloc((layers + 2) * REPS, sizeof *rep);
     float *grads = calloc(m->params->total + 1, sizeof *grads);
-    shard_status s = tm.t0 && tm.unit_s && rep && grads ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "balance: out of memory");
+    shard_status s =
+        tm.t0 && tm.unit_s && rep && grads ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "balance: out of memory");
     if (s == SHARD_OK) {
         shard_model_bind_grad_slab(m, grads);
         m->hooks = (shard_model_hooks){&tm, time_acquire, time_release, NULL};
@@ -75,8 +79,10 @@ static shard_status measure(shard_model *m, shard_batch_source *src, size_t laye
     for (size_t l = 0; s == SHARD_OK && l < layers + 2; l++) {
         qsort(rep + l * REPS, REPS, sizeof *rep, cmp_double);
         double med = rep[l * REPS + REPS / 2];
-        if (l < layers) layer_s[l] = med;
-        else *(l == layers ? pro : epi) = med;
+        if (l < layers)
+            layer_s[l] = med;
+        else
+            *(l == layers ? pro : epi) = med;
     }
     m->hooks = (shard_model_hooks){0};
     shard_model_bind_grad_slab(m, NULL);
@@ -85,18 +91,20 @@ static shard_status measure(shard_model *m, shard_batch_source *src, size_t laye
 }
 
 shard_status shard__pipe_balance(shard_model *whole, shard_batch_source *src, size_t layers, int k, uint64_t seed,
-                                 size_t rows, size_t *first,
-                                 char *report, size_t report_bytes) {
+                                 size_t rows, size_t *first, char *report, size_t report_bytes) {
     if (layers < (size_t)k || whole->units < layers)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage balanced: %zu layers cannot fill %d stages", layers, k);
+        return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage balanced: %zu layers cannot fill %d stages",
+                           layers, k);
     size_t L = layers, K = (size_t)k;
     double *t = calloc(L, sizeof *t), *mem = calloc(L, sizeof *mem), pro = 0, epi = 0;
     double *best = malloc((K + 1) * (L + 1) * sizeof *best), *best_mem = malloc((K + 1) * (L + 1) * sizeof *best_mem);
     size_t *cut = calloc((K + 1) * (L + 1), sizeof *cut);
-    shard_status s = t && mem && best && best_mem && cut ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "balance: out of memory");
+    shard_status s =
+        t && mem && best && best_mem && cut ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "balance: out of memory");
     if (s == SHARD_OK) s = measure(whole, src, L, seed, rows, t, &pro, &epi);
-    for (size_t l = 0; s == SHARD_OK && l < L; l++) mem[l] = 16.0 * (double)shard_model_unit_elems(whole, whole->units - L + l);
-    /* best[j][i]: the slowest stage's seconds when the first i layers fill j stages */
+    for (size_t l = 0; s == SHARD_OK && l < L; l++)
+        mem[l] = 16.0 * (double)shard_model_unit_elems(whole, whole->units - L + l);
+        /* best[j][i]: the slowest stage's seconds when the first i layers fill j stages */
 #define AT(a, j, i) a[(j) * (L + 1) + (i)]
     for (size_t j = 0; s == SHARD_OK && j <= K; j++)
         for (size_t i = 0; i <= L; i++) AT(best, j, i) = AT(best_mem, j, i) = 1e300;
@@ -115,8 +123,10 @@ shard_status shard__pipe_balance(shard_model *whole, shard_batch_source *src, si
     if (s == SHARD_OK) {
         first[K] = L;
         for (size_t j = K; j > 0; j--) first[j - 1] = AT(cut, j, first[j]);
-        int at = snprintf(report, report_bytes, "balanced on measured ms per stage (outside the layers: first +%.2f, "
-                          "last +%.2f):", pro * 1e3, epi * 1e3);
+        int at = snprintf(report, report_bytes,
+                          "balanced on measured ms per stage (outside the layers: first +%.2f, "
+                          "last +%.2f):",
+                          pro * 1e3, epi * 1e3);
         for (size_t j = 0; j < K && at > 0 && (size_t)at < report_bytes; j++) {
             double cost = (j == 0 ? pro : 0) + (j + 1 == K ? epi : 0);
             for (size_t l = first[j]; l < first[j + 1]; l++) cost += t[l];

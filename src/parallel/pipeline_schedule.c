@@ -48,29 +48,38 @@ static void fill_rank(const shard_pipe_schedule *s, int r, shard_pipe_op *ops) {
     int warm = s->kind == SHARD_PIPE_1F1B ? p - r - 1 : (p - r - 1) * 2 + (v - 1) * p;
     if (warm > total) warm = total;
     int f = 0, b = 0;
-    for (; f < warm; f++) ops[n++] = s->kind == SHARD_PIPE_1F1B ? (shard_pipe_op){'F', f, 0} : interleaved_op('F', f, p, v);
+    for (; f < warm; f++)
+        ops[n++] = s->kind == SHARD_PIPE_1F1B ? (shard_pipe_op){'F', f, 0} : interleaved_op('F', f, p, v);
     while (f < total) {
         ops[n++] = s->kind == SHARD_PIPE_1F1B ? (shard_pipe_op){'F', f, 0} : interleaved_op('F', f, p, v);
         f++;
         ops[n++] = s->kind == SHARD_PIPE_1F1B ? (shard_pipe_op){'B', b, 0} : interleaved_op('B', b, p, v);
         b++;
     }
-    for (; b < total; b++) ops[n++] = s->kind == SHARD_PIPE_1F1B ? (shard_pipe_op){'B', b, 0} : interleaved_op('B', b, p, v);
+    for (; b < total; b++)
+        ops[n++] = s->kind == SHARD_PIPE_1F1B ? (shard_pipe_op){'B', b, 0} : interleaved_op('B', b, p, v);
 }
 
 shard_status shard__pipe_schedule_create(shard_pipe_kind kind, int p, int m, int v, shard_pipe_schedule **out) {
     *out = NULL;
-    if (p < 1 || m < 1) return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: %d stages x %d micro-batches (need >= 1 each)", p, m);
+    if (p < 1 || m < 1)
+        return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: %d stages x %d micro-batches (need >= 1 each)", p, m);
     if (kind != SHARD_PIPE_INTERLEAVED && v != 1)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d needs --schedule interleaved (%s runs one chunk per rank)",
-                           v, shard__pipe_kind_name(kind));
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--virtual-stages %d needs --schedule interleaved (%s runs one chunk per rank)", v,
+                           shard__pipe_kind_name(kind));
     if (kind == SHARD_PIPE_INTERLEAVED && v < 1)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--schedule interleaved: --virtual-stages %d is invalid: give 1 or more", v);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--schedule interleaved: --virtual-stages %d is invalid: give 1 or more", v);
     if (kind == SHARD_PIPE_INTERLEAVED && m % p)
-        return m < p ? shard_error(SHARD_ERR_INVALID_ARG, "--schedule interleaved: --micro-batches %d is not a multiple of "
-                                   "pipe = %d (give %d or a multiple)", m, p, p)
-                     : shard_error(SHARD_ERR_INVALID_ARG, "--schedule interleaved: --micro-batches %d is not a multiple of "
-                                   "pipe = %d (give %d or %d)", m, p, m / p * p, (m / p + 1) * p);
+        return m < p ? shard_error(SHARD_ERR_INVALID_ARG,
+                                   "--schedule interleaved: --micro-batches %d is not a multiple of "
+                                   "pipe = %d (give %d or a multiple)",
+                                   m, p, p)
+                     : shard_error(SHARD_ERR_INVALID_ARG,
+                                   "--schedule interleaved: --micro-batches %d is not a multiple of "
+                                   "pipe = %d (give %d or %d)",
+                                   m, p, m / p * p, (m / p + 1) * p);
     shard_pipe_schedule *s = calloc(1, sizeof *s);
     if (!s) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline schedule: out of memory");
     s->kind = kind, s->p = p, s->m = m, s->v = v;
@@ -126,8 +135,9 @@ shard_status shard__pipe_schedule_timeline(const shard_pipe_schedule *s, int f_c
         }
     }
     free(f_end), free(b_end), free(next), free(free_at);
-    if (left) return shard_error(SHARD_ERR_INTERNAL, "pipeline schedule %s (p %d, m %d, v %d) deadlocks: %d ops never start",
-                                 shard__pipe_kind_name(s->kind), p, m, s->v, left);
+    if (left)
+        return shard_error(SHARD_ERR_INTERNAL, "pipeline schedule %s (p %d, m %d, v %d) deadlocks: %d ops never start",
+                           shard__pipe_kind_name(s->kind), p, m, s->v, left);
     if (total_slots) *total_slots = total;
     for (int r = 0; peak_in_flight && r < p; r++) {
         int held = 0, peak = 0;
@@ -163,8 +173,8 @@ void shard__pipe_schedule_print(const shard_pipe_schedule *s, FILE *out) {
         int digits = 1; /* of the largest micro-batch number: a cell is F<micro>[chunk] and a space */
         for (int k = s->m - 1; k >= 10; k /= 10) digits++;
         int width = 2 + digits + (s->v > 1);
-        fprintf(out, "%s: %d stages x %d micro-batches%s; one slot per F or B, '.' idle\n", shard__pipe_kind_name(s->kind), p,
-                s->m, s->v > 1 ? " (chunks a, b, ... per rank)" : "");
+        fprintf(out, "%s: %d stages x %d micro-batches%s; one slot per F or B, '.' idle\n",
+                shard__pipe_kind_name(s->kind), p, s->m, s->v > 1 ? " (chunks a, b, ... per rank)" : "");
         char *line = malloc((size_t)(total * width + 1));
         for (int r = 0; line && r < p; r++) {
             memset(line, ' ', (size_t)(total * width));
@@ -213,7 +223,8 @@ shard_status shard__pipe_partition(size_t n, int k, const char *list, size_t *fi
     first[0] = 0;
     if (!list || !*list) {
         if (n < (size_t)k)
-            return shard_error(SHARD_ERR_INVALID_ARG, "pipeline: %zu layers cannot fill %d stages (each needs at least one)", n, k);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "pipeline: %zu layers cannot fill %d stages (each needs at least one)", n, k);
         for (int i = 0; i < k; i++) {
             size_t at, count;
             shard_split_even(n, (size_t)k, (size_t)i, &at, &count);
@@ -226,17 +237,22 @@ shard_status shard__pipe_partition(size_t n, int k, const char *list, size_t *fi
         char *end;
         errno = 0;
         long c = strtol(at, &end, 10);
-        if (end == at || c < 1 || errno == ERANGE || (size_t)c > n || (i + 1 < k && *end != ',') || (i + 1 == k && *end))
-            return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage '%s': give %d counts >= 1 separated by commas, "
-                               "adding up to the model's %zu layers", list, k, n);
+        if (end == at || c < 1 || errno == ERANGE || (size_t)c > n || (i + 1 < k && *end != ',') ||
+            (i + 1 == k && *end))
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--layers-per-stage '%s': give %d counts >= 1 separated by commas, "
+                               "adding up to the model's %zu layers",
+                               list, k, n);
         if ((size_t)c > SIZE_MAX - first[i]) /* the sum would wrap (and could wrap back to n) */
-            return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage '%s': the counts add up to more than %zu; the "
-                               "model has %zu layers", list, SIZE_MAX, n);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--layers-per-stage '%s': the counts add up to more than %zu; the "
+                               "model has %zu layers",
+                               list, SIZE_MAX, n);
         first[i + 1] = first[i] + (size_t)c;
         at = end + 1;
     }
     if (first[k] != n)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage '%s' adds up to %zu layers; the model has %zu", list,
-                           first[k], n);
+        return shard_error(SHARD_ERR_INVALID_ARG, "--layers-per-stage '%s' adds up to %zu layers; the model has %zu",
+                           list, first[k], n);
     return SHARD_OK;
 }

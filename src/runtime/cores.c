@@ -43,10 +43,13 @@ shard_status shard_share_cores(shard_comm *world) {
     cpu_set_t allowed;
     CPU_ZERO(&allowed);
     long online = sysconf(_SC_NPROCESSORS_ONLN), mine_cores = online;
-    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) mine_cores = CPU_COUNT(&allowed);
-    else CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+        mine_cores = CPU_COUNT(&allowed);
+    else
+        CPU_ZERO(&allowed);
     uint64_t host = fnv1a(1469598103934665603ULL, name, strlen(name));
-    int64_t mine[2] = {(int64_t)host, (int64_t)fnv1a(host, &allowed, sizeof allowed)}, *all = calloc(2 * (size_t)n, sizeof *all);
+    int64_t mine[2] = {(int64_t)host, (int64_t)fnv1a(host, &allowed, sizeof allowed)},
+            *all = calloc(2 * (size_t)n, sizeof *all);
     if (!all) return shard_error(SHARD_ERR_NO_MEMORY, "share cores: out of memory");
     shard_status s = shard_comm_all_gather(world, mine, all, 2, SHARD_I64);
     int here = 0, same_set = 0;

@@ -56,8 +56,8 @@ int shard_launch_detect_mpi(char *description, size_t description_bytes, int *ra
         if (i == 3 && (!getenv("SLURM_STEP_ID") || (env_int(pairs[i][1], &n) && n <= 1))) continue;
         int have_size = env_int(pairs[i][1], &n);
         if (description)
-            snprintf(description, description_bytes, "%s=%d%s%s%s", pairs[i][0], r,
-                     have_size ? " " : "", have_size ? pairs[i][1] : "", have_size ? "" : "");
+            snprintf(description, description_bytes, "%s=%d%s%s%s", pairs[i][0], r, have_size ? " " : "",
+                     have_size ? pairs[i][1] : "", have_size ? "" : "");
         if (description && have_size) {
             size_t used = strlen(description);
             snprintf(description + used, description_bytes - used, "=%d", n);
@@ -146,11 +146,14 @@ static void retire_ledgers(shard__mem_ledger *ledgers, int n) {
 static shard_status launch_threads(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
     int n = cfg->ranks ? cfg->ranks : 1; /* 0: one rank per process, as under a launcher */
     if (n < 1 || n > 4096)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%d ranks (--ranks, or shard_launch's ranks) is invalid: give 1..4096, "
-                           "or 0 for one rank per process", n);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%d ranks (--ranks, or shard_launch's ranks) is invalid: give 1..4096, "
+                           "or 0 for one rank per process",
+                           n);
     if (cfg->verbose)
-        fprintf(stderr, "shard: backend threads, %d ranks in this process (no MPI launcher variables found), timeout %g s\n",
-                n, timeout);
+        fprintf(stderr,
+                "shard: backend threads, %d ranks in this process (no MPI launcher variables found), timeout %g s\n", n,
+                timeout);
     /* OpenBLAS is loaded (it sets and restores environment variables) before any rank thread can read the
      * environment; a failure to load is reported when a product needs it */
     (void)shard_blas_init();
@@ -207,9 +210,10 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
     int env_rank = -1, env_size = -1;
     shard_launch_detect_mpi(described, sizeof described, &env_rank, &env_size);
     if (!shard__mpi_built())
-        return shard_error(SHARD_ERR_UNSUPPORTED,
-                           "started by an MPI launcher (%s) but this build has no MPI backend: install libopenmpi-dev and rebuild",
-                           described);
+        return shard_error(
+            SHARD_ERR_UNSUPPORTED,
+            "started by an MPI launcher (%s) but this build has no MPI backend: install libopenmpi-dev and rebuild",
+            described);
     if (cfg->verbose) fprintf(stderr, "shard: rank %d: MPI launcher detected from %s\n", env_rank, described);
     shard_comm *world = NULL;
     SHARD_CHECK(shard__mpi_world(&world, cfg->verbose, timeout));
@@ -226,10 +230,11 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
         return s;
     }
     if (cfg->ranks > 1 && cfg->ranks != size) {
-        shard_status s = shard_error(SHARD_ERR_INVALID_ARG,
-                                     "%d ranks asked for (--ranks, or shard_launch's ranks) but the MPI launcher started %d "
-                                     "processes: drop --ranks (ranks 0) or make them agree",
-                                     cfg->ranks, size);
+        shard_status s =
+            shard_error(SHARD_ERR_INVALID_ARG,
+                        "%d ranks asked for (--ranks, or shard_launch's ranks) but the MPI launcher started %d "
+                        "processes: drop --ranks (ranks 0) or make them agree",
+                        cfg->ranks, size);
         shard_comm_destroy(world);
         return s;
     }
@@ -252,7 +257,8 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
 
 shard_status shard_launch_with(const shard_launch_config *config, shard_rank_fn fn, void *arg) {
     if (!config || config->struct_size < sizeof(shard_launch_config))
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_launch_with: config missing or from an older header (struct_size)");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_launch_with: config missing or from an older header (struct_size)");
     if (!fn) return shard_error(SHARD_ERR_INVALID_ARG, "shard_launch: rank function is NULL");
     double timeout = config->timeout_seconds > 0 ? config->timeout_seconds : shard_default_timeout();
     int under_mpi = shard_launch_detect_mpi(NULL, 0, NULL, NULL);
@@ -271,7 +277,8 @@ shard_status shard_launch_with(const shard_launch_config *config, shard_rank_fn 
     case SHARD_BACKEND_AUTO:
         return under_mpi ? launch_mpi(config, timeout, fn, arg) : launch_threads(config, timeout, fn, arg);
     }
-    return shard_error(SHARD_ERR_INVALID_ARG, "unknown backend choice %d: use auto, threads or mpi", (int)config->backend);
+    return shard_error(SHARD_ERR_INVALID_ARG, "unknown backend choice %d: use auto, threads or mpi",
+                       (int)config->backend);
 }
 
 shard_status shard_launch(int ranks, shard_rank_fn fn, void *arg) {

@@ -40,14 +40,15 @@ void shard_tensor_type_string(const shard_tensor *t, char *out, size_t out_bytes
     if (used < out_bytes) snprintf(out + used, out_bytes - used, "]");
 }
 
-shard_status shard_tensor_create(shard_dtype dtype, int ndim, const size_t *shape,
-                                 shard_mem_category category, shard_tensor **out) {
+shard_status shard_tensor_create(shard_dtype dtype, int ndim, const size_t *shape, shard_mem_category category,
+                                 shard_tensor **out) {
     if (!out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_create: out is NULL");
     *out = NULL;
     if (shard_dtype_size(dtype) == 0)
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "shard_tensor_create: dtype %d is invalid: valid dtypes are f32, f64, bf16, f16, i8, i32, i64, u8",
-                           (int)dtype);
+        return shard_error(
+            SHARD_ERR_INVALID_ARG,
+            "shard_tensor_create: dtype %d is invalid: valid dtypes are f32, f64, bf16, f16, i8, i32, i64, u8",
+            (int)dtype);
     if (ndim < 0 || ndim > SHARD_MAX_DIMS)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_create: %d dims; a tensor has 0..%d", ndim,
                            SHARD_MAX_DIMS);
@@ -55,7 +56,8 @@ shard_status shard_tensor_create(shard_dtype dtype, int ndim, const size_t *shap
     size_t numel = 1, es = shard_dtype_size(dtype);
     for (int d = 0; d < ndim; d++) {
         if (shape[d] && numel > SIZE_MAX / es / shape[d])
-            return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_create: shape overflows at dim %d (%zu)", d, shape[d]);
+            return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_create: shape overflows at dim %d (%zu)", d,
+                               shape[d]);
         numel *= shape[d];
     }
     shard_tensor *t = calloc(1, sizeof *t);
@@ -93,8 +95,8 @@ shard_status shard_tensor_narrow(const shard_tensor *t, int dim, size_t start, s
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_narrow: dim %d of a %d-dim tensor; valid 0..%d", dim,
                            t->ndim, t->ndim - 1);
     if (start > t->shape[dim] || length > t->shape[dim] - start)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_narrow: [%zu, %zu) is outside dim %d of size %zu", start,
-                           start + length, dim, t->shape[dim]);
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_narrow: [%zu, %zu) is outside dim %d of size %zu",
+                           start, start + length, dim, t->shape[dim]);
     shard_tensor *v = malloc(sizeof *v);
     if (!v) return shard_error(SHARD_ERR_NO_MEMORY, "shard_tensor_narrow: out of memory");
     *v = *t;
@@ -143,7 +145,9 @@ static void store(shard_dtype d, void *p, double v) {
     case SHARD_BF16: *(uint16_t *)p = shard_bf16_from_f32(odd_float(v)); break;
     case SHARD_F16: *(uint16_t *)p = shard_f16_from_f32(odd_float(v)); break;
     case SHARD_I8: *(int8_t *)p = (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v); break;
-    case SHARD_I32: *(int32_t *)p = (int32_t)(v < -2147483648.0 ? -2147483648.0 : v > 2147483647.0 ? 2147483647.0 : v); break;
+    case SHARD_I32:
+        *(int32_t *)p = (int32_t)(v < -2147483648.0 ? -2147483648.0 : v > 2147483647.0 ? 2147483647.0 : v);
+        break;
     case SHARD_I64: *(int64_t *)p = v < -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v; break;
     case SHARD_U8: *(uint8_t *)p = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); break;
     default: break;
@@ -261,7 +265,8 @@ static void cast_row(void *ctx, char *a, const char *b, size_t start, size_t n) 
 shard_status shard_tensor_cast(shard_tensor *dst, const shard_tensor *src) {
     SHARD_CHECK(check_same_shape(dst, src, "shard_tensor_cast"));
     if (!shard_dtype_is_float(dst->dtype) || !shard_dtype_is_float(src->dtype))
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_tensor_cast: %s -> %s: casts are between f32, f64, bf16 and f16",
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_tensor_cast: %s -> %s: casts are between f32, f64, bf16 and f16",
                            shard_dtype_name(src->dtype), shard_dtype_name(dst->dtype));
     if (dst->dtype == src->dtype) return shard_tensor_copy(dst, src);
     cast_ctx c = {dst, src};
@@ -306,8 +311,10 @@ static void compare_row(void *ctx, char *pa, const char *pb, size_t start, size_
         if (ea != eb || memcmp(xa, xb, ea) != 0) c->diff->mismatched_bits++;
         double va = load(c->a->dtype, xa), vb = load(c->b->dtype, xb);
         double abs_diff = fabs(va - vb);
-        if (isnan(va) != isnan(vb)) abs_diff = INFINITY;
-        else if (isnan(va)) abs_diff = 0;
+        if (isnan(va) != isnan(vb))
+            abs_diff = INFINITY;
+        else if (isnan(va))
+            abs_diff = 0;
         double rel = abs_diff / fmax(fabs(vb), 1e-30);
         if (abs_diff > c->diff->max_abs) {
             c->diff->max_abs = abs_diff;

@@ -64,17 +64,23 @@ struct shard_trainer {
 static shard_status resolve_batch(shard_trainer *t) {
     size_t B = t->c.batch, m = t->c.micro_batch, K = t->c.accum, D = (size_t)t->data_size;
     if (t->c.micro_batches && K && K != t->c.micro_batches)
-        return shard_error(SHARD_ERR_INVALID_ARG, "batch: --micro-batches %zu and --accum %zu disagree (a pipeline's micro-batches "
-                           "are its accumulation steps): give one", t->c.micro_batches, K);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "batch: --micro-batches %zu and --accum %zu disagree (a pipeline's micro-batches "
+                           "are its accumulation steps): give one",
+                           t->c.micro_batches, K);
     if (t->c.micro_batches) K = t->c.micro_batches;
     if (B && m && K) {
         if (m * K * D != B)
-            return shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch %zu != --micro-batch %zu x --accum %zu x data %zu = %zu; "
-                               "give two of them and the third is derived", B, m, K, D, m * K * D);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "batch: --batch %zu != --micro-batch %zu x --accum %zu x data %zu = %zu; "
+                               "give two of them and the third is derived",
+                               B, m, K, D, m * K * D);
     } else if (B && m) {
         if (B % (m * D))
-            return shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch %zu is not --micro-batch %zu x data %zu = %zu times an "
-                               "accumulation count; give --accum instead", B, m, D, m * D);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "batch: --batch %zu is not --micro-batch %zu x data %zu = %zu times an "
+                               "accumulation count; give --accum instead",
+                               B, m, D, m * D);
         K = B / (m * D);
     } else if (m && K) {
         B = m * K * D;
@@ -86,8 +92,10 @@ static shard_status resolve_batch(shard_trainer *t) {
         return shard_error(SHARD_ERR_INVALID_ARG, "batch: give the global --batch, or --micro-batch with --accum");
     }
     if (B < K * D)
-        return shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch %zu is smaller than --accum %zu x data %zu: every rank needs "
-                           "at least one row per micro-step", B, K, D);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "batch: --batch %zu is smaller than --accum %zu x data %zu: every rank needs "
+                           "at least one row per micro-step",
+                           B, K, D);
     /* the largest slice any rank gets */
     size_t first, rows_max = 0;
     for (size_t k = 0; k < K; k++) {
@@ -115,14 +123,22 @@ static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const
                                         c->param_specs, stage, out);
     char *text = NULL;
     if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, &text));
-    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = c->config_path,
-                                    .data_dir = c->data_dir, .max_rows = t->micro, .seq = c->seq, .tensor = tensor,
-                                    .sequence_parallel = c->sequence_parallel, .specs = c->param_specs,
-                                    .stage = stage, .ctx = t->factory.ctx};
+    shard_model_create_options o = {.struct_size = sizeof o,
+                                    .config_text = text,
+                                    .config_path = c->config_path,
+                                    .data_dir = c->data_dir,
+                                    .max_rows = t->micro,
+                                    .seq = c->seq,
+                                    .tensor = tensor,
+                                    .sequence_parallel = c->sequence_parallel,
+                                    .specs = c->param_specs,
+                                    .stage = stage,
+                                    .ctx = t->factory.ctx};
     shard_status s = t->factory.create(&o, out);
     free(text);
     if (s == SHARD_OK && (!*out || !(*out)->ops))
-        s = shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_create_with_model: the factory's create returned no model "
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "shard_trainer_create_with_model: the factory's create returned no model "
                         "(it must set *out to a model with its table)");
     if (s == SHARD_OK) s = shard_model_check_tables(*out);
     if (s < 0 && *out) shard_model_destroy(*out), *out = NULL;
@@ -134,33 +150,42 @@ static shard_status make_source(shard_trainer *t, const shard_model *m) {
     const shard_trainer_config *c = &t->c;
     if (t->source) return SHARD_OK;
     if (!m->ops->set_batch || !m->ops->batch_items)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': its table lacks %s: the trainer hands each micro-batch "
-                           "to the model and counts its items", m->ops->kind, !m->ops->set_batch ? "set_batch"
-                                                                                           : "batch_items");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its table lacks %s: the trainer hands each micro-batch "
+                           "to the model and counts its items",
+                           m->ops->kind, !m->ops->set_batch ? "set_batch" : "batch_items");
     if (t->factory.batch_source) {
         t->source = t->factory.batch_source;
         if (t->source->max_rows < t->micro)
-            return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_create_with_model: the factory's batch source holds "
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "shard_trainer_create_with_model: the factory's batch source holds "
                                "up to %zu rows and a micro-batch is %zu: build it for at least %zu",
                                t->source->max_rows, t->micro, t->micro);
         return SHARD_OK;
     }
     char *text = NULL;
     if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, &text));
-    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = c->config_path,
-                                    .data_dir = c->data_dir, .max_rows = t->micro, .seq = c->seq,
+    shard_model_create_options o = {.struct_size = sizeof o,
+                                    .config_text = text,
+                                    .config_path = c->config_path,
+                                    .data_dir = c->data_dir,
+                                    .max_rows = t->micro,
+                                    .seq = c->seq,
                                     .ctx = t->factory.ctx};
     shard_status s = t->factory.batch_source_create ? t->factory.batch_source_create(&o, m, &t->source)
                                                     : shard_model_batch_source(&o, m, &t->source);
     free(text);
     if (s == SHARD_OK && (!t->source || !t->source->ops || !t->source->ops->load || !t->source->ops->destroy))
-        s = shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_create_with_model: the factory's batch_source_create "
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "shard_trainer_create_with_model: the factory's batch_source_create "
                         "returned no source with load and destroy");
     if (s == SHARD_OK && t->source->max_rows < t->micro)
         s = shard_error(SHARD_ERR_INVALID_ARG, "batch source '%s': made for up to %zu rows; a micro-batch is %zu",
                         t->source->ops->kind ? t->source->ops->kind : "(unnamed)", t->source->max_rows, t->micro);
-    if (s == SHARD_OK) t->owns_source = 1;
-    else if (t->source && t->source->ops && t->source->ops->destroy) shard_batch_source_destroy(t->source);
+    if (s == SHARD_OK)
+        t->owns_source = 1;
+    else if (t->source && t->source->ops && t->source->ops->destroy)
+        shard_batch_source_destroy(t->source);
     if (s < 0) t->source = NULL;
     return s;
 }
@@ -171,15 +196,18 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     shard_pipe_kind kind = SHARD_PIPE_GPIPE;
     if (t->c.schedule) SHARD_CHECK(shard__pipe_kind_parse(t->c.schedule, &kind));
     if (v > SHARD_MAX_STAGE_CHUNKS)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v, SHARD_MAX_STAGE_CHUNKS);
+        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v,
+                           SHARD_MAX_STAGE_CHUNKS);
     if (t->accum > 1u << 20)
         return shard_error(SHARD_ERR_INVALID_ARG, "--micro-batches %zu: at most %u per step", t->accum, 1u << 20);
     SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
     size_t layers = t->factory.create ? t->factory.stage_layers : 0;
     if (!t->factory.create) SHARD_CHECK(shard_model_stage_layers(t->c.config_path, &layers));
     if (!layers)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--mesh pipe=%d: %s's model is not cut into pipeline stages by the trainer "
-                           "yet (the GPT is): give pipe=1", p, t->c.config_path ? t->c.config_path : "the factory");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--mesh pipe=%d: %s's model is not cut into pipeline stages by the trainer "
+                           "yet (the GPT is): give pipe=1",
+                           p, t->c.config_path ? t->c.config_path : "the factory");
     /* p * v virtual stages; rank r holds virtual stages r, p + r, 2p + r, ... */
     size_t *first = calloc((size_t)(p * v) + 1, sizeof *first);
     if (!first) return shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
@@ -216,14 +244,16 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
         for (int i = 0; i < p * v && at < (int)sizeof counts; i++)
             at += snprintf(counts + at, sizeof counts - (size_t)at, "%s%zu", i ? "," : "", first[i + 1] - first[i]);
         char how[512];
-        snprintf(how, sizeof how, "%s", t->partition[0]                      ? t->partition
-                                        : list && strcmp(list, "balanced") == 0 ? "balanced on the world's rank 0's measurement"
-                                        : list && *list                        ? "given"
-                                                                               : "even, the remainder on the first stages");
+        snprintf(how, sizeof how, "%s",
+                 t->partition[0]                             ? t->partition
+                     : list && strcmp(list, "balanced") == 0 ? "balanced on the world's rank 0's measurement"
+                     : list && *list                         ? "given"
+                                                             : "even, the remainder on the first stages");
         snprintf(t->partition, sizeof t->partition, "layers per stage %s; %s", counts, how);
     }
     t->stage = (shard_model_stage){.index = r, .count = p, .chunks = (size_t)v};
-    for (int c = 0; s == SHARD_OK && c < v; c++) t->stage.first[c] = first[c * p + r], t->stage.last[c] = first[c * p + r + 1];
+    for (int c = 0; s == SHARD_OK && c < v; c++)
+        t->stage.first[c] = first[c * p + r], t->stage.last[c] = first[c * p + r + 1];
     free(first);
     t->pipe = pipe;
     return s;
@@ -245,7 +275,8 @@ void shard_trainer_print_schedule(const shard_trainer *t, FILE *out) {
 }
 
 shard_status shard_trainer_pipeline_stats(const shard_trainer *t, shard_pipeline_stats *out) {
-    if (!t->pp) return shard_error(SHARD_ERR_INVALID_ARG, "pipeline stats: this mesh has no pipe axis of more than one rank");
+    if (!t->pp)
+        return shard_error(SHARD_ERR_INVALID_ARG, "pipeline stats: this mesh has no pipe axis of more than one rank");
     shard__pp_stats(t->pp, out);
     return SHARD_OK;
 }
@@ -256,28 +287,37 @@ static shard_status check_factory(shard_mesh *mesh, const shard_trainer_config *
     if (!f || f->struct_size < sizeof(shard_model_factory))
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: factory missing or from an older header (struct_size)", who);
     if (!f->model == !f->create)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: give the factory either a model built by the caller or a create "
-                           "function, not %s", who, f->model ? "both" : "neither");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: give the factory either a model built by the caller or a create "
+                           "function, not %s",
+                           who, f->model ? "both" : "neither");
     if (!f->model) return SHARD_OK;
     int tensor = shard_mesh_axis_index(mesh, "tensor"), pipe = shard_mesh_axis_index(mesh, "pipe");
     int tensor_size = tensor >= 0 ? shard_mesh_axis_size(mesh, tensor) : 1;
     int pipe_size = pipe >= 0 ? shard_mesh_axis_size(mesh, pipe) : 1;
     const shard_model *m = f->model;
     if (tensor_size > 1 || pipe_size > 1)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: a model built by the caller runs whole on each rank, and this mesh "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: a model built by the caller runs whole on each rank, and this mesh "
                            "has tensor=%d, pipe=%d: give the factory a create function that builds each rank's part "
-                           "instead, or a mesh of data ranks only", who, tensor_size, pipe_size);
+                           "instead, or a mesh of data ranks only",
+                           who, tensor_size, pipe_size);
     if (config->param_specs && *config->param_specs)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: param_specs '%s': a model built by the caller places its own "
-                           "parameters; give none", who, config->param_specs);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: param_specs '%s': a model built by the caller places its own "
+                           "parameters; give none",
+                           who, config->param_specs);
     SHARD_CHECK(shard_model_check_tables(m));
     if (!m->ops || !m->params || !m->params->data)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: the model holds no values (%s): build a fresh one for each "
-                           "trainer", who, !m->ops || !m->params ? "no table or parameters"
-                                                                : "a ZeRO-3 trainer released them");
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: the model holds no values (%s): build a fresh one for each "
+                           "trainer",
+                           who, !m->ops || !m->params ? "no table or parameters" : "a ZeRO-3 trainer released them");
     if (m->hooks.acquire || m->hooks.release || m->hooks.grads_ready)
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: the model is held by another trainer: destroy that one first, "
-                           "or build a model for each", who);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: the model is held by another trainer: destroy that one first, "
+                           "or build a model for each",
+                           who);
     return SHARD_OK;
 }
 
@@ -288,13 +328,16 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
     int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
     for (int a = 0; a < shard_mesh_ndim(mesh); a++)
         if (a != axis && a != tensor_axis && a != pipe_axis && shard_mesh_axis_size(mesh, a) > 1)
-            return shard_error(SHARD_ERR_INVALID_ARG, "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and "
-                               "'pipe'; give %s=1 or leave it out", shard_mesh_axis_name(mesh, a),
-                               shard_mesh_axis_size(mesh, a), shard_mesh_axis_name(mesh, a));
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and "
+                               "'pipe'; give %s=1 or leave it out",
+                               shard_mesh_axis_name(mesh, a), shard_mesh_axis_size(mesh, a),
+                               shard_mesh_axis_name(mesh, a));
     int pipe_size = pipe_axis >= 0 ? shard_mesh_axis_size(mesh, pipe_axis) : 1;
     /* a tensor axis of one rank is accepted (sequence parallel is then the single-device math) */
     if (config->sequence_parallel && tensor_axis < 0)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--sequence-parallel splits the tokens over the tensor axis, and this mesh "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--sequence-parallel splits the tokens over the tensor axis, and this mesh "
                            "has none: give e.g. --mesh data=1,tensor=2");
     shard_trainer *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
@@ -303,7 +346,8 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
     t->tensor = tensor_axis >= 0 ? shard_mesh_axis_comm(mesh, tensor_axis) : NULL;
     t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : NULL;
     if (!t->data) { /* no data axis: a one-rank data communicator of this rank's own */
-        shard_status s0 = shard_comm_split(shard_mesh_comm(mesh), shard_comm_rank(shard_mesh_comm(mesh)), 0, &t->own_data);
+        shard_status s0 =
+            shard_comm_split(shard_mesh_comm(mesh), shard_comm_rank(shard_mesh_comm(mesh)), 0, &t->own_data);
         if (s0 < 0) {
             free(t);
             return s0;
@@ -324,8 +368,9 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
         /* on tensor ranks other than 0, parameters every tensor rank holds whole stay out of the norm */
         int count_replicated = !t->tensor || shard_comm_rank(t->tensor) == 0;
-        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype, count_replicated,
-                             config->compute_dtype, t->opt, &t->dp); /* f32 or bf16, else refused there */
+        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype,
+                             count_replicated, config->compute_dtype, t->opt,
+                             &t->dp); /* f32 or bf16, else refused there */
     }
     if (s == SHARD_OK && t->pipe) s = shard__pp_create(t->pipe, t->model, t->sched, config->recompute, &t->pp);
     if (s < 0) {
@@ -339,7 +384,8 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
     *out = NULL;
     if (!config->config_path)
-        return shard_error(SHARD_ERR_INVALID_ARG, "trainer: no config_path: give a model config file, or a model of your "
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "trainer: no config_path: give a model config file, or a model of your "
                            "own through shard_trainer_create_with_model");
     return trainer_create(mesh, config, NULL, out);
 }
@@ -358,8 +404,10 @@ void shard_trainer_destroy(shard_trainer *t) {
     shard__dp_destroy(t->dp);
     shard_optimizer_destroy(t->opt);
     if (t->owns_source) shard_batch_source_destroy(t->source);
-    if (t->owns_model) shard_model_destroy(t->model);
-    else if (t->model) shard_model_bind_grad_slab(t->model, NULL); /* the strategy's gradient buffers are gone */
+    if (t->owns_model)
+        shard_model_destroy(t->model);
+    else if (t->model)
+        shard_model_bind_grad_slab(t->model, NULL); /* the strategy's gradient buffers are gone */
     shard_comm_destroy(t->own_data);
     free(t);
 }
@@ -410,21 +458,22 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     if (t->pp) {
         SHARD_CHECK(shard__pp_run(t->pp, t->dp, pp_load, t, global_items, &loss));
     } else
-    for (size_t k = 0; k < t->accum; k++) {
-        double l = 0;
-        if (t->accum > 1) SHARD_CHECK(load(t, step, k)); /* the last micro-batch is still loaded when accum is 1 */
-        SHARD_CHECK(shard__dp_begin_micro(t->dp, k + 1 == t->accum));
-        SHARD_CHECK(m->ops->forward(m, global_items, &l));
-        SHARD_CHECK(m->ops->backward(m));
-        loss += l;
-    }
+        for (size_t k = 0; k < t->accum; k++) {
+            double l = 0;
+            if (t->accum > 1) SHARD_CHECK(load(t, step, k)); /* the last micro-batch is still loaded when accum is 1 */
+            SHARD_CHECK(shard__dp_begin_micro(t->dp, k + 1 == t->accum));
+            SHARD_CHECK(m->ops->forward(m, global_items, &l));
+            SHARD_CHECK(m->ops->backward(m));
+            loss += l;
+        }
     /* the global norm: squares summed over the data axis by the strategy, then over the tensor axis (each
      * tensor-replicated parameter counted once) */
     double squares = 0, all_squares = 0;
     SHARD_CHECK(shard__dp_finish(t->dp, &squares));
     if (t->tensor && shard_comm_size(t->tensor) > 1)
         SHARD_CHECK(shard_comm_all_reduce(t->tensor, &squares, &all_squares, 1, SHARD_F64, SHARD_OP_SUM));
-    else all_squares = squares;
+    else
+        all_squares = squares;
     if (t->pipe) { /* each stage's parameters (the tied one counted on stage 0 only) */
         squares = all_squares;
         SHARD_CHECK(shard_comm_all_reduce(t->pipe, &squares, &all_squares, 1, SHARD_F64, SHARD_OP_SUM));
@@ -433,9 +482,11 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     /* every rank holds the same all-reduced sum, so all stop here together: an update with a NaN or
      * infinite gradient would make every weight and moment NaN (and a checkpoint saved after it) */
     if (!isfinite(all_squares))
-        return shard_error(SHARD_ERR_INVALID_ARG, "train step %llu: the gradients' global norm is %s: the weights or "
-                           "the gradients are not finite; the weights were not updated (a lower learning rate may help)",
-                           (unsigned long long)step, isnan(all_squares) ? "NaN" : "infinite");
+        return shard_error(
+            SHARD_ERR_INVALID_ARG,
+            "train step %llu: the gradients' global norm is %s: the weights or "
+            "the gradients are not finite; the weights were not updated (a lower learning rate may help)",
+            (unsigned long long)step, isnan(all_squares) ? "NaN" : "infinite");
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
     SHARD_CHECK(shard__dp_update(t->dp, step, out->lr, clip));
@@ -481,8 +532,10 @@ static shard_status ckpt_params(shard_trainer *t, ckpt_param **out, size_t **min
         size_t *counts = calloc((size_t)P, sizeof *counts), *displs = calloc((size_t)P, sizeof *displs), bytes = 0;
         if (!sizes || !counts || !displs) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
         if (s == SHARD_OK) s = shard_comm_all_gather(t->pipe, &mine_n, sizes, 1, SHARD_I64);
-        for (int r = 0; s == SHARD_OK && r < P; r++) counts[r] = (size_t)sizes[r], displs[r] = bytes, bytes += counts[r];
-        if (s == SHARD_OK && !(all = malloc(bytes + sizeof *all))) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
+        for (int r = 0; s == SHARD_OK && r < P; r++)
+            counts[r] = (size_t)sizes[r], displs[r] = bytes, bytes += counts[r];
+        if (s == SHARD_OK && !(all = malloc(bytes + sizeof *all)))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
         if (s == SHARD_OK) s = shard_comm_all_gatherv(t->pipe, own, (size_t)mine_n, all, counts, displs, SHARD_U8);
         free(sizes), free(counts), free(displs);
         free(own);
@@ -533,9 +586,11 @@ static shard_status make_items(shard_trainer *t, const ckpt_param *cp, size_t n,
     for (size_t j = 0; j < arrays; j++)
         for (size_t i = 0; i < n; i++) {
             size_t at = j * n + i, shape[SHARD_MAX_DIMS] = {0};
-            if (j == 0) snprintf((*names)[at], sizeof (*names)[at], "%s", cp[i].name);
-            else snprintf((*names)[at], sizeof (*names)[at], "optimizer.%s.%s", shard_optimizer_state_name(t->opt, j - 1),
-                          cp[i].name);
+            if (j == 0)
+                snprintf((*names)[at], sizeof(*names)[at], "%s", cp[i].name);
+            else
+                snprintf((*names)[at], sizeof(*names)[at], "optimizer.%s.%s", shard_optimizer_state_name(t->opt, j - 1),
+                         cp[i].name);
             for (int d = 0; d < cp[i].ndim; d++) shape[d] = (size_t)cp[i].shape[d];
             shard_spec spec;
             SHARD_CHECK(row_spec(t, (int)cp[i].ndim, &spec));
@@ -568,18 +623,19 @@ static size_t rows_start(const shard_dtensor *d, const ckpt_param *cp) {
 static shard_status param_whole(shard_trainer *t, size_t i, int which, size_t whole_n, float *piece, float *whole) {
     const shard_param_info *info = i == SIZE_MAX ? NULL : &t->model->params->info[i];
     shard_status s = SHARD_OK;
-    if (!info) memset(whole, 0, whole_n * sizeof *whole);
-    else s = shard__dp_get_range(t->dp, which, info->offset, info->numel, piece);
-    if (info && s == SHARD_OK) {
-        s = shard_model_gather_piece(t->model, i, piece, whole);
-    }
+    if (!info)
+        memset(whole, 0, whole_n * sizeof *whole);
+    else
+        s = shard__dp_get_range(t->dp, which, info->offset, info->numel, piece);
+    if (info && s == SHARD_OK) { s = shard_model_gather_piece(t->model, i, piece, whole); }
     /* a pipeline: the stage that holds it gives it to the others (the rest add zeros) */
     if (s == SHARD_OK && t->pipe) s = shard_comm_all_reduce(t->pipe, whole, whole, whole_n, SHARD_F32, SHARD_OP_SUM);
     return s;
 }
 
 /* Scratch for one parameter's array at a time: the largest whole and local sizes. */
-static shard_status param_scratch(const shard_trainer *t, const ckpt_param *cp, size_t n, float **whole, float **piece) {
+static shard_status param_scratch(const shard_trainer *t, const ckpt_param *cp, size_t n, float **whole,
+                                  float **piece) {
     size_t most_whole = 1, most_local = 1;
     for (size_t k = 0; k < n; k++) most_whole = whole_numel(&cp[k]) > most_whole ? whole_numel(&cp[k]) : most_whole;
     for (size_t i = 0; i < t->model->params->count; i++)
@@ -611,14 +667,13 @@ static json_t *training_record(const shard_trainer *t) {
     const shard_trainer_config *c = &t->c;
     const shard_optimizer_options *o = shard_optimizer_options_of(t->opt);
     json_t *hyper = o->kind == SHARD_OPTIMIZER_SGD
-                        ? json_pack("{s:f, s:f}", "weight_decay", shown(o->sgd.weight_decay), "momentum",
-                                    shown(o->sgd.momentum))
-                        : json_pack("{s:f, s:f, s:f, s:f}", "weight_decay", shown(o->adamw.weight_decay), "beta1",
-                                    shown(o->adamw.beta1), "beta2", shown(o->adamw.beta2), "eps", shown(o->adamw.eps));
+        ? json_pack("{s:f, s:f}", "weight_decay", shown(o->sgd.weight_decay), "momentum", shown(o->sgd.momentum))
+        : json_pack("{s:f, s:f, s:f, s:f}", "weight_decay", shown(o->adamw.weight_decay), "beta1",
+                    shown(o->adamw.beta1), "beta2", shown(o->adamw.beta2), "eps", shown(o->adamw.eps));
     json_t *record = json_pack("{s:I, s:I, s:I, s:f, s:f, s:I, s:I, s:s}", "seed", (json_int_t)c->seed, "batch",
                                (json_int_t)t->global, "seq", (json_int_t)c->seq, "lr", shown(c->lr.lr_max), "min_lr",
-                               shown(c->lr.lr_min), "warmup", (json_int_t)c->lr.warmup, "steps", (json_int_t)c->lr.total,
-                               "optimizer", shard_optimizer_name(t->opt));
+                               shown(c->lr.lr_min), "warmup", (json_int_t)c->lr.warmup, "steps",
+                               (json_int_t)c->lr.total, "optimizer", shard_optimizer_name(t->opt));
     json_t *rest = json_pack("{s:f, s:s, s:s}", "clip", shown(c->clip), "grad_dtype", shard_dtype_name(c->grad_dtype),
                              "compute_dtype", shard_dtype_name(c->compute_dtype));
     if (!hyper || !record || !rest || json_object_update(record, hyper) < 0 || json_object_update(record, rest) < 0) {
@@ -657,9 +712,11 @@ static shard_status same_optimizer(shard_trainer *t, const char *where) {
     then[sizeof then - 1] = '\0';
     const char *now = shard_optimizer_name(t->opt);
     if (!then[0] || strcmp(then, now) == 0) return SHARD_OK;
-    return shard_error(SHARD_ERR_INVALID_ARG, "resume: %s was trained with %s, and this run's optimizer is %s: the "
+    return shard_error(SHARD_ERR_INVALID_ARG,
+                       "resume: %s was trained with %s, and this run's optimizer is %s: the "
                        "optimizer's state does not carry over: give --optimizer %s to resume it, or start from its "
-                       "weights alone (shard ckpt export, then --init)", where, then, now, then);
+                       "weights alone (shard ckpt export, then --init)",
+                       where, then, now, then);
 }
 
 shard_status shard_trainer_resume_differences(shard_trainer *t, const char *where, uint64_t step, char *out,
@@ -668,8 +725,10 @@ shard_status shard_trainer_resume_differences(shard_trainer *t, const char *wher
     out[0] = '\0';
     char dir[4096], path[4096 + 16];
     snprintf(path, sizeof path, "%s/index.json", where);
-    if (access(path, F_OK) == 0) snprintf(dir, sizeof dir, "%s", where); /* a step directory */
-    else shard__ckpt_step_dir(where, step, dir, sizeof dir); /* a root: the step resumed, wherever latest points */
+    if (access(path, F_OK) == 0)
+        snprintf(dir, sizeof dir, "%s", where); /* a step directory */
+    else
+        shard__ckpt_step_dir(where, step, dir, sizeof dir); /* a root: the step resumed, wherever latest points */
     shard__ckpt_index ix;
     SHARD_CHECK(shard__ckpt_open_index(dir, path, sizeof path, &ix));
     json_t *now = training_record(t), *then = ix.training ? json_loads(ix.training, 0, NULL) : NULL;
@@ -678,20 +737,22 @@ shard_status shard_trainer_resume_differences(shard_trainer *t, const char *wher
     const char *key;
     json_t *v;
     if (s == SHARD_OK && then) json_object_foreach(now, key, v) {
-        const json_t *w = json_object_get(then, key);
-        if (!w || json_equal(v, w)) continue; /* an older checkpoint may lack a key */
-        char a[64], b[64];
-        const json_t *pair[2] = {v, w};
-        char *text[2] = {a, b};
-        for (int i = 0; i < 2; i++) {
-            if (json_is_string(pair[i])) snprintf(text[i], 64, "%s", json_string_value(pair[i]));
-            else snprintf(text[i], 64, "%.6g", json_number_value(pair[i]));
+            const json_t *w = json_object_get(then, key);
+            if (!w || json_equal(v, w)) continue; /* an older checkpoint may lack a key */
+            char a[64], b[64];
+            const json_t *pair[2] = {v, w};
+            char *text[2] = {a, b};
+            for (int i = 0; i < 2; i++) {
+                if (json_is_string(pair[i]))
+                    snprintf(text[i], 64, "%s", json_string_value(pair[i]));
+                else
+                    snprintf(text[i], 64, "%.6g", json_number_value(pair[i]));
+            }
+            if (strcmp(a, b) == 0) continue; /* a float stored and read back */
+            int n = snprintf(out + used, bytes > used ? bytes - used : 0, "%s%s %s (the checkpoint's: %s)",
+                             used ? "; " : "", key, a, b);
+            if (n > 0) used += (size_t)n < bytes - used ? (size_t)n : bytes - used - 1;
         }
-        if (strcmp(a, b) == 0) continue; /* a float stored and read back */
-        int n = snprintf(out + used, bytes > used ? bytes - used : 0, "%s%s %s (the checkpoint's: %s)", used ? "; " : "",
-                         key, a, b);
-        if (n > 0) used += (size_t)n < bytes - used ? (size_t)n : bytes - used - 1;
-    }
     json_decref(now), json_decref(then);
     shard__ckpt_index_free(&ix);
     return s;
@@ -773,7 +834,7 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
             for (int d = full.ndim - 1; d >= 0; d--) /* a contiguous view of the scratch */
                 full.shape[d] = (size_t)cp[k].shape[d], full.strides[d] = stride, stride *= full.shape[d];
             s = shard_dtensor_gather(items[(size_t)j * n + k].tensor, &full, -1); /* every rank, held here or not */
-            if (s < 0 || i == SIZE_MAX) continue; /* another stage's */
+            if (s < 0 || i == SIZE_MAX) continue;                                 /* another stage's */
             take_piece(t, i, whole, piece);
             s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, piece);
         }

@@ -11,8 +11,8 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
                        "this build has no MPI backend: install libopenmpi-dev (make deps) and rebuild");
 }
 
-shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *send, void *recv,
-                               size_t count_per_rank, shard_dtype dtype) {
+shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *send, void *recv, size_t count_per_rank,
+                               shard_dtype dtype) {
     (void)comm, (void)send, (void)recv, (void)count_per_rank, (void)dtype;
     return shard_error(SHARD_ERR_UNSUPPORTED, "raw MPI timing of %s: this build has no MPI backend", op);
 }

@@ -36,22 +36,22 @@ typedef struct mcomm {
     shard_comm base;
     MPI_Comm mpi;
     MPI_Comm gather; /* a duplicate for the point-to-point all-gather of non-blocking bf16/f16 reductions */
-    void *pack[2];        /* blocking all_to_allw staging (send, recv), kept to avoid faulting in new pages */
+    void *pack[2];   /* blocking all_to_allw staging (send, recv), kept to avoid faulting in new pages */
     size_t pack_bytes[2];
 } mcomm;
 
 typedef struct mreq { /* backend state of a request */
     MPI_Request request;
-    int divide_by;     /* AVG: divide recv by this on completion (0: no) */
+    int divide_by; /* AVG: divide recv by this on completion (0: no) */
     void *divide_buf;
     size_t divide_count;
-    void *staging;     /* in-place staging copy, freed on completion */
-    void *copy_to;     /* reduce_scatter in place: copy staging here on completion */
+    void *staging; /* in-place staging copy, freed on completion */
+    void *copy_to; /* reduce_scatter in place: copy staging here on completion */
     size_t copy_bytes;
-    int *ints;         /* int count/displacement arrays MPI reads until completion */
-    void *recv_staging; /* all_to_allw: packed received blocks, unpacked on completion */
+    int *ints;            /* int count/displacement arrays MPI reads until completion */
+    void *recv_staging;   /* all_to_allw: packed received blocks, unpacked on completion */
     void *gather_staging; /* all_gatherv of equal blocks into this rank's own gaps: packed, placed on completion */
-    int borrowed;       /* staging and recv_staging belong to the communicator */
+    int borrowed;         /* staging and recv_staging belong to the communicator */
     int peer, tag;
     size_t bytes;
     uint64_t seq;
@@ -59,7 +59,7 @@ typedef struct mreq { /* backend state of a request */
      * 2 once they are reduced (and, for a non-blocking all_reduce, while the point-to-point all-gather of
      * the reduced slices is: gather_n requests) */
     int half_phase, half_gather, gather_n;
-    void *half_out;      /* this rank's reduced slice */
+    void *half_out; /* this rank's reduced slice */
     size_t half_len;
     MPI_Request *gather_reqs;
 } mreq;
@@ -96,10 +96,10 @@ static shard_status mpi_error(int code, const char *what, const shard_comm *comm
     return shard_error(SHARD_ERR_BACKEND, "%s on comm '%s' (MPI): %s", what, comm->name, text);
 }
 
-#define MPI_TRY(call, what, comm)                       \
-    do {                                                \
-        int mpi_rc__ = (call);                          \
-        if (mpi_rc__ != MPI_SUCCESS) return mpi_error(mpi_rc__, (what), (comm)); \
+#define MPI_TRY(call, what, comm)                                                                                      \
+    do {                                                                                                               \
+        int mpi_rc__ = (call);                                                                                         \
+        if (mpi_rc__ != MPI_SUCCESS) return mpi_error(mpi_rc__, (what), (comm));                                       \
     } while (0)
 
 /* ------------------------------------------------------------------ dtypes and ops */
@@ -107,9 +107,9 @@ static shard_status mpi_error(int code, const char *what, const shard_comm *comm
 /* One user op for the types shard reduces itself: bf16, f16 (2-byte types), f32 and f64 (max/min with NaN). */
 static void pair_op(void *in, void *inout, int *len, MPI_Datatype *type, shard_reduce_op op) {
     shard_dtype d = *type == M.half_types[0] ? SHARD_BF16
-                    : *type == M.half_types[1] ? SHARD_F16
-                    : *type == MPI_DOUBLE      ? SHARD_F64
-                                               : SHARD_F32;
+        : *type == M.half_types[1]           ? SHARD_F16
+        : *type == MPI_DOUBLE                ? SHARD_F64
+                                             : SHARD_F32;
     shard__reduce_pair(d, op, in, inout, (size_t)*len);
 }
 static void user_sum(void *in, void *inout, int *len, MPI_Datatype *t) { pair_op(in, inout, len, t, SHARD_OP_SUM); }
@@ -144,8 +144,8 @@ static MPI_Op mpi_op(shard_dtype d, shard_reduce_op op) {
 static shard_status as_int(const shard_comm *comm, const char *what, size_t value, int *out) {
     if (value > INT_MAX)
         return shard_error(SHARD_ERR_UNSUPPORTED,
-                           "%s on comm '%s' (MPI): count %zu exceeds MPI's int limit %d; split the transfer",
-                           what, comm->name, value, INT_MAX);
+                           "%s on comm '%s' (MPI): count %zu exceeds MPI's int limit %d; split the transfer", what,
+                           comm->name, value, INT_MAX);
     *out = (int)value;
     return SHARD_OK;
 }
@@ -232,12 +232,18 @@ static uint64_t hash_counts(const size_t *counts, int n) {
 static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
     int n = c->base.size;
     int v_form = a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV || a->kind == SHARD__ALL_TO_ALLV ||
-                 a->kind == SHARD__ALL_TO_ALLW;
-    fingerprint mine = {a->kind, a->dtype, a->op, a->root, v_form ? 0 : a->count,
-                        (a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV) ? hash_counts(a->recv_counts, n) : 0};
+        a->kind == SHARD__ALL_TO_ALLW;
+    fingerprint mine = {
+        a->kind,
+        a->dtype,
+        a->op,
+        a->root,
+        v_form ? 0 : a->count,
+        (a->kind == SHARD__ALL_GATHERV || a->kind == SHARD__REDUCE_SCATTERV) ? hash_counts(a->recv_counts, n) : 0};
     if (a->kind == SHARD__BARRIER) mine.dtype = mine.op = mine.root = 0, mine.count = 0;
     if (a->kind != SHARD__BROADCAST) mine.root = 0;
-    if (a->kind != SHARD__ALL_REDUCE && a->kind != SHARD__REDUCE_SCATTER && a->kind != SHARD__REDUCE_SCATTERV) mine.op = 0;
+    if (a->kind != SHARD__ALL_REDUCE && a->kind != SHARD__REDUCE_SCATTER && a->kind != SHARD__REDUCE_SCATTERV)
+        mine.op = 0;
     fingerprint *all = malloc(sizeof *all * (size_t)n);
     if (!all) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory checking a collective");
     int rc = MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, c->mpi);
@@ -248,8 +254,10 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
     shard_status s = SHARD_OK;
     for (int p = 1; p < n && s == SHARD_OK; p++) {
         if (memcmp(&all[0], &all[p], sizeof mine) == 0) continue;
-        shard__coll_args a0 = {.kind = all[0].kind, .dtype = all[0].dtype, .op = all[0].op, .root = all[0].root, .count = all[0].count};
-        shard__coll_args ap = {.kind = all[p].kind, .dtype = all[p].dtype, .op = all[p].op, .root = all[p].root, .count = all[p].count};
+        shard__coll_args a0 = {
+            .kind = all[0].kind, .dtype = all[0].dtype, .op = all[0].op, .root = all[0].root, .count = all[0].count};
+        shard__coll_args ap = {
+            .kind = all[p].kind, .dtype = all[p].dtype, .op = all[p].op, .root = all[p].root, .count = all[p].count};
         char d0[160], dp[160];
         shard__describe_coll(&a0, &ap, d0, sizeof d0);
         shard__describe_coll(&ap, &a0, dp, sizeof dp);
@@ -268,14 +276,15 @@ static shard_status check_agreement(mcomm *c, const shard__coll_args *a) {
             for (int q = 0; q < n; q++) row[q] = a->send_counts[q], row[n + q] = a->recv_counts[q];
             uint64_t *both = malloc(sizeof *both * 2 * (size_t)n * (size_t)n);
             if (!both || MPI_Allgather(row, 2 * n, MPI_UINT64_T, both, 2 * n, MPI_UINT64_T, c->mpi) != MPI_SUCCESS) {
-                s = shard_error(SHARD_ERR_BACKEND, "%s agreement check failed on comm '%s'", shard__coll_kind_name(a->kind),
-                                c->base.name);
+                s = shard_error(SHARD_ERR_BACKEND, "%s agreement check failed on comm '%s'",
+                                shard__coll_kind_name(a->kind), c->base.name);
             } else {
                 for (int p = 0; p < n && s == SHARD_OK; p++)
                     for (int q = 0; q < n && s == SHARD_OK; q++)
                         if (both[(size_t)p * 2 * n + q] != both[(size_t)q * 2 * n + n + p])
                             s = shard_error(SHARD_ERR_MISMATCH,
-                                            "collective mismatch at #%llu on '%s': %s rank %d sends %llu elements to rank %d, which expects %llu",
+                                            "collective mismatch at #%llu on '%s': %s rank %d sends %llu elements to "
+                                            "rank %d, which expects %llu",
                                             (unsigned long long)a->seq, c->base.name, shard__coll_kind_name(a->kind), p,
                                             (unsigned long long)both[(size_t)p * 2 * n + q], q,
                                             (unsigned long long)both[(size_t)q * 2 * n + n + p]);
@@ -370,7 +379,8 @@ static shard_status prepare_blocks(mcomm *c, const shard__coll_args *a, mreq *s,
     }
     if (pack_recv) {
         s->recv_staging = pack_buffer(c, s, 1, rtot * es);
-        if (!s->recv_staging) return shard_error(SHARD_ERR_NO_MEMORY, "all_to_allw: out of memory for %zu elements", rtot);
+        if (!s->recv_staging)
+            return shard_error(SHARD_ERR_NO_MEMORY, "all_to_allw: out of memory for %zu elements", rtot);
         *recv = s->recv_staging;
     }
     return SHARD_OK;
@@ -394,8 +404,9 @@ static void single_rank_copy(const shard__coll_args *a) {
         bytes = a->recv_counts[0] * es, src += a->send_displs[0] * es, dst += a->recv_displs[0] * es;
         break;
     case SHARD__ALL_TO_ALLW:
-        shard__copy_strided(dst + a->recv_displs[0] * es, a->recv_row_len[0], a->recv_stride[0], src + a->send_displs[0] * es,
-                            a->send_row_len[0], a->send_stride[0], a->recv_counts[0], es, plain_copy);
+        shard__copy_strided(dst + a->recv_displs[0] * es, a->recv_row_len[0], a->recv_stride[0],
+                            src + a->send_displs[0] * es, a->send_row_len[0], a->send_stride[0], a->recv_counts[0], es,
+                            plain_copy);
         return;
     default: return; /* barrier, broadcast: nothing moves */
     }
@@ -409,8 +420,8 @@ static void single_rank_copy(const shard__coll_args *a) {
  * in bf16/f16: an all-to-all of the slices, the reduction here, then (all_reduce) an in-place all-gather. */
 static int half_reduction(const shard__coll_args *a) {
     return (a->dtype == SHARD_BF16 || a->dtype == SHARD_F16) &&
-           (a->op == SHARD_OP_SUM || a->op == SHARD_OP_AVG || a->op == SHARD_OP_PROD) &&
-           (a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV);
+        (a->op == SHARD_OP_SUM || a->op == SHARD_OP_AVG || a->op == SHARD_OP_PROD) &&
+        (a->kind == SHARD__ALL_REDUCE || a->kind == SHARD__REDUCE_SCATTER || a->kind == SHARD__REDUCE_SCATTERV);
 }
 
 /* The reduction of the received slices (half_len elements from each rank, in rank order) into this rank's
@@ -468,8 +479,10 @@ static shard_status half_issue(mcomm *c, const shard__coll_args *a, mreq *s, MPI
     if (!s->ints) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", what);
     for (int p = 0; p < n; p++) {
         size_t off, len;
-        if (a->kind == SHARD__ALL_REDUCE) shard__split_range(a->count, n, p, &off, &len);
-        else off = a->recv_displs[p], len = a->recv_counts[p];
+        if (a->kind == SHARD__ALL_REDUCE)
+            shard__split_range(a->count, n, p, &off, &len);
+        else
+            off = a->recv_displs[p], len = a->recv_counts[p];
         if (p == r) mine = len, s->half_out = (char *)a->recv + (a->kind == SHARD__ALL_REDUCE ? off * es : 0);
         SHARD_CHECK(as_int(&c->base, what, len, &s->ints[p]));
         SHARD_CHECK(as_int(&c->base, what, off, &s->ints[n + p]));
@@ -614,7 +627,8 @@ static shard_status issue(mcomm *c, shard__coll_args *a, shard_request *req) {
         rc = rq ? MPI_Ibcast(recv, count, t, a->root, c->mpi, rq) : MPI_Bcast(recv, count, t, a->root, c->mpi);
         break;
     case SHARD__ALL_REDUCE:
-        rc = rq ? MPI_Iallreduce(send, recv, count, t, op, c->mpi, rq) : MPI_Allreduce(send, recv, count, t, op, c->mpi);
+        rc =
+            rq ? MPI_Iallreduce(send, recv, count, t, op, c->mpi, rq) : MPI_Allreduce(send, recv, count, t, op, c->mpi);
         break;
     case SHARD__REDUCE_SCATTER:
         rc = rq ? MPI_Ireduce_scatter_block(send, recv, count, t, op, c->mpi, rq)
@@ -676,8 +690,8 @@ static shard_status mpi_icollective(shard_comm *comm, shard__coll_args *args, sh
 
 /* ------------------------------------------------------------------ point to point and requests */
 
-static shard_status post_p2p(shard_comm *comm, int is_send, void *buf, size_t bytes, int peer, int tag,
-                             uint64_t seq, shard_request *req) {
+static shard_status post_p2p(shard_comm *comm, int is_send, void *buf, size_t bytes, int peer, int tag, uint64_t seq,
+                             shard_request *req) {
     const char *what = is_send ? "send" : "recv";
     int n = 0;
     SHARD_CHECK(as_int(comm, what, bytes, &n));
@@ -693,13 +707,13 @@ static shard_status post_p2p(shard_comm *comm, int is_send, void *buf, size_t by
     return SHARD_OK;
 }
 
-static shard_status mpi_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag,
-                              uint64_t seq, shard_request *req) {
+static shard_status mpi_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag, uint64_t seq,
+                              shard_request *req) {
     return post_p2p(comm, 1, (void *)(uintptr_t)buf, bytes, dst, tag, seq, req);
 }
 
-static shard_status mpi_irecv(shard_comm *comm, void *buf, size_t bytes, int src, int tag,
-                              uint64_t seq, shard_request *req) {
+static shard_status mpi_irecv(shard_comm *comm, void *buf, size_t bytes, int src, int tag, uint64_t seq,
+                              shard_request *req) {
     return post_p2p(comm, 0, buf, bytes, src, tag, seq, req);
 }
 
@@ -710,13 +724,15 @@ static shard_status finish_request(shard_request *req, MPI_Status *status) {
         int got = 0;
         MPI_Get_count(status, MPI_BYTE, &got);
         if ((size_t)got != st->bytes)
-            s = shard_error(SHARD_ERR_MISMATCH,
-                            "message size mismatch on comm '%s': recv #%llu from rank %d (tag %d) expected %zu bytes, got %d",
-                            req->comm->name, (unsigned long long)st->seq, st->peer, st->tag, st->bytes, got);
+            s = shard_error(
+                SHARD_ERR_MISMATCH,
+                "message size mismatch on comm '%s': recv #%llu from rank %d (tag %d) expected %zu bytes, got %d",
+                req->comm->name, (unsigned long long)st->seq, st->peer, st->tag, st->bytes, got);
     }
     if (st->copy_to) memcpy(st->copy_to, st->staging, st->copy_bytes);
     if (st->divide_by) shard__divide(req->coll.dtype, st->divide_buf, st->divide_count, st->divide_by);
-    if (st->recv_staging && req->kind == SHARD__REQ_COLL) unpack_blocks(&req->coll, st->recv_staging, req->comm->size, req->comm->rank);
+    if (st->recv_staging && req->kind == SHARD__REQ_COLL)
+        unpack_blocks(&req->coll, st->recv_staging, req->comm->size, req->comm->rank);
     if (st->gather_staging) place_gathered(&req->coll, st->gather_staging, req->comm->size);
     req->status = s;
     if (s < 0) snprintf(req->error, sizeof req->error, "%s", shard_last_error());
@@ -774,8 +790,9 @@ static shard_status mpi_request_wait(shard_request *req) {
         end_process(line);
     }
     int is_send = req->kind == SHARD__REQ_SEND;
-    snprintf(line, sizeof line, "timeout after %g s in %s #%llu on comm '%s': rank %d waits on rank %d (tag %d, %zu bytes)",
-             timeout, is_send ? "send" : "recv", (unsigned long long)st->seq, req->comm->name, req->comm->rank, st->peer,
+    snprintf(line, sizeof line,
+             "timeout after %g s in %s #%llu on comm '%s': rank %d waits on rank %d (tag %d, %zu bytes)", timeout,
+             is_send ? "send" : "recv", (unsigned long long)st->seq, req->comm->name, req->comm->rank, st->peer,
              st->tag, st->bytes);
     if (is_send) end_process(line);
     return shard_error(SHARD_ERR_TIMEOUT, "%s", line);
@@ -798,9 +815,10 @@ static void mpi_request_release(shard_request *req) {
         while (!done && MPI_Test(&st->request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done)
             if (shard__now() > deadline) {
                 char line[256];
-                snprintf(line, sizeof line, "a receive from rank %d (tag %d, %zu bytes) on comm '%s' could not be "
-                         "cancelled within %g s; the process ends", st->peer, st->tag, st->bytes, req->comm->name,
-                         req->comm->timeout_seconds);
+                snprintf(line, sizeof line,
+                         "a receive from rank %d (tag %d, %zu bytes) on comm '%s' could not be "
+                         "cancelled within %g s; the process ends",
+                         st->peer, st->tag, st->bytes, req->comm->name, req->comm->timeout_seconds);
                 end_process(line);
             }
     }
@@ -977,8 +995,8 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
         int provided = MPI_THREAD_SINGLE;
         MPI_Query_thread(&provided);
         if (provided < MPI_THREAD_FUNNELED)
-            return shard_error(SHARD_ERR_BACKEND,
-                               "MPI runs at %s; shard needs at least MPI_THREAD_FUNNELED%s", level_name(provided),
+            return shard_error(SHARD_ERR_BACKEND, "MPI runs at %s; shard needs at least MPI_THREAD_FUNNELED%s",
+                               level_name(provided),
                                M.initialized_here ? "" : " (initialise MPI with MPI_Init_thread)");
         M.thread_level = provided;
         int *ub = NULL, found = 0;
@@ -986,7 +1004,8 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
         M.tag_ub = found && ub && *ub >= 32767 ? *ub : 32767;
         /* without the watchdog no blocking call would have a deadline */
         int failed = pthread_create(&M.watchdog, NULL, watchdog_main, NULL);
-        if (failed) return shard_error(SHARD_ERR_BACKEND, "could not start the MPI watchdog thread: %s", strerror(failed));
+        if (failed)
+            return shard_error(SHARD_ERR_BACKEND, "could not start the MPI watchdog thread: %s", strerror(failed));
         pthread_detach(M.watchdog);
         M.watchdog_started = 1;
         for (int i = 0; i < 2; i++) {
@@ -1013,17 +1032,16 @@ shard_status shard__mpi_world(shard_comm **out, int verbose, double timeout_seco
         MPI_Get_library_version(version, &len);
         char *nl = strchr(version, '\n');
         if (nl) *nl = '\0';
-        fprintf(stderr, "shard: rank %d of %d: backend mpi (%s), thread level %s, desync checks %s\n",
-                c->base.rank, c->base.size, version, level_name(M.thread_level), M.debug ? "on" : "off");
+        fprintf(stderr, "shard: rank %d of %d: backend mpi (%s), thread level %s, desync checks %s\n", c->base.rank,
+                c->base.size, version, level_name(M.thread_level), M.debug ? "on" : "off");
     }
     *out = &c->base;
     return SHARD_OK;
 }
 
-shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *send, void *recv,
-                               size_t count_per_rank, shard_dtype dtype) {
-    if (comm->vt != &mpi_vtable)
-        return shard_error(SHARD_ERR_UNSUPPORTED, "raw MPI timing needs the MPI backend");
+shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *send, void *recv, size_t count_per_rank,
+                               shard_dtype dtype) {
+    if (comm->vt != &mpi_vtable) return shard_error(SHARD_ERR_UNSUPPORTED, "raw MPI timing needs the MPI backend");
     mcomm *c = (mcomm *)comm;
     int n = comm->size, count = 0;
     SHARD_CHECK(as_int(comm, op, count_per_rank, &count));
@@ -1039,8 +1057,8 @@ shard_status shard__mpi_raw_op(shard_comm *comm, const char *op, const void *sen
         rc = MPI_Alltoall(send, count, t, recv, count, t, c->mpi);
     else if (strcmp(op, "sendrecv") == 0) {
         int r = comm->rank;
-        rc = MPI_Sendrecv(send, count, t, (r + 1) % n, 7, recv, count, t, (r + n - 1) % n, 7, c->mpi,
-                          MPI_STATUS_IGNORE);
+        rc =
+            MPI_Sendrecv(send, count, t, (r + 1) % n, 7, recv, count, t, (r + n - 1) % n, 7, c->mpi, MPI_STATUS_IGNORE);
     } else
         return shard_error(SHARD_ERR_INVALID_ARG, "raw MPI timing: unknown op '%s'", op);
     if (rc != MPI_SUCCESS) return mpi_error(rc, op, comm);

@@ -94,7 +94,6 @@ static void stream_fence(void) {
 #endif
 }
 
-
 /* ------------------------------------------------------------------ job */
 
 struct shard__thread_job {
@@ -223,9 +222,9 @@ typedef struct group { /* shared by the ranks of one communicator */
     int size;
     _Atomic int refs;
     _Atomic uint64_t gate;
-    _Atomic uint64_t broken;  /* collective at which a rank gave up; 0 if none */
+    _Atomic uint64_t broken; /* collective at which a rank gave up; 0 if none */
     pthread_mutex_t broken_mu;
-    char broken_text[512];    /* that failure, for later collectives' messages */
+    char broken_text[512]; /* that failure, for later collectives' messages */
     slot *slots;
     mailbox *boxes;
 } group;
@@ -291,8 +290,7 @@ static void group_release(group *g) {
     free(g);
 }
 
-static tcomm *tcomm_create(group *g, int rank, const char *name, double timeout,
-                           shard__mem_ledger *ledger) {
+static tcomm *tcomm_create(group *g, int rank, const char *name, double timeout, shard__mem_ledger *ledger) {
     tcomm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     shard__comm_init_header(&c->base, &threads_vtable, rank, g->size, name, timeout);
@@ -305,8 +303,8 @@ static tcomm *tcomm_create(group *g, int rank, const char *name, double timeout,
     return c;
 }
 
-shard_status shard__threads_world_create(int n, double timeout_seconds, shard__mem_ledger *ledgers,
-                                         shard_comm **comms, shard__thread_job **job_out) {
+shard_status shard__threads_world_create(int n, double timeout_seconds, shard__mem_ledger *ledgers, shard_comm **comms,
+                                         shard__thread_job **job_out) {
     shard__thread_job *job = calloc(1, sizeof *job);
     if (!job) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory creating a job of %d ranks", n);
     pthread_mutex_init(&job->mu, NULL);
@@ -344,8 +342,8 @@ shard_status shard__threads_world_create(int n, double timeout_seconds, shard__m
 static shard_status aborted_error(tcomm *c, const char *what, uint64_t seq) {
     char text[512];
     shard__threads_job_abort_status(c->g->job, text, sizeof text);
-    return shard_error(SHARD_ERR_ABORTED, "aborted in %s #%llu on comm '%s': %s", what,
-                       (unsigned long long)seq, c->base.name, text);
+    return shard_error(SHARD_ERR_ABORTED, "aborted in %s #%llu on comm '%s': %s", what, (unsigned long long)seq,
+                       c->base.name, text);
 }
 
 /* ------------------------------------------------------------------ collectives */
@@ -491,7 +489,8 @@ static shard_status check_agreement(tcomm *c, const shard__coll_args *a) {
                 size_t expects = g->slots[q].args->recv_counts[p];
                 if (sends != expects)
                     return shard_error(SHARD_ERR_MISMATCH,
-                                       "collective mismatch at #%llu on '%s': %s rank %d sends %zu elements to rank %d, which expects %zu",
+                                       "collective mismatch at #%llu on '%s': %s rank %d sends %zu elements to rank "
+                                       "%d, which expects %zu",
                                        (unsigned long long)a->seq, c->base.name, shard__coll_kind_name(a->kind), p,
                                        sends, q, expects);
             }
@@ -608,8 +607,8 @@ static void do_all_to_allw(tcomm *c, const shard__coll_args *a) {
     int streamed = 0;
     for (int q = 0; q < n; q++) {
         const shard__coll_args *qa = g->slots[q].args;
-        cursors[q] = (write_cursor){(char *)qa->recv + qa->recv_displs[r] * es, qa->recv_row_len[r], qa->recv_stride[r],
-                                    0, 0, es};
+        cursors[q] = (write_cursor){
+            (char *)qa->recv + qa->recv_displs[r] * es, qa->recv_row_len[r], qa->recv_stride[r], 0, 0, es};
         int stream = a->send_counts[q] * es >= STREAM_MIN_BYTES;
         streamed |= stream;
         copies[q] = stream ? stream_copy : plain_copy;
@@ -641,9 +640,9 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
             if (a->send_displs[p] + a->send_counts[p] > extent) extent = a->send_displs[p] + a->send_counts[p];
         staged = extent ? shard_alloc(extent * es, SHARD_MEM_COMM) : NULL; /* nothing to send: nothing to stage */
         if (extent && !staged) { /* fail the job so that peers stop now instead of at the deadline */
-            shard_status s = shard_error(SHARD_ERR_NO_MEMORY, "%s #%llu on comm '%s': out of memory staging %zu bytes",
-                                         shard__coll_kind_name(a->kind), (unsigned long long)a->seq,
-                                         c->base.name, extent * es);
+            shard_status s =
+                shard_error(SHARD_ERR_NO_MEMORY, "%s #%llu on comm '%s': out of memory staging %zu bytes",
+                            shard__coll_kind_name(a->kind), (unsigned long long)a->seq, c->base.name, extent * es);
             threads_abort(&c->base, s, shard_last_error());
             return s;
         }
@@ -786,9 +785,10 @@ static void deliver(tcomm *c, p2p_entry *send, p2p_entry *recv) {
     if (send->bytes != recv->bytes) {
         char text[512];
         snprintf(text, sizeof text,
-                 "message size mismatch on comm '%s': rank %d sent %zu bytes with tag %d (send #%llu), rank %d expected %zu (recv #%llu)",
-                 c->base.name, send->src, send->bytes, send->tag, (unsigned long long)send->seq, recv->dst,
-                 recv->bytes, (unsigned long long)recv->seq);
+                 "message size mismatch on comm '%s': rank %d sent %zu bytes with tag %d (send #%llu), rank %d "
+                 "expected %zu (recv #%llu)",
+                 c->base.name, send->src, send->bytes, send->tag, (unsigned long long)send->seq, recv->dst, recv->bytes,
+                 (unsigned long long)recv->seq);
         /* as in MPI the receiver reports it; the sender's result must not depend
          * on whether its send went out eagerly */
         if (send_req) complete(job, send_req, SHARD_OK, NULL);
@@ -817,8 +817,8 @@ static void append(p2p_entry **list, p2p_entry *e) {
     *list = e;
 }
 
-static shard_status p2p_post(shard_comm *comm, int is_send, void *buf, size_t bytes, int peer,
-                             int tag, uint64_t seq, shard_request *req) {
+static shard_status p2p_post(shard_comm *comm, int is_send, void *buf, size_t bytes, int peer, int tag, uint64_t seq,
+                             shard_request *req) {
     tcomm *c = (tcomm *)comm;
     p2p_entry *e = calloc(1, sizeof *e);
     if (!e) return shard_error(SHARD_ERR_NO_MEMORY, "comm '%s': out of memory posting a message", comm->name);
@@ -860,13 +860,13 @@ static shard_status p2p_post(shard_comm *comm, int is_send, void *buf, size_t by
     return SHARD_OK;
 }
 
-static shard_status threads_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag,
-                                  uint64_t seq, shard_request *req) {
+static shard_status threads_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag, uint64_t seq,
+                                  shard_request *req) {
     return p2p_post(comm, 1, (void *)(uintptr_t)buf, bytes, dst, tag, seq, req);
 }
 
-static shard_status threads_irecv(shard_comm *comm, void *buf, size_t bytes, int src, int tag,
-                                  uint64_t seq, shard_request *req) {
+static shard_status threads_irecv(shard_comm *comm, void *buf, size_t bytes, int src, int tag, uint64_t seq,
+                                  shard_request *req) {
     return p2p_post(comm, 0, buf, bytes, src, tag, seq, req);
 }
 
@@ -906,10 +906,12 @@ static shard_status threads_request_wait(shard_request *req) {
     }
     int peer = is_send ? e->dst : e->src;
     if (res == WAIT_ABORTED) return aborted_error(c, is_send ? "send" : "recv", e->seq);
-    return shard_error(SHARD_ERR_TIMEOUT,
-                       is_send ? "timeout after %g s in send #%llu on comm '%s': rank %d never posted a matching recv (tag %d, %zu bytes)"
-                               : "timeout after %g s in recv #%llu on comm '%s': rank %d never sent the message (tag %d, %zu bytes)",
-                       c->base.timeout_seconds, (unsigned long long)e->seq, c->base.name, peer, e->tag, e->bytes);
+    return shard_error(
+        SHARD_ERR_TIMEOUT,
+        is_send
+            ? "timeout after %g s in send #%llu on comm '%s': rank %d never posted a matching recv (tag %d, %zu bytes)"
+            : "timeout after %g s in recv #%llu on comm '%s': rank %d never sent the message (tag %d, %zu bytes)",
+        c->base.timeout_seconds, (unsigned long long)e->seq, c->base.name, peer, e->tag, e->bytes);
 }
 
 static shard_status threads_request_test(shard_request *req, int *done) {
@@ -979,8 +981,8 @@ static shard_status threads_split(shard_comm *comm, int color, int key, shard_co
     if (mine[0] >= 0) {
         group *g = (group *)(intptr_t)groups[members[0].rank];
         if (!g) {
-            s = shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': rank %d could not create the group",
-                            comm->name, members[0].rank);
+            s = shard_error(SHARD_ERR_NO_MEMORY, "split of comm '%s': rank %d could not create the group", comm->name,
+                            members[0].rank);
             goto done;
         }
         char name[64];

@@ -9,8 +9,8 @@ typedef struct shard__thread_job shard__thread_job;
 
 /* A job of n ranks and its world communicator: comms[r] is rank r's handle,
  * charging ledgers[r].  The job lives until shard__threads_job_release. */
-shard_status shard__threads_world_create(int n, double timeout_seconds, shard__mem_ledger *ledgers,
-                                         shard_comm **comms, shard__thread_job **job);
+shard_status shard__threads_world_create(int n, double timeout_seconds, shard__mem_ledger *ledgers, shard_comm **comms,
+                                         shard__thread_job **job);
 void shard__threads_job_release(shard__thread_job *job);
 
 /* The first abort's status and text (SHARD_OK if the job never aborted). */
