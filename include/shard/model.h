@@ -192,10 +192,16 @@ static inline size_t shard_model_unit_elems(const shard_model *m, size_t u) {
     return m->unit_offset[u + 1] - m->unit_offset[u];
 }
 
-/* The hooks, for model code (no-ops when a hook is NULL). */
-shard_status shard_model_acquire(shard_model *m, size_t unit, int backward);
-shard_status shard_model_release(shard_model *m, size_t unit, int backward);
-shard_status shard_model_grads_ready(shard_model *m, size_t unit);
+/* The hooks, for model code (no-ops when a hook is NULL); inline, as every layer of every step calls them. */
+static inline shard_status shard_model_acquire(shard_model *m, size_t unit, int backward) {
+    return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, m, unit, backward) : SHARD_OK;
+}
+static inline shard_status shard_model_release(shard_model *m, size_t unit, int backward) {
+    return m->hooks.release ? m->hooks.release(m->hooks.ctx, m, unit, backward) : SHARD_OK;
+}
+static inline shard_status shard_model_grads_ready(shard_model *m, size_t unit) {
+    return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, m, unit) : SHARD_OK;
+}
 
 /* The tensor table's entries with their single-device meaning for a model without it (or a NULL
  * entry): the parameter's own shape, pieces that are the whole tensor, and "P()". */

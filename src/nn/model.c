@@ -53,18 +53,6 @@ void shard_model_bind_grad_slab(shard_model *m, float *slab) {
     for (size_t u = 0; u < m->units; u++) shard_model_bind_grads(m, u, slab ? slab + m->unit_offset[u] : NULL);
 }
 
-shard_status shard_model_acquire(shard_model *m, size_t unit, int backward) {
-    return m->hooks.acquire ? m->hooks.acquire(m->hooks.ctx, m, unit, backward) : SHARD_OK;
-}
-
-shard_status shard_model_release(shard_model *m, size_t unit, int backward) {
-    return m->hooks.release ? m->hooks.release(m->hooks.ctx, m, unit, backward) : SHARD_OK;
-}
-
-shard_status shard_model_grads_ready(shard_model *m, size_t unit) {
-    return m->hooks.grads_ready ? m->hooks.grads_ready(m->hooks.ctx, m, unit) : SHARD_OK;
-}
-
 static const shard_model_tensor_ops *tensor_ops(const shard_model *m) { return m->ops ? m->ops->tensor : NULL; }
 
 void shard_model_whole_shape(const shard_model *m, size_t i, size_t *shape) {

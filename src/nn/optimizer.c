@@ -1,13 +1,24 @@
 /* optimizer.c — the optimizer interface (optim.h): AdamW and SGD behind one
  * object that names its state arrays, so a strategy allocates, shards and
- * checkpoints whichever runs without knowing it.  The updates call the
- * kernels of optim.c unchanged, so training through the interface gives the
- * kernels' bits. */
+ * checkpoints whichever runs without knowing it; AdamW's defaults; and the
+ * warm-up + cosine learning-rate schedule.  The updates call the kernels of
+ * src/kernels/optim_kernels.c unchanged, so training through the interface
+ * gives the kernels' bits. */
 #include "shard/optim.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+shard_adamw_config shard_adamw_defaults(void) { return (shard_adamw_config){0.9f, 0.999f, 1e-8f, 0.01f}; }
+
+float shard_lr_at(const shard_lr_schedule *s, uint64_t step) {
+    if (s->warmup && step <= s->warmup) return s->lr_max * (float)step / (float)s->warmup;
+    if (step >= s->total || s->total <= s->warmup) return s->total > s->warmup ? s->lr_min : s->lr_max;
+    double progress = (double)(step - s->warmup) / (double)(s->total - s->warmup);
+    const double pi = 3.14159265358979323846;
+    return (float)(s->lr_min + 0.5 * (1.0 + cos(pi * progress)) * (s->lr_max - s->lr_min));
+}
 
 struct shard_optimizer {
     shard_optimizer_options o;

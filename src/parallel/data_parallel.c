@@ -221,8 +221,9 @@ static void free_unit_values(shard_dp *dp, size_t k) {
     shard_model_bind_values(dp->m, k, NULL);
 }
 
-/* The bf16 compute copy from the f32 masters (after every update). */
+/* The bf16 compute copy from the f32 masters (after every update; f32 compute has none). */
 static void refresh_compute_copy(shard_dp *dp) {
+    if (!dp->prec.bf16) return;
     const float *src = dp->zero == 3 ? dp->value_shard : dp->m->params->data;
     shard__precision_refresh(&dp->prec, src, 0, dp->prec.n);
 }
