@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 README_MOST_LINES = 400
-# outside documents: a design brief ("BRIEF §4"), numbered seed notes ("seed 002"), issue numbers
+# how planning notes kept outside the repository, and numbered issues, are cited (the patterns below)
 OUTSIDE = re.compile(r"(?-i:\bBRIEF\b)|\bbrief §|\bseed 0\d\d\b|\bseeds?/|\bissue #?\d+\b|\.\./shared\b|PEERS\.md", re.I)
 TEXT = re.compile(r"\.(c|h|cu|cpp|py|sh|md|txt|json|cmake|in|map|js|html)$|^(Makefile|CMakeLists\.txt)$")
 

@@ -280,21 +280,18 @@ static shard_status cnn_layers(const shard_model_create_options *o, size_t *laye
 }
 
 static void register_builtins(void) {
+    const shard_model_kind gpt = {.struct_size = sizeof(shard_model_kind),
+                                  .name = "gpt2",
+                                  .create = gpt_create,
+                                  .stage_layers = gpt_layers,
+                                  .tensor_parallel = 1,
+                                  .placed = 1,
+                                  .batch_source = shard__gpt_batch_source};
+    shard_model_kind gpt_alias = gpt; /* "gpt", as configs may name it */
+    gpt_alias.name = "gpt";
     const shard_model_kind kinds[] = {
-        {.struct_size = sizeof(shard_model_kind),
-         .name = "gpt2",
-         .create = gpt_create,
-         .stage_layers = gpt_layers,
-         .tensor_parallel = 1,
-         .placed = 1,
-         .batch_source = shard__gpt_batch_source},
-        {.struct_size = sizeof(shard_model_kind),
-         .name = "gpt",
-         .create = gpt_create,
-         .stage_layers = gpt_layers,
-         .tensor_parallel = 1,
-         .placed = 1,
-         .batch_source = shard__gpt_batch_source},
+        gpt,
+        gpt_alias,
         {.struct_size = sizeof(shard_model_kind),
          .name = "cnn",
          .create = shard__cnn_model_create,

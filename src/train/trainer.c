@@ -108,6 +108,27 @@ static shard_status resolve_batch(shard_trainer *t) {
     return SHARD_OK;
 }
 
+/* The create options of this trainer's models and batch sources (tensor and stage NULL: the whole model);
+ * *text: the config's text when it has a path, for the caller to free. */
+static shard_status create_options(const shard_trainer *t, shard_comm *tensor, const shard_model_stage *stage,
+                                   shard_model_create_options *o, char **text) {
+    const shard_trainer_config *c = &t->c;
+    *text = NULL;
+    if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, text));
+    *o = (shard_model_create_options){.struct_size = sizeof *o,
+                                      .config_text = *text,
+                                      .config_path = c->config_path,
+                                      .data_dir = c->data_dir,
+                                      .max_rows = t->micro,
+                                      .seq = c->seq,
+                                      .tensor = tensor,
+                                      .sequence_parallel = c->sequence_parallel,
+                                      .specs = c->param_specs,
+                                      .stage = stage,
+                                      .ctx = t->factory.ctx};
+    return SHARD_OK;
+}
+
 /* A model of this trainer's kind for this rank: the caller's (whole), the factory's create, or the
  * config's model (the registry's kind).  tensor and stage NULL: the whole model. */
 static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const shard_model_stage *stage,
@@ -121,19 +142,9 @@ static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const
     if (!t->factory.create)
         return shard_model_create_stage(c->config_path, c->data_dir, t->micro, c->seq, tensor, c->sequence_parallel,
                                         c->param_specs, stage, out);
-    char *text = NULL;
-    if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, &text));
-    shard_model_create_options o = {.struct_size = sizeof o,
-                                    .config_text = text,
-                                    .config_path = c->config_path,
-                                    .data_dir = c->data_dir,
-                                    .max_rows = t->micro,
-                                    .seq = c->seq,
-                                    .tensor = tensor,
-                                    .sequence_parallel = c->sequence_parallel,
-                                    .specs = c->param_specs,
-                                    .stage = stage,
-                                    .ctx = t->factory.ctx};
+    char *text;
+    shard_model_create_options o;
+    SHARD_CHECK(create_options(t, tensor, stage, &o, &text));
     shard_status s = t->factory.create(&o, out);
     free(text);
     if (s == SHARD_OK && (!*out || !(*out)->ops))
@@ -147,7 +158,6 @@ static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const
 
 /* The batch source for models like m, made once: the factory's, its create function's, or m's kind's. */
 static shard_status make_source(shard_trainer *t, const shard_model *m) {
-    const shard_trainer_config *c = &t->c;
     if (t->source) return SHARD_OK;
     if (!m->ops->set_batch || !m->ops->batch_items)
         return shard_error(SHARD_ERR_INVALID_ARG,
@@ -163,15 +173,9 @@ static shard_status make_source(shard_trainer *t, const shard_model *m) {
                                t->source->max_rows, t->micro, t->micro);
         return SHARD_OK;
     }
-    char *text = NULL;
-    if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, &text));
-    shard_model_create_options o = {.struct_size = sizeof o,
-                                    .config_text = text,
-                                    .config_path = c->config_path,
-                                    .data_dir = c->data_dir,
-                                    .max_rows = t->micro,
-                                    .seq = c->seq,
-                                    .ctx = t->factory.ctx};
+    char *text;
+    shard_model_create_options o;
+    SHARD_CHECK(create_options(t, NULL, NULL, &o, &text));
     shard_status s = t->factory.batch_source_create ? t->factory.batch_source_create(&o, m, &t->source)
                                                     : shard_model_batch_source(&o, m, &t->source);
     free(text);
