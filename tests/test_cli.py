@@ -776,6 +776,27 @@ def train():
                     + extra)
             got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
             expect(len(got) == 40 and sum(got[-5:]) < 0.8 * sum(got[:5]), f"train {name}: {got[:3]}..{got[-3:]} {p.stderr}")
+        # the MLP split over a tensor axis (Megatron's column- then row-parallel pair) trains to the one-device
+        # losses, and a checkpoint saved under tensor=2 resumes on one device
+        mlp = os.path.join(configs, "mlp-teacher.json")
+        losses = {}
+        for extra in ([], ["--mesh", "tensor=2"], ["--mesh", "data=2,tensor=2", "--zero", "3"]):
+            log = os.path.join(work, "mlp-tp.jsonl")
+            p = run(["train", "--config", mlp, "--steps", "6", "--batch", "8", "--log", log] + extra)
+            losses[" ".join(extra)] = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else p.stderr
+        base = losses[""]
+        for k, got in losses.items():
+            expect(isinstance(got, list) and len(got) == 6 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base)),
+                   f"mlp {k}: {got} against {base}")
+        save = os.path.join(work, "mlp-tp-ckpt")
+        p = run(["train", "--config", mlp, "--steps", "6", "--batch", "8", "--mesh", "tensor=2", "--save", save,
+                 "--save-every", "3"])
+        log = os.path.join(work, "mlp-tp-resumed.jsonl")
+        p = run(["train", "--config", mlp, "--steps", "6", "--batch", "8", "--resume", os.path.join(save, "step_3"),
+                 "--log", log])
+        got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else p.stderr
+        expect(isinstance(got, list) and len(got) == 3 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base[3:])),
+               f"mlp saved under tensor=2, resumed on one device: {got} against {base[3:]}")
         # bad input to the new entry points: one line each, non-zero exit
         bad = os.path.join(work, "bad.json")
         cases = [({"model_type": "mlp", "model_dim": 8, "hidden": 16}, [], "key 'hidden' is unknown (MLP keys"),
@@ -784,7 +805,7 @@ def train():
                  ({"model_type": "cnn", "in_channels": 2 ** 60 + 1}, [],
                   "key 'in_channels' = 1152921504606846977; valid: 1..1048576"),
                  ({"model_type": "cnn", "channels": 4}, ["--ranks", "2", "--mesh", "tensor=2"],
-                  "model_type 'cnn' has no tensor-parallel layout here (the GPT has): give tensor=1"),
+                  "model_type 'cnn' has no tensor-parallel layout here (the GPT and the MLP have): give tensor=1"),
                  ({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 32, "vocab_size": 256},
                   ["--ranks", "3", "--mesh", "tensor=3"], "tensor=3 (--mesh, or bench tensor's --ranks) is more than the 2 heads"),
                  ({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256},

@@ -9,7 +9,9 @@
  *
  * The first engine is a 2-layer MLP, ReLU(x W0) W1, on one device,
  * with parameters `layer_0/weights` [model, hidden] and `layer_1/weights`
- * [hidden, model] (examples/mlp_single_device.c). */
+ * [hidden, model] (examples/mlp_single_device.c).  It is the model of kind
+ * "mlp" (model.h) with a tape: the model `shard train` trains, run through
+ * the engine API. */
 #ifndef SHARD_ENGINE_H
 #define SHARD_ENGINE_H
 

@@ -224,7 +224,12 @@ shard_status shard_model_check_batch(shard_model *m, const shard_batch *b, size_
 
 /* Dropout keys for a site: a mask element is a function of (run seed, step,
  * site, global position) only, so every strategy draws the same masks. */
-uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site);
+static inline uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site) {
+    uint64_t z =
+        m->seed * 0x9e3779b97f4a7c15ULL ^ (m->step + 1) * 0xbf58476d1ce4e5b9ULL ^ (site + 1) * 0x94d049bb133111ebULL;
+    z = (z ^ (z >> 31)) * 0xd6e8feb86659fd93ULL;
+    return z ^ (z >> 32);
+}
 
 /* ---- the model registry: a model defined outside the library trains as the built-in ones do ----
  *

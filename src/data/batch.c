@@ -1,6 +1,7 @@
 /* batch.c — the library's batch sources (batch.h): token files, Fashion-MNIST's IDX files and generated
  * teacher rows, each behind the source table, each drawing rows as a pure function of (seed, step,
- * global row) so that how the rows are split over calls changes nothing. */
+ * global row) so that how the rows are split over calls changes nothing; and the check a model's
+ * set_batch makes of the rows it is given (model.h's shard_model_check_batch). */
 #include "shard/batch.h"
 
 #include <math.h>
@@ -11,6 +12,7 @@
 #include "shard/blas.h"
 #include "shard/data.h"
 #include "shard/memory.h"
+#include "shard/model.h"
 #include "shard/params.h"
 
 shard_status shard_batch_source_load(shard_batch_source *src, uint64_t seed, uint64_t step, size_t first_row,
@@ -237,5 +239,26 @@ shard_status shard_batch_source_teacher(const shard_batch_teacher_options *o, sh
     snprintf(name, sizeof name, "%s.teacher", p->name);
     shard_init_normal(p->teacher, 0, d * d, 1.0f / sqrtf((float)d), o->teacher_seed, name);
     *out = &p->src;
+    return SHARD_OK;
+}
+
+/* The batch contract from the model side (model.h): whether b fits what a model takes. */
+shard_status shard_model_check_batch(shard_model *m, const shard_batch *b, size_t max_rows, shard_dtype input_dtype,
+                                     size_t input_elems, shard_dtype target_dtype, size_t target_elems) {
+    const char *kind = m->ops && m->ops->kind ? m->ops->kind : "(unnamed)";
+    if (!b) return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': no batch given: load one from a batch source", kind);
+    if (b->rows > max_rows)
+        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': a batch of %zu rows; this model was made for up to %zu",
+                           kind, b->rows, max_rows);
+    if (b->rows &&
+        (b->input_dtype != input_dtype || b->input_elems != input_elems || b->target_dtype != target_dtype ||
+         b->target_elems != target_elems || !b->inputs || !b->targets))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': a batch of rows of %zu %s inputs and %zu %s targets; this "
+                           "model takes %zu %s inputs and %zu %s targets per row",
+                           kind, b->input_elems, shard_dtype_name(b->input_dtype), b->target_elems,
+                           shard_dtype_name(b->target_dtype), input_elems, shard_dtype_name(input_dtype), target_elems,
+                           shard_dtype_name(target_dtype));
+    m->seed = b->seed, m->step = b->step, m->first_row = b->first_row, m->rows = b->rows;
     return SHARD_OK;
 }

@@ -260,17 +260,6 @@ static int holds_block(const shard_gpt *g, size_t l) {
 
 /* ---------------------------------------------------------------- placement: specs of the parameters */
 
-/* Parameter i's logical shape (dims d[0..ndim-1], merged into stored dims by `groups`) and the dim it
- * can split over `tensor` (-1: none); the default spec splits it (Megatron's layout). */
-static void place(shard__placement *p, int ndim, const size_t *dims, int stored_ndim, const int *groups,
-                  int split_dim) {
-    memset(p, 0, sizeof *p);
-    p->ndim = ndim, p->stored_ndim = stored_ndim, p->split_dim = split_dim;
-    memcpy(p->shape, dims, (size_t)ndim * sizeof *dims);
-    memcpy(p->groups, groups, (size_t)stored_ndim * sizeof *groups);
-    p->spec = shard__placement_split_spec(p);
-}
-
 static const char *split_help(size_t k, int is_wte) {
     if (is_wte) return "vocab-parallel";
     return k == ATTN_W || k == ATTN_B ? "heads, column-parallel"
@@ -472,14 +461,14 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
      * LayerNorm; unit 1 + l: block l */
     const int one[1] = {1}, two[2] = {1, 1}, qkv[2] = {1, 3}, heads[2] = {2, 1}, three[1] = {3};
     size_t n = 0;
-    place(&g->place[n], 2, (size_t[]){c->vocab_size, C}, 2, two, 0),
+    shard__placement_make(&g->place[n], 2, (size_t[]){c->vocab_size, C}, 2, two, 0),
         snprintf(t[n].name, sizeof t[n].name, "wte.weight"), g->wte = n++;
-    place(&g->place[n], 2, (size_t[]){c->n_positions, C}, 2, two, -1),
+    shard__placement_make(&g->place[n], 2, (size_t[]){c->n_positions, C}, 2, two, -1),
         snprintf(t[n].name, sizeof t[n].name, "wpe.weight"), g->wpe = n++;
-    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.weight"),
-        g->lnf_w = n++;
-    place(&g->place[n], 1, (size_t[]){C}, 1, one, -1), snprintf(t[n].name, sizeof t[n].name, "ln_f.bias"),
-        g->lnf_b = n++;
+    shard__placement_make(&g->place[n], 1, (size_t[]){C}, 1, one, -1),
+        snprintf(t[n].name, sizeof t[n].name, "ln_f.weight"), g->lnf_w = n++;
+    shard__placement_make(&g->place[n], 1, (size_t[]){C}, 1, one, -1),
+        snprintf(t[n].name, sizeof t[n].name, "ln_f.bias"), g->lnf_b = n++;
     static const char *const suffix[PER_LAYER] = {
         "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
         "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
@@ -487,13 +476,13 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         for (int k = 0; k < PER_LAYER; k++) {
             shard__placement *p = &g->place[n];
             switch (k) {
-            case ATTN_W: place(p, 4, (size_t[]){C, 3, H, g->D}, 2, qkv, 2); break;
-            case ATTN_B: place(p, 3, (size_t[]){3, H, g->D}, 1, three, 1); break;
-            case APROJ_W: place(p, 3, (size_t[]){H, g->D, C}, 2, heads, 0); break;
-            case FC_W: place(p, 2, (size_t[]){C, 4 * C}, 2, two, 1); break;
-            case FC_B: place(p, 1, (size_t[]){4 * C}, 1, one, 0); break;
-            case MPROJ_W: place(p, 2, (size_t[]){4 * C, C}, 2, two, 0); break;
-            default: place(p, 1, (size_t[]){C}, 1, one, -1);
+            case ATTN_W: shard__placement_make(p, 4, (size_t[]){C, 3, H, g->D}, 2, qkv, 2); break;
+            case ATTN_B: shard__placement_make(p, 3, (size_t[]){3, H, g->D}, 1, three, 1); break;
+            case APROJ_W: shard__placement_make(p, 3, (size_t[]){H, g->D, C}, 2, heads, 0); break;
+            case FC_W: shard__placement_make(p, 2, (size_t[]){C, 4 * C}, 2, two, 1); break;
+            case FC_B: shard__placement_make(p, 1, (size_t[]){4 * C}, 1, one, 0); break;
+            case MPROJ_W: shard__placement_make(p, 2, (size_t[]){4 * C, C}, 2, two, 0); break;
+            default: shard__placement_make(p, 1, (size_t[]){C}, 1, one, -1);
             }
             snprintf(t[n].name, sizeof t[n].name, "h.%zu.%s", l, suffix[k]);
             g->layer[l * PER_LAYER + (size_t)k] = n++;
@@ -590,37 +579,9 @@ shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
 
 /* ---------------------------------------------------------------- tensor-parallel pieces */
 
-/* Runs of tensor rank `part`'s piece of parameter i inside the whole tensor (placement.h). */
-static size_t piece_runs(const shard_gpt *g, size_t i, int part, shard__run_fn fn, void *ctx) {
-    return shard__placement_runs(&g->place[i], &g->layout, part, fn, ctx);
-}
-
-typedef struct copy_ctx {
-    const float *from;
-    float *to;
-    int to_whole;
-    float std;
-    uint64_t seed;
-    const char *name;
-} copy_ctx;
-
-static void copy_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
-    copy_ctx *c = ctx;
-    if (c->to_whole)
-        memcpy(c->to + whole_at, c->from + piece_at, n * sizeof(float));
-    else
-        memcpy(c->to + piece_at, c->from + whole_at, n * sizeof(float));
-}
-
-static void init_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
-    copy_ctx *c = ctx;
-    shard_init_normal(c->to + piece_at, whole_at, n, c->std, c->seed, c->name);
-}
-
 /* The counter-based draw of this rank's piece: element e of the whole tensor, whatever the split. */
 static void init_piece(const shard_gpt *g, size_t i, float std, uint64_t seed) {
-    copy_ctx c = {.to = P(g, i), .std = std, .seed = seed, .name = g->params->info[i].name};
-    piece_runs(g, i, g->tp_rank, init_run, &c);
+    shard__placement_init_normal(&g->place[i], &g->layout, g->tp_rank, P(g, i), std, seed, g->params->info[i].name);
 }
 
 static void model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
@@ -642,29 +603,12 @@ static void model_param_spec(const shard_model *m, size_t i, char *out, size_t b
 /* whole = every tensor rank's piece of parameter i put in place (collective over the tensor axis). */
 static shard_status model_gather_piece(shard_model *m, size_t i, const float *piece, float *whole) {
     shard_gpt *g = m->impl;
-    int parts = g->tp ? shard_comm_size(g->tp) : 1;
-    if (parts <= 1 || g->whole[i]) {
-        memcpy(whole, piece, g->params->info[i].numel * sizeof *whole);
-        return SHARD_OK;
-    }
-    size_t *counts = calloc((size_t)parts, sizeof *counts), *displs = calloc((size_t)parts, sizeof *displs), sum = 0;
-    for (int r = 0; counts && displs && r < parts; r++)
-        displs[r] = sum, counts[r] = piece_runs(g, i, r, NULL, NULL), sum += counts[r];
-    float *all = counts && displs ? malloc(sum * sizeof *all + 1) : NULL;
-    shard_status s = all ? shard_comm_all_gatherv(g->tp, piece, counts[g->tp_rank], all, counts, displs, SHARD_F32)
-                         : shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory gathering %s", g->params->info[i].name);
-    for (int r = 0; s == SHARD_OK && r < parts; r++) {
-        copy_ctx c = {.from = all + displs[r], .to = whole, .to_whole = 1};
-        piece_runs(g, i, r, copy_run, &c);
-    }
-    free(all), free(counts), free(displs);
-    return s;
+    return shard__placement_gather(g->tp, &g->place[i], &g->layout, piece, whole, g->params->info[i].name);
 }
 
 static void model_take_piece(const shard_model *m, size_t i, const float *whole, float *piece) {
     const shard_gpt *g = m->impl;
-    copy_ctx c = {.from = whole, .to = piece};
-    piece_runs(g, i, g->tp_rank, copy_run, &c);
+    shard__placement_take(&g->place[i], &g->layout, g->tp_rank, whole, piece);
 }
 
 void shard_gpt_init(shard_gpt *g, uint64_t seed) {

@@ -12,6 +12,12 @@ shard_status shard__gpt_model_create(const char *config_text, const char *where,
 /* The CNN's and the MLP's makers are registered kinds' create functions (model.h). */
 shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out);
 shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out);
+/* The MLP's rows outside a training step, for the engine API's MLP (nn/mlp_engine.c) on the same model:
+ * x[n, model_dim] -> y[n, model_dim], keeping z = x W0 and h = ReLU(z) [n, this rank's hidden units];
+ * then, from dL/dy, the parameters' gradients added to m->grad[] (dh: [n, hidden] scratch). */
+shard_status shard__mlp_rows_forward(shard_model *m, const float *x, float *z, float *h, float *y, size_t n);
+shard_status shard__mlp_rows_backward(shard_model *m, const float *x, const float *z, const float *h, const float *dy,
+                                      float *dh, size_t n);
 /* The built-in kinds' batch sources (model.h's shard_batch_source_fn): the GPT's token file, the CNN's
  * Fashion-MNIST, the MLP's generated rows. */
 shard_status shard__gpt_batch_source(const shard_model_create_options *o, const shard_model *m,

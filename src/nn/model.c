@@ -122,33 +122,6 @@ shard_status shard_model_check_tables(const shard_model *m) {
     return SHARD_OK;
 }
 
-shard_status shard_model_check_batch(shard_model *m, const shard_batch *b, size_t max_rows, shard_dtype input_dtype,
-                                     size_t input_elems, shard_dtype target_dtype, size_t target_elems) {
-    const char *kind = m->ops && m->ops->kind ? m->ops->kind : "(unnamed)";
-    if (!b) return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': no batch given: load one from a batch source", kind);
-    if (b->rows > max_rows)
-        return shard_error(SHARD_ERR_INVALID_ARG, "model '%s': a batch of %zu rows; this model was made for up to %zu",
-                           kind, b->rows, max_rows);
-    if (b->rows &&
-        (b->input_dtype != input_dtype || b->input_elems != input_elems || b->target_dtype != target_dtype ||
-         b->target_elems != target_elems || !b->inputs || !b->targets))
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "model '%s': a batch of rows of %zu %s inputs and %zu %s targets; this "
-                           "model takes %zu %s inputs and %zu %s targets per row",
-                           kind, b->input_elems, shard_dtype_name(b->input_dtype), b->target_elems,
-                           shard_dtype_name(b->target_dtype), input_elems, shard_dtype_name(input_dtype), target_elems,
-                           shard_dtype_name(target_dtype));
-    m->seed = b->seed, m->step = b->step, m->first_row = b->first_row, m->rows = b->rows;
-    return SHARD_OK;
-}
-
-uint64_t shard_model_dropout_seed(const shard_model *m, uint64_t site) {
-    uint64_t z =
-        m->seed * 0x9e3779b97f4a7c15ULL ^ (m->step + 1) * 0xbf58476d1ce4e5b9ULL ^ (site + 1) * 0x94d049bb133111ebULL;
-    z = (z ^ (z >> 31)) * 0xd6e8feb86659fd93ULL;
-    return z ^ (z >> 32);
-}
-
 void shard_model_free_units(shard_model *m) {
     free(m->unit_first), free(m->unit_offset), free(m->unit_of), free(m->value), free(m->grad);
     m->unit_first = m->unit_offset = m->unit_of = NULL, m->value = m->grad = NULL;
@@ -300,6 +273,7 @@ static void register_builtins(void) {
         {.struct_size = sizeof(shard_model_kind),
          .name = "mlp",
          .create = shard__mlp_model_create,
+         .tensor_parallel = 1,
          .batch_source = shard__mlp_batch_source},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) (void)add_kind(&kinds[i]);
@@ -377,7 +351,7 @@ shard_status shard_model_create_with(const shard_model_create_options *options, 
     if (o.tensor && shard_comm_size(o.tensor) > 1 && !k.tensor_parallel)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "%s: model_type '%s' has no tensor-parallel layout here (the GPT "
-                           "has): give tensor=1",
+                           "and the MLP have): give tensor=1",
                            o.config_path, k.name);
     if (o.specs && *o.specs && !k.placed)
         return shard_error(SHARD_ERR_INVALID_ARG,

@@ -4,8 +4,10 @@
 #include "nn/placement.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "shard/params.h"
 #include "shard/status.h"
 #include "shard/tp.h"
 
@@ -65,6 +67,71 @@ size_t shard__placement_runs(const shard__placement *p, const shard_mesh_layout 
         if (d < 0) break;
     }
     return count;
+}
+
+void shard__placement_make(shard__placement *p, int ndim, const size_t *dims, int stored_ndim, const int *groups,
+                           int split_dim) {
+    memset(p, 0, sizeof *p);
+    p->ndim = ndim, p->stored_ndim = stored_ndim, p->split_dim = split_dim;
+    memcpy(p->shape, dims, (size_t)ndim * sizeof *dims);
+    for (int k = 0; k < stored_ndim; k++) p->groups[k] = groups ? groups[k] : 1;
+    p->spec = shard__placement_split_spec(p);
+}
+
+typedef struct copy_ctx {
+    const float *from;
+    float *to;
+    int to_whole;
+    float std;
+    uint64_t seed;
+    const char *name;
+} copy_ctx;
+
+static void copy_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
+    copy_ctx *c = ctx;
+    if (c->to_whole)
+        memcpy(c->to + whole_at, c->from + piece_at, n * sizeof(float));
+    else
+        memcpy(c->to + piece_at, c->from + whole_at, n * sizeof(float));
+}
+
+static void init_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
+    copy_ctx *c = ctx;
+    shard_init_normal(c->to + piece_at, whole_at, n, c->std, c->seed, c->name);
+}
+
+shard_status shard__placement_gather(shard_comm *comm, const shard__placement *p, const shard_mesh_layout *layout,
+                                     const float *piece, float *whole, const char *what) {
+    int parts = layout->sizes[0];
+    if (parts <= 1 || !shard__placement_is_split(p, layout)) {
+        memcpy(whole, piece, shard__placement_runs(p, layout, 0, NULL, NULL) * sizeof *whole);
+        return SHARD_OK;
+    }
+    int rank = shard_comm_rank(comm);
+    size_t *counts = calloc((size_t)parts, sizeof *counts), *displs = calloc((size_t)parts, sizeof *displs), sum = 0;
+    for (int r = 0; counts && displs && r < parts; r++)
+        displs[r] = sum, counts[r] = shard__placement_runs(p, layout, r, NULL, NULL), sum += counts[r];
+    float *all = counts && displs ? malloc(sum * sizeof *all + 1) : NULL;
+    shard_status s = all ? shard_comm_all_gatherv(comm, piece, counts[rank], all, counts, displs, SHARD_F32)
+                         : shard_error(SHARD_ERR_NO_MEMORY, "out of memory gathering %s", what);
+    for (int r = 0; s == SHARD_OK && r < parts; r++) {
+        copy_ctx c = {.from = all + displs[r], .to = whole, .to_whole = 1};
+        shard__placement_runs(p, layout, r, copy_run, &c);
+    }
+    free(all), free(counts), free(displs);
+    return s;
+}
+
+void shard__placement_take(const shard__placement *p, const shard_mesh_layout *layout, int part, const float *whole,
+                           float *piece) {
+    copy_ctx c = {.from = whole, .to = piece};
+    shard__placement_runs(p, layout, part, copy_run, &c);
+}
+
+void shard__placement_init_normal(const shard__placement *p, const shard_mesh_layout *layout, int part, float *piece,
+                                  float std, uint64_t seed, const char *name) {
+    copy_ctx c = {.to = piece, .std = std, .seed = seed, .name = name};
+    shard__placement_runs(p, layout, part, init_run, &c);
 }
 
 shard_spec shard__placement_split_spec(const shard__placement *p) {

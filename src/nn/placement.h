@@ -18,6 +18,9 @@
 
 #include <stddef.h>
 
+#include <stdint.h>
+
+#include "shard/comm.h"
 #include "shard/spec.h"
 
 #define SHARD_PLACEMENT_MAX_DIMS 4
@@ -57,5 +60,24 @@ shard_status shard__placement_set(shard__placement *p, const shard_mesh_layout *
 void shard__placement_spec_text(const shard__placement *p, const shard_mesh_layout *layout, char *out, size_t bytes);
 /* The default split spec: split_dim over 'tensor' (replicated when split_dim < 0). */
 shard_spec shard__placement_split_spec(const shard__placement *p);
+/* p for a parameter of logical shape dims[ndim], stored as stored_ndim dims (groups[k] logical dims
+ * merged into stored dim k; NULL: one each), that can split over `tensor` at split_dim (-1: none), with
+ * the default spec (the split). */
+void shard__placement_make(shard__placement *p, int ndim, const size_t *dims, int stored_ndim, const int *groups,
+                           int split_dim);
+
+/* ---- a parameter's pieces: what a model's tensor table (model.h) does with them ---- */
+
+/* The whole tensor from every tensor rank's piece (comm's ranks are the layout's parts; a collective
+ * over comm when the spec splits, a copy otherwise); `what` names the parameter in messages. */
+shard_status shard__placement_gather(shard_comm *comm, const shard__placement *p, const shard_mesh_layout *layout,
+                                     const float *piece, float *whole, const char *what);
+/* Rank `part`'s piece of the whole tensor. */
+void shard__placement_take(const shard__placement *p, const shard_mesh_layout *layout, int part, const float *whole,
+                           float *piece);
+/* Rank `part`'s piece of shard_init_normal(std, seed, name) over the whole tensor: each element the
+ * draw its index in the whole tensor keys, so every split initialises the same model. */
+void shard__placement_init_normal(const shard__placement *p, const shard_mesh_layout *layout, int part, float *piece,
+                                  float std, uint64_t seed, const char *name);
 
 #endif
