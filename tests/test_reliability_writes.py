@@ -11,8 +11,8 @@ full:       on a nearly full tmpfs (room for the probe's byte, not for the outpu
             `latest` as they were (verified); a failed token set or export leaves the earlier files
             whole and no temporary behind.  Standard output onto a full device fails the command.
 unwritable: a --save, --log or --trace in a read-only directory or under a regular file, a --log in a
-            directory with no free block, and a `ckpt export` or `data text` into a read-only
-            directory are refused in one line before any step ran (nothing on standard output, no log
+            directory with no free block, and a `ckpt export`, `data text` or `bench ckpt` into a
+            read-only directory are refused in one line before any step ran (nothing on standard output, no log
             line, no checkpoint).
 
 Each part runs in its own mount namespace (unshare -m, as root) where it mounts what it needs; it
@@ -222,6 +222,8 @@ def unwritable(tmp):
         f.write("some text\n" * 10)
     p = run(["data", "text", corpus, "--out", os.path.join(ro, "data")])
     expect_line(p, "data text into a read-only directory", "--out " + os.path.join(ro, "data"), READONLY)
+    p = run(["bench", "ckpt", "--dir", os.path.join(ro, "bench")])
+    expect_line(p, "bench ckpt into a read-only directory", "--dir " + os.path.join(ro, "bench"), READONLY)
     expect(os.listdir(ro) == [], f"nothing appeared in the read-only directory: {os.listdir(ro)}")
 
 
