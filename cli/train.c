@@ -279,8 +279,9 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && o->save) s = shard_model_config_read(o->config, &config_text);
     if (s == SHARD_OK && o->resume && o->log && rank == 0) s = cut_log(o->log, first - 1); /* once nothing can refuse */
     char log_error[512] = ""; /* rank 0: why --log could not be written */
-    if (s == SHARD_OK && rank == 0 && o->log && shard_text_file_open(o->log, o->resume != NULL, &log) < 0) {
-        snprintf(log_error, sizeof log_error, "%s", shard_last_error()); /* a resumed run adds */
+    if (s == SHARD_OK && rank == 0 && o->log &&
+        shard_text_file_open(o->log, o->resume != NULL, &log) < 0) { /* a resumed run adds */
+        snprintf(log_error, sizeof log_error, "%s", shard_last_error());
         s = shard_error(SHARD_ERR_IO, "--log %s", log_error);
     }
     int tty = rank == 0 && isatty(STDOUT_FILENO);
@@ -327,12 +328,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             shard_text_file_printf(log,
                                    "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, "
                                    "\"tokens_per_s\": %.1f, \"ms\": %.3f, \"comm_wait_ms\": %.3f}\n",
-                                   (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms, r.exposed_comm_ms) < 0)
+                                   (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms,
+                                   r.exposed_comm_ms) < 0)
             logged = 0, snprintf(log_error, sizeof log_error, "%s", shard_last_error());
         if (o->log && (s = shard_comm_broadcast(comm, &logged, 1, SHARD_I32, 0)) < 0) break;
         if (rank == 0) cli_progress(tty, (long)step, o->steps, (float)r.loss, r.lr, tps, r.ms);
-        if (o->save && ((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps ||
-                        !logged)) /* a log that cannot be written stops the run, its steps saved first */
+        if (o->save &&
+            ((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps ||
+             !logged)) /* a log that cannot be written stops the run, its last step saved first */
             s = shard_trainer_save(t, o->save, step, config_text);
         if (!logged) {
             s = log_failed(o, rank, step, s, log_error);

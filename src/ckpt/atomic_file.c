@@ -127,8 +127,8 @@ void shard_path_dir(const char *path, char *out, size_t out_bytes) { shard__dir_
 
 struct shard_text_file {
     int fd;
-    int failed;      /* a write failed: later ones are refused (the file ends at its last whole line) */
-    off_t whole;     /* the file's size after its last whole line */
+    int failed;  /* a write failed: later ones are refused (the file ends at its last whole line) */
+    off_t whole; /* the file's size after its last whole line */
     char path[PATH_MAX];
 };
 

@@ -229,8 +229,7 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
     if (shard_dir_probe_writable(out_dir) < 0) { /* found before the export's reading and writing */
         char why[512];
         snprintf(why, sizeof why, "%s", shard_last_error());
-        return shard_error(SHARD_ERR_IO, "ckpt export: --out %s: %s: give a path where files can be written", out,
-                           why);
+        return shard_error(SHARD_ERR_IO, "ckpt export: --out %s: %s: give a path where files can be written", out, why);
     }
     shard__ckpt_index ix;
     memset(&ix, 0, sizeof ix);

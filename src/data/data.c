@@ -206,8 +206,7 @@ static shard_status write_byte_tokens(shard__atomic_file *f, const uint8_t *byte
 /* train.tokens, val.tokens and meta.json of out_dir, each written whole under its temporary name before
  * any is renamed into place: a write that fails (a full disk) leaves the directory's earlier files as
  * they were, not a new train.tokens beside an old val.tokens. */
-static shard_status write_token_set(const char *out_dir, const uint8_t *bytes, size_t train, size_t val,
-                                    size_t files) {
+static shard_status write_token_set(const char *out_dir, const uint8_t *bytes, size_t train, size_t val, size_t files) {
     static const char *const names[] = {"train.tokens", "val.tokens", "meta.json"};
     shard__atomic_file f[3];
     int opened = 0;
