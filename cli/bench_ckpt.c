@@ -49,8 +49,12 @@ static shard_status plain_io(const char *path, void *buf, size_t bytes, int writ
         if (n > 0) done += (size_t)n;
     }
     int rc = writing ? fsync(fd) : 0;
-    close(fd);
-    return rc == 0 ? SHARD_OK : shard_error(SHARD_ERR_IO, "%s: fsync: %s", path, strerror(errno));
+    if (rc != 0) {
+        shard_status s = shard_error(SHARD_ERR_IO, "%s: fsync: %s", path, strerror(errno));
+        close(fd);
+        return s;
+    }
+    return close(fd) == 0 ? SHARD_OK : shard_error(SHARD_ERR_IO, "%s: close: %s", path, strerror(errno));
 }
 
 /* The slowest rank's time of expr into out; on a failure `s` holds it (cleanup follows, no return). */
@@ -202,6 +206,12 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
                                                        : strerror(errno));
             made = used == 0 && access(opt->dir, F_OK) != 0;
             if (made) highest_missing(opt->dir, run->made_root, sizeof run->made_root);
+            char why[512];
+            if (s == SHARD_OK && shard_dir_probe_writable(opt->dir) < 0) { /* found before any directory is made */
+                snprintf(why, sizeof why, "%s", shard_last_error());
+                s = shard_error(SHARD_ERR_IO, "bench ckpt: --dir %s: %s: give a directory that can be written",
+                                opt->dir, why);
+            }
             if (s == SHARD_OK) s = shard_mkdirs(opt->dir);
             snprintf(dir, sizeof dir, "%s", opt->dir);
         } else {

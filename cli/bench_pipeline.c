@@ -182,11 +182,11 @@ static double replayed(int kind, int p, int m, double f_ms, double b_ms) {
 /* A GPT with the config's width and heads, 2 blocks per rank, 256 tokens: stages of equal cost. */
 static shard_status bubble_model(pp_args *a, const shard_gpt_config *gc) {
     snprintf(a->bubble_config, sizeof a->bubble_config, "%s/bubble-gpt.json", a->dir);
-    FILE *f = fopen(a->bubble_config, "w");
-    if (!f) return shard_error(SHARD_ERR_IO, "bench pipeline: cannot write %s", a->bubble_config);
-    fprintf(f, "{\"n_embd\": %zu, \"n_layer\": %d, \"n_head\": %zu, \"n_positions\": %ld, \"vocab_size\": 256}\n",
-            gc->n_embd, 4 * a->P, gc->n_head, a->seq);
-    fclose(f);
+    char text[256];
+    int n = snprintf(text, sizeof text,
+                     "{\"n_embd\": %zu, \"n_layer\": %d, \"n_head\": %zu, \"n_positions\": %ld, \"vocab_size\": 256}\n",
+                     gc->n_embd, 4 * a->P, gc->n_head, a->seq);
+    SHARD_CHECK(shard_atomic_write_file(a->bubble_config, text, (size_t)n)); /* every write checked */
     shard_gpt_config bc;
     return bench_random_tokens(a->bubble_config, &bc, a->bubble_dir, sizeof a->bubble_dir);
 }

@@ -11,6 +11,7 @@
  *   shard generate (--ckpt DIR | --config CONFIG.json --init W.safetensors) --prompt "..." --tokens N
  *   shard version | --version
  *   shard help [VERB [SUB-VERB]]   (the same as shard VERB [SUB-VERB] --help: each usage text) */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,15 @@ static int help(int argc, char **argv) {
     return verb->run(argc + 1, args);
 }
 
+/* What a verb printed (a report, bench --json objects) reached standard output whole, or the run fails
+ * saying so: output redirected onto a full disk is not a success.  A verb that failed said why already. */
+static int finish_stdout(int rc) {
+    errno = 0;
+    if (rc != 0 || (fflush(stdout) == 0 && !ferror(stdout))) return rc;
+    cli_error("standard output: cannot write: %s", errno ? strerror(errno) : "an earlier write to it failed");
+    return 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs(USAGE, stderr);
@@ -106,8 +116,8 @@ int main(int argc, char **argv) {
     }
     const char *verb = argv[1];
     const cli_verb *v = find_verb(verb);
-    if (v) return v->run(argc - 1, argv + 1);
-    if (strcmp(verb, "help") == 0 || cli_is_help(verb)) return help(argc - 2, argv + 2);
+    if (v) return finish_stdout(v->run(argc - 1, argv + 1));
+    if (strcmp(verb, "help") == 0 || cli_is_help(verb)) return finish_stdout(help(argc - 2, argv + 2));
     if (strcmp(verb, "version") == 0 || strcmp(verb, "--version") == 0) {
         if (argc > 2 && cli_help_asked(argc, argv, 2)) return cli_usage(USAGE_VERSION, 0);
         if (argc > 2) {
@@ -115,7 +125,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         printf("shard %s (backends: threads%s)\n", shard_version(), shard_have_mpi() ? ", mpi" : "");
-        return 0;
+        return finish_stdout(0);
     }
     cli_error("unknown verb '%s': valid verbs are %s", verb, VALID_VERBS);
     return 2;

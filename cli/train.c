@@ -101,7 +101,8 @@ static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
 
 /* A path the run will write (--log, --trace, --save): refused before any work when it is one of the run's
  * inputs (truncating a mapped token file kills the run and loses the data), when a file is wanted and a
- * directory stands there or the other way round, or when its directory does not exist. */
+ * directory stands there or the other way round, when its directory does not exist, or when no file can
+ * be written there. */
 static int same_file(const char *a, const char *b) {
     struct stat x, y;
     return a && b && stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
@@ -137,6 +138,10 @@ static int check_output(const char *option, const char *path, int want_dir, cons
         cli_error("%s %s: its directory %s does not exist; create it first", option, path, parent);
         return 0;
     }
+    if (shard_dir_probe_writable(want_dir ? path : parent) < 0) { /* found now, not after the training */
+        cli_error("%s %s: %s: give a path where files can be written", option, path, shard_last_error());
+        return 0;
+    }
     return 1;
 }
 
@@ -170,6 +175,23 @@ static shard_status cut_log(const char *path, uint64_t done) {
     if (s == SHARD_OK && cut) s = shard_atomic_write_file(path, kept ? kept : "", used);
     free(kept);
     return s;
+}
+
+/* The run's end when rank 0 could not write step's --log line (why: the error, on rank 0): one line naming
+ * the file and the reason, and where the step's checkpoint went (saved: the save's status) when --save was
+ * given.  The other ranks stop with a status that does not hide rank 0's line. */
+static shard_status log_failed(const train_opts *o, int rank, uint64_t step, shard_status saved, const char *why) {
+    char ckpt[1024] = "";
+    if (o->save && saved == SHARD_OK)
+        snprintf(ckpt, sizeof ckpt, "; the step is saved in %s/step_%llu (--resume %s goes on from it)", o->save,
+                 (unsigned long long)step, o->save);
+    else if (o->save)
+        snprintf(ckpt, sizeof ckpt, "; its checkpoint could not be saved either: %s", shard_last_error());
+    if (rank != 0)
+        return shard_error(SHARD_ERR_ABORTED, "--log %s: rank 0 could not write it; the run stopped after step %llu",
+                           o->log, (unsigned long long)step);
+    return shard_error(SHARD_ERR_IO, "--log %s; the run stopped after step %llu%s", why, (unsigned long long)step,
+                       ckpt);
 }
 
 static shard_status train_rank(shard_comm *comm, void *arg) {
@@ -222,7 +244,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
                                 (uint64_t)o->steps};
     shard_trainer *t = NULL;
-    FILE *log = NULL;
+    shard_text_file *log = NULL;
     char *config_text = NULL;
     uint64_t first = 1;
     shard_status s = shard_trainer_create(mesh, &tc, &t);
@@ -256,8 +278,12 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                         o->trace);
     if (s == SHARD_OK && o->save) s = shard_model_config_read(o->config, &config_text);
     if (s == SHARD_OK && o->resume && o->log && rank == 0) s = cut_log(o->log, first - 1); /* once nothing can refuse */
-    if (s == SHARD_OK && rank == 0 && o->log && !(log = fopen(o->log, o->resume ? "a" : "w"))) /* a resumed run adds */
-        s = shard_error(SHARD_ERR_IO, "--log %s: cannot open: %s", o->log, strerror(errno));
+    char log_error[512] = ""; /* rank 0: why --log could not be written */
+    if (s == SHARD_OK && rank == 0 && o->log &&
+        shard_text_file_open(o->log, o->resume != NULL, &log) < 0) { /* a resumed run adds */
+        snprintf(log_error, sizeof log_error, "%s", shard_last_error());
+        s = shard_error(SHARD_ERR_IO, "--log %s", log_error);
+    }
     int tty = rank == 0 && isatty(STDOUT_FILENO);
     size_t B = 0, micro = 0, K = 0, D = 0;
     if (t) shard_trainer_batch(t, &B, &micro, &K, &D);
@@ -297,16 +323,24 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         double tps = (double)(B * items_per_row) / (r.ms / 1e3);
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
-        if (log) {
-            fprintf(log,
-                    "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens_per_s\": %.1f, "
-                    "\"ms\": %.3f, \"comm_wait_ms\": %.3f}\n",
-                    (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms, r.exposed_comm_ms);
-            fflush(log); /* a run killed later keeps its lines */
-        }
+        int32_t logged = 1; /* rank 0 writes the line; every rank learns whether it could, to stop together */
+        if (log &&
+            shard_text_file_printf(log,
+                                   "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, "
+                                   "\"tokens_per_s\": %.1f, \"ms\": %.3f, \"comm_wait_ms\": %.3f}\n",
+                                   (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms,
+                                   r.exposed_comm_ms) < 0)
+            logged = 0, snprintf(log_error, sizeof log_error, "%s", shard_last_error());
+        if (o->log && (s = shard_comm_broadcast(comm, &logged, 1, SHARD_I32, 0)) < 0) break;
         if (rank == 0) cli_progress(tty, (long)step, o->steps, (float)r.loss, r.lr, tps, r.ms);
-        if (o->save && ((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps))
+        if (o->save &&
+            ((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps ||
+             !logged)) /* a log that cannot be written stops the run, its last step saved first */
             s = shard_trainer_save(t, o->save, step, config_text);
+        if (!logged) {
+            s = log_failed(o, rank, step, s, log_error);
+            break;
+        }
     }
     if (tty) printf("\n");
     if (s == SHARD_OK && world > 1) s = print_memory(comm, mesh);
@@ -317,11 +351,15 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         if (s == SHARD_OK && rank == 0)
             printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
     }
+    if (log) { /* before the last line: a log that did not reach the disk whole is not a success */
+        shard_status closed = shard_text_file_close(log);
+        if (closed < 0) snprintf(log_error, sizeof log_error, "%s", shard_last_error());
+        if (s == SHARD_OK && closed < 0) s = shard_error(closed, "--log %s", log_error);
+    }
     if (s == SHARD_OK && rank == 0)
         printf("train: %ld steps in %.1f s, loss %.4f -> %.4f, %.0f %s/s on average%s%s\n", o->steps - (long)first + 1,
                shard_clock_seconds() - started, first_loss, last_loss, tokens_done / (shard_clock_seconds() - started),
                items_per_row > 1 ? "tokens" : "rows", o->save ? ", checkpoint in " : "", o->save ? o->save : "");
-    if (log) fclose(log);
     free(config_text);
     shard_trainer_destroy(t);
     shard_mesh_destroy(mesh);

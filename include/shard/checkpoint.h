@@ -110,8 +110,8 @@ typedef struct shard_ckpt_export_result {
  * files and NAME.safetensors.index.json), one tensor in memory at a time.  `where`: a step directory, or
  * a root: its `latest` step, or when that is not usable the newest older one that is (said on stderr).
  * The optimizer's tensors only with with_optimizer.  Refused before any work when out's directory is
- * missing, out is not a file, or out lies inside the checkpoint; a failed sharded export leaves an
- * earlier one as it was.  result may be NULL. */
+ * missing or cannot be written, out is not a file, or out lies inside the checkpoint; a failed export
+ * leaves an earlier one as it was.  result may be NULL. */
 shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_shard_bytes, int with_optimizer,
                                shard_ckpt_export_result *result);
 

@@ -42,7 +42,10 @@ shard_status shard_tokens_batch(const shard_tokens *t, uint64_t seed, uint64_t s
 
 /* `shard data text`: the byte-level tokenizer over the files, concatenated in
  * order; the last val_fraction of the stream becomes val.tokens, the rest
- * train.tokens; meta.json describes both.  A summary goes to `report`. */
+ * train.tokens; meta.json describes both.  A summary goes to `report`.  An
+ * out_dir where no file can be written is refused before the files are read;
+ * the three files are written whole before any replaces an earlier one, so a
+ * failed write (a full disk) leaves the earlier set as it was. */
 shard_status shard_data_text(const char *const *files, size_t count, const char *out_dir, double val_fraction,
                              FILE *report);
 

@@ -16,6 +16,19 @@ extern "C" {
 /* Write a whole file atomically: a temporary name in the same directory, fsync, rename into place, fsync
  * the directory, so a crash leaves either the old file or the new one.  size_bytes may be 0. */
 shard_status shard_atomic_write_file(const char *path, const void *bytes, size_t size_bytes);
+/* A text file written a line at a time (a run's log): each printf goes to the file at once, checked, and
+ * one that cannot be written whole is cut off again (the file holds whole lines; later printfs fail); the
+ * close fsyncs and closes, checked.  Every failure is an error naming the file and the reason (strerror),
+ * so a full disk never leaves a short file unsaid.  append: add to an existing file, else replace it. */
+typedef struct shard_text_file shard_text_file;
+shard_status shard_text_file_open(const char *path, int append, shard_text_file **out);
+shard_status shard_text_file_printf(shard_text_file *file, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Closes and frees file even when it fails (NULL: nothing to do). */
+shard_status shard_text_file_close(shard_text_file *file);
+/* Whether files can be written in dir, found before any work: a file created there, one byte written,
+ * removed.  A dir still to be made is probed in its nearest existing ancestor (where it would be made);
+ * an error names the directory and the reason. */
+shard_status shard_dir_probe_writable(const char *dir);
 /* The directory part of path ("." when it has none) into out. */
 void shard_path_dir(const char *path, char *out, size_t out_bytes);
 /* mkdir -p: dir and every missing parent. */

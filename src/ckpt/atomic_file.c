@@ -1,13 +1,20 @@
-/* atomic_file.c — write to a temporary file, fsync, rename, fsync the
- * directory (see atomic_file.h). */
+/* atomic_file.c — the engine's checked writing: files written whole to a
+ * temporary name, fsynced, renamed and the directory fsynced (see
+ * atomic_file.h); text files that grow a line at a time (a run's log), each
+ * line flushed and checked; and the probe that finds an unwritable directory
+ * before any work.  Every failure names the file and the reason. */
 #define _GNU_SOURCE
 #include "atomic_file.h"
+#include "shard/files.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,8 +68,8 @@ shard_status shard__atomic_write(shard__atomic_file *f, const void *bytes, size_
     while (size) {
         ssize_t n = write(f->fd, p, size > (1u << 30) ? (1u << 30) : size);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0)
-            return shard_error(SHARD_ERR_IO, "%s: write failed: %s", f->tmp, n < 0 ? strerror(errno) : "no progress");
+        if (n <= 0) /* named as the file being written: the temporary name is the engine's own */
+            return shard_error(SHARD_ERR_IO, "%s: cannot write: %s", f->path, n < 0 ? strerror(errno) : "no progress");
         p += n, size -= (size_t)n;
     }
     return SHARD_OK;
@@ -70,13 +77,13 @@ shard_status shard__atomic_write(shard__atomic_file *f, const void *bytes, size_
 
 shard_status shard__atomic_commit(shard__atomic_file *f) {
     if (fsync(f->fd) != 0) {
-        shard_status s = shard_error(SHARD_ERR_IO, "%s: fsync failed: %s", f->tmp, strerror(errno));
+        shard_status s = shard_error(SHARD_ERR_IO, "%s: cannot write (fsync): %s", f->path, strerror(errno));
         shard__atomic_abort(f);
         return s;
     }
     if (close(f->fd) != 0) {
         f->fd = -1;
-        shard_status s = shard_error(SHARD_ERR_IO, "%s: close failed: %s", f->tmp, strerror(errno));
+        shard_status s = shard_error(SHARD_ERR_IO, "%s: cannot write (close): %s", f->path, strerror(errno));
         shard__atomic_abort(f);
         return s;
     }
@@ -115,3 +122,117 @@ shard_status shard_atomic_write_file(const char *path, const void *bytes, size_t
 }
 
 void shard_path_dir(const char *path, char *out, size_t out_bytes) { shard__dir_of(path, out, out_bytes); }
+
+/* ---- text files written a line at a time ---- */
+
+struct shard_text_file {
+    int fd;
+    int failed;  /* a write failed: later ones are refused (the file ends at its last whole line) */
+    off_t whole; /* the file's size after its last whole line */
+    char path[PATH_MAX];
+};
+
+shard_status shard_text_file_open(const char *path, int append, shard_text_file **out) {
+    if (!path || !*path || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_text_file_open: no path given");
+    *out = NULL;
+    shard_text_file *t = calloc(1, sizeof *t);
+    if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    if (snprintf(t->path, sizeof t->path, "%s", path) >= (int)sizeof t->path) {
+        free(t);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: path too long", path);
+    }
+    t->fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+    struct stat st;
+    if (t->fd < 0 || fstat(t->fd, &st) != 0) {
+        shard_status s = shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        if (t->fd >= 0) close(t->fd);
+        free(t);
+        return s;
+    }
+    t->whole = S_ISREG(st.st_mode) ? st.st_size : 0;
+    *out = t;
+    return SHARD_OK;
+}
+
+shard_status shard_text_file_printf(shard_text_file *t, const char *fmt, ...) {
+    if (!t || !fmt) return shard_error(SHARD_ERR_INVALID_ARG, "shard_text_file_printf: NULL argument");
+    if (t->failed) return shard_error(SHARD_ERR_IO, "%s: cannot write: an earlier write to it failed", t->path);
+    char small[1024], *text = small;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) return shard_error(SHARD_ERR_INVALID_ARG, "%s: the line cannot be formatted", t->path);
+    if ((size_t)n >= sizeof small) {
+        if (!(text = malloc((size_t)n + 1))) return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", t->path);
+        va_start(ap, fmt);
+        vsnprintf(text, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    /* straight to the file, no buffer between: a run stopped later keeps its lines, and a full disk is
+     * found at this line, not at the close */
+    shard_status s = SHARD_OK;
+    for (size_t done = 0; done < (size_t)n;) {
+        ssize_t w = write(t->fd, text + done, (size_t)n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            s = shard_error(SHARD_ERR_IO, "%s: cannot write: %s", t->path, w < 0 ? strerror(errno) : "no progress");
+            break;
+        }
+        done += (size_t)w;
+    }
+    if (text != small) free(text);
+    if (s < 0) { /* a piece of the line is cut off again: readers of the file meet whole lines only */
+        t->failed = 1;
+        int cut = ftruncate(t->fd, t->whole); /* fails on a pipe or terminal: those keep what they got */
+        (void)cut;
+        return s;
+    }
+    t->whole += n;
+    return SHARD_OK;
+}
+
+shard_status shard_text_file_close(shard_text_file *t) {
+    if (!t) return SHARD_OK;
+    shard_status s = SHARD_OK;
+    /* a file system that reports a lost write only at fsync or close (NFS, a quota) is found here; a pipe or
+     * terminal has no fsync (EINVAL) */
+    if (!t->failed && fsync(t->fd) != 0 && errno != EINVAL)
+        s = shard_error(SHARD_ERR_IO, "%s: cannot write (fsync): %s", t->path, strerror(errno));
+    if (close(t->fd) != 0 && s == SHARD_OK && !t->failed)
+        s = shard_error(SHARD_ERR_IO, "%s: cannot write (close): %s", t->path, strerror(errno));
+    free(t);
+    return s;
+}
+
+/* ---- the probe ---- */
+
+shard_status shard_dir_probe_writable(const char *dir) {
+    if (!dir || !*dir) return shard_error(SHARD_ERR_INVALID_ARG, "shard_dir_probe_writable: no directory given");
+    char at[PATH_MAX], probe[PATH_MAX + 32];
+    if (snprintf(at, sizeof at, "%s", dir) >= (int)sizeof at)
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: path too long", dir);
+    /* a directory still to be made is made in its nearest existing ancestor: that one must take a new entry */
+    struct stat st;
+    while (stat(at, &st) != 0) {
+        char up[PATH_MAX];
+        shard__dir_of(at, up, sizeof up);
+        if ((errno != ENOENT && errno != ENOTDIR) || strcmp(up, at) == 0)
+            return shard_error(SHARD_ERR_IO, "the directory %s cannot be written (%s)", at, strerror(errno));
+        snprintf(at, sizeof at, "%s", up);
+    }
+    if (!S_ISDIR(st.st_mode))
+        return shard_error(SHARD_ERR_IO, "%s exists and is not a directory, so nothing can be written in it", at);
+    snprintf(probe, sizeof probe, "%s/.shard-probe-XXXXXX", at);
+    int fd = mkostemp(probe, O_CLOEXEC);
+    if (fd < 0) return shard_error(SHARD_ERR_IO, "the directory %s cannot be written (%s)", at, strerror(errno));
+    /* one byte, not only the name: a file system with no free block still makes an empty file */
+    ssize_t n = write(fd, "\n", 1);
+    int e = errno;
+    close(fd);
+    unlink(probe);
+    if (n != 1)
+        return shard_error(SHARD_ERR_IO, "the directory %s cannot be written (%s)", at,
+                           n < 0 ? strerror(e) : "no byte written");
+    return SHARD_OK;
+}

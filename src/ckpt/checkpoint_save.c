@@ -275,6 +275,8 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
     if (ok0 && cs == SHARD_OK && first_bad < 0 && rank == 0) {
         s = build_index(items, p, count, step, config_json, training_json, per_rank, size, &ix);
         if (s == SHARD_OK) s = commit(dir, step, tmp_dir, &ix, &crashed);
+        /* an index that could not be written (a full disk): its files go too (none left once renamed) */
+        if (s < 0 && !crashed) shard__ckpt_remove_tree(tmp_dir);
         free_built_index(&ix);
     } else if (ok0 && first_bad >= 0 && rank == 0 && !any_crash) {
         shard__ckpt_remove_tree(tmp_dir);

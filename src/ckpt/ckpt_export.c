@@ -16,6 +16,7 @@
 #include "ckpt_index.h"
 #include "ckpt_util.h"
 #include "mesh/box.h"
+#include "shard/files.h"
 #include "shard/safetensors.h"
 
 /* The full tensor x assembled from its chunks into `full` (contiguous). */
@@ -225,6 +226,11 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
                            "ckpt export: --out %s exists and is not a file; remove it or give "
                            "another name",
                            out);
+    if (shard_dir_probe_writable(out_dir) < 0) { /* found before the export's reading and writing */
+        char why[512];
+        snprintf(why, sizeof why, "%s", shard_last_error());
+        return shard_error(SHARD_ERR_IO, "ckpt export: --out %s: %s: give a path where files can be written", out, why);
+    }
     shard__ckpt_index ix;
     memset(&ix, 0, sizeof ix);
     shard_safetensors **files = NULL;

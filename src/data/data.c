@@ -16,6 +16,7 @@
 
 #include "ckpt/atomic_file.h"
 #include "ckpt/ckpt_util.h"
+#include "shard/files.h"
 
 enum { HEADER_BYTES = 64 };
 static const char MAGIC[8] = {'S', 'H', 'R', 'D', 'T', 'O', 'K', '1'};
@@ -173,23 +174,20 @@ shard_status shard_tokens_batch(const shard_tokens *t, uint64_t seed, uint64_t s
 /* ---------------------------------------------------------------- shard data text */
 
 /* A token file of the byte-level tokenizer's tokens (token id = byte value, stored as uint16) written
- * from the bytes in pieces: the corpus is held once, as bytes, and never as a whole token array. */
-static shard_status write_byte_tokens(const char *path, const uint8_t *bytes, size_t count) {
+ * from the bytes in pieces into f, opened by the caller and committed by it: the corpus is held once, as
+ * bytes, and never as a whole token array. */
+static shard_status write_byte_tokens(shard__atomic_file *f, const uint8_t *bytes, size_t count) {
     enum { PIECE = 1 << 16 };
     unsigned char *buf = malloc(2 * PIECE), header[HEADER_BYTES];
     XXH3_state_t *hash = XXH3_createState();
     shard_status s =
-        buf && hash ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu tokens", path, count);
-    shard__atomic_file f;
-    int opened = 0;
+        buf && hash ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory for %zu tokens", f->path, count);
     for (int pass = 0; pass < 2 && s == SHARD_OK; pass++) { /* the checksum (it goes first), then the file */
         if (pass == 0)
             XXH3_64bits_reset(hash);
         else {
             fill_header(header, 2, 256, count, XXH3_64bits_digest(hash));
-            s = shard__atomic_open(path, &f);
-            opened = s == SHARD_OK;
-            if (s == SHARD_OK) s = shard__atomic_write(&f, header, HEADER_BYTES);
+            s = shard__atomic_write(f, header, HEADER_BYTES);
         }
         for (size_t at = 0; s == SHARD_OK && at < count; at += PIECE) {
             size_t n = count - at < PIECE ? count - at : PIECE;
@@ -197,17 +195,36 @@ static shard_status write_byte_tokens(const char *path, const uint8_t *bytes, si
             if (pass == 0)
                 XXH3_64bits_update(hash, buf, 2 * n);
             else
-                s = shard__atomic_write(&f, buf, 2 * n);
+                s = shard__atomic_write(f, buf, 2 * n);
         }
-    }
-    if (opened) {
-        if (s == SHARD_OK)
-            s = shard__atomic_commit(&f);
-        else
-            shard__atomic_abort(&f);
     }
     XXH3_freeState(hash);
     free(buf);
+    return s;
+}
+
+/* train.tokens, val.tokens and meta.json of out_dir, each written whole under its temporary name before
+ * any is renamed into place: a write that fails (a full disk) leaves the directory's earlier files as
+ * they were, not a new train.tokens beside an old val.tokens. */
+static shard_status write_token_set(const char *out_dir, const uint8_t *bytes, size_t train, size_t val, size_t files) {
+    static const char *const names[] = {"train.tokens", "val.tokens", "meta.json"};
+    shard__atomic_file f[3];
+    int opened = 0;
+    char path[PATH_MAX], meta[512];
+    int meta_bytes = snprintf(meta, sizeof meta,
+                              "{\n  \"tokenizer\": \"bytes\",\n  \"vocab_size\": 256,\n  \"train_tokens\": %zu,\n"
+                              "  \"val_tokens\": %zu,\n  \"files\": %zu\n}\n",
+                              train, val, files);
+    shard_status s = SHARD_OK;
+    for (; s == SHARD_OK && opened < 3; opened++) {
+        snprintf(path, sizeof path, "%s/%s", out_dir, names[opened]);
+        if ((s = shard__atomic_open(path, &f[opened])) < 0) break;
+        s = opened == 2 ? shard__atomic_write(&f[2], meta, (size_t)meta_bytes)
+                        : write_byte_tokens(&f[opened], bytes + (opened ? train : 0), opened ? val : train);
+    }
+    int committed = 0;
+    for (; s == SHARD_OK && committed < 3; committed++) s = shard__atomic_commit(&f[committed]); /* aborts itself */
+    for (int i = committed; i < opened; i++) shard__atomic_abort(&f[i]); /* the failed commit aborted its own */
     return s;
 }
 
@@ -216,6 +233,12 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
     if (!count) return shard_error(SHARD_ERR_INVALID_ARG, "data text: no input files");
     if (!(val_fraction >= 0 && val_fraction < 1))
         return shard_error(SHARD_ERR_INVALID_ARG, "data text: --val-fraction %g is outside [0, 1)", val_fraction);
+    if (shard_dir_probe_writable(out_dir) < 0) { /* before reading a corpus that could take long */
+        char why[512];
+        snprintf(why, sizeof why, "%s", shard_last_error());
+        return shard_error(SHARD_ERR_IO, "data text: --out %s: %s: give a directory where files can be written",
+                           out_dir, why);
+    }
     size_t total = 0, cap = 1 << 20;
     uint8_t *bytes = malloc(cap); /* the corpus once, as bytes: each token is one */
     if (!bytes) return shard_error(SHARD_ERR_NO_MEMORY, "data text: out of memory");
@@ -267,23 +290,7 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
                             "another --out",
                             path);
     }
-    if (s == SHARD_OK) {
-        snprintf(path, sizeof path, "%s/train.tokens", out_dir);
-        s = write_byte_tokens(path, bytes, train);
-    }
-    if (s == SHARD_OK) {
-        snprintf(path, sizeof path, "%s/val.tokens", out_dir);
-        s = write_byte_tokens(path, bytes + train, val);
-    }
-    if (s == SHARD_OK) {
-        char meta[512];
-        int n = snprintf(meta, sizeof meta,
-                         "{\n  \"tokenizer\": \"bytes\",\n  \"vocab_size\": 256,\n  \"train_tokens\": %zu,\n"
-                         "  \"val_tokens\": %zu,\n  \"files\": %zu\n}\n",
-                         train, val, count);
-        snprintf(path, sizeof path, "%s/meta.json", out_dir);
-        s = shard__atomic_write_file(path, meta, (size_t)n);
-    }
+    if (s == SHARD_OK) s = write_token_set(out_dir, bytes, train, val, count);
     if (s == SHARD_OK && report)
         fprintf(report, "data: %zu bytes from %zu file%s -> %s/train.tokens (%zu tokens), %s/val.tokens (%zu tokens)\n",
                 total, count, count == 1 ? "" : "s", out_dir, train, out_dir, val);
