@@ -28,8 +28,7 @@ shard_status shard_remove_tree(const char *path);
  * forever, a directory, a device, a socket); refused before a byte is read when it holds more than
  * limit_bytes (0: no bound), naming both sizes.  `doing` is the message's phrase after the path, e.g.
  * "cannot read the config".  *fd blocks as usual and closes on exec; *size_bytes (may be NULL) is its size. */
-shard_status shard_file_open(const char *path, const char *doing, uint64_t limit_bytes, int *fd,
-                             uint64_t *size_bytes);
+shard_status shard_file_open(const char *path, const char *doing, uint64_t limit_bytes, int *fd, uint64_t *size_bytes);
 /* shard_file_open, then the whole file into *bytes (malloc'd, with a NUL after its *size_bytes bytes). */
 shard_status shard_file_read(const char *path, const char *doing, uint64_t limit_bytes, char **bytes,
                              size_t *size_bytes);

@@ -11,14 +11,12 @@
 #include "shard/files.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 struct shard_safetensors {

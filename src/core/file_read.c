@@ -17,7 +17,8 @@
 
 #include "shard/files.h"
 
-const char *shard__file_kind(unsigned mode) {
+/* What stands at a path, for the refusal of what is not a regular file. */
+static const char *file_kind(unsigned mode) {
     mode_t m = (mode_t)mode;
     if (S_ISREG(m)) return "a regular file";
     if (S_ISDIR(m)) return "a directory";
@@ -52,11 +53,10 @@ int shard__file_open_nowait(const char *path) {
 
 static shard_status refuse_kind(const char *path, const char *doing, unsigned mode) {
     return shard_error(SHARD_ERR_IO, "%s: %s: not a regular file (%s): give a regular file", path, doing,
-                       shard__file_kind(mode));
+                       file_kind(mode));
 }
 
-shard_status shard_file_open(const char *path, const char *doing, uint64_t limit_bytes, int *fd,
-                             uint64_t *size_bytes) {
+shard_status shard_file_open(const char *path, const char *doing, uint64_t limit_bytes, int *fd, uint64_t *size_bytes) {
     if (fd) *fd = -1;
     if (size_bytes) *size_bytes = 0;
     if (!path || !doing || !fd) return shard_error(SHARD_ERR_INVALID_ARG, "shard_file_open: NULL argument");

@@ -1,5 +1,5 @@
 /* file_read.h — internal side of the engine's file reading (shard_file_open and shard_file_read in
- * shard/files.h): the bound each kind of input may not pass, and the words for what stands at a path. */
+ * shard/files.h): the bound each kind of input may not pass, and an open that never waits. */
 #ifndef SHARD_FILE_READ_H
 #define SHARD_FILE_READ_H
 
@@ -18,8 +18,5 @@
 /* open(path) for reading without waiting (a FIFO's open waits for a writer), then made blocking again:
  * the descriptor, or -1 with errno set. */
 int shard__file_open_nowait(const char *path);
-
-/* "a directory", "a FIFO", "a socket", "a character device", ... for a stat mode. */
-const char *shard__file_kind(unsigned mode);
 
 #endif

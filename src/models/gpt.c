@@ -245,7 +245,7 @@ struct shard_gpt {
     size_t Nr;       /* rows of the residual stream this rank keeps at most (all N without sequence parallel) */
     float *own_acts; /* the whole model's range buffer (NULL on a pipeline stage: the pipeline's) */
     float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the range's dlogits */
-    int keep_logits; /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
+    int keep_logits;  /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
     int type_assumed; /* the config named no model_type: the registry's default built this, and describe says so */
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
     int32_t *inputs, *targets;
@@ -445,8 +445,8 @@ static shard_status check_memory(const shard_gpt_config *c, size_t max_batch, si
     for (size_t k = 0; stage && k < stage->chunks; k++) held += (double)(stage->last[k] - stage->first[k]);
     if (!stage) held = (double)c->n_layer;
     int first = !stage || stage->index == 0, last = !stage || stage->index == stage->count - 1;
-    double params = (held * (12 * C * C + 13 * C) + (first ? (V + (double)c->n_positions) * C : 0) +
-                     (last ? 2 * C : 0)) /
+    double params =
+        (held * (12 * C * C + 13 * C) + (first ? (V + (double)c->n_positions) * C : 0) + (last ? 2 * C : 0)) /
         (double)parts;
     double rows = (double)max_batch * (double)max_seq;
     double acts = 4 * (held * (H * rows * (double)max_seq + rows * 16 * C) + rows * (5 * V + 16 * C));

@@ -38,7 +38,8 @@ static shard_status index_names(shard_params *p, size_t *twice) {
     size_t cap = 2;
     while (cap < 2 * p->count) cap *= 2;
     p->by_name = calloc(cap, sizeof *p->by_name), p->by_name_mask = cap - 1;
-    if (!p->by_name) return shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory for %zu names", p->count);
+    if (!p->by_name)
+        return shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory for %zu names", p->count);
     size_t compares = 0;
     shard_status s = SHARD_OK;
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
