@@ -60,11 +60,31 @@ const char *cli_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+/* 1 when text is a number written plainly: an optional sign, decimal digits (with fraction: at most one
+ * '.' among them, then optionally e or E, a sign and digits).  strtod and strtol take more than a flag
+ * means: hexadecimal ("0x10" is 16), "inf" and "nan", leading spaces, the locale's decimal point. */
+static int plain_number(const char *text, int fraction) {
+    const char *p = text;
+    size_t digits = 0;
+    if (*p == '+' || *p == '-') p++;
+    for (; *p >= '0' && *p <= '9'; p++) digits++;
+    if (fraction && *p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++) digits++;
+    if (!digits) return 0;
+    if (fraction && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (*p < '0' || *p > '9') return 0;
+        while (*p >= '0' && *p <= '9') p++;
+    }
+    return *p == '\0';
+}
+
 int cli_parse_int(const char *option, const char *text, long min, long max, long *out) {
     char *end = NULL;
     errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || !end || *end || end == text || v < min || v > max) {
+    long v = plain_number(text, 0) ? strtol(text, &end, 10) : 0;
+    if (!plain_number(text, 0) || errno || !end || *end || end == text || v < min || v > max) {
         cli_error("%s '%s' is invalid: give an integer in %ld..%ld", option, text, min, max);
         return -1;
     }
@@ -73,6 +93,7 @@ int cli_parse_int(const char *option, const char *text, long min, long max, long
 }
 
 int cli_number(const char *text, double *out) {
+    if (!plain_number(text, 1)) return 0;
     char *end = NULL;
     errno = 0;
     double v = strtod(text, &end);
@@ -95,7 +116,7 @@ int cli_parse_size(const char *option, const char *text, uint64_t *out) {
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
-    if (errno || end == text || text[0] == '-') goto bad;
+    if (errno || end == text || text[0] < '0' || text[0] > '9') goto bad; /* no sign, space or "0x" */
     uint64_t mult = 1;
     if (*end) {
         switch (*end) {

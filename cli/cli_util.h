@@ -35,8 +35,9 @@ const char *cli_value(int argc, char **argv, int *i);
 int cli_parse_size(const char *option, const char *text, uint64_t *out);
 int cli_parse_int(const char *option, const char *text, long min, long max, long *out);
 int cli_parse_seconds(const char *option, const char *text, double *out);
-/* 1 if all of text is one finite number (not empty, no trailing characters), written to *out; else 0
- * (the caller prints its option's message). */
+/* 1 if all of text is one finite number written in decimal, with an optional exponent ("3", "-0.5",
+ * "3e-4"; not "0x10", "inf", " 1" or "1e"), written to *out; else 0 (the caller prints its option's
+ * message).  The one parser of the CLI's real-valued flags. */
 int cli_number(const char *text, double *out);
 
 /* text as a JSON string with its quotes ("a\"b"), cut short to fit out. */

@@ -148,8 +148,14 @@ static int check_output(const char *option, const char *path, int want_dir, cons
 /* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
  * are dropped, so the file holds each step once; the rest stays, and the run adds to it. */
 static shard_status cut_log(const char *path, uint64_t done) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return SHARD_OK; /* no earlier log: the run starts one */
+    if (access(path, F_OK) != 0) return SHARD_OK; /* no earlier log: the run starts one */
+    int fd = -1;
+    SHARD_CHECK(shard_file_open(path, "cannot read the earlier --log", 0, &fd, NULL));
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return shard_error(SHARD_ERR_NO_MEMORY, "--log %s: out of memory", path);
+    }
     char *kept = NULL, line[4096];
     size_t used = 0, cap = 0;
     shard_status s = SHARD_OK;

@@ -1,6 +1,7 @@
 /* files.h — the file-system helpers the engine's checkpoints are built on,
  * for callers that write beside them: files that appear whole or not at all,
- * directory trees made and removed. */
+ * directory trees made and removed, and inputs opened as the engine opens
+ * its own (regular files only, of a bounded size, never waiting). */
 #ifndef SHARD_FILES_H
 #define SHARD_FILES_H
 
@@ -35,6 +36,15 @@ void shard_path_dir(const char *path, char *out, size_t out_bytes);
 shard_status shard_mkdirs(const char *dir);
 /* rm -rf: path and everything under it (absent is fine). */
 shard_status shard_remove_tree(const char *path);
+/* Open path for reading, as the engine opens every file it reads: refused at once, in one line naming the
+ * path and what stands there, when it is not a regular file (a FIFO, whose open would wait for a writer
+ * forever, a directory, a device, a socket); refused before a byte is read when it holds more than
+ * limit_bytes (0: no bound), naming both sizes.  `doing` is the message's phrase after the path, e.g.
+ * "cannot read the config".  *fd blocks as usual and closes on exec; *size_bytes (may be NULL) is its size. */
+shard_status shard_file_open(const char *path, const char *doing, uint64_t limit_bytes, int *fd, uint64_t *size_bytes);
+/* shard_file_open, then the whole file into *bytes (malloc'd, with a NUL after its *size_bytes bytes). */
+shard_status shard_file_read(const char *path, const char *doing, uint64_t limit_bytes, char **bytes,
+                             size_t *size_bytes);
 /* A byte count as people read it: "3 GiB", "512 MiB", "4 KiB" when a whole number of those, else "1000 B". */
 void shard_size_format(uint64_t bytes, char *out, size_t out_bytes);
 

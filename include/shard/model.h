@@ -151,7 +151,8 @@ struct shard_model {
     void *impl;
 };
 
-/* Build the model a JSON config describes ("model_type": "gpt2" (default),
+/* Build the model a JSON config describes ("model_type": "gpt2" (default: the
+ * GPT's describe line then says "model_type missing: gpt2 assumed"),
  * "cnn", "mlp" or a kind a program registered: the registry below), for
  * batches of up to max_rows rows of seq tokens.  data_dir is handed to the
  * kind's create function; the built-in models read no data (their kinds' batch

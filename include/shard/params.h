@@ -35,9 +35,13 @@ typedef struct shard_params {
     size_t total; /* elements in the slab, padding included */
     float *data;
     shard_mem_category category;
+    /* internal: the names' hash index (slots of info index + 1, 0 empty; by_name_mask + 1 of them), so that
+     * creating the table and finding a name take time linear in the tensors, not their square */
+    size_t *by_name, by_name_mask;
 } shard_params;
 
-/* A zeroed slab for these tensors (name, ndim, shape read; offsets filled). */
+/* A zeroed slab for these tensors (name, ndim, shape read; offsets filled); names unique, checked in time
+ * linear in count. */
 shard_status shard_params_create(const shard_param_info *tensors, size_t count, shard_mem_category category,
                                  shard_params **out);
 /* A zeroed slab of the same layout. */

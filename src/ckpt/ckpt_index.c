@@ -9,9 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "atomic_file.h"
+#include "core/file_read.h"
+#include "shard/files.h"
 #include "shard/mesh.h"
 #include "shard/safetensors.h"
 
@@ -256,11 +257,12 @@ static shard_status read_tensor(const char *path, const char *name, const json_t
 
 shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     memset(ix, 0, sizeof *ix);
-    struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        return shard_error(SHARD_ERR_IO, "%s: cannot read the index: not a file (a directory stands there)", path);
+    char *text = NULL;
+    size_t len = 0;
+    SHARD_CHECK(shard_file_read(path, "cannot read the index", SHARD__CKPT_INDEX_MAX_BYTES, &text, &len));
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
     if (!root) return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s", path, err.text);
     shard_status s = SHARD_OK;
     const json_t *files = json_object_get(root, "files"), *tensors = json_object_get(root, "tensors");

@@ -15,6 +15,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "core/file_read.h"
+#include "shard/files.h"
+
 void shard__ckpt_rank_file(const char *dir, int rank, char *out, size_t out_bytes) {
     if (dir)
         snprintf(out, out_bytes, "%s/rank_%05d.safetensors", dir, rank);
@@ -99,19 +102,15 @@ shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *it
 int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, f->name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, why_bytes, "%s: cannot open: %s", path, strerror(errno));
+    int fd = -1;
+    uint64_t size = 0;
+    if (shard_file_open(path, "cannot open", 0, &fd, &size) < 0) {
+        snprintf(why, why_bytes, "%s", shard_last_error());
         return 0;
     }
-    struct stat st;
-    int stat_ok = fstat(fd, &st) == 0, ok = stat_ok && S_ISREG(st.st_mode) && (uint64_t)st.st_size == f->bytes;
-    if (!stat_ok)
-        snprintf(why, why_bytes, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!ok && !S_ISREG(st.st_mode))
-        snprintf(why, why_bytes, "%s: not a file (a directory or device stands there)", path);
-    else if (!ok)
-        snprintf(why, why_bytes, "%s: %lld bytes, the index says %llu", path, (long long)st.st_size,
+    int ok = size == f->bytes;
+    if (!ok)
+        snprintf(why, why_bytes, "%s: %llu bytes, the index says %llu", path, (unsigned long long)size,
                  (unsigned long long)f->bytes);
     if (ok && f->bytes) {
         void *map = mmap(NULL, f->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -132,6 +131,16 @@ int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why
     return ok;
 }
 
+/* root/latest's first line ("step_N") into text; the error names the file when it cannot be read. */
+static shard_status read_latest_line(const char *path, char *text, size_t text_bytes) {
+    char *bytes = NULL;
+    text[0] = '\0';
+    SHARD_CHECK(shard_file_read(path, "cannot read", SHARD__LATEST_MAX_BYTES, &bytes, NULL));
+    snprintf(text, text_bytes, "%.*s", (int)strcspn(bytes, "\r\n"), bytes);
+    free(bytes);
+    return SHARD_OK;
+}
+
 shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes) {
     char path[PATH_MAX], text[64] = "";
     snprintf(path, sizeof path, "%s/index.json", where);
@@ -140,14 +149,11 @@ shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes)
         return SHARD_OK;
     }
     snprintf(path, sizeof path, "%s/latest", where);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    if (access(path, F_OK) != 0)
         return shard_error(SHARD_ERR_IO, "%s: not a checkpoint (no index.json) nor a checkpoint root (no latest): %s",
                            where, strerror(errno));
-    int ok = fgets(text, sizeof text, f) != NULL;
-    fclose(f);
-    text[strcspn(text, "\r\n")] = '\0';
-    if (!ok || strncmp(text, "step_", 5) != 0 || strchr(text, '/'))
+    SHARD_CHECK(read_latest_line(path, text, sizeof text));
+    if (strncmp(text, "step_", 5) != 0 || strchr(text, '/'))
         return shard_error(SHARD_ERR_IO, "%s: does not name a step_N directory", path);
     snprintf(out, out_bytes, "%s/%s", where, text);
     return SHARD_OK;
@@ -173,12 +179,8 @@ int shard__ckpt_parse_step_name(const char *name, uint64_t *step) {
 int shard__ckpt_read_latest(const char *root, uint64_t *step) {
     char path[PATH_MAX], text[64] = "";
     snprintf(path, sizeof path, "%s/latest", root);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int ok = fgets(text, sizeof text, f) != NULL;
-    fclose(f);
-    text[strcspn(text, "\r\n")] = '\0';
-    return ok && shard__ckpt_parse_step_name(text, step);
+    return access(path, F_OK) == 0 && read_latest_line(path, text, sizeof text) == SHARD_OK &&
+        shard__ckpt_parse_step_name(text, step);
 }
 
 int shard__ckpt_step_committed(const char *root, uint64_t step) {

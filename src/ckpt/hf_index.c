@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file_read.h"
+#include "shard/files.h"
+
 static int ends_with(const char *text, const char *end) {
     size_t n = strlen(text), m = strlen(end);
     return n >= m && strcmp(text + n - m, end) == 0;
@@ -22,8 +25,12 @@ static size_t find_file(const shard__hf_index *ix, const char *file) {
 shard_status shard__hf_index_open(const char *path, shard__hf_index *ix) {
     memset(ix, 0, sizeof *ix);
     ix->path = path, ix->total_size = -1;
+    char *text = NULL;
+    size_t len = 0;
+    SHARD_CHECK(shard_file_read(path, "cannot read the index", SHARD__HF_INDEX_MAX_BYTES, &text, &len));
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
     if (!root) return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s (line %d)", path, err.text, err.line);
     ix->root = root;
     const json_t *map = json_object_get(root, "weight_map");

@@ -8,16 +8,15 @@
  * end of the file.  Every message names the file, the tensor and the field. */
 #define _GNU_SOURCE
 #include "shard/safetensors.h"
+#include "shard/files.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 struct shard_safetensors {
@@ -346,21 +345,16 @@ shard_status shard_safetensors_parse(const void *bytes, size_t size, const char 
 shard_status shard_safetensors_open(const char *path, shard_safetensors **out) {
     if (!path || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_safetensors_open: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        close(fd);
-        return shard_error(SHARD_ERR_IO, "%s: %s", path, S_ISREG(st.st_mode) ? strerror(e) : "not a regular file");
-    }
+    int fd = -1;
+    uint64_t size = 0;
+    SHARD_CHECK(shard_file_open(path, "cannot open", 0, &fd, &size));
     shard_safetensors *f = calloc(1, sizeof *f);
     if (!f) {
         close(fd);
         return shard_error(SHARD_ERR_NO_MEMORY, "shard_safetensors_open: out of memory");
     }
     snprintf(f->name, sizeof f->name, "%s", path);
-    f->size = (size_t)st.st_size;
+    f->size = (size_t)size;
     static const unsigned char empty[1];
     f->bytes = empty;
     if (f->size > 0) {
@@ -369,7 +363,7 @@ shard_status shard_safetensors_open(const char *path, shard_safetensors **out) {
             int e = errno;
             close(fd);
             free(f);
-            return shard_error(SHARD_ERR_IO, "%s: cannot map %zu bytes: %s", path, (size_t)st.st_size, strerror(e));
+            return shard_error(SHARD_ERR_IO, "%s: cannot map %zu bytes: %s", path, (size_t)size, strerror(e));
         }
         f->map = map;
         f->bytes = map;

@@ -13,9 +13,13 @@
 #define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "alloc_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
+
+#include "shard/files.h"
 
 enum { HUGE_PAGE = 2u << 20, HUGE_FROM = 4u << 20 };
 
@@ -143,4 +147,30 @@ void shard_mem_stats_reset_peak(void) {
     for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++)
         atomic_store(&l->peak_bytes[c], atomic_load(&l->current_bytes[c]));
     atomic_store(&l->total_peak_bytes, atomic_load(&l->total_current_bytes));
+}
+
+uint64_t shard__mem_available_bytes(void) {
+    char *text = NULL;
+    uint64_t kib = 0;
+    if (shard_file_read("/proc/meminfo", "cannot read", 1 << 20, &text, NULL) == SHARD_OK) {
+        const char *at = strstr(text, "MemAvailable:");
+        if (at) kib = strtoull(at + strlen("MemAvailable:"), NULL, 10);
+        free(text);
+    } else {
+        shard_clear_error(); /* a system without /proc is no error: the figure below stands in */
+    }
+    if (kib) return kib * 1024;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+void shard__mem_bytes_text(double bytes, char *out, size_t out_bytes) {
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(out, out_bytes, "%.0f bytes", bytes);
+        return;
+    }
+    int u = 0;
+    for (bytes /= 1024; bytes >= 1024 && u < 5; u++) bytes /= 1024;
+    snprintf(out, out_bytes, "%.1f %s", bytes, units[u]);
 }

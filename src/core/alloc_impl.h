@@ -5,6 +5,7 @@
 #define SHARD_ALLOC_IMPL_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "shard/memory.h"
@@ -24,5 +25,12 @@ shard__mem_ledger *shard__mem_ledger_current(void);
 void shard__mem_ledger_adopt(shard__mem_ledger *ledger);
 
 void shard__mem_ledger_init(shard__mem_ledger *ledger);
+
+/* The memory a new allocation can take without swapping: the kernel's MemAvailable, else the physical
+ * memory; 0 when neither is known (then nothing is refused for want of it). */
+uint64_t shard__mem_available_bytes(void);
+
+/* "12.5 TiB", "512.0 MiB", "100 bytes": a figure to compare by eye with another. */
+void shard__mem_bytes_text(double bytes, char *out, size_t out_bytes);
 
 #endif

@@ -15,6 +15,8 @@
 #include <zlib.h>
 
 #include "ckpt/atomic_file.h"
+#include "core/file_read.h"
+#include "shard/files.h"
 #include "ckpt/ckpt_util.h"
 #include "shard/files.h"
 
@@ -79,18 +81,14 @@ shard_status shard_tokens_write(const char *path, const uint32_t *tokens, size_t
 
 shard_status shard_tokens_open(const char *path, shard_tokens **out) {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    int stat_ok = fstat(fd, &st) == 0;
-    if (!stat_ok || !S_ISREG(st.st_mode) || st.st_size < HEADER_BYTES) {
-        int regular = stat_ok && S_ISREG(st.st_mode);
+    int fd = -1;
+    uint64_t size = 0;
+    SHARD_CHECK(shard_file_open(path, "cannot open the token file", 0, &fd, &size));
+    if (size < HEADER_BYTES) {
         close(fd);
-        if (!regular)
-            return shard_error(SHARD_ERR_IO, "%s: not a token file (a directory or device, not a file)", path);
         return shard_error(SHARD_ERR_IO, "%s: not a token file (shorter than its %d-byte header)", path, HEADER_BYTES);
     }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return shard_error(SHARD_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
     const unsigned char *h = map;
@@ -98,7 +96,7 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
     shard_status s = t ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     if (s == SHARD_OK) {
         snprintf(t->path, sizeof t->path, "%s", path);
-        t->map = map, t->map_bytes = (size_t)st.st_size, t->tokens = h + HEADER_BYTES;
+        t->map = map, t->map_bytes = (size_t)size, t->tokens = h + HEADER_BYTES;
         t->token_bytes = get32(h + 12), t->vocab = get32(h + 16), t->count = (size_t)get64(h + 24);
         if (memcmp(h, MAGIC, 8) != 0 || get32(h + 8) != 1)
             s = shard_error(SHARD_ERR_IO,
@@ -124,7 +122,7 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
                                 shard_tokens_at(t, i), i, t->vocab - 1);
     }
     if (s < 0) {
-        munmap(map, (size_t)st.st_size);
+        munmap(map, (size_t)size);
         free(t);
         return s;
     }
@@ -244,8 +242,11 @@ shard_status shard_data_text(const char *const *files, size_t count, const char 
     if (!bytes) return shard_error(SHARD_ERR_NO_MEMORY, "data text: out of memory");
     shard_status s = SHARD_OK;
     for (size_t f = 0; f < count && s == SHARD_OK; f++) {
-        FILE *in = fopen(files[f], "rb");
+        /* a pipe is text too (its writer already there: one that never comes reads as the end, not a wait) */
+        int fd = shard__file_open_nowait(files[f]);
+        FILE *in = fd >= 0 ? fdopen(fd, "rb") : NULL;
         if (!in) {
+            if (fd >= 0) close(fd);
             s = shard_error(SHARD_ERR_IO, "%s: cannot open: %s", files[f], strerror(errno));
             break;
         }
@@ -310,8 +311,13 @@ static const char *gz_why(gzFile gz, const char *path) {
 
 shard_status shard_idx_read(const char *path, shard_idx *out) {
     memset(out, 0, sizeof *out);
-    gzFile gz = gzopen(path, "rb"); /* reads plain files too */
-    if (!gz) return shard_error(SHARD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd = -1;
+    SHARD_CHECK(shard_file_open(path, "cannot open", 0, &fd, NULL));
+    gzFile gz = gzdopen(fd, "rb"); /* reads plain files too; closes fd */
+    if (!gz) {
+        close(fd);
+        return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    }
     unsigned char head[4 + 4 * 4];
     shard_status s = SHARD_OK;
     int got = gzread(gz, head, 4); /* zlib checks a small file's gzip trailer on this first read */

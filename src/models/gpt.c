@@ -19,6 +19,7 @@
 
 #include "shard/blas.h"
 #include "shard/layers.h"
+#include "core/alloc_impl.h"
 #include "models/model_impl.h"
 #include "nn/placement.h"
 #include "shard/tp.h"
@@ -159,12 +160,19 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
                             "layer_norm_epsilon, initializer_range, and Hugging Face GPT-2's others)");
         }
     }
+    /* Hugging Face takes n_inner null as 4 * n_embd and any number as the MLP's width: 0 (an MLP of no
+     * columns) and every other width but 4 * n_embd are widths this GPT does not build */
     const json_t *inner = json_object_get(root, "n_inner");
-    size_t n_inner = json_is_integer(inner) ? (size_t)json_integer_value(inner) : 0;
+    int have_inner = json_is_integer(inner);
+    json_int_t n_inner = have_inner ? json_integer_value(inner) : 0;
     json_decref(root);
     if (s < 0) return s;
     SHARD_CHECK(check_config(&c, where));
-    if (n_inner && n_inner != 4 * c.n_embd) return bad_key(where, "n_inner", "must be null or 4 * n_embd");
+    if (have_inner && (n_inner <= 0 || (uint64_t)n_inner != 4 * (uint64_t)c.n_embd)) {
+        char why[96];
+        snprintf(why, sizeof why, "= %lld: must be null or 4 * n_embd = %zu", (long long)n_inner, 4 * c.n_embd);
+        return bad_key(where, "n_inner", why);
+    }
     *out = c;
     return SHARD_OK;
 }
@@ -237,7 +245,8 @@ struct shard_gpt {
     size_t Nr;       /* rows of the residual stream this rank keeps at most (all N without sequence parallel) */
     float *own_acts; /* the whole model's range buffer (NULL on a pipeline stage: the pipeline's) */
     float *out, *lnf, *lnf_mean, *lnf_rstd, *logits, *dlogits; /* logits: shared scratch, or the range's dlogits */
-    int keep_logits; /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
+    int keep_logits;  /* 0: the loss's gradient is written over the logits (one N x V buffer per slot, none shared) */
+    int type_assumed; /* the config named no model_type: the registry's default built this, and describe says so */
     float *d_resid, *d_tmp, *d_ln, *d_qkv, *d_atty, *d_fc; /* d_resid, d_tmp: this rank's tokens (sp) */
     int32_t *inputs, *targets;
     int have_targets, dropout; /* dropout: this forward trains with it */
@@ -414,6 +423,36 @@ static size_t keep_stage_params(shard_gpt *g, shard_param_info *t, size_t n) {
     return kept;
 }
 
+/* What a rank holding this model (its stage's blocks, 1/tp of each) would take, refused before any of it is
+ * allocated when more than the memory available: its parameters, their gradients and AdamW's two moments
+ * (16 bytes a parameter, f32), and the activations of one batch (the carves' count, as the wrap check
+ * below over-estimates it).  Thread ranks share one process's memory: each checks its own share, so a
+ * config that fails here fails for any rank count, and one just under the figure may still run short. */
+static shard_status check_memory(const shard_gpt_config *c, size_t max_batch, size_t max_seq, int parts,
+                                 const shard_model_stage *stage) {
+    double C = (double)c->n_embd, V = (double)c->vocab_size, H = (double)c->n_head, held = 0;
+    for (size_t k = 0; stage && k < stage->chunks; k++) held += (double)(stage->last[k] - stage->first[k]);
+    if (!stage) held = (double)c->n_layer;
+    int first = !stage || stage->index == 0, last = !stage || stage->index == stage->count - 1;
+    double params =
+        (held * (12 * C * C + 13 * C) + (first ? (V + (double)c->n_positions) * C : 0) + (last ? 2 * C : 0)) /
+        (double)parts;
+    double rows = (double)max_batch * (double)max_seq;
+    double acts = 4 * (held * (H * rows * (double)max_seq + rows * 16 * C) + rows * (5 * V + 16 * C));
+    double need = 16 * params + acts, have = (double)shard__mem_available_bytes();
+    if (have <= 0 || need <= have) return SHARD_OK;
+    char need_text[32], params_text[32], acts_text[32], have_text[32];
+    shard__mem_bytes_text(need, need_text, sizeof need_text);
+    shard__mem_bytes_text(16 * params, params_text, sizeof params_text);
+    shard__mem_bytes_text(acts, acts_text, sizeof acts_text);
+    shard__mem_bytes_text(have, have_text, sizeof have_text);
+    return shard_error(SHARD_ERR_NO_MEMORY,
+                       "gpt: n_layer %zu x n_embd %zu with batch %zu x sequence %zu needs about %s of memory a "
+                       "rank (%s of parameters, gradients and AdamW moments, %s of activations), more than the "
+                       "%s available: give a smaller model, batch or sequence, or more ranks to split it",
+                       c->n_layer, c->n_embd, max_batch, max_seq, need_text, params_text, acts_text, have_text);
+}
+
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
                                int sequence_parallel, const char *specs, const shard_model_stage *stage,
                                int keep_logits, shard_gpt **out) {
@@ -434,6 +473,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
                            "gpt: pipeline stage %d of %d: %zu chunks of blocks, not ascending runs "
                            "within the %zu blocks",
                            stage->index, stage->count, stage->chunks, L);
+    SHARD_CHECK(check_memory(c, max_batch, max_seq, tp ? shard_comm_size(tp) : 1, stage));
     shard_gpt *g = calloc(1, sizeof *g);
     shard_param_info *t = calloc(count, sizeof *t);
     size_t *unit_first = calloc(L + 2, sizeof *unit_first);
@@ -975,8 +1015,9 @@ static void model_destroy(shard_model *m) { shard_gpt_destroy(impl(m)); }
 
 static void model_describe(const shard_model *m, char *out, size_t bytes) {
     const shard_gpt_config *c = &impl(m)->c;
-    snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions: %.2f M parameters",
-             c->n_layer, c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6);
+    snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions: %.2f M parameters%s",
+             c->n_layer, c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6,
+             impl(m)->type_assumed ? " (model_type missing: gpt2 assumed)" : "");
 }
 
 static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shard_model_tensor_ops),
@@ -1019,6 +1060,9 @@ shard_status shard__gpt_model_create(const char *text, const char *where, size_t
     /* the model table trains: nothing reads the logits after the loss, so its gradient replaces them */
     SHARD_CHECK(gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, stage, 0, &g));
     g->model.ops = &gpt_model_ops;
+    json_t *root = json_loads(text, 0, NULL); /* parsed above: only the key's presence is asked */
+    g->type_assumed = !json_object_get(root, "model_type");
+    json_decref(root);
     *out = &g->model;
     return SHARD_OK;
 }

@@ -5,15 +5,15 @@
  * batch source its rows come from. */
 #include "shard/model.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "core/file_read.h"
 #include "models/model_impl.h"
+#include "shard/files.h"
 #include "shard/gpt.h"
 
 shard_status shard_model_setup_units(shard_model *m, shard_params *params, const size_t *unit_first, size_t units) {
@@ -135,29 +135,13 @@ void shard_model_destroy(shard_model *m) {
 
 shard_status shard_model_config_read(const char *path, char **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        if (f) fclose(f);
-        return shard_error(SHARD_ERR_IO, "%s: cannot read the config: %s", path,
-                           !f ? strerror(errno) : "not a regular file; give a JSON config file");
-    }
     char *text = NULL;
-    size_t len = 0, cap = 0;
-    for (int ch; (ch = fgetc(f)) != EOF;) {
-        if (len + 1 >= cap) {
-            char *more = realloc(text, cap ? 2 * cap : 4096);
-            if (!more) {
-                free(text), fclose(f);
-                return shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
-            }
-            text = more, cap = cap ? 2 * cap : 4096;
-        }
-        text[len++] = (char)ch;
+    size_t len = 0;
+    SHARD_CHECK(shard_file_read(path, "cannot read the config", SHARD__CONFIG_MAX_BYTES, &text, &len));
+    if (len == 0) {
+        free(text);
+        return shard_error(SHARD_ERR_INVALID_ARG, "%s: the config is empty", path);
     }
-    fclose(f);
-    if (!text) return shard_error(SHARD_ERR_INVALID_ARG, "%s: the config is empty", path);
-    text[len] = '\0';
     if (strlen(text) != len) { /* JSON text has no NUL: what follows one would be read past unseen */
         size_t at = strlen(text);
         free(text);

@@ -4,14 +4,54 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "ckpt/hf_index.h"
+#include "nn/params_impl.h"
 #include "shard/safetensors.h"
 
 enum { ALIGN_ELEMENTS = 16 }; /* 64 bytes of f32 */
+
+/* Name comparisons made by the index, over the process's life: what shows the table is built in linear
+ * time (a test reads it through shard__params_name_compares). */
+static _Atomic size_t g_name_compares;
+
+size_t shard__params_name_compares(void) { return atomic_load_explicit(&g_name_compares, memory_order_relaxed); }
+
+static size_t name_hash(const char *name) { return (size_t)XXH3_64bits(name, strlen(name)); }
+
+/* The slot holding `name` (its value 0 when the name is absent: where it would go); probes linearly from
+ * the name's hash, the table at most half full, so a probe meets few other names. */
+static size_t name_slot(const size_t *slots, size_t mask, const shard_param_info *info, const char *name,
+                        size_t *compares) {
+    size_t at = name_hash(name) & mask;
+    while (slots[at] && (++*compares, strcmp(info[slots[at] - 1].name, name) != 0)) at = (at + 1) & mask;
+    return at;
+}
+
+/* The index of p's names, refusing a name given twice (the first repeat's position in *twice). */
+static shard_status index_names(shard_params *p, size_t *twice) {
+    size_t cap = 2;
+    while (cap < 2 * p->count) cap *= 2;
+    p->by_name = calloc(cap, sizeof *p->by_name), p->by_name_mask = cap - 1;
+    if (!p->by_name)
+        return shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory for %zu names", p->count);
+    size_t compares = 0;
+    shard_status s = SHARD_OK;
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
+        size_t at = name_slot(p->by_name, p->by_name_mask, p->info, p->info[i].name, &compares);
+        if (p->by_name[at])
+            *twice = i, s = SHARD_ERR_INVALID_ARG;
+        else
+            p->by_name[at] = i + 1;
+    }
+    atomic_fetch_add_explicit(&g_name_compares, compares, memory_order_relaxed);
+    return s;
+}
 
 shard_status shard_params_create(const shard_param_info *tensors, size_t count, shard_mem_category category,
                                  shard_params **out) {
@@ -32,24 +72,23 @@ shard_status shard_params_create(const shard_param_info *tensors, size_t count, 
             return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: tensor %zu has no name or %d dims", i,
                                tensors[i].ndim);
         }
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(info[i].name, info[j].name) == 0) {
-                free(p), free(info);
-                return shard_error(SHARD_ERR_INVALID_ARG, "shard_params_create: the name '%s' is given twice",
-                                   tensors[i].name);
-            }
         size_t n = 1;
         for (int d = 0; d < info[i].ndim; d++) n *= info[i].shape[d];
         info[i].offset = total, info[i].numel = n;
         total += (n + ALIGN_ELEMENTS - 1) / ALIGN_ELEMENTS * ALIGN_ELEMENTS;
     }
-    p->data = shard_alloc((total ? total : 1) * sizeof(float), category);
-    if (!p->data) {
-        free(p), free(info);
-        return shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory for %zu parameters", total);
+    p->count = count, p->info = info, p->total = total, p->category = category;
+    size_t twice = 0;
+    shard_status s = index_names(p, &twice);
+    if (s == SHARD_ERR_INVALID_ARG)
+        s = shard_error(s, "shard_params_create: the name '%s' is given twice", tensors[twice].name);
+    if (s == SHARD_OK && !(p->data = shard_alloc((total ? total : 1) * sizeof(float), category)))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory for %zu parameters", total);
+    if (s < 0) {
+        shard_params_destroy(p);
+        return s;
     }
     memset(p->data, 0, (total ? total : 1) * sizeof(float));
-    p->count = count, p->info = info, p->total = total, p->category = category;
     *out = p;
     return SHARD_OK;
 }
@@ -62,13 +101,14 @@ void shard_params_destroy(shard_params *p) {
     if (!p) return;
     shard_free(p->data);
     free(p->info);
+    free(p->by_name);
     free(p);
 }
 
 const shard_param_info *shard_params_find(const shard_params *p, const char *name) {
-    for (size_t i = 0; p && name && i < p->count; i++)
-        if (strcmp(p->info[i].name, name) == 0) return &p->info[i];
-    return NULL;
+    if (!p || !name || !p->by_name) return NULL;
+    size_t compares = 0, at = name_slot(p->by_name, p->by_name_mask, p->info, name, &compares);
+    return p->by_name[at] ? &p->info[p->by_name[at] - 1] : NULL;
 }
 
 float *shard_params_data(const shard_params *p, const char *name) {
