@@ -283,7 +283,6 @@ static shard_status load(const char *where, const shard_ckpt_item *items, size_t
             fprintf(stderr, "shard: checkpoint %s is not usable (%s); trying the previous one\n", dir, why);
     }
     free(steps);
-    if (rank == 0) shard__ckpt_index_note(dir, &ix, stderr);
     s = whole_model ? match_model(dir, &ix, items, count) : SHARD_OK;
     if (s == SHARD_OK) s = load_all(dir, &ix, items, count);
     /* every rank returns the first failing rank's error (a value not finite is found by the rank holding it) */
@@ -298,6 +297,7 @@ static shard_status load(const char *where, const shard_ckpt_item *items, size_t
     if (s == SHARD_OK && cs < 0) s = cs;
     if (s == SHARD_OK && first_bad != INT32_MAX) s = shard_error((shard_status)verdict, "%s", message);
     if (s == SHARD_OK && step_out) *step_out = ix.step;
+    if (s == SHARD_OK && rank == 0) shard__ckpt_index_note(dir, &ix, stderr); /* a failure is its one line alone */
     shard__ckpt_index_free(&ix);
     return s;
 }

@@ -154,7 +154,6 @@ static shard_status open_export_step(const char *where, char *dir, size_t dir_by
         if (s == SHARD_OK && !shard__ckpt_check_listings(dir, ix, files, why, sizeof why)) s = SHARD_ERR_IO;
         if (s == SHARD_OK) {
             free(steps);
-            shard__ckpt_index_note(dir, ix, stderr);
             *files_out = files;
             return SHARD_OK;
         }
@@ -268,6 +267,7 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
     else if (s == SHARD_OK)
         s = write_sharded(out, out_dir, files, &ix, which, n, part_of, parts, total, step_text, r);
     free(part_of), free(which);
+    if (s == SHARD_OK) shard__ckpt_index_note(dir, &ix, stderr); /* a failure is said in its one line alone */
     close_step(files, &ix);
     return s;
 }

@@ -221,7 +221,6 @@ shard_status shard_ckpt_describe(const char *where, int verify, FILE *out) {
     fprintf(out, "checkpoint %s: step %llu, saved on mesh %s (%d ranks), %zu tensors in %zu files (%s)\n", dir,
             (unsigned long long)ix.step, ix.mesh, ix.world, ix.ntensors, ix.nfiles, size);
     if (ix.config) fprintf(out, "  config %s\n", ix.config);
-    shard__ckpt_index_note(dir, &ix, stderr);
     for (size_t i = 0; i < ix.nfiles; i++)
         fprintf(out, "  file %-28s %12llu bytes  xxh3 %016llx\n", ix.files[i].name,
                 (unsigned long long)ix.files[i].bytes, (unsigned long long)ix.files[i].xxh3);
@@ -251,6 +250,7 @@ shard_status shard_ckpt_describe(const char *where, int verify, FILE *out) {
                     "says%s\n",
                     ix.nfiles, ix.checksummed ? ", and the index matches its own checksum" : "");
     }
+    if (s == SHARD_OK) shard__ckpt_index_note(dir, &ix, stderr); /* a failure is said in its one line alone */
     shard__ckpt_index_free(&ix);
     return s;
 }
