@@ -167,9 +167,10 @@ def nonfinite(work):
 
 def diverging(work):
     refused = 0
-    for steps in ("3", "4", "8"):
-        root = os.path.join(work, "div-" + steps)
-        p = run(TRAIN + ["--steps", steps, "--lr", "1e6", "--clip", "0", "--save", root, "--save-every", "1"])
+    for steps, ranks in (("3", "1"), ("4", "1"), ("8", "1"), ("3", "2")):  # 2 ranks: each checks its rows
+        root = os.path.join(work, "div-%s-%s" % (steps, ranks))
+        p = run(TRAIN + ["--steps", steps, "--ranks", ranks, "--lr", "1e6", "--clip", "0", "--save", root,
+                         "--save-every", "1"])
         said = p.stderr.strip()
         if "not saved" in said:
             refused += 1

@@ -85,7 +85,8 @@ static shard_status check_step(shard_comm *world, const char *dir, shard__ckpt_i
     for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size) {
         ok = shard__ckpt_check_file(dir, &ix->files[i], why, REASON_BYTES);
         snprintf(path, sizeof path, "%s/%s", dir, ix->files[i].name);
-        if (ok && shard_safetensors_open(path, &files[i]) < 0) ok = 0, snprintf(why, REASON_BYTES, "%s", shard_last_error());
+        if (ok && shard_safetensors_open(path, &files[i]) < 0)
+            ok = 0, snprintf(why, REASON_BYTES, "%s", shard_last_error());
     }
     if (ok) ok = shard__ckpt_check_listings(dir, ix, files, why, REASON_BYTES); /* the files this rank checked */
     for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
@@ -193,8 +194,7 @@ static int by_name(const void *a, const void *b) { return strcmp(*(const char *c
 /* ", 'name'" into a list of at most 3 names, then a count of the rest. */
 static void add_name(char *out, size_t bytes, size_t *listed, const char *name) {
     size_t used = strlen(out);
-    if (*listed < 3)
-        snprintf(out + used, bytes - used, "%s'%s'", *listed ? ", " : "", name);
+    if (*listed < 3) snprintf(out + used, bytes - used, "%s'%s'", *listed ? ", " : "", name);
     (*listed)++;
 }
 
@@ -306,7 +306,6 @@ shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, si
     return load(where, items, count, step_out, 0);
 }
 
-shard_status shard__ckpt_load_model(const char *where, const shard_ckpt_item *items, size_t count,
-                                    uint64_t *step_out) {
+shard_status shard__ckpt_load_model(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out) {
     return load(where, items, count, step_out, 1);
 }

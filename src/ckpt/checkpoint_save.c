@@ -133,8 +133,7 @@ static int nonfinite_chunk(const shard_ckpt_item *items, const prepared *p, size
         size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS];
         for (int d = 0; d < t->ndim; d++)
             shard_spec_local_range(&t->spec, &t->layout, t->global_shape, coords, d, &off[d], &len[d]);
-        shard__ckpt_nonfinite_text(items[i].name, t->local->data, t->dtype, bad, t->ndim, off, len, what,
-                                   what_bytes);
+        shard__ckpt_nonfinite_text(items[i].name, t->local->data, t->dtype, bad, t->ndim, off, len, what, what_bytes);
         return 1;
     }
     return 0;

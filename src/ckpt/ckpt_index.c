@@ -316,8 +316,7 @@ static shard_status read_text(const char *path, char **text, size_t *len) {
 }
 
 /* The index's own checksum, when it has one: the bytes with its 16 digits as zeros hash to them. */
-static shard_status check_own_sum(const char *path, char *text, size_t len, const json_t *sum,
-                                  shard__ckpt_index *ix) {
+static shard_status check_own_sum(const char *path, char *text, size_t len, const json_t *sum, shard__ckpt_index *ix) {
     if (!sum) return SHARD_OK; /* written before indexes had one: read as it is, the callers say so */
     const char *hex = json_string_value(sum);
     char *end = NULL, why[256];
@@ -325,8 +324,9 @@ static shard_status check_own_sum(const char *path, char *text, size_t len, cons
     if (!end || *end) return fail(path, "its index_xxh3 is not 16 hex digits");
     char *digits = sum_digits(text, len);
     if (!digits || memcmp(digits, hex, SUM_DIGITS) != 0)
-        return fail(path, "its index_xxh3 is not its last key, where the writer puts it: the index was edited after "
-                          "it was written; restore it, or load another step");
+        return fail(path,
+                    "its index_xxh3 is not its last key, where the writer puts it: the index was edited after "
+                    "it was written; restore it, or load another step");
     memcpy(digits, SUM_ZEROS, SUM_DIGITS);
     uint64_t got = XXH3_64bits(text, len);
     memcpy(digits, hex, SUM_DIGITS);

@@ -96,30 +96,19 @@ shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *it
     return s;
 }
 
-/* By bits: an exponent of all ones is NaN or infinite in every float format here. */
+/* By bits: an exponent of all ones is NaN or infinite in every float format here (one loop per width,
+ * which the compiler vectorises: a load checks every value it reads). */
+#define FIRST_ALL_ONES(type, mask)                                                                                     \
+    for (size_t i = 0; i < n; i++)                                                                                     \
+        if ((((const type *)data)[i] & (mask)) == (mask)) return i;
+
 size_t shard__ckpt_first_nonfinite(const void *data, shard_dtype dtype, size_t n) {
-    const uint16_t *h = data;
-    const uint32_t *w = data;
-    const uint64_t *d = data;
     switch (dtype) {
-    case SHARD_F32:
-        for (size_t i = 0; i < n; i++)
-            if ((w[i] & 0x7f800000u) == 0x7f800000u) return i;
-        break;
-    case SHARD_F64:
-        for (size_t i = 0; i < n; i++)
-            if ((d[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) return i;
-        break;
-    case SHARD_BF16:
-        for (size_t i = 0; i < n; i++)
-            if ((h[i] & 0x7f80u) == 0x7f80u) return i;
-        break;
-    case SHARD_F16:
-        for (size_t i = 0; i < n; i++)
-            if ((h[i] & 0x7c00u) == 0x7c00u) return i;
-        break;
-    default:
-        break;
+    case SHARD_F32: FIRST_ALL_ONES(uint32_t, 0x7f800000u) break;
+    case SHARD_F64: FIRST_ALL_ONES(uint64_t, 0x7ff0000000000000ull) break;
+    case SHARD_BF16: FIRST_ALL_ONES(uint16_t, 0x7f80u) break;
+    case SHARD_F16: FIRST_ALL_ONES(uint16_t, 0x7c00u) break;
+    default: break;
     }
     return SIZE_MAX;
 }
@@ -135,8 +124,8 @@ void shard__ckpt_nonfinite_text(const char *name, const void *data, shard_dtype 
         at[d] = off[d] + (len[d] ? rest % len[d] : 0);
         rest = len[d] ? rest / len[d] : 0;
     }
-    size_t used = (size_t)snprintf(out, out_bytes, "tensor '%s' holds %s at [", name,
-                                   isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf");
+    const char *kind = isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
+    size_t used = (size_t)snprintf(out, out_bytes, "tensor '%s' holds %s at [", name, kind);
     for (int d = 0; d < ndim && used < out_bytes; d++)
         used += (size_t)snprintf(out + used, out_bytes - used, "%s%zu", d ? ", " : "", at[d]);
     if (used < out_bytes) snprintf(out + used, out_bytes - used, "]");
@@ -144,8 +133,8 @@ void shard__ckpt_nonfinite_text(const char *name, const void *data, shard_dtype 
 
 /* One pass over the index's chunks (each looked up in its file), then a count per file: a file holding
  * more tensors than the index lists in it holds one the index left out, found by name. */
-int shard__ckpt_check_listings(const char *dir, const shard__ckpt_index *ix, shard_safetensors *const *files,
-                               char *why, size_t why_bytes) {
+int shard__ckpt_check_listings(const char *dir, const shard__ckpt_index *ix, shard_safetensors *const *files, char *why,
+                               size_t why_bytes) {
     size_t *listed = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *listed);
     if (!listed) {
         snprintf(why, why_bytes, "%s: out of memory for %zu files", dir, ix->nfiles);

@@ -46,8 +46,8 @@ void shard__ckpt_nonfinite_text(const char *name, const void *data, shard_dtype 
  * files[i] is file i of the index opened, or NULL to leave it unchecked.  1, else 0 with the first
  * mismatch in why (a tensor the index lists that its file lacks, or one a file holds that the index does
  * not list there). */
-int shard__ckpt_check_listings(const char *dir, const shard__ckpt_index *ix, shard_safetensors *const *files,
-                               char *why, size_t why_bytes);
+int shard__ckpt_check_listings(const char *dir, const shard__ckpt_index *ix, shard_safetensors *const *files, char *why,
+                               size_t why_bytes);
 /* 1 when dir/f->name has the index's size and xxh3; else 0 with the reason. */
 int shard__ckpt_check_file(const char *dir, const shard__ckpt_file *f, char *why, size_t why_bytes);
 /* A step directory from a step directory or a root (through `latest`, no fallback). */
@@ -57,8 +57,7 @@ shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes)
 shard_status shard__ckpt_candidates(const char *root, uint64_t **out, size_t *n);
 /* shard_ckpt_load of a model's whole state: the checkpoint's tensors are exactly the items' (none missing,
  * none extra), else refused naming them; shard_ckpt_load itself loads any subset of a checkpoint. */
-shard_status shard__ckpt_load_model(const char *where, const shard_ckpt_item *items, size_t count,
-                                    uint64_t *step_out);
+shard_status shard__ckpt_load_model(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out);
 /* shard__ckpt_resolve, then read that step's index.json into ix. */
 shard_status shard__ckpt_open_index(const char *where, char *dir, size_t dir_bytes, shard__ckpt_index *ix);
 
