@@ -3,8 +3,9 @@
  *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G] [--optimizer]
  * inspect prints a safetensors file's tensors and metadata, or a checkpoint's
  * step, mesh, files and tensors (dtype, global shape, spec, chunks);
- * --verify also checks every file's size and xxh3 and that each chunk is in
- * its file.  export writes the full tensors as one safetensors file, or past
+ * --verify also checks every file's size and xxh3 and that each file holds
+ * exactly the chunks the index lists in it (the index's own checksum is
+ * checked on every read).  export writes the full tensors as one safetensors file, or past
  * --max-shard-size as Hugging Face's sharded layout (model-00001-of-0000N
  * files and model.safetensors.index.json), one tensor in memory at a time.
  * The listings and the export are the engine's (shard/checkpoint.h,
@@ -28,7 +29,8 @@ static const char *const USAGE_INSPECT =
     "\n"
     "options:\n"
     "  --verify                 also check every file's size and xxh3 checksum and that each chunk (or\n"
-    "                           tensor) is where the index says (default: not checked)\n";
+    "                           tensor) is where the index says, and no file holds one it does not list\n"
+    "                           (default: not checked; the index's own checksum is checked always)\n";
 
 int cli_inspect_ckpt(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 2)) return cli_usage(USAGE_INSPECT, 0);

@@ -5,7 +5,8 @@
  *   dir/step_N/rank_RRRRR.safetensors   one file per rank that owns chunks
  *   dir/step_N/index.json               tensors -> dtype, global shape, spec,
  *                                       chunks (file, global offsets, sizes);
- *                                       files -> bytes, xxh3; mesh, step, config
+ *                                       files -> bytes, xxh3; mesh, step, config;
+ *                                       last, its own xxh3 (index_xxh3)
  *   dir/latest                          "step_N": the newest complete checkpoint
  *
  * A chunk is a distinct block of a tensor: the ranks that differ only along
@@ -21,11 +22,17 @@
  * `latest` atomically.  A crash at any point leaves the previous checkpoint
  * complete and `latest` naming it.
  *
- * Load resolves `latest` (or a given step_N directory), checks the index, the
- * files' sizes and checksums (each file hashed by one rank), and falls back to
- * the newest older step that is complete when the latest is not, saying so on
- * stderr.  Each rank then copies from the mapped chunk files exactly the
- * ranges that intersect its own shards. */
+ * Load resolves `latest` (or a given step_N directory), checks the index (its
+ * own checksum, its step against its directory's name), the files' sizes and
+ * checksums (each file hashed by one rank) and that each file holds exactly
+ * the tensors the index lists in it, and falls back to the newest older step
+ * that is complete when the latest is not, saying so on stderr.  Each rank
+ * then copies from the mapped chunk files exactly the ranges that intersect
+ * its own shards.
+ *
+ * Values are checked as a training step checks its gradients: a save whose
+ * tensors hold a NaN or an infinity is refused before any file is written
+ * (`latest` stays), and a load refuses one, naming the tensor and element. */
 #ifndef SHARD_CHECKPOINT_H
 #define SHARD_CHECKPOINT_H
 

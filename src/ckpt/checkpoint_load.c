@@ -1,12 +1,15 @@
 /* checkpoint_load.c — load a sharded checkpoint onto any mesh and specs.
  *
  * Rank 0 picks the candidate directories (`latest`, then older complete
- * steps, newest first) and broadcasts each; every rank reads the index, and
- * the files' sizes and xxh3 checksums are checked with each file hashed by
- * one rank (file i by rank i mod world).  The first candidate that passes
- * everywhere is loaded; skipping one is said on stderr.  Each rank then maps
- * the chunk files it needs and copies exactly the intersections of the
- * chunks with its own blocks — no rank reads a block it does not hold. */
+ * steps, newest first) and broadcasts each; every rank reads the index (and
+ * its own checksum), and the files' sizes and xxh3 checksums are checked
+ * with each file hashed by one rank (file i by rank i mod world), which also
+ * checks that the file holds exactly the tensors the index lists in it.  The
+ * first candidate that passes everywhere is loaded; skipping one is said on
+ * stderr.  Each rank then maps the chunk files it needs and copies exactly
+ * the intersections of the chunks with its own blocks — no rank reads a
+ * block it does not hold — and refuses a value that is not finite, as a
+ * training step refuses a gradient that is not. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -77,8 +80,17 @@ static shard_status check_step(shard_comm *world, const char *dir, shard__ckpt_i
     snprintf(path, sizeof path, "%s/index.json", dir);
     int have_index = shard__ckpt_index_read(path, ix) == SHARD_OK, ok = have_index;
     if (!ok) snprintf(why, REASON_BYTES, "%s", shard_last_error());
-    for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size)
+    shard_safetensors **files = ok ? calloc(ix->nfiles ? ix->nfiles : 1, sizeof *files) : NULL;
+    if (ok && !files) ok = 0, snprintf(why, REASON_BYTES, "%s: out of memory for %zu files", dir, ix->nfiles);
+    for (size_t i = (size_t)rank; ok && i < ix->nfiles; i += (size_t)size) {
         ok = shard__ckpt_check_file(dir, &ix->files[i], why, REASON_BYTES);
+        snprintf(path, sizeof path, "%s/%s", dir, ix->files[i].name);
+        if (ok && shard_safetensors_open(path, &files[i]) < 0)
+            ok = 0, snprintf(why, REASON_BYTES, "%s", shard_last_error());
+    }
+    if (ok) ok = shard__ckpt_check_listings(dir, ix, files, why, REASON_BYTES); /* the files this rank checked */
+    for (size_t i = 0; files && i < ix->nfiles; i++) shard_safetensors_close(files[i]);
+    free(files);
     int32_t first_bad = ok ? INT32_MAX : rank;
     shard_status s = shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN);
     if (s == SHARD_OK && first_bad == INT32_MAX) return SHARD_OK;
@@ -154,6 +166,16 @@ static shard_status load_item(open_files *of, const shard_ckpt_item *item) {
         return shard_error(SHARD_ERR_IO,
                            "checkpoint %s: the chunks of '%s' cover %zu of the %zu elements of this rank's block",
                            of->dir, item->name, covered, shard__box_numel(&mine, t->ndim));
+    /* checked like a step's computed state: a NaN or an infinity resumed would spread to every weight */
+    size_t bad = shard__ckpt_first_nonfinite(t->local->data, t->dtype, shard_tensor_numel(t->local));
+    if (bad != SIZE_MAX) {
+        char what[256];
+        shard__ckpt_nonfinite_text(item->name, t->local->data, t->dtype, bad, t->ndim, mine.off, mine.len, what,
+                                   sizeof what);
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "checkpoint %s: %s: a checkpoint holds finite values only; resume from an earlier step",
+                           of->dir, what);
+    }
     return SHARD_OK;
 }
 
@@ -167,7 +189,50 @@ static shard_status load_all(const char *dir, const shard__ckpt_index *ix, const
     return s;
 }
 
-shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out) {
+static int by_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* ", 'name'" into a list of at most 3 names, then a count of the rest. */
+static void add_name(char *out, size_t bytes, size_t *listed, const char *name) {
+    size_t used = strlen(out);
+    if (*listed < 3) snprintf(out + used, bytes - used, "%s'%s'", *listed ? ", " : "", name);
+    (*listed)++;
+}
+
+static void close_names(char *out, size_t bytes, size_t listed) {
+    size_t used = strlen(out);
+    if (listed > 3) snprintf(out + used, bytes - used, " and %zu more", listed - 3);
+}
+
+/* The index lists exactly the run's tensors (the model's and its optimizer's): one the run needs and the
+ * index lacks, or one the index holds and the run has not (a config other than the checkpoint's, or an
+ * edited index), is named.
+ * Every rank decides alike: the same index, the same names. */
+static shard_status match_model(const char *dir, const shard__ckpt_index *ix, const shard_ckpt_item *items,
+                                size_t count) {
+    const char **names = malloc((count ? count : 1) * sizeof *names);
+    if (!names) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint %s: out of memory for %zu names", dir, count);
+    for (size_t i = 0; i < count; i++) names[i] = items[i].name;
+    qsort(names, count, sizeof *names, by_name);
+    char lacks[320] = "", extra[320] = "";
+    size_t n_lacks = 0, n_extra = 0;
+    for (size_t i = 0; i < count; i++)
+        if (!shard__ckpt_index_find(ix, names[i])) add_name(lacks, sizeof lacks, &n_lacks, names[i]);
+    for (size_t t = 0; t < ix->ntensors; t++) {
+        const char *name = ix->tensors[ix->by_name ? ix->by_name[t] : t].name;
+        if (!bsearch(&name, names, count, sizeof *names, by_name)) add_name(extra, sizeof extra, &n_extra, name);
+    }
+    free(names);
+    if (!n_lacks && !n_extra) return SHARD_OK;
+    close_names(lacks, sizeof lacks, n_lacks), close_names(extra, sizeof extra, n_extra);
+    return shard_error(SHARD_ERR_INVALID_ARG,
+                       "checkpoint %s does not match this run's tensors:%s%s%s%s%s: resume it with the config and "
+                       "optimizer it was saved with",
+                       dir, n_lacks ? " it lacks " : "", lacks, n_lacks && n_extra ? ";" : "",
+                       n_extra ? " it holds tensors this run has not, " : "", extra);
+}
+
+static shard_status load(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out,
+                         int whole_model) {
     SHARD_CHECK(shard__ckpt_check_items("shard_ckpt_load", items, count));
     if (!where || !*where) return shard_error(SHARD_ERR_INVALID_ARG, "shard_ckpt_load: no checkpoint given");
     shard_comm *world = shard_mesh_comm(items[0].tensor->mesh);
@@ -218,13 +283,29 @@ shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, si
             fprintf(stderr, "shard: checkpoint %s is not usable (%s); trying the previous one\n", dir, why);
     }
     free(steps);
-    s = load_all(dir, &ix, items, count);
-    int32_t first_bad = s == SHARD_OK ? INT32_MAX : rank;
+    s = whole_model ? match_model(dir, &ix, items, count) : SHARD_OK;
+    if (s == SHARD_OK) s = load_all(dir, &ix, items, count);
+    /* every rank returns the first failing rank's error (a value not finite is found by the rank holding it) */
+    int32_t first_bad = s == SHARD_OK ? INT32_MAX : rank, verdict = s;
+    char message[REASON_BYTES] = "";
+    if (s < 0) snprintf(message, sizeof message, "%s", shard_last_error());
     shard_status cs = shard_comm_all_reduce(world, &first_bad, &first_bad, 1, SHARD_I32, SHARD_OP_MIN);
+    if (cs == SHARD_OK && first_bad != INT32_MAX) cs = shard_comm_broadcast(world, &verdict, 1, SHARD_I32, first_bad);
+    if (cs == SHARD_OK && first_bad != INT32_MAX)
+        cs = shard_comm_broadcast(world, message, sizeof message, SHARD_U8, first_bad);
+    message[sizeof message - 1] = '\0';
     if (s == SHARD_OK && cs < 0) s = cs;
-    if (s == SHARD_OK && first_bad != INT32_MAX)
-        s = shard_error(SHARD_ERR_IO, "checkpoint %s: rank %d failed to load its shards", dir, first_bad);
+    if (s == SHARD_OK && first_bad != INT32_MAX) s = shard_error((shard_status)verdict, "%s", message);
     if (s == SHARD_OK && step_out) *step_out = ix.step;
+    if (s == SHARD_OK && rank == 0) shard__ckpt_index_note(dir, &ix, stderr); /* a failure is its one line alone */
     shard__ckpt_index_free(&ix);
     return s;
+}
+
+shard_status shard_ckpt_load(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out) {
+    return load(where, items, count, step_out, 0);
+}
+
+shard_status shard__ckpt_load_model(const char *where, const shard_ckpt_item *items, size_t count, uint64_t *step_out) {
+    return load(where, items, count, step_out, 1);
 }

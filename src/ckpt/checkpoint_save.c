@@ -1,7 +1,9 @@
 /* checkpoint_save.c — write a sharded checkpoint with the commit protocol of
  * checkpoint.h: each rank writes the chunks it owns into step_N.tmp/, one
  * collective carries every rank's status, size and checksum, and rank 0
- * writes the index, renames the directory and moves `latest`.
+ * writes the index, renames the directory and moves `latest`.  A value
+ * that is not finite in any rank's chunks refuses the save before any file
+ * is written, as a training step refuses a gradient that is not finite.
  *
  * A simulated crash (shard_ckpt_set_crash_point) stops a rank's file-system
  * work at that point and leaves everything as it is, while the rank still
@@ -21,7 +23,7 @@
 #include "shard/checkpoint.h"
 #include "shard/safetensors.h"
 
-enum { CRASHED = 1, FAILED = 2, MESSAGE_BYTES = 240 };
+enum { CRASHED = 1, FAILED = 2, NOT_FINITE = 3, MESSAGE_BYTES = 240 };
 
 /* ---------------------------------------------------------------- crash points */
 
@@ -115,6 +117,26 @@ static shard_status write_rank_file(const char *tmp_dir, int rank, const shard_c
         return s;
     }
     return shard_st_writer_commit_digest(w, hash, bytes);
+}
+
+/* 1 and the first value that is not finite among this rank's chunks, said in `what`; checked before any
+ * file is written, so `latest` never moves to a step whose state is not finite. */
+static int nonfinite_chunk(const shard_ckpt_item *items, const prepared *p, size_t count, char *what,
+                           size_t what_bytes) {
+    int coords[SHARD_MESH_MAX_AXES];
+    shard__ckpt_my_coords(p[0].t->mesh, coords);
+    for (size_t i = 0; i < count; i++) {
+        const shard_dtensor *t = p[i].t;
+        if (!chunk_written(t, coords, t->local->shape)) continue;
+        size_t bad = shard__ckpt_first_nonfinite(t->local->data, t->dtype, shard_tensor_numel(t->local));
+        if (bad == SIZE_MAX) continue;
+        size_t off[SHARD_MAX_DIMS], len[SHARD_MAX_DIMS];
+        for (int d = 0; d < t->ndim; d++)
+            shard_spec_local_range(&t->spec, &t->layout, t->global_shape, coords, d, &off[d], &len[d]);
+        shard__ckpt_nonfinite_text(items[i].name, t->local->data, t->dtype, bad, t->ndim, off, len, what, what_bytes);
+        return 1;
+    }
+    return 0;
 }
 
 /* The index: every tensor's chunks (computable from the specs alone) and every file. */
@@ -252,12 +274,14 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
     /* 2. every rank's file */
     uint64_t mine[4] = {0};
     if (s == SHARD_OK && crashes_here("before_write", rank)) crashed = 1;
-    int wrote = 0;
-    if (s == SHARD_OK && !crashed) s = write_rank_file(tmp_dir, rank, items, p, count, &mine[1], &mine[2], &wrote);
-    if (s == SHARD_OK && !crashed && crashes_here("after_write", rank)) crashed = 1;
-    mine[0] = crashed ? CRASHED : s < 0 ? FAILED : 0;
-    mine[3] = (uint64_t)wrote;
+    int wrote = 0, nonfinite = 0;
     char message[MESSAGE_BYTES] = "";
+    if (s == SHARD_OK && !crashed) nonfinite = nonfinite_chunk(items, p, count, message, sizeof message);
+    if (s == SHARD_OK && !crashed && !nonfinite)
+        s = write_rank_file(tmp_dir, rank, items, p, count, &mine[1], &mine[2], &wrote);
+    if (s == SHARD_OK && !crashed && crashes_here("after_write", rank)) crashed = 1;
+    mine[0] = crashed ? CRASHED : nonfinite ? NOT_FINITE : s < 0 ? FAILED : 0;
+    mine[3] = (uint64_t)wrote;
     if (mine[0] == FAILED) snprintf(message, sizeof message, "%s", shard_last_error());
     if (ok0) { /* 3. everyone's status, sizes and checksums */
         cs = shard_comm_all_gather(world, mine, per_rank, 4, SHARD_I64);
@@ -287,7 +311,12 @@ shard_status shard_ckpt_save_run(const char *dir, uint64_t step, const shard_ckp
     for (size_t i = 0; i < count; i++) shard_dtensor_destroy(p[i].owned);
     free(p);
     if (s == SHARD_OK && cs < 0) s = cs;
-    if (s == SHARD_OK && first_bad >= 0)
+    if (s == SHARD_OK && first_bad >= 0 && per_rank[4 * first_bad] == NOT_FINITE)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "checkpoint step %llu in %s not saved: %s: a checkpoint holds finite values only; latest "
+                        "is left as it was",
+                        (unsigned long long)step, dir, messages + (size_t)first_bad * MESSAGE_BYTES);
+    else if (s == SHARD_OK && first_bad >= 0)
         s = shard_error(SHARD_ERR_IO, "checkpoint %s: rank %d %s%s", tmp_dir, first_bad,
                         per_rank[4 * first_bad] == CRASHED ? "crashed (simulated)" : "failed: ",
                         per_rank[4 * first_bad] == CRASHED ? "" : messages + (size_t)first_bad * MESSAGE_BYTES);

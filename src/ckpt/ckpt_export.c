@@ -118,7 +118,9 @@ static void close_step(shard_safetensors **files, shard__ckpt_index *ix) {
     shard__ckpt_index_free(ix);
 }
 
-/* The step to export and its files opened: `where` itself when it is a step directory; for a root,
+/* The step to export and its files opened, each holding exactly the tensors the index lists in it (an
+ * index with an entry removed would export an incomplete model): `where` itself when it is a step
+ * directory; for a root,
  * `latest`'s step, or when that one is not usable the newest older one that is (as a load goes), said on
  * stderr.  On failure the first reason is the error. */
 static shard_status open_export_step(const char *where, char *dir, size_t dir_bytes, shard__ckpt_index *ix,
@@ -150,6 +152,7 @@ static shard_status open_export_step(const char *where, char *dir, size_t dir_by
             else if ((s = shard_safetensors_open(path, &files[i])) < 0)
                 snprintf(why, sizeof why, "%s", shard_last_error());
         }
+        if (s == SHARD_OK && !shard__ckpt_check_listings(dir, ix, files, why, sizeof why)) s = SHARD_ERR_IO;
         if (s == SHARD_OK) {
             free(steps);
             *files_out = files;
@@ -238,9 +241,7 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
     const char *dir = r->step_dir;
     shard_status s = SHARD_OK;
     char real_out[PATH_MAX], real_step[PATH_MAX]; /* writing into the step it reads would corrupt that checkpoint */
-    if (!ix.ntensors)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "ckpt export: %s holds no tensors: nothing to export", dir);
-    else if (realpath(out_dir, real_out) && realpath(dir, real_step) && strcmp(real_out, real_step) == 0)
+    if (realpath(out_dir, real_out) && realpath(dir, real_step) && strcmp(real_out, real_step) == 0)
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "ckpt export: --out %s is inside the checkpoint %s it exports; give a "
                         "path outside it",
@@ -272,6 +273,7 @@ shard_status shard_ckpt_export(const char *where, const char *out, uint64_t max_
     else if (s == SHARD_OK)
         s = write_sharded(out, out_dir, files, &ix, which, n, part_of, parts, total, step_text, r);
     free(part_of), free(which);
+    if (s == SHARD_OK) shard__ckpt_index_note(dir, &ix, stderr); /* a failure is said in its one line alone */
     close_step(files, &ix);
     return s;
 }

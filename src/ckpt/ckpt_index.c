@@ -1,16 +1,23 @@
 /* ckpt_index.c — read and write a checkpoint's index.json (see ckpt_index.h).
  * Reading checks everything later code relies on: known dtypes, at most 8
- * dims, chunks that name a listed file and lie inside the global shape. */
-#define _GNU_SOURCE /* qsort_r */
+ * dims, chunks that name a listed file and lie inside the global shape, and
+ * the index's own checksum, so that an edited index is refused like a
+ * damaged data file.  Every writer of a checkpoint goes through
+ * shard__ckpt_index_write, so every index carries that checksum. */
+#define _GNU_SOURCE /* qsort_r, memmem */
 #include "ckpt_index.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "atomic_file.h"
+#include "ckpt_util.h"
 #include "core/file_read.h"
 #include "shard/files.h"
 #include "shard/mesh.h"
@@ -23,6 +30,23 @@ shard_status shard__ckpt_dtype_parse(const char *text, shard_dtype *out) {
             return SHARD_OK;
         }
     return SHARD_ERR_INVALID_ARG;
+}
+
+/* The index's own checksum: its key, as the writer's dump spells it with its value's opening quote, and
+ * the value the checksum is computed with. */
+#define SUM_KEY "index_xxh3"
+#define SUM_TEXT "\"" SUM_KEY "\": \""
+#define SUM_ZEROS "0000000000000000"
+enum { SUM_DIGITS = 16 };
+
+/* The 16 digits of the last `"index_xxh3": "` in text (the writer puts the key last, after any config
+ * that could hold the same words), or NULL when there is none followed by 16 characters and a quote. */
+static char *sum_digits(char *text, size_t len) {
+    char *last = NULL;
+    size_t key = strlen(SUM_TEXT);
+    for (char *at = text; (at = memmem(at, len - (size_t)(at - text), SUM_TEXT, key)); at += key) last = at;
+    if (!last || (size_t)(last - text) + key + SUM_DIGITS >= len || last[key + SUM_DIGITS] != '"') return NULL;
+    return last + key;
 }
 
 static json_t *size_array(const size_t *v, int n) {
@@ -66,18 +90,19 @@ shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *
     }
     /* the top level, in this order; json_object_set_new takes each value (on failure too), and what is not
      * set is released */
-    static const char *const keys[9] = {"format", "version",  "step",  "mesh",   "world",
-                                        "config", "training", "files", "tensors"};
-    json_t *fields[9] = {json_string("shard-checkpoint"),
-                         json_integer(1),
-                         json_integer((json_int_t)ix->step),
-                         json_string(ix->mesh),
-                         json_integer(ix->world),
-                         config ? config : json_null(),
-                         training,
-                         files,
-                         tensors};
-    for (int i = 0; i < 9; i++) {
+    static const char *const keys[10] = {"format", "version",  "step",  "mesh",    "world",
+                                         "config", "training", "files", "tensors", SUM_KEY};
+    json_t *fields[10] = {json_string("shard-checkpoint"),
+                          json_integer(1),
+                          json_integer((json_int_t)ix->step),
+                          json_string(ix->mesh),
+                          json_integer(ix->world),
+                          config ? config : json_null(),
+                          training,
+                          files,
+                          tensors,
+                          json_string(SUM_ZEROS)};
+    for (int i = 0; i < 10; i++) {
         if (!fields[i]) {
             ok &= i == 6; /* no training record: no key */
             continue;
@@ -93,6 +118,14 @@ shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *
     if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "%s: cannot build the index (out of memory)", path);
     size_t len = strlen(text);
     text[len] = '\n'; /* over the terminating NUL: the file ends with a newline */
+    char *digits = sum_digits(text, len + 1);
+    if (!digits) { /* the key is the dump's last, so it is there */
+        free(text);
+        return shard_error(SHARD_ERR_INTERNAL, "%s: the index's own checksum is missing from its text", path);
+    }
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016" PRIx64, XXH3_64bits(text, len + 1));
+    memcpy(digits, hex, SUM_DIGITS);
     shard_status s = shard__atomic_write_file(path, text, len + 1);
     free(text);
     return s;
@@ -255,6 +288,45 @@ static shard_status read_tensor(const char *path, const char *name, const json_t
     return check_cover(path, t);
 }
 
+/* The index's own checksum, when it has one: the bytes with its 16 digits as zeros hash to them. */
+static shard_status check_own_sum(const char *path, char *text, size_t len, const json_t *sum, shard__ckpt_index *ix) {
+    if (!sum) return SHARD_OK; /* written before indexes had one: read as it is, the callers say so */
+    const char *hex = json_string_value(sum);
+    char *end = NULL, why[256];
+    uint64_t want = hex && strlen(hex) == SUM_DIGITS ? strtoull(hex, &end, 16) : 0;
+    if (!end || *end) return fail(path, "its index_xxh3 is not 16 hex digits");
+    char *digits = sum_digits(text, len);
+    if (!digits || memcmp(digits, hex, SUM_DIGITS) != 0)
+        return fail(path,
+                    "its index_xxh3 is not its last key, where the writer puts it: the index was edited after "
+                    "it was written; restore it, or load another step");
+    memcpy(digits, SUM_ZEROS, SUM_DIGITS);
+    uint64_t got = XXH3_64bits(text, len);
+    memcpy(digits, hex, SUM_DIGITS);
+    if (got != want) {
+        snprintf(why, sizeof why,
+                 "checksum %016llx, its index_xxh3 says %016llx: the index was edited or damaged after it was "
+                 "written; restore it, or load another step",
+                 (unsigned long long)got, (unsigned long long)want);
+        return fail(path, why);
+    }
+    ix->checksummed = 1;
+    return SHARD_OK;
+}
+
+/* A step directory holds its own step's index: a step edited in the index, or a directory renamed, would
+ * resume as another step than the one its state is. */
+static shard_status check_step_name(const char *path, uint64_t step) {
+    char dir[PATH_MAX], why[PATH_MAX + 160];
+    shard__dir_of(path, dir, sizeof dir);
+    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    uint64_t named = 0;
+    if (!shard__ckpt_parse_step_name(name, &named) || named == step) return SHARD_OK;
+    snprintf(why, sizeof why, "its step is %llu, but it lies in %s: an index's step is its directory's",
+             (unsigned long long)step, dir);
+    return fail(path, why);
+}
+
 shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     memset(ix, 0, sizeof *ix);
     char *text = NULL;
@@ -262,8 +334,10 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
     SHARD_CHECK(shard_file_read(path, "cannot read the index", SHARD__CKPT_INDEX_MAX_BYTES, &text, &len));
     json_error_t err;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
-    free(text);
-    if (!root) return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s", path, err.text);
+    if (!root) {
+        free(text);
+        return shard_error(SHARD_ERR_IO, "%s: cannot read the index: %s", path, err.text);
+    }
     shard_status s = SHARD_OK;
     const json_t *files = json_object_get(root, "files"), *tensors = json_object_get(root, "tensors");
     const json_t *step = json_object_get(root, "step"), *config = json_object_get(root, "config");
@@ -324,13 +398,25 @@ shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix) {
             if (s < 0) break;
         }
     free(order);
+    if (s == SHARD_OK && !ix->ntensors) s = fail(path, "it holds no tensors: a checkpoint holds one or more");
+    if (s == SHARD_OK) s = check_own_sum(path, text, len, json_object_get(root, SUM_KEY), ix);
+    if (s == SHARD_OK) s = check_step_name(path, ix->step);
     json_decref(root);
+    free(text);
     if (s == SHARD_OK && !(ix->by_name = malloc((ix->ntensors ? ix->ntensors : 1) * sizeof *ix->by_name)))
         s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     for (size_t t = 0; s == SHARD_OK && t < ix->ntensors; t++) ix->by_name[t] = t;
     if (s == SHARD_OK) qsort_r(ix->by_name, ix->ntensors, sizeof *ix->by_name, by_tensor_name, ix->tensors);
     if (s < 0) shard__ckpt_index_free(ix);
     return s;
+}
+
+void shard__ckpt_index_note(const char *dir, const shard__ckpt_index *ix, FILE *out) {
+    if (!ix->checksummed && out)
+        fprintf(out,
+                "shard: note: %s/index.json carries no index checksum (it was written before indexes carried "
+                "one), so an edit to it cannot be detected; checkpoints saved from now on carry one\n",
+                dir);
 }
 
 void shard__ckpt_index_free(shard__ckpt_index *ix) {

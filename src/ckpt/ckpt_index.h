@@ -5,11 +5,16 @@
  *    "files": {"rank_00000.safetensors": {"bytes": B, "xxh3": "16 hex digits"}, ...},
  *    "tensors": {"w": {"dtype": "F32", "shape": [8, 4], "spec": "P('data', None)",
  *                      "chunks": [{"file": "rank_00000.safetensors",
- *                                  "offsets": [0, 0], "sizes": [2, 4]}, ...]}, ...}} */
+ *                                  "offsets": [0, 0], "sizes": [2, 4]}, ...]}, ...},
+ *    "index_xxh3": "16 hex digits"}
+ * The last key is the index's own checksum: the xxh3 of the file's bytes with those 16 digits written as
+ * zeros, so an edit anywhere in the index (a step, a tensor's entry, a file's checksum) is refused by every
+ * reader.  An index written before indexes carried one has no such key: it is read as it is, with a note. */
 #ifndef SHARD_CKPT_INDEX_H
 #define SHARD_CKPT_INDEX_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "shard/tensor.h"
 
@@ -45,11 +50,16 @@ typedef struct shard__ckpt_index {
     shard__ckpt_tensor *tensors;
     shard__ckpt_file *files;
     size_t *by_name; /* tensors' indices sorted by name (set by index_read; NULL: find scans) */
+    int checksummed; /* set by index_read: 1 when the index carries index_xxh3 (and it matched) */
 } shard__ckpt_index;
 
 shard_status shard__ckpt_index_write(const char *path, const shard__ckpt_index *ix);
-/* Reads and checks (chunks inside the shape, files named, sizes sane); messages name the path. */
+/* Reads and checks (chunks inside the shape, files named, sizes sane, at least one tensor, its own
+ * checksum when it has one, and a step that matches its step_N directory's name); messages name the path. */
 shard_status shard__ckpt_index_read(const char *path, shard__ckpt_index *ix);
+/* The one-line note that the index of step directory `dir` carries no checksum of its own, on out; nothing
+ * when it does. */
+void shard__ckpt_index_note(const char *dir, const shard__ckpt_index *ix, FILE *out);
 void shard__ckpt_index_free(shard__ckpt_index *ix);
 const shard__ckpt_tensor *shard__ckpt_index_find(const shard__ckpt_index *ix, const char *name);
 

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,88 @@ shard_status shard__ckpt_check_items(const char *what, const shard_ckpt_item *it
             s = shard_error(SHARD_ERR_INVALID_ARG, "%s: the name '%s' is given twice", what, sorted[i]->name);
     free(sorted);
     return s;
+}
+
+/* By bits: an exponent of all ones is NaN or infinite in every float format here (one loop per width,
+ * which the compiler vectorises: a load checks every value it reads). */
+#define FIRST_ALL_ONES(type, mask)                                                                                     \
+    for (size_t i = 0; i < n; i++)                                                                                     \
+        if ((((const type *)data)[i] & (mask)) == (mask)) return i;
+
+size_t shard__ckpt_first_nonfinite(const void *data, shard_dtype dtype, size_t n) {
+    switch (dtype) {
+    case SHARD_F32: FIRST_ALL_ONES(uint32_t, 0x7f800000u) break;
+    case SHARD_F64: FIRST_ALL_ONES(uint64_t, 0x7ff0000000000000ull) break;
+    case SHARD_BF16: FIRST_ALL_ONES(uint16_t, 0x7f80u) break;
+    case SHARD_F16: FIRST_ALL_ONES(uint16_t, 0x7c00u) break;
+    default: break;
+    }
+    return SIZE_MAX;
+}
+
+void shard__ckpt_nonfinite_text(const char *name, const void *data, shard_dtype dtype, size_t k, int ndim,
+                                const size_t *off, const size_t *len, char *out, size_t out_bytes) {
+    double v = dtype == SHARD_F32 ? ((const float *)data)[k]
+        : dtype == SHARD_F64      ? ((const double *)data)[k]
+        : dtype == SHARD_BF16     ? shard_f32_from_bf16(((const uint16_t *)data)[k])
+                                  : shard_f32_from_f16(((const uint16_t *)data)[k]);
+    size_t at[SHARD_MAX_DIMS] = {0}, rest = k;
+    for (int d = ndim - 1; d >= 0; d--) { /* row-major within the block, then to the tensor's coordinates */
+        at[d] = off[d] + (len[d] ? rest % len[d] : 0);
+        rest = len[d] ? rest / len[d] : 0;
+    }
+    const char *kind = isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
+    size_t used = (size_t)snprintf(out, out_bytes, "tensor '%s' holds %s at [", name, kind);
+    for (int d = 0; d < ndim && used < out_bytes; d++)
+        used += (size_t)snprintf(out + used, out_bytes - used, "%s%zu", d ? ", " : "", at[d]);
+    if (used < out_bytes) snprintf(out + used, out_bytes - used, "]");
+}
+
+/* One pass over the index's chunks (each looked up in its file), then a count per file: a file holding
+ * more tensors than the index lists in it holds one the index left out, found by name. */
+int shard__ckpt_check_listings(const char *dir, const shard__ckpt_index *ix, shard_safetensors *const *files, char *why,
+                               size_t why_bytes) {
+    size_t *listed = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *listed);
+    if (!listed) {
+        snprintf(why, why_bytes, "%s: out of memory for %zu files", dir, ix->nfiles);
+        return 0;
+    }
+    int ok = 1;
+    for (size_t t = 0; ok && t < ix->ntensors; t++) {
+        const shard__ckpt_tensor *x = &ix->tensors[t];
+        for (size_t c = 0; ok && c < x->nchunks; c++) {
+            shard_safetensors *f = files[x->chunks[c].file];
+            if (!f) continue;
+            const shard_st_entry *e = shard_safetensors_find(f, x->name);
+            ok = e && e->dtype == x->dtype && e->ndim == x->ndim;
+            for (int d = 0; ok && d < x->ndim; d++) ok = e->shape[d] == x->chunks[c].len[d];
+            listed[x->chunks[c].file]++;
+            if (!ok)
+                snprintf(why, why_bytes, "%s: %s does not hold chunk %zu of '%s' as the index lists it", dir,
+                         ix->files[x->chunks[c].file].name, c, x->name);
+        }
+    }
+    for (size_t i = 0; ok && i < ix->nfiles; i++) {
+        size_t held = files[i] ? shard_safetensors_count(files[i]) : 0;
+        if (!files[i] || held == listed[i]) continue;
+        ok = 0;
+        snprintf(why, why_bytes, "%s: %s holds %zu tensors, and the index lists %zu chunks in it", dir,
+                 ix->files[i].name, held, listed[i]);
+        for (size_t k = 0; k < held; k++) { /* name the one the index left out */
+            const char *name = shard_safetensors_entry(files[i], k)->name;
+            const shard__ckpt_tensor *x = shard__ckpt_index_find(ix, name);
+            int there = 0;
+            for (size_t c = 0; x && !there && c < x->nchunks; c++) there = x->chunks[c].file == (int)i;
+            if (there) continue;
+            snprintf(why, why_bytes,
+                     "%s: %s holds tensor '%s', which the index does not list %s: an index lists every tensor "
+                     "its files hold (was its entry removed?)",
+                     dir, ix->files[i].name, name, x ? "in that file" : "at all");
+            break;
+        }
+    }
+    free(listed);
+    return ok;
 }
 
 /* Size and xxh3 of one file against the index. */

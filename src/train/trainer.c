@@ -829,7 +829,8 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
     shard_status s = same_optimizer(t, where);
     if (s == SHARD_OK) s = ckpt_params(t, &cp, &mine, &n);
     if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
-    if (s == SHARD_OK) s = shard_ckpt_load(where, items, (size_t)arrays * n, step);
+    if (s == SHARD_OK)
+        s = shard__ckpt_load_model(where, items, (size_t)arrays * n, step); /* none missing, none extra */
     if (s == SHARD_OK) s = param_scratch(t, cp, n, &whole, &piece);
     for (size_t k = 0; s == SHARD_OK && k < n; k++)
         for (int j = 0; s == SHARD_OK && j < arrays; j++) {
