@@ -5,6 +5,7 @@
 #include "shard/files.h"
 #include "shard/mesh.h"
 #include "shard/status.h"
+#include "shard/text.h"
 
 #include <errno.h>
 #include <math.h>
@@ -14,12 +15,15 @@
 #include <string.h>
 
 void cli_error(const char *fmt, ...) {
+    /* one line whatever it quotes: a flag, key or path holding a character a terminal does not show is
+     * printed with that character's code (shard_text_show_invisible) */
+    char raw[SHARD_ERROR_TEXT_BYTES], shown[SHARD_ERROR_TEXT_BYTES];
     va_list ap;
     va_start(ap, fmt);
-    fputs("shard: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    shard_text_show_invisible(raw, shown, sizeof shown);
+    fprintf(stderr, "shard: %s\n", shown);
 }
 
 int cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }

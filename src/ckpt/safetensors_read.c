@@ -10,6 +10,7 @@
 #include "shard/safetensors.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <jansson.h>
@@ -21,7 +22,7 @@
 #include <unistd.h>
 
 struct shard_safetensors {
-    char name[512];
+    char name[PATH_MAX]; /* the path whole: every message names it */
     const unsigned char *bytes;
     size_t size;
     void *map; /* when opened from a file */
@@ -86,7 +87,7 @@ static void json_text(const json_t *v, char *out, size_t out_bytes) {
 
 static shard_status bad(const shard_safetensors *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static shard_status bad(const shard_safetensors *f, const char *fmt, ...) {
-    char text[768];
+    char text[SHARD_ERROR_TEXT_BYTES];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
