@@ -52,6 +52,28 @@ int cli_usage(const char *usage, int rank_options) {
     return 0;
 }
 
+void cli_unknown_option(const char *verb, const char *arg, const char *usage) {
+    enum { MOST = 128, NAME_BYTES = 48 };
+    char names[MOST][NAME_BYTES];
+    const char *list[MOST];
+    size_t n = 0;
+    const char *texts[] = {usage, RANK_OPTIONS, "--help --ranks"};
+    for (size_t t = 0; t < 3; t++)
+        for (const char *p = texts[t] ? strstr(texts[t], "--") : NULL; p && n < MOST; p = strstr(p, "--")) {
+            size_t len = 2 + strspn(p + 2, "abcdefghijklmnopqrstuvwxyz0123456789-");
+            if (len > 2 && len < NAME_BYTES) {
+                memcpy(names[n], p, len), names[n][len] = '\0';
+                list[n] = names[n], n++;
+            }
+            p += len;
+        }
+    const char *near = shard_text_nearest(arg, list, n);
+    if (near)
+        cli_error("%s: unknown option '%s': did you mean '%s'? (see 'shard help %s')", verb, arg, near, verb);
+    else
+        cli_error("%s: unknown option '%s' (see 'shard help')", verb, arg);
+}
+
 const char *cli_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
         cli_error("option %s needs a value", argv[*i]);

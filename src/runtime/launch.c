@@ -297,7 +297,8 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
         shard_status s =
             shard_error(SHARD_ERR_INVALID_ARG,
                         "%d ranks asked for (--ranks, or shard_launch's ranks) but the MPI launcher started %d "
-                        "processes: drop --ranks (ranks 0) or make them agree",
+                        "processes, and under mpirun its -np sets the ranks: drop --ranks (ranks 0) or make "
+                        "them agree",
                         cfg->ranks, size);
         shard_comm_destroy(world);
         return s;
