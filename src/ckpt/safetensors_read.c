@@ -285,11 +285,12 @@ static const char *looks_like(const shard_safetensors *f) {
     if (n >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF) at = 3; /* a byte-order mark before text */
     while (at < n && (b[at] == ' ' || b[at] == '\t' || b[at] == '\n' || b[at] == '\r')) at++;
     size_t look = n - at < 512 ? n - at : 512;
-    for (text = 0; text < look; text++) { /* printable ASCII, whitespace, or UTF-8's bytes: text */
+    for (text = 0; text < look; text++) { /* no control character but whitespace, and UTF-8: text */
         unsigned char c = b[at + text];
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') break;
+        if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) break;
     }
-    if (text < look) return "binary data";
+    size_t utf8 = utf8_invalid_at(b + at, look); /* a character cut at the 512th byte is still text */
+    if (text < look || (utf8 < look && (look < 512 || utf8 + 4 < look))) return "binary data";
     if (at < n && (b[at] == '{' || b[at] == '['))
         return memmem(b, n < 4096 ? n : 4096, "\"weight_map\"", 12) ? "JSON text (a safetensors index: give the "
                                                                       "directory or the weight files it lists)"
