@@ -168,8 +168,8 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
             return shard_error(SHARD_ERR_INVALID_ARG,
                                "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and 'pipe'%s%s%s; "
                                "give %s=1 or leave it out",
-                               names[a], sizes[a], near ? " (did you mean '" : "", near ? near : "",
-                               near ? "'?)" : "", names[a]);
+                               names[a], sizes[a], near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "",
+                               names[a]);
         if (strcmp(names[a], "pipe") == 0) pipe = sizes[a], has_pipe = 1;
         if (strcmp(names[a], "tensor") == 0) tensor = 1;
     }

@@ -132,8 +132,10 @@ size_t shard_text_show_invisible(const char *text, char *out, size_t out_bytes) 
         else
             memcpy(piece, p, bytes);
         if (cp < 0 || name) found++;
-        if (at + n < out_bytes) memcpy(out + at, piece, n), at += n; /* whole pieces only */
-        else out_bytes = at + 1;                                     /* full: count the rest, write nothing */
+        if (at + n < out_bytes)
+            memcpy(out + at, piece, n), at += n; /* whole pieces only */
+        else
+            out_bytes = at + 1; /* full: count the rest, write nothing */
         p += bytes;
     }
     out[at] = '\0';

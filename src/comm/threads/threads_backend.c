@@ -103,7 +103,7 @@ struct shard__thread_job {
     _Atomic int sleepers;
     _Atomic int refs;
     _Atomic int aborted;
-    shard_status abort_status; /* written once, under mu, before `aborted` is set */
+    shard_status abort_status;               /* written once, under mu, before `aborted` is set */
     char abort_text[SHARD_ERROR_TEXT_BYTES]; /* a rank's whole failure, paths and all */
 };
 
