@@ -87,7 +87,7 @@ static int bench_comm_main(int argc, char **argv) {
             else
                 opt.warmup = (int)n;
         } else {
-            cli_error("bench comm: unknown option '%s' (see 'shard help')", arg);
+            cli_unknown_option("bench comm", arg, USAGE_COMM);
             return 2;
         }
     }
@@ -160,7 +160,7 @@ static int bench_redistribute_main(int argc, char **argv) {
             else
                 opt.warmup = (int)n;
         } else {
-            cli_error("bench redistribute: unknown option '%s' (see 'shard help')", arg);
+            cli_unknown_option("bench redistribute", arg, USAGE_REDISTRIBUTE);
             return 2;
         }
     }
@@ -219,7 +219,7 @@ static int bench_ckpt_main(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, 5, 1000, &n)) return 2;
             opt.iters = (int)n;
         } else {
-            cli_error("bench ckpt: unknown option '%s' (see 'shard help')", arg);
+            cli_unknown_option("bench ckpt", arg, USAGE_CKPT);
             return 2;
         }
     }
@@ -263,7 +263,7 @@ static int bench_gemm_main(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(arg, v, 5, 1000, &n)) return 2;
             opt.iters = (int)n;
         } else {
-            cli_error("bench gemm: unknown option '%s' (see 'shard help')", arg);
+            cli_unknown_option("bench gemm", arg, USAGE_GEMM);
             return 2;
         }
     }

@@ -143,7 +143,7 @@ int bench_model_options(int argc, char **argv, const char *verb, bench_model_opt
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
         } else {
-            cli_error("%s: unknown option '%s' (see 'shard help')", verb, a);
+            cli_unknown_option(verb, a, NULL); /* its usage text follows */
             return 2;
         }
     }

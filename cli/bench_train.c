@@ -108,7 +108,7 @@ int cli_bench_train(int argc, char **argv) {
         } else if (strcmp(a, "--no-torch") == 0) {
             o.torch = 0;
         } else {
-            cli_error("bench train: unknown option '%s' (see 'shard help')", a);
+            cli_unknown_option("bench train", a, USAGE);
             return 2;
         }
     }

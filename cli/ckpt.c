@@ -136,7 +136,7 @@ int cli_ckpt(int argc, char **argv) {
                 return 2;
             }
         } else if (argv[i][0] == '-') {
-            cli_error("ckpt export: unknown option '%s' (see 'shard help')", argv[i]);
+            cli_unknown_option("ckpt export", argv[i], USAGE_EXPORT);
             return 2;
         } else if (!dir) {
             dir = argv[i];

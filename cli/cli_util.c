@@ -5,6 +5,7 @@
 #include "shard/files.h"
 #include "shard/mesh.h"
 #include "shard/status.h"
+#include "shard/text.h"
 
 #include <errno.h>
 #include <math.h>
@@ -14,12 +15,15 @@
 #include <string.h>
 
 void cli_error(const char *fmt, ...) {
+    /* one line whatever it quotes: a flag, key or path holding a character a terminal does not show is
+     * printed with that character's code (shard_text_show_invisible) */
+    char raw[SHARD_ERROR_TEXT_BYTES], shown[SHARD_ERROR_TEXT_BYTES];
     va_list ap;
     va_start(ap, fmt);
-    fputs("shard: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    shard_text_show_invisible(raw, shown, sizeof shown);
+    fprintf(stderr, "shard: %s\n", shown);
 }
 
 int cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
@@ -46,6 +50,28 @@ int cli_usage(const char *usage, int rank_options) {
         return 1;
     }
     return 0;
+}
+
+void cli_unknown_option(const char *verb, const char *arg, const char *usage) {
+    enum { MOST = 128, NAME_BYTES = 48 };
+    char names[MOST][NAME_BYTES];
+    const char *list[MOST];
+    size_t n = 0;
+    const char *texts[] = {usage, RANK_OPTIONS, "--help --ranks"};
+    for (size_t t = 0; t < 3; t++)
+        for (const char *p = texts[t] ? strstr(texts[t], "--") : NULL; p && n < MOST; p = strstr(p, "--")) {
+            size_t len = 2 + strspn(p + 2, "abcdefghijklmnopqrstuvwxyz0123456789-");
+            if (len > 2 && len < NAME_BYTES) {
+                memcpy(names[n], p, len), names[n][len] = '\0';
+                list[n] = names[n], n++;
+            }
+            p += len;
+        }
+    const char *near = shard_text_nearest(arg, list, n);
+    if (near)
+        cli_error("%s: unknown option '%s': did you mean '%s'? (see 'shard help %s')", verb, arg, near, verb);
+    else
+        cli_error("%s: unknown option '%s' (see 'shard help')", verb, arg);
 }
 
 const char *cli_value(int argc, char **argv, int *i) {

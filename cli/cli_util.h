@@ -59,7 +59,11 @@ int cli_help_asked(int argc, char **argv, int first);
  * 0, or 1 with a message when stdout cannot be written. */
 int cli_usage(const char *usage, int rank_options);
 
-/* Print "shard: <message>" to stderr. */
+/* "VERB: unknown option 'ARG' (see 'shard help')", with a did-you-mean when one of the options usage
+ * lists (every --name in its text, and the options every verb that runs ranks takes) is near ARG. */
+void cli_unknown_option(const char *verb, const char *arg, const char *usage);
+
+/* Print "shard: <message>" to stderr; a character a terminal does not show is printed as its code. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

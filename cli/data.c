@@ -55,7 +55,7 @@ int cli_data(int argc, char **argv) {
                 return free(files), 2;
             }
         } else if (argv[i][0] == '-' && argv[i][1]) {
-            cli_error("data text: unknown option '%s' (see 'shard help')", argv[i]);
+            cli_unknown_option("data text", argv[i], USAGE_TEXT);
             return free(files), 2;
         } else {
             files[n++] = argv[i];

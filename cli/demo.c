@@ -77,7 +77,7 @@ int cli_demo(int argc, char **argv) {
         int c = cli_common_option(&common, argc, argv, &i);
         if (c < 0) return 2;
         if (c == 0) {
-            cli_error("demo: unknown option '%s' (see 'shard help')", argv[i]);
+            cli_unknown_option("demo", argv[i], USAGE);
             return 2;
         }
     }

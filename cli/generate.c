@@ -134,7 +134,7 @@ int cli_generate(int argc, char **argv) {
                 return 2;
             }
         } else {
-            cli_error("generate: unknown option '%s' (see 'shard help')", a);
+            cli_unknown_option("generate", a, USAGE);
             return 2;
         }
     }

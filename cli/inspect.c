@@ -97,7 +97,7 @@ int cli_inspect(int argc, char **argv) {
                 return 2;
             }
         } else {
-            cli_error("inspect spec: unknown option '%s' (see 'shard help')", arg);
+            cli_unknown_option("inspect spec", arg, USAGE_SPEC);
             return 2;
         }
     }

@@ -49,7 +49,7 @@ int cli_inspect_schedule(int argc, char **argv) {
             if (!(kind_text = cli_value(argc, argv, &i))) return 2;
             continue;
         }
-        cli_error("inspect schedule: unknown option '%s' (see 'shard help')", a);
+        cli_unknown_option("inspect schedule", a, USAGE);
         return 2;
     }
     if (!p || !m) {

@@ -68,6 +68,17 @@ static const cli_verb VERBS[] = {
 
 static const char *const VALID_VERBS = "bench, ckpt, data, demo, generate, inspect, train, version, help";
 
+/* "unknown verb 'X'" (opened by `where`, e.g. "help: "), with the nearest verb when one is near. */
+static void unknown_verb(const char *where, const char *name) {
+    const char *names[sizeof VERBS / sizeof VERBS[0] + 2] = {"version", "help"};
+    for (size_t k = 0; k < sizeof VERBS / sizeof VERBS[0]; k++) names[2 + k] = VERBS[k].name;
+    const char *near = shard_text_nearest(name, names, sizeof names / sizeof names[0]);
+    if (near)
+        cli_error("%sunknown verb '%s': did you mean '%s'? (valid verbs are %s)", where, name, near, VALID_VERBS);
+    else
+        cli_error("%sunknown verb '%s': valid verbs are %s", where, name, VALID_VERBS);
+}
+
 static const cli_verb *find_verb(const char *name) {
     for (size_t k = 0; k < sizeof VERBS / sizeof VERBS[0]; k++)
         if (strcmp(name, VERBS[k].name) == 0) return &VERBS[k];
@@ -82,7 +93,7 @@ static int help(int argc, char **argv) {
     int is_version = strcmp(name, "version") == 0 || strcmp(name, "--version") == 0;
     const cli_verb *verb = find_verb(name);
     if (!is_list && !is_version && !verb) {
-        cli_error("help: unknown verb '%s': valid verbs are %s", name, VALID_VERBS);
+        unknown_verb("help: ", name);
         return 2;
     }
     int subs = verb && verb->has_sub_verbs;
@@ -127,6 +138,6 @@ int main(int argc, char **argv) {
         printf("shard %s (backends: threads%s)\n", shard_version(), shard_have_mpi() ? ", mpi" : "");
         return finish_stdout(0);
     }
-    cli_error("unknown verb '%s': valid verbs are %s", verb, VALID_VERBS);
+    unknown_verb("", verb);
     return 2;
 }

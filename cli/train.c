@@ -32,7 +32,9 @@
 #include "shard/comm.h"
 #include "shard/files.h"
 #include "shard/model.h"
+#include "shard/safetensors.h"
 #include "shard/shard.h"
+#include "shard/text.h"
 #include "trace.h"
 #include "train_util.h"
 
@@ -145,6 +147,68 @@ static int check_output(const char *option, const char *path, int want_dir, cons
     return 1;
 }
 
+/* The flags and the config, checked once on the calling thread before any rank starts (under an MPI
+ * launch by every process, before the communicator exists): a mistake is one line without a rank number,
+ * the same on every run.  What needs the ranks (the data, a checkpoint to resume) is theirs to check. */
+static shard_status check_before_ranks(const train_opts *o, const cli_common *common) {
+    char launcher[256] = "";
+    int env_rank = -1, env_size = -1;
+    int under_mpi = common->backend != SHARD_BACKEND_THREADS &&
+        shard_launch_detect_mpi(launcher, sizeof launcher, &env_rank, &env_size);
+    if (under_mpi && common->ranks > 1 && env_size > 0 && common->ranks != env_size)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--ranks %d: under an MPI launch (%s) mpirun's -np sets the ranks, and it started %d: "
+                           "leave --ranks out, or start mpirun -np %d",
+                           common->ranks, launcher, env_size, common->ranks);
+    int world = under_mpi ? (env_size > 0 ? env_size : 0) : common->ranks > 0 ? common->ranks : 1;
+    char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
+    int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0;
+    if (o->mesh && (axes = shard_mesh_parse(o->mesh, world, names, sizes)) < 0) return SHARD_ERR_INVALID_ARG;
+    static const char *const trained[] = {"data", "tensor", "pipe"};
+    for (int a = 0; a < axes; a++) {
+        int known = 0;
+        for (int k = 0; k < 3; k++) known |= strcmp(names[a], trained[k]) == 0;
+        const char *near = shard_text_nearest(names[a], trained, 3);
+        if (!known && sizes[a] > 1) /* an axis of one rank splits nothing: accepted, as the trainer does */
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and 'pipe'%s%s%s; "
+                               "give %s=1 or leave it out",
+                               names[a], sizes[a], near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "",
+                               names[a]);
+        if (strcmp(names[a], "pipe") == 0) pipe = sizes[a], has_pipe = 1;
+        if (strcmp(names[a], "tensor") == 0) tensor = 1;
+    }
+    /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
+     * (the library accepts them there, so that one configuration serves a reference run of one stage) */
+    const char *pipe_flag = o->schedule ? "--schedule"
+        : o->virtual_stages > 0         ? "--virtual-stages"
+        : o->recompute                  ? "--recompute"
+        : o->layers_per_stage           ? "--layers-per-stage"
+                                        : NULL;
+    if (pipe_flag && pipe < 2)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s acts on a pipe axis of 2 or more ranks, and this mesh has %s: give "
+                           "e.g. --mesh pipe=2, or leave %s out",
+                           pipe_flag, has_pipe ? "pipe=1" : "none", pipe_flag);
+    if (o->sequence_parallel && !tensor)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--sequence-parallel splits the tokens over the tensor axis, and this mesh has none: "
+                           "give e.g. --mesh data=1,tensor=2");
+    /* a config that cannot be read is the ranks' to report, after the flags they check (the batch
+     * arithmetic, the pipeline's): one that reads is checked here, key by key */
+    struct stat st;
+    if (stat(o->config, &st) == 0 && S_ISREG(st.st_mode)) SHARD_CHECK(shard_model_config_check(o->config));
+    size_t len = o->init ? strlen(o->init) : 0, suffix = strlen(".index.json");
+    if (o->init && !(len >= suffix && strcmp(o->init + len - suffix, ".index.json") == 0)) {
+        /* the weights' file read once here too (an index's files are the ranks' to read): one that is not
+         * safetensors is said once */
+        shard_safetensors *f = NULL;
+        SHARD_CHECK(shard_safetensors_open(o->init, &f));
+        shard_safetensors_close(f);
+    }
+    return SHARD_OK;
+}
+
 /* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
  * are dropped, so the file holds each step once; the rest stays, and the run adds to it. */
 static shard_status cut_log(const char *path, uint64_t done) {
@@ -207,21 +271,6 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(comm, o->mesh ? o->mesh : mesh_text, &mesh));
-    /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
-     * (the library accepts them there, so that one configuration serves a reference run of one stage) */
-    int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
-    const char *pipe_flag = o->schedule ? "--schedule"
-        : o->virtual_stages > 0         ? "--virtual-stages"
-        : o->recompute                  ? "--recompute"
-        : o->layers_per_stage           ? "--layers-per-stage"
-                                        : NULL;
-    if (pipe_flag && (pipe_axis < 0 || shard_mesh_axis_size(mesh, pipe_axis) < 2)) {
-        shard_mesh_destroy(mesh);
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "%s acts on a pipe axis of 2 or more ranks, and this mesh has %s: give "
-                           "e.g. --mesh pipe=2, or leave %s out",
-                           pipe_flag, pipe_axis >= 0 ? "pipe=1" : "none", pipe_flag);
-    }
     shard_trainer_config tc = {
         .config_path = o->config,
         .data_dir = o->data,
@@ -547,7 +596,7 @@ int cli_train(int argc, char **argv) {
             o.seed = (unsigned long long)sd;
             continue;
         }
-        cli_error("train: unknown option '%s' (see 'shard help')", a);
+        cli_unknown_option("train", a, USAGE);
         return 2;
     }
     if (!o.config) {
@@ -592,6 +641,14 @@ int cli_train(int argc, char **argv) {
         return 2;
     }
     cli_ranks_from_mesh(&common, o.mesh);
+    shard_status checked = check_before_ranks(&o, &common);
+    if (checked < 0) {
+        int mpi_rank = 0; /* under an MPI launch every process found the same: rank 0 says it */
+        if (common.backend == SHARD_BACKEND_THREADS || !shard_launch_detect_mpi(NULL, 0, &mpi_rank, NULL) ||
+            mpi_rank == 0)
+            cli_error("%s", shard_last_error());
+        return 1; /* as when a rank found it */
+    }
     shard_launch_config launch = cli_launch_config(&common);
     shard_status s = shard_launch_with(&launch, train_rank, &o);
     if (s < 0) {

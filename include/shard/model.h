@@ -179,6 +179,12 @@ shard_status shard_model_stage_layers(const char *config_path, size_t *layers);
 /* A config file's whole text (malloc'd into *text), refused when it is not a regular file, is empty or
  * holds a NUL byte: what a checkpoint stores as the run's config. */
 shard_status shard_model_config_read(const char *path, char **text);
+/* Whether the config at config_path describes a model this library can build, without building it:
+ * readable, its model_type a registered kind, and for the built-in kinds (gpt2, cnn, mlp) every key and
+ * value as their create functions check them (a registered kind's keys are its create function's to
+ * check).  One line naming the file and the key otherwise, with the nearest valid key for a mistyped
+ * one.  Allocates no model and reads no data: a program checks a config once, before it starts ranks. */
+shard_status shard_model_config_check(const char *config_path);
 void shard_model_destroy(shard_model *m);
 
 /* Parameters per unit (unit_first), given the layout; points value[] into

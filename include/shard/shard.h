@@ -30,6 +30,7 @@
 #include "shard/split.h"
 #include "shard/status.h"
 #include "shard/tensor.h"
+#include "shard/text.h"
 #include "shard/tp.h"
 #include "shard/trainer.h"
 #include "shard/version.h"

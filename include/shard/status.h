@@ -27,6 +27,10 @@ typedef enum shard_status {
 /* Short fixed name of a status code, e.g. "timeout". */
 const char *shard_status_string(shard_status status);
 
+/* The most bytes the last error's text holds, its NUL included: room for a message that names two
+ * whole paths of PATH_MAX bytes and what would be valid, so no message is cut in the middle of a path. */
+#define SHARD_ERROR_TEXT_BYTES 16384
+
 /* Text of the last error recorded on this thread ("" when none). */
 const char *shard_last_error(void);
 
@@ -34,7 +38,9 @@ const char *shard_last_error(void);
 void shard_clear_error(void);
 
 /* Record an error (printf-style text) on this thread and return `status`,
- * so that callers can write `return shard_error(SHARD_ERR_INVALID_ARG, ...)`. */
+ * so that callers can write `return shard_error(SHARD_ERR_INVALID_ARG, ...)`.  A character of the text
+ * a terminal would not show (a byte-order mark in a key, a no-break space in a path) is written as its
+ * code and name (text.h's shard_text_show_invisible).  The arguments may include shard_last_error(). */
 shard_status shard_error(shard_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Propagate a failing status to the caller.  With SHARD_DEBUG=1 in the

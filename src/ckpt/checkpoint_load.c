@@ -28,7 +28,7 @@
 #include "shard/checkpoint.h"
 #include "shard/safetensors.h"
 
-enum { REASON_BYTES = 400 };
+enum { REASON_BYTES = SHARD_ERROR_TEXT_BYTES }; /* a file's whole problem, its path included */
 
 /* ---------------------------------------------------------------- candidates */
 

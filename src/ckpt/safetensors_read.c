@@ -1,7 +1,8 @@
 /* safetensors_read.c — map a safetensors file and check every rule of the
  * format before exposing it (see safetensors.h).
  *
- * Order of checks: the 8-byte length N (0, over the limit, past the end);
+ * Order of checks: what the first bytes look like when they cannot start a safetensors file (JSON
+ * text, a token file, an empty file: named as such); the 8-byte length N (0, over the limit, past the end);
  * the header bytes (UTF-8, starting with '{'); the JSON (jansson, rejecting
  * duplicate keys at any level); each entry (name, dtype, shape, offsets,
  * byte count); then the offsets sorted: from 0, back to back, ending at the
@@ -11,6 +12,8 @@
 #include "shard/files.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -20,7 +23,7 @@
 #include <unistd.h>
 
 struct shard_safetensors {
-    char name[512];
+    char name[PATH_MAX]; /* the path whole: every message names it */
     const unsigned char *bytes;
     size_t size;
     void *map; /* when opened from a file */
@@ -85,7 +88,7 @@ static void json_text(const json_t *v, char *out, size_t out_bytes) {
 
 static shard_status bad(const shard_safetensors *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static shard_status bad(const shard_safetensors *f, const char *fmt, ...) {
-    char text[768];
+    char text[SHARD_ERROR_TEXT_BYTES];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
@@ -260,8 +263,53 @@ static shard_status check_layout(shard_safetensors *f) {
     return SHARD_OK;
 }
 
+/* What a file that cannot be safetensors looks like, from its first bytes, or NULL when it starts as
+ * one may (a header length below 2^40, or a binary length before '{'): the checks below say what is
+ * wrong then.
+ * A JSON config, a token file or an index given where weights belong is named as what it is, rather
+ * than as a header length of 7886488381929032315. */
+static const char *looks_like(const shard_safetensors *f) {
+    const unsigned char *b = f->bytes;
+    size_t n = f->size, at = 0, text = 0;
+    if (n == 0) return "an empty file";
+    if (n >= 8 && b[5] == 0 && b[6] == 0 && b[7] == 0) return NULL;
+    int length_is_text = 1; /* else a length that is merely too large, before a '{': said as such below */
+    for (size_t i = 0; i < 8 && i < n; i++) length_is_text &= b[i] >= 0x20 && b[i] < 0x7f;
+    if (n >= 9 && b[8] == '{' && !length_is_text) return NULL;
+    if (n >= 8 && memcmp(b, "SHRDTOK1", 8) == 0) return "a shard token file (shard data text's tokens)";
+    if (n >= 4 && b[0] == 0 && b[1] == 0 && b[2] == 0x08 && b[3] >= 1 && b[3] <= 4)
+        return "an IDX file (images or labels of a data set)";
+    if (n >= 2 && b[0] == 0x1f && b[1] == 0x8b) return "gzip-compressed data";
+    if (n >= 4 && memcmp(b, "PK\x03\x04", 4) == 0) return "a zip archive (a PyTorch .bin or .pt checkpoint?)";
+    if (n >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5) return "a Python pickle (a PyTorch .bin checkpoint?)";
+    if (n >= 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF) at = 3; /* a byte-order mark before text */
+    while (at < n && (b[at] == ' ' || b[at] == '\t' || b[at] == '\n' || b[at] == '\r')) at++;
+    size_t look = n - at < 512 ? n - at : 512;
+    for (text = 0; text < look; text++) { /* no control character but whitespace, and UTF-8: text */
+        unsigned char c = b[at + text];
+        if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) break;
+    }
+    size_t utf8 = utf8_invalid_at(b + at, look); /* a character cut at the 512th byte is still text */
+    if (text < look || (utf8 < look && (look < 512 || utf8 + 4 < look))) return "binary data";
+    if (at < n && (b[at] == '{' || b[at] == '['))
+        return memmem(b, n < 4096 ? n : 4096, "\"weight_map\"", 12) ? "JSON text (a safetensors index: give the "
+                                                                      "directory or the weight files it lists)"
+                                                                    : "JSON text";
+    if (n - at >= 7 && memcmp(b + at, "version", 7) == 0 && memmem(b, n < 256 ? n : 256, "git-lfs", 7))
+        return "a Git LFS pointer (text: the weights were never downloaded; git lfs pull)";
+    return "text";
+}
+
 static shard_status parse_header(shard_safetensors *f) {
-    if (f->size < 8) return bad(f, "%zu bytes, too short for the 8-byte header length", f->size);
+    const char *other = looks_like(f);
+    if (f->size < 8)
+        return bad(f, "%zu bytes, too short for the 8-byte header length: %s, not a safetensors file", f->size,
+                   other ? other : "binary data");
+    if (other)
+        return bad(f,
+                   "not a safetensors file: it looks like %s; a safetensors file starts with an 8-byte header "
+                   "length and a JSON header (give the weights' .safetensors file)",
+                   other);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | f->bytes[i];
     if (n == 0) return bad(f, "the header length is 0");

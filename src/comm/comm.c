@@ -329,7 +329,7 @@ shard_status shard_request_test(shard_request **reqp, int *done) {
 shard_status shard_request_wait_all(size_t n, shard_request **reqs) {
     if (n && !reqs) return shard_error(SHARD_ERR_INVALID_ARG, "shard_request_wait_all: requests is NULL");
     shard_status first = SHARD_OK;
-    char first_error[512] = "";
+    char first_error[SHARD_ERROR_TEXT_BYTES] = "";
     for (size_t i = 0; i < n; i++) {
         shard_status s = shard_request_wait(&reqs[i]);
         if (s < 0 && first == SHARD_OK) {

@@ -3,14 +3,13 @@
  * The text lives in thread-local storage: on the threads backend every rank
  * is a thread, so each rank keeps its own root cause. */
 #include "shard/status.h"
+#include "shard/text.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define SHARD_ERROR_TEXT_BYTES 1024
 
 static _Thread_local char last_error_text[SHARD_ERROR_TEXT_BYTES];
 
@@ -35,10 +34,13 @@ const char *shard_last_error(void) { return last_error_text; }
 void shard_clear_error(void) { last_error_text[0] = '\0'; }
 
 shard_status shard_error(shard_status status, const char *fmt, ...) {
+    /* formatted apart first: an argument may be the last error itself ("rank 1 failed: %s") */
+    char raw[SHARD_ERROR_TEXT_BYTES];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error_text, sizeof last_error_text, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    shard_text_show_invisible(raw, last_error_text, sizeof last_error_text);
     return status;
 }
 

@@ -94,11 +94,12 @@ shard_status shard_cnn_config_parse(const char *text, const char *where, shard_c
                 s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'model_type' must be \"cnn\"", where);
         }
         if (!known && strcmp(key, "comment") == 0) known = 1;
-        if (!known)
-            s = shard_error(SHARD_ERR_INVALID_ARG,
-                            "%s: key '%s' is unknown (CNN keys: model_type, in_channels, height, "
-                            "width, channels, kernel, pool, classes)",
-                            where, key);
+        if (!known) {
+            const char *keys[9] = {"model_type", "comment"};
+            for (int i = 0; i < 7; i++) keys[2 + i] = config_keys[i];
+            s = shard__unknown_key(where, key, keys, 9,
+                                   "CNN keys: model_type, in_channels, height, width, channels, kernel, pool, classes");
+        }
     }
     json_decref(root);
     if (s < 0) return s;

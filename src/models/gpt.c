@@ -154,10 +154,29 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
         } else {
             int known = 0;
             for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) known |= strcmp(key, ignored[i]) == 0;
+            static const char *const keys[] = {"n_embd",
+                                               "n_layer",
+                                               "n_head",
+                                               "n_positions",
+                                               "vocab_size",
+                                               "layer_norm_epsilon",
+                                               "initializer_range",
+                                               "model_type",
+                                               "activation_function",
+                                               "n_inner",
+                                               "resid_pdrop",
+                                               "embd_pdrop",
+                                               "attn_pdrop",
+                                               "n_special",
+                                               "predict_special_tokens",
+                                               "gradient_checkpointing",
+                                               "scale_attn_weights",
+                                               "scale_attn_by_inverse_layer_idx",
+                                               "reorder_and_upcast_attn"};
             if (!known)
-                s = bad_key(where, key,
-                            "is unknown (GPT keys: n_embd, n_layer, n_head, n_positions, vocab_size, "
-                            "layer_norm_epsilon, initializer_range, and Hugging Face GPT-2's others)");
+                s = shard__unknown_key(where, key, keys, sizeof keys / sizeof keys[0],
+                                       "GPT keys: n_embd, n_layer, n_head, n_positions, vocab_size, "
+                                       "layer_norm_epsilon, initializer_range, and Hugging Face GPT-2's others");
         }
     }
     /* Hugging Face takes n_inner null as 4 * n_embd and any number as the MLP's width: 0 (an MLP of no

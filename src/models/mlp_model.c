@@ -39,7 +39,8 @@ typedef struct mlp_model {
 
 static mlp_model *impl(const shard_model *m) { return (mlp_model *)m->impl; }
 
-static shard_status parse(const char *text, const char *where, size_t *d, size_t *h) {
+shard_status shard__mlp_config_parse(const char *text, const char *where, size_t *d, size_t *h) {
+    static const char *const keys[] = {"model_type", "model_dim", "hidden_dim", "comment"};
     json_error_t err;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
     if (!root) return shard_error(SHARD_ERR_INVALID_ARG, "%s: not valid JSON: %s (line %d)", where, err.text, err.line);
@@ -58,8 +59,7 @@ static shard_status parse(const char *text, const char *where, size_t *d, size_t
             else
                 *field = (size_t)json_integer_value(v);
         } else if (strcmp(key, "model_type") != 0 && strcmp(key, "comment") != 0) {
-            s = shard_error(SHARD_ERR_INVALID_ARG,
-                            "%s: key '%s' is unknown (MLP keys: model_type, model_dim, hidden_dim)", where, key);
+            s = shard__unknown_key(where, key, keys, 4, "MLP keys: model_type, model_dim, hidden_dim");
         }
     }
     json_decref(root);
@@ -207,7 +207,7 @@ shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_
     const char *text = o->config_text, *where = o->config_path;
     size_t max_rows = o->max_rows;
     size_t d, h;
-    SHARD_CHECK(parse(text, where, &d, &h));
+    SHARD_CHECK(shard__mlp_config_parse(text, where, &d, &h));
     int parts = shard_tp_size(o->tensor);
     if (parts > 1 && o->sequence_parallel)
         return shard_error(SHARD_ERR_INVALID_ARG,

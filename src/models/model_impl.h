@@ -27,6 +27,13 @@ shard_status shard__cnn_batch_source(const shard_model_create_options *o, const 
 shard_status shard__mlp_batch_source(const shard_model_create_options *o, const shard_model *m,
                                      shard_batch_source **out);
 
+/* The MLP's config check (model_dim, hidden_dim): what shard_model_config_check runs for "mlp". */
+shard_status shard__mlp_config_parse(const char *text, const char *where, size_t *model_dim, size_t *hidden_dim);
+/* "WHERE: key 'KEY' is unknown (LISTING); did you mean 'NEAR'?", NEAR the nearest of the kind's keys
+ * (text.h), left out when none is near: every model refuses a key it does not know in these words. */
+shard_status shard__unknown_key(const char *where, const char *key, const char *const *keys, size_t count,
+                                const char *listing);
+
 void shard__model_free_units(shard_model *m);
 /* A config file's text (malloc'd), or NULL with the error set. */
 char *shard__read_config(const char *path);

@@ -13,8 +13,10 @@
 
 #include "core/file_read.h"
 #include "models/model_impl.h"
+#include "shard/cnn.h"
 #include "shard/files.h"
 #include "shard/gpt.h"
+#include "shard/text.h"
 
 shard_status shard_model_setup_units(shard_model *m, shard_params *params, const size_t *unit_first, size_t units) {
     size_t n = params->count;
@@ -157,6 +159,13 @@ char *shard__read_config(const char *path) {
     return shard_model_config_read(path, &text) == SHARD_OK ? text : NULL;
 }
 
+shard_status shard__unknown_key(const char *where, const char *key, const char *const *keys, size_t count,
+                                const char *listing) {
+    const char *near = shard_text_nearest(key, keys, count);
+    return shard_error(SHARD_ERR_INVALID_ARG, "%s: key '%s' is unknown (%s)%s%s%s", where, key, listing,
+                       near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
+}
+
 /* ---------------------------------------------------------------- the registry */
 
 /* Kinds are few and never removed: a fixed table, its names copied, behind one lock (thread ranks
@@ -166,6 +175,9 @@ char *shard__read_config(const char *path) {
 typedef struct kind_entry {
     shard_model_kind kind;
     char name[KIND_NAME_BYTES];
+    /* a built-in kind's config check without building the model (NULL for a registered kind: its create
+     * function checks its keys) */
+    shard_status (*check)(const char *text, const char *where);
 } kind_entry;
 
 static kind_entry g_kinds[MAX_KINDS];
@@ -217,6 +229,21 @@ static shard_status add_kind(const shard_model_kind *k) {
     return s;
 }
 
+static shard_status gpt_check(const char *text, const char *where) {
+    shard_gpt_config c;
+    return shard_gpt_config_parse(text, where, &c);
+}
+
+static shard_status cnn_check(const char *text, const char *where) {
+    shard_cnn_config c;
+    return shard_cnn_config_parse(text, where, &c);
+}
+
+static shard_status mlp_check(const char *text, const char *where) {
+    size_t d, h;
+    return shard__mlp_config_parse(text, where, &d, &h);
+}
+
 /* The GPT's maker takes its settings one by one (gpt.c); the registry hands them over. */
 static shard_status gpt_create(const shard_model_create_options *o, shard_model **out) {
     return shard__gpt_model_create(o->config_text, o->config_path, o->max_rows, o->seq, o->tensor, o->sequence_parallel,
@@ -260,7 +287,9 @@ static void register_builtins(void) {
          .tensor_parallel = 1,
          .batch_source = shard__mlp_batch_source},
     };
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) (void)add_kind(&kinds[i]);
+    shard_status (*const checks[])(const char *, const char *) = {gpt_check, gpt_check, cnn_check, mlp_check};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (add_kind(&kinds[i]) == SHARD_OK) g_kinds[g_count - 1].check = checks[i]; /* before any lookup */
 }
 
 shard_status shard_model_register_kind(const shard_model_kind *kind) {
@@ -273,23 +302,36 @@ shard_status shard_model_register(const char *kind, shard_model_create_fn create
         &(shard_model_kind){.struct_size = sizeof(shard_model_kind), .name = kind, .create = create});
 }
 
-/* The kind of that name; `where` (NULL: none) opens the refusal of an unknown one. */
-static shard_status find_kind(const char *name, const char *where, shard_model_kind *out) {
+/* The kind of that name (and a built-in kind's config check into *check, when check is not NULL);
+ * `where` (NULL: none) opens the refusal of an unknown one. */
+static shard_status find_kind_check(const char *name, const char *where, shard_model_kind *out,
+                                    shard_status (**check)(const char *, const char *)) {
     pthread_once(&g_builtins, register_builtins);
     pthread_mutex_lock(&g_lock);
     shard_status s = SHARD_ERR_INVALID_ARG;
     for (size_t i = 0; s < 0 && i < g_count; i++)
-        if (name && strcmp(g_kinds[i].name, name) == 0) *out = g_kinds[i].kind, s = SHARD_OK;
+        if (name && strcmp(g_kinds[i].name, name) == 0) {
+            *out = g_kinds[i].kind, s = SHARD_OK;
+            if (check) *check = g_kinds[i].check;
+        }
     if (s < 0) {
         char names[MAX_KINDS * (KIND_NAME_BYTES + 2)];
+        const char *list[MAX_KINDS];
         kind_names(names, sizeof names);
+        for (size_t i = 0; i < g_count; i++) list[i] = g_kinds[i].name;
+        const char *near = name ? shard_text_nearest(name, list, g_count) : NULL;
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "%s%smodel_type '%s' is not a registered model kind: give one of %s (or "
-                        "register it with shard_model_register)",
-                        where ? where : "", where ? ": " : "", name ? name : "(null)", names);
+                        "register it with shard_model_register)%s%s%s",
+                        where ? where : "", where ? ": " : "", name ? name : "(null)", names,
+                        near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
     }
     pthread_mutex_unlock(&g_lock);
     return s;
+}
+
+static shard_status find_kind(const char *name, const char *where, shard_model_kind *out) {
+    return find_kind_check(name, where, out, NULL);
 }
 
 shard_status shard_model_kind_find(const char *name, shard_model_kind *out) { return find_kind(name, NULL, out); }
@@ -298,7 +340,8 @@ shard_status shard_model_kind_find(const char *name, shard_model_kind *out) { re
 
 /* The kind a config's text names: its model_type, "gpt2" when absent (or when the text is not JSON:
  * the GPT's parser then says where). */
-static shard_status kind_of(const shard_model_create_options *o, shard_model_kind *k) {
+static shard_status kind_of_check(const shard_model_create_options *o, shard_model_kind *k,
+                                  shard_status (**check)(const char *, const char *)) {
     json_t *root = o->config_text ? json_loads(o->config_text, 0, NULL) : NULL;
     const json_t *t = json_object_get(root, "model_type");
     shard_status s;
@@ -311,9 +354,26 @@ static shard_status kind_of(const shard_model_create_options *o, shard_model_kin
         s = shard_error(SHARD_ERR_INVALID_ARG, "%s: key 'model_type' must be a string, one of %s", o->config_path,
                         names);
     } else {
-        s = find_kind(t ? json_string_value(t) : "gpt2", o->config_path, k);
+        s = find_kind_check(t ? json_string_value(t) : "gpt2", o->config_path, k, check);
     }
     json_decref(root);
+    return s;
+}
+
+static shard_status kind_of(const shard_model_create_options *o, shard_model_kind *k) {
+    return kind_of_check(o, k, NULL);
+}
+
+shard_status shard_model_config_check(const char *config_path) {
+    if (!config_path) return shard_error(SHARD_ERR_INVALID_ARG, "shard_model_config_check: config_path is NULL");
+    char *text = shard__read_config(config_path);
+    if (!text) return SHARD_ERR_IO;
+    shard_model_create_options o = {.struct_size = sizeof o, .config_text = text, .config_path = config_path};
+    shard_model_kind k;
+    shard_status (*check)(const char *, const char *) = NULL;
+    shard_status s = kind_of_check(&o, &k, &check);
+    if (s == SHARD_OK && check) s = check(text, config_path);
+    free(text);
     return s;
 }
 

@@ -5,10 +5,12 @@
  * the threads backend every rank gets its own world handle and memory ledger;
  * a rank whose function fails aborts the job, so its peers stop at once with
  * the root cause instead of waiting for a deadline. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "../comm/threads/threads_impl.h"
 #include "core/env.h"
@@ -77,8 +79,19 @@ typedef struct rank_ctx {
     shard_rank_fn fn;
     void *arg;
     shard_status status;
-    char error[512];
+    char *error; /* the failure's text (malloc'd: a whole message of up to SHARD_ERROR_TEXT_BYTES) */
 } rank_ctx;
+
+/* A copy of text into *out, or of "out of memory" when none can be made (a static text, never freed). */
+static const char NO_MEMORY_TEXT[] = "out of memory copying a rank's failure";
+static void keep_text(char **out, const char *text) {
+    size_t n = strlen(text) + 1;
+    char *copy = malloc(n);
+    *out = copy ? memcpy(copy, text, n) : (char *)NO_MEMORY_TEXT;
+}
+static void free_text(char *text) {
+    if (text != NO_MEMORY_TEXT) free(text);
+}
 
 static void *rank_main(void *p) {
     rank_ctx *ctx = p;
@@ -86,7 +99,7 @@ static void *rank_main(void *p) {
     shard_clear_error();
     ctx->status = ctx->fn(ctx->comm, ctx->arg);
     if (ctx->status < 0) {
-        snprintf(ctx->error, sizeof ctx->error, "%s", shard_last_error());
+        keep_text(&ctx->error, shard_last_error());
         /* an abort that was itself caused by another rank must not hide the root cause */
         if (ctx->status != SHARD_ERR_ABORTED)
             shard_comm_abort(ctx->comm, ctx->status, ctx->error[0] ? ctx->error : shard_status_string(ctx->status));
@@ -95,8 +108,8 @@ static void *rank_main(void *p) {
         if (ctx->status == SHARD_OK) {
             /* returned with requests in flight: a bug in the program, reported as its failure */
             ctx->status = SHARD_ERR_INVALID_ARG;
-            snprintf(ctx->error, sizeof ctx->error, "rank %d returned but %s", shard_comm_rank(ctx->comm),
-                     shard_last_error());
+            shard_error(ctx->status, "rank %d returned but %s", shard_comm_rank(ctx->comm), shard_last_error());
+            keep_text(&ctx->error, shard_last_error());
             shard_comm_abort(ctx->comm, ctx->status, ctx->error);
         }
         shard__comm_destroy_force(ctx->comm);
@@ -143,6 +156,52 @@ static void retire_ledgers(shard__mem_ledger *ledgers, int n) {
     pthread_mutex_unlock(&retired_lock);
 }
 
+/* A limit as people set it: "unlimited" or the number. */
+static void limit_text(rlim_t v, char *out, size_t out_bytes) {
+    if (v == RLIM_INFINITY)
+        snprintf(out, out_bytes, "unlimited");
+    else
+        snprintf(out, out_bytes, "%llu", (unsigned long long)v);
+}
+
+/* The first line of a small file (a /proc or /sys figure) into out; "" when it cannot be read. */
+static void read_line(const char *path, char *out, size_t out_bytes) {
+    FILE *f = fopen(path, "r");
+    out[0] = '\0';
+    if (f && fgets(out, (int)out_bytes, f)) out[strcspn(out, "\n")] = '\0';
+    if (f) fclose(f);
+}
+
+/* Why thread rank r of n could not start, with the limits that bound threads (the user's, the kernel's,
+ * a container's, the address space their stacks take), each as the command that raises it names it. */
+static shard_status thread_failure(int err, int r, int n) {
+    char nproc[32] = "?", stack[32] = "?", as[48] = "", max[32], pids[64] = "", cgroup[512], path[600];
+    struct rlimit l;
+    if (getrlimit(RLIMIT_NPROC, &l) == 0) limit_text(l.rlim_cur, nproc, sizeof nproc);
+    if (getrlimit(RLIMIT_STACK, &l) == 0) {
+        if (l.rlim_cur == RLIM_INFINITY)
+            snprintf(stack, sizeof stack, "unlimited");
+        else
+            snprintf(stack, sizeof stack, "%llu KiB", (unsigned long long)l.rlim_cur / 1024);
+    }
+    if (getrlimit(RLIMIT_AS, &l) == 0 && l.rlim_cur != RLIM_INFINITY)
+        snprintf(as, sizeof as, ", ulimit -v %llu KiB", (unsigned long long)l.rlim_cur / 1024);
+    read_line("/proc/sys/kernel/threads-max", max, sizeof max);
+    read_line("/proc/self/cgroup", cgroup, sizeof cgroup); /* cgroup v2: "0::/the/group" */
+    if (strncmp(cgroup, "0::", 3) == 0) {
+        char value[32];
+        snprintf(path, sizeof path, "/sys/fs/cgroup%s/pids.max", cgroup + 3);
+        read_line(path, value, sizeof value);
+        if (value[0] && strcmp(value, "max") != 0) snprintf(pids, sizeof pids, ", this cgroup's pids.max %s", value);
+    }
+    const char *name = err == EAGAIN ? "EAGAIN" : err == ENOMEM ? "ENOMEM" : err == EPERM ? "EPERM" : "errno";
+    return shard_error(SHARD_ERR_IO,
+                       "cannot start the thread of rank %d of %d (%d of them started): %s (%s %d); the limits: "
+                       "ulimit -u (RLIMIT_NPROC) %s processes and threads for this user, the kernel's threads-max "
+                       "%s%s, ulimit -s %s of stack per thread%s: give fewer --ranks, or raise the limit reached",
+                       r, n, r, strerror(err), name, err, nproc, max[0] ? max : "?", pids, stack, as);
+}
+
 static shard_status launch_threads(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
     int n = cfg->ranks ? cfg->ranks : 1; /* 0: one rank per process, as under a launcher */
     if (n < 1 || n > 4096)
@@ -169,11 +228,13 @@ static shard_status launch_threads(const shard_launch_config *cfg, double timeou
     }
     for (int r = 0; r < n; r++) shard__mem_ledger_init(&ledgers[r]);
     SHARD_CHECK_GOTO(shard__threads_world_create(n, timeout, ledgers, comms, &job), s, done);
-    int started = 0;
+    int started = 0, failed_at = 0, failed_errno = 0;
     for (int r = 0; r < n; r++) {
         ctx[r] = (rank_ctx){.comm = comms[r], .ledger = &ledgers[r], .fn = fn, .arg = arg};
         if (r == 0) continue; /* rank 0 runs on the calling thread */
-        if (pthread_create(&threads[r], NULL, rank_main, &ctx[r]) != 0) {
+        int err = pthread_create(&threads[r], NULL, rank_main, &ctx[r]);
+        if (err != 0) {
+            failed_at = r, failed_errno = err;
             shard_comm_abort(comms[r], SHARD_ERR_IO, "could not start its thread");
             for (int q = r; q < n; q++) shard_comm_destroy(comms[q]);
             break;
@@ -183,9 +244,11 @@ static shard_status launch_threads(const shard_launch_config *cfg, double timeou
     rank_main(&ctx[0]);
     for (int r = 1; r <= started; r++) pthread_join(threads[r], NULL);
     /* the root cause: the abort text if the job aborted, else the first failing rank */
-    char text[512];
+    char text[SHARD_ERROR_TEXT_BYTES];
     s = shard__threads_job_abort_status(job, text, sizeof text);
-    if (s < 0) {
+    if (failed_at) { /* the root cause is the launch's, not the ranks' it stopped */
+        s = thread_failure(failed_errno, failed_at, n);
+    } else if (s < 0) {
         shard_error(s, "%s", text);
     } else {
         for (int r = 0; r < n; r++)
@@ -198,6 +261,7 @@ static shard_status launch_threads(const shard_launch_config *cfg, double timeou
 done:
     retire_ledgers(ledgers, n);
     free(comms);
+    for (int r = 0; ctx && r < n; r++) free_text(ctx[r].error);
     free(ctx);
     free(threads);
     return s;
@@ -233,14 +297,15 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
         shard_status s =
             shard_error(SHARD_ERR_INVALID_ARG,
                         "%d ranks asked for (--ranks, or shard_launch's ranks) but the MPI launcher started %d "
-                        "processes: drop --ranks (ranks 0) or make them agree",
+                        "processes, and under mpirun its -np sets the ranks: drop --ranks (ranks 0) or make "
+                        "them agree",
                         cfg->ranks, size);
         shard_comm_destroy(world);
         return s;
     }
     shard_clear_error();
     shard_status s = fn(world, arg);
-    char text[512];
+    char text[SHARD_ERROR_TEXT_BYTES];
     snprintf(text, sizeof text, "%s", s < 0 ? shard_last_error() : "");
     if (s < 0 && size > 1) shard_comm_abort(world, s, text[0] ? text : shard_status_string(s)); /* ends the job */
     if (shard_comm_destroy(world) < 0) {

@@ -33,6 +33,7 @@
 #include "shard/launch.h"
 #include "shard/memory.h"
 #include "shard/split.h"
+#include "shard/text.h"
 
 struct shard_trainer {
     shard_trainer_config c;
@@ -330,13 +331,16 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
     *out = NULL;
     int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
     int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
+    static const char *const trained[] = {"data", "tensor", "pipe"};
     for (int a = 0; a < shard_mesh_ndim(mesh); a++)
-        if (a != axis && a != tensor_axis && a != pipe_axis && shard_mesh_axis_size(mesh, a) > 1)
+        if (a != axis && a != tensor_axis && a != pipe_axis && shard_mesh_axis_size(mesh, a) > 1) {
+            const char *name = shard_mesh_axis_name(mesh, a), *near = shard_text_nearest(name, trained, 3);
             return shard_error(SHARD_ERR_INVALID_ARG,
-                               "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and "
-                               "'pipe'; give %s=1 or leave it out",
-                               shard_mesh_axis_name(mesh, a), shard_mesh_axis_size(mesh, a),
-                               shard_mesh_axis_name(mesh, a));
+                               "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and 'pipe'%s%s%s; "
+                               "give %s=1 or leave it out",
+                               name, shard_mesh_axis_size(mesh, a), near ? " (did you mean '" : "", near ? near : "",
+                               near ? "'?)" : "", name);
+        }
     int pipe_size = pipe_axis >= 0 ? shard_mesh_axis_size(mesh, pipe_axis) : 1;
     /* a tensor axis of one rank is accepted (sequence parallel is then the single-device math) */
     if (config->sequence_parallel && tensor_axis < 0)

@@ -892,7 +892,7 @@ static void mpi_destroy(shard_comm *comm) {
 
 static void mpi_abort(shard_comm *comm, shard_status status, const char *reason) {
     (void)status;
-    char text[512];
+    char text[SHARD_ERROR_TEXT_BYTES];
     shard__abort_text(comm, reason, text, sizeof text);
     fprintf(stderr, "shard: %s\n", text);
     fflush(stdout);

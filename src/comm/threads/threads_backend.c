@@ -103,8 +103,8 @@ struct shard__thread_job {
     _Atomic int sleepers;
     _Atomic int refs;
     _Atomic int aborted;
-    shard_status abort_status; /* written once, under mu, before `aborted` is set */
-    char abort_text[512];
+    shard_status abort_status;               /* written once, under mu, before `aborted` is set */
+    char abort_text[SHARD_ERROR_TEXT_BYTES]; /* a rank's whole failure, paths and all */
 };
 
 static void job_notify(shard__thread_job *job) {
@@ -340,7 +340,7 @@ shard_status shard__threads_world_create(int n, double timeout_seconds, shard__m
 /* ------------------------------------------------------------------ failure text */
 
 static shard_status aborted_error(tcomm *c, const char *what, uint64_t seq) {
-    char text[512];
+    char text[SHARD_ERROR_TEXT_BYTES];
     shard__threads_job_abort_status(c->g->job, text, sizeof text);
     return shard_error(SHARD_ERR_ABORTED, "aborted in %s #%llu on comm '%s': %s", what, (unsigned long long)seq,
                        c->base.name, text);
@@ -680,7 +680,7 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
     atomic_store(&me->finished, a->seq);
     job_notify(g->job);
     finish_wait fw = {g, a->seq};
-    char error_text[512];
+    char error_text[SHARD_ERROR_TEXT_BYTES];
     snprintf(error_text, sizeof error_text, "%s", shard_last_error());
     wait_bounded_work(g->job, all_finished, &fw);
     shard_free(staged);
@@ -1039,7 +1039,7 @@ static void threads_destroy(shard_comm *comm) {
 
 static void threads_abort(shard_comm *comm, shard_status status, const char *reason) {
     tcomm *c = (tcomm *)comm;
-    char text[512];
+    char text[SHARD_ERROR_TEXT_BYTES];
     shard__abort_text(comm, reason, text, sizeof text);
     job_abort(c->g->job, status, text);
 }
