@@ -147,6 +147,38 @@ static int check_output(const char *option, const char *path, int want_dir, cons
     return 1;
 }
 
+/* The trainer's config from the flags. */
+static shard_trainer_config trainer_config(const train_opts *o) {
+    shard_trainer_config tc = {
+        .config_path = o->config,
+        .data_dir = o->data,
+        .batch = (size_t)o->batch,
+        .micro_batch = (size_t)o->micro_batch,
+        .accum = (size_t)o->accum,
+        .seq = (size_t)o->seq,
+        .seed = o->seed,
+        .zero = (int)o->zero,
+        .bucket_mb = o->bucket_mb,
+        .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
+        .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
+        .optimizer = o->optimizer,
+        .adamw = shard_adamw_defaults(),
+        .sgd = {.momentum = (float)o->momentum, .weight_decay = (float)o->weight_decay},
+        .clip = (float)o->clip,
+        .sequence_parallel = o->sequence_parallel,
+        .param_specs = o->specs,
+        .schedule = o->schedule,
+        .micro_batches = (size_t)o->micro_batches,
+        .virtual_stages = (int)o->virtual_stages,
+        .recompute = o->recompute,
+        .layers_per_stage = o->layers_per_stage};
+    tc.adamw.weight_decay = (float)o->weight_decay; /* whichever optimizer runs */
+    tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
+                                (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
+                                (uint64_t)o->steps};
+    return tc;
+}
+
 /* The flags and the config, checked once on the calling thread before any rank starts (under an MPI
  * launch by every process, before the communicator exists): a mistake is one line without a rank number,
  * the same on every run.  What needs the ranks (the data, a checkpoint to resume) is theirs to check. */
@@ -162,7 +194,7 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
                            common->ranks, launcher, env_size, common->ranks);
     int world = under_mpi ? (env_size > 0 ? env_size : 0) : common->ranks > 0 ? common->ranks : 1;
     char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
-    int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0;
+    int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0, data = o->mesh ? 1 : world;
     if (o->mesh && (axes = shard_mesh_parse(o->mesh, world, names, sizes)) < 0) return SHARD_ERR_INVALID_ARG;
     static const char *const trained[] = {"data", "tensor", "pipe"};
     for (int a = 0; a < axes; a++) {
@@ -177,6 +209,7 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
                                names[a]);
         if (strcmp(names[a], "pipe") == 0) pipe = sizes[a], has_pipe = 1;
         if (strcmp(names[a], "tensor") == 0) tensor = 1;
+        if (strcmp(names[a], "data") == 0) data = sizes[a];
     }
     /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
      * (the library accepts them there, so that one configuration serves a reference run of one stage) */
@@ -194,10 +227,11 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "--sequence-parallel splits the tokens over the tensor axis, and this mesh has none: "
                            "give e.g. --mesh data=1,tensor=2");
-    /* a config that cannot be read is the ranks' to report, after the flags they check (the batch
-     * arithmetic, the pipeline's): one that reads is checked here, key by key */
-    struct stat st;
-    if (stat(o->config, &st) == 0 && S_ISREG(st.st_mode)) SHARD_CHECK(shard_model_config_check(o->config));
+    if (data > 0) { /* the batch arithmetic and the pipeline's flags (unknown data ranks: the ranks check) */
+        shard_trainer_config tc = trainer_config(o);
+        SHARD_CHECK(shard_trainer_config_check(&tc, data, pipe));
+    }
+    SHARD_CHECK(shard_model_config_check(o->config)); /* read, then key by key */
     size_t len = o->init ? strlen(o->init) : 0, suffix = strlen(".index.json");
     if (o->init && !(len >= suffix && strcmp(o->init + len - suffix, ".index.json") == 0)) {
         /* the weights' file read once here too (an index's files are the ranks' to read): one that is not
@@ -271,33 +305,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(comm, o->mesh ? o->mesh : mesh_text, &mesh));
-    shard_trainer_config tc = {
-        .config_path = o->config,
-        .data_dir = o->data,
-        .batch = (size_t)o->batch,
-        .micro_batch = (size_t)o->micro_batch,
-        .accum = (size_t)o->accum,
-        .seq = (size_t)o->seq,
-        .seed = o->seed,
-        .zero = (int)o->zero,
-        .bucket_mb = o->bucket_mb,
-        .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-        .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-        .optimizer = o->optimizer,
-        .adamw = shard_adamw_defaults(),
-        .sgd = {.momentum = (float)o->momentum, .weight_decay = (float)o->weight_decay},
-        .clip = (float)o->clip,
-        .sequence_parallel = o->sequence_parallel,
-        .param_specs = o->specs,
-        .schedule = o->schedule,
-        .micro_batches = (size_t)o->micro_batches,
-        .virtual_stages = (int)o->virtual_stages,
-        .recompute = o->recompute,
-        .layers_per_stage = o->layers_per_stage};
-    tc.adamw.weight_decay = (float)o->weight_decay; /* whichever optimizer runs */
-    tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
-                                (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
-                                (uint64_t)o->steps};
+    shard_trainer_config tc = trainer_config(o);
     shard_trainer *t = NULL;
     shard_text_file *log = NULL;
     char *config_text = NULL;

@@ -152,6 +152,13 @@ def once(work):
     one_error(p, ["axis 'dp' = 2", "did you mean 'data'?"], "--mesh dp=2", absent=["rank "])
     p = run(["train", "--config", MLP, "--mesh", "data=1,pipe=1", "--recompute", "--ranks", "1"])
     one_error(p, ["--recompute acts on a pipe axis"], "a pipeline flag without a pipe axis", absent=["rank "])
+    p = run(["train", "--config", os.path.join(work, "absent.json"), "--ranks", "2", "--steps", "1"])
+    one_error(p, ["absent.json: cannot read the config"], "a config that is not there", absent=["rank "])
+    p = run(["train", "--config", MLP, "--ranks", "2", "--batch", "8", "--micro-batch", "3", "--accum", "1"])
+    one_error(p, ["--batch 8 != --micro-batch 3 x --accum 1 x data 2 = 6"], "the batch arithmetic", absent=["rank "])
+    p = run(["train", "--config", MLP, "--ranks", "2", "--mesh", "pipe=2", "--schedule", "interleaved",
+             "--virtual-stages", "2", "--micro-batches", "3"])
+    one_error(p, ["--micro-batches 3 is not a multiple of pipe = 2"], "the pipeline's schedule", absent=["rank "])
     p = run(["train", "--config", MLP, "--step", "1"])
     one_error(p, ["unknown option '--step'", "did you mean '--steps'?"], "--step")
     p = run(["trian"])

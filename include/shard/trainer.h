@@ -74,6 +74,11 @@ typedef struct shard_trainer shard_trainer;
  * batch source's (data_dir): the trainer owns both. */
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
 
+/* What shard_trainer_create would refuse in the config's batch arithmetic and pipeline flags for a mesh
+ * of data_size data ranks and pipe_size stages, without a mesh, a model or a communicator: for a
+ * program that checks its flags once before it starts ranks. */
+shard_status shard_trainer_config_check(const shard_trainer_config *config, int data_size, int pipe_size);
+
 /* A model the caller built, for shard_trainer_create_with_model.  Either form, not both:
  *
  *   model   this rank's model, built whole by the caller (as one builds a module, then wraps it for

@@ -62,14 +62,17 @@ struct shard_trainer {
     uint64_t step_now;
 };
 
-static shard_status resolve_batch(shard_trainer *t) {
-    size_t B = t->c.batch, m = t->c.micro_batch, K = t->c.accum, D = (size_t)t->data_size;
-    if (t->c.micro_batches && K && K != t->c.micro_batches)
+/* The batch arithmetic: the global batch B, the accumulation count K and the rows per micro-step a
+ * rank holds at most, from what the config gives and the data axis's D ranks. */
+static shard_status batch_layout(const shard_trainer_config *c, size_t D, size_t *global, size_t *accum,
+                                 size_t *micro) {
+    size_t B = c->batch, m = c->micro_batch, K = c->accum;
+    if (c->micro_batches && K && K != c->micro_batches)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "batch: --micro-batches %zu and --accum %zu disagree (a pipeline's micro-batches "
                            "are its accumulation steps): give one",
-                           t->c.micro_batches, K);
-    if (t->c.micro_batches) K = t->c.micro_batches;
+                           c->micro_batches, K);
+    if (c->micro_batches) K = c->micro_batches;
     if (B && m && K) {
         if (m * K * D != B)
             return shard_error(SHARD_ERR_INVALID_ARG,
@@ -105,7 +108,32 @@ static shard_status resolve_batch(shard_trainer *t) {
         shard_split_even(mc, D, 0, &first, &rc);
         rows_max = rc > rows_max ? rc : rows_max;
     }
-    t->global = B, t->accum = K, t->micro = m > rows_max ? m : rows_max;
+    *global = B, *accum = K, *micro = m > rows_max ? m : rows_max;
+    return SHARD_OK;
+}
+
+/* The pipeline's schedule for p stages and the config's flags (the caller destroys it). */
+static shard_status pipe_schedule(const shard_trainer_config *c, int p, size_t accum, shard_pipe_schedule **out) {
+    int v = c->virtual_stages > 0 ? c->virtual_stages : 1;
+    shard_pipe_kind kind = SHARD_PIPE_GPIPE;
+    if (c->schedule) SHARD_CHECK(shard__pipe_kind_parse(c->schedule, &kind));
+    if (v > SHARD_MAX_STAGE_CHUNKS)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v,
+                           SHARD_MAX_STAGE_CHUNKS);
+    if (accum > 1u << 20)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--micro-batches %zu: at most %u per step", accum, 1u << 20);
+    return shard__pipe_schedule_create(kind, p, (int)accum, v, out);
+}
+
+shard_status shard_trainer_config_check(const shard_trainer_config *config, int data_size, int pipe_size) {
+    if (!config || data_size < 1 || pipe_size < 1)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_config_check: no config, or an axis of no ranks");
+    size_t global, accum, micro;
+    SHARD_CHECK(batch_layout(config, (size_t)data_size, &global, &accum, &micro));
+    if (pipe_size < 2) return SHARD_OK;
+    shard_pipe_schedule *sched = NULL;
+    SHARD_CHECK(pipe_schedule(config, pipe_size, accum, &sched));
+    shard__pipe_schedule_destroy(sched);
     return SHARD_OK;
 }
 
@@ -198,14 +226,7 @@ static shard_status make_source(shard_trainer *t, const shard_model *m) {
 /* The pipe axis: the schedule, this rank's stage (its blocks) and the activation slots it needs. */
 static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
     int p = shard_comm_size(pipe), r = shard_comm_rank(pipe), v = t->c.virtual_stages > 0 ? t->c.virtual_stages : 1;
-    shard_pipe_kind kind = SHARD_PIPE_GPIPE;
-    if (t->c.schedule) SHARD_CHECK(shard__pipe_kind_parse(t->c.schedule, &kind));
-    if (v > SHARD_MAX_STAGE_CHUNKS)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--virtual-stages %d: at most %d chunks per rank", v,
-                           SHARD_MAX_STAGE_CHUNKS);
-    if (t->accum > 1u << 20)
-        return shard_error(SHARD_ERR_INVALID_ARG, "--micro-batches %zu: at most %u per step", t->accum, 1u << 20);
-    SHARD_CHECK(shard__pipe_schedule_create(kind, p, (int)t->accum, v, &t->sched));
+    SHARD_CHECK(pipe_schedule(&t->c, p, t->accum, &t->sched));
     size_t layers = t->factory.create ? t->factory.stage_layers : 0;
     if (!t->factory.create) SHARD_CHECK(shard_model_stage_layers(t->c.config_path, &layers));
     if (!layers)
@@ -367,7 +388,7 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
      * machine's cores */
     shard_status s = shard_share_cores(shard_mesh_comm(mesh));
     if (s == SHARD_OK) s = make_optimizer(config, &t->opt);
-    if (s == SHARD_OK) s = resolve_batch(t);
+    if (s == SHARD_OK) s = batch_layout(&t->c, (size_t)t->data_size, &t->global, &t->accum, &t->micro);
     if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
     if (s == SHARD_OK) s = make_model(t, t->tensor, t->pipe ? &t->stage : NULL, &t->model);
     if (s == SHARD_OK) s = make_source(t, t->model);
