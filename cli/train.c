@@ -34,6 +34,7 @@
 #include "shard/model.h"
 #include "shard/shard.h"
 #include "trace.h"
+#include "train_stop.h"
 #include "train_util.h"
 
 typedef struct train_opts {
@@ -45,7 +46,8 @@ typedef struct train_opts {
     double lr, min_lr, weight_decay, clip, bucket_mb, momentum;
     unsigned long long seed;
     int have_min_lr, have_warmup, have_momentum, sequence_parallel, print_specs;
-    char specs[4096]; /* --spec NAME=SPEC, repeated: joined with ';' */
+    char specs[4096];      /* --spec NAME=SPEC, repeated: joined with ';' */
+    shard_ckpt_lock *lock; /* --save's writer lock, held by rank 0's process */
 } train_opts;
 
 /* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
@@ -285,9 +287,17 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             fprintf(stderr, "shard: note: --spec has no effect here: this mesh has no tensor axis to place over\n");
         shard_trainer_print_schedule(t, stdout);
     }
+    int stopped = 0;
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
+        int why = 0; /* a signal, or the lock lost: every rank stops before the same step */
+        s = train_stop_agree(comm, rank == 0 ? o->lock : NULL, &why);
+        if (s == SHARD_OK && why) {
+            s = train_stop_finish(comm, t, why, first, step - 1, o->save, every, config_text, o->lock);
+            stopped = 1;
+            break;
+        }
         shard_step_result r;
-        s = shard_trainer_step(t, step, &r);
+        if (s == SHARD_OK) s = shard_trainer_step(t, step, &r);
         if (s < 0) break;
         if (!isfinite(r.loss)) {
             s = shard_error(SHARD_ERR_INTERNAL, "train: the loss became %g at step %llu (try a lower --lr)", r.loss,
@@ -309,15 +319,15 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             s = shard_trainer_save(t, o->save, step, config_text);
     }
     if (tty) printf("\n");
-    if (s == SHARD_OK && world > 1) s = print_memory(comm, mesh);
-    if (s == SHARD_OK && o->trace) { /* the last step's schedule as it ran */
+    if (s == SHARD_OK && !stopped && world > 1) s = print_memory(comm, mesh);
+    if (s == SHARD_OK && !stopped && o->trace) { /* the last step's schedule as it ran */
         shard_pipeline_stats ps;
         s = shard_trainer_pipeline_stats(t, &ps);
         if (s == SHARD_OK) s = cli_write_trace(comm, &ps, o->trace);
         if (s == SHARD_OK && rank == 0)
             printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
     }
-    if (s == SHARD_OK && rank == 0)
+    if (s == SHARD_OK && !stopped && rank == 0)
         printf("train: %ld steps in %.1f s, loss %.4f -> %.4f, %.0f %s/s on average%s%s\n", o->steps - (long)first + 1,
                shard_clock_seconds() - started, first_loss, last_loss, tokens_done / (shard_clock_seconds() - started),
                items_per_row > 1 ? "tokens" : "rows", o->save ? ", checkpoint in " : "", o->save ? o->save : "");
@@ -549,10 +559,21 @@ int cli_train(int argc, char **argv) {
     }
     cli_ranks_from_mesh(&common, o.mesh);
     shard_launch_config launch = cli_launch_config(&common);
+    /* one writer per --save root, for the whole run: taken by the process of rank 0 (under an MPI launcher,
+     * the one its variables name rank 0) before any rank starts, so that a second run is refused at once */
+    int env_rank = 0;
+    if (o.save && (!shard_launch_detect_mpi(NULL, 0, &env_rank, NULL) || env_rank == 0) &&
+        shard_ckpt_lock_acquire(o.save, "--save", stderr, &o.lock) < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    train_stop_catch(o.lock, o.save);
     shard_status s = shard_launch_with(&launch, train_rank, &o);
+    train_stop_uncatch();
+    shard_ckpt_lock_release(o.lock);
     if (s < 0) {
         cli_error("%s", shard_last_error());
         return 1;
     }
-    return 0;
+    return train_stop_exit_code();
 }
