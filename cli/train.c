@@ -143,32 +143,33 @@ static int check_output(const char *option, const char *path, int want_dir, cons
 }
 
 /* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
- * are dropped, so the file holds each step once; the rest stays, and the run adds to it. */
+ * are dropped, and so is a last line without its newline (a run killed while writing it), so the file
+ * holds each step once, every line whole; the rest stays, and the run adds to it. */
 static shard_status cut_log(const char *path, uint64_t done) {
     FILE *f = fopen(path, "rb");
     if (!f) return SHARD_OK; /* no earlier log: the run starts one */
-    char *kept = NULL, line[4096];
-    size_t used = 0, cap = 0;
+    char *kept = NULL, *line = NULL;
+    size_t used = 0, cap = 0, line_cap = 0;
     shard_status s = SHARD_OK;
     int cut = 0;
-    while (s == SHARD_OK && fgets(line, sizeof line, f)) {
+    for (ssize_t n; s == SHARD_OK && (n = getline(&line, &line_cap, f)) > 0;) {
         const char *at = strstr(line, "\"step\": ");
-        if (at && strtoull(at + 8, NULL, 10) > done) {
+        if (line[n - 1] != '\n' || (at && strtoull(at + 8, NULL, 10) > done)) {
             cut = 1;
             continue;
         }
-        size_t n = strlen(line);
-        if (used + n + 1 > cap) {
-            char *more = realloc(kept, cap = 2 * (used + n + 1));
+        if (used + (size_t)n + 1 > cap) {
+            char *more = realloc(kept, cap = 2 * (used + (size_t)n + 1));
             if (!more)
                 s = shard_error(SHARD_ERR_NO_MEMORY, "--log %s: out of memory", path);
             else
                 kept = more;
         }
-        if (s == SHARD_OK) memcpy(kept + used, line, n), used += n;
+        if (s == SHARD_OK) memcpy(kept + used, line, (size_t)n), used += (size_t)n;
     }
     if (s == SHARD_OK && ferror(f)) s = shard_error(SHARD_ERR_IO, "--log %s: cannot read: %s", path, strerror(errno));
     fclose(f);
+    free(line);
     if (s == SHARD_OK && cut) s = shard_atomic_write_file(path, kept ? kept : "", used);
     free(kept);
     return s;
