@@ -17,7 +17,6 @@ static atomic_int sigints; /* SIGINTs caught */
 static atomic_int exit_code;
 static _Atomic(const shard_ckpt_lock *) held;
 static char at_once[4352]; /* the second SIGINT's line, made before any signal can come */
-static struct sigaction old_term, old_int;
 
 static void on_signal(int sig) {
     if (sig == SIGINT && atomic_fetch_add(&sigints, 1) > 0) {
@@ -43,15 +42,11 @@ void train_stop_catch(const shard_ckpt_lock *lock, const char *save) {
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART; /* reads and writes under way go on rather than fail with EINTR */
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
 }
 
-void train_stop_uncatch(void) {
-    sigaction(SIGTERM, &old_term, NULL);
-    sigaction(SIGINT, &old_int, NULL);
-    atomic_store(&held, NULL);
-}
+void train_stop_forget_lock(void) { atomic_store(&held, NULL); }
 
 shard_status train_stop_agree(shard_comm *comm, shard_ckpt_lock *lock, int *why) {
     int32_t mine = atomic_load(&caught), all = 0;
