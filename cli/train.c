@@ -15,7 +15,9 @@
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
  * otherwise (rank 0 prints); --log writes a JSON line per step; --save writes
  * a checkpoint (values and the optimizer's state, the config in its index)
- * every K steps and at the end; --resume continues one, on any mesh and ZeRO stage. */
+ * every K steps, at the end, and when SIGTERM or SIGINT stops the run
+ * (train_stop.h), holding the root's writer lock meanwhile; --resume
+ * continues one, on any mesh and ZeRO stage. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -401,7 +403,9 @@ static const char *const USAGE =
     "output:\n"
     "  --log FILE               a JSON line per step (step, loss, lr, grad_norm, tokens_per_s, ms,\n"
     "                           comm_wait_ms); a resumed run adds to it\n"
-    "  --save DIR               a checkpoint (values, AdamW's moments, the config) at the end\n"
+    "  --save DIR               a checkpoint (values, AdamW's moments, the config) at the end, and at\n"
+    "                           SIGTERM / SIGINT after the step under way (exit 143 / 130); one run\n"
+    "                           at a time writes DIR (DIR/writer.lock)\n"
     "  --save-every K           also one every K steps, 0..2^40; 0: at the end only (default 0)\n"
     "ranks:\n"
     "  --ranks N                ranks, 1..4096 (default: the mesh's size, else 1; under mpirun the\n"

@@ -78,7 +78,8 @@ shard_status train_stop_finish(shard_comm *comm, shard_trainer *t, int why, uint
     }
     const char *name = why == SIGTERM ? "SIGTERM" : why == SIGINT ? "SIGINT" : "a signal";
     if (last < first) {
-        if (rank0) fprintf(stderr, "shard: stopped by %s before step %llu: no step ran, nothing saved\n", name, step + 1);
+        if (rank0)
+            fprintf(stderr, "shard: stopped by %s before step %llu: no step ran, nothing saved\n", name, step + 1);
         return SHARD_OK;
     }
     if (save && !(every > 0 && last % every == 0)) SHARD_CHECK(shard_trainer_save(t, save, last, config_text));

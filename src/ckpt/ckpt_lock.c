@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "atomic_file.h"
+#include "atomic_file.h" /* shard__fsync_dir */
 #include "ckpt_util.h"
 #include "core/env.h"
 
@@ -81,8 +81,9 @@ static int read_holder(const char *path, holder_info *h) {
     if (fd < 0) return errno == ENOENT ? 0 : -1;
     struct stat st;
     char text[1024];
-    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, text, sizeof text - 1) : -1;
-    int e = S_ISREG(st.st_mode) ? errno : EISDIR;
+    int stat_ok = fstat(fd, &st) == 0, e = stat_ok ? EISDIR : errno; /* not a file: shown as "is a directory" */
+    ssize_t n = stat_ok && S_ISREG(st.st_mode) ? read(fd, text, sizeof text - 1) : -1;
+    if (n < 0 && stat_ok && S_ISREG(st.st_mode)) e = errno;
     close(fd);
     if (n < 0) {
         errno = e;
@@ -163,26 +164,33 @@ static void *heartbeat(void *arg) {
     return NULL;
 }
 
+/* A name's random part: a leftover of a killed run (a container's pid repeats) never blocks a new one. */
+static unsigned random_tag(void) {
+    unsigned tag = 0;
+    if (getrandom(&tag, sizeof tag, GRND_NONBLOCK) != (ssize_t)sizeof tag)
+        tag = (unsigned)getpid() ^ (unsigned)time(NULL);
+    return tag;
+}
+
 /* Put the lock file in place whole: 0, or the errno of the failure (EEXIST: a lock is there). */
 static int place(shard_ckpt_lock *l, const char *text, size_t text_bytes) {
-    shard__atomic_file f;
-    if (shard__atomic_open(l->path, &f) < 0) return errno ? errno : EIO;
-    if (shard__atomic_write(&f, text, text_bytes) < 0 || fsync(f.fd) != 0) {
-        int e = errno ? errno : EIO;
-        shard__atomic_abort(&f);
-        return e;
-    }
-    if (link(f.tmp, l->path) == 0) {
-        unlink(f.tmp);
-        l->fd = f.fd;
-        return 0;
-    }
-    int e = errno;
-    shard__atomic_abort(&f);
+    char tmp[PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%08x", l->path, random_tag());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644), e = 0;
+    if (fd < 0) return errno;
+    if (write(fd, text, text_bytes) != (ssize_t)text_bytes || fsync(fd) != 0)
+        e = errno ? errno : EIO;
+    else if (link(tmp, l->path) == 0)
+        l->fd = fd;
+    else
+        e = errno;
+    unlink(tmp);
+    if (e == 0) return 0;
+    close(fd);
     if (e != EPERM && e != ENOTSUP && e != ENOSYS) return e;
     /* a filesystem without hard links: created exclusively, then filled (a reader in between sees a lock of
      * unknown form, fresh by its time, and refuses as it should) */
-    int fd = open(l->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fd = open(l->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return errno;
     if (write(fd, text, text_bytes) != (ssize_t)text_bytes) {
         e = errno ? errno : EIO;
@@ -196,10 +204,8 @@ static int place(shard_ckpt_lock *l, const char *text, size_t text_bytes) {
 /* Move the stale lock h aside and remove it: 1 when done or already gone, 0 when the file there was a newer
  * holder's (put back), -1 with errno on failure. */
 static int take_over(shard_ckpt_lock *l, const holder_info *h) {
-    unsigned nonce = 0;
-    if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != (ssize_t)sizeof nonce) nonce = (unsigned)getpid();
     char aside[PATH_MAX + 64];
-    snprintf(aside, sizeof aside, "%s.stale-%08x", l->path, nonce);
+    snprintf(aside, sizeof aside, "%s.stale-%08x", l->path, random_tag());
     if (rename(l->path, aside) != 0) return errno == ENOENT ? 1 : -1;
     struct stat st;
     int same = stat(aside, &st) == 0 && st.st_dev == h->dev && st.st_ino == h->ino;
@@ -265,10 +271,11 @@ static shard_status acquire(shard_ckpt_lock *l, const char *what, FILE *notes) {
         if (r < 0)
             return shard_error(SHARD_ERR_IO, "%s %s: cannot move the stale lock %s aside: %s", what, l->root, l->path,
                                strerror(errno));
-        if (r == 1 && notes) fprintf(notes, "shard: note: %s %s: taking over the lock of %s (%s)\n", what, l->root, who,
-                                     why);
+        if (r == 1 && notes)
+            fprintf(notes, "shard: note: %s %s: taking over the lock of %s (%s)\n", what, l->root, who, why);
     }
-    return shard_error(SHARD_ERR_IO, "%s %s: its lock %s changed hands %d times while taking it: give a directory no "
+    return shard_error(SHARD_ERR_IO,
+                       "%s %s: its lock %s changed hands %d times while taking it: give a directory no "
                        "other run is starting in",
                        what, l->root, l->path, ATTEMPTS);
 }
@@ -277,8 +284,7 @@ shard_status shard_ckpt_lock_acquire(const char *root, const char *option, FILE 
     if (!lock) return shard_error(SHARD_ERR_INVALID_ARG, "shard_ckpt_lock_acquire: lock is NULL");
     *lock = NULL;
     const char *what = option ? option : "checkpoint root";
-    if (!root || !root[0])
-        return shard_error(SHARD_ERR_INVALID_ARG, "%s: give a directory, not an empty path", what);
+    if (!root || !root[0]) return shard_error(SHARD_ERR_INVALID_ARG, "%s: give a directory, not an empty path", what);
     shard_ckpt_lock *l = calloc(1, sizeof *l);
     if (!l) return shard_error(SHARD_ERR_NO_MEMORY, "%s %s: out of memory", what, root);
     l->fd = -1;
