@@ -574,7 +574,7 @@ int cli_train(int argc, char **argv) {
     }
     train_stop_catch(o.lock, o.save);
     shard_status s = shard_launch_with(&launch, train_rank, &o);
-    train_stop_forget_lock();
+    train_stop_end();
     shard_ckpt_lock_release(o.lock);
     if (s < 0) {
         cli_error("%s", shard_last_error());

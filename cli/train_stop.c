@@ -15,10 +15,12 @@ enum { STOP_LOCK_LOST = 1000 }; /* above every signal number: the reason that wi
 static atomic_int caught;  /* the first signal caught, 0 while none */
 static atomic_int sigints; /* SIGINTs caught */
 static atomic_int exit_code;
+static atomic_int ended; /* the run is over and its lock about to go */
 static _Atomic(const shard_ckpt_lock *) held;
 static char at_once[4352]; /* the second SIGINT's line, made before any signal can come */
 
 static void on_signal(int sig) {
+    if (atomic_load(&ended)) return; /* the process ends in a moment, with the run's exit code */
     if (sig == SIGINT && atomic_fetch_add(&sigints, 1) > 0) {
         shard_ckpt_lock_abandon(atomic_load(&held));
         if (write(STDERR_FILENO, at_once, strlen(at_once)) < 0) {}
@@ -46,7 +48,10 @@ void train_stop_catch(const shard_ckpt_lock *lock, const char *save) {
     sigaction(SIGINT, &sa, NULL);
 }
 
-void train_stop_forget_lock(void) { atomic_store(&held, NULL); }
+void train_stop_end(void) {
+    atomic_store(&ended, 1);
+    atomic_store(&held, NULL);
+}
 
 shard_status train_stop_agree(shard_comm *comm, shard_ckpt_lock *lock, int *why) {
     int32_t mine = atomic_load(&caught), all = 0;

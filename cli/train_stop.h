@@ -11,12 +11,12 @@
 
 #include "shard/shard.h"
 
-/* Catch SIGTERM and SIGINT until the process exits (a late one, after the run's end, cannot then end it
- * with another exit code or leave the lock behind).  A second SIGINT ends the process at once (exit 130),
+/* Catch SIGTERM and SIGINT until the process exits.  A second SIGINT ends the process at once (exit 130),
  * removing lock's file (NULL: none) and leaving the checkpoints as the last finished save left them. */
 void train_stop_catch(const shard_ckpt_lock *lock, const char *save);
-/* The lock is about to be released: the handler no longer touches it. */
-void train_stop_forget_lock(void);
+/* The run is over and its lock about to be released: a signal from now on is ignored (the process ends
+ * in a moment with the run's exit code; ending it at once could leave the lock behind). */
+void train_stop_end(void);
 
 /* Collective over comm, between steps: *why is 0 to go on, else why every rank stops here (a signal, or
  * rank 0's `lock` (NULL on the other ranks) taken over by another run). */

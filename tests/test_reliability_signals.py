@@ -106,6 +106,16 @@ def latest_step(root):
         return None
 
 
+def newest_step(root):
+    """The step a resume through root loads: `latest`'s, or when a save was killed between moving its step
+    directory into place and writing `latest`, the newest step directory's."""
+    latest = latest_step(root)
+    if latest is not None or not os.path.isdir(root):
+        return latest
+    steps = [int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_\d+", n)]
+    return max(steps) if steps else None
+
+
 def verified(root):
     r = subprocess.run([SHARD, "inspect", "ckpt", root, "--verify"], capture_output=True, text=True, timeout=60)
     return r.returncode == 0, (r.stdout + r.stderr).strip().splitlines()[-1:]
@@ -128,9 +138,9 @@ def check_after_stop(root, log, what):
     if not expect(isinstance(steps, list), "%s: the log: %s" % (what, steps)):
         return
     expect(steps == list(range(1, len(steps) + 1)), "%s: the log's steps are not 1..k once each: %s" % (what, steps))
-    latest = latest_step(root)
+    latest = newest_step(root)
     if latest is not None:
-        ok, last = verified(root)
+        ok, last = verified(os.path.join(root, "step_%d" % latest))
         expect(ok, "%s: latest (step %s) does not verify: %s" % (what, latest, last))
         expect(len(steps) >= latest, "%s: latest is step %d but the log ends at %d" % (what, latest, len(steps)))
 
@@ -147,9 +157,7 @@ def kill_test():
     extra = ["--ranks", "2", "--save-every", "3"]
     with tempfile.TemporaryDirectory(prefix="shard-kill-") as tmp:
         ref, ref_log = os.path.join(tmp, "ref"), os.path.join(tmp, "ref.jsonl")
-        t0 = time.time()
         rc, _, err = finish(start(train_args(ref, ref_log, STEPS, extra)))
-        duration = time.time() - t0
         if not expect(rc == 0, "the uninterrupted run failed: %s" % err.strip()):
             return
         ref_records, ref_sums = records(ref_log), file_sums(ref, STEPS)
@@ -161,11 +169,20 @@ def kill_test():
                 root, log = os.path.join(tmp, "run%d" % runs), os.path.join(tmp, "run%d.jsonl" % runs)
                 runs += 1
             # the same command each time: it resumes once the root has a checkpoint
-            resume = ["--resume", root] if latest_step(root) is not None else []
-            p = start(train_args(root, log, STEPS, extra + resume))
+            resume = ["--resume", root] if newest_step(root) is not None else []
+            p, began = start(train_args(root, log, STEPS, extra + resume)), time.time()
             kind = None
             if kills < 10:
-                time.sleep(rng.uniform(0, duration))
+                # a random moment: at start-up, or just after a random step's log line (its save, when it has one,
+                # under way)
+                begin = newest_step(root) or 0
+                target = rng.randrange(begin, STEPS)
+                if target == begin:
+                    time.sleep(rng.uniform(0, 0.1))
+                else:
+                    while p.poll() is None and len(log_steps(log) or []) < target:
+                        time.sleep(0.001)
+                    time.sleep(rng.uniform(0, 0.004))
                 if p.poll() is None:
                     kind = kinds[rng.randrange(len(kinds))]
                     for k, sig in enumerate(kind.split("+")):
@@ -178,23 +195,24 @@ def kill_test():
                     kills += 1
             rc, _, err = finish(p)
             what = "run %d after %s" % (runs - 1, kind or "no signal")
-            print("  %s%s: exit %d, latest %s, %s logged" % (what, " (resumed)" if resume else "", rc, latest_step(root),
-                                                         len(log_steps(log))), flush=True)
+            print("  %s%s: exit %d after %.2f s, latest %s, %s logged" % (
+                what, " (resumed)" if resume else "", rc, time.time() - began, latest_step(root), len(log_steps(log))),
+                flush=True)
             check_after_stop(root, log, what)
             m = re.search(r"stopped by SIG\w+ after step (\d+); saved checkpoint step (\d+)", err)
             if m:
                 expect(latest_step(root) == int(m.group(1)),
                        "%s: said '%s' but latest is %s" % (what, m.group(0), latest_step(root)))
-            if rc == 0:
+            if rc == 0 or latest_step(root) == STEPS:  # finished, perhaps killed on its way out
                 got = records(log)
                 expect(got == ref_records, "%s: the losses differ from the uninterrupted run's" % what)
                 expect(file_sums(root, STEPS) == ref_sums,
                        "%s: the final checkpoint's files differ from the uninterrupted run's" % what)
-                expect(not os.path.exists(os.path.join(root, "writer.lock")), "%s: the lock was left" % what)
+                expect(rc != 0 or not os.path.exists(os.path.join(root, "writer.lock")), "%s: the lock was left" % what)
                 done_runs += 1
                 root = None
             elif not expect(kind is not None and (rc < 0 or rc in (130, 143)),
-                            "%s: exit %d: %s" % (what, rc, err.strip()[-300:])):
+                            "%s: exit %d: %s" % (what, rc, err.strip()[-1500:])):
                 root = None
         print("kill: %d kills over %d runs, each finished bit for bit" % (kills, done_runs), flush=True)
 
@@ -371,32 +389,49 @@ def signals_test():
         stop_and_check(tmp, "nosave", signal.SIGINT, 130, save=False)
         stop_and_check(tmp, "one-rank", signal.SIGTERM, 143, ranks=1)
 
-        # a second SIGINT: the first is taken while the process is held stopped, so that the second cannot
-        # merge with it, and both arrive before the run can finish its stop
-        root, log = os.path.join(tmp, "twice"), os.path.join(tmp, "twice.jsonl")
-        p = start(train_args(root, log, 10 ** 7, ["--ranks", "2", "--save-every", "100"]))
-        if wait_for_steps(log, 250, p):
-            before = latest_step(root)
-            p.send_signal(signal.SIGINT)
+        second_sigint(tmp)
+
+
+def second_sigint(tmp):
+    """A second SIGINT while the first one's checkpoint is being written ends the run at once: the process is
+    held stopped once that save has begun (a larger model makes it last), so that the second signal cannot
+    come before it or merge with the first."""
+    config = os.path.join(tmp, "wide.json")
+    with open(config, "w") as f:
+        json.dump({"model_type": "mlp", "model_dim": 256, "hidden_dim": 4096}, f)
+    root, log = os.path.join(tmp, "twice"), os.path.join(tmp, "twice.jsonl")
+    args = [SHARD, "train", "--config", config, "--ranks", "2", "--save", root, "--log", log]
+    rc, _, err = finish(start(args + ["--steps", "2"]))
+    expect(rc == 0 and latest_step(root) == 2, "the first checkpoint: exit %d, %s" % (rc, err.strip()))
+    for attempt in range(3):
+        p = start(args + ["--steps", str(10 ** 7), "--resume", root])
+        if not wait_for_steps(log, 4, p):
+            p.kill()
+            finish(p)
+            return
+        p.send_signal(signal.SIGINT)
+        saving = False
+        while p.poll() is None and not saving:
+            saving = any(n.startswith("step_") and n.endswith(".tmp") for n in os.listdir(root))
+        if saving:
             p.send_signal(signal.SIGSTOP)
             expect(wait_stopped(p.pid), "the run did not stop on SIGSTOP")
             p.send_signal(signal.SIGINT)
             p.send_signal(signal.SIGCONT)
-            rc, _, err = finish(p)
-            lines = err.strip().splitlines()
-            expect(rc == 130 and lines == ["shard: stopped at once by a second SIGINT; the checkpoints in %s are as "
-                                           "the last finished save left them" % root],
-                   "two SIGINTs: exit %d, %s" % (rc, lines))
-            now = latest_step(root)
-            expect(now is not None and now >= before and now % 100 == 0,
-                   "two SIGINTs: latest went from %s to %s" % (before, now))
-            ok, last = verified(root)
-            expect(ok, "two SIGINTs: the checkpoint does not verify: %s" % last)
-            expect(not os.path.exists(os.path.join(root, "writer.lock")), "two SIGINTs: the lock was left")
-            check_after_stop(root, log, "two SIGINTs")
-        else:
-            p.kill()
-            finish(p)
+        rc, _, err = finish(p)
+        if not saving:  # the save ended before it was seen: try again
+            print("second SIGINT: attempt %d missed the save (exit %d, %s)" % (attempt, rc, err.strip()[-200:]), flush=True)
+            continue
+        lines = err.strip().splitlines()
+        expect(rc == 130 and lines[-1:] == ["shard: stopped at once by a second SIGINT; the checkpoints in %s are "
+                                            "as the last finished save left them" % root],
+               "two SIGINTs: exit %d, %s" % (rc, lines))
+        expect(latest_step(root) == 2, "two SIGINTs: latest went from step 2 to %s" % latest_step(root))
+        ok, last = verified(root)
+        expect(ok, "two SIGINTs: the checkpoint does not verify: %s" % last)
+        expect(not os.path.exists(os.path.join(root, "writer.lock")), "two SIGINTs: the lock was left")
+        return
+    expect(False, "two SIGINTs: the stop's save was never seen under way")
 
 
 def signals_mpi_test():
