@@ -49,7 +49,8 @@ typedef struct train_opts {
     unsigned long long seed;
     int have_min_lr, have_warmup, have_momentum, sequence_parallel, print_specs;
     char specs[4096];      /* --spec NAME=SPEC, repeated: joined with ';' */
-    shard_ckpt_lock *lock; /* --save's writer lock, held by rank 0's process */
+    shard_ckpt_lock *lock; /* --save's writer lock, taken before thread ranks start */
+    int lock_in_rank;      /* under an MPI launcher: rank 0 takes it in train_rank instead */
 } train_opts;
 
 /* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
@@ -199,6 +200,17 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                            "e.g. --mesh pipe=2, or leave %s out",
                            pipe_flag, pipe_axis >= 0 ? "pipe=1" : "none", pipe_flag);
     }
+    /* under an MPI launcher rank 0 takes the --save root's lock once MPI is up: a process that ended before
+     * MPI_Init would leave its peers waiting in theirs */
+    shard_ckpt_lock *own_lock = NULL;
+    if (o->lock_in_rank && rank == 0) {
+        shard_status refused = shard_ckpt_lock_acquire(o->save, "--save", stderr, &own_lock);
+        if (refused < 0) {
+            shard_mesh_destroy(mesh);
+            return refused;
+        }
+    }
+    shard_ckpt_lock *lock = o->lock ? o->lock : own_lock;
     shard_trainer_config tc = {
         .config_path = o->config,
         .data_dir = o->data,
@@ -290,12 +302,15 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             fprintf(stderr, "shard: note: --spec has no effect here: this mesh has no tensor axis to place over\n");
         shard_trainer_print_schedule(t, stdout);
     }
-    int stopped = 0;
+    /* from the first step on, SIGTERM and SIGINT end the run after a step (before it, the default action
+     * loses nothing and ends a process that waits, e.g. for peers that never came): one handler per process */
+    int catches = rank == 0 || strcmp(shard_comm_backend(comm), "threads") != 0, stopped = 0;
+    if (catches) train_stop_catch(lock, o->save);
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
         int why = 0; /* a signal, or the lock lost: every rank stops before the same step */
-        s = train_stop_agree(comm, rank == 0 ? o->lock : NULL, &why);
+        s = train_stop_agree(comm, rank == 0 ? lock : NULL, &why);
         if (s == SHARD_OK && why) {
-            s = train_stop_finish(comm, t, why, first, step - 1, o->save, every, config_text, o->lock);
+            s = train_stop_finish(comm, t, why, first, step - 1, o->save, every, config_text, lock);
             stopped = 1;
             break;
         }
@@ -338,6 +353,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     free(config_text);
     shard_trainer_destroy(t);
     shard_mesh_destroy(mesh);
+    if (catches) train_stop_end();
+    shard_ckpt_lock_release(own_lock);
     return s;
 }
 
@@ -564,17 +581,14 @@ int cli_train(int argc, char **argv) {
     }
     cli_ranks_from_mesh(&common, o.mesh);
     shard_launch_config launch = cli_launch_config(&common);
-    /* one writer per --save root, for the whole run: taken by the process of rank 0 (under an MPI launcher,
-     * the one its variables name rank 0) before any rank starts, so that a second run is refused at once */
-    int env_rank = 0;
-    if (o.save && (!shard_launch_detect_mpi(NULL, 0, &env_rank, NULL) || env_rank == 0) &&
-        shard_ckpt_lock_acquire(o.save, "--save", stderr, &o.lock) < 0) {
+    /* one writer per --save root, for the whole run, so that a second run is refused at once: thread ranks'
+     * process takes it before they start, an MPI job's rank 0 in train_rank */
+    o.lock_in_rank = o.save && shard_launch_detect_mpi(NULL, 0, NULL, NULL);
+    if (o.save && !o.lock_in_rank && shard_ckpt_lock_acquire(o.save, "--save", stderr, &o.lock) < 0) {
         cli_error("%s", shard_last_error());
         return 1;
     }
-    train_stop_catch(o.lock, o.save);
     shard_status s = shard_launch_with(&launch, train_rank, &o);
-    train_stop_end();
     shard_ckpt_lock_release(o.lock);
     if (s < 0) {
         cli_error("%s", shard_last_error());

@@ -11,8 +11,9 @@
 
 #include "shard/shard.h"
 
-/* Catch SIGTERM and SIGINT until the process exits.  A second SIGINT ends the process at once (exit 130),
- * removing lock's file (NULL: none) and leaving the checkpoints as the last finished save left them. */
+/* Catch SIGTERM and SIGINT until the process exits (once per process).  A second SIGINT ends the process
+ * at once (exit 130), removing lock's file (NULL: none) and leaving the checkpoints as the last finished
+ * save left them. */
 void train_stop_catch(const shard_ckpt_lock *lock, const char *save);
 /* The run is over and its lock about to be released: a signal from now on is ignored (the process ends
  * in a moment with the run's exit code; ending it at once could leave the lock behind). */
