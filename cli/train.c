@@ -15,7 +15,9 @@
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
  * otherwise (rank 0 prints); --log writes a JSON line per step; --save writes
  * a checkpoint (values and the optimizer's state, the config in its index)
- * every K steps and at the end; --resume continues one, on any mesh and ZeRO stage. */
+ * every K steps, at the end, and when SIGTERM or SIGINT stops the run
+ * (train_stop.h), holding the root's writer lock meanwhile; --resume
+ * continues one, on any mesh and ZeRO stage. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +38,7 @@
 #include "shard/shard.h"
 #include "shard/text.h"
 #include "trace.h"
+#include "train_stop.h"
 #include "train_util.h"
 
 typedef struct train_opts {
@@ -47,7 +50,9 @@ typedef struct train_opts {
     double lr, min_lr, weight_decay, clip, bucket_mb, momentum;
     unsigned long long seed;
     int have_min_lr, have_warmup, have_momentum, sequence_parallel, print_specs;
-    char specs[4096]; /* --spec NAME=SPEC, repeated: joined with ';' */
+    char specs[4096];      /* --spec NAME=SPEC, repeated: joined with ';' */
+    shard_ckpt_lock *lock; /* --save's writer lock, taken before thread ranks start */
+    int lock_in_rank;      /* under an MPI launcher: rank 0 takes it in train_rank instead */
 } train_opts;
 
 /* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
@@ -244,7 +249,8 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
 }
 
 /* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
- * are dropped, so the file holds each step once; the rest stays, and the run adds to it. */
+ * are dropped, and so is a last line without its newline (a run killed while writing it), so the file
+ * holds each step once, every line whole; the rest stays, and the run adds to it. */
 static shard_status cut_log(const char *path, uint64_t done) {
     if (access(path, F_OK) != 0) return SHARD_OK; /* no earlier log: the run starts one */
     int fd = -1;
@@ -254,28 +260,28 @@ static shard_status cut_log(const char *path, uint64_t done) {
         close(fd);
         return shard_error(SHARD_ERR_NO_MEMORY, "--log %s: out of memory", path);
     }
-    char *kept = NULL, line[4096];
-    size_t used = 0, cap = 0;
+    char *kept = NULL, *line = NULL;
+    size_t used = 0, cap = 0, line_cap = 0;
     shard_status s = SHARD_OK;
     int cut = 0;
-    while (s == SHARD_OK && fgets(line, sizeof line, f)) {
+    for (ssize_t n; s == SHARD_OK && (n = getline(&line, &line_cap, f)) > 0;) {
         const char *at = strstr(line, "\"step\": ");
-        if (at && strtoull(at + 8, NULL, 10) > done) {
+        if (line[n - 1] != '\n' || (at && strtoull(at + 8, NULL, 10) > done)) {
             cut = 1;
             continue;
         }
-        size_t n = strlen(line);
-        if (used + n + 1 > cap) {
-            char *more = realloc(kept, cap = 2 * (used + n + 1));
+        if (used + (size_t)n + 1 > cap) {
+            char *more = realloc(kept, cap = 2 * (used + (size_t)n + 1));
             if (!more)
                 s = shard_error(SHARD_ERR_NO_MEMORY, "--log %s: out of memory", path);
             else
                 kept = more;
         }
-        if (s == SHARD_OK) memcpy(kept + used, line, n), used += n;
+        if (s == SHARD_OK) memcpy(kept + used, line, (size_t)n), used += (size_t)n;
     }
     if (s == SHARD_OK && ferror(f)) s = shard_error(SHARD_ERR_IO, "--log %s: cannot read: %s", path, strerror(errno));
     fclose(f);
+    free(line);
     if (s == SHARD_OK && cut) s = shard_atomic_write_file(path, kept ? kept : "", used);
     free(kept);
     return s;
@@ -305,6 +311,17 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
     shard_mesh *mesh = NULL;
     SHARD_CHECK(shard_mesh_create(comm, o->mesh ? o->mesh : mesh_text, &mesh));
+    /* under an MPI launcher rank 0 takes the --save root's lock once MPI is up: a process that ended before
+     * MPI_Init would leave its peers waiting in theirs */
+    shard_ckpt_lock *own_lock = NULL;
+    if (o->lock_in_rank && rank == 0) {
+        shard_status refused = shard_ckpt_lock_acquire(o->save, "--save", stderr, &own_lock);
+        if (refused < 0) {
+            shard_mesh_destroy(mesh);
+            return refused;
+        }
+    }
+    shard_ckpt_lock *lock = o->lock ? o->lock : own_lock;
     shard_trainer_config tc = trainer_config(o);
     shard_trainer *t = NULL;
     shard_text_file *log = NULL;
@@ -374,9 +391,20 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             fprintf(stderr, "shard: note: --spec has no effect here: this mesh has no tensor axis to place over\n");
         shard_trainer_print_schedule(t, stdout);
     }
+    /* from the first step on, SIGTERM and SIGINT end the run after a step (before it, the default action
+     * loses nothing and ends a process that waits, e.g. for peers that never came): one handler per process */
+    int catches = rank == 0 || strcmp(shard_comm_backend(comm), "threads") != 0, stopped = 0;
+    if (catches) train_stop_catch(lock, o->save);
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
+        int why = 0; /* a signal, or the lock lost: every rank stops before the same step */
+        s = train_stop_agree(comm, rank == 0 ? lock : NULL, &why);
+        if (s == SHARD_OK && why) {
+            s = train_stop_finish(comm, t, why, first, step - 1, o->save, every, config_text, lock);
+            stopped = 1;
+            break;
+        }
         shard_step_result r;
-        s = shard_trainer_step(t, step, &r);
+        if (s == SHARD_OK) s = shard_trainer_step(t, step, &r);
         if (s < 0) break;
         if (!isfinite(r.loss)) {
             s = shard_error(SHARD_ERR_INTERNAL, "train: the loss became %g at step %llu (try a lower --lr)", r.loss,
@@ -406,8 +434,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         }
     }
     if (tty) printf("\n");
-    if (s == SHARD_OK && world > 1) s = print_memory(comm, mesh);
-    if (s == SHARD_OK && o->trace) { /* the last step's schedule as it ran */
+    if (s == SHARD_OK && !stopped && world > 1) s = print_memory(comm, mesh);
+    if (s == SHARD_OK && !stopped && o->trace) { /* the last step's schedule as it ran */
         shard_pipeline_stats ps;
         s = shard_trainer_pipeline_stats(t, &ps);
         if (s == SHARD_OK) s = cli_write_trace(comm, &ps, o->trace);
@@ -419,13 +447,15 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         if (closed < 0) snprintf(log_error, sizeof log_error, "%s", shard_last_error());
         if (s == SHARD_OK && closed < 0) s = shard_error(closed, "--log %s", log_error);
     }
-    if (s == SHARD_OK && rank == 0)
+    if (s == SHARD_OK && !stopped && rank == 0)
         printf("train: %ld steps in %.1f s, loss %.4f -> %.4f, %.0f %s/s on average%s%s\n", o->steps - (long)first + 1,
                shard_clock_seconds() - started, first_loss, last_loss, tokens_done / (shard_clock_seconds() - started),
                items_per_row > 1 ? "tokens" : "rows", o->save ? ", checkpoint in " : "", o->save ? o->save : "");
     free(config_text);
     shard_trainer_destroy(t);
     shard_mesh_destroy(mesh);
+    if (catches) train_stop_end();
+    shard_ckpt_lock_release(own_lock);
     return s;
 }
 
@@ -491,7 +521,9 @@ static const char *const USAGE =
     "output:\n"
     "  --log FILE               a JSON line per step (step, loss, lr, grad_norm, tokens_per_s, ms,\n"
     "                           comm_wait_ms); a resumed run adds to it\n"
-    "  --save DIR               a checkpoint (values, AdamW's moments, the config) at the end\n"
+    "  --save DIR               a checkpoint (values, AdamW's moments, the config) at the end, and at\n"
+    "                           SIGTERM / SIGINT after the step under way (exit 143 / 130); one run\n"
+    "                           at a time writes DIR (DIR/writer.lock)\n"
     "  --save-every K           also one every K steps, 0..2^40; 0: at the end only (default 0)\n"
     "ranks:\n"
     "  --ranks N                ranks, 1..4096 (default: the mesh's size, else 1; under mpirun the\n"
@@ -658,10 +690,18 @@ int cli_train(int argc, char **argv) {
         return 1; /* as when a rank found it */
     }
     shard_launch_config launch = cli_launch_config(&common);
+    /* one writer per --save root, for the whole run, so that a second run is refused at once: thread ranks'
+     * process takes it before they start, an MPI job's rank 0 in train_rank */
+    o.lock_in_rank = o.save && shard_launch_detect_mpi(NULL, 0, NULL, NULL);
+    if (o.save && !o.lock_in_rank && shard_ckpt_lock_acquire(o.save, "--save", stderr, &o.lock) < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
     shard_status s = shard_launch_with(&launch, train_rank, &o);
+    shard_ckpt_lock_release(o.lock);
     if (s < 0) {
         cli_error("%s", shard_last_error());
         return 1;
     }
-    return 0;
+    return train_stop_exit_code();
 }

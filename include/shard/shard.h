@@ -5,6 +5,7 @@
 #include "shard/batch.h"
 #include "shard/blas.h"
 #include "shard/checkpoint.h"
+#include "shard/ckpt_lock.h"
 #include "shard/clock.h"
 #include "shard/cnn.h"
 #include "shard/comm.h"
