@@ -232,9 +232,19 @@ shard_status shard__ckpt_resolve(const char *where, char *out, size_t out_bytes)
         return SHARD_OK;
     }
     snprintf(path, sizeof path, "%s/latest", where);
-    if (access(path, F_OK) != 0)
+    if (access(path, F_OK) != 0) {
+        int missing = errno;
+        uint64_t *steps = NULL;
+        size_t n = 0; /* a root whose first save stopped before it wrote `latest`: its newest step, as a load goes */
+        if (shard__ckpt_candidates(where, &steps, &n) == SHARD_OK && n) {
+            snprintf(out, out_bytes, "%s/step_%llu", where, (unsigned long long)steps[0]);
+            free(steps);
+            return SHARD_OK;
+        }
+        free(steps);
         return shard_error(SHARD_ERR_IO, "%s: not a checkpoint (no index.json) nor a checkpoint root (no latest): %s",
-                           where, strerror(errno));
+                           where, strerror(missing));
+    }
     SHARD_CHECK(read_latest_line(path, text, sizeof text));
     if (strncmp(text, "step_", 5) != 0 || strchr(text, '/'))
         return shard_error(SHARD_ERR_IO, "%s: does not name a step_N directory", path);
