@@ -164,6 +164,20 @@ def nonfinite(work):
             expect(latest(root) == "step_2" and not os.path.exists(os.path.join(root, "step_3")),
                    f"a refused resume moved nothing: {sorted(os.listdir(root))}")
 
+    # weights given with --init are checked the same way (an exported model is a safetensors file)
+    out = os.path.join(work, "exported.safetensors")
+    p = run(["ckpt", "export", base, "--out", out])
+    expect(p.returncode == 0, f"export: {p.stderr!r}")
+    with open(out, "r+b") as f:  # the first weight's element 5 (the file's tensors are sorted by name)
+        head = struct.unpack("<Q", f.read(8))[0]
+        meta = json.loads(f.read(head))
+        begin = meta["layer_0/weights"]["data_offsets"][0]
+        f.seek(8 + head + begin + 5 * 4)
+        f.write(struct.pack("<f", float("nan")))
+    p = run(TRAIN + ["--steps", "1", "--init", out])
+    expect(p.returncode == 1 and one_line(p) and "tensor 'layer_0/weights' holds NaN at [0, 5]" in p.stderr,
+           f"--init with a NaN: {p.returncode} {p.stderr!r}")
+
 
 def diverging(work):
     refused = 0

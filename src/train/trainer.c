@@ -830,6 +830,17 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     }
     if (s == SHARD_OK) s = shard_params_create(info, p->count, SHARD_MEM_OTHER, &whole);
     if (s == SHARD_OK) s = shard_params_load(whole, path, 1, NULL);
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) { /* loaded weights are checked as a checkpoint's are */
+        const shard_param_info *w = &whole->info[i];
+        size_t bad = shard__ckpt_first_nonfinite(whole->data + w->offset, SHARD_F32, w->numel);
+        if (bad != SIZE_MAX) {
+            char why[512];
+            size_t off[SHARD_MAX_DIMS] = {0};
+            shard__ckpt_nonfinite_text(w->name, whole->data + w->offset, SHARD_F32, bad, w->ndim, off, w->shape, why,
+                                       sizeof why);
+            s = shard_error(SHARD_ERR_INVALID_ARG, "--init %s: %s: the weights must be finite", path, why);
+        }
+    }
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) { /* the values; the optimizer's state starts at zero */
         take_piece(t, i, whole->data + whole->info[i].offset, piece);
         for (int j = 0; s == SHARD_OK && j < (int)arrays_of(t); j++)
