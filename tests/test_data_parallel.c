@@ -297,8 +297,8 @@ static void case_checkpoint(test_ctx *t) {
     CHECK_OK(t, shard_comm_barrier(t->comm), "barrier");
 }
 
-/* Rank 0 trains 10 steps on its own and writes the weights by name to `trained`, and a copy with one
- * NaN in wte.weight to `poisoned`. */
+/* Rank 0 trains 10 steps on its own and writes the weights by name to `trained`, and a copy with
+ * every ln_f.weight 3e38, whose forward overflows into a NaN loss, to `poisoned`. */
 static void write_weights(test_ctx *t, const char *trained, const char *poisoned) {
     shard_comm *self = self_comm(t);
     if (t->rank == 0 && self) {
@@ -313,7 +313,10 @@ static void write_weights(test_ctx *t, const char *trained, const char *poisoned
             for (uint64_t step = 1; step <= 10; step++) CHECK_OK(t, shard_trainer_step(tr, step, &r), "step");
             shard_params *p = shard_trainer_model(tr)->params;
             CHECK_OK(t, shard_params_save(p, trained, NULL, NULL, 0), "save %s", trained);
-            shard_params_data(p, "wte.weight")[7] = NAN;
+            /* finite weights (NaN would be refused at load) whose forward overflows: ln_f scaled to the
+             * largest float makes the head's logits infinite of both signs, so the loss is NaN */
+            float *ln_f = shard_params_data(p, "ln_f.weight");
+            for (size_t i = 0; i < shard_params_find(p, "ln_f.weight")->numel; i++) ln_f[i] = 3e38f;
             CHECK_OK(t, shard_params_save(p, poisoned, NULL, NULL, 0), "save %s", poisoned);
         }
         shard_trainer_destroy(tr);
