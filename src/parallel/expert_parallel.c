@@ -6,12 +6,16 @@
  * On the wire, rank p's rows for rank q are sorted by expert (the experts of q
  * in order), each expert's rows in p's assignment order; what q receives is
  * thus ordered by sender, then expert.  Dispatch regroups it by expert, then
- * sender (the layout expert.h promises); combine undoes both steps. */
+ * sender (the layout expert.h promises); combine undoes both steps.
+ *
+ * Below the exchange: the trainer's layout of expert parameters' whole
+ * tensors over the axis (expert_parallel.h). */
 #include "shard/expert.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/expert_parallel.h"
 #include "shard/memory.h"
 #include "shard/split.h"
 
@@ -222,4 +226,83 @@ shard_status shard_expert_combine(shard_expert_route *r, const float *y_experts,
     SHARD_CHECK(shard_comm_all_to_allv(r->comm, r->wire_in, r->sc, r->sd, r->wire_out, r->rc, r->rd, SHARD_F32));
     for (size_t j = 0; j < r->n; j++) memcpy(y + r->perm[j] * width, r->wire_out + j * width, width * sizeof *y);
     return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- the whole tensors (expert_parallel.h) */
+
+void shard__expert_layout_destroy(shard__expert_layout *x) {
+    if (!x) return;
+    free(x->rows);
+    free(x);
+}
+
+shard_status shard__expert_layout_create(shard_comm *expert, const shard_model *m, shard__expert_layout **out) {
+    *out = NULL;
+    if (!expert || shard_comm_size(expert) < 2 || !m->expert_split) return SHARD_OK; /* every tensor whole here */
+    shard__expert_layout *x = calloc(1, sizeof *x);
+    size_t count = m->params->count, R = (size_t)shard_comm_size(expert);
+    int64_t *mine = calloc(count + 1, sizeof *mine), *all = calloc(count * R + 1, sizeof *all);
+    if (x) x->rows = calloc(count * R + 1, sizeof *x->rows);
+    shard_status s = x && mine && all && x->rows
+        ? SHARD_OK
+        : shard_error(SHARD_ERR_NO_MEMORY, "expert axis: out of memory for %zu parameters", count);
+    for (size_t i = 0; s == SHARD_OK && i < count; i++) {
+        size_t shape[SHARD_MAX_DIMS];
+        memcpy(shape, m->params->info[i].shape, sizeof shape);
+        shard_model_whole_shape(m, i, shape);
+        /* dense: -1 (the same on every expert rank, or the ranks hold different models) */
+        mine[i] = m->expert_split[i] && m->params->info[i].ndim > 0 ? (int64_t)shape[0] : -1;
+    }
+    if (s == SHARD_OK) s = shard_comm_all_gather(expert, mine, all, count, SHARD_I64);
+    for (size_t i = 0; s == SHARD_OK && i < count; i++)
+        for (size_t r = 0; r < R; r++) {
+            int64_t v = all[r * count + i];
+            if ((v < 0) != (mine[i] < 0)) {
+                s = shard_error(SHARD_ERR_INVALID_ARG,
+                                "expert axis: parameter %s is expert-split on rank %zu of the expert axis and not on "
+                                "rank %d: every expert rank marks the same parameters",
+                                m->params->info[i].name, mine[i] < 0 ? r : (size_t)shard_comm_rank(expert),
+                                mine[i] < 0 ? shard_comm_rank(expert) : (int)r);
+                break;
+            }
+            x->rows[i * R + r] = v < 0 ? 0 : (size_t)v;
+        }
+    free(mine), free(all);
+    if (s < 0) {
+        shard__expert_layout_destroy(x);
+        return s;
+    }
+    x->comm = expert, x->ranks = (int)R, x->rank = shard_comm_rank(expert), x->count = count;
+    x->split = m->expert_split;
+    *out = x;
+    return SHARD_OK;
+}
+
+static int split_here(const shard__expert_layout *x, size_t i) { return x && i < x->count && x->split[i]; }
+
+void shard__expert_whole_shape(const shard__expert_layout *x, size_t i, size_t *shape) {
+    if (!split_here(x, i)) return;
+    shape[0] = 0;
+    for (int r = 0; r < x->ranks; r++) shape[0] += x->rows[i * (size_t)x->ranks + (size_t)r];
+}
+
+size_t shard__expert_offset(const shard__expert_layout *x, size_t i, size_t row_elems) {
+    size_t rows = 0;
+    for (int r = 0; split_here(x, i) && r < x->rank; r++) rows += x->rows[i * (size_t)x->ranks + (size_t)r];
+    return rows * row_elems;
+}
+
+shard_status shard__expert_gather(const shard__expert_layout *x, size_t i, float *whole, size_t row_elems) {
+    if (!split_here(x, i)) return SHARD_OK;
+    size_t R = (size_t)x->ranks, *counts = calloc(R, sizeof *counts), *displs = calloc(R, sizeof *displs), at = 0;
+    if (!counts || !displs) {
+        free(counts), free(displs);
+        return shard_error(SHARD_ERR_NO_MEMORY, "expert axis: out of memory");
+    }
+    for (size_t r = 0; r < R; r++) counts[r] = x->rows[i * R + r] * row_elems, displs[r] = at, at += counts[r];
+    /* in place: this rank's experts already sit at their place in the whole tensor */
+    shard_status s = shard_comm_all_gatherv(x->comm, whole + displs[x->rank], counts[x->rank], whole, counts, displs,
+                                            SHARD_F32);
+    free(counts), free(displs);
+    return s;
 }
