@@ -144,11 +144,8 @@ static void case_bad_expert(test_ctx *t) {
 }
 
 static const test_case cases[] = {
-    {"range", case_range},
-    {"uneven", case_uneven},
-    {"few_experts", case_few_experts},
-    {"empty", case_empty},
-    {"bad_expert", case_bad_expert},
+    {"range", case_range}, {"uneven", case_uneven},         {"few_experts", case_few_experts},
+    {"empty", case_empty}, {"bad_expert", case_bad_expert},
 };
 
 /* ---- a rank that skips the dispatch (threads, its own job with a 1 s deadline) */

@@ -22,15 +22,15 @@
 struct shard_expert_route {
     shard_comm *comm; /* NULL when every expert is here */
     int ranks, me;
-    size_t experts, first, local; /* this rank's experts [first, first + local) */
-    size_t n, total;              /* assignments here; rows this rank's experts receive */
-    size_t *perm;                 /* [n]: wire position j holds assignment perm[j] */
+    size_t experts, first, local;  /* this rank's experts [first, first + local) */
+    size_t n, total;               /* assignments here; rows this rank's experts receive */
+    size_t *perm;                  /* [n]: wire position j holds assignment perm[j] */
     size_t *send_rows, *recv_rows; /* [ranks]: rows to each rank, from each rank */
-    size_t *from;                 /* [ranks * local]: rows from rank p for local expert e at p * local + e */
-    size_t *rows;                 /* [local]: rows per local expert, summed over senders */
-    size_t *sc, *sd, *rc, *rd;    /* [ranks] each: one exchange's element counts and displacements */
-    float *wire_out, *wire_in;    /* staging in wire order, reused by every exchange of the route */
-    size_t out_cap, in_cap;       /* their capacities in floats */
+    size_t *from;                  /* [ranks * local]: rows from rank p for local expert e at p * local + e */
+    size_t *rows;                  /* [local]: rows per local expert, summed over senders */
+    size_t *sc, *sd, *rc, *rd;     /* [ranks] each: one exchange's element counts and displacements */
+    float *wire_out, *wire_in;     /* staging in wire order, reused by every exchange of the route */
+    size_t out_cap, in_cap;        /* their capacities in floats */
 };
 
 void shard_expert_range(size_t experts, int ranks, int rank, size_t *first, size_t *count) {
@@ -89,8 +89,8 @@ static shard_status exchange_counts(shard_expert_route *r, const size_t *per_exp
         const int64_t *h = in + p * (2 + r->local);
         if (h[0])
             s = shard_error(SHARD_ERR_INVALID_ARG,
-                            "expert route: rank %zu's assignment %lld names expert %lld: give experts in 0..%zu",
-                            p, (long long)h[0] - 1, (long long)h[1], r->experts - 1);
+                            "expert route: rank %zu's assignment %lld names expert %lld: give experts in 0..%zu", p,
+                            (long long)h[0] - 1, (long long)h[1], r->experts - 1);
         for (size_t e = 0; s == SHARD_OK && e < r->local; e++) {
             r->from[p * r->local + e] = (size_t)h[2 + e];
             r->rows[e] += (size_t)h[2 + e], r->recv_rows[p] += (size_t)h[2 + e];
@@ -301,8 +301,8 @@ shard_status shard__expert_gather(const shard__expert_layout *x, size_t i, float
     }
     for (size_t r = 0; r < R; r++) counts[r] = x->rows[i * R + r] * row_elems, displs[r] = at, at += counts[r];
     /* in place: this rank's experts already sit at their place in the whole tensor */
-    shard_status s = shard_comm_all_gatherv(x->comm, whole + displs[x->rank], counts[x->rank], whole, counts, displs,
-                                            SHARD_F32);
+    shard_status s =
+        shard_comm_all_gatherv(x->comm, whole + displs[x->rank], counts[x->rank], whole, counts, displs, SHARD_F32);
     free(counts), free(displs);
     return s;
 }

@@ -43,10 +43,10 @@
 struct shard_trainer {
     shard_trainer_config c;
     shard_mesh *mesh;
-    shard_comm *data, *tensor; /* tensor: NULL without that axis */
-    shard_comm *own_data;      /* made when the mesh has no data axis */
-    shard_comm *expert;        /* the expert axis; NULL without one of more than one rank */
-    shard_comm *rows;          /* what the rows are split over: data, or data x expert with an expert axis */
+    shard_comm *data, *tensor;     /* tensor: NULL without that axis */
+    shard_comm *own_data;          /* made when the mesh has no data axis */
+    shard_comm *expert;            /* the expert axis; NULL without one of more than one rank */
+    shard_comm *rows;              /* what the rows are split over: data, or data x expert with an expert axis */
     shard__expert_layout *experts; /* the expert parameters' whole tensors; NULL: every tensor whole here */
     int data_rank, data_size;      /* in `rows`: the batch arithmetic's data ranks */
     size_t global, micro, accum;
