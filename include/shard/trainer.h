@@ -82,8 +82,8 @@ typedef struct shard_trainer shard_trainer;
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
 
 /* What shard_trainer_create would refuse in the config's batch arithmetic and pipeline flags for a mesh
- * of data_size data ranks and pipe_size stages, without a mesh, a model or a communicator: for a
- * program that checks its flags once before it starts ranks. */
+ * of data_size data ranks (data x expert with an expert axis) and pipe_size stages, without a mesh, a
+ * model or a communicator: for a program that checks its flags once before it starts ranks. */
 shard_status shard_trainer_config_check(const shard_trainer_config *config, int data_size, int pipe_size);
 
 /* A model the caller built, for shard_trainer_create_with_model.  Either form, not both:
@@ -126,7 +126,7 @@ shard_status shard_trainer_create_with_model(shard_mesh *mesh, const shard_train
                                              const shard_model_factory *factory, shard_trainer **out);
 void shard_trainer_destroy(shard_trainer *t);
 shard_model *shard_trainer_model(shard_trainer *t);
-/* The resolved batch arithmetic. */
+/* The resolved batch arithmetic (data: the ranks the rows split over, data x expert with an expert axis). */
 void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, size_t *accum, size_t *data);
 /* The pipe axis: the schedule printed as an ASCII timeline to out (nothing without a pipe axis). */
 void shard_trainer_print_schedule(const shard_trainer *t, FILE *out);
