@@ -200,22 +200,25 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
     int world = under_mpi ? (env_size > 0 ? env_size : 0) : common->ranks > 0 ? common->ranks : 1;
     char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
     int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0, data = o->mesh ? 1 : world;
+    int expert = 1;
     if (o->mesh && (axes = shard_mesh_parse(o->mesh, world, names, sizes)) < 0) return SHARD_ERR_INVALID_ARG;
-    static const char *const trained[] = {"data", "tensor", "pipe"};
+    static const char *const trained[] = {"data", "expert", "tensor", "pipe"};
     for (int a = 0; a < axes; a++) {
         int known = 0;
-        for (int k = 0; k < 3; k++) known |= strcmp(names[a], trained[k]) == 0;
-        const char *near = shard_text_nearest(names[a], trained, 3);
+        for (int k = 0; k < 4; k++) known |= strcmp(names[a], trained[k]) == 0;
+        const char *near = shard_text_nearest(names[a], trained, 4);
         if (!known && sizes[a] > 1) /* an axis of one rank splits nothing: accepted, as the trainer does */
             return shard_error(SHARD_ERR_INVALID_ARG,
-                               "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and 'pipe'%s%s%s; "
-                               "give %s=1 or leave it out",
+                               "--mesh: axis '%s' = %d: training splits over 'data', 'expert', 'tensor' and "
+                               "'pipe'%s%s%s; give %s=1 or leave it out",
                                names[a], sizes[a], near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "",
                                names[a]);
         if (strcmp(names[a], "pipe") == 0) pipe = sizes[a], has_pipe = 1;
         if (strcmp(names[a], "tensor") == 0) tensor = 1;
         if (strcmp(names[a], "data") == 0) data = sizes[a];
+        if (strcmp(names[a], "expert") == 0) expert = sizes[a];
     }
+    data *= expert; /* an expert rank is a data rank too: the rows split over data x expert */
     /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
      * (the library accepts them there, so that one configuration serves a reference run of one stage) */
     const char *pipe_flag = o->schedule ? "--schedule"

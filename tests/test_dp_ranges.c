@@ -52,8 +52,8 @@ static void case_roundtrip(test_ctx *t) {
             if (!make_model(t, &f)) return;
             shard_dp *dp = NULL;
             if (!CHECK_OK(t,
-                          shard__dp_create(t->comm, &f.m, zero, 1 << 20, SHARD_F32, 1, bf16 ? SHARD_BF16 : SHARD_F32,
-                                           f.opt, &dp),
+                          shard__dp_create(&(shard_dp_comms){.dense = t->comm}, &f.m, zero, 1 << 20, SHARD_F32, 1,
+                                           bf16 ? SHARD_BF16 : SHARD_F32, f.opt, &dp),
                           "dp zero %d", zero))
                 return;
             float buf[4000], got[4000];
@@ -98,7 +98,11 @@ static void case_adjacent_buffers(test_ctx *t) {
     fake_model f;
     if (!make_model(t, &f)) return;
     shard_dp *dp = NULL;
-    if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, 1, 1 << 20, SHARD_F32, 1, SHARD_F32, f.opt, &dp), "dp")) return;
+    if (!CHECK_OK(t,
+                  shard__dp_create(&(shard_dp_comms){.dense = t->comm}, &f.m, 1, 1 << 20, SHARD_F32, 1, SHARD_F32,
+                                   f.opt, &dp),
+                  "dp"))
+        return;
     const shard_param_info *a = &f.p->info[0];
     float *block = calloc(a->numel + dp->shard_total + 16, sizeof(float)), *saved = dp->state[0];
     if (CHECK(t, block != NULL, "memory")) {
@@ -120,7 +124,10 @@ static void case_sgd_arrays(test_ctx *t) {
             fake_model f;
             if (!make_model_with(t, &f, SHARD_OPTIMIZER_SGD, plain ? 0.0f : 0.9f)) return;
             shard_dp *dp = NULL;
-            if (!CHECK_OK(t, shard__dp_create(t->comm, &f.m, zero, 1 << 20, SHARD_F32, 1, SHARD_F32, f.opt, &dp), "dp"))
+            if (!CHECK_OK(t,
+                          shard__dp_create(&(shard_dp_comms){.dense = t->comm}, &f.m, zero, 1 << 20, SHARD_F32, 1,
+                                           SHARD_F32, f.opt, &dp),
+                          "dp"))
                 return;
             CHECK_EQ_INT(t, (int64_t)dp->n_states, plain ? 0 : 1, "sgd state arrays");
             const shard_param_info *b = &f.p->info[1];

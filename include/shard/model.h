@@ -145,6 +145,12 @@ struct shard_model {
     size_t *unit_of;       /* [params->count]: the unit of each parameter */
     float **value, **grad; /* [params->count] */
     const unsigned char *tensor_replicated; /* [params->count] or NULL: held whole by every tensor rank */
+    /* [params->count] or NULL (none): the parameter is split over the mesh's expert axis, a stack of this
+     * expert rank's experts along dim 0 ([E_local, ...], experts shard_expert_range of expert.h), the
+     * whole tensor being [E, ...] in global expert order.  A unit is all expert-split or all dense (the
+     * strategy reduces and shards a unit over one communicator: the data axis for expert units, data x
+     * expert for dense ones) and is refused otherwise. */
+    const unsigned char *expert_split;
     shard_model_hooks hooks;
     uint64_t seed, step; /* of the loaded batch (dropout masks are keyed by them and the global row) */
     size_t first_row, rows;
@@ -258,6 +264,8 @@ typedef struct shard_model_create_options {
     const char *specs;              /* parameter placement on the tensor axis (shard_model_create_placed) */
     const shard_model_stage *stage; /* a pipe rank's layers; NULL: the whole model */
     void *ctx;                      /* the registration's (or the trainer factory's) context */
+    shard_comm *expert;             /* the mesh's expert axis (NULL: none): hold this rank's experts and
+                                       mark them in the model's expert_split */
 } shard_model_create_options;
 
 /* Builds the model the options describe into *out (destroyed through its table's destroy). */
@@ -283,6 +291,7 @@ typedef struct shard_model_kind {
     /* Where its rows come from (the trainer makes it next to the model); NULL: the trainer needs a
      * source from its caller (trainer.h's factory). */
     shard_batch_source_fn batch_source;
+    int expert_parallel; /* create splits its experts over an expert axis of more than one rank */
 } shard_model_kind;
 
 /* Adds a kind; a name already registered, an empty or over-long one, or no create function is refused. */

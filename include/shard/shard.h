@@ -14,6 +14,7 @@
 #include "shard/dtensor.h"
 #include "shard/dtype.h"
 #include "shard/engine.h"
+#include "shard/expert.h"
 #include "shard/files.h"
 #include "shard/gpt.h"
 #include "shard/launch.h"

@@ -5,7 +5,7 @@
  * ZeRO-1/2/3 / FSDP, which shard whichever optimizer's state).
  *
  * Batch arithmetic: global batch = micro-batch x accumulation
- * steps x data size.  Given two, the third is derived; an inconsistent triple
+ * steps x data size (data x expert with an expert axis).  Given two, the third is derived; an inconsistent triple
  * is refused with the numbers.  `batch` always means the global batch: each
  * micro-step's rows are split over the data ranks (the first ones taking one
  * more when uneven), rows are drawn by (seed, step, global row), and the loss
@@ -69,21 +69,28 @@ typedef struct shard_step_result {
 
 typedef struct shard_trainer shard_trainer;
 
-/* Collective over the mesh: axes `data`, `tensor` and `pipe` (others must have size 1).  The model is the
- * config's (config_path; model.h's registry builds the kind its model_type names), its rows the kind's
- * batch source's (data_dir): the trainer owns both. */
+/* Collective over the mesh: axes `data`, `expert`, `tensor` and `pipe` (others must have size 1).  The
+ * model is the config's (config_path; model.h's registry builds the kind its model_type names), its rows
+ * the kind's batch source's (data_dir): the trainer owns both.
+ *
+ * `expert` splits a mixture of experts' experts (a kind declaring expert_parallel; others are refused
+ * an expert axis of more than one rank): the model is built with the axis's communicator and marks the
+ * parameters it splits (model.h's expert_split).  An expert rank is also a data rank: the rows, and the
+ * batch arithmetic's data size, follow data x expert; dense gradients are summed (ZeRO: sharded) over
+ * data x expert, expert gradients over data alone; checkpoints hold each expert-split parameter whole,
+ * [E, ...] in global expert order, so any expert count resumes them. */
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
 
 /* What shard_trainer_create would refuse in the config's batch arithmetic and pipeline flags for a mesh
- * of data_size data ranks and pipe_size stages, without a mesh, a model or a communicator: for a
- * program that checks its flags once before it starts ranks. */
+ * of data_size data ranks (data x expert with an expert axis) and pipe_size stages, without a mesh, a
+ * model or a communicator: for a program that checks its flags once before it starts ranks. */
 shard_status shard_trainer_config_check(const shard_trainer_config *config, int data_size, int pipe_size);
 
 /* A model the caller built, for shard_trainer_create_with_model.  Either form, not both:
  *
  *   model   this rank's model, built whole by the caller (as one builds a module, then wraps it for
- *           data parallel): each rank passes its own.  Only for meshes whose tensor and pipe axes are
- *           1 (data parallel and ZeRO); a tensor or pipe axis of more ranks is refused, since each of
+ *           data parallel): each rank passes its own.  Only for meshes whose tensor, pipe and expert
+ *           axes are 1 (data parallel and ZeRO); such an axis of more ranks is refused, since each of
  *           those ranks needs its own part of the model.  Build it for at least the micro-batch's rows
  *           (shard_trainer_batch's micro: the global batch over the data ranks, over the accumulation
  *           steps).  The trainer initialises its values from the run's seed like any model (load
@@ -92,7 +99,7 @@ shard_status shard_trainer_config_check(const shard_trainer_config *config, int 
  *           values and gradients: under ZeRO-3 the whole values are released (read them with
  *           shard_trainer_values before the trainer goes), so a model serves one trainer.
  *   create  called on each rank where the trainer would build a config's model: for every mesh,
- *           tensor and pipe axes included, with this rank's tensor communicator and pipeline stage in
+ *           tensor, pipe and expert axes included, with this rank's tensor and expert communicators and pipeline stage in
  *           the options (and once more, whole, on the world's rank 0 for --layers-per-stage balanced);
  *           the options carry the config's text when config_path is given (else NULL) and ctx.  The
  *           trainer owns and destroys what it returns.  stage_layers: the layers a pipe axis cuts into
@@ -119,7 +126,7 @@ shard_status shard_trainer_create_with_model(shard_mesh *mesh, const shard_train
                                              const shard_model_factory *factory, shard_trainer **out);
 void shard_trainer_destroy(shard_trainer *t);
 shard_model *shard_trainer_model(shard_trainer *t);
-/* The resolved batch arithmetic. */
+/* The resolved batch arithmetic (data: the ranks the rows split over, data x expert with an expert axis). */
 void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, size_t *accum, size_t *data);
 /* The pipe axis: the schedule printed as an ASCII timeline to out (nothing without a pipe axis). */
 void shard_trainer_print_schedule(const shard_trainer *t, FILE *out);

@@ -397,6 +397,10 @@ shard_status shard_model_create_with(const shard_model_create_options *options, 
                            "%s: model_type '%s' has no tensor-parallel layout here (the GPT "
                            "and the MLP have): give tensor=1",
                            o.config_path, k.name);
+    if (o.expert && shard_comm_size(o.expert) > 1 && !k.expert_parallel)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: model_type '%s' has no experts to split over an expert axis: give expert=1",
+                           o.config_path, k.name);
     if (o.specs && *o.specs && !k.placed)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "--spec: model_type '%s' places every parameter whole; specs are for "

@@ -16,6 +16,11 @@
  *           release; the next unit's gather (the order seen in the first
  *           step) starts while this one computes.
  *
+ * Expert units (the model's expert_split; the experts of a mixture-of-experts
+ * layer, different on each expert rank) are reduced and sharded over the
+ * data axis alone, dense units over data x expert (shard_dp_comms); a bucket
+ * holds units of one kind.
+ *
  * Gradients may travel as bf16 (grad_dtype), halving their bytes; the
  * reduction itself adds in f32 and rounds once (comm's rule).
  *
@@ -40,8 +45,10 @@
 #include "shard/split.h"
 
 typedef struct unit_state {
+    shard_comm *comm;                    /* what its gradients are reduced and its pieces gathered over */
+    int rank, size, expert;              /* this rank's place in comm; an expert unit (expert_split) */
     size_t n, mine, my_displ, shard_off; /* unit elements; this rank's piece and where it sits */
-    size_t *counts, *displs;             /* every rank's piece */
+    size_t *counts, *displs;             /* every rank's piece (of comm's ranks) */
     float *gathered;                     /* zero 3 or bf16 compute: the whole values while acquired */
     uint16_t *gathered16;                /* zero 3 with bf16 compute: what the all_gather fills */
     shard_request *gather;
@@ -59,7 +66,8 @@ typedef struct bucket {
 } bucket;
 
 struct shard_dp {
-    shard_comm *comm;
+    shard_comm *comm;   /* dense units' (and the norm's sum): the data axis, x expert with one */
+    shard_comm *expert; /* the expert axis, more than one rank with expert units; else NULL */
     int rank, size, zero, sync;
     shard_dtype grad_dtype;
     shard_model *m;
@@ -141,7 +149,7 @@ static shard_status start_rs(shard_dp *dp, size_t k, const float *grad) {
     }
     dp->grad_bytes += u->n * wire_bytes(dp);
     shard_status s =
-        shard_comm_ireduce_scatterv(dp->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM, &u->rs);
+        shard_comm_ireduce_scatterv(u->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM, &u->rs);
     if (s < 0) { /* nothing in flight: finish_rs must not add a piece that never came */
         if (dp->grad_dtype == SHARD_BF16) shard_free(u->rs_send), shard_free(u->rs_recv);
         u->rs_send = u->rs_recv = NULL;
@@ -156,14 +164,15 @@ static shard_status start_bucket(shard_dp *dp, bucket *b) {
     }
     size_t off = dp->m->unit_offset[b->lo], n = dp->m->unit_offset[b->hi + 1] - off;
     float *g = dp->grads + off;
+    shard_comm *comm = dp->u[b->lo].comm; /* a bucket's units share it */
     dp->grad_bytes += n * wire_bytes(dp);
     if (dp->grad_dtype == SHARD_BF16) {
         if (!(b->wire = shard_alloc(n * 2, SHARD_MEM_COMM)))
             return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for a bf16 bucket");
         for (size_t i = 0; i < n; i++) b->wire[i] = shard_bf16_from_f32(g[i]);
-        return shard_comm_iall_reduce(dp->comm, b->wire, b->wire, n, SHARD_BF16, SHARD_OP_SUM, &b->req);
+        return shard_comm_iall_reduce(comm, b->wire, b->wire, n, SHARD_BF16, SHARD_OP_SUM, &b->req);
     }
-    return shard_comm_iall_reduce(dp->comm, g, g, n, SHARD_F32, SHARD_OP_SUM, &b->req);
+    return shard_comm_iall_reduce(comm, g, g, n, SHARD_F32, SHARD_OP_SUM, &b->req);
 }
 
 static shard_status finish_bucket(shard_dp *dp, bucket *b) {
@@ -189,12 +198,12 @@ static shard_status start_gather(shard_dp *dp, size_t k) {
     if (dp->prec.bf16) {
         if (!(u->gathered16 = shard_alloc(u->n * 2 + 2, SHARD_MEM_PARAMS)))
             return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
-        return shard_comm_iall_gatherv(dp->comm, shard__precision_copy(&dp->prec, u->shard_off), u->mine, u->gathered16,
+        return shard_comm_iall_gatherv(u->comm, shard__precision_copy(&dp->prec, u->shard_off), u->mine, u->gathered16,
                                        u->counts, u->displs, SHARD_BF16, &u->gather);
     }
     if (!(u->gathered = shard_alloc(u->n * sizeof(float) + 1, SHARD_MEM_PARAMS)))
         return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
-    return shard_comm_iall_gatherv(dp->comm, dp->value_shard + u->shard_off, u->mine, u->gathered, u->counts, u->displs,
+    return shard_comm_iall_gatherv(u->comm, dp->value_shard + u->shard_off, u->mine, u->gathered, u->counts, u->displs,
                                    SHARD_F32, &u->gather);
 }
 
@@ -301,10 +310,27 @@ static shard_status hook_grads_ready(void *ctx, shard_model *m, size_t k) {
 
 /* ---------------------------------------------------------------- life cycle */
 
-shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t bucket_bytes, shard_dtype grad_dtype,
-                              int count_replicated, shard_dtype compute_dtype, const shard_optimizer *opt,
-                              shard_dp **out) {
+/* Whether unit k holds expert parameters (all of them, or none: a mixed unit is refused). */
+static shard_status unit_is_expert(const shard_model *m, size_t k, int *expert) {
+    *expert = 0;
+    if (!m->expert_split) return SHARD_OK;
+    size_t lo = m->unit_first[k], hi = m->unit_first[k + 1], marked = 0;
+    for (size_t i = lo; i < hi; i++) marked += m->expert_split[i] != 0;
+    if (marked && marked != hi - lo)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': unit %zu holds %zu expert-split and %zu dense parameters (%s is %s): a "
+                           "unit is all expert-split or all dense; put its experts in a unit of their own",
+                           m->ops->kind, k, marked, hi - lo - marked, m->params->info[lo].name,
+                           m->expert_split[lo] ? "expert-split" : "dense");
+    *expert = marked > 0;
+    return SHARD_OK;
+}
+
+shard_status shard__dp_create(const shard_dp_comms *comms, shard_model *m, int zero, size_t bucket_bytes,
+                              shard_dtype grad_dtype, int count_replicated, shard_dtype compute_dtype,
+                              const shard_optimizer *opt, shard_dp **out) {
     *out = NULL;
+    shard_comm *comm = comms->dense;
     if (zero < 0 || zero > 3)
         return shard_error(SHARD_ERR_INVALID_ARG, "--zero %d is invalid: give 0, 1, 2 or 3", zero);
     if (grad_dtype != SHARD_F32 && grad_dtype != SHARD_BF16)
@@ -319,7 +345,7 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
     dp->comm = comm, dp->m = m, dp->zero = zero, dp->grad_dtype = grad_dtype, dp->last_rs = (size_t)-1;
     dp->count_replicated = count_replicated, dp->opt = opt, dp->n_states = shard_optimizer_state_count(opt);
     dp->rank = shard_comm_rank(comm), dp->size = shard_comm_size(comm);
-    size_t U = m->units, D = (size_t)dp->size, total = total_of(dp);
+    size_t U = m->units, total = total_of(dp);
     dp->u = calloc(U, sizeof *dp->u);
     dp->buckets = calloc(U, sizeof *dp->buckets), dp->bucket_of = calloc(U, sizeof *dp->bucket_of);
     shard_status s = dp->u && dp->buckets && dp->bucket_of
@@ -328,22 +354,29 @@ shard_status shard__dp_create(shard_comm *comm, shard_model *m, int zero, size_t
     for (size_t k = 0; s == SHARD_OK && k < U; k++) {
         unit_state *u = &dp->u[k];
         u->n = shard_model_unit_elems(m, k);
+        if ((s = unit_is_expert(m, k, &u->expert)) < 0) break;
+        u->comm = u->expert && comms->expert_data ? comms->expert_data : comm;
+        u->rank = shard_comm_rank(u->comm), u->size = shard_comm_size(u->comm);
+        if (u->expert && comms->expert && shard_comm_size(comms->expert) > 1) dp->expert = comms->expert;
+        size_t D = (size_t)u->size;
         u->counts = calloc(D, sizeof *u->counts), u->displs = calloc(D, sizeof *u->displs);
         if (!u->counts || !u->displs) {
             s = shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
             break;
         }
         for (size_t r = 0; r < D; r++) shard_split_even(u->n, D, r, &u->displs[r], &u->counts[r]);
-        u->mine = u->counts[dp->rank], u->my_displ = u->displs[dp->rank], u->shard_off = dp->shard_total;
+        u->mine = u->counts[u->rank], u->my_displ = u->displs[u->rank], u->shard_off = dp->shard_total;
         dp->shard_total += u->mine;
     }
-    /* buckets: units in backward order (last unit first), closed once they reach bucket_bytes */
+    /* buckets: units in backward order (last unit first), closed once they reach bucket_bytes or before a
+     * unit reduced over another communicator (expert units' sizes differ between expert ranks, so dense
+     * buckets count dense units only and cut the same on every rank) */
     for (size_t k = U, bytes = 0; s == SHARD_OK && k-- > 0;) {
         bucket *b = &dp->buckets[dp->n_buckets];
         if (bytes == 0) b->hi = k;
         b->lo = k, b->waiting++, dp->bucket_of[k] = dp->n_buckets;
         bytes += dp->u[k].n * sizeof(float);
-        if (bytes >= bucket_bytes || k == 0) dp->n_buckets++, bytes = 0;
+        if (bytes >= bucket_bytes || k == 0 || dp->u[k - 1].comm != dp->u[k].comm) dp->n_buckets++, bytes = 0;
     }
     size_t S = dp->shard_total;
     if (s == SHARD_OK) {
@@ -504,6 +537,20 @@ shard_status shard__dp_finish(shard_dp *dp, double *squares) {
         }
     if ((dp->zero == 3 || dp->prec.bf16) && !dp->order_known && dp->order_len) dp->order_known = 1;
     if (s < 0) return s;
+    if (dp->zero == 0 && dp->expert) { /* each expert rank's own experts, each expert counted once */
+        double dense = 0, experts = 0, all_experts = 0;
+        for (size_t k = 0; k < dp->m->units; k++) {
+            size_t off = dp->m->unit_offset[k];
+            double q = counted_squares(dp, off, dp->u[k].n, dp->grads, off);
+            if (dp->u[k].expert)
+                experts += q;
+            else
+                dense += q;
+        }
+        SHARD_CHECK(shard_comm_all_reduce(dp->expert, &experts, &all_experts, 1, SHARD_F64, SHARD_OP_SUM));
+        *squares = dense + all_experts;
+        return SHARD_OK;
+    }
     if (dp->zero == 0) {
         *squares = counted_squares(dp, 0, total_of(dp), dp->grads, 0);
         return SHARD_OK;
@@ -554,7 +601,7 @@ shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip)
     for (size_t k = 0; k < dp->m->units && s == SHARD_OK; k++, started++) {
         unit_state *u = &dp->u[k];
         float *base = unit_values(dp, k);
-        s = shard_comm_iall_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32,
+        s = shard_comm_iall_gatherv(u->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32,
                                     &reqs[k]);
     }
     double t0 = shard__now();
@@ -613,10 +660,10 @@ static shard_status gather_range(shard_dp *dp, const float *shard, size_t off, s
     for (size_t k = 0; s == SHARD_OK && next_part(dp, off, n, &p, &k);) {
         const unit_state *u = &dp->u[p.k];
         size_t a, b;
-        for (size_t r = 0; r < (size_t)dp->size; r++)
+        for (size_t r = 0; r < (size_t)u->size; r++)
             held(u, r, p.lo, p.hi, &a, &b), counts[r] = b - a, displs[r] = a - p.lo;
-        held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
-        s = shard_comm_all_gatherv(dp->comm, in_shard(u, (float *)shard, a, b), b - a, dst + p.at, counts, displs,
+        held(u, (size_t)u->rank, p.lo, p.hi, &a, &b);
+        s = shard_comm_all_gatherv(u->comm, in_shard(u, (float *)shard, a, b), b - a, dst + p.at, counts, displs,
                                    SHARD_F32);
     }
     free(counts), free(displs);
@@ -629,7 +676,7 @@ static void scatter_range(const shard_dp *dp, float *shard, size_t off, size_t n
     for (size_t k = 0; next_part(dp, off, n, &p, &k);) {
         const unit_state *u = &dp->u[p.k];
         size_t a, b;
-        held(u, (size_t)dp->rank, p.lo, p.hi, &a, &b);
+        held(u, (size_t)u->rank, p.lo, p.hi, &a, &b);
         float *to = in_shard(u, shard, a, b);
         if (src)
             memcpy(to, src + p.at + (a - p.lo), (b - a) * sizeof(float));
@@ -685,7 +732,7 @@ shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, 
     for (size_t k = 0; next_part(dp, off, n, &p, &k);) {
         const unit_state *u = &dp->u[p.k];
         size_t lo, hi;
-        held(u, (size_t)dp->rank, p.lo, p.hi, &lo, &hi);
+        held(u, (size_t)u->rank, p.lo, p.hi, &lo, &hi);
         if (hi == lo) continue;
         shard__precision_refresh(&dp->prec, a, u->shard_off + (lo - u->my_displ), hi - lo);
     }
@@ -701,7 +748,7 @@ static shard_status gather_whole(shard_dp *dp, const float *src, float *dst) {
         float *base = dst + dp->m->unit_offset[k];
         memcpy(base + u->my_displ, src + u->shard_off, u->mine * sizeof(float));
         SHARD_CHECK(
-            shard_comm_all_gatherv(dp->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32));
+            shard_comm_all_gatherv(u->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32));
     }
     return SHARD_OK;
 }

@@ -4,7 +4,9 @@
  *
  * Sharding (zero >= 1): each unit's slab range is split over the data ranks
  * by the even rule (the first size % D ranks hold one element more); a
- * rank's "shard" is its pieces of every unit, concatenated. */
+ * rank's "shard" is its pieces of every unit, concatenated.  With an expert
+ * axis a dense unit's ranks are data x expert and an expert unit's the data
+ * axis alone (shard_dp_comms). */
 #ifndef SHARD_DATA_PARALLEL_H
 #define SHARD_DATA_PARALLEL_H
 
@@ -19,11 +21,20 @@ typedef struct shard_dp_stats {
     uint64_t grad_bytes;   /* gradient bytes this rank handed to collectives this step */
 } shard_dp_stats;
 
+/* The communicators: dense units' gradients are summed (ZeRO: sharded) over `dense` — the data axis, or
+ * data x expert on a mesh with an expert axis (an expert rank is also a data rank) — and the units the
+ * model marks expert_split over `expert_data` (the data axis alone; NULL: dense), each expert rank
+ * holding other experts.  `expert` (NULL: none): the expert axis, over which the squares of the expert
+ * units are summed too, so the norm counts each expert once. */
+typedef struct shard_dp_comms {
+    shard_comm *dense, *expert_data, *expert;
+} shard_dp_comms;
+
 /* The model's values must be initialised (or loaded) before: stage 3 keeps only this rank's pieces. */
 /* count_replicated 0: parameters the model marks tensor_replicated stay out of the squared norm (a
  * tensor rank other than 0 holds copies of them).  opt: the optimizer every update runs (the caller's,
  * kept until shard__dp_destroy); its state arrays start at zero. */
-shard_status shard__dp_create(shard_comm *data_comm, shard_model *m, int zero, size_t bucket_bytes,
+shard_status shard__dp_create(const shard_dp_comms *comms, shard_model *m, int zero, size_t bucket_bytes,
                               shard_dtype grad_dtype, int count_replicated, shard_dtype compute_dtype,
                               const shard_optimizer *opt, shard_dp **out);
 void shard__dp_destroy(shard_dp *dp);
@@ -39,7 +50,8 @@ shard_status shard__dp_begin_micro(shard_dp *dp, int sync);
  * rank's last backward. */
 void shard__dp_set_sync(shard_dp *dp, int sync);
 /* After the last backward: wait for the gradients; *squares = the sum of the squared gradients over
- * the data axis (this rank's parameters). */
+ * the data axis (this rank's parameters), and with expert units over the expert axis too (every
+ * expert once, every dense parameter once). */
 shard_status shard__dp_finish(shard_dp *dp, double *squares);
 /* Scale the gradients by clip, the optimizer's update on what this rank owns, then make every
  * replica's values whole again. */

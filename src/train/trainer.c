@@ -11,7 +11,11 @@
  *
  * The strategy of the `data` axis lives in src/parallel/data_parallel.c; with
  * a `pipe` axis the micro-batches run as src/parallel/pipeline.c's schedule
- * instead of one after the other. */
+ * instead of one after the other.  An `expert` axis splits a mixture of
+ * experts' experts (the model's, through expert.h): an expert rank is also a
+ * data rank, so rows follow data x expert, dense gradients are summed over
+ * data x expert and expert gradients over data (src/parallel/expert_parallel.c
+ * holds the whole tensors' layout). */
 #include "shard/trainer.h"
 
 #include <math.h>
@@ -26,6 +30,7 @@
 #include "ckpt/ckpt_util.h"
 #include "comm/comm_impl.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/pipeline.h"
 #include "shard/blas.h"
 #include "shard/checkpoint.h"
@@ -38,9 +43,12 @@
 struct shard_trainer {
     shard_trainer_config c;
     shard_mesh *mesh;
-    shard_comm *data, *tensor; /* tensor: NULL without that axis */
-    shard_comm *own_data;      /* made when the mesh has no data axis */
-    int data_rank, data_size;
+    shard_comm *data, *tensor;     /* tensor: NULL without that axis */
+    shard_comm *own_data;          /* made when the mesh has no data axis */
+    shard_comm *expert;            /* the expert axis; NULL without one of more than one rank */
+    shard_comm *rows;              /* what the rows are split over: data, or data x expert with an expert axis */
+    shard__expert_layout *experts; /* the expert parameters' whole tensors; NULL: every tensor whole here */
+    int data_rank, data_size;      /* in `rows`: the batch arithmetic's data ranks */
     size_t global, micro, accum;
     shard_model *model;
     /* shard_trainer_create_with_model's factory (struct_size 0: the config's model); a model the caller
@@ -139,8 +147,8 @@ shard_status shard_trainer_config_check(const shard_trainer_config *config, int 
 
 /* The create options of this trainer's models and batch sources (tensor and stage NULL: the whole model);
  * *text: the config's text when it has a path, for the caller to free. */
-static shard_status create_options(const shard_trainer *t, shard_comm *tensor, const shard_model_stage *stage,
-                                   shard_model_create_options *o, char **text) {
+static shard_status create_options(const shard_trainer *t, shard_comm *tensor, shard_comm *expert,
+                                   const shard_model_stage *stage, shard_model_create_options *o, char **text) {
     const shard_trainer_config *c = &t->c;
     *text = NULL;
     if (c->config_path) SHARD_CHECK(shard_model_config_read(c->config_path, text));
@@ -154,27 +162,28 @@ static shard_status create_options(const shard_trainer *t, shard_comm *tensor, c
                                       .sequence_parallel = c->sequence_parallel,
                                       .specs = c->param_specs,
                                       .stage = stage,
-                                      .ctx = t->factory.ctx};
+                                      .ctx = t->factory.ctx,
+                                      .expert = expert};
     return SHARD_OK;
 }
 
 /* A model of this trainer's kind for this rank: the caller's (whole), the factory's create, or the
- * config's model (the registry's kind).  tensor and stage NULL: the whole model. */
-static shard_status make_model(const shard_trainer *t, shard_comm *tensor, const shard_model_stage *stage,
-                               shard_model **out) {
+ * config's model (the registry's kind).  tensor, expert and stage NULL: the whole model. */
+static shard_status make_model(const shard_trainer *t, shard_comm *tensor, shard_comm *expert,
+                               const shard_model_stage *stage, shard_model **out) {
     const shard_trainer_config *c = &t->c;
     *out = NULL;
     if (t->factory.model) {
         *out = t->factory.model;
         return SHARD_OK;
     }
-    if (!t->factory.create)
+    if (!t->factory.create && !expert)
         return shard_model_create_stage(c->config_path, c->data_dir, t->micro, c->seq, tensor, c->sequence_parallel,
                                         c->param_specs, stage, out);
     char *text;
     shard_model_create_options o;
-    SHARD_CHECK(create_options(t, tensor, stage, &o, &text));
-    shard_status s = t->factory.create(&o, out);
+    SHARD_CHECK(create_options(t, tensor, expert, stage, &o, &text));
+    shard_status s = t->factory.create ? t->factory.create(&o, out) : shard_model_create_with(&o, out);
     free(text);
     if (s == SHARD_OK && (!*out || !(*out)->ops))
         s = shard_error(SHARD_ERR_INVALID_ARG,
@@ -204,7 +213,7 @@ static shard_status make_source(shard_trainer *t, const shard_model *m) {
     }
     char *text;
     shard_model_create_options o;
-    SHARD_CHECK(create_options(t, NULL, NULL, &o, &text));
+    SHARD_CHECK(create_options(t, NULL, NULL, NULL, &o, &text));
     shard_status s = t->factory.batch_source_create ? t->factory.batch_source_create(&o, m, &t->source)
                                                     : shard_model_batch_source(&o, m, &t->source);
     free(text);
@@ -245,7 +254,7 @@ static shard_status plan_pipeline(shard_trainer *t, shard_comm *pipe) {
         if (!cut) s = shard_error(SHARD_ERR_NO_MEMORY, "pipeline: out of memory");
         if (s == SHARD_OK && shard_comm_rank(all) == 0) {
             shard_model *whole = NULL;
-            s = make_model(t, NULL, NULL, &whole);
+            s = make_model(t, NULL, NULL, NULL, &whole);
             if (s == SHARD_OK) whole->ops->init(whole, t->c.seed);
             if (s == SHARD_OK) s = make_source(t, whole);
             if (s == SHARD_OK)
@@ -319,9 +328,16 @@ static shard_status check_factory(shard_mesh *mesh, const shard_trainer_config *
                            who, f->model ? "both" : "neither");
     if (!f->model) return SHARD_OK;
     int tensor = shard_mesh_axis_index(mesh, "tensor"), pipe = shard_mesh_axis_index(mesh, "pipe");
+    int expert = shard_mesh_axis_index(mesh, "expert");
     int tensor_size = tensor >= 0 ? shard_mesh_axis_size(mesh, tensor) : 1;
     int pipe_size = pipe >= 0 ? shard_mesh_axis_size(mesh, pipe) : 1;
+    int expert_size = expert >= 0 ? shard_mesh_axis_size(mesh, expert) : 1;
     const shard_model *m = f->model;
+    if (expert_size > 1)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: a model built by the caller holds every expert, and this mesh has expert=%d: give "
+                           "the factory a create function, which is handed each rank's expert axis, or expert=1",
+                           who, expert_size);
     if (tensor_size > 1 || pipe_size > 1)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "%s: a model built by the caller runs whole on each rank, and this mesh "
@@ -351,14 +367,14 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
                                    shard_trainer **out) {
     *out = NULL;
     int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
-    int pipe_axis = shard_mesh_axis_index(mesh, "pipe");
-    static const char *const trained[] = {"data", "tensor", "pipe"};
+    int pipe_axis = shard_mesh_axis_index(mesh, "pipe"), expert_axis = shard_mesh_axis_index(mesh, "expert");
+    static const char *const trained[] = {"data", "expert", "tensor", "pipe"};
     for (int a = 0; a < shard_mesh_ndim(mesh); a++)
-        if (a != axis && a != tensor_axis && a != pipe_axis && shard_mesh_axis_size(mesh, a) > 1) {
-            const char *name = shard_mesh_axis_name(mesh, a), *near = shard_text_nearest(name, trained, 3);
+        if (a != axis && a != tensor_axis && a != pipe_axis && a != expert_axis && shard_mesh_axis_size(mesh, a) > 1) {
+            const char *name = shard_mesh_axis_name(mesh, a), *near = shard_text_nearest(name, trained, 4);
             return shard_error(SHARD_ERR_INVALID_ARG,
-                               "--mesh: axis '%s' = %d: training splits over 'data', 'tensor' and 'pipe'%s%s%s; "
-                               "give %s=1 or leave it out",
+                               "--mesh: axis '%s' = %d: training splits over 'data', 'expert', 'tensor' and "
+                               "'pipe'%s%s%s; give %s=1 or leave it out",
                                name, shard_mesh_axis_size(mesh, a), near ? " (did you mean '" : "", near ? near : "",
                                near ? "'?)" : "", name);
         }
@@ -383,21 +399,36 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
         }
         t->data = t->own_data;
     }
-    t->data_rank = shard_comm_rank(t->data), t->data_size = shard_comm_size(t->data);
+    /* an expert axis of more than one rank: its ranks are data ranks too (the rows split over data x
+     * expert); of one rank it splits nothing, and the run is the data axis's alone */
+    t->rows = t->data;
+    shard_status s = SHARD_OK;
+    if (expert_axis >= 0 && shard_mesh_axis_size(mesh, expert_axis) > 1) {
+        t->expert = shard_mesh_axis_comm(mesh, expert_axis);
+        s = axis >= 0 ? shard_mesh_axes_comm(mesh, "data,expert", &t->rows) : SHARD_OK;
+        if (axis < 0) t->rows = t->expert;
+    }
+    if (s < 0) {
+        shard_trainer_destroy(t);
+        return s;
+    }
+    t->data_rank = shard_comm_rank(t->rows), t->data_size = shard_comm_size(t->rows);
     /* several ranks share the cores: thread ranks' kernels run on one thread each, processes split their
      * machine's cores */
-    shard_status s = shard_share_cores(shard_mesh_comm(mesh));
+    s = shard_share_cores(shard_mesh_comm(mesh));
     if (s == SHARD_OK) s = make_optimizer(config, &t->opt);
     if (s == SHARD_OK) s = batch_layout(&t->c, (size_t)t->data_size, &t->global, &t->accum, &t->micro);
     if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
-    if (s == SHARD_OK) s = make_model(t, t->tensor, t->pipe ? &t->stage : NULL, &t->model);
+    if (s == SHARD_OK) s = make_model(t, t->tensor, t->expert, t->pipe ? &t->stage : NULL, &t->model);
+    if (s == SHARD_OK) s = shard__expert_layout_create(t->expert, t->model, &t->experts);
     if (s == SHARD_OK) s = make_source(t, t->model);
     if (s == SHARD_OK) {
         t->model->ops->init(t->model, config->seed);
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
         /* on tensor ranks other than 0, parameters every tensor rank holds whole stay out of the norm */
         int count_replicated = !t->tensor || shard_comm_rank(t->tensor) == 0;
-        s = shard__dp_create(t->data, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype,
+        shard_dp_comms comms = {.dense = t->rows, .expert_data = t->data, .expert = t->expert};
+        s = shard__dp_create(&comms, t->model, config->zero, (size_t)(mb * 1048576.0), config->grad_dtype,
                              count_replicated, config->compute_dtype, t->opt,
                              &t->dp); /* f32 or bf16, else refused there */
     }
@@ -431,6 +462,7 @@ void shard_trainer_destroy(shard_trainer *t) {
     shard__pp_destroy(t->pp);
     shard__pipe_schedule_destroy(t->sched);
     shard__dp_destroy(t->dp);
+    shard__expert_layout_destroy(t->experts);
     shard_optimizer_destroy(t->opt);
     if (t->owns_source) shard_batch_source_destroy(t->source);
     if (t->owns_model)
@@ -482,7 +514,7 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
         SHARD_CHECK(load(t, step, k));
         items += (double)m->ops->batch_items(m);
     }
-    SHARD_CHECK(shard_comm_all_reduce(t->data, &items, &global_items, 1, SHARD_F64, SHARD_OP_SUM));
+    SHARD_CHECK(shard_comm_all_reduce(t->rows, &items, &global_items, 1, SHARD_F64, SHARD_OP_SUM));
     SHARD_CHECK(shard__dp_begin_step(t->dp));
     if (t->pp) {
         SHARD_CHECK(shard__pp_run(t->pp, t->dp, pp_load, t, global_items, &loss));
@@ -519,7 +551,7 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
     SHARD_CHECK(shard__dp_update(t->dp, step, out->lr, clip));
-    SHARD_CHECK(shard_comm_all_reduce(t->data, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
+    SHARD_CHECK(shard_comm_all_reduce(t->rows, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
     if (t->pipe) { /* the loss is the last stage's */
         loss = global_loss;
         SHARD_CHECK(shard_comm_all_reduce(t->pipe, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
@@ -542,14 +574,30 @@ typedef struct ckpt_param {
     int64_t ndim, shape[SHARD_MAX_DIMS];
 } ckpt_param;
 
+/* Parameter i's whole shape: whole over the tensor axis (the model's table), then over the expert axis. */
+static void whole_shape(const shard_trainer *t, size_t i, size_t *shape) {
+    memcpy(shape, t->model->params->info[i].shape, SHARD_MAX_DIMS * sizeof *shape);
+    shard_model_whole_shape(t->model, i, shape);
+    shard__expert_whole_shape(t->experts, i, shape);
+}
+
+/* Elements per dim-0 row of parameter i whole over the tensor axis (what an expert is of an expert-split
+ * stack). */
+static size_t row_elems(const shard_trainer *t, size_t i) {
+    size_t shape[SHARD_MAX_DIMS], n = 1;
+    memcpy(shape, t->model->params->info[i].shape, sizeof shape);
+    shard_model_whole_shape(t->model, i, shape);
+    for (int d = 1; d < t->model->params->info[i].ndim; d++) n *= shape[d];
+    return n;
+}
+
 static shard_status ckpt_params(shard_trainer *t, ckpt_param **out, size_t **mine, size_t *count) {
     const shard_params *p = t->model->params;
     ckpt_param *own = calloc(p->count + 1, sizeof *own), *all = NULL;
     shard_status s = own ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
         size_t shape[SHARD_MAX_DIMS];
-        memcpy(shape, p->info[i].shape, sizeof shape);
-        shard_model_whole_shape(t->model, i, shape);
+        whole_shape(t, i, shape);
         memcpy(own[i].name, p->info[i].name, sizeof own[i].name);
         own[i].ndim = p->info[i].ndim;
         for (int d = 0; d < SHARD_MAX_DIMS; d++) own[i].shape[d] = (int64_t)shape[d];
@@ -656,7 +704,11 @@ static shard_status param_whole(shard_trainer *t, size_t i, int which, size_t wh
         memset(whole, 0, whole_n * sizeof *whole);
     else
         s = shard__dp_get_range(t->dp, which, info->offset, info->numel, piece);
-    if (info && s == SHARD_OK) { s = shard_model_gather_piece(t->model, i, piece, whole); }
+    if (info && s == SHARD_OK) { /* this rank's experts (all of it when dense) whole over the tensor axis, */
+        size_t row = row_elems(t, i);
+        s = shard_model_gather_piece(t->model, i, piece, whole + shard__expert_offset(t->experts, i, row));
+        if (s == SHARD_OK) s = shard__expert_gather(t->experts, i, whole, row); /* then every expert rank's */
+    }
     /* a pipeline: the stage that holds it gives it to the others (the rest add zeros) */
     if (s == SHARD_OK && t->pipe) s = shard_comm_all_reduce(t->pipe, whole, whole, whole_n, SHARD_F32, SHARD_OP_SUM);
     return s;
@@ -679,9 +731,10 @@ static void free_items(shard_ckpt_item *items, void *names, size_t n) {
     free(items), free(names);
 }
 
-/* This rank's piece of parameter i (a tensor-parallel block, or all of it) from its whole tensor. */
+/* This rank's piece of parameter i (its experts' rows, then a tensor-parallel block, or all of it) from
+ * its whole tensor. */
 static void take_piece(const shard_trainer *t, size_t i, const float *whole, float *piece) {
-    shard_model_take_piece(t->model, i, whole, piece);
+    shard_model_take_piece(t->model, i, whole + shard__expert_offset(t->experts, i, row_elems(t, i)), piece);
 }
 
 /* The settings that shape the run's numbers (not how it is split), as a JSON object: saved with each
@@ -826,7 +879,7 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     if (s < 0) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
         info[i] = p->info[i];
-        shard_model_whole_shape(t->model, i, info[i].shape);
+        whole_shape(t, i, info[i].shape);
     }
     if (s == SHARD_OK) s = shard_params_create(info, p->count, SHARD_MEM_OTHER, &whole);
     if (s == SHARD_OK) s = shard_params_load(whole, path, 1, NULL);

@@ -1,0 +1,63 @@
+/* expert.h — expert-parallel building blocks: the token exchange of a
+ * mixture-of-experts layer whose E experts are split over the mesh's `expert`
+ * axis (shard_split_even of the experts: rank r holds a contiguous range).
+ * A model calls these as it calls the tensor-parallel blocks (tp.h), so it
+ * depends on no strategy; a NULL or one-rank communicator keeps every expert
+ * on this rank and the exchange is a local regrouping.
+ *
+ * A layer's router picks, for each of this rank's tokens, one or more experts:
+ * n assignments (token-expert pairs).  The route counts them per expert and
+ * exchanges the counts (an all_to_all of counts over the axis), so each rank
+ * learns how many rows each of its experts receives from each rank; then
+ * dispatch sends the assignments' rows to their experts' ranks and combine
+ * brings the experts' outputs back (all_to_allv both ways).
+ *
+ * Order on the receiving side: grouped by local expert (expert 0 of the
+ * range first), within an expert by sending rank, within a rank by the
+ * sender's assignment order — a function of the assignments alone, the same
+ * for any split of the experts, so an expert's rows on one rank are in the
+ * order one rank holding every expert would see them.
+ *
+ * Backward: dispatch's backward is combine of the gradients (d x_experts ->
+ * d x), combine's backward is dispatch (d y -> d y_experts), on the same route. */
+#ifndef SHARD_EXPERT_H
+#define SHARD_EXPERT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/comm.h"
+#include "shard/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Experts [*first, *first + *count) of `experts` that rank `rank` of `ranks` holds (shard_split_even). */
+void shard_expert_range(size_t experts, int ranks, int rank, size_t *first, size_t *count);
+
+typedef struct shard_expert_route shard_expert_route;
+
+/* One MoE layer's token exchange over comm (the mesh's expert axis; NULL or one rank: every expert here).
+ * This rank has n assignments (token-expert pairs) whose experts are expert[0..n-1] (each in 0..experts-1),
+ * listed in any order.  Collective: exchanges the per-expert counts.  An expert outside 0..experts-1 on
+ * any rank fails every rank's call, naming the rank, the assignment and the valid range. */
+shard_status shard_expert_route_create(shard_comm *comm, size_t experts, const int32_t *expert, size_t n,
+                                       shard_expert_route **out);
+/* Rows this rank's local expert e (0-based within its range) receives, summed over the sending ranks; and
+ * the total over its local experts. */
+size_t shard_expert_route_rows(const shard_expert_route *r, size_t local_expert);
+size_t shard_expert_route_total(const shard_expert_route *r);
+/* x[n, width] in assignment order -> x_experts[total, width] grouped by local expert (expert 0's rows
+ * first), within an expert by sending rank then by assignment order (a deterministic order, the same
+ * for any split).  Collective (all_to_allv). */
+shard_status shard_expert_dispatch(shard_expert_route *r, const float *x, float *x_experts, size_t width);
+/* The inverse: y_experts[total, width] (as dispatch laid them out) -> y[n, width] in assignment order.
+ * Backward: dispatch's backward is combine of the gradients, combine's backward is dispatch. */
+shard_status shard_expert_combine(shard_expert_route *r, const float *y_experts, float *y, size_t width);
+void shard_expert_route_destroy(shard_expert_route *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
