@@ -251,6 +251,51 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
     return SHARD_OK;
 }
 
+/* A mixture of experts' fields of a --log line (NULL for a model without routers): the router losses,
+ * the fraction of assignments dropped, and the expert load as a list per MoE layer. */
+static shard_status routed_fields(const shard_step_result *r, char **out) {
+    *out = NULL;
+    if (!r->moe_layers) return SHARD_OK;
+    size_t bytes = 128 + r->moe_layers * (4 + r->experts * 24);
+    char *text = malloc(bytes);
+    if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory for the --log line");
+    size_t at = (size_t)snprintf(text, bytes, ", \"aux_loss\": %.7g, \"z_loss\": %.7g, \"dropped_tokens\": %.6g, "
+                                              "\"expert_load\": [",
+                                 r->aux_loss, r->z_loss, r->dropped_tokens);
+    for (size_t l = 0; l < r->moe_layers; l++)
+        for (size_t e = 0; e < r->experts; e++)
+            at += (size_t)snprintf(text + at, bytes - at, "%s%s%.0f%s", e ? "" : l ? ", " : "", e ? ", " : "[",
+                                   r->expert_load[l * r->experts + e], e + 1 == r->experts ? "]" : "");
+    snprintf(text + at, bytes - at, "]");
+    *out = text;
+    return SHARD_OK;
+}
+
+/* The run's expert load so far plus this step's (rank 0). */
+static shard_status load_add(const shard_step_result *r, double **load, size_t *cells) {
+    size_t n = r->moe_layers * r->experts;
+    if (!n) return SHARD_OK;
+    if (!*load && !(*load = calloc(n, sizeof **load)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory for the expert load");
+    *cells = n;
+    for (size_t i = 0; i < n; i++) (*load)[i] += r->expert_load[i];
+    return SHARD_OK;
+}
+
+/* The run's expert load: per MoE layer, each expert's share of the assignments routed. */
+static void print_load(const shard_step_result *shape, const double *load) {
+    printf("train: expert load over the run (share of the token-expert assignments each expert was routed)\n");
+    for (size_t l = 0; l < shape->moe_layers; l++) {
+        const double *row = load + l * shape->experts;
+        double all = 0;
+        for (size_t e = 0; e < shape->experts; e++) all += row[e];
+        printf("  MoE layer %zu:", l);
+        for (size_t e = 0; e < shape->experts; e++)
+            printf(" e%zu %5.1f%%", e, all > 0 ? 100.0 * row[e] / all : 0.0);
+        printf("  (%.0f assignments)\n", all);
+    }
+}
+
 /* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
  * are dropped, and so is a last line without its newline (a run killed while writing it), so the file
  * holds each step once, every line whole; the rest stays, and the run adds to it. */
@@ -371,6 +416,9 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     size_t B = 0, micro = 0, K = 0, D = 0;
     if (t) shard_trainer_batch(t, &B, &micro, &K, &D);
     double started = shard_clock_seconds(), first_loss = 0, last_loss = 0, tokens_done = 0;
+    double *load = NULL; /* rank 0, a mixture of experts: the run's assignments per layer and expert */
+    size_t load_cells = 0;
+    shard_step_result load_shape = {0};
     size_t items_per_row = strcmp(m ? m->ops->kind : "", "gpt2") == 0 ? (size_t)o->seq : 1;
     if (s == SHARD_OK && rank == 0) {
         char what[256], mesh_str[128];
@@ -418,13 +466,18 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
         int32_t logged = 1; /* rank 0 writes the line; every rank learns whether it could, to stop together */
+        char *routed = NULL; /* a mixture of experts' fields of the line ("" for a dense model) */
+        if (s == SHARD_OK && rank == 0) s = routed_fields(&r, &routed);
+        if (s == SHARD_OK && rank == 0) s = load_add(&r, &load, &load_cells), load_shape = r;
+        if (s < 0) break;
         if (log &&
             shard_text_file_printf(log,
                                    "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, "
-                                   "\"tokens_per_s\": %.1f, \"ms\": %.3f, \"comm_wait_ms\": %.3f}\n",
-                                   (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms,
-                                   r.exposed_comm_ms) < 0)
+                                   "\"tokens_per_s\": %.1f, \"ms\": %.3f, \"comm_wait_ms\": %.3f%s}\n",
+                                   (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms, r.exposed_comm_ms,
+                                   routed ? routed : "") < 0)
             logged = 0, snprintf(log_error, sizeof log_error, "%s", shard_last_error());
+        free(routed);
         if (o->log && (s = shard_comm_broadcast(comm, &logged, 1, SHARD_I32, 0)) < 0) break;
         if (rank == 0) cli_progress(tty, (long)step, o->steps, (float)r.loss, r.lr, tps, r.ms);
         if (o->save &&
@@ -437,6 +490,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         }
     }
     if (tty) printf("\n");
+    if (s == SHARD_OK && !stopped && rank == 0 && load) print_load(&load_shape, load);
+    free(load);
     if (s == SHARD_OK && !stopped && world > 1) s = print_memory(comm, mesh);
     if (s == SHARD_OK && !stopped && o->trace) { /* the last step's schedule as it ran */
         shard_pipeline_stats ps;

@@ -4,6 +4,10 @@
  * GPT-2 checkpoint in safetensors loads by name.
  *
  * One block: x += c_proj(attn(c_attn(ln_1(x)))); x += c_proj(gelu(c_fc(ln_2(x)))).
+ * With num_local_experts E > 0 the MLP of every moe_layer_frequency-th block (blocks l with
+ * (l + 1) % moe_layer_frequency == 0: the last of each run of that many) is a mixture of E experts
+ * (moe.h): h.l.mlp.gate.weight [E, C] and the experts stacked, h.l.mlp.experts.c_fc.weight [E, C, 4C],
+ * .c_fc.bias [E, 4C], .c_proj.weight [E, 4C, C], .c_proj.bias [E, C].
  * Forward keeps the activations backward needs (sized for max_batch x
  * max_seq at creation); backward adds into a gradient slab of the
  * parameters' layout. */
@@ -25,6 +29,13 @@ typedef struct shard_gpt_config {
     float initializer_range;  /* default 0.02 */
     /* dropout probabilities (default 0: off), in training forwards only (with targets) */
     float resid_pdrop, embd_pdrop, attn_pdrop;
+    /* mixture of experts (Hugging Face's keys; num_local_experts 0: every MLP dense) */
+    size_t num_local_experts, num_experts_per_tok; /* E and top-k */
+    size_t moe_layer_frequency;                    /* default 1 (0 reads as 1) */
+    float expert_capacity_factor;                  /* 0: no token dropped */
+    float router_aux_loss_coef, router_z_loss_coef, router_jitter_noise; /* parsed defaults 0.01, 0, 0 */
+    int router_random_routing;                     /* default false */
+    int norm_topk_prob;                            /* parsed default: true for top-k >= 2 */
 } shard_gpt_config;
 
 /* Parse a JSON config (`where` names it in messages).  Hugging Face's GPT-2
@@ -33,8 +44,11 @@ typedef struct shard_gpt_config {
 shard_status shard_gpt_config_parse(const char *json_text, const char *where, shard_gpt_config *out);
 shard_status shard_gpt_config_load(const char *path, shard_gpt_config *out);
 size_t shard_gpt_param_count(const shard_gpt_config *c);
+/* Whether block l's MLP is a mixture of experts. */
+int shard_gpt_block_is_moe(const shard_gpt_config *c, size_t l);
 
 typedef struct shard_gpt shard_gpt;
+struct shard_model_router_stats;
 
 shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out);
 /* The same for training: a forward with targets writes the loss's gradient
@@ -64,6 +78,9 @@ const float *shard_gpt_logits(const shard_gpt *g);
  * (NULL: through the gradient pointers bound on shard_gpt_model(g), which a
  * call with grads leaves as they were). */
 shard_status shard_gpt_backward(shard_gpt *g, shard_params *grads);
+/* The router losses and counts of the training forwards since the last forward with targets began
+ * (shard_gpt_forward) or the stats table's reset (model.h): zeros for a dense GPT. */
+void shard_gpt_router_stats(const shard_gpt *g, struct shard_model_router_stats *out);
 /* The GPT behind the generic model table (model.h): units 0 = wte, wpe,
  * ln_f; 1 + l = block l.  Owned by g. */
 struct shard_model *shard_gpt_model(shard_gpt *g);

@@ -66,7 +66,36 @@ typedef struct shard_model_ops {
      * into pipeline stages (NULL: the model runs whole). */
     const struct shard_model_tensor_ops *tensor;
     const struct shard_model_pipe_ops *pipe;
+    /* Optional: a model with routers (a mixture of experts) reports their losses and loads (NULL: none). */
+    const struct shard_model_stats_ops *stats;
 } shard_model_ops;
+
+/* A model with routers: what its forwards since the last reset added up, this rank's rows only (the
+ * trainer sums them over the data axis).  The loss the forward returns is the task's (the LM loss);
+ * the model minimises it plus aux_coef x aux_loss + z_coef x z_loss, each a per-row mean divided by the
+ * global row count (model's global_rows) as the loss is.
+ *   aux_loss, z_loss   the load-balancing and router z losses (unscaled by their coefficients)
+ *   assigned, dropped  token-expert assignments made, and dropped for capacity
+ *   layers, experts    routed layers and experts per layer: load's shape
+ *   load               [layers x experts] assignments routed to each expert (before capacity drops);
+ *                      the model's, valid until its next forward or reset */
+typedef struct shard_model_router_stats {
+    double aux_loss, z_loss;
+    double assigned, dropped;
+    size_t layers, experts;
+    const double *load;
+} shard_model_router_stats;
+
+typedef struct shard_model_stats_ops {
+    size_t struct_size;
+    /* Whether the model routes at all (a GPT config without experts: 0, and the trainer logs nothing). */
+    int (*routed)(const shard_model *m);
+    void (*reset)(shard_model *m);
+    void (*read)(const shard_model *m, shard_model_router_stats *out);
+} shard_model_stats_ops;
+
+/* m's stats table when its ops have one (struct_size covering it) and it routes; NULL otherwise. */
+const shard_model_stats_ops *shard_model_stats(const shard_model *m);
 
 /* A pipe rank's part of the model: `chunks` runs of layers (one; v with virtual stages, chunk c being
  * virtual stage c * count + index), chunk c holding layers first[c] .. last[c]-1 of the model's
@@ -154,6 +183,9 @@ struct shard_model {
     shard_model_hooks hooks;
     uint64_t seed, step; /* of the loaded batch (dropout masks are keyed by them and the global row) */
     size_t first_row, rows;
+    /* rows of the step's global batch, the denominator of per-row means (a router's losses): set by the
+     * trainer; 0: the rows loaded */
+    size_t global_rows;
     void *impl;
 };
 

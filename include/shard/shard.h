@@ -22,6 +22,7 @@
 #include "shard/memory.h"
 #include "shard/mesh.h"
 #include "shard/model.h"
+#include "shard/moe.h"
 #include "shard/optim.h"
 #include "shard/params.h"
 #include "shard/redistribute.h"

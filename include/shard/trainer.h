@@ -65,6 +65,13 @@ typedef struct shard_step_result {
     float lr;
     double ms, exposed_comm_ms; /* the step; the part of it spent waiting on communication */
     uint64_t grad_bytes;        /* gradient bytes this rank handed to collectives */
+    /* a model with routers (a mixture of experts; model.h's stats table), else zeros: the load-balancing
+     * and z losses (loss is the task's alone; the step minimised loss + their coefficients' multiples),
+     * the fraction of token-expert assignments dropped for capacity, and the assignments routed to each
+     * expert over the global batch, [moe_layers x experts] (the trainer's, valid until its next step) */
+    double aux_loss, z_loss, dropped_tokens;
+    size_t moe_layers, experts;
+    const double *expert_load;
 } shard_step_result;
 
 typedef struct shard_trainer shard_trainer;

@@ -19,6 +19,7 @@
 
 #include "shard/blas.h"
 #include "shard/layers.h"
+#include "shard/moe.h"
 #include "core/alloc_impl.h"
 #include "models/model_impl.h"
 #include "nn/placement.h"
@@ -45,6 +46,47 @@ static shard_status float_field(const char *where, const char *key, const json_t
     return SHARD_OK;
 }
 
+int shard_gpt_block_is_moe(const shard_gpt_config *c, size_t l) {
+    size_t f = c->moe_layer_frequency ? c->moe_layer_frequency : 1;
+    return c->num_local_experts > 0 && (l + 1) % f == 0;
+}
+
+/* Block l's parameters: LayerNorms and attention, then the dense MLP or the router and E experts. */
+static size_t block_params(const shard_gpt_config *c, size_t l) {
+    size_t C = c->n_embd, mlp = C * 4 * C + 4 * C + 4 * C * C + C, E = c->num_local_experts;
+    return 4 * C + (C * 3 * C + 3 * C) + (C * C + C) + (shard_gpt_block_is_moe(c, l) ? E * C + E * mlp : mlp);
+}
+
+/* The mixture-of-experts keys of a config with num_local_experts > 0 (one without reads none). */
+static shard_status check_moe(const shard_gpt_config *c, const char *where) {
+    size_t E = c->num_local_experts, k = c->num_experts_per_tok, f = c->moe_layer_frequency ? c->moe_layer_frequency : 1;
+    char why[128];
+    if (!E) return SHARD_OK;
+    if (E > 4096) return bad_key(where, "num_local_experts", "must be at most 4096");
+    if (!k || k > E) {
+        snprintf(why, sizeof why, "= %zu: must be 1 .. num_local_experts = %zu", k, E);
+        return bad_key(where, "num_experts_per_tok", why);
+    }
+    if (f > c->n_layer) {
+        snprintf(why, sizeof why, "= %zu: must be 1 .. n_layer = %zu (every k-th block is a mixture of experts)", f,
+                 c->n_layer);
+        return bad_key(where, "moe_layer_frequency", why);
+    }
+    if (!(c->expert_capacity_factor >= 0 && c->expert_capacity_factor <= 1e6f))
+        return bad_key(where, "expert_capacity_factor", "must be 0 (no token dropped) or a positive factor");
+    if (!(c->router_aux_loss_coef >= 0)) return bad_key(where, "router_aux_loss_coef", "must be >= 0");
+    if (!(c->router_z_loss_coef >= 0)) return bad_key(where, "router_z_loss_coef", "must be >= 0");
+    if (!(c->router_jitter_noise >= 0 && c->router_jitter_noise < 1))
+        return bad_key(where, "router_jitter_noise", "must be in [0, 1)");
+    if (c->router_random_routing && k != 2)
+        return bad_key(where, "router_random_routing", "needs num_experts_per_tok = 2 (it routes the second choice)");
+    if (c->norm_topk_prob && k == 1)
+        return bad_key(where, "norm_topk_prob",
+                       "must be false for num_experts_per_tok = 1 (the gate is the softmax probability, so "
+                       "the router gets a gradient)");
+    return SHARD_OK;
+}
+
 /* The sizes a model can be built from: every size given, heads dividing the width (a parsed config and
  * one filled in by a caller of shard_gpt_create alike). */
 static shard_status check_config(const shard_gpt_config *c, const char *where) {
@@ -59,9 +101,8 @@ static shard_status check_config(const shard_gpt_config *c, const char *where) {
             return bad_key(where, need[i], why);
         }
     }
-    double C = (double)c->n_embd,
-           params = ((double)c->vocab_size + (double)c->n_positions) * C + (double)c->n_layer * (12 * C * C + 13 * C) +
-        2 * C;
+    double C = (double)c->n_embd, params = ((double)c->vocab_size + (double)c->n_positions) * C + 2 * C;
+    for (size_t l = 0; l < c->n_layer; l++) params += (double)block_params(c, l);
     if (params > 0x1p40)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "%s: n_embd %zu, n_layer %zu, n_positions %zu and vocab_size %zu make %.3g "
@@ -79,7 +120,35 @@ static shard_status check_config(const shard_gpt_config *c, const char *where) {
     const float drops[] = {c->resid_pdrop, c->embd_pdrop, c->attn_pdrop};
     for (int i = 0; i < 3; i++)
         if (!(drops[i] >= 0 && drops[i] < 1)) return bad_key(where, drop_keys[i], "must be in [0, 1)");
-    return SHARD_OK;
+    return check_moe(c, where);
+}
+
+static const char *const moe_key_names[] = {"num_local_experts",   "num_experts_per_tok", "moe_layer_frequency",
+                                       "expert_capacity_factor", "router_aux_loss_coef", "router_z_loss_coef",
+                                       "router_jitter_noise", "router_random_routing", "norm_topk_prob"};
+
+static int is_moe_key(const char *key) {
+    for (size_t i = 0; i < sizeof moe_key_names / sizeof moe_key_names[0]; i++)
+        if (strcmp(key, moe_key_names[i]) == 0) return 1;
+    return 0;
+}
+
+/* One mixture-of-experts key into c (ranges and consistency: check_moe). */
+static shard_status moe_field(const char *where, const char *key, const json_t *v, shard_gpt_config *c) {
+    if (strcmp(key, "num_local_experts") == 0) return size_field(where, key, v, &c->num_local_experts);
+    if (strcmp(key, "num_experts_per_tok") == 0) return size_field(where, key, v, &c->num_experts_per_tok);
+    if (strcmp(key, "moe_layer_frequency") == 0) return size_field(where, key, v, &c->moe_layer_frequency);
+    if (strcmp(key, "router_random_routing") == 0 || strcmp(key, "norm_topk_prob") == 0) {
+        if (!json_is_boolean(v)) return bad_key(where, key, "must be true or false");
+        *(key[0] == 'r' ? &c->router_random_routing : &c->norm_topk_prob) = json_is_true(v);
+        return SHARD_OK;
+    }
+    float *f = strcmp(key, "expert_capacity_factor") == 0 ? &c->expert_capacity_factor
+        : strcmp(key, "router_aux_loss_coef") == 0        ? &c->router_aux_loss_coef
+        : strcmp(key, "router_z_loss_coef") == 0          ? &c->router_z_loss_coef
+                                                          : &c->router_jitter_noise;
+    if (json_is_null(v) && f == &c->expert_capacity_factor) return *f = 0, SHARD_OK; /* null: no capacity */
+    return float_field(where, key, v, f);
 }
 
 shard_status shard_gpt_config_parse(const char *text, const char *where, shard_gpt_config *out) {
@@ -92,7 +161,9 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
         json_decref(root);
         return shard_error(SHARD_ERR_INVALID_ARG, "%s: the config must be a JSON object", where);
     }
-    shard_gpt_config c = {0, 0, 0, 0, 0, 1e-5f, 0.02f, 0, 0, 0};
+    shard_gpt_config c = {.layer_norm_epsilon = 1e-5f, .initializer_range = 0.02f};
+    int moe_given = 0, norm_given = 0; /* a mixture-of-experts key; norm_topk_prob (its default follows top-k) */
+    c.num_experts_per_tok = 2, c.moe_layer_frequency = 1, c.router_aux_loss_coef = 0.01f;
     shard_status s = SHARD_OK;
     const char *key;
     json_t *v;
@@ -151,6 +222,8 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
             if (!json_is_true(v)) s = bad_key(where, key, "must be true (attention scaled by 1/sqrt(head size))");
         } else if (strcmp(key, "scale_attn_by_inverse_layer_idx") == 0 || strcmp(key, "reorder_and_upcast_attn") == 0) {
             if (!json_is_false(v)) s = bad_key(where, key, "must be false");
+        } else if (is_moe_key(key)) {
+            s = moe_field(where, key, v, &c);
         } else {
             int known = 0;
             for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) known |= strcmp(key, ignored[i]) == 0;
@@ -172,11 +245,21 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
                                                "gradient_checkpointing",
                                                "scale_attn_weights",
                                                "scale_attn_by_inverse_layer_idx",
-                                               "reorder_and_upcast_attn"};
+                                               "reorder_and_upcast_attn",
+                                               "num_local_experts",
+                                               "num_experts_per_tok",
+                                               "moe_layer_frequency",
+                                               "expert_capacity_factor",
+                                               "router_aux_loss_coef",
+                                               "router_z_loss_coef",
+                                               "router_jitter_noise",
+                                               "router_random_routing",
+                                               "norm_topk_prob"};
             if (!known)
                 s = shard__unknown_key(where, key, keys, sizeof keys / sizeof keys[0],
                                        "GPT keys: n_embd, n_layer, n_head, n_positions, vocab_size, "
-                                       "layer_norm_epsilon, initializer_range, and Hugging Face GPT-2's others");
+                                       "layer_norm_epsilon, initializer_range, Hugging Face GPT-2's others, and "
+                                       "the mixture of experts' num_local_experts, num_experts_per_tok, ...");
         }
     }
     /* Hugging Face takes n_inner null as 4 * n_embd and any number as the MLP's width: 0 (an MLP of no
@@ -184,8 +267,20 @@ shard_status shard_gpt_config_parse(const char *text, const char *where, shard_g
     const json_t *inner = json_object_get(root, "n_inner");
     int have_inner = json_is_integer(inner);
     json_int_t n_inner = have_inner ? json_integer_value(inner) : 0;
+    json_object_foreach(root, key, v) {
+        moe_given |= is_moe_key(key) && strcmp(key, "num_local_experts") != 0;
+        norm_given |= strcmp(key, "norm_topk_prob") == 0;
+    }
     json_decref(root);
     if (s < 0) return s;
+    if (!norm_given) c.norm_topk_prob = c.num_experts_per_tok >= 2;
+    if (moe_given && !c.num_local_experts)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: mixture-of-experts keys (num_experts_per_tok, ...) without num_local_experts: give "
+                           "the experts per MoE block, or leave the keys out for a dense GPT",
+                           where);
+    if (!c.num_local_experts) /* a dense GPT: the defaults above are not its */
+        c.num_experts_per_tok = 0, c.router_aux_loss_coef = 0, c.norm_topk_prob = 0;
     SHARD_CHECK(check_config(&c, where));
     if (have_inner && (n_inner <= 0 || (uint64_t)n_inner != 4 * (uint64_t)c.n_embd)) {
         char why[96];
@@ -205,13 +300,16 @@ shard_status shard_gpt_config_load(const char *path, shard_gpt_config *out) {
 }
 
 size_t shard_gpt_param_count(const shard_gpt_config *c) {
-    size_t C = c->n_embd, per_layer = 4 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C);
-    return c->vocab_size * C + c->n_positions * C + c->n_layer * per_layer + 2 * C;
+    size_t C = c->n_embd, n = c->vocab_size * C + c->n_positions * C + 2 * C;
+    for (size_t l = 0; l < c->n_layer; l++) n += block_params(c, l);
+    return n;
 }
 
 /* ---------------------------------------------------------------- the model */
 
-enum { LN1_W, LN1_B, ATTN_W, ATTN_B, APROJ_W, APROJ_B, LN2_W, LN2_B, FC_W, FC_B, MPROJ_W, MPROJ_B, PER_LAYER };
+/* A block's parameters by slot; a mixture-of-experts block holds its router in GATE_W and its stacked
+ * experts in FC_W .. MPROJ_B (a dense block has no GATE_W: SIZE_MAX) */
+enum { LN1_W, LN1_B, ATTN_W, ATTN_B, APROJ_W, APROJ_B, LN2_W, LN2_B, FC_W, FC_B, MPROJ_W, MPROJ_B, GATE_W, PER_LAYER };
 
 typedef struct layer_acts {
     float *in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *mid, *ln2, *ln2_mean, *ln2_rstd;
@@ -270,6 +368,12 @@ struct shard_gpt {
     int32_t *inputs, *targets;
     int have_targets, dropout; /* dropout: this forward trains with it */
     float *slab;               /* every activation buffer, one allocation */
+    /* mixture of experts: the layer of each MoE block (NULL: a dense MLP), their count, the load table */
+    shard_moe **moe;
+    size_t moe_layers;
+    double *load; /* [moe_layers x E] */
+    int *slot_of;     /* per parameter: its slot in its block (-1: unit 0's) */
+    size_t *block_of; /* per parameter: its block (SIZE_MAX: unit 0's) */
 };
 
 static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
@@ -316,7 +420,7 @@ static shard_status apply_specs(shard_gpt *g, const shard_param_info *t, size_t 
         for (size_t i = 0; i < n && s == SHARD_OK; i++) {
             if (fnmatch(item, t[i].name, 0) != 0) continue;
             matched++;
-            int k = i >= 4 ? (int)((i - 4) % PER_LAYER) : -1;
+            int k = g->slot_of[i];
             s = shard__placement_set(&g->place[i], &g->layout, t[i].name, eq + 1, split_help((size_t)k, i == g->wte));
         }
         if (s == SHARD_OK && !matched)
@@ -353,13 +457,17 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
     for (size_t l = 0; l < c->n_layer; l++) {
         const size_t *w = &g->layer[l * PER_LAYER];
         const size_t attn[3] = {w[ATTN_W], w[ATTN_B], w[APROJ_W]}, mlp[3] = {w[FC_W], w[FC_B], w[MPROJ_W]};
+        int moe = w[GATE_W] != SIZE_MAX; /* its experts whole on every tensor rank */
         SHARD_CHECK(check_pair(g, t, attn, 3));
-        SHARD_CHECK(check_pair(g, t, mlp, 3));
+        if (!moe) SHARD_CHECK(check_pair(g, t, mlp, 3));
         layer_split *ls = &g->ls[l];
         ls->attn_split = shard__placement_is_split(&g->place[w[ATTN_W]], &g->layout);
-        ls->mlp_split = shard__placement_is_split(&g->place[w[FC_W]], &g->layout);
+        ls->mlp_split = !moe && shard__placement_is_split(&g->place[w[FC_W]], &g->layout);
         shard__placement_range(&g->place[w[ATTN_W]], &g->layout, g->tp_rank, &ls->h0, &ls->Hl);
-        shard__placement_range(&g->place[w[FC_W]], &g->layout, g->tp_rank, &ls->f0, &ls->Fl);
+        if (moe)
+            ls->f0 = 0, ls->Fl = 4 * c->n_embd;
+        else
+            shard__placement_range(&g->place[w[FC_W]], &g->layout, g->tp_rank, &ls->f0, &ls->Fl);
         if (!ls->Hl)
             return shard_error(SHARD_ERR_INVALID_ARG,
                                "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
@@ -393,10 +501,11 @@ static size_t carve_range(shard_gpt *g, float *base, size_t first, size_t last) 
 #define TAKE(ptr, n_) ((ptr) = base ? base + at : NULL, at += (n_))
     for (size_t l = first; l < last; l++) {
         layer_acts *a = &g->acts[l];
+        size_t mlp = g->moe && g->moe[l] ? 0 : N * Fl; /* a mixture of experts keeps its own */
         TAKE(a->in, Nr * C), TAKE(a->ln1, N * C), TAKE(a->ln1_mean, Nr), TAKE(a->ln1_rstd, Nr),
             TAKE(a->qkv, N * 3 * Cl);
         TAKE(a->att, att), TAKE(a->atty, N * Cl), TAKE(a->mid, Nr * C), TAKE(a->ln2, N * C), TAKE(a->ln2_mean, Nr);
-        TAKE(a->ln2_rstd, Nr), TAKE(a->fc, N * Fl), TAKE(a->gelu, N * Fl);
+        TAKE(a->ln2_rstd, Nr), TAKE(a->fc, mlp), TAKE(a->gelu, mlp);
     }
     TAKE(g->out, Nr * C);
     if (g->own_last && last == g->c.n_layer)
@@ -432,12 +541,14 @@ static size_t keep_stage_params(shard_gpt *g, shard_param_info *t, size_t n) {
     size_t *map = malloc(n * sizeof *map), kept = 0, L = g->c.n_layer;
     if (!map) return 0;
     for (size_t i = 0; i < n; i++) {
-        int keep = i < 4 ? (i < 2 ? g->own_first : g->own_last) : holds_block(g, (i - 4) / PER_LAYER);
+        int keep = i < 4 ? (i < 2 ? g->own_first : g->own_last) : holds_block(g, g->block_of[i]);
         map[i] = keep ? kept : SIZE_MAX;
-        if (keep) t[kept] = t[i], g->place[kept] = g->place[i], kept++;
+        if (keep)
+            t[kept] = t[i], g->place[kept] = g->place[i], g->slot_of[kept] = g->slot_of[i],
+            g->block_of[kept] = g->block_of[i], kept++;
     }
     g->wte = map[g->wte], g->wpe = map[g->wpe], g->lnf_w = map[g->lnf_w], g->lnf_b = map[g->lnf_b];
-    for (size_t k = 0; k < L * PER_LAYER; k++) g->layer[k] = map[g->layer[k]];
+    for (size_t k = 0; k < L * PER_LAYER; k++) g->layer[k] = g->layer[k] == SIZE_MAX ? SIZE_MAX : map[g->layer[k]];
     free(map);
     return kept;
 }
@@ -453,9 +564,12 @@ static shard_status check_memory(const shard_gpt_config *c, size_t max_batch, si
     for (size_t k = 0; stage && k < stage->chunks; k++) held += (double)(stage->last[k] - stage->first[k]);
     if (!stage) held = (double)c->n_layer;
     int first = !stage || stage->index == 0, last = !stage || stage->index == stage->count - 1;
-    double params =
-        (held * (12 * C * C + 13 * C) + (first ? (V + (double)c->n_positions) * C : 0) + (last ? 2 * C : 0)) /
-        (double)parts;
+    double blocks = held * (12 * C * C + 13 * C); /* a mixture of experts runs whole: every block's own count */
+    if (c->num_local_experts) {
+        blocks = 0;
+        for (size_t l = 0; l < c->n_layer; l++) blocks += (double)block_params(c, l);
+    }
+    double params = (blocks + (first ? (V + (double)c->n_positions) * C : 0) + (last ? 2 * C : 0)) / (double)parts;
     double rows = (double)max_batch * (double)max_seq;
     double acts = 4 * (held * (H * rows * (double)max_seq + rows * 16 * C) + rows * (5 * V + 16 * C));
     double need = 16 * params + acts, have = (double)shard__mem_available_bytes();
@@ -472,6 +586,31 @@ static shard_status check_memory(const shard_gpt_config *c, size_t max_batch, si
                        c->n_layer, c->n_embd, max_batch, max_seq, need_text, params_text, acts_text, have_text);
 }
 
+/* The mixture-of-experts layers of the MoE blocks (each keeps its routing for its backward). */
+static shard_status create_moe(shard_gpt *g) {
+    const shard_gpt_config *c = &g->c;
+    for (size_t l = 0; l < c->n_layer; l++) {
+        if (!shard_gpt_block_is_moe(c, l)) continue;
+        shard_moe_options o = {.struct_size = sizeof o,
+                               .experts = c->num_local_experts,
+                               .top_k = c->num_experts_per_tok,
+                               .width = c->n_embd,
+                               .hidden = 4 * c->n_embd,
+                               .capacity_factor = c->expert_capacity_factor,
+                               .jitter = c->router_jitter_noise,
+                               .random_routing = c->router_random_routing,
+                               .norm_topk_prob = c->norm_topk_prob,
+                               .aux_coef = c->router_aux_loss_coef,
+                               .z_coef = c->router_z_loss_coef,
+                               .max_tokens = g->max_b * g->max_t};
+        SHARD_CHECK(shard_moe_create(&o, &g->moe[l]));
+        g->moe_layers++;
+    }
+    if (g->moe_layers && !(g->load = calloc(g->moe_layers * c->num_local_experts, sizeof *g->load)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+    return SHARD_OK;
+}
+
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
                                int sequence_parallel, const char *specs, const shard_model_stage *stage,
                                int keep_logits, shard_gpt **out) {
@@ -481,7 +620,13 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "gpt: batch %zu x sequence %zu (the sequence can be 1..n_positions = %zu)", max_batch,
                            max_seq, c->n_positions);
-    size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2;
+    size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2, E = c->num_local_experts;
+    int parts = tp ? shard_comm_size(tp) : 1;
+    if (E && (parts > 1 || stage))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "gpt: a mixture of experts (num_local_experts %zu) trains on one rank or over data "
+                           "ranks, not split over %s: give a mesh without tensor and pipe axes",
+                           E, parts > 1 ? "a tensor axis" : "pipeline stages");
     int bad_stage = stage &&
         (stage->index < 0 || stage->index >= stage->count || !stage->chunks || stage->chunks > SHARD_MAX_STAGE_CHUNKS);
     for (size_t k = 0; stage && !bad_stage && k < stage->chunks; k++)
@@ -499,9 +644,13 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     if (g) {
         g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L ? L : 1, sizeof *g->acts);
         g->ls = calloc(L, sizeof *g->ls), g->place = calloc(count, sizeof *g->place);
+        g->slot_of = calloc(count, sizeof *g->slot_of), g->block_of = calloc(count, sizeof *g->block_of);
+        g->moe = calloc(L ? L : 1, sizeof *g->moe);
     }
-    if (!g || !t || !unit_first || !g->layer || !g->acts || !g->ls || !g->place) {
-        if (g) free(g->layer), free(g->acts), free(g->ls), free(g->place);
+    if (!g || !t || !unit_first || !g->layer || !g->acts || !g->ls || !g->place || !g->slot_of || !g->block_of ||
+        !g->moe) {
+        if (g) free(g->layer), free(g->acts), free(g->ls), free(g->place), free(g->slot_of), free(g->block_of);
+        if (g) free(g->moe);
         free(g), free(t), free(unit_first);
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
@@ -511,7 +660,6 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
     g->own_first = !stage || stage->index == 0, g->own_last = !stage || stage->index == stage->count - 1;
     g->has_u0 = g->own_first || g->own_last;
-    int parts = tp ? shard_comm_size(tp) : 1;
     g->tp = tp, g->tp_rank = tp ? shard_comm_rank(tp) : 0, g->D = C / H;
     g->sp = sequence_parallel && parts > 1;
     g->layout = shard_tp_layout(parts);
@@ -530,20 +678,40 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         snprintf(t[n].name, sizeof t[n].name, "ln_f.bias"), g->lnf_b = n++;
     static const char *const suffix[PER_LAYER] = {
         "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias",
+        "mlp.gate.weight"};
+    /* a mixture-of-experts block: its router after ln_2, then the experts stacked [E, ...], whole on
+     * every tensor rank */
+    static const int moe_order[] = {LN1_W, LN1_B, ATTN_W, ATTN_B, APROJ_W, APROJ_B, LN2_W,
+                                    LN2_B, GATE_W, FC_W,  FC_B,   MPROJ_W, MPROJ_B};
+    const int ones[3] = {1, 1, 1};
+    for (size_t i = 0; i < count; i++) g->slot_of[i] = -1, g->block_of[i] = SIZE_MAX;
     for (size_t l = 0; l < L; l++) {
-        for (int k = 0; k < PER_LAYER; k++) {
+        int moe = shard_gpt_block_is_moe(c, l);
+        g->layer[l * PER_LAYER + GATE_W] = SIZE_MAX;
+        for (int j = 0; j < PER_LAYER - !moe; j++) {
+            int k = moe ? moe_order[j] : j;
             shard__placement *p = &g->place[n];
-            switch (k) {
+            switch (moe && k >= FC_W ? -k : k) {
             case ATTN_W: shard__placement_make(p, 4, (size_t[]){C, 3, H, g->D}, 2, qkv, 2); break;
             case ATTN_B: shard__placement_make(p, 3, (size_t[]){3, H, g->D}, 1, three, 1); break;
             case APROJ_W: shard__placement_make(p, 3, (size_t[]){H, g->D, C}, 2, heads, 0); break;
             case FC_W: shard__placement_make(p, 2, (size_t[]){C, 4 * C}, 2, two, 1); break;
             case FC_B: shard__placement_make(p, 1, (size_t[]){4 * C}, 1, one, 0); break;
             case MPROJ_W: shard__placement_make(p, 2, (size_t[]){4 * C, C}, 2, two, 0); break;
+            case -GATE_W: shard__placement_make(p, 2, (size_t[]){E, C}, 2, two, -1); break;
+            case -FC_W: shard__placement_make(p, 3, (size_t[]){E, C, 4 * C}, 3, ones, -1); break;
+            case -FC_B: shard__placement_make(p, 2, (size_t[]){E, 4 * C}, 2, two, -1); break;
+            case -MPROJ_W: shard__placement_make(p, 3, (size_t[]){E, 4 * C, C}, 3, ones, -1); break;
+            case -MPROJ_B: shard__placement_make(p, 2, (size_t[]){E, C}, 2, two, -1); break;
             default: shard__placement_make(p, 1, (size_t[]){C}, 1, one, -1);
             }
-            snprintf(t[n].name, sizeof t[n].name, "h.%zu.%s", l, suffix[k]);
+            const char *name = suffix[k];
+            char moe_name[48];
+            if (moe && k >= FC_W && k <= MPROJ_B) /* mlp.c_fc.weight -> mlp.experts.c_fc.weight */
+                snprintf(moe_name, sizeof moe_name, "mlp.experts.%s", suffix[k] + 4), name = moe_name;
+            snprintf(t[n].name, sizeof t[n].name, "h.%zu.%s", l, name);
+            g->slot_of[n] = k, g->block_of[n] = l;
             g->layer[l * PER_LAYER + (size_t)k] = n++;
         }
     }
@@ -581,6 +749,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
     free(unit_first);
+    if (s == SHARD_OK) s = create_moe(g);
     /* activations: one accounted slab carved into buffers (on a pipeline stage backward's scratch only: the
      * pipeline holds each micro-batch's range buffer); Nr: rows of the residual stream this rank keeps */
     size_t N = max_batch * max_seq, first_row;
@@ -627,7 +796,9 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
-    free(g->whole), free(g->unit_of);
+    free(g->whole), free(g->unit_of), free(g->slot_of), free(g->block_of), free(g->load);
+    for (size_t l = 0; g->moe && l < g->c.n_layer; l++) shard_moe_destroy(g->moe[l]);
+    free(g->moe);
     free(g);
 }
 
@@ -725,6 +896,43 @@ static shard_status ln_backward(shard_gpt *g, const float *x, size_t w, size_t b
     return SHARD_OK;
 }
 
+/* ---- the mixture-of-experts blocks ---- */
+
+/* Block l's noise keys: sites 1 + 3 L + 2 l (jitter) and 2 + 3 L + 2 l (random routing), after dropout's. */
+static shard_moe_keys block_keys(const shard_gpt *g, size_t l) {
+    uint64_t site = 1 + 3 * (uint64_t)g->c.n_layer + 2 * (uint64_t)l;
+    return (shard_moe_keys){.training = g->have_targets,
+                            .jitter_seed = drop_seed(g, site),
+                            .routing_seed = drop_seed(g, site + 1),
+                            .first_row = g->model.first_row};
+}
+
+static shard_moe_weights moe_weights(const shard_gpt *g, const size_t *w) {
+    return (shard_moe_weights){P(g, w[GATE_W]), P(g, w[FC_W]), P(g, w[FC_B]), P(g, w[MPROJ_W]), P(g, w[MPROJ_B])};
+}
+
+/* The router losses' denominator: the global batch's rows (the trainer's), else this forward's. */
+static double moe_rows(const shard_gpt *g) {
+    return g->model.global_rows ? (double)g->model.global_rows : (double)g->B;
+}
+
+static void moe_reset(shard_gpt *g) {
+    for (size_t l = 0; l < g->c.n_layer; l++)
+        if (g->moe[l]) shard_moe_stats_reset(g->moe[l]);
+}
+
+void shard_gpt_router_stats(const shard_gpt *g, shard_model_router_stats *out) {
+    size_t E = g->c.num_local_experts, k = 0;
+    *out = (shard_model_router_stats){.layers = g->moe_layers, .experts = g->moe_layers ? E : 0, .load = g->load};
+    for (size_t l = 0; l < g->c.n_layer; l++) {
+        if (!g->moe[l]) continue;
+        shard_moe_stats st;
+        shard_moe_stats_read(g->moe[l], &st);
+        out->aux_loss += st.aux, out->z_loss += st.z, out->assigned += st.assigned, out->dropped += st.dropped;
+        memcpy(g->load + k++ * E, st.load, E * sizeof *g->load);
+    }
+}
+
 /* Forward with the loss sum divided by `denominator` (the model table's form).  Rows of the residual
  * stream (x, mid, out; their LayerNorm statistics) are this rank's tokens under sequence parallel. */
 static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_t *targets, size_t B, size_t T,
@@ -785,10 +993,16 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         /* MLP: column-parallel c_fc, GELU on this rank's columns, row-parallel c_proj */
         shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C,
                                 a->ln2_mean, a->ln2_rstd, Nl, C);
-        SHARD_CHECK(shard_tp_column_forward(&mlp, a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
-        shard_gelu_forward_slope(a->fc, a->gelu, N * Fl); /* a->fc now holds GELU' of the pre-activation */
-        SHARD_CHECK(shard_tp_row_forward(&mlp, a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), g->sp ? g->full : next,
-                                         next, N, Fl, C));
+        if (g->moe[l]) { /* or a mixture of experts (whole: no tensor axis) */
+            shard_moe_weights mw = moe_weights(g, w);
+            shard_moe_keys keys = block_keys(g, l);
+            SHARD_CHECK(shard_moe_forward(g->moe[l], &mw, a->ln2, B, T, &keys, moe_rows(g), next));
+        } else {
+            SHARD_CHECK(shard_tp_column_forward(&mlp, a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
+            shard_gelu_forward_slope(a->fc, a->gelu, N * Fl); /* a->fc now holds GELU' of the pre-activation */
+            SHARD_CHECK(shard_tp_row_forward(&mlp, a->gelu, P(g, w[MPROJ_W]), P(g, w[MPROJ_B]), g->sp ? g->full : next,
+                                             next, N, Fl, C));
+        }
         SHARD_CHECK(shard_model_release(&g->model, block_unit(g, l), 0));
         if (pr > 0) shard_dropout_forward(next, next, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset);
         shard_add(a->mid, next, next, Nl * C); /* next = mid + MLP */
@@ -814,7 +1028,7 @@ shard_status shard_gpt_forward(shard_gpt *g, const int32_t *inputs, const int32_
     size_t used = 0;
     for (size_t n = 0; targets && n < B * T; n++) used += targets[n] != -100;
     double l = 0;
-    if (targets) g->model.step++; /* training forwards count themselves: new dropout masks each time */
+    if (targets) g->model.step++, moe_reset(g); /* training forwards count themselves: new dropout masks each time */
     SHARD_CHECK(gpt_forward(g, inputs, targets, B, T, (double)used, &l, NULL, NULL));
     if (loss && targets) *loss = (float)l;
     return SHARD_OK;
@@ -857,12 +1071,18 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
         if (pr > 0)
             shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset),
                 dy = g->d_tmp;
-        SHARD_CHECK(shard_tp_row_backward(&mlp, a->gelu, P(g, w[MPROJ_W]), dy, g->full, g->d_fc, G(g, w[MPROJ_W]),
-                                          G(g, w[MPROJ_B]), N, Fl, C));
-        shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
-        /* column-parallel: the input's gradient summed */
-        SHARD_CHECK(shard_tp_column_backward(&mlp, a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, dln, G(g, w[FC_W]),
-                                             G(g, w[FC_B]), N, C, Fl));
+        if (g->moe[l]) {
+            shard_moe_weights mw = moe_weights(g, w);
+            shard_moe_grads mg = {G(g, w[GATE_W]), G(g, w[FC_W]), G(g, w[FC_B]), G(g, w[MPROJ_W]), G(g, w[MPROJ_B])};
+            SHARD_CHECK(shard_moe_backward(g->moe[l], &mw, dy, dln, &mg));
+        } else {
+            SHARD_CHECK(shard_tp_row_backward(&mlp, a->gelu, P(g, w[MPROJ_W]), dy, g->full, g->d_fc,
+                                              G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N, Fl, C));
+            shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
+            /* column-parallel: the input's gradient summed */
+            SHARD_CHECK(shard_tp_column_backward(&mlp, a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, dln, G(g, w[FC_W]),
+                                                 G(g, w[FC_B]), N, C, Fl));
+        }
         SHARD_CHECK(ln_backward(g, a->mid, w[LN2_W], w[LN2_B], a->ln2_mean, a->ln2_rstd, dln, g->d_tmp));
         shard_add(g->d_resid, g->d_tmp, g->d_resid, Nl * C);
         /* attention: mid = in + drop(c_proj(attn(c_attn(ln_1(in))))) */
@@ -1034,10 +1254,23 @@ static void model_destroy(shard_model *m) { shard_gpt_destroy(impl(m)); }
 
 static void model_describe(const shard_model *m, char *out, size_t bytes) {
     const shard_gpt_config *c = &impl(m)->c;
-    snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions: %.2f M parameters%s",
-             c->n_layer, c->n_embd, c->n_head, c->vocab_size, c->n_positions, (double)shard_gpt_param_count(c) / 1e6,
-             impl(m)->type_assumed ? " (model_type missing: gpt2 assumed)" : "");
+    char moe[160] = "";
+    if (c->num_local_experts)
+        snprintf(moe, sizeof moe, ", %zu experts top-%zu in %zu of the blocks (capacity factor %g)",
+                 c->num_local_experts, c->num_experts_per_tok, impl(m)->moe_layers, (double)c->expert_capacity_factor);
+    snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions%s: %.2f M parameters%s",
+             c->n_layer, c->n_embd, c->n_head, c->vocab_size, c->n_positions, moe,
+             (double)shard_gpt_param_count(c) / 1e6, impl(m)->type_assumed ? " (model_type missing: gpt2 assumed)" : "");
 }
+
+static int stats_routed(const shard_model *m) { return impl(m)->moe_layers > 0; }
+static void stats_reset(shard_model *m) { moe_reset(impl(m)); }
+static void stats_read(const shard_model *m, shard_model_router_stats *out) { shard_gpt_router_stats(impl(m), out); }
+
+static const shard_model_stats_ops gpt_stats_ops = {.struct_size = sizeof(shard_model_stats_ops),
+                                                    .routed = stats_routed,
+                                                    .reset = stats_reset,
+                                                    .read = stats_read};
 
 static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shard_model_tensor_ops),
                                                       .whole_shape = model_whole_shape,
@@ -1065,7 +1298,8 @@ static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_
                                               .describe = model_describe,
                                               .destroy = model_destroy,
                                               .tensor = &gpt_tensor_ops,
-                                              .pipe = &gpt_pipe_ops};
+                                              .pipe = &gpt_pipe_ops,
+                                              .stats = &gpt_stats_ops};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, size_t max_rows, size_t seq,
                                      shard_comm *tensor, int sequence_parallel, const char *specs,

@@ -121,7 +121,19 @@ shard_status shard_model_check_tables(const shard_model *m) {
                            "model '%s': its pipeline table lacks blocks, forward_range or "
                            "backward_range",
                            kind);
+    if (o->stats && (o->stats->struct_size < sizeof *o->stats || !o->stats->routed || !o->stats->reset ||
+                     !o->stats->read))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its stats table is not this library's (struct_size %zu, need %zu) or "
+                           "lacks routed, reset or read",
+                           kind, o->stats->struct_size, sizeof *o->stats);
     return SHARD_OK;
+}
+
+const shard_model_stats_ops *shard_model_stats(const shard_model *m) {
+    const shard_model_ops *o = m ? m->ops : NULL;
+    if (!o || o->struct_size < sizeof *o || !o->stats || !o->stats->routed) return NULL;
+    return o->stats->routed(m) ? o->stats : NULL;
 }
 
 void shard_model_free_units(shard_model *m) {

@@ -68,6 +68,7 @@ struct shard_trainer {
     shard_model_stage stage;
     char partition[512]; /* how the layers were cut (printed with the schedule) */
     uint64_t step_now;
+    double *routed; /* a model with routers: aux, z, assigned, dropped, then the load table, summed over data */
 };
 
 /* The batch arithmetic: the global batch B, the accumulation count K and the rows per micro-step a
@@ -470,6 +471,7 @@ void shard_trainer_destroy(shard_trainer *t) {
     else if (t->model)
         shard_model_bind_grad_slab(t->model, NULL); /* the strategy's gradient buffers are gone */
     shard_comm_destroy(t->own_data);
+    free(t->routed);
     free(t);
 }
 
@@ -494,6 +496,7 @@ static shard_status load(shard_trainer *t, uint64_t step, size_t k) {
     size_t first, rows;
     my_rows(t, k, &first, &rows);
     SHARD_CHECK(shard_batch_source_load(t->source, t->c.seed, step, first, rows, &t->batch));
+    t->model->global_rows = t->global; /* per-row means over the global batch (a router's losses) */
     return t->model->ops->set_batch(t->model, &t->batch);
 }
 
@@ -501,6 +504,22 @@ static shard_status load(shard_trainer *t, uint64_t step, size_t k) {
 static shard_status pp_load(void *ctx, size_t k) {
     shard_trainer *t = ctx;
     return load(t, t->step_now, k);
+}
+
+/* The routers' losses and counts of this step, summed over the data axis, into out. */
+static shard_status router_stats(shard_trainer *t, const shard_model_stats_ops *routers, shard_step_result *out) {
+    shard_model_router_stats rs;
+    routers->read(t->model, &rs);
+    size_t cells = rs.layers * rs.experts, n = 4 + cells;
+    if (!t->routed && !(t->routed = malloc(2 * n * sizeof *t->routed)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory for the expert load");
+    double *mine = t->routed + n, *sum = t->routed;
+    mine[0] = rs.aux_loss, mine[1] = rs.z_loss, mine[2] = rs.assigned, mine[3] = rs.dropped;
+    if (cells) memcpy(mine + 4, rs.load, cells * sizeof *mine);
+    SHARD_CHECK(shard_comm_all_reduce(t->data, mine, sum, n, SHARD_F64, SHARD_OP_SUM));
+    out->aux_loss = sum[0], out->z_loss = sum[1], out->dropped_tokens = sum[2] > 0 ? sum[3] / sum[2] : 0;
+    out->moe_layers = rs.layers, out->experts = rs.experts, out->expert_load = sum + 4;
+    return SHARD_OK;
 }
 
 shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out) {
@@ -516,6 +535,8 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     }
     SHARD_CHECK(shard_comm_all_reduce(t->rows, &items, &global_items, 1, SHARD_F64, SHARD_OP_SUM));
     SHARD_CHECK(shard__dp_begin_step(t->dp));
+    const shard_model_stats_ops *routers = shard_model_stats(m);
+    if (routers) routers->reset(m);
     if (t->pp) {
         SHARD_CHECK(shard__pp_run(t->pp, t->dp, pp_load, t, global_items, &loss));
     } else
@@ -556,6 +577,7 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
         loss = global_loss;
         SHARD_CHECK(shard_comm_all_reduce(t->pipe, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
     }
+    if (routers) SHARD_CHECK(router_stats(t, routers, out));
     shard_dp_stats st;
     shard__dp_stats(t->dp, &st);
     out->loss = global_loss, out->ms = (shard__now() - t0) * 1e3;
