@@ -259,13 +259,17 @@ static shard_status routed_fields(const shard_step_result *r, char **out) {
     size_t bytes = 128 + r->moe_layers * (4 + r->experts * 24);
     char *text = malloc(bytes);
     if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory for the --log line");
-    size_t at = (size_t)snprintf(text, bytes, ", \"aux_loss\": %.7g, \"z_loss\": %.7g, \"dropped_tokens\": %.6g, "
-                                              "\"expert_load\": [",
+    size_t at = (size_t)snprintf(text, bytes,
+                                 ", \"aux_loss\": %.7g, \"z_loss\": %.7g, \"dropped_tokens\": %.6g, "
+                                 "\"expert_load\": [",
                                  r->aux_loss, r->z_loss, r->dropped_tokens);
     for (size_t l = 0; l < r->moe_layers; l++)
         for (size_t e = 0; e < r->experts; e++)
-            at += (size_t)snprintf(text + at, bytes - at, "%s%s%.0f%s", e ? "" : l ? ", " : "", e ? ", " : "[",
-                                   r->expert_load[l * r->experts + e], e + 1 == r->experts ? "]" : "");
+            at += (size_t)snprintf(text + at, bytes - at, "%s%s%.0f%s",
+                                   e       ? ""
+                                       : l ? ", "
+                                           : "",
+                                   e ? ", " : "[", r->expert_load[l * r->experts + e], e + 1 == r->experts ? "]" : "");
     snprintf(text + at, bytes - at, "]");
     *out = text;
     return SHARD_OK;
@@ -290,8 +294,7 @@ static void print_load(const shard_step_result *shape, const double *load) {
         double all = 0;
         for (size_t e = 0; e < shape->experts; e++) all += row[e];
         printf("  MoE layer %zu:", l);
-        for (size_t e = 0; e < shape->experts; e++)
-            printf(" e%zu %5.1f%%", e, all > 0 ? 100.0 * row[e] / all : 0.0);
+        for (size_t e = 0; e < shape->experts; e++) printf(" e%zu %5.1f%%", e, all > 0 ? 100.0 * row[e] / all : 0.0);
         printf("  (%.0f assignments)\n", all);
     }
 }
@@ -465,7 +468,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         double tps = (double)(B * items_per_row) / (r.ms / 1e3);
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
-        int32_t logged = 1; /* rank 0 writes the line; every rank learns whether it could, to stop together */
+        int32_t logged = 1;  /* rank 0 writes the line; every rank learns whether it could, to stop together */
         char *routed = NULL; /* a mixture of experts' fields of the line ("" for a dense model) */
         if (s == SHARD_OK && rank == 0) s = routed_fields(&r, &routed);
         if (s == SHARD_OK && rank == 0) s = load_add(&r, &load, &load_cells), load_shape = r;

@@ -1015,8 +1015,8 @@ def demo():
 
 
 def train_mpi():
-    """shard train under mpiexec: 2 processes (ZeRO-1), 3 (ZeRO-3, uneven slices) and a 2-stage 1F1B pipeline match
-    one rank."""
+    """shard train under mpiexec: 2 processes (ZeRO-1), 3 (ZeRO-3, uneven slices), a 2-stage 1F1B pipeline, and
+    the mixture-of-experts GPT on expert=2 and expert=3 match one rank."""
     import shutil
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-train-mpi-")
@@ -1041,13 +1041,31 @@ def train_mpi():
             if mpi:
                 worst = max((abs(a - b) / a for a, b in zip(logs["one"], logs[name])), default=1)
                 expect(worst <= 1e-5, f"train {name} under mpiexec -np {mpi}: worst relative loss difference {worst}")
+        # the mixture-of-experts GPT with its experts over processes: expert=2 and data=1,expert=3 (4 experts
+        # split 2, 1, 1), tokens exchanged by all_to_allv between processes
+        moe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
+        margs = ["train", "--config", moe, "--data", os.path.join(work, "data"), "--batch", "6", "--seq", "16",
+                 "--steps", "6"]
+        ref = None
+        for extra, mpi in (([], 0), (["--mesh", "expert=2"], 2), (["--mesh", "data=1,expert=3"], 3)):
+            log = os.path.join(work, "moe%d.jsonl" % mpi)
+            p = run(margs + ["--log", log] + extra, mpi=mpi, timeout=240)
+            got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            expect(len(got) == 6, f"moe {extra}: exit {p.returncode}: {p.stderr}")
+            if ref is None:
+                ref = got
+            else:
+                worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1)
+                expect(worst <= 1e-5, f"moe {extra} under mpiexec -np {mpi}: worst relative loss difference {worst}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def moe():
-    """configs/gpt-moe-tiny.json trains on one rank and on data=2 (plain, ZeRO-1, ZeRO-3) with the same
-    losses at each of 10 steps (1e-5 relative), tokens dropped for capacity; its --log lines carry the
+    """configs/gpt-moe-tiny.json trains on one rank, on data=2 (plain, ZeRO-1, ZeRO-3) and with its experts
+    split over `expert` (expert=2, expert=4, data=2,expert=2 with ZeRO 0/1/3; 6 experts with random
+    routing on expert=4) with the same losses at each of 10 steps (1e-5 relative), tokens dropped for
+    capacity; a checkpoint saved on expert=4 resumes on expert=2 and one rank; its --log lines carry the
     router losses and expert load, a dense GPT's do not; a tensor axis is refused in one line."""
     import shutil
     import tempfile
@@ -1083,6 +1101,47 @@ def moe():
                                           a["dropped_tokens"] == b["dropped_tokens"] and
                                           a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
             expect(same, f"moe {name} differs from one rank: {[r['loss'] for r in got]} vs {[r['loss'] for r in one]}")
+        # expert parallel: the experts split over `expert` (uneven: 6 experts on 4 ranks, with random routing),
+        # composed with data and ZeRO, route, drop and score as one rank does
+        six = os.path.join(work, "moe6.json")
+        with open(cfg) as f:
+            conf = json.load(f)
+        conf.update(num_local_experts=6, router_random_routing=True, router_jitter_noise=0.01)
+        with open(six, "w") as f:
+            json.dump(conf, f)
+        for config, meshes in ((cfg, (["--ranks", "2", "--mesh", "expert=2"], ["--ranks", "4", "--mesh", "expert=4"],
+                                      ["--ranks", "4", "--mesh", "data=2,expert=2"],
+                                      ["--ranks", "4", "--mesh", "data=2,expert=2", "--zero", "1"],
+                                      ["--ranks", "4", "--mesh", "data=2,expert=2", "--zero", "3"])),
+                               (six, ([], ["--ranks", "4", "--mesh", "expert=4"],
+                                      ["--ranks", "4", "--mesh", "data=2,expert=2", "--zero", "3"]))):
+            base = None
+            for extra in meshes:
+                log = os.path.join(work, "ep.jsonl")
+                p = run(args[:2] + [config] + args[3:] + extra + ["--log", log])
+                got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+                ref = one if config == cfg else base
+                if ref is None:
+                    base = got
+                    expect(got and max(r["dropped_tokens"] for r in got) > 0, f"moe 6 experts: nothing dropped {p.stderr}")
+                    continue
+                same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
+                                              a["dropped_tokens"] == b["dropped_tokens"] and
+                                              a["expert_load"] == b["expert_load"] for a, b in zip(got, ref))
+                expect(same, f"moe {os.path.basename(config)} {extra} differs from one rank: "
+                             f"{[r['loss'] for r in got]} vs {[r['loss'] for r in ref]} {p.stderr}")
+        # a checkpoint saved on expert=4 (the stacks gathered whole, [E, ...]) resumes on expert=2 and on one rank
+        ck = os.path.join(work, "ck")
+        p = run(args + ["--ranks", "4", "--mesh", "expert=4", "--save", ck, "--save-every", "5"])
+        for extra in (["--ranks", "2", "--mesh", "expert=2"], []):
+            log = os.path.join(work, "resumed.jsonl")
+            if os.path.exists(log):
+                os.remove(log)
+            p = run(args + extra + ["--resume", os.path.join(ck, "step_5"), "--log", log])
+            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, one[5:])),
+                   f"moe saved on expert=4, resumed {extra}: {[r['loss'] for r in got]} vs {[r['loss'] for r in one[5:]]} "
+                   f"{p.stderr}")
         dense = os.path.join(work, "dense.json")
         with open(dense, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64, "vocab_size": 256}, f)

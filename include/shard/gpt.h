@@ -30,12 +30,12 @@ typedef struct shard_gpt_config {
     /* dropout probabilities (default 0: off), in training forwards only (with targets) */
     float resid_pdrop, embd_pdrop, attn_pdrop;
     /* mixture of experts (Hugging Face's keys; num_local_experts 0: every MLP dense) */
-    size_t num_local_experts, num_experts_per_tok; /* E and top-k */
-    size_t moe_layer_frequency;                    /* default 1 (0 reads as 1) */
-    float expert_capacity_factor;                  /* 0: no token dropped */
+    size_t num_local_experts, num_experts_per_tok;                       /* E and top-k */
+    size_t moe_layer_frequency;                                          /* default 1 (0 reads as 1) */
+    float expert_capacity_factor;                                        /* 0: no token dropped */
     float router_aux_loss_coef, router_z_loss_coef, router_jitter_noise; /* parsed defaults 0.01, 0, 0 */
-    int router_random_routing;                     /* default false */
-    int norm_topk_prob;                            /* parsed default: true for top-k >= 2 */
+    int router_random_routing;                                           /* default false */
+    int norm_topk_prob;                                                  /* parsed default: true for top-k >= 2 */
 } shard_gpt_config;
 
 /* Parse a JSON config (`where` names it in messages).  Hugging Face's GPT-2

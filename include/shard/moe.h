@@ -71,9 +71,9 @@ typedef struct shard_moe_keys {
 
 /* Counts since the last shard_moe_stats_reset. */
 typedef struct shard_moe_stats {
-    double aux, z;           /* the losses (sums over rows / row_denominator) */
+    double aux, z;            /* the losses (sums over rows / row_denominator) */
     double assigned, dropped; /* token-expert assignments the router made; dropped for capacity */
-    const double *load;      /* [experts]: assignments routed to each expert (before capacity) */
+    const double *load;       /* [experts]: assignments routed to each expert (before capacity) */
 } shard_moe_stats;
 
 typedef struct shard_moe shard_moe;

@@ -19,6 +19,7 @@
 
 #include "shard/blas.h"
 #include "shard/layers.h"
+#include "shard/expert.h"
 #include "shard/moe.h"
 #include "core/alloc_impl.h"
 #include "models/model_impl.h"
@@ -59,7 +60,8 @@ static size_t block_params(const shard_gpt_config *c, size_t l) {
 
 /* The mixture-of-experts keys of a config with num_local_experts > 0 (one without reads none). */
 static shard_status check_moe(const shard_gpt_config *c, const char *where) {
-    size_t E = c->num_local_experts, k = c->num_experts_per_tok, f = c->moe_layer_frequency ? c->moe_layer_frequency : 1;
+    size_t E = c->num_local_experts, k = c->num_experts_per_tok,
+           f = c->moe_layer_frequency ? c->moe_layer_frequency : 1;
     char why[128];
     if (!E) return SHARD_OK;
     if (E > 4096) return bad_key(where, "num_local_experts", "must be at most 4096");
@@ -123,9 +125,9 @@ static shard_status check_config(const shard_gpt_config *c, const char *where) {
     return check_moe(c, where);
 }
 
-static const char *const moe_key_names[] = {"num_local_experts",   "num_experts_per_tok", "moe_layer_frequency",
-                                       "expert_capacity_factor", "router_aux_loss_coef", "router_z_loss_coef",
-                                       "router_jitter_noise", "router_random_routing", "norm_topk_prob"};
+static const char *const moe_key_names[] = {"num_local_experts",      "num_experts_per_tok",   "moe_layer_frequency",
+                                            "expert_capacity_factor", "router_aux_loss_coef",  "router_z_loss_coef",
+                                            "router_jitter_noise",    "router_random_routing", "norm_topk_prob"};
 
 static int is_moe_key(const char *key) {
     for (size_t i = 0; i < sizeof moe_key_names / sizeof moe_key_names[0]; i++)
@@ -371,9 +373,12 @@ struct shard_gpt {
     /* mixture of experts: the layer of each MoE block (NULL: a dense MLP), their count, the load table */
     shard_moe **moe;
     size_t moe_layers;
-    double *load; /* [moe_layers x E] */
-    int *slot_of;     /* per parameter: its slot in its block (-1: unit 0's) */
-    size_t *block_of; /* per parameter: its block (SIZE_MAX: unit 0's) */
+    shard_comm *ep;              /* the expert axis (NULL: every expert here) */
+    size_t e0, El;               /* the experts this rank holds: [e0, e0 + El) of num_local_experts */
+    unsigned char *expert_split; /* per parameter: a stack of this rank's experts (the model's expert_split) */
+    double *load;                /* [moe_layers x E] */
+    int *slot_of;                /* per parameter: its slot in its block (-1: unit 0's) */
+    size_t *block_of;            /* per parameter: its block (SIZE_MAX: unit 0's) */
 };
 
 static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
@@ -382,6 +387,8 @@ static float *G(const shard_gpt *g, size_t index) { return g->model.grad[index];
 static float *head_w(const shard_gpt *g) { return g->own_first ? P(g, g->wte) : g->tied_value; }
 static float *head_g(const shard_gpt *g) { return g->own_first ? G(g, g->wte) : g->tied_grad; }
 static size_t block_unit(const shard_gpt *g, size_t l) { return g->unit_of[l]; }
+/* A mixture-of-experts block's experts: the unit after its block's (model units). */
+static size_t experts_unit(const shard_gpt *g, size_t l) { return g->unit_of[l] + 1; }
 
 /* Block l is this stage's (in one of its chunks). */
 static int holds_block(const shard_gpt *g, size_t l) {
@@ -602,6 +609,9 @@ static shard_status create_moe(shard_gpt *g) {
                                .norm_topk_prob = c->norm_topk_prob,
                                .aux_coef = c->router_aux_loss_coef,
                                .z_coef = c->router_z_loss_coef,
+                               .first_expert = g->e0,
+                               .held_experts = g->El,
+                               .comm = g->ep,
                                .max_tokens = g->max_b * g->max_t};
         SHARD_CHECK(shard_moe_create(&o, &g->moe[l]));
         g->moe_layers++;
@@ -612,7 +622,7 @@ static shard_status create_moe(shard_gpt *g) {
 }
 
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
-                               int sequence_parallel, const char *specs, const shard_model_stage *stage,
+                               shard_comm *ep, int sequence_parallel, const char *specs, const shard_model_stage *stage,
                                int keep_logits, shard_gpt **out) {
     *out = NULL;
     SHARD_CHECK(check_config(c, "gpt"));
@@ -627,6 +637,12 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
                            "gpt: a mixture of experts (num_local_experts %zu) trains on one rank or over data "
                            "ranks, not split over %s: give a mesh without tensor and pipe axes",
                            E, parts > 1 ? "a tensor axis" : "pipeline stages");
+    int eranks = ep ? shard_comm_size(ep) : 1;
+    if ((size_t)eranks > 1 && (size_t)eranks > E)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "gpt: an expert axis of %d ranks for %zu experts (num_local_experts): give expert=%zu or "
+                           "fewer, or a model with more experts",
+                           eranks, E, E ? E : 1);
     int bad_stage = stage &&
         (stage->index < 0 || stage->index >= stage->count || !stage->chunks || stage->chunks > SHARD_MAX_STAGE_CHUNKS);
     for (size_t k = 0; stage && !bad_stage && k < stage->chunks; k++)
@@ -640,7 +656,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     SHARD_CHECK(check_memory(c, max_batch, max_seq, tp ? shard_comm_size(tp) : 1, stage));
     shard_gpt *g = calloc(1, sizeof *g);
     shard_param_info *t = calloc(count, sizeof *t);
-    size_t *unit_first = calloc(L + 2, sizeof *unit_first);
+    size_t *unit_first = calloc(2 * L + 2, sizeof *unit_first);
     if (g) {
         g->layer = calloc(L * PER_LAYER, sizeof *g->layer), g->acts = calloc(L ? L : 1, sizeof *g->acts);
         g->ls = calloc(L, sizeof *g->ls), g->place = calloc(count, sizeof *g->place);
@@ -655,6 +671,8 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     }
     g->c = *c, g->max_b = max_batch, g->max_t = max_seq, g->keep_logits = keep_logits;
+    g->ep = eranks > 1 ? ep : NULL, g->e0 = 0, g->El = E;
+    if (g->ep) shard_expert_range(E, eranks, shard_comm_rank(ep), &g->e0, &g->El);
     g->chunks = stage ? stage->chunks : 1;
     for (size_t k = 0; k < g->chunks; k++)
         g->ch0[k] = stage ? stage->first[k] : 0, g->ch1[k] = stage ? stage->last[k] : L;
@@ -677,13 +695,13 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     shard__placement_make(&g->place[n], 1, (size_t[]){C}, 1, one, -1),
         snprintf(t[n].name, sizeof t[n].name, "ln_f.bias"), g->lnf_b = n++;
     static const char *const suffix[PER_LAYER] = {
-        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias",
-        "mlp.gate.weight"};
-    /* a mixture-of-experts block: its router after ln_2, then the experts stacked [E, ...], whole on
-     * every tensor rank */
-    static const int moe_order[] = {LN1_W, LN1_B, ATTN_W, ATTN_B, APROJ_W, APROJ_B, LN2_W,
-                                    LN2_B, GATE_W, FC_W,  FC_B,   MPROJ_W, MPROJ_B};
+        "ln_1.weight",       "ln_1.bias",       "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+        "attn.c_proj.bias",  "ln_2.weight",     "ln_2.bias",          "mlp.c_fc.weight",  "mlp.c_fc.bias",
+        "mlp.c_proj.weight", "mlp.c_proj.bias", "mlp.gate.weight"};
+    /* a mixture-of-experts block: its router after ln_2, then the experts stacked [E, ...] (this expert
+     * rank's experts), whole on every tensor rank */
+    static const int moe_order[] = {LN1_W, LN1_B,  ATTN_W, ATTN_B, APROJ_W, APROJ_B, LN2_W,
+                                    LN2_B, GATE_W, FC_W,   FC_B,   MPROJ_W, MPROJ_B};
     const int ones[3] = {1, 1, 1};
     for (size_t i = 0; i < count; i++) g->slot_of[i] = -1, g->block_of[i] = SIZE_MAX;
     for (size_t l = 0; l < L; l++) {
@@ -700,10 +718,10 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
             case FC_B: shard__placement_make(p, 1, (size_t[]){4 * C}, 1, one, 0); break;
             case MPROJ_W: shard__placement_make(p, 2, (size_t[]){4 * C, C}, 2, two, 0); break;
             case -GATE_W: shard__placement_make(p, 2, (size_t[]){E, C}, 2, two, -1); break;
-            case -FC_W: shard__placement_make(p, 3, (size_t[]){E, C, 4 * C}, 3, ones, -1); break;
-            case -FC_B: shard__placement_make(p, 2, (size_t[]){E, 4 * C}, 2, two, -1); break;
-            case -MPROJ_W: shard__placement_make(p, 3, (size_t[]){E, 4 * C, C}, 3, ones, -1); break;
-            case -MPROJ_B: shard__placement_make(p, 2, (size_t[]){E, C}, 2, two, -1); break;
+            case -FC_W: shard__placement_make(p, 3, (size_t[]){g->El, C, 4 * C}, 3, ones, -1); break;
+            case -FC_B: shard__placement_make(p, 2, (size_t[]){g->El, 4 * C}, 2, two, -1); break;
+            case -MPROJ_W: shard__placement_make(p, 3, (size_t[]){g->El, 4 * C, C}, 3, ones, -1); break;
+            case -MPROJ_B: shard__placement_make(p, 2, (size_t[]){g->El, C}, 2, two, -1); break;
             default: shard__placement_make(p, 1, (size_t[]){C}, 1, one, -1);
             }
             const char *name = suffix[k];
@@ -725,8 +743,12 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         if (g->has_u0) unit_first[units++] = 0;
         if (!(g->unit_of = calloc(L ? L : 1, sizeof *g->unit_of)))
             s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
-        for (size_t l = 0; s == SHARD_OK && l < L; l++)
-            if (holds_block(g, l)) g->unit_of[l] = units, unit_first[units++] = g->layer[l * PER_LAYER];
+        for (size_t l = 0; s == SHARD_OK && l < L; l++) {
+            if (!holds_block(g, l)) continue;
+            g->unit_of[l] = units, unit_first[units++] = g->layer[l * PER_LAYER];
+            if (shard_gpt_block_is_moe(c, l)) /* its experts: a unit of their own (split over the expert axis) */
+                unit_first[units++] = g->layer[l * PER_LAYER + FC_W];
+        }
         unit_first[units] = n;
     }
     /* each parameter's stored local shape: its block of the logical shape, dims merged */
@@ -748,6 +770,12 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
     if (s == SHARD_OK && !(g->whole = calloc(n, 1))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
     if (s == SHARD_OK) g->model.tensor_replicated = g->whole;
+    if (s == SHARD_OK && E && !(g->expert_split = calloc(n, 1)))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+    for (size_t i = 0; s == SHARD_OK && E && i < n; i++)
+        g->expert_split[i] = g->block_of[i] != SIZE_MAX && g->moe && shard_gpt_block_is_moe(c, g->block_of[i]) &&
+            g->slot_of[i] >= FC_W && g->slot_of[i] <= MPROJ_B;
+    if (s == SHARD_OK && E) g->model.expert_split = g->expert_split;
     free(unit_first);
     if (s == SHARD_OK) s = create_moe(g);
     /* activations: one accounted slab carved into buffers (on a pipeline stage backward's scratch only: the
@@ -783,11 +811,11 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
 }
 
 shard_status shard_gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
-    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, NULL, 1, out);
+    return gpt_create(c, max_batch, max_seq, NULL, NULL, 0, NULL, NULL, 1, out);
 }
 
 shard_status shard_gpt_create_training(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_gpt **out) {
-    return gpt_create(c, max_batch, max_seq, NULL, 0, NULL, NULL, 0, out);
+    return gpt_create(c, max_batch, max_seq, NULL, NULL, 0, NULL, NULL, 0, out);
 }
 
 void shard_gpt_destroy(shard_gpt *g) {
@@ -796,7 +824,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     shard_params_destroy(g->params);
     shard_free(g->slab);
     free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
-    free(g->whole), free(g->unit_of), free(g->slot_of), free(g->block_of), free(g->load);
+    free(g->whole), free(g->expert_split), free(g->unit_of), free(g->slot_of), free(g->block_of), free(g->load);
     for (size_t l = 0; g->moe && l < g->c.n_layer; l++) shard_moe_destroy(g->moe[l]);
     free(g->moe);
     free(g);
@@ -811,7 +839,13 @@ shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
 
 /* The counter-based draw of this rank's piece: element e of the whole tensor, whatever the split. */
 static void init_piece(const shard_gpt *g, size_t i, float std, uint64_t seed) {
-    shard__placement_init_normal(&g->place[i], &g->layout, g->tp_rank, P(g, i), std, seed, g->params->info[i].name);
+    const shard_param_info *info = &g->params->info[i];
+    if (g->expert_split && g->expert_split[i] && g->El) { /* experts e0.. of the whole [E, ...] stack */
+        size_t per_expert = info->numel / g->El;
+        shard_init_normal(P(g, i), g->e0 * per_expert, info->numel, std, seed, info->name);
+        return;
+    }
+    shard__placement_init_normal(&g->place[i], &g->layout, g->tp_rank, P(g, i), std, seed, info->name);
 }
 
 static void model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
@@ -994,9 +1028,11 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C,
                                 a->ln2_mean, a->ln2_rstd, Nl, C);
         if (g->moe[l]) { /* or a mixture of experts (whole: no tensor axis) */
+            SHARD_CHECK(shard_model_acquire(&g->model, experts_unit(g, l), 0)); /* its values valid from here */
             shard_moe_weights mw = moe_weights(g, w);
             shard_moe_keys keys = block_keys(g, l);
             SHARD_CHECK(shard_moe_forward(g->moe[l], &mw, a->ln2, B, T, &keys, moe_rows(g), next));
+            SHARD_CHECK(shard_model_release(&g->model, experts_unit(g, l), 0));
         } else {
             SHARD_CHECK(shard_tp_column_forward(&mlp, a->ln2, P(g, w[FC_W]), P(g, w[FC_B]), a->fc, N, C, Fl));
             shard_gelu_forward_slope(a->fc, a->gelu, N * Fl); /* a->fc now holds GELU' of the pre-activation */
@@ -1072,12 +1108,15 @@ static shard_status gpt_backward(shard_gpt *g, const float *stage_d_out, float *
             shard_dropout_backward(g->d_resid, g->d_tmp, Nl * C, pr, drop_seed(g, 3 + 3 * l), rows_offset),
                 dy = g->d_tmp;
         if (g->moe[l]) {
+            SHARD_CHECK(shard_model_acquire(&g->model, experts_unit(g, l), 1));
             shard_moe_weights mw = moe_weights(g, w);
             shard_moe_grads mg = {G(g, w[GATE_W]), G(g, w[FC_W]), G(g, w[FC_B]), G(g, w[MPROJ_W]), G(g, w[MPROJ_B])};
             SHARD_CHECK(shard_moe_backward(g->moe[l], &mw, dy, dln, &mg));
+            SHARD_CHECK(shard_model_release(&g->model, experts_unit(g, l), 1));
+            SHARD_CHECK(shard_model_grads_ready(&g->model, experts_unit(g, l)));
         } else {
-            SHARD_CHECK(shard_tp_row_backward(&mlp, a->gelu, P(g, w[MPROJ_W]), dy, g->full, g->d_fc,
-                                              G(g, w[MPROJ_W]), G(g, w[MPROJ_B]), N, Fl, C));
+            SHARD_CHECK(shard_tp_row_backward(&mlp, a->gelu, P(g, w[MPROJ_W]), dy, g->full, g->d_fc, G(g, w[MPROJ_W]),
+                                              G(g, w[MPROJ_B]), N, Fl, C));
             shard_mul(g->d_fc, a->fc, g->d_fc, N * Fl); /* GELU's backward: times its slope, kept by the forward */
             /* column-parallel: the input's gradient summed */
             SHARD_CHECK(shard_tp_column_backward(&mlp, a->ln2, P(g, w[FC_W]), g->d_fc, g->d_ln, dln, G(g, w[FC_W]),
@@ -1260,17 +1299,16 @@ static void model_describe(const shard_model *m, char *out, size_t bytes) {
                  c->num_local_experts, c->num_experts_per_tok, impl(m)->moe_layers, (double)c->expert_capacity_factor);
     snprintf(out, bytes, "GPT %zu layers x %zu wide, %zu heads, vocab %zu, %zu positions%s: %.2f M parameters%s",
              c->n_layer, c->n_embd, c->n_head, c->vocab_size, c->n_positions, moe,
-             (double)shard_gpt_param_count(c) / 1e6, impl(m)->type_assumed ? " (model_type missing: gpt2 assumed)" : "");
+             (double)shard_gpt_param_count(c) / 1e6,
+             impl(m)->type_assumed ? " (model_type missing: gpt2 assumed)" : "");
 }
 
 static int stats_routed(const shard_model *m) { return impl(m)->moe_layers > 0; }
 static void stats_reset(shard_model *m) { moe_reset(impl(m)); }
 static void stats_read(const shard_model *m, shard_model_router_stats *out) { shard_gpt_router_stats(impl(m), out); }
 
-static const shard_model_stats_ops gpt_stats_ops = {.struct_size = sizeof(shard_model_stats_ops),
-                                                    .routed = stats_routed,
-                                                    .reset = stats_reset,
-                                                    .read = stats_read};
+static const shard_model_stats_ops gpt_stats_ops = {
+    .struct_size = sizeof(shard_model_stats_ops), .routed = stats_routed, .reset = stats_reset, .read = stats_read};
 
 static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shard_model_tensor_ops),
                                                       .whole_shape = model_whole_shape,
@@ -1302,7 +1340,7 @@ static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_
                                               .stats = &gpt_stats_ops};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, size_t max_rows, size_t seq,
-                                     shard_comm *tensor, int sequence_parallel, const char *specs,
+                                     shard_comm *tensor, shard_comm *expert, int sequence_parallel, const char *specs,
                                      const shard_model_stage *stage, shard_model **out) {
     shard_gpt_config c;
     SHARD_CHECK(shard_gpt_config_parse(text, where, &c));
@@ -1311,7 +1349,7 @@ shard_status shard__gpt_model_create(const char *text, const char *where, size_t
                            c.n_positions, seq);
     shard_gpt *g = NULL;
     /* the model table trains: nothing reads the logits after the loss, so its gradient replaces them */
-    SHARD_CHECK(gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, sequence_parallel, specs, stage, 0, &g));
+    SHARD_CHECK(gpt_create(&c, max_rows ? max_rows : 1, seq, tensor, expert, sequence_parallel, specs, stage, 0, &g));
     g->model.ops = &gpt_model_ops;
     json_t *root = json_loads(text, 0, NULL); /* parsed above: only the key's presence is asked */
     g->type_assumed = !json_object_get(root, "model_type");

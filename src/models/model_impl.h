@@ -7,7 +7,7 @@
 #include "shard/model.h"
 
 shard_status shard__gpt_model_create(const char *config_text, const char *where, size_t max_rows, size_t seq,
-                                     shard_comm *tensor, int sequence_parallel, const char *specs,
+                                     shard_comm *tensor, shard_comm *expert, int sequence_parallel, const char *specs,
                                      const shard_model_stage *stage, shard_model **out);
 /* The CNN's and the MLP's makers are registered kinds' create functions (model.h). */
 shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out);

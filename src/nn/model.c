@@ -121,8 +121,8 @@ shard_status shard_model_check_tables(const shard_model *m) {
                            "model '%s': its pipeline table lacks blocks, forward_range or "
                            "backward_range",
                            kind);
-    if (o->stats && (o->stats->struct_size < sizeof *o->stats || !o->stats->routed || !o->stats->reset ||
-                     !o->stats->read))
+    if (o->stats &&
+        (o->stats->struct_size < sizeof *o->stats || !o->stats->routed || !o->stats->reset || !o->stats->read))
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "model '%s': its stats table is not this library's (struct_size %zu, need %zu) or "
                            "lacks routed, reset or read",
@@ -258,8 +258,8 @@ static shard_status mlp_check(const char *text, const char *where) {
 
 /* The GPT's maker takes its settings one by one (gpt.c); the registry hands them over. */
 static shard_status gpt_create(const shard_model_create_options *o, shard_model **out) {
-    return shard__gpt_model_create(o->config_text, o->config_path, o->max_rows, o->seq, o->tensor, o->sequence_parallel,
-                                   o->specs, o->stage, out);
+    return shard__gpt_model_create(o->config_text, o->config_path, o->max_rows, o->seq, o->tensor, o->expert,
+                                   o->sequence_parallel, o->specs, o->stage, out);
 }
 
 static shard_status gpt_layers(const shard_model_create_options *o, size_t *layers) {
@@ -281,6 +281,7 @@ static void register_builtins(void) {
                                   .create = gpt_create,
                                   .stage_layers = gpt_layers,
                                   .tensor_parallel = 1,
+                                  .expert_parallel = 1,
                                   .placed = 1,
                                   .batch_source = shard__gpt_batch_source};
     shard_model_kind gpt_alias = gpt; /* "gpt", as configs may name it */

@@ -4,9 +4,9 @@
  * scatter of their results back (one pair of calls on the expert exchange), the experts' MLPs, and the
  * gate-weighted combine.
  *
- * The expert exchange is written against expert.h's interface (route create / dispatch / combine);
- * the local_route_* functions below are that interface for a NULL communicator (every expert on this
- * rank), where dispatch and combine are a stable regrouping of the assignments by expert. */
+ * The tokens travel through the expert exchange (expert.h: route create / dispatch / combine, one
+ * all_to_allv each way over the expert axis; on one rank a stable regrouping by expert), so the
+ * layer computes only the experts this rank holds. */
 #include "shard/moe.h"
 
 #include <math.h>
@@ -15,59 +15,9 @@
 
 #include "kernels/vec.h"
 #include "shard/blas.h"
+#include "shard/expert.h"
 #include "shard/layers.h"
 #include "shard/memory.h"
-
-/* ---------------------------------------------------------------- the expert exchange, one rank */
-
-typedef struct local_route {
-    size_t experts, n, total;
-    size_t *rows;  /* [experts] assignments per expert */
-    size_t *start; /* [experts] where expert e's rows begin in x_experts */
-    size_t *at;    /* [n] the row of x_experts assignment i goes to */
-} local_route;
-
-static void local_route_destroy(local_route *r) {
-    if (!r) return;
-    free(r->rows), free(r->start), free(r->at);
-    free(r);
-}
-
-/* Within an expert the rows keep assignment order (one sending rank: the deterministic order). */
-static shard_status local_route_create(size_t experts, const int32_t *expert, size_t n, local_route **out) {
-    local_route *r = calloc(1, sizeof *r);
-    if (r) r->rows = calloc(experts, sizeof *r->rows), r->start = calloc(experts, sizeof *r->start);
-    if (r) r->at = malloc((n ? n : 1) * sizeof *r->at);
-    if (!r || !r->rows || !r->start || !r->at) {
-        local_route_destroy(r);
-        return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory for the expert exchange");
-    }
-    r->experts = experts, r->n = n, r->total = n;
-    for (size_t i = 0; i < n; i++) r->rows[expert[i]]++;
-    for (size_t e = 1; e < experts; e++) r->start[e] = r->start[e - 1] + r->rows[e - 1];
-    size_t *next = calloc(experts, sizeof *next);
-    if (!next) {
-        local_route_destroy(r);
-        return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory for the expert exchange");
-    }
-    for (size_t i = 0; i < n; i++) r->at[i] = r->start[expert[i]] + next[expert[i]]++;
-    free(next);
-    *out = r;
-    return SHARD_OK;
-}
-
-static size_t local_route_rows(const local_route *r, size_t local_expert) { return r->rows[local_expert]; }
-static size_t local_route_total(const local_route *r) { return r->total; }
-
-static shard_status local_route_dispatch(local_route *r, const float *x, float *x_experts, size_t width) {
-    for (size_t i = 0; i < r->n; i++) memcpy(x_experts + r->at[i] * width, x + i * width, width * sizeof *x);
-    return SHARD_OK;
-}
-
-static shard_status local_route_combine(local_route *r, const float *y_experts, float *y, size_t width) {
-    for (size_t i = 0; i < r->n; i++) memcpy(y + i * width, y_experts + r->at[i] * width, width * sizeof *y);
-    return SHARD_OK;
-}
 
 /* ---------------------------------------------------------------- the layer */
 
@@ -81,18 +31,18 @@ struct shard_moe {
     const float *x;
     shard_moe_keys keys;
     double row_den;
-    float *xr;                  /* [N, C] the router's input (x with jitter), or NULL: x itself */
-    float *logits, *probs;      /* [N, E]; logits become d(logits) in the backward */
-    double *lse;                /* [N] logsumexp of each token's logits */
-    int32_t *choice;            /* [N, K] the top-k experts */
-    float *gate;                /* [N, K] their gates */
-    unsigned char *state;       /* [N, K] CHOICE_* */
-    float *frac;                /* [rows, E] f_e of each row */
-    int32_t *a_expert;          /* [n] the kept assignments' experts, token-major */
-    size_t *a_slot;             /* [n] their token * K + choice */
-    float *xa, *ya;             /* [n, C] gathered inputs / combined outputs, in assignment order */
-    local_route *route;
-    size_t total, total_cap;    /* rows the held experts received; the buffers' size */
+    float *xr;             /* [N, C] the router's input (x with jitter), or NULL: x itself */
+    float *logits, *probs; /* [N, E]; logits become d(logits) in the backward */
+    double *lse;           /* [N] logsumexp of each token's logits */
+    int32_t *choice;       /* [N, K] the top-k experts */
+    float *gate;           /* [N, K] their gates */
+    unsigned char *state;  /* [N, K] CHOICE_* */
+    float *frac;           /* [rows, E] f_e of each row */
+    int32_t *a_expert;     /* [n] the kept assignments' experts, token-major */
+    size_t *a_slot;        /* [n] their token * K + choice */
+    float *xa, *ya;        /* [n, C] gathered inputs / combined outputs, in assignment order */
+    shard_expert_route *route;
+    size_t total, total_cap;      /* rows the held experts received; the buffers' size */
     float *xe, *slope, *hid, *ye; /* [total, C], [total, F] x2, [total, C] */
     float *dh, *dxe;              /* the backward's scratch, [total, F] and [total, C] */
     float *dgate;                 /* [N, K] the gates' gradient */
@@ -113,11 +63,12 @@ static double uniform_at(uint64_t seed, uint64_t index) {
 
 void shard_moe_destroy(shard_moe *m) {
     if (!m) return;
-    local_route_destroy(m->route);
-    float *f[] = {m->xr, m->logits, m->probs, m->gate, m->frac, m->xa, m->ya, m->xe, m->slope, m->hid, m->ye,
-                  m->dh, m->dxe, m->dgate};
+    shard_expert_route_destroy(m->route);
+    float *f[] = {m->xr, m->logits, m->probs, m->gate, m->frac, m->xa,  m->ya,
+                  m->xe, m->slope,  m->hid,   m->ye,   m->dh,   m->dxe, m->dgate};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) shard_free(f[i]);
-    free(m->lse), free(m->choice), free(m->state), free(m->a_expert), free(m->a_slot), free(m->dp), free(m->load), free(m->taken);
+    free(m->lse), free(m->choice), free(m->state), free(m->a_expert), free(m->a_slot), free(m->dp), free(m->load),
+        free(m->taken);
     free(m);
 }
 
@@ -133,12 +84,14 @@ shard_status shard_moe_create(const shard_moe_options *o, shard_moe **out) {
                            "moe: %zu experts, top-%zu, width %zu, hidden %zu, %zu tokens: every size must be "
                            "positive and top-k at most the experts",
                            o->experts, o->top_k, o->width, o->hidden, o->max_tokens);
-    size_t first = o->first_expert, held = o->held_experts ? o->held_experts : o->experts;
-    if (o->comm || first != 0 || held != o->experts)
+    size_t first = o->first_expert, held = o->held_experts ? o->held_experts : o->experts, want_first, want_held;
+    int ranks = o->comm ? shard_comm_size(o->comm) : 1, rank = o->comm ? shard_comm_rank(o->comm) : 0;
+    shard_expert_range(o->experts, ranks, rank, &want_first, &want_held);
+    if (first != want_first || held != want_held)
         return shard_error(SHARD_ERR_INVALID_ARG,
-                           "moe: experts %zu..%zu of %zu over an expert axis: this layer exchanges tokens on "
-                           "one rank only (every expert held, no communicator)",
-                           first, first + held, o->experts);
+                           "moe: experts %zu..%zu of %zu held, but rank %d of an expert axis of %d holds "
+                           "%zu..%zu (shard_expert_range)",
+                           first, first + held, o->experts, rank, ranks, want_first, want_first + want_held);
     shard_moe *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory");
     m->o = *o, m->o.held_experts = held;
@@ -298,17 +251,17 @@ static shard_status grow_experts(shard_moe *m, size_t total) {
 static shard_status gather_rows(shard_moe *m) {
     size_t C = m->C;
     for (size_t i = 0; i < m->n; i++) memcpy(m->xa + i * C, m->x + (m->a_slot[i] / m->K) * C, C * sizeof(float));
-    local_route_destroy(m->route), m->route = NULL;
-    SHARD_CHECK(local_route_create(m->E, m->a_expert, m->n, &m->route));
-    m->total = local_route_total(m->route);
+    shard_expert_route_destroy(m->route), m->route = NULL;
+    SHARD_CHECK(shard_expert_route_create(m->o.comm, m->E, m->a_expert, m->n, &m->route));
+    m->total = shard_expert_route_total(m->route);
     SHARD_CHECK(grow_experts(m, m->total));
-    return local_route_dispatch(m->route, m->xa, m->xe, C);
+    return shard_expert_dispatch(m->route, m->xa, m->xe, C);
 }
 
 /* The results back in assignment order, and y[token] += gate x result. */
 static shard_status scatter_rows(shard_moe *m, float *y) {
     size_t C = m->C;
-    SHARD_CHECK(local_route_combine(m->route, m->ye, m->ya, C));
+    SHARD_CHECK(shard_expert_combine(m->route, m->ye, m->ya, C));
     memset(y, 0, m->N * C * sizeof *y);
     for (size_t i = 0; i < m->n; i++) {
         float g = m->gate[m->a_slot[i]], *yt = y + (m->a_slot[i] / m->K) * C;
@@ -321,10 +274,10 @@ static shard_status scatter_rows(shard_moe *m, float *y) {
 static shard_status experts_forward(shard_moe *m, const shard_moe_weights *w) {
     size_t C = m->C, F = m->F, at = 0;
     for (size_t e = 0; e < m->o.held_experts; e++) {
-        size_t rows = local_route_rows(m->route, e);
+        size_t rows = shard_expert_route_rows(m->route, e);
         if (!rows) continue;
-        SHARD_CHECK(shard_linear_forward(m->xe + at * C, w->fc_w + e * C * F, w->fc_b + e * F, m->slope + at * F, rows,
-                                         C, F));
+        SHARD_CHECK(
+            shard_linear_forward(m->xe + at * C, w->fc_w + e * C * F, w->fc_b + e * F, m->slope + at * F, rows, C, F));
         shard_gelu_forward_slope(m->slope + at * F, m->hid + at * F, rows * F); /* slope: GELU' from here on */
         SHARD_CHECK(shard_linear_forward(m->hid + at * F, w->proj_w + e * F * C, w->proj_b + e * C, m->ye + at * C,
                                          rows, F, C));
@@ -337,7 +290,7 @@ static shard_status experts_forward(shard_moe *m, const shard_moe_weights *w) {
 static shard_status experts_backward(shard_moe *m, const shard_moe_weights *w, const shard_moe_grads *g) {
     size_t C = m->C, F = m->F, at = 0;
     for (size_t e = 0; e < m->o.held_experts; e++) {
-        size_t rows = local_route_rows(m->route, e);
+        size_t rows = shard_expert_route_rows(m->route, e);
         if (!rows) continue;
         SHARD_CHECK(shard_linear_backward(m->hid + at * F, w->proj_w + e * F * C, m->ye + at * C, m->dh + at * F,
                                           g->proj_w + e * F * C, g->proj_b + e * C, rows, F, C));
@@ -383,9 +336,9 @@ shard_status shard_moe_backward(shard_moe *m, const shard_moe_weights *w, const 
         for (size_t c = 0; c < C; c++) s += (double)dyt[c] * (double)r[c], d[c] = gt * dyt[c];
         dgate[slot] = (float)s;
     }
-    SHARD_CHECK(local_route_dispatch(m->route, m->xa, m->ye, C)); /* ye's rows become d(ye) */
+    SHARD_CHECK(shard_expert_dispatch(m->route, m->xa, m->ye, C)); /* ye's rows become d(ye) */
     SHARD_CHECK(experts_backward(m, w, g));
-    SHARD_CHECK(local_route_combine(m->route, m->dxe, m->ya, C)); /* ya's rows: d(input) per assignment */
+    SHARD_CHECK(shard_expert_combine(m->route, m->dxe, m->ya, C)); /* ya's rows: d(input) per assignment */
     router_backward(m, dgate);
     const float *xr = m->xr && m->keys.training ? m->xr : m->x;
     SHARD_CHECK(shard_sgemm(1, 0, E, C, N, 1.0f, m->logits, E, xr, C, 1.0f, g->gate, C));
@@ -394,6 +347,7 @@ shard_status shard_moe_backward(shard_moe *m, const shard_moe_weights *w, const 
     if (m->xr && m->keys.training)
         for (size_t t = 0; t < N; t++)
             for (size_t c = 0; c < C; c++) dx[t * C + c] *= jitter_at(m, t, c);
-    for (size_t i = 0; i < m->n; i++) shard_add(dx + (m->a_slot[i] / K) * C, m->ya + i * C, dx + (m->a_slot[i] / K) * C, C);
+    for (size_t i = 0; i < m->n; i++)
+        shard_add(dx + (m->a_slot[i] / K) * C, m->ya + i * C, dx + (m->a_slot[i] / K) * C, C);
     return SHARD_OK;
 }
