@@ -1066,7 +1066,9 @@ def moe():
     split over `expert` (expert=2, expert=4, data=2,expert=2 with ZeRO 0/1/3; 6 experts with random
     routing on expert=4) with the same losses at each of 10 steps (1e-5 relative), tokens dropped for
     capacity; a checkpoint saved on expert=4 resumes on expert=2 and one rank; its --log lines carry the
-    router losses and expert load, a dense GPT's do not; a tensor axis is refused in one line."""
+    router losses and expert load, a dense GPT's do not; each expert split over `tensor` (tensor=2,
+    tensor=2,expert=2) gives the same losses, and a checkpoint saved on tensor=2,expert=2 resumes on one
+    rank; sequence parallel and a pipe axis are refused in one line."""
     import shutil
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-moe-")
@@ -1151,8 +1153,30 @@ def moe():
         rows = [json.loads(l) for l in open(log)] if os.path.exists(log) else []
         expect(p.returncode == 0 and rows and "aux_loss" not in rows[0] and "expert load" not in p.stdout,
                f"dense log: {rows[:1]} {p.stdout}")
-        p = run(args + ["--ranks", "2", "--mesh", "tensor=2"])
-        expect(p.returncode != 0 and "not split over a tensor axis" in p.stderr, f"moe tensor=2: {p.stderr}")
+        # expert tensor parallel: each expert's c_fc / c_proj split over `tensor`, alone and with `expert`
+        for extra in (["--ranks", "2", "--mesh", "tensor=2"], ["--ranks", "4", "--mesh", "tensor=2,expert=2"]):
+            log = os.path.join(work, "etp.jsonl")
+            p = run(args + extra + ["--log", log])
+            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
+                                          a["dropped_tokens"] == b["dropped_tokens"] and
+                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
+            expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
+                         f"{[r['loss'] for r in one]} {p.stderr}")
+        # a checkpoint saved on tensor=2,expert=2 (the stacks gathered whole over both axes) resumes on one rank
+        ck = os.path.join(work, "ck_etp")
+        p = run(args + ["--ranks", "4", "--mesh", "tensor=2,expert=2", "--save", ck, "--save-every", "5"])
+        log = os.path.join(work, "resumed_etp.jsonl")
+        p = run(args + ["--resume", os.path.join(ck, "step_5"), "--log", log])
+        got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, one[5:])),
+               f"moe saved on tensor=2,expert=2, resumed on one rank: {[r['loss'] for r in got]} vs "
+               f"{[r['loss'] for r in one[5:]]} {p.stderr}")
+        p = run(args + ["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel"])
+        expect(p.returncode != 0 and "leave out --sequence-parallel" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+               f"moe tensor=2 --sequence-parallel: {p.stderr}")
+        p = run(args + ["--ranks", "2", "--mesh", "pipe=2"])
+        expect(p.returncode != 0 and "not split over pipeline stages" in p.stderr, f"moe pipe=2: {p.stderr}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -24,7 +24,13 @@
  *
  * The tokens move to their experts through the expert exchange (expert.h's interface: one gather of
  * rows for the experts, one scatter of results back), so on an expert rank the layer computes only
- * the experts it holds, [first_expert, first_expert + held_experts). */
+ * the experts it holds, [first_expert, first_expert + held_experts).
+ *
+ * Over a tensor axis (`tensor`, Megatron's expert tensor parallel) each expert's c_fc is column-parallel
+ * and its c_proj row-parallel: a rank holds `hidden` of the 4C inner units, the tokens (and the router,
+ * computed whole) are the same on every tensor rank, and the experts' partial outputs are summed over
+ * the axis before the combine (c_proj's bias added once, by tensor rank 0), their inputs' gradients
+ * before the combine's backward. */
 #ifndef SHARD_MOE_H
 #define SHARD_MOE_H
 
@@ -41,7 +47,7 @@ extern "C" {
 typedef struct shard_moe_options {
     size_t struct_size; /* sizeof(shard_moe_options) */
     size_t experts, top_k;
-    size_t width, hidden;  /* C and the experts' inner width (4C) */
+    size_t width, hidden;  /* C and the experts' inner width this rank holds (4C, or its share over `tensor`) */
     float capacity_factor; /* 0: no token is dropped */
     float jitter;          /* router input noise while training (0: none) */
     int random_routing;    /* GShard's random routing of the second choice while training */
@@ -50,10 +56,12 @@ typedef struct shard_moe_options {
     size_t first_expert, held_experts; /* the experts whose weights this rank holds (0, 0: all) */
     shard_comm *comm;                  /* the expert axis; NULL: every expert here */
     size_t max_tokens;                 /* the most tokens one forward routes */
+    shard_comm *tensor;                /* the axis the inner width is split over; NULL: held whole */
 } shard_moe_options;
 
 /* The layer's parameters: the router [E, C] (no bias) and the held experts' stacked weights, in GPT-2's
- * Conv1D layout per expert: fc_w [held, C, F], fc_b [held, F], proj_w [held, F, C], proj_b [held, C].
+ * Conv1D layout per expert: fc_w [held, C, F], fc_b [held, F], proj_w [held, F, C], proj_b [held, C]
+ * (F: `hidden`, this rank's inner units; proj_b whole on every tensor rank).
  * Gradients in the same layout (added into). */
 typedef struct shard_moe_weights {
     const float *gate, *fc_w, *fc_b, *proj_w, *proj_b;

@@ -463,18 +463,16 @@ static shard_status read_placement(shard_gpt *g, const shard_param_info *t) {
     g->Cmax = g->Fmax = 0;
     for (size_t l = 0; l < c->n_layer; l++) {
         const size_t *w = &g->layer[l * PER_LAYER];
+        /* the MLP's pair: c_fc and c_proj, or a mixture of experts' stacks of them (each expert's inner
+         * units split alike) */
         const size_t attn[3] = {w[ATTN_W], w[ATTN_B], w[APROJ_W]}, mlp[3] = {w[FC_W], w[FC_B], w[MPROJ_W]};
-        int moe = w[GATE_W] != SIZE_MAX; /* its experts whole on every tensor rank */
         SHARD_CHECK(check_pair(g, t, attn, 3));
-        if (!moe) SHARD_CHECK(check_pair(g, t, mlp, 3));
+        SHARD_CHECK(check_pair(g, t, mlp, 3));
         layer_split *ls = &g->ls[l];
         ls->attn_split = shard__placement_is_split(&g->place[w[ATTN_W]], &g->layout);
-        ls->mlp_split = !moe && shard__placement_is_split(&g->place[w[FC_W]], &g->layout);
+        ls->mlp_split = shard__placement_is_split(&g->place[w[FC_W]], &g->layout);
         shard__placement_range(&g->place[w[ATTN_W]], &g->layout, g->tp_rank, &ls->h0, &ls->Hl);
-        if (moe)
-            ls->f0 = 0, ls->Fl = 4 * c->n_embd;
-        else
-            shard__placement_range(&g->place[w[FC_W]], &g->layout, g->tp_rank, &ls->f0, &ls->Fl);
+        shard__placement_range(&g->place[w[FC_W]], &g->layout, g->tp_rank, &ls->f0, &ls->Fl);
         if (!ls->Hl)
             return shard_error(SHARD_ERR_INVALID_ARG,
                                "the mesh's tensor=%d (--mesh, or bench tensor's --ranks) is more than "
@@ -602,7 +600,7 @@ static shard_status create_moe(shard_gpt *g) {
                                .experts = c->num_local_experts,
                                .top_k = c->num_experts_per_tok,
                                .width = c->n_embd,
-                               .hidden = 4 * c->n_embd,
+                               .hidden = g->ls[l].Fl,
                                .capacity_factor = c->expert_capacity_factor,
                                .jitter = c->router_jitter_noise,
                                .random_routing = c->router_random_routing,
@@ -612,7 +610,8 @@ static shard_status create_moe(shard_gpt *g) {
                                .first_expert = g->e0,
                                .held_experts = g->El,
                                .comm = g->ep,
-                               .max_tokens = g->max_b * g->max_t};
+                               .max_tokens = g->max_b * g->max_t,
+                               .tensor = g->ls[l].mlp_split ? g->tp : NULL};
         SHARD_CHECK(shard_moe_create(&o, &g->moe[l]));
         g->moe_layers++;
     }
@@ -632,11 +631,16 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
                            max_seq, c->n_positions);
     size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2, E = c->num_local_experts;
     int parts = tp ? shard_comm_size(tp) : 1;
-    if (E && (parts > 1 || stage))
+    if (E && stage)
         return shard_error(SHARD_ERR_INVALID_ARG,
-                           "gpt: a mixture of experts (num_local_experts %zu) trains on one rank or over data "
-                           "ranks, not split over %s: give a mesh without tensor and pipe axes",
-                           E, parts > 1 ? "a tensor axis" : "pipeline stages");
+                           "gpt: a mixture of experts (num_local_experts %zu) trains on one rank or over data, "
+                           "expert and tensor ranks, not split over pipeline stages: give a mesh without a pipe axis",
+                           E);
+    if (E && sequence_parallel && parts > 1)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "gpt: a mixture of experts (num_local_experts %zu) routes every token on each tensor "
+                           "rank, not split over them: leave out --sequence-parallel",
+                           E);
     int eranks = ep ? shard_comm_size(ep) : 1;
     if ((size_t)eranks > 1 && (size_t)eranks > E)
         return shard_error(SHARD_ERR_INVALID_ARG,
@@ -698,8 +702,9 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         "ln_1.weight",       "ln_1.bias",       "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
         "attn.c_proj.bias",  "ln_2.weight",     "ln_2.bias",          "mlp.c_fc.weight",  "mlp.c_fc.bias",
         "mlp.c_proj.weight", "mlp.c_proj.bias", "mlp.gate.weight"};
-    /* a mixture-of-experts block: its router after ln_2, then the experts stacked [E, ...] (this expert
-     * rank's experts), whole on every tensor rank */
+    /* a mixture-of-experts block: its router after ln_2 (whole on every tensor rank), then the experts
+     * stacked [E, ...] (this expert rank's experts), each expert's inner units split over `tensor` as a
+     * dense MLP's (c_proj's bias whole) */
     static const int moe_order[] = {LN1_W, LN1_B,  ATTN_W, ATTN_B, APROJ_W, APROJ_B, LN2_W,
                                     LN2_B, GATE_W, FC_W,   FC_B,   MPROJ_W, MPROJ_B};
     const int ones[3] = {1, 1, 1};
@@ -718,9 +723,9 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
             case FC_B: shard__placement_make(p, 1, (size_t[]){4 * C}, 1, one, 0); break;
             case MPROJ_W: shard__placement_make(p, 2, (size_t[]){4 * C, C}, 2, two, 0); break;
             case -GATE_W: shard__placement_make(p, 2, (size_t[]){E, C}, 2, two, -1); break;
-            case -FC_W: shard__placement_make(p, 3, (size_t[]){g->El, C, 4 * C}, 3, ones, -1); break;
-            case -FC_B: shard__placement_make(p, 2, (size_t[]){g->El, 4 * C}, 2, two, -1); break;
-            case -MPROJ_W: shard__placement_make(p, 3, (size_t[]){g->El, 4 * C, C}, 3, ones, -1); break;
+            case -FC_W: shard__placement_make(p, 3, (size_t[]){g->El, C, 4 * C}, 3, ones, 2); break;
+            case -FC_B: shard__placement_make(p, 2, (size_t[]){g->El, 4 * C}, 2, two, 1); break;
+            case -MPROJ_W: shard__placement_make(p, 3, (size_t[]){g->El, 4 * C, C}, 3, ones, 1); break;
             case -MPROJ_B: shard__placement_make(p, 2, (size_t[]){g->El, C}, 2, two, -1); break;
             default: shard__placement_make(p, 1, (size_t[]){C}, 1, one, -1);
             }
@@ -837,15 +842,33 @@ shard_model *shard_gpt_model(shard_gpt *g) { return &g->model; }
 
 /* ---------------------------------------------------------------- tensor-parallel pieces */
 
+/* A run of an expert stack's piece: drawn at its index in the whole [E, ...] stack (`first`: where this
+ * expert rank's experts start in it). */
+typedef struct expert_draw {
+    float *to;
+    size_t first;
+    float std;
+    uint64_t seed;
+    const char *name;
+} expert_draw;
+
+static void draw_expert_run(void *ctx, size_t whole_at, size_t piece_at, size_t n) {
+    const expert_draw *d = ctx;
+    shard_init_normal(d->to + piece_at, d->first + whole_at, n, d->std, d->seed, d->name);
+}
+
 /* The counter-based draw of this rank's piece: element e of the whole tensor, whatever the split. */
 static void init_piece(const shard_gpt *g, size_t i, float std, uint64_t seed) {
     const shard_param_info *info = &g->params->info[i];
+    const shard__placement *p = &g->place[i];
     if (g->expert_split && g->expert_split[i] && g->El) { /* experts e0.. of the whole [E, ...] stack */
-        size_t per_expert = info->numel / g->El;
-        shard_init_normal(P(g, i), g->e0 * per_expert, info->numel, std, seed, info->name);
+        size_t per_expert = 1;
+        for (int d = 1; d < p->ndim; d++) per_expert *= p->shape[d]; /* whole over the tensor axis */
+        expert_draw d = {.to = P(g, i), .first = g->e0 * per_expert, .std = std, .seed = seed, .name = info->name};
+        shard__placement_runs(p, &g->layout, g->tp_rank, draw_expert_run, &d);
         return;
     }
-    shard__placement_init_normal(&g->place[i], &g->layout, g->tp_rank, P(g, i), std, seed, info->name);
+    shard__placement_init_normal(p, &g->layout, g->tp_rank, P(g, i), std, seed, info->name);
 }
 
 static void model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
@@ -1027,7 +1050,7 @@ static shard_status gpt_forward(shard_gpt *g, const int32_t *inputs, const int32
         /* MLP: column-parallel c_fc, GELU on this rank's columns, row-parallel c_proj */
         shard_layernorm_forward(a->mid, P(g, w[LN2_W]), P(g, w[LN2_B]), c->layer_norm_epsilon, a->ln2 + r0 * C,
                                 a->ln2_mean, a->ln2_rstd, Nl, C);
-        if (g->moe[l]) { /* or a mixture of experts (whole: no tensor axis) */
+        if (g->moe[l]) { /* or a mixture of experts (each expert's c_fc / c_proj split as the pair above) */
             SHARD_CHECK(shard_model_acquire(&g->model, experts_unit(g, l), 0)); /* its values valid from here */
             shard_moe_weights mw = moe_weights(g, w);
             shard_moe_keys keys = block_keys(g, l);

@@ -6,7 +6,9 @@
  *
  * The tokens travel through the expert exchange (expert.h: route create / dispatch / combine, one
  * all_to_allv each way over the expert axis; on one rank a stable regrouping by expert), so the
- * layer computes only the experts this rank holds. */
+ * layer computes only the experts this rank holds.  Over a tensor axis the experts' rows are the same
+ * on every tensor rank, so one all_reduce of them over `tensor` makes the row-parallel c_proj's output
+ * (and, backward, the column-parallel c_fc's input gradient) whole. */
 #include "shard/moe.h"
 
 #include <math.h>
@@ -18,6 +20,7 @@
 #include "shard/expert.h"
 #include "shard/layers.h"
 #include "shard/memory.h"
+#include "shard/tp.h"
 
 /* ---------------------------------------------------------------- the layer */
 
@@ -273,17 +276,18 @@ static shard_status scatter_rows(shard_moe *m, float *y) {
 
 static shard_status experts_forward(shard_moe *m, const shard_moe_weights *w) {
     size_t C = m->C, F = m->F, at = 0;
+    int bias = shard_tp_rank(m->o.tensor) == 0; /* the row-parallel bias rule: added once before the sum */
     for (size_t e = 0; e < m->o.held_experts; e++) {
         size_t rows = shard_expert_route_rows(m->route, e);
         if (!rows) continue;
         SHARD_CHECK(
             shard_linear_forward(m->xe + at * C, w->fc_w + e * C * F, w->fc_b + e * F, m->slope + at * F, rows, C, F));
         shard_gelu_forward_slope(m->slope + at * F, m->hid + at * F, rows * F); /* slope: GELU' from here on */
-        SHARD_CHECK(shard_linear_forward(m->hid + at * F, w->proj_w + e * F * C, w->proj_b + e * C, m->ye + at * C,
-                                         rows, F, C));
+        SHARD_CHECK(shard_linear_forward(m->hid + at * F, w->proj_w + e * F * C, bias ? w->proj_b + e * C : NULL,
+                                         m->ye + at * C, rows, F, C));
         at += rows;
     }
-    return SHARD_OK;
+    return shard_tp_sum(m->o.tensor, m->ye, m->total * C);
 }
 
 /* From d(ye) (in m->ye): d(xe) into m->dxe, the experts' gradients added. */
@@ -299,7 +303,7 @@ static shard_status experts_backward(shard_moe *m, const shard_moe_weights *w, c
                                           g->fc_w + e * C * F, g->fc_b + e * F, rows, C, F));
         at += rows;
     }
-    return SHARD_OK;
+    return shard_tp_sum(m->o.tensor, m->dxe, m->total * C);
 }
 
 /* ---- the layer ---- */
