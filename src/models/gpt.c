@@ -569,7 +569,7 @@ static shard_status check_memory(const shard_gpt_config *c, size_t max_batch, si
     for (size_t k = 0; stage && k < stage->chunks; k++) held += (double)(stage->last[k] - stage->first[k]);
     if (!stage) held = (double)c->n_layer;
     int first = !stage || stage->index == 0, last = !stage || stage->index == stage->count - 1;
-    double blocks = held * (12 * C * C + 13 * C); /* a mixture of experts runs whole: every block's own count */
+    double blocks = held * (12 * C * C + 13 * C); /* MoE: on no pipeline stage, every block counted */
     if (c->num_local_experts) {
         blocks = 0;
         for (size_t l = 0; l < c->n_layer; l++) blocks += (double)block_params(c, l);
