@@ -853,14 +853,31 @@ static void model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
     shard__placement_stored_shape(&g->place[i], g->place[i].shape, shape);
 }
 
-/* "P(None, None, 'tensor', None) of [256, 3, 4, 64]": parameter i's spec and the logical shape it is written on. */
+/* An expert stack (expert_split): every expert of the whole [E, ...] tensor, each stored as a tensor of its
+ * own, "h.N.mlp.experts.J.c_fc.weight" (the index after "experts."). */
+static size_t model_stack(const shard_model *m, size_t i, size_t *name_prefix_bytes) {
+    const shard_gpt *g = m->impl;
+    const char *name = g->params->info[i].name, *experts = strstr(name, ".experts.");
+    if (!g->expert_split || !g->expert_split[i] || !experts) return 0;
+    *name_prefix_bytes = (size_t)(experts - name) + strlen(".experts.");
+    return g->c.num_local_experts;
+}
+
+/* "P(None, None, 'tensor', None) of [256, 3, 4, 64]": parameter i's spec and the logical shape it is written on;
+ * an expert stack "P('expert', None, None) of [E, C, 4C]", its whole stack split over the expert axis. */
 static void model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes) {
     const shard_gpt *g = m->impl;
     const shard__placement *p = &g->place[i];
     char spec[128], shape[96] = "";
-    shard__placement_spec_text(p, &g->layout, spec, sizeof spec);
+    int stack = g->expert_split && g->expert_split[i];
+    if (stack)
+        for (int d = 0, at = snprintf(spec, sizeof spec, "P('expert'"); d < p->ndim; d++)
+            at += snprintf(spec + at, sizeof spec - (size_t)at, d + 1 < p->ndim ? ", None" : ")");
+    else
+        shard__placement_spec_text(p, &g->layout, spec, sizeof spec);
     for (int d = 0, at = 0; d < p->ndim && at < (int)sizeof shape; d++)
-        at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%zu", d ? ", " : "", p->shape[d]);
+        at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%zu", d ? ", " : "",
+                       stack && d == 0 ? g->c.num_local_experts : p->shape[d]);
     snprintf(out, bytes, "%s of [%s]", spec, shape);
 }
 
@@ -1316,6 +1333,9 @@ static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shar
                                                       .take_piece = model_take_piece,
                                                       .param_spec = model_param_spec};
 
+static const shard_model_stack_ops gpt_stack_ops = {.struct_size = sizeof(shard_model_stack_ops),
+                                                    .stack = model_stack};
+
 static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_model_pipe_ops),
                                                   .blocks = pipe_blocks,
                                                   .stage_blocks = pipe_stage_blocks,
@@ -1337,7 +1357,8 @@ static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_
                                               .destroy = model_destroy,
                                               .tensor = &gpt_tensor_ops,
                                               .pipe = &gpt_pipe_ops,
-                                              .stats = &gpt_stats_ops};
+                                              .stats = &gpt_stats_ops,
+                                              .stacks = &gpt_stack_ops};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, size_t max_rows, size_t seq,
                                      shard_comm *tensor, shard_comm *expert, int sequence_parallel, const char *specs,

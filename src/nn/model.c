@@ -121,6 +121,11 @@ shard_status shard_model_check_tables(const shard_model *m) {
                            "model '%s': its pipeline table lacks blocks, forward_range or "
                            "backward_range",
                            kind);
+    if (o->stacks && (o->stacks->struct_size < sizeof *o->stacks || !o->stacks->stack))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its stack table is not this library's (struct_size %zu, need %zu) or "
+                           "lacks stack",
+                           kind, o->stacks->struct_size, sizeof *o->stacks);
     if (o->stats &&
         (o->stats->struct_size < sizeof *o->stats || !o->stats->routed || !o->stats->reset || !o->stats->read))
         return shard_error(SHARD_ERR_INVALID_ARG,
@@ -134,6 +139,19 @@ const shard_model_stats_ops *shard_model_stats(const shard_model *m) {
     const shard_model_ops *o = m ? m->ops : NULL;
     if (!o || o->struct_size < sizeof *o || !o->stats || !o->stats->routed) return NULL;
     return o->stats->routed(m) ? o->stats : NULL;
+}
+
+size_t shard_model_stack(const shard_model *m, size_t i, size_t *name_prefix_bytes) {
+    const shard_model_ops *o = m ? m->ops : NULL;
+    size_t prefix = 0, members = 0;
+    if (o && o->struct_size >= sizeof *o && o->stacks && o->stacks->stack) members = o->stacks->stack(m, i, &prefix);
+    if (name_prefix_bytes) *name_prefix_bytes = members ? prefix : 0;
+    return members;
+}
+
+void shard_model_stack_member_name(const char *name, size_t name_prefix_bytes, size_t j, char *out, size_t bytes) {
+    size_t len = strlen(name), at = name_prefix_bytes < len ? name_prefix_bytes : len;
+    snprintf(out, bytes, "%.*s%zu.%s", (int)at, name, j, name + at);
 }
 
 void shard_model_free_units(shard_model *m) {
