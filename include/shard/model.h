@@ -116,6 +116,12 @@ typedef struct shard_model_stack_ops {
 size_t shard_model_stack(const shard_model *m, size_t i, size_t *name_prefix_bytes);
 /* Member j's name of a stack named `name` with that prefix, into out[bytes]. */
 void shard_model_stack_member_name(const char *name, size_t name_prefix_bytes, size_t j, char *out, size_t bytes);
+/* m's parameters as weight files and checkpoints hold them, at their shapes here (a whole model: its whole
+ * shapes): a stack's members, dim 0 dropped, each parameter else as it is, in order; values zero.  Load
+ * them by name (shard_params_load, shard_ckpt_load), then shard_model_take_stored puts them in m. */
+shard_status shard_model_stored_params(const shard_model *m, shard_params **out);
+/* m's values from `stored` (shard_model_stored_params of m): a stack's members joined. */
+void shard_model_take_stored(shard_model *m, const shard_params *stored);
 
 /* A pipe rank's part of the model: `chunks` runs of layers (one; v with virtual stages, chunk c being
  * virtual stage c * count + index), chunk c holding layers first[c] .. last[c]-1 of the model's

@@ -621,6 +621,8 @@ static shard_status create_moe(shard_gpt *g) {
     return SHARD_OK;
 }
 
+static const shard_model_ops gpt_model_ops; /* the model table, below */
+
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
                                shard_comm *ep, int sequence_parallel, const char *specs, const shard_model_stage *stage,
                                int keep_logits, shard_gpt **out) {
@@ -765,7 +767,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         shard_gpt_destroy(g);
         return s;
     }
-    g->model.impl = g;
+    g->model.impl = g, g->model.ops = &gpt_model_ops; /* its stack table names the experts in weight files */
     s = shard_model_setup_units(&g->model, g->params, unit_first, units);
     if (s == SHARD_OK && !(g->whole = calloc(n, 1))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
