@@ -47,8 +47,8 @@ static shard_status generate_rank(shard_comm *comm, void *arg) {
     if (total < ctx) ctx = total; /* activations for the tokens there will be, not all n_positions */
     shard_gpt *g = NULL;
     SHARD_CHECK(shard_gpt_create(&c, 1, ctx, &g));
-    shard_status s = o->ckpt ? train_load_checkpoint(comm, o->ckpt, shard_gpt_params(g), NULL)
-                             : shard_params_load(shard_gpt_params(g), o->init, 1, NULL);
+    shard_status s = o->ckpt ? train_load_checkpoint(comm, o->ckpt, shard_gpt_model(g), NULL)
+                             : train_load_weights(o->init, shard_gpt_model(g));
     int32_t *ids = malloc(total * sizeof *ids);
     if (s == SHARD_OK && !ids) s = shard_error(SHARD_ERR_NO_MEMORY, "generate: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < plen; i++) ids[i] = (unsigned char)o->prompt[i];

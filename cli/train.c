@@ -63,6 +63,8 @@ static void print_specs(shard_model *m) {
         size_t whole[SHARD_MAX_DIMS] = {0};
         memcpy(whole, pi->shape, sizeof pi->shape);
         shard_model_whole_shape(m, i, whole);
+        size_t members = shard_model_stack(m, i, NULL); /* an expert stack: every expert, whatever this rank holds */
+        if (members && pi->ndim > 0) whole[0] = members;
         char spec[192], ws[64], ls[64];
         shard_model_param_spec(m, i, spec, sizeof spec);
         int a = snprintf(ws, sizeof ws, "[%zu", whole[0]), b = snprintf(ls, sizeof ls, "[%zu", pi->shape[0]);

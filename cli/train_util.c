@@ -17,11 +17,11 @@ void cli_progress(int tty, long step, long steps, float loss, float lr, double t
     }
 }
 
-/* One replicated dtensor per parameter on a one-rank mesh. */
+/* One replicated dtensor per stored tensor on a one-rank mesh. */
 static shard_status make_items(shard_comm *comm, const shard_params *params, shard_mesh **mesh,
                                shard_ckpt_item **items) {
     SHARD_CHECK(shard_mesh_create(comm, "data=1", mesh));
-    *items = calloc(params->count, sizeof **items);
+    *items = calloc(params->count + 1, sizeof **items);
     if (!*items) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     for (size_t i = 0; i < params->count; i++) {
         shard_spec spec = shard_spec_replicated(params->info[i].ndim);
@@ -38,14 +38,28 @@ static void free_items(shard_mesh *mesh, shard_ckpt_item *items, size_t n) {
     shard_mesh_destroy(mesh);
 }
 
-shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_params *params, uint64_t *step) {
+shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_model *model, uint64_t *step) {
     shard_mesh *mesh = NULL;
     shard_ckpt_item *items = NULL;
-    shard_status s = make_items(comm, params, &mesh, &items);
-    if (s == SHARD_OK) s = shard_ckpt_load(where, items, params->count, step);
-    for (size_t i = 0; s == SHARD_OK && i < params->count; i++)
-        memcpy(params->data + params->info[i].offset, items[i].tensor->local->data,
-               params->info[i].numel * sizeof(float));
-    free_items(mesh, items, params->count);
+    shard_params *stored = NULL; /* the tensors as the checkpoint names them (an expert stack's members) */
+    shard_status s = shard_model_stored_params(model, &stored);
+    size_t n = stored ? stored->count : 0;
+    if (s == SHARD_OK) s = make_items(comm, stored, &mesh, &items);
+    if (s == SHARD_OK) s = shard_ckpt_load(where, items, n, step);
+    for (size_t i = 0; s == SHARD_OK && i < n; i++)
+        memcpy(stored->data + stored->info[i].offset, items[i].tensor->local->data,
+               stored->info[i].numel * sizeof(float));
+    if (s == SHARD_OK) shard_model_take_stored(model, stored);
+    free_items(mesh, items, n);
+    shard_params_destroy(stored);
+    return s;
+}
+
+shard_status train_load_weights(const char *path, shard_model *model) {
+    shard_params *stored = NULL;
+    shard_status s = shard_model_stored_params(model, &stored);
+    if (s == SHARD_OK) s = shard_params_load(stored, path, 1, NULL);
+    if (s == SHARD_OK) shard_model_take_stored(model, stored);
+    shard_params_destroy(stored);
     return s;
 }

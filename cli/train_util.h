@@ -11,7 +11,10 @@
 /* A progress bar on a terminal (redrawn in place), else a line every ~5%. */
 void cli_progress(int tty, long step, long steps, float loss, float lr, double tokens_per_s, double ms);
 
-/* Fill params from the checkpoint (by name, every one required). */
-shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_params *params, uint64_t *step);
+/* Fill a whole model's parameters from the checkpoint (by name, every one required; an expert stack from its
+ * members' tensors). */
+shard_status train_load_checkpoint(shard_comm *comm, const char *where, shard_model *model, uint64_t *step);
+/* The same from a weights file (safetensors, or a sharded export's index). */
+shard_status train_load_weights(const char *path, shard_model *model);
 
 #endif

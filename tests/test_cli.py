@@ -1065,8 +1065,10 @@ def moe():
     """configs/gpt-moe-tiny.json trains on one rank, on data=2 (plain, ZeRO-1, ZeRO-3) and with its experts
     split over `expert` (expert=2, expert=4, data=2,expert=2 with ZeRO 0/1/3; 6 experts with random
     routing on expert=4) with the same losses at each of 10 steps (1e-5 relative), tokens dropped for
-    capacity; a checkpoint saved on expert=4 resumes on expert=2 and one rank; its --log lines carry the
-    router losses and expert load, a dense GPT's do not; each expert split over `tensor` (tensor=2,
+    capacity; a checkpoint saved on expert=4 holds each expert as a tensor of its own (h.N.mlp.experts.J....),
+    resumes on expert=2 and one rank, exports per-expert tensors that --init and generate read, and
+    --print-specs shows the stacks as P('expert', ...) of [E, ...]; its --log lines carry the router
+    losses and expert load, a dense GPT's do not; each expert split over `tensor` (tensor=2,
     tensor=2,expert=2) gives the same losses, and a checkpoint saved on tensor=2,expert=2 resumes on one
     rank; sequence parallel and a pipe axis are refused in one line."""
     import shutil
@@ -1134,7 +1136,36 @@ def moe():
                              f"{[r['loss'] for r in got]} vs {[r['loss'] for r in ref]} {p.stderr}")
         # a checkpoint saved on expert=4 (the stacks gathered whole, [E, ...]) resumes on expert=2 and on one rank
         ck = os.path.join(work, "ck")
-        p = run(args + ["--ranks", "4", "--mesh", "expert=4", "--save", ck, "--save-every", "5"])
+        p = run(args + ["--ranks", "4", "--mesh", "expert=4", "--save", ck, "--save-every", "5", "--print-specs"])
+        # --print-specs: an expert stack is split over `expert`, shown at its whole [E, ...] shape
+        specs = [l.split() for l in p.stdout.splitlines() if l.strip().startswith("h.0.mlp.experts.c_fc.weight")]
+        expect(specs and " ".join(specs[0][1:4]) == "[4, 64, 256]" and "P('expert', None, None) of [4, 64, 256]"
+               in " ".join(specs[0]), f"moe --print-specs: {specs} {p.stderr}")
+        # the checkpoint holds each expert as a tensor of its own, by its global index, the optimizer's state too
+        p = run(["inspect", "ckpt", os.path.join(ck, "step_5")])
+        names = {l.split()[1] for l in p.stdout.splitlines() if l.strip().startswith("tensor ")}
+        want = {"h.0.mlp.experts.3.c_fc.weight", "h.1.mlp.experts.0.c_proj.bias", "h.0.mlp.gate.weight",
+                "optimizer.exp_avg.h.0.mlp.experts.3.c_fc.weight"}
+        expect(p.returncode == 0 and want <= names and not any(".experts.c_" in n for n in names),
+               f"moe checkpoint tensors: {sorted(n for n in names if 'mlp' in n)} {p.stderr}")
+        # exported weights: per-expert tensors, which --init reads onto expert=2 as onto one rank, and generate
+        exported = os.path.join(work, "moe.safetensors")
+        p = run(["ckpt", "export", os.path.join(ck, "step_5"), "--out", exported])
+        header = {}
+        if p.returncode == 0:
+            with open(exported, "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        expect(header.get("h.0.mlp.experts.3.c_fc.weight", {}).get("shape") == [64, 256] and
+               "h.0.mlp.experts.c_fc.weight" not in header, f"moe export: {sorted(header)[:8]} {p.stderr}")
+        firsts = []
+        for extra in (["--ranks", "2", "--mesh", "expert=2"], []):
+            p = run(args[:-4] + ["--steps", "1", "--init", exported] + extra)
+            firsts.append(p.stdout.split("loss ")[-1].split()[0] if p.returncode == 0 else p.stderr)
+        expect(len(set(firsts)) == 1 and "->" not in firsts[0], f"moe --init from the export: {firsts}")
+        for source in (["--ckpt", os.path.join(ck, "step_5")], ["--init", exported, "--config", cfg]):
+            p = subprocess.run([SHARD, "generate"] + source + ["--prompt", "the", "--tokens", "4"], capture_output=True,
+                               timeout=60, env=ENV)  # sampled bytes: not always text
+            expect(p.returncode == 0 and p.stdout.startswith(b"the"), f"moe generate {source[0]}: {p.stderr}")
         for extra in (["--ranks", "2", "--mesh", "expert=2"], []):
             log = os.path.join(work, "resumed.jsonl")
             if os.path.exists(log):

@@ -161,12 +161,48 @@ static void config_refusals(void **state) {
     assert_true(!shard_gpt_block_is_moe(&c, 0) && shard_gpt_block_is_moe(&c, 1));
 }
 
+/* Weight files hold each expert as a tensor of its own: the stacks' members by their global index (dim 0
+ * dropped), the router and dense parameters as they are; read back, the stacks are joined as they were. */
+static void experts_stored_by_index(void **state) {
+    (void)state;
+    const char *text = "{\"n_embd\": 16, \"n_layer\": 2, \"n_head\": 2, \"n_positions\": 8, \"vocab_size\": 32, "
+                       "\"num_local_experts\": 4, \"moe_layer_frequency\": 2}";
+    shard_gpt_config c;
+    assert_int_equal(shard_gpt_config_parse(text, "stored", &c), SHARD_OK);
+    shard_gpt *g = NULL;
+    assert_int_equal(shard_gpt_create(&c, 1, 8, &g), SHARD_OK);
+    shard_gpt_init(g, 5);
+    shard_model *m = shard_gpt_model(g);
+    shard_params *p = shard_gpt_params(g), *stored = NULL;
+    size_t prefix = 0, fc = (size_t)(shard_params_find(p, "h.1.mlp.experts.c_fc.weight") - p->info);
+    assert_int_equal(shard_model_stack(m, fc, &prefix), 4);
+    assert_int_equal(prefix, strlen("h.1.mlp.experts."));
+    assert_int_equal(shard_model_stack(m, (size_t)(shard_params_find(p, "h.1.mlp.gate.weight") - p->info), NULL), 0);
+    assert_int_equal(shard_model_stored_params(m, &stored), SHARD_OK);
+    assert_int_equal(stored->count, p->count + 4 * 3); /* 4 stacks of 4 members each in the MoE block */
+    assert_null(shard_params_find(stored, "h.1.mlp.experts.c_fc.weight"));
+    const shard_param_info *e3 = shard_params_find(stored, "h.1.mlp.experts.3.c_fc.weight");
+    assert_non_null(e3);
+    assert_true(e3->ndim == 2 && e3->shape[0] == 16 && e3->shape[1] == 64);
+    assert_non_null(shard_params_find(stored, "h.0.mlp.c_fc.weight")); /* the dense block's MLP */
+    const shard_param_info *w = &p->info[fc];
+    for (size_t i = 0; i < e3->numel; i++) stored->data[e3->offset + i] = (float)i; /* expert 3 only */
+    for (size_t i = 0; i < stored->count; i++) {
+        const shard_param_info *own = shard_params_find(p, stored->info[i].name);
+        if (own) memcpy(stored->data + stored->info[i].offset, p->data + own->offset, own->numel * sizeof(float));
+    }
+    float before = p->data[w->offset];
+    shard_model_take_stored(m, stored);
+    assert_true(p->data[w->offset + 3 * e3->numel + 5] == 5.0f && p->data[w->offset] == 0.0f && before != 0.0f);
+    shard_params_destroy(stored);
+    shard_gpt_destroy(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(golden_top1_capacity),
-        cmocka_unit_test(golden_top2),
-        cmocka_unit_test(noise_is_keyed),
-        cmocka_unit_test(config_refusals),
+        cmocka_unit_test(golden_top1_capacity),    cmocka_unit_test(golden_top2),
+        cmocka_unit_test(noise_is_keyed),          cmocka_unit_test(config_refusals),
+        cmocka_unit_test(experts_stored_by_index),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

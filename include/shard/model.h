@@ -68,6 +68,9 @@ typedef struct shard_model_ops {
     const struct shard_model_pipe_ops *pipe;
     /* Optional: a model with routers (a mixture of experts) reports their losses and loads (NULL: none). */
     const struct shard_model_stats_ops *stats;
+    /* Optional: parameters that are stacks of like tensors along dim 0 (a mixture of experts' experts),
+     * which checkpoints and weight files hold member by member (NULL: every parameter one tensor). */
+    const struct shard_model_stack_ops *stacks;
 } shard_model_ops;
 
 /* A model with routers: what its forwards since the last reset added up, this rank's rows only (the
@@ -96,6 +99,29 @@ typedef struct shard_model_stats_ops {
 
 /* m's stats table when its ops have one (struct_size covering it) and it routes; NULL otherwise. */
 const shard_model_stats_ops *shard_model_stats(const shard_model *m);
+
+/* A model whose parameter i is a stack of `members` tensors along dim 0 (its whole tensor [members, ...],
+ * whatever part of it this rank holds) stores member j under the parameter's name with "j." inserted
+ * after its first name_prefix_bytes bytes: "h.0.mlp.experts.c_fc.weight" [E, C, 4C] with prefix
+ * "h.0.mlp.experts." is written as E tensors "h.0.mlp.experts.J.c_fc.weight" [C, 4C].  In memory the
+ * parameter stays one stacked tensor; checkpoints, exports and --init files hold the members.
+ *   stack   parameter i's members in its whole tensor (0: not a stack), and the name's prefix bytes */
+typedef struct shard_model_stack_ops {
+    size_t struct_size;
+    size_t (*stack)(const shard_model *m, size_t i, size_t *name_prefix_bytes);
+} shard_model_stack_ops;
+
+/* Parameter i's members when m's stack table says it is a stack, with *name_prefix_bytes set (NULL: not
+ * asked); 0 otherwise (a model without the table: none). */
+size_t shard_model_stack(const shard_model *m, size_t i, size_t *name_prefix_bytes);
+/* Member j's name of a stack named `name` with that prefix, into out[bytes]. */
+void shard_model_stack_member_name(const char *name, size_t name_prefix_bytes, size_t j, char *out, size_t bytes);
+/* m's parameters as weight files and checkpoints hold them, at their shapes here (a whole model: its whole
+ * shapes): a stack's members, dim 0 dropped, each parameter else as it is, in order; values zero.  Load
+ * them by name (shard_params_load, shard_ckpt_load), then shard_model_take_stored puts them in m. */
+shard_status shard_model_stored_params(const shard_model *m, shard_params **out);
+/* m's values from `stored` (shard_model_stored_params of m): a stack's members joined. */
+void shard_model_take_stored(shard_model *m, const shard_params *stored);
 
 /* A pipe rank's part of the model: `chunks` runs of layers (one; v with virtual stages, chunk c being
  * virtual stage c * count + index), chunk c holding layers first[c] .. last[c]-1 of the model's

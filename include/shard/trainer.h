@@ -84,8 +84,9 @@ typedef struct shard_trainer shard_trainer;
  * an expert axis of more than one rank): the model is built with the axis's communicator and marks the
  * parameters it splits (model.h's expert_split).  An expert rank is also a data rank: the rows, and the
  * batch arithmetic's data size, follow data x expert; dense gradients are summed (ZeRO: sharded) over
- * data x expert, expert gradients over data alone; checkpoints hold each expert-split parameter whole,
- * [E, ...] in global expert order, so any expert count resumes them. */
+ * data x expert, expert gradients over data alone; checkpoints hold every expert of an expert-split
+ * parameter (a stack, model.h's stack table) as a tensor of its own by its global index
+ * ("h.0.mlp.experts.3.c_fc.weight"), so any expert count resumes them. */
 shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
 
 /* What shard_trainer_create would refuse in the config's batch arithmetic and pipeline flags for a mesh

@@ -620,6 +620,8 @@ static shard_status create_moe(shard_gpt *g) {
     return SHARD_OK;
 }
 
+static const shard_model_ops gpt_model_ops; /* the model table, below */
+
 static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size_t max_seq, shard_comm *tp,
                                shard_comm *ep, int sequence_parallel, const char *specs, const shard_model_stage *stage,
                                int keep_logits, shard_gpt **out) {
@@ -770,7 +772,7 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
         shard_gpt_destroy(g);
         return s;
     }
-    g->model.impl = g;
+    g->model.impl = g, g->model.ops = &gpt_model_ops; /* its stack table names the experts in weight files */
     s = shard_model_setup_units(&g->model, g->params, unit_first, units);
     if (s == SHARD_OK && !(g->whole = calloc(n, 1))) s = shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < n; i++) g->whole[i] = !shard__placement_is_split(&g->place[i], &g->layout);
@@ -876,14 +878,31 @@ static void model_whole_shape(const shard_model *m, size_t i, size_t *shape) {
     shard__placement_stored_shape(&g->place[i], g->place[i].shape, shape);
 }
 
-/* "P(None, None, 'tensor', None) of [256, 3, 4, 64]": parameter i's spec and the logical shape it is written on. */
+/* An expert stack (expert_split): every expert of the whole [E, ...] tensor, each stored as a tensor of its
+ * own, "h.N.mlp.experts.J.c_fc.weight" (the index after "experts."). */
+static size_t model_stack(const shard_model *m, size_t i, size_t *name_prefix_bytes) {
+    const shard_gpt *g = m->impl;
+    const char *name = g->params->info[i].name, *experts = strstr(name, ".experts.");
+    if (!g->expert_split || !g->expert_split[i] || !experts) return 0;
+    *name_prefix_bytes = (size_t)(experts - name) + strlen(".experts.");
+    return g->c.num_local_experts;
+}
+
+/* "P(None, None, 'tensor', None) of [256, 3, 4, 64]": parameter i's spec and the logical shape it is written on;
+ * an expert stack "P('expert', None, None) of [E, C, 4C]", its whole stack split over the expert axis. */
 static void model_param_spec(const shard_model *m, size_t i, char *out, size_t bytes) {
     const shard_gpt *g = m->impl;
     const shard__placement *p = &g->place[i];
     char spec[128], shape[96] = "";
-    shard__placement_spec_text(p, &g->layout, spec, sizeof spec);
+    int stack = g->expert_split && g->expert_split[i];
+    if (stack)
+        for (int d = 0, at = snprintf(spec, sizeof spec, "P('expert'"); d < p->ndim; d++)
+            at += snprintf(spec + at, sizeof spec - (size_t)at, d + 1 < p->ndim ? ", None" : ")");
+    else
+        shard__placement_spec_text(p, &g->layout, spec, sizeof spec);
     for (int d = 0, at = 0; d < p->ndim && at < (int)sizeof shape; d++)
-        at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%zu", d ? ", " : "", p->shape[d]);
+        at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%zu", d ? ", " : "",
+                       stack && d == 0 ? g->c.num_local_experts : p->shape[d]);
     snprintf(out, bytes, "%s of [%s]", spec, shape);
 }
 
@@ -1339,6 +1358,8 @@ static const shard_model_tensor_ops gpt_tensor_ops = {.struct_size = sizeof(shar
                                                       .take_piece = model_take_piece,
                                                       .param_spec = model_param_spec};
 
+static const shard_model_stack_ops gpt_stack_ops = {.struct_size = sizeof(shard_model_stack_ops), .stack = model_stack};
+
 static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_model_pipe_ops),
                                                   .blocks = pipe_blocks,
                                                   .stage_blocks = pipe_stage_blocks,
@@ -1360,7 +1381,8 @@ static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_
                                               .destroy = model_destroy,
                                               .tensor = &gpt_tensor_ops,
                                               .pipe = &gpt_pipe_ops,
-                                              .stats = &gpt_stats_ops};
+                                              .stats = &gpt_stats_ops,
+                                              .stacks = &gpt_stack_ops};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, size_t max_rows, size_t seq,
                                      shard_comm *tensor, shard_comm *expert, int sequence_parallel, const char *specs,

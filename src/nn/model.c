@@ -121,6 +121,11 @@ shard_status shard_model_check_tables(const shard_model *m) {
                            "model '%s': its pipeline table lacks blocks, forward_range or "
                            "backward_range",
                            kind);
+    if (o->stacks && (o->stacks->struct_size < sizeof *o->stacks || !o->stacks->stack))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "model '%s': its stack table is not this library's (struct_size %zu, need %zu) or "
+                           "lacks stack",
+                           kind, o->stacks->struct_size, sizeof *o->stacks);
     if (o->stats &&
         (o->stats->struct_size < sizeof *o->stats || !o->stats->routed || !o->stats->reset || !o->stats->read))
         return shard_error(SHARD_ERR_INVALID_ARG,
@@ -134,6 +139,62 @@ const shard_model_stats_ops *shard_model_stats(const shard_model *m) {
     const shard_model_ops *o = m ? m->ops : NULL;
     if (!o || o->struct_size < sizeof *o || !o->stats || !o->stats->routed) return NULL;
     return o->stats->routed(m) ? o->stats : NULL;
+}
+
+size_t shard_model_stack(const shard_model *m, size_t i, size_t *name_prefix_bytes) {
+    const shard_model_ops *o = m ? m->ops : NULL;
+    size_t prefix = 0, members = 0;
+    if (o && o->struct_size >= sizeof *o && o->stacks && o->stacks->stack) members = o->stacks->stack(m, i, &prefix);
+    if (name_prefix_bytes) *name_prefix_bytes = members ? prefix : 0;
+    return members;
+}
+
+void shard_model_stack_member_name(const char *name, size_t name_prefix_bytes, size_t j, char *out, size_t bytes) {
+    size_t len = strlen(name), at = name_prefix_bytes < len ? name_prefix_bytes : len;
+    snprintf(out, bytes, "%.*s%zu.%s", (int)at, name, j, name + at);
+}
+
+shard_status shard_model_stored_params(const shard_model *m, shard_params **out) {
+    const shard_params *p = m->params;
+    size_t n = 0;
+    for (size_t i = 0; i < p->count; i++) n += shard_model_stack(m, i, NULL) + 1;
+    shard_param_info *info = calloc(n + 1, sizeof *info);
+    if (!info) return shard_error(SHARD_ERR_NO_MEMORY, "model: out of memory for the stored parameters");
+    n = 0;
+    for (size_t i = 0; i < p->count; i++) {
+        const shard_param_info *pi = &p->info[i];
+        size_t prefix = 0, members = pi->ndim > 0 ? shard_model_stack(m, i, &prefix) : 0;
+        if (members && members != pi->shape[0]) {
+            free(info);
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "model: parameter '%s' holds %zu of its stack's %zu members here: stored parameters "
+                               "are a whole model's",
+                               pi->name, pi->shape[0], members);
+        }
+        if (!members) info[n++] = *pi;
+        for (size_t j = 0; j < members; j++, n++) { /* member j: the stack's dim 0 dropped */
+            char name[SHARD_PARAM_NAME_BYTES + 24];
+            shard_model_stack_member_name(pi->name, prefix, j, name, sizeof name);
+            snprintf(info[n].name, sizeof info[n].name, "%.*s", (int)sizeof info[n].name - 1, name);
+            info[n].ndim = pi->ndim - 1;
+            memcpy(info[n].shape, pi->shape + 1, (size_t)(pi->ndim - 1) * sizeof *pi->shape);
+        }
+    }
+    shard_status s = shard_params_create(info, n, SHARD_MEM_OTHER, out);
+    free(info);
+    return s;
+}
+
+void shard_model_take_stored(shard_model *m, const shard_params *stored) {
+    const shard_params *p = m->params;
+    for (size_t i = 0, k = 0; i < p->count; i++) {
+        size_t members = p->info[i].ndim > 0 ? shard_model_stack(m, i, NULL) : 0, at = 0;
+        for (size_t j = 0; j < (members ? members : 1); j++, k++) { /* a stack's members one after the other */
+            memcpy(p->data + p->info[i].offset + at, stored->data + stored->info[k].offset,
+                   stored->info[k].numel * sizeof *p->data);
+            at += stored->info[k].numel;
+        }
+    }
 }
 
 void shard_model_free_units(shard_model *m) {

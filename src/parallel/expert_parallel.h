@@ -3,7 +3,8 @@
  * parameter's whole tensor.  A parameter the model marks expert_split holds
  * this rank's experts stacked along dim 0; the whole tensor is every expert
  * rank's stack in rank order ([E, ...], experts in global order, as
- * shard_expert_range assigns them), which checkpoints and --init files hold.
+ * shard_expert_range assigns them), which checkpoints and --init files hold
+ * one expert per tensor (the model's stack table names them).
  *
  * A NULL layout (no expert axis of more than one rank, or a model without
  * expert parameters) makes every call the identity: the whole tensor is the

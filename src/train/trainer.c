@@ -590,11 +590,24 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
 shard_status shard_trainer_values(shard_trainer *t, float *whole) { return shard__dp_get_state(t->dp, whole, NULL); }
 
 /* The checkpoint's parameters: this rank's, and with a pipe axis every stage's (names and whole shapes
- * gathered over `pipe`, in stage order); mine[j]: the index among this rank's parameters, or SIZE_MAX. */
+ * gathered over `pipe`, in stage order); mine[j]: the index among this rank's parameters, or SIZE_MAX.
+ * A stack (model.h's stack table) is written as its members, each a tensor of its own (its name with the
+ * member's index inserted after `prefix` bytes, its shape the whole shape less dim 0); in memory, and in
+ * the scratch a parameter is made whole in, it stays one stacked tensor. */
 typedef struct ckpt_param {
     char name[SHARD_PARAM_NAME_BYTES];
     int64_t ndim, shape[SHARD_MAX_DIMS];
+    int64_t members, prefix; /* a stack's members (shape[0]) and name prefix bytes; members 0: one tensor */
+    int64_t first;           /* its first tensor among a checkpoint array's tensors */
 } ckpt_param;
+
+/* A checkpoint tensor's name: the parameter's, or one member's ... */
+#define CKPT_TENSOR_BYTES (SHARD_PARAM_NAME_BYTES + 24)
+/* ... and an array's item name: that, or "optimizer.<state>.<tensor>". */
+#define CKPT_ITEM_BYTES (CKPT_TENSOR_BYTES + 48)
+
+/* The checkpoint tensors parameter cp is written as: its members, or itself. */
+static size_t tensors_of(const ckpt_param *cp) { return cp->members > 0 ? (size_t)cp->members : 1; }
 
 /* Parameter i's whole shape: whole over the tensor axis (the model's table), then over the expert axis. */
 static void whole_shape(const shard_trainer *t, size_t i, size_t *shape) {
@@ -623,6 +636,13 @@ static shard_status ckpt_params(shard_trainer *t, ckpt_param **out, size_t **min
         memcpy(own[i].name, p->info[i].name, sizeof own[i].name);
         own[i].ndim = p->info[i].ndim;
         for (int d = 0; d < SHARD_MAX_DIMS; d++) own[i].shape[d] = (int64_t)shape[d];
+        size_t prefix = 0, members = shard_model_stack(t->model, i, &prefix);
+        if (members && (p->info[i].ndim < 1 || members != shape[0]))
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "checkpoint: the model says parameter '%s' is a stack of %zu, and its whole shape's "
+                            "dim 0 is %zu: a stack's members lie along dim 0",
+                            p->info[i].name, members, p->info[i].ndim ? shape[0] : 0);
+        own[i].members = (int64_t)members, own[i].prefix = (int64_t)prefix;
     }
     size_t n = p->count;
     if (s == SHARD_OK && t->pipe) { /* every stage's list, in stage order */
@@ -640,6 +660,8 @@ static shard_status ckpt_params(shard_trainer *t, ckpt_param **out, size_t **min
         free(own);
         own = all, n = bytes / sizeof *own;
     }
+    for (size_t j = 0, first = 0; s == SHARD_OK && j < n; first += tensors_of(&own[j]), j++)
+        own[j].first = (int64_t)first;
     *mine = s == SHARD_OK ? calloc(n + 1, sizeof **mine) : NULL;
     if (s == SHARD_OK && !*mine) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     for (size_t j = 0; s == SHARD_OK && j < n; j++) {
@@ -675,27 +697,46 @@ static shard_status row_spec(const shard_trainer *t, int ndim, shard_spec *out) 
 /* The arrays a checkpoint holds per parameter: the values, then each of the optimizer's state arrays. */
 static size_t arrays_of(const shard_trainer *t) { return 1 + shard_optimizer_state_count(t->opt); }
 
-/* arrays_of(t) dtensors per checkpoint parameter (the values as the parameter's name, state array k as
- * "optimizer.<its name>.<parameter>") on the trainer's mesh, split by rows: array j of parameter i at j * n + i. */
+/* The checkpoint tensors of one array: every parameter's (tensors_of each). */
+static size_t tensors_per_array(const ckpt_param *cp, size_t n) {
+    return n ? (size_t)cp[n - 1].first + tensors_of(&cp[n - 1]) : 0;
+}
+
+/* Array j's item of tensor m of parameter k (a stack's member m; 0 otherwise). */
+static size_t item_at(const ckpt_param *cp, size_t n, size_t j, size_t k, size_t m) {
+    return j * tensors_per_array(cp, n) + (size_t)cp[k].first + m;
+}
+
+/* arrays_of(t) dtensors per checkpoint tensor (the values as the tensor's name, state array k as
+ * "optimizer.<its name>.<tensor>") on the trainer's mesh, split by rows, at item_at. */
 static shard_status make_items(shard_trainer *t, const ckpt_param *cp, size_t n, shard_ckpt_item **items,
-                               char (**names)[SHARD_PARAM_NAME_BYTES + 32]) {
-    size_t arrays = arrays_of(t);
-    *items = calloc(arrays * n, sizeof **items), *names = calloc(arrays * n, sizeof **names);
+                               char (**names)[CKPT_ITEM_BYTES]) {
+    size_t arrays = arrays_of(t), total = arrays * tensors_per_array(cp, n);
+    *items = calloc(total + 1, sizeof **items), *names = calloc(total + 1, sizeof **names);
     if (!*items || !*names) return shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     for (size_t j = 0; j < arrays; j++)
         for (size_t i = 0; i < n; i++) {
-            size_t at = j * n + i, shape[SHARD_MAX_DIMS] = {0};
-            if (j == 0)
-                snprintf((*names)[at], sizeof(*names)[at], "%s", cp[i].name);
-            else
-                snprintf((*names)[at], sizeof(*names)[at], "optimizer.%s.%s", shard_optimizer_state_name(t->opt, j - 1),
-                         cp[i].name);
-            for (int d = 0; d < cp[i].ndim; d++) shape[d] = (size_t)cp[i].shape[d];
+            int stack = cp[i].members > 0, ndim = (int)cp[i].ndim - stack;
+            size_t shape[SHARD_MAX_DIMS] = {0};
+            for (int d = 0; d < ndim; d++) shape[d] = (size_t)cp[i].shape[d + stack];
             shard_spec spec;
-            SHARD_CHECK(row_spec(t, (int)cp[i].ndim, &spec));
-            (*items)[at].name = (*names)[at];
-            SHARD_CHECK(shard_dtensor_create(t->mesh, SHARD_F32, (int)cp[i].ndim, shape, &spec, SHARD_MEM_COMM,
-                                             &(*items)[at].tensor));
+            SHARD_CHECK(row_spec(t, ndim, &spec));
+            for (size_t m = 0; m < tensors_of(&cp[i]); m++) {
+                size_t at = item_at(cp, n, j, i, m);
+                char tensor[CKPT_TENSOR_BYTES];
+                if (stack)
+                    shard_model_stack_member_name(cp[i].name, (size_t)cp[i].prefix, m, tensor, sizeof tensor);
+                else
+                    snprintf(tensor, sizeof tensor, "%s", cp[i].name);
+                if (j == 0)
+                    snprintf((*names)[at], sizeof(*names)[at], "%s", tensor);
+                else
+                    snprintf((*names)[at], sizeof(*names)[at], "optimizer.%s.%s",
+                             shard_optimizer_state_name(t->opt, j - 1), tensor);
+                (*items)[at].name = (*names)[at];
+                SHARD_CHECK(
+                    shard_dtensor_create(t->mesh, SHARD_F32, ndim, shape, &spec, SHARD_MEM_COMM, &(*items)[at].tensor));
+            }
         }
     return SHARD_OK;
 }
@@ -707,13 +748,15 @@ static size_t whole_numel(const ckpt_param *cp) {
     return n;
 }
 
-static size_t rows_start(const shard_dtensor *d, const ckpt_param *cp) {
-    if (cp->ndim == 0 || cp->shape[0] == 0) return 0;
+/* Where this rank's rows of checkpoint tensor d start in its whole tensor (flat). */
+static size_t rows_start(const shard_dtensor *d) {
+    if (d->ndim == 0 || d->global_shape[0] == 0) return 0;
     int coords[SHARD_MESH_MAX_AXES];
     for (int a = 0; a < d->layout.ndim; a++) coords[a] = shard_mesh_coord(d->mesh, a);
-    size_t off = 0, len = 0;
+    size_t off = 0, len = 0, row = 1;
     shard_spec_local_range(&d->spec, &d->layout, d->global_shape, coords, 0, &off, &len);
-    return off * (whole_numel(cp) / (size_t)cp->shape[0]);
+    for (int k = 1; k < d->ndim; k++) row *= d->global_shape[k];
+    return off * row;
 }
 
 /* Checkpoint parameter k's values (which 0) or an optimizer state array (1 + k) whole on every rank, into whole[whole_n]: from
@@ -866,7 +909,7 @@ shard_status shard_trainer_resume_differences(shard_trainer *t, const char *wher
  * then only this rank's rows kept; every rank writes its rows (checkpoint.h). */
 shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step, const char *config_json) {
     shard_ckpt_item *items = NULL;
-    char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
+    char(*names)[CKPT_ITEM_BYTES] = NULL;
     ckpt_param *cp = NULL;
     size_t *mine = NULL, n = 0;
     float *whole = NULL, *piece = NULL;
@@ -874,38 +917,67 @@ shard_status shard_trainer_save(shard_trainer *t, const char *dir, uint64_t step
     if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
     if (s == SHARD_OK) s = param_scratch(t, cp, n, &whole, &piece);
     int arrays = (int)arrays_of(t);
+    size_t count = (size_t)arrays * tensors_per_array(cp, n);
     for (size_t k = 0; s == SHARD_OK && k < n; k++)
         for (int j = 0; s == SHARD_OK && j < arrays; j++) {
             s = param_whole(t, mine[k], j, whole_numel(&cp[k]), piece, whole);
-            const shard_dtensor *d = items[(size_t)j * n + k].tensor;
-            if (s == SHARD_OK)
-                memcpy(d->local->data, whole + rows_start(d, &cp[k]), shard_tensor_numel(d->local) * sizeof(float));
+            size_t each = whole_numel(&cp[k]) / tensors_of(&cp[k]); /* a member's elements */
+            for (size_t m = 0; s == SHARD_OK && m < tensors_of(&cp[k]); m++) {
+                const shard_dtensor *d = items[item_at(cp, n, (size_t)j, k, m)].tensor;
+                memcpy(d->local->data, whole + m * each + rows_start(d), shard_tensor_numel(d->local) * sizeof(float));
+            }
         }
     json_t *record = s == SHARD_OK ? training_record(t) : NULL;
     char *training = record ? json_dumps(record, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     if (s == SHARD_OK && !training) s = shard_error(SHARD_ERR_NO_MEMORY, "checkpoint: out of memory");
     shard_free(whole), shard_free(piece), whole = piece = NULL; /* before the writer's buffers */
-    if (s == SHARD_OK) s = shard_ckpt_save_run(dir, step, items, (size_t)arrays * n, config_json, training);
+    if (s == SHARD_OK) s = shard_ckpt_save_run(dir, step, items, count, config_json, training);
     json_decref(record), free(training);
-    free_items(items, names, (size_t)arrays * n);
+    free_items(items, names, count);
     free(cp), free(mine);
     return s;
+}
+
+/* Parameter i's tensors in a weights file, at its whole shape, from info[*n] on: a stack's members, or
+ * itself. */
+static void file_tensors(const shard_trainer *t, size_t i, shard_param_info *info, size_t *n) {
+    const shard_param_info *pi = &t->model->params->info[i];
+    size_t shape[SHARD_MAX_DIMS], prefix = 0, members = shard_model_stack(t->model, i, &prefix);
+    whole_shape(t, i, shape);
+    if (!members || pi->ndim < 1) {
+        info[*n] = *pi;
+        memcpy(info[(*n)++].shape, shape, sizeof shape);
+        return;
+    }
+    for (size_t m = 0; m < members; m++, (*n)++) {
+        info[*n] = *pi;
+        char name[CKPT_TENSOR_BYTES];
+        shard_model_stack_member_name(pi->name, prefix, m, name, sizeof name);
+        snprintf(info[*n].name, sizeof info[*n].name, "%.*s", (int)sizeof info[*n].name - 1, name);
+        info[*n].ndim = pi->ndim - 1;
+        memset(info[*n].shape, 0, sizeof info[*n].shape);
+        memcpy(info[*n].shape, shape + 1, (size_t)(pi->ndim - 1) * sizeof *shape);
+    }
 }
 
 shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
     const shard_params *p = t->model->params;
     shard_params *whole = NULL; /* every parameter of this rank at its whole shape, as the file holds it */
-    shard_param_info *info = calloc(p->count + 1, sizeof *info);
-    float *unused = NULL, *piece = NULL; /* one parameter's local piece (no checkpoint: no whole scratch) */
-    shard_status s = info ? param_scratch(t, NULL, 0, &unused, &piece) : SHARD_ERR_NO_MEMORY;
+    size_t tensors = 0, *first = calloc(p->count + 1, sizeof *first); /* parameter i's tensors there: first[i].. */
+    for (size_t i = 0; i < p->count; i++) tensors += shard_model_stack(t->model, i, NULL) + 1;
+    shard_param_info *info = calloc(tensors + 1, sizeof *info);
+    float *joined = NULL, *piece = NULL; /* a stack's members joined whole; one parameter's local piece */
+    shard_status s = info && first ? param_scratch(t, NULL, 0, &joined, &piece) : SHARD_ERR_NO_MEMORY;
     if (s < 0) s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    tensors = 0;
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) {
-        info[i] = p->info[i];
-        whole_shape(t, i, info[i].shape);
+        first[i] = tensors;
+        file_tensors(t, i, info, &tensors);
     }
-    if (s == SHARD_OK) s = shard_params_create(info, p->count, SHARD_MEM_OTHER, &whole);
+    if (first) first[p->count] = tensors;
+    if (s == SHARD_OK) s = shard_params_create(info, tensors, SHARD_MEM_OTHER, &whole);
     if (s == SHARD_OK) s = shard_params_load(whole, path, 1, NULL);
-    for (size_t i = 0; s == SHARD_OK && i < p->count; i++) { /* loaded weights are checked as a checkpoint's are */
+    for (size_t i = 0; s == SHARD_OK && i < tensors; i++) { /* loaded weights are checked as a checkpoint's are */
         const shard_param_info *w = &whole->info[i];
         size_t bad = shard__ckpt_first_nonfinite(whole->data + w->offset, SHARD_F32, w->numel);
         if (bad != SIZE_MAX) {
@@ -916,14 +988,29 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
             s = shard_error(SHARD_ERR_INVALID_ARG, "--init %s: %s: the weights must be finite", path, why);
         }
     }
+    size_t most = 1; /* the largest stack: its members joined in one whole tensor (the slab pads between them) */
+    for (size_t i = 0; s == SHARD_OK && i < p->count; i++)
+        if (first[i + 1] - first[i] > 1 && whole->info[first[i]].numel * (first[i + 1] - first[i]) > most)
+            most = whole->info[first[i]].numel * (first[i + 1] - first[i]);
+    if (s == SHARD_OK && most > 1) {
+        shard_free(joined);
+        if (!(joined = shard_alloc(most * sizeof *joined, SHARD_MEM_OTHER)))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", path);
+    }
     for (size_t i = 0; s == SHARD_OK && i < p->count; i++) { /* the values; the optimizer's state starts at zero */
-        take_piece(t, i, whole->data + whole->info[i].offset, piece);
+        const float *values = whole->data + whole->info[first[i]].offset;
+        if (first[i + 1] - first[i] > 1) {
+            for (size_t m = first[i], at = 0; m < first[i + 1]; at += whole->info[m].numel, m++)
+                memcpy(joined + at, whole->data + whole->info[m].offset, whole->info[m].numel * sizeof *joined);
+            values = joined;
+        }
+        take_piece(t, i, values, piece);
         for (int j = 0; s == SHARD_OK && j < (int)arrays_of(t); j++)
             s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, j == 0 ? piece : NULL);
     }
     shard_params_destroy(whole);
-    shard_free(unused), shard_free(piece);
-    free(info);
+    shard_free(joined), shard_free(piece);
+    free(info), free(first);
     return s;
 }
 
@@ -932,7 +1019,7 @@ shard_status shard_trainer_load_weights(shard_trainer *t, const char *path) {
 shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t *step) {
     const shard_params *p = t->model->params;
     shard_ckpt_item *items = NULL;
-    char(*names)[SHARD_PARAM_NAME_BYTES + 32] = NULL;
+    char(*names)[CKPT_ITEM_BYTES] = NULL;
     ckpt_param *cp = NULL;
     size_t *mine = NULL, n = 0;
     float *whole = NULL, *piece = NULL;
@@ -940,22 +1027,26 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
     shard_status s = same_optimizer(t, where);
     if (s == SHARD_OK) s = ckpt_params(t, &cp, &mine, &n);
     if (s == SHARD_OK) s = make_items(t, cp, n, &items, &names);
-    if (s == SHARD_OK)
-        s = shard__ckpt_load_model(where, items, (size_t)arrays * n, step); /* none missing, none extra */
+    size_t count = (size_t)arrays * tensors_per_array(cp, n);
+    if (s == SHARD_OK) s = shard__ckpt_load_model(where, items, count, step); /* none missing, none extra */
     if (s == SHARD_OK) s = param_scratch(t, cp, n, &whole, &piece);
     for (size_t k = 0; s == SHARD_OK && k < n; k++)
         for (int j = 0; s == SHARD_OK && j < arrays; j++) {
-            shard_tensor full = {.dtype = SHARD_F32, .ndim = (int)cp[k].ndim, .data = whole};
-            size_t stride = 1, i = mine[k];
-            for (int d = full.ndim - 1; d >= 0; d--) /* a contiguous view of the scratch */
-                full.shape[d] = (size_t)cp[k].shape[d], full.strides[d] = stride, stride *= full.shape[d];
-            s = shard_dtensor_gather(items[(size_t)j * n + k].tensor, &full, -1); /* every rank, held here or not */
-            if (s < 0 || i == SIZE_MAX) continue;                                 /* another stage's */
+            size_t each = whole_numel(&cp[k]) / tensors_of(&cp[k]), i = mine[k];
+            for (size_t m = 0; s == SHARD_OK && m < tensors_of(&cp[k]); m++) { /* a stack's members in turn */
+                const shard_dtensor *d = items[item_at(cp, n, (size_t)j, k, m)].tensor;
+                shard_tensor full = {.dtype = SHARD_F32, .ndim = d->ndim, .data = whole + m * each};
+                size_t stride = 1;
+                for (int e = full.ndim - 1; e >= 0; e--) /* a contiguous view of the scratch */
+                    full.shape[e] = d->global_shape[e], full.strides[e] = stride, stride *= full.shape[e];
+                s = shard_dtensor_gather(d, &full, -1); /* every rank, held here or not */
+            }
+            if (s < 0 || i == SIZE_MAX) continue; /* another stage's */
             take_piece(t, i, whole, piece);
             s = shard__dp_set_range(t->dp, j, p->info[i].offset, p->info[i].numel, piece);
         }
     shard_free(whole), shard_free(piece);
-    free_items(items, names, (size_t)arrays * n);
+    free_items(items, names, count);
     free(cp), free(mine);
     return s;
 }
