@@ -1,7 +1,8 @@
 /* bench.c — the `shard bench` verb: parses options and runs a benchmark:
  * `shard bench comm` (bench_comm.c), `shard bench redistribute` (bench_redistribute.c),
- * `shard bench ckpt` (bench_ckpt.c), `shard bench gemm` (bench_gemm.c); `train`, `tensor` and
- * `pipeline` parse their own options (bench_train.c, bench_tensor.c, bench_pipeline.c).  Each usage
+ * `shard bench ckpt` (bench_ckpt.c), `shard bench gemm` (bench_gemm.c); `train`, `tensor`,
+ * `pipeline` and `moe` parse their own options (bench_train.c, bench_tensor.c, bench_pipeline.c,
+ * bench_moe.c).  Each usage
  * text stands above the parser it describes. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ static const char *const USAGE_BENCH =
     "                against PyTorch DDP\n"
     "  tensor        the GPT tensor parallel (and sequence parallel) against one rank\n"
     "  pipeline      the GPT pipelined: each schedule's bubble, activations per stage, ms/step\n"
+    "  moe           the mixture-of-experts GPT on an expert mesh: its all_to_alls, load imbalance, and\n"
+    "                PyTorch's step\n"
     "\n"
     "options:\n";
 
@@ -284,12 +287,13 @@ int cli_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "train") == 0) return cli_bench_train(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "tensor") == 0) return cli_bench_tensor(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "pipeline") == 0) return cli_bench_pipeline(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "moe") == 0) return cli_bench_moe(argc - 1, argv + 1);
     if (argc >= 2)
-        cli_error("bench: unknown benchmark '%s': give comm, redistribute, ckpt, gemm, train, tensor or pipeline "
+        cli_error("bench: unknown benchmark '%s': give comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe "
                   "(see 'shard help')",
                   argv[1]);
     else
-        cli_error("bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor or pipeline, e.g. "
+        cli_error("bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe, e.g. "
                   "'shard bench comm --op all_reduce --ranks 2' (see 'shard help')");
     return 2;
 }

@@ -114,6 +114,26 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
     return s;
 }
 
+shard_status bench_comm_op_time(shard_comm *comm, const char *op, uint64_t bytes, shard_dtype dtype, double *median_us,
+                                uint64_t *moved) {
+    bench_options opt;
+    bench_options_default(&opt);
+    opt.op = op, opt.dtype = dtype, opt.iters = 0;
+    int n = shard_comm_size(comm);
+    size_t es = shard_dtype_size(dtype), sc, rc, ac;
+    buffer_counts(op, bytes, n, es, &sc, &rc, &ac);
+    void *send = shard_alloc((sc ? sc : 1) * es, SHARD_MEM_COMM), *recv = shard_alloc((rc ? rc : 1) * es, SHARD_MEM_COMM);
+    shard_status s = send && recv ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory for %llu bytes",
+                                                           (unsigned long long)bytes);
+    if (s == SHARD_OK) memset(send, 1, sc * es);
+    double raw_us = 0;
+    if (s == SHARD_OK) s = time_ops(comm, &opt, 0, send, recv, ac, median_us, &raw_us);
+    *moved = strcmp(op, "all_reduce") == 0 || strcmp(op, "sendrecv") == 0 ? (uint64_t)ac * es
+                                                                          : (uint64_t)ac * es * (uint64_t)n;
+    shard_free(send), shard_free(recv);
+    return s;
+}
+
 /* A buffer of `n` elements of `dtype` as a 1-D tensor view, so shard_tensor_set/get convert its elements
  * (the check's values are small integers: exact in every dtype). */
 static shard_tensor view_of(shard_dtype dtype, void *buf, size_t n) {

@@ -50,5 +50,8 @@ int cli_bench_tensor(int argc, char **argv);
 /* `shard bench pipeline`: bubbles of the schedules, activations per stage, pipe=P against one rank
  * (bench_pipeline.c). */
 int cli_bench_pipeline(int argc, char **argv);
+/* `shard bench moe`: the mixture-of-experts GPT on an expert mesh, its all_to_alls and load, against
+ * PyTorch on one process (bench_moe.c). */
+int cli_bench_moe(int argc, char **argv);
 
 #endif

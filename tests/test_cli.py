@@ -20,6 +20,8 @@ train:      `data text`, `train` (log keys, loss falling, checkpoint, bitwise-id
             rerun, config errors naming the key), `generate` (greedy output reproducible).
 demo:       `shard demo` runs and checks its own answers.
 inspect:    `shard inspect spec` prints the type, the block grid and every rank's shard.
+bench_moe:  `bench moe --json` on the tiny mixture-of-experts GPT over expert=2: its keys and their ranges,
+            the PyTorch peer where torch imports.
 """
 import json
 import os
@@ -55,7 +57,7 @@ def errors():
     cases = [
         ([], 2, "usage: shard"),
         (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, data, demo, generate, inspect, train, version, help"),
-        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor or pipeline"),
+        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
         (["bench", "comm", "--ranks", "0"], 2, "shard: --ranks '0' is invalid: give an integer in 1..4096"),
@@ -169,7 +171,7 @@ def errors():
         (["bench", "train", "--config", "c", "--mesh", "data=x"], 2, "bench train: --mesh 'data=x' is invalid here"),
         (["bench", "train", "--config", "c", "--mesh", "data=3", "--ranks", "2"], 2,
          "bench train: --mesh data=3 and --ranks 2 disagree"),
-        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor or pipeline"),
+        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe"),
         (["data", "text", empty.name, "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
         (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", ""], 2, "--val-fraction '' is invalid"),
@@ -219,6 +221,8 @@ PARSED_FLAGS = {
                                       "--mesh", "--bucket-mb", "--grad-dtype", "--compute-dtype", "--json", "--no-torch"},
     ("bench", "tensor"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
     ("bench", "pipeline"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
+    ("bench", "moe"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json", "--mesh", "--warmup",
+                                    "--threads", "--no-peer"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
     ("demo",): RANK_FLAGS,
@@ -366,6 +370,50 @@ def bench_json():
     p = subprocess.run([SHARD, "bench", "comm", "--ranks", "2", "--max", "4K", "--verbose"], capture_output=True,
                        text=True, timeout=120, env=slurm)
     expect(p.returncode == 0 and "backend threads" in p.stderr, f"inside a one-task srun step: {p.returncode} {p.stderr!r}")
+
+
+def bench_moe():
+    """`bench moe --json` on configs/gpt-moe-tiny.json over expert=2 (few steps) prints one object with the
+    documented keys: the exchange's time, bytes and calls per step, the load imbalance, the busbw against
+    bench comm's and the hidden fraction in their ranges; the PyTorch peer's step and ratio where torch
+    imports (its error named where it does not), none with --no-peer; a dense config refused in one line."""
+    cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
+    base = ["bench", "moe", "--config", cfg, "--batch", "4", "--seq", "32", "--steps", "5", "--warmup", "1",
+            "--json"]
+    keys = {"config", "mesh", "ranks", "expert_ranks", "step_ms", "tokens_per_s", "all_to_all_ms",
+            "all_to_all_counts_ms", "all_to_all_dispatch_ms", "all_to_all_combine_ms", "all_to_all_fraction",
+            "all_to_all_bytes", "all_to_all_calls", "load_imbalance", "load_imbalance_worst_layer",
+            "dropped_fraction", "exposed_dispatch_ms", "alone_dispatch_ms", "hidden_fraction",
+            "all_to_all_busbw_gbps", "comm_all_to_all_bytes", "comm_all_to_all_busbw_gbps",
+            "all_to_all_busbw_fraction"}
+    # the peer runs under /usr/bin/python3 (bench_reference.c starts it), whatever runs this test
+    has_torch = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0
+    for extra, peer in ((["--ranks", "2", "--no-peer"], False), (["--mesh", "expert=2", "--threads", "1"], has_torch)):
+        p = run(base + extra, timeout=120)
+        expect(p.returncode == 0, f"bench moe {extra}: exit {p.returncode}: {p.stderr}")
+        lines = [l for l in p.stdout.splitlines() if l.strip()]
+        r = json.loads(lines[0]) if len(lines) == 1 else {}
+        expect(keys <= set(r), f"bench moe {extra}: keys {sorted(keys - set(r))} missing from {r}")
+        if not keys <= set(r):
+            continue
+        expect(r["mesh"] == "expert=2" and r["ranks"] == 2 and r["expert_ranks"] == 2, f"bench moe mesh: {r}")
+        # 2 MoE layers: a counts exchange each, dispatch and combine each forward and backward
+        expect(r["all_to_all_calls"] == 10 and r["all_to_all_bytes"] > 0, f"bench moe calls and bytes: {r}")
+        expect(0 < r["all_to_all_ms"] < r["step_ms"] and r["load_imbalance"] >= 1 and
+               r["load_imbalance_worst_layer"] >= r["load_imbalance"], f"bench moe times and load: {r}")
+        expect(0 <= r["hidden_fraction"] <= 1 and r["all_to_all_busbw_fraction"] > 0 and
+               r["comm_all_to_all_busbw_gbps"] > 0, f"bench moe busbw and hidden: {r}")
+        if peer:
+            expect(r.get("peer_step_ms", 0) > 0 and r.get("ratio_vs_peer", 0) > 0, f"bench moe peer: {r}")
+        elif "--no-peer" in extra:
+            expect("peer_step_ms" not in r and "peer_error" not in r, f"bench moe --no-peer ran the peer: {r}")
+        else:
+            expect("peer_error" in r, f"bench moe without torch names no error: {r}")
+    dense = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-tiny.json")
+    p = run(["bench", "moe", "--config", dense, "--batch", "4", "--seq", "32", "--steps", "5", "--no-peer"])
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    expect(p.returncode != 0 and len(lines) == 1 and "num_local_experts" in p.stderr,
+           f"bench moe on a dense config: {p.returncode} {p.stderr!r}")
 
 
 def bench_mpi():
@@ -1215,5 +1263,5 @@ def moe():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe}[sys.argv[2]]()
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -8,7 +8,9 @@
  *     every expert receives for it (a route over no communicator fed every
  *     rank's assignments in rank order);
  *   - combine after dispatch gives back each rank's rows (the identity);
- *   - an expert outside 0..E-1 on one rank fails every rank, naming it.
+ *   - an expert outside 0..E-1 on one rank fails every rank, naming it;
+ *   - the exchange's counters (shard_expert_stats) count each all_to_allv's
+ *     calls and send-buffer bytes; one rank counts nothing.
  * Moves are copies: every comparison is exact.
  *
  *   test_expert --skip   (threads) a rank that skips the dispatch: the others
@@ -63,6 +65,7 @@ static void run_config(test_ctx *t, const config *cf, uint64_t seed) {
     shard_expert_route *ref = NULL, *r = NULL;
     CHECK_OK(t, shard_expert_route_create(NULL, cf->experts, all, total_n, &ref), "the one-rank route");
     CHECK_OK(t, shard_expert_dispatch(ref, xs, one, WIDTH), "the one-rank dispatch");
+    shard_expert_stats_reset();
     shard_status s = shard_expert_route_create(t->comm, cf->experts, mine, n, &r);
     CHECK_OK(t, s, "route over %d ranks, %zu experts", t->size, cf->experts);
     if (s < 0) {
@@ -93,6 +96,19 @@ static void run_config(test_ctx *t, const config *cf, uint64_t seed) {
     CHECK_OK(t, shard_expert_dispatch(r, x, got, WIDTH), "dispatch again");
     CHECK_OK(t, shard_expert_combine(r, got, y, WIDTH), "combine again");
     CHECK(t, memcmp(x, y, n * WIDTH * sizeof *x) == 0, "the second round trip differs");
+    /* the counters: one counts exchange of [2 + experts of q] i64 per rank q, two dispatches of n rows, two
+     * combines of total rows (none on one rank: nothing crosses a communicator) */
+    shard_expert_stats st = {.struct_size = sizeof st};
+    CHECK_OK(t, shard_expert_stats_get(&st), "the exchange's counters");
+    int many = t->size > 1;
+    CHECK_EQ_INT(t, st.counts_calls, (uint64_t)many, "counts exchanges");
+    CHECK_EQ_INT(t, st.dispatch_calls + st.combine_calls, (uint64_t)(4 * many), "dispatch and combine calls");
+    CHECK_EQ_INT(t, st.counts_bytes, (uint64_t)many * (2 * (size_t)t->size + cf->experts) * 8, "counts bytes");
+    CHECK_EQ_INT(t, st.dispatch_bytes, (uint64_t)many * 2 * n * WIDTH * 4, "dispatch bytes");
+    CHECK_EQ_INT(t, st.combine_bytes, (uint64_t)many * 2 * total * WIDTH * 4, "combine bytes");
+    CHECK(t, st.counts_ms >= 0 && st.dispatch_ms >= 0 && st.combine_ms >= 0, "negative exchange times");
+    shard_expert_stats none = {.struct_size = 0};
+    CHECK(t, shard_expert_stats_get(&none) == SHARD_ERR_INVALID_ARG, "a struct_size of 0 was accepted");
     free(got);
     shard_expert_route_destroy(r);
     shard_expert_route_destroy(ref);

@@ -57,6 +57,25 @@ shard_status shard_expert_dispatch(shard_expert_route *r, const float *x, float 
 shard_status shard_expert_combine(shard_expert_route *r, const float *y_experts, float *y, size_t width);
 void shard_expert_route_destroy(shard_expert_route *r);
 
+/* What this rank's exchanges cost: time inside the all_to_allv calls and the bytes they were handed, summed
+ * since the last reset.  Kept per thread (ranks in one process are threads; a rank's layers run on its
+ * thread), so a rank reads its own; the timer is two clock reads per call, always on.  Bytes are the whole
+ * per-rank send buffer, the part kept for this rank's own experts included (what `shard bench comm --op
+ * all_to_all` calls the size); a one-rank route moves nothing over a communicator and counts nothing.
+ * Dispatch and combine are counted by the call: forward's dispatch and backward's combine-of-gradients
+ * (dispatch's backward) are distinct calls, each counted where it is made. */
+typedef struct shard_expert_stats {
+    size_t struct_size;                  /* sizeof(shard_expert_stats) */
+    double counts_ms, dispatch_ms, combine_ms; /* in the counts exchange, shard_expert_dispatch's, combine's */
+    uint64_t counts_calls, dispatch_calls, combine_calls;
+    uint64_t counts_bytes, dispatch_bytes, combine_bytes;
+} shard_expert_stats;
+
+/* This thread's totals since shard_expert_stats_reset (or the thread's start).  out->struct_size must be
+ * set; fields past it are left alone. */
+shard_status shard_expert_stats_get(shard_expert_stats *out);
+void shard_expert_stats_reset(void);
+
 #ifdef __cplusplus
 }
 #endif

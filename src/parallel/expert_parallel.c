@@ -8,6 +8,9 @@
  * thus ordered by sender, then expert.  Dispatch regroups it by expert, then
  * sender (the layout expert.h promises); combine undoes both steps.
  *
+ * Each all_to_allv is timed into the calling thread's shard_expert_stats
+ * (expert.h): the exchange is blocking, so that time is what the step waits.
+ *
  * Below the exchange: the trainer's layout of expert parameters' whole
  * tensors over the axis (expert_parallel.h). */
 #include "shard/expert.h"
@@ -16,6 +19,7 @@
 #include <string.h>
 
 #include "parallel/expert_parallel.h"
+#include "shard/clock.h"
 #include "shard/memory.h"
 #include "shard/split.h"
 
@@ -32,6 +36,46 @@ struct shard_expert_route {
     float *wire_out, *wire_in;     /* staging in wire order, reused by every exchange of the route */
     size_t out_cap, in_cap;        /* their capacities in floats */
 };
+
+enum { STAT_COUNTS, STAT_DISPATCH, STAT_COMBINE, STAT_KINDS };
+
+/* This thread's exchanges by kind since the last reset (shard_expert_stats, expert.h). */
+static _Thread_local struct {
+    double ms[STAT_KINDS];
+    uint64_t calls[STAT_KINDS], bytes[STAT_KINDS];
+} tally;
+
+/* One timed all_to_allv on behalf of `kind`, counting the send buffer's bytes. */
+static shard_status timed_exchange(int kind, shard_comm *comm, const void *send, const size_t *sc, const size_t *sd,
+                                   void *recv, const size_t *rc, const size_t *rd, shard_dtype dtype, int ranks) {
+    size_t sent = 0;
+    for (int q = 0; q < ranks; q++) sent += sc[q];
+    double t0 = shard_clock_seconds();
+    shard_status s = shard_comm_all_to_allv(comm, send, sc, sd, recv, rc, rd, dtype);
+    tally.ms[kind] += (shard_clock_seconds() - t0) * 1e3;
+    tally.calls[kind]++, tally.bytes[kind] += (uint64_t)(sent * shard_dtype_size(dtype));
+    return s;
+}
+
+shard_status shard_expert_stats_get(shard_expert_stats *out) {
+    if (!out || out->struct_size < sizeof(size_t))
+        return shard_error(SHARD_ERR_INVALID_ARG, "expert stats: give a struct with struct_size set (%zu bytes)",
+                           sizeof(shard_expert_stats));
+    shard_expert_stats x = {.struct_size = out->struct_size,
+                            .counts_ms = tally.ms[STAT_COUNTS],
+                            .dispatch_ms = tally.ms[STAT_DISPATCH],
+                            .combine_ms = tally.ms[STAT_COMBINE],
+                            .counts_calls = tally.calls[STAT_COUNTS],
+                            .dispatch_calls = tally.calls[STAT_DISPATCH],
+                            .combine_calls = tally.calls[STAT_COMBINE],
+                            .counts_bytes = tally.bytes[STAT_COUNTS],
+                            .dispatch_bytes = tally.bytes[STAT_DISPATCH],
+                            .combine_bytes = tally.bytes[STAT_COMBINE]};
+    memcpy(out, &x, out->struct_size < sizeof x ? out->struct_size : sizeof x);
+    return SHARD_OK;
+}
+
+void shard_expert_stats_reset(void) { memset(&tally, 0, sizeof tally); }
 
 void shard_expert_range(size_t experts, int ranks, int rank, size_t *first, size_t *count) {
     if (ranks < 1 || rank < 0 || rank >= ranks) {
@@ -82,7 +126,7 @@ static shard_status exchange_counts(shard_expert_route *r, const size_t *per_exp
     }
     shard_status s = SHARD_OK;
     if (r->comm)
-        s = shard_comm_all_to_allv(r->comm, out, r->sc, r->sd, in, r->rc, r->rd, SHARD_I64);
+        s = timed_exchange(STAT_COUNTS, r->comm, out, r->sc, r->sd, in, r->rc, r->rd, SHARD_I64, r->ranks);
     else
         memcpy(in, out, in_n * sizeof *in);
     for (size_t p = 0; s == SHARD_OK && p < R; p++) {
@@ -207,7 +251,8 @@ shard_status shard_expert_dispatch(shard_expert_route *r, const float *x, float 
     SHARD_CHECK(staging(r, width));
     for (size_t j = 0; j < r->n; j++) memcpy(r->wire_out + j * width, x + r->perm[j] * width, width * sizeof *x);
     exchange_counts_of(r, r->send_rows, r->recv_rows, width);
-    SHARD_CHECK(shard_comm_all_to_allv(r->comm, r->wire_out, r->sc, r->sd, r->wire_in, r->rc, r->rd, SHARD_F32));
+    SHARD_CHECK(timed_exchange(STAT_DISPATCH, r->comm, r->wire_out, r->sc, r->sd, r->wire_in, r->rc, r->rd, SHARD_F32,
+                               r->ranks));
     regroup(r, r->wire_in, x_experts, width, 1);
     return SHARD_OK;
 }
@@ -223,7 +268,8 @@ shard_status shard_expert_combine(shard_expert_route *r, const float *y_experts,
     SHARD_CHECK(staging(r, width));
     regroup(r, r->wire_in, (float *)y_experts, width, 0);
     exchange_counts_of(r, r->recv_rows, r->send_rows, width);
-    SHARD_CHECK(shard_comm_all_to_allv(r->comm, r->wire_in, r->sc, r->sd, r->wire_out, r->rc, r->rd, SHARD_F32));
+    SHARD_CHECK(timed_exchange(STAT_COMBINE, r->comm, r->wire_in, r->sc, r->sd, r->wire_out, r->rc, r->rd, SHARD_F32,
+                               r->ranks));
     for (size_t j = 0; j < r->n; j++) memcpy(y + r->perm[j] * width, r->wire_out + j * width, width * sizeof *y);
     return SHARD_OK;
 }
