@@ -122,9 +122,11 @@ shard_status bench_comm_op_time(shard_comm *comm, const char *op, uint64_t bytes
     int n = shard_comm_size(comm);
     size_t es = shard_dtype_size(dtype), sc, rc, ac;
     buffer_counts(op, bytes, n, es, &sc, &rc, &ac);
-    void *send = shard_alloc((sc ? sc : 1) * es, SHARD_MEM_COMM), *recv = shard_alloc((rc ? rc : 1) * es, SHARD_MEM_COMM);
-    shard_status s = send && recv ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory for %llu bytes",
-                                                           (unsigned long long)bytes);
+    void *send = shard_alloc((sc ? sc : 1) * es, SHARD_MEM_COMM),
+         *recv = shard_alloc((rc ? rc : 1) * es, SHARD_MEM_COMM);
+    shard_status s = send && recv
+        ? SHARD_OK
+        : shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory for %llu bytes", (unsigned long long)bytes);
     if (s == SHARD_OK) memset(send, 1, sc * es);
     double raw_us = 0;
     if (s == SHARD_OK) s = time_ops(comm, &opt, 0, send, recv, ac, median_us, &raw_us);

@@ -105,8 +105,9 @@ static shard_status moe_rank(shard_comm *comm, void *arg) {
         if (s == SHARD_OK) s = shard_trainer_step(t, (uint64_t)i + 1, &r);
         if (s == SHARD_OK) s = shard_expert_stats_get(&x);
         if (s == SHARD_OK && r.experts == 0)
-            s = shard_error(SHARD_ERR_INVALID_ARG, "bench moe: %s has no mixture of experts: give a config with "
-                                                   "num_local_experts > 0, e.g. configs/gpt-moe-bench.json",
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "bench moe: %s has no mixture of experts: give a config with "
+                            "num_local_experts > 0, e.g. configs/gpt-moe-bench.json",
                             a->config);
         /* the least time any rank waited in the exchanges: the last to arrive saw only the transfer */
         double mine[2] = {x.dispatch_ms, x.dispatch_ms + x.combine_ms}, least[2];
@@ -227,10 +228,10 @@ int cli_bench_moe(int argc, char **argv) {
     double hidden = alone_dispatch_ms > 0 ? 1 - m->exposed_dispatch_ms / alone_dispatch_ms : 0;
     hidden = hidden < 0 ? 0 : hidden > 1 ? 1 : hidden;
     char why[300] = "";
-    double pms = peer ? bench_reference_ms("moe_bench.py", a.config, (long[5]){a.batch, a.seq, a.steps, a.warmup,
-                                                                               threads},
-                                           NULL, 1, why, sizeof why)
-                      : -1;
+    double pms = peer
+        ? bench_reference_ms("moe_bench.py", a.config, (long[5]){a.batch, a.seq, a.steps, a.warmup, threads}, NULL, 1,
+                             why, sizeof why)
+        : -1;
     if (peer && pms <= 0 && mo.json) cli_error("bench moe: PyTorch not measured: %s", why);
     char mesh_text[160];
     snprintf(mesh_text, sizeof mesh_text, "%s", a.mesh ? a.mesh : "");

@@ -65,7 +65,7 @@ void shard_expert_route_destroy(shard_expert_route *r);
  * Dispatch and combine are counted by the call: forward's dispatch and backward's combine-of-gradients
  * (dispatch's backward) are distinct calls, each counted where it is made. */
 typedef struct shard_expert_stats {
-    size_t struct_size;                  /* sizeof(shard_expert_stats) */
+    size_t struct_size;                        /* sizeof(shard_expert_stats) */
     double counts_ms, dispatch_ms, combine_ms; /* in the counts exchange, shard_expert_dispatch's, combine's */
     uint64_t counts_calls, dispatch_calls, combine_calls;
     uint64_t counts_bytes, dispatch_bytes, combine_bytes;
