@@ -242,6 +242,18 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
         SHARD_CHECK(shard_trainer_config_check(&tc, data, pipe));
     }
     SHARD_CHECK(shard_model_config_check(o->config)); /* read, then key by key */
+    char *text = NULL; /* a GPT's positions against --seq, as its ranks would find (a config read above) */
+    shard_gpt_config gc;
+    shard_status read = shard_model_config_read(o->config, &text);
+    /* only a GPT's config parses as one (the other kinds' keys are refused by it) */
+    shard_status s =
+        read == SHARD_OK && shard_gpt_config_parse(text, o->config, &gc) == SHARD_OK && (size_t)o->seq > gc.n_positions
+        ? shard_error(SHARD_ERR_INVALID_ARG,
+                      "%s: key 'n_positions' = %zu is shorter than --seq %ld: give --seq %zu or less", o->config,
+                      gc.n_positions, o->seq, gc.n_positions)
+        : SHARD_OK;
+    free(text);
+    SHARD_CHECK(s);
     size_t len = o->init ? strlen(o->init) : 0, suffix = strlen(".index.json");
     if (o->init && !(len >= suffix && strcmp(o->init + len - suffix, ".index.json") == 0)) {
         /* the weights' file read once here too (an index's files are the ranks' to read): one that is not

@@ -154,6 +154,9 @@ def once(work):
     one_error(p, ["--recompute acts on a pipe axis"], "a pipeline flag without a pipe axis", absent=["rank "])
     p = run(["train", "--config", os.path.join(work, "absent.json"), "--ranks", "2", "--steps", "1"])
     one_error(p, ["absent.json: cannot read the config"], "a config that is not there", absent=["rank "])
+    short = gpt_config(work, n_positions=16)
+    p = run(["train", "--config", short, "--ranks", "2", "--seq", "32", "--steps", "1"])
+    one_error(p, ["key 'n_positions' = 16 is shorter than --seq 32"], "a sequence past the positions", absent=["rank "])
     p = run(["train", "--config", MLP, "--ranks", "2", "--batch", "8", "--micro-batch", "3", "--accum", "1"])
     one_error(p, ["--batch 8 != --micro-batch 3 x --accum 1 x data 2 = 6"], "the batch arithmetic", absent=["rank "])
     p = run(["train", "--config", MLP, "--ranks", "2", "--mesh", "pipe=2", "--schedule", "interleaved",
