@@ -1089,13 +1089,14 @@ def train_mpi():
             if mpi:
                 worst = max((abs(a - b) / a for a, b in zip(logs["one"], logs[name])), default=1)
                 expect(worst <= 1e-5, f"train {name} under mpiexec -np {mpi}: worst relative loss difference {worst}")
-        # the mixture-of-experts GPT with its experts over processes: expert=2 and data=1,expert=3 (4 experts
-        # split 2, 1, 1), tokens exchanged by all_to_allv between processes
+        # the mixture-of-experts GPT with its experts over processes: expert=2, data=1,expert=3 (4 experts
+        # split 2, 1, 1) and data=2,expert=2 with ZeRO-1, tokens exchanged by all_to_allv between processes
         moe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
         margs = ["train", "--config", moe, "--data", os.path.join(work, "data"), "--batch", "6", "--seq", "16",
                  "--steps", "6"]
         ref = None
-        for extra, mpi in (([], 0), (["--mesh", "expert=2"], 2), (["--mesh", "data=1,expert=3"], 3)):
+        for extra, mpi in (([], 0), (["--mesh", "expert=2"], 2), (["--mesh", "data=1,expert=3"], 3),
+                           (["--mesh", "data=2,expert=2", "--zero", "1"], 4)):
             log = os.path.join(work, "moe%d.jsonl" % mpi)
             p = run(margs + ["--log", log] + extra, mpi=mpi, timeout=240)
             got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
@@ -1164,7 +1165,8 @@ def moe():
         for config, meshes in ((cfg, (["--ranks", "2", "--mesh", "expert=2"], ["--ranks", "4", "--mesh", "expert=4"],
                                       ["--ranks", "4", "--mesh", "data=2,expert=2"],
                                       ["--ranks", "4", "--mesh", "data=2,expert=2", "--zero", "1"],
-                                      ["--ranks", "4", "--mesh", "data=2,expert=2", "--zero", "3"])),
+                                      ["--ranks", "4", "--mesh", "data=2,expert=2", "--zero", "3"],
+                                      ["--ranks", "8", "--mesh", "data=2,expert=4", "--zero", "3"])),
                                (six, ([], ["--ranks", "4", "--mesh", "expert=4"],
                                       ["--ranks", "4", "--mesh", "data=2,expert=2", "--zero", "3"]))):
             base = None
