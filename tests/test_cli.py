@@ -1090,13 +1090,15 @@ def train_mpi():
                 worst = max((abs(a - b) / a for a, b in zip(logs["one"], logs[name])), default=1)
                 expect(worst <= 1e-5, f"train {name} under mpiexec -np {mpi}: worst relative loss difference {worst}")
         # the mixture-of-experts GPT with its experts over processes: expert=2, data=1,expert=3 (4 experts
-        # split 2, 1, 1) and data=2,expert=2 with ZeRO-1, tokens exchanged by all_to_allv between processes
+        # split 2, 1, 1), data=2,expert=2 with ZeRO-1 and pipe=2,expert=2 (1F1B), tokens exchanged by
+        # all_to_allv between processes
         moe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
         margs = ["train", "--config", moe, "--data", os.path.join(work, "data"), "--batch", "6", "--seq", "16",
                  "--steps", "6"]
         ref = None
         for extra, mpi in (([], 0), (["--mesh", "expert=2"], 2), (["--mesh", "data=1,expert=3"], 3),
-                           (["--mesh", "data=2,expert=2", "--zero", "1"], 4)):
+                           (["--mesh", "data=2,expert=2", "--zero", "1"], 4),
+                           (["--mesh", "pipe=2,expert=2", "--micro-batch", "1"], 4)):
             log = os.path.join(work, "moe%d.jsonl" % mpi)
             p = run(margs + ["--log", log] + extra, mpi=mpi, timeout=240)
             got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
@@ -1119,7 +1121,9 @@ def moe():
     --print-specs shows the stacks as P('expert', ...) of [E, ...]; its --log lines carry the router
     losses and expert load, a dense GPT's do not; each expert split over `tensor` (tensor=2,
     tensor=2,expert=2) gives the same losses, and a checkpoint saved on tensor=2,expert=2 resumes on one
-    rank; sequence parallel and a pipe axis are refused in one line."""
+    rank; over pipeline stages (1F1B, interleaved, recompute; with expert, tensor, data and ZeRO-3) it
+    gives the same losses and load, and a checkpoint saved on pipe=2,expert=2 resumes on one rank; sequence
+    parallel is refused in one line."""
     import shutil
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-moe-")
@@ -1256,8 +1260,54 @@ def moe():
         p = run(args + ["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel"])
         expect(p.returncode != 0 and "leave out --sequence-parallel" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                f"moe tensor=2 --sequence-parallel: {p.stderr}")
-        p = run(args + ["--ranks", "2", "--mesh", "pipe=2"])
-        expect(p.returncode != 0 and "not split over pipeline stages" in p.stderr, f"moe pipe=2: {p.stderr}")
+        # pipeline stages: each micro-batch's routing kept from its forward to its backward (1F1B holds
+        # several), the router statistics summed over the stages; with expert, data x ZeRO-3, tensor,
+        # recompute, and interleaved chunks of a 4-block model whose every other block is a mixture
+        pipes = (["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2"],
+                 ["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2", "--recompute"],
+                 ["--ranks", "4", "--mesh", "pipe=2,expert=2", "--micro-batch", "1"],
+                 ["--ranks", "8", "--mesh", "data=2,pipe=2,expert=2", "--zero", "3", "--micro-batch", "2"])
+        for extra in pipes:
+            log = os.path.join(work, "pipe.jsonl")
+            p = run(args + extra + ["--log", log])
+            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
+                                          abs(a["aux_loss"] - b["aux_loss"]) <= 1e-5 * abs(b["aux_loss"]) and
+                                          a["dropped_tokens"] == b["dropped_tokens"] and
+                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
+            expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
+                         f"{[r['loss'] for r in one]} {p.stderr}")
+        four = os.path.join(work, "moe4.json")
+        conf.update(n_layer=4, moe_layer_frequency=2)
+        with open(four, "w") as f:
+            json.dump(conf, f)
+        base = None
+        for extra in ([], ["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2", "--schedule", "interleaved",
+                           "--virtual-stages", "2"],
+                      ["--ranks", "6", "--mesh", "pipe=3,expert=2", "--micro-batch", "2"],
+                      ["--ranks", "8", "--mesh", "tensor=2,pipe=2,expert=2", "--micro-batch", "2"]):
+            log = os.path.join(work, "pipe4.jsonl")
+            p = run(args[:2] + [four] + args[3:] + extra + ["--log", log])
+            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            if base is None:
+                base = got
+                expect(got and max(r["dropped_tokens"] for r in got) > 0, f"moe 4 blocks: nothing dropped {p.stderr}")
+                continue
+            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
+                                          a["dropped_tokens"] == b["dropped_tokens"] and
+                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, base))
+            expect(same, f"moe 4 blocks {extra} differs from one rank: {[r['loss'] for r in got]} vs "
+                         f"{[r['loss'] for r in base]} {p.stderr}")
+        # a checkpoint saved on pipe=2,expert=2 (each stage's experts gathered whole) resumes on one rank
+        ck = os.path.join(work, "ck_pipe")
+        p = run(args[:2] + [four] + args[3:] + ["--ranks", "4", "--mesh", "pipe=2,expert=2", "--micro-batch", "2",
+                                                "--save", ck, "--save-every", "5"])
+        log = os.path.join(work, "resumed_pipe.jsonl")
+        p = run(args[:2] + [four] + args[3:] + ["--resume", os.path.join(ck, "step_5"), "--log", log])
+        got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, base[5:])),
+               f"moe saved on pipe=2,expert=2, resumed on one rank: {[r['loss'] for r in got]} vs "
+               f"{[r['loss'] for r in base[5:]]} {p.stderr}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

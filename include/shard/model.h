@@ -73,15 +73,16 @@ typedef struct shard_model_ops {
     const struct shard_model_stack_ops *stacks;
 } shard_model_ops;
 
-/* A model with routers: what its forwards since the last reset added up, this rank's rows only (the
- * trainer sums them over the data axis).  The loss the forward returns is the task's (the LM loss);
+/* A model with routers: what its forwards since the last reset added up, this rank's rows and layers
+ * only (the trainer sums them over the data axis, and over the pipe axis: a stage's layers are its own).  The loss the forward returns is the task's (the LM loss);
  * the model minimises it plus aux_coef x aux_loss + z_coef x z_loss, each a per-row mean divided by the
  * global row count (model's global_rows) as the loss is.
  *   aux_loss, z_loss   the load-balancing and router z losses (unscaled by their coefficients)
  *   assigned, dropped  token-expert assignments made, and dropped for capacity
- *   layers, experts    routed layers and experts per layer: load's shape
- *   load               [layers x experts] assignments routed to each expert (before capacity drops);
- *                      the model's, valid until its next forward or reset */
+ *   layers, experts    routed layers of the whole model and experts per layer: load's shape
+ *   load               [layers x experts] assignments routed to each expert (before capacity drops),
+ *                      zero in the rows of layers another pipeline stage holds; the model's, valid
+ *                      until its next forward or reset */
 typedef struct shard_model_router_stats {
     double aux_loss, z_loss;
     double assigned, dropped;
@@ -151,7 +152,11 @@ typedef struct shard_model_tensor_ops {
 /* A model a pipeline cuts into stages exposes its ordered blocks (the GPT: its transformer blocks; the
  * CNN: features, classifier) and runs a range of them; the pipeline strategy (src/parallel/pipeline.c)
  * owns everything per micro-batch: the activation buffers, which buffer a micro-batch uses, the stage
- * transfers, and the copy of a parameter the first and last stages share.
+ * transfers, and the copy of a parameter the first and last stages share.  A model whose layers keep
+ * state of a size the data decides (a mixture of experts' routing: the rows each expert receives) keys
+ * it by the activation buffer: a micro-batch's backward gets the buffer of its forward, and no other
+ * forward gets that buffer in between (with recompute, the one buffer is forwarded again just before
+ * each backward, with the model's `recomputing` set).
  *
  * What comes before block 0 (the GPT's embeddings) runs with the range that starts at block 0 on the
  * stage holding it; what comes after the last block (ln_f, the LM head and the loss) with the range
@@ -212,6 +217,9 @@ struct shard_model {
     /* rows of the step's global batch, the denominator of per-row means (a router's losses): set by the
      * trainer; 0: the rows loaded */
     size_t global_rows;
+    /* set by the pipeline around a forward that recomputes one already run for the same rows (its
+     * recompute option): statistics counted per forward (a router's load) are left as they are */
+    int recomputing;
     void *impl;
 };
 

@@ -75,6 +75,7 @@ typedef struct shard_moe_keys {
     int training;
     uint64_t jitter_seed, routing_seed; /* e.g. shard_model_dropout_seed of two sites */
     size_t first_row;                   /* the global index of the forward's first row */
+    int uncounted; /* a recomputation of a forward already run (a pipeline's recompute): the statistics stay */
 } shard_moe_keys;
 
 /* Counts since the last shard_moe_stats_reset. */
@@ -88,6 +89,11 @@ typedef struct shard_moe shard_moe;
 
 shard_status shard_moe_create(const shard_moe_options *o, shard_moe **out);
 void shard_moe_destroy(shard_moe *m);
+
+/* Which context the next forward and backward use (0 after create).  A context holds one forward's
+ * routing and activations until its backward: a pipeline stage with several micro-batches in flight
+ * gives each its own, and a backward runs on the context of its forward.  Made at its first selection. */
+shard_status shard_moe_select(shard_moe *m, size_t context);
 
 /* y[N, C] = the layer's output for x[N, C] (N = rows x T); x stays readable until the backward. */
 shard_status shard_moe_forward(shard_moe *m, const shard_moe_weights *w, const float *x, size_t rows, size_t T,

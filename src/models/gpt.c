@@ -377,8 +377,10 @@ struct shard_gpt {
     size_t e0, El;               /* the experts this rank holds: [e0, e0 + El) of num_local_experts */
     unsigned char *expert_split; /* per parameter: a stack of this rank's experts (the model's expert_split) */
     double *load;                /* [moe_layers x E] */
-    int *slot_of;                /* per parameter: its slot in its block (-1: unit 0's) */
-    size_t *block_of;            /* per parameter: its block (SIZE_MAX: unit 0's) */
+    const float **moe_buffers;   /* [moe_contexts]: the activation buffer each MoE context serves (pipeline) */
+    size_t moe_contexts;
+    int *slot_of;     /* per parameter: its slot in its block (-1: unit 0's) */
+    size_t *block_of; /* per parameter: its block (SIZE_MAX: unit 0's) */
 };
 
 static float *P(const shard_gpt *g, size_t index) { return g->model.value[index]; }
@@ -569,11 +571,10 @@ static shard_status check_memory(const shard_gpt_config *c, size_t max_batch, si
     for (size_t k = 0; stage && k < stage->chunks; k++) held += (double)(stage->last[k] - stage->first[k]);
     if (!stage) held = (double)c->n_layer;
     int first = !stage || stage->index == 0, last = !stage || stage->index == stage->count - 1;
-    double blocks = held * (12 * C * C + 13 * C); /* MoE: on no pipeline stage, every block counted */
-    if (c->num_local_experts) {
-        blocks = 0;
-        for (size_t l = 0; l < c->n_layer; l++) blocks += (double)block_params(c, l);
-    }
+    double blocks = 0; /* the held blocks' parameters (a mixture of experts' every expert counted) */
+    for (size_t k = 0; stage && k < stage->chunks; k++)
+        for (size_t l = stage->first[k]; l < stage->last[k]; l++) blocks += (double)block_params(c, l);
+    for (size_t l = 0; !stage && l < c->n_layer; l++) blocks += (double)block_params(c, l);
     double params = (blocks + (first ? (V + (double)c->n_positions) * C : 0) + (last ? 2 * C : 0)) / (double)parts;
     double rows = (double)max_batch * (double)max_seq;
     double acts = 4 * (held * (H * rows * (double)max_seq + rows * 16 * C) + rows * (5 * V + 16 * C));
@@ -591,11 +592,14 @@ static shard_status check_memory(const shard_gpt_config *c, size_t max_batch, si
                        c->n_layer, c->n_embd, max_batch, max_seq, need_text, params_text, acts_text, have_text);
 }
 
-/* The mixture-of-experts layers of the MoE blocks (each keeps its routing for its backward). */
+/* The mixture-of-experts layers of the MoE blocks this rank holds (each keeps its routing for its
+ * backward, one context per activation buffer); the load table counts every MoE block of the model. */
 static shard_status create_moe(shard_gpt *g) {
     const shard_gpt_config *c = &g->c;
     for (size_t l = 0; l < c->n_layer; l++) {
         if (!shard_gpt_block_is_moe(c, l)) continue;
+        g->moe_layers++;
+        if (!holds_block(g, l)) continue;
         shard_moe_options o = {.struct_size = sizeof o,
                                .experts = c->num_local_experts,
                                .top_k = c->num_experts_per_tok,
@@ -613,7 +617,6 @@ static shard_status create_moe(shard_gpt *g) {
                                .max_tokens = g->max_b * g->max_t,
                                .tensor = g->ls[l].mlp_split ? g->tp : NULL};
         SHARD_CHECK(shard_moe_create(&o, &g->moe[l]));
-        g->moe_layers++;
     }
     if (g->moe_layers && !(g->load = calloc(g->moe_layers * c->num_local_experts, sizeof *g->load)))
         return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
@@ -633,11 +636,6 @@ static shard_status gpt_create(const shard_gpt_config *c, size_t max_batch, size
                            max_seq, c->n_positions);
     size_t L = c->n_layer, C = c->n_embd, H = c->n_head, count = 2 + L * PER_LAYER + 2, E = c->num_local_experts;
     int parts = tp ? shard_comm_size(tp) : 1;
-    if (E && stage)
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "gpt: a mixture of experts (num_local_experts %zu) trains on one rank or over data, "
-                           "expert and tensor ranks, not split over pipeline stages: give a mesh without a pipe axis",
-                           E);
     if (E && sequence_parallel && parts > 1)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "gpt: a mixture of experts (num_local_experts %zu) routes every token on each tensor "
@@ -833,7 +831,7 @@ void shard_gpt_destroy(shard_gpt *g) {
     free(g->inputs), free(g->targets), free(g->layer), free(g->acts), free(g->ls), free(g->place);
     free(g->whole), free(g->expert_split), free(g->unit_of), free(g->slot_of), free(g->block_of), free(g->load);
     for (size_t l = 0; g->moe && l < g->c.n_layer; l++) shard_moe_destroy(g->moe[l]);
-    free(g->moe);
+    free(g->moe), free(g->moe_buffers);
     free(g);
 }
 
@@ -980,7 +978,8 @@ static shard_moe_keys block_keys(const shard_gpt *g, size_t l) {
     return (shard_moe_keys){.training = g->have_targets,
                             .jitter_seed = drop_seed(g, site),
                             .routing_seed = drop_seed(g, site + 1),
-                            .first_row = g->model.first_row};
+                            .first_row = g->model.first_row,
+                            .uncounted = g->model.recomputing};
 }
 
 static shard_moe_weights moe_weights(const shard_gpt *g, const size_t *w) {
@@ -1001,11 +1000,16 @@ void shard_gpt_router_stats(const shard_gpt *g, shard_model_router_stats *out) {
     size_t E = g->c.num_local_experts, k = 0;
     *out = (shard_model_router_stats){.layers = g->moe_layers, .experts = g->moe_layers ? E : 0, .load = g->load};
     for (size_t l = 0; l < g->c.n_layer; l++) {
-        if (!g->moe[l]) continue;
+        if (!shard_gpt_block_is_moe(&g->c, l)) continue;
+        double *row = g->load + k++ * E;
+        if (!g->moe[l]) { /* another pipeline stage's block */
+            memset(row, 0, E * sizeof *row);
+            continue;
+        }
         shard_moe_stats st;
         shard_moe_stats_read(g->moe[l], &st);
         out->aux_loss += st.aux, out->z_loss += st.z, out->assigned += st.assigned, out->dropped += st.dropped;
-        memcpy(g->load + k++ * E, st.load, E * sizeof *g->load);
+        memcpy(row, st.load, E * sizeof *row);
     }
 }
 
@@ -1298,6 +1302,22 @@ static shard_status check_range(const shard_gpt *g, size_t first, size_t last, c
     return SHARD_OK;
 }
 
+/* The MoE layers of blocks [first, last) on the context of activation buffer `acts` (one per buffer:
+ * the routing of a micro-batch's forward waits there for its backward). */
+static shard_status select_moe(shard_gpt *g, const float *acts, size_t first, size_t last) {
+    if (!g->moe_layers) return SHARD_OK;
+    size_t k = 0;
+    while (k < g->moe_contexts && g->moe_buffers[k] != acts) k++;
+    if (k == g->moe_contexts) {
+        const float **more = realloc(g->moe_buffers, (k + 1) * sizeof *more);
+        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "gpt: out of memory");
+        g->moe_buffers = more, g->moe_buffers[g->moe_contexts++] = acts;
+    }
+    for (size_t l = first; l < last; l++)
+        if (g->moe[l]) SHARD_CHECK(shard_moe_select(g->moe[l], k));
+    return SHARD_OK;
+}
+
 static shard_status pipe_forward_range(shard_model *m, float *acts, size_t first, size_t last, const float *in,
                                        float *out, double denominator, double *loss) {
     shard_gpt *g = impl(m);
@@ -1305,6 +1325,7 @@ static shard_status pipe_forward_range(shard_model *m, float *acts, size_t first
     SHARD_CHECK(check_range(g, first, last, in, out));
     if (!m->rows) return SHARD_OK;
     use_range(g, acts, first, last);
+    SHARD_CHECK(select_moe(g, acts, first, last));
     return gpt_forward(g, g->inputs, g->targets, m->rows, g->max_t, denominator, loss, in, out);
 }
 
@@ -1314,6 +1335,7 @@ static shard_status pipe_backward_range(shard_model *m, float *acts, size_t firs
     SHARD_CHECK(check_range(g, first, last, d_in, d_out));
     if (!m->rows) return SHARD_OK;
     use_range(g, acts, first, last);
+    SHARD_CHECK(select_moe(g, acts, first, last));
     return gpt_backward(g, d_out, d_in);
 }
 

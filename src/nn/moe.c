@@ -26,10 +26,8 @@
 
 enum { CHOICE_DROPPED = 0, CHOICE_KEPT = 1, CHOICE_UNROUTED = 2 }; /* capacity; kept; random routing */
 
-struct shard_moe {
-    shard_moe_options o;
-    size_t E, K, C, F, cap_tokens;
-    /* the forward's routing, kept for the backward */
+/* One forward's routing and activations, kept for its backward: a context (shard_moe_select). */
+typedef struct moe_state {
     size_t N, rows, T, n;
     const float *x;
     shard_moe_keys keys;
@@ -49,8 +47,16 @@ struct shard_moe {
     float *xe, *slope, *hid, *ye; /* [total, C], [total, F] x2, [total, C] */
     float *dh, *dxe;              /* the backward's scratch, [total, F] and [total, C] */
     float *dgate;                 /* [N, K] the gates' gradient */
-    double *dp, *load;            /* [E] a token's d(probs); assignments per expert */
-    size_t *taken;                /* [E] a row's assignments admitted per expert */
+} moe_state;
+
+struct shard_moe {
+    shard_moe_options o;
+    size_t E, K, C, F;
+    moe_state **ctx; /* [contexts], made at their first selection */
+    size_t contexts;
+    moe_state *s;      /* the selected one */
+    double *dp, *load; /* [E] a token's d(probs); assignments per expert */
+    size_t *taken;     /* [E] a row's assignments admitted per expert */
     double aux, z, assigned, dropped;
 };
 
@@ -64,18 +70,43 @@ static double uniform_at(uint64_t seed, uint64_t index) {
     return (double)(shard__dropout_mix(seed * 0x9e3779b97f4a7c15ULL + index + 1) >> 11) * 0x1.0p-53;
 }
 
+static void state_destroy(moe_state *s) {
+    if (!s) return;
+    shard_expert_route_destroy(s->route);
+    float *f[] = {s->xr, s->logits, s->probs, s->gate, s->frac, s->xa,  s->ya,
+                  s->xe, s->slope,  s->hid,   s->ye,   s->dh,   s->dxe, s->dgate};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) shard_free(f[i]);
+    free(s->lse), free(s->choice), free(s->state), free(s->a_expert), free(s->a_slot);
+    free(s);
+}
+
 void shard_moe_destroy(shard_moe *m) {
     if (!m) return;
-    shard_expert_route_destroy(m->route);
-    float *f[] = {m->xr, m->logits, m->probs, m->gate, m->frac, m->xa,  m->ya,
-                  m->xe, m->slope,  m->hid,   m->ye,   m->dh,   m->dxe, m->dgate};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) shard_free(f[i]);
-    free(m->lse), free(m->choice), free(m->state), free(m->a_expert), free(m->a_slot), free(m->dp), free(m->load),
-        free(m->taken);
+    for (size_t i = 0; i < m->contexts; i++) state_destroy(m->ctx[i]);
+    free(m->ctx), free(m->dp), free(m->load), free(m->taken);
     free(m);
 }
 
 static float *acts(size_t floats) { return shard_alloc((floats ? floats : 1) * sizeof(float), SHARD_MEM_ACTIVATIONS); }
+
+/* A context's buffers for the most tokens a forward routes (the experts' rows grow with each route). */
+static moe_state *state_create(const shard_moe *m) {
+    moe_state *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    size_t N = m->o.max_tokens, E = m->E, K = m->K, C = m->C;
+    s->logits = acts(N * E), s->probs = acts(N * E), s->gate = acts(N * K), s->frac = acts(N * E);
+    s->xa = acts(N * K * C), s->ya = acts(N * K * C), s->dgate = acts(N * K);
+    if (m->o.jitter > 0) s->xr = acts(N * C);
+    s->lse = malloc(N * sizeof *s->lse), s->choice = malloc(N * K * sizeof *s->choice);
+    s->state = malloc(N * K), s->a_expert = malloc(N * K * sizeof *s->a_expert);
+    s->a_slot = malloc(N * K * sizeof *s->a_slot);
+    if (!s->logits || !s->probs || !s->gate || !s->frac || !s->xa || !s->ya || !s->dgate ||
+        (m->o.jitter > 0 && !s->xr) || !s->lse || !s->choice || !s->state || !s->a_expert || !s->a_slot) {
+        state_destroy(s);
+        return NULL;
+    }
+    return s;
+}
 
 shard_status shard_moe_create(const shard_moe_options *o, shard_moe **out) {
     *out = NULL;
@@ -99,20 +130,29 @@ shard_status shard_moe_create(const shard_moe_options *o, shard_moe **out) {
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory");
     m->o = *o, m->o.held_experts = held;
     m->E = o->experts, m->K = o->top_k, m->C = o->width, m->F = o->hidden;
-    size_t N = o->max_tokens, E = m->E, K = m->K, C = m->C;
-    m->logits = acts(N * E), m->probs = acts(N * E), m->gate = acts(N * K), m->frac = acts(N * E);
-    m->xa = acts(N * K * C), m->ya = acts(N * K * C), m->dgate = acts(N * K);
-    if (o->jitter > 0) m->xr = acts(N * C);
-    m->lse = malloc(N * sizeof *m->lse), m->choice = malloc(N * K * sizeof *m->choice);
-    m->state = malloc(N * K), m->a_expert = malloc(N * K * sizeof *m->a_expert);
-    m->a_slot = malloc(N * K * sizeof *m->a_slot), m->load = calloc(E, sizeof *m->load);
-    m->dp = malloc(E * sizeof *m->dp), m->taken = malloc(E * sizeof *m->taken);
-    if (!m->logits || !m->probs || !m->gate || !m->frac || !m->xa || !m->ya || !m->dgate || !m->dp || !m->taken ||
-        (o->jitter > 0 && !m->xr) || !m->lse || !m->choice || !m->state || !m->a_expert || !m->a_slot || !m->load) {
+    size_t E = m->E;
+    m->load = calloc(E, sizeof *m->load), m->dp = malloc(E * sizeof *m->dp), m->taken = malloc(E * sizeof *m->taken);
+    shard_status st = m->load && m->dp && m->taken ? shard_moe_select(m, 0) : SHARD_ERR_NO_MEMORY;
+    if (st < 0) {
         shard_moe_destroy(m);
-        return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory for %zu tokens", N);
+        return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory for %zu tokens", o->max_tokens);
     }
     *out = m;
+    return SHARD_OK;
+}
+
+shard_status shard_moe_select(shard_moe *m, size_t context) {
+    if (context >= m->contexts) {
+        moe_state **more = realloc(m->ctx, (context + 1) * sizeof *more);
+        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory for context %zu", context);
+        m->ctx = more;
+        for (size_t i = m->contexts; i <= context; i++) m->ctx[i] = NULL;
+        m->contexts = context + 1;
+    }
+    if (!m->ctx[context] && !(m->ctx[context] = state_create(m)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory for context %zu of %zu tokens", context,
+                           m->o.max_tokens);
+    m->s = m->ctx[context];
     return SHARD_OK;
 }
 
@@ -129,30 +169,32 @@ void shard_moe_stats_read(const shard_moe *m, shard_moe_stats *out) {
 
 /* Token t's jitter on input element c: uniform in [1 - eps, 1 + eps], keyed by its global position. */
 static float jitter_at(const shard_moe *m, size_t t, size_t c) {
-    uint64_t token = (uint64_t)(m->keys.first_row + t / m->T) * m->T + t % m->T;
-    return 1.0f - m->o.jitter + 2.0f * m->o.jitter * (float)uniform_at(m->keys.jitter_seed, token * m->C + c);
+    const moe_state *s = m->s;
+    uint64_t token = (uint64_t)(s->keys.first_row + t / s->T) * s->T + t % s->T;
+    return 1.0f - m->o.jitter + 2.0f * m->o.jitter * (float)uniform_at(s->keys.jitter_seed, token * m->C + c);
 }
 
 /* Logits, probabilities and logsumexp of every token; the top-k choices (ties: the lower index) and gates. */
 static shard_status router_forward(shard_moe *m, const float *gate_w) {
-    size_t N = m->N, E = m->E, K = m->K, C = m->C;
-    const float *xr = m->x;
-    if (m->xr && m->keys.training) {
+    moe_state *s = m->s;
+    size_t N = s->N, E = m->E, K = m->K, C = m->C;
+    const float *xr = s->x;
+    if (s->xr && s->keys.training) {
         for (size_t t = 0; t < N; t++)
-            for (size_t c = 0; c < C; c++) m->xr[t * C + c] = m->x[t * C + c] * jitter_at(m, t, c);
-        xr = m->xr;
+            for (size_t c = 0; c < C; c++) s->xr[t * C + c] = s->x[t * C + c] * jitter_at(m, t, c);
+        xr = s->xr;
     }
-    SHARD_CHECK(shard_sgemm(0, 1, N, E, C, 1.0f, xr, C, gate_w, C, 0.0f, m->logits, E));
-    shard_softmax_forward(m->logits, m->probs, N, E);
+    SHARD_CHECK(shard_sgemm(0, 1, N, E, C, 1.0f, xr, C, gate_w, C, 0.0f, s->logits, E));
+    shard_softmax_forward(s->logits, s->probs, N, E);
     for (size_t t = 0; t < N; t++) {
-        const float *l = m->logits + t * E, *p = m->probs + t * E;
+        const float *l = s->logits + t * E, *p = s->probs + t * E;
         float mx = l[0];
         for (size_t e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
-        double s = 0;
-        for (size_t e = 0; e < E; e++) s += exp((double)l[e] - (double)mx);
-        m->lse[t] = (double)mx + log(s);
-        int32_t *ch = m->choice + t * K;
-        float *g = m->gate + t * K, sum = 0;
+        double exps = 0;
+        for (size_t e = 0; e < E; e++) exps += exp((double)l[e] - (double)mx);
+        s->lse[t] = (double)mx + log(exps);
+        int32_t *ch = s->choice + t * K;
+        float *g = s->gate + t * K, sum = 0;
         for (size_t j = 0; j < K; j++) {
             int32_t best = -1;
             for (size_t e = 0; e < E; e++) {
@@ -171,55 +213,58 @@ static shard_status router_forward(shard_moe *m, const float *gate_w) {
 /* Which choices are kept: random routing of the second (training), then each row's capacity per expert
  * in position order; the row's f_e, and the losses and counts. */
 static void router_assign(shard_moe *m) {
-    size_t E = m->E, K = m->K, T = m->T, cap = shard_moe_capacity(m->o.capacity_factor, T, K, E);
+    moe_state *s = m->s;
+    size_t E = m->E, K = m->K, T = s->T, cap = shard_moe_capacity(m->o.capacity_factor, T, K, E);
     size_t *taken = m->taken;
-    m->n = 0;
-    for (size_t r = 0; r < m->rows; r++) {
+    double counted = s->keys.uncounted ? 0 : 1; /* a recomputed forward was counted the first time */
+    s->n = 0;
+    for (size_t r = 0; r < s->rows; r++) {
         memset(taken, 0, E * sizeof *taken);
-        float *f = m->frac + r * E;
+        float *f = s->frac + r * E;
         memset(f, 0, E * sizeof *f);
         double aux = 0, z = 0;
         for (size_t pos = 0; pos < T; pos++) {
             size_t t = r * T + pos;
             for (size_t j = 0; j < K; j++) {
                 size_t slot = t * K + j;
-                int32_t e = m->choice[slot];
+                int32_t e = s->choice[slot];
                 f[e] += 1.0f;
                 unsigned char st = CHOICE_KEPT;
-                if (j == 1 && m->o.random_routing && m->keys.training) {
-                    uint64_t token = (uint64_t)(m->keys.first_row + r) * T + pos;
-                    if (!(uniform_at(m->keys.routing_seed, token) < 2.0 * (double)m->gate[slot])) st = CHOICE_UNROUTED;
+                if (j == 1 && m->o.random_routing && s->keys.training) {
+                    uint64_t token = (uint64_t)(s->keys.first_row + r) * T + pos;
+                    if (!(uniform_at(s->keys.routing_seed, token) < 2.0 * (double)s->gate[slot])) st = CHOICE_UNROUTED;
                 }
                 if (st == CHOICE_KEPT) {
-                    m->assigned += 1, m->load[e] += 1;
+                    m->assigned += counted, m->load[e] += counted;
                     if (taken[e] >= cap)
-                        st = CHOICE_DROPPED, m->dropped += 1;
+                        st = CHOICE_DROPPED, m->dropped += counted;
                     else
                         taken[e]++;
                 }
-                m->state[slot] = st;
-                if (st == CHOICE_KEPT) m->a_expert[m->n] = e, m->a_slot[m->n] = slot, m->n++;
+                s->state[slot] = st;
+                if (st == CHOICE_KEPT) s->a_expert[s->n] = e, s->a_slot[s->n] = slot, s->n++;
             }
-            z += m->lse[t] * m->lse[t];
+            z += s->lse[t] * s->lse[t];
         }
         for (size_t e = 0; e < E; e++) {
             double P = 0;
-            for (size_t pos = 0; pos < T; pos++) P += m->probs[(r * T + pos) * E + e];
+            for (size_t pos = 0; pos < T; pos++) P += s->probs[(r * T + pos) * E + e];
             f[e] /= (float)(T * K);
             aux += (double)f[e] * (P / (double)T);
         }
-        m->aux += (double)E * aux / m->row_den, m->z += z / (double)T / m->row_den;
+        m->aux += counted * (double)E * aux / s->row_den, m->z += counted * z / (double)T / s->row_den;
     }
 }
 
-/* d(logits) (over m->logits) from the gates' gradient dgate[N, K] and the losses' terms. */
+/* d(logits) (over s->logits) from the gates' gradient dgate[N, K] and the losses' terms. */
 static void router_backward(shard_moe *m, const float *dgate) {
-    size_t E = m->E, K = m->K, T = m->T;
-    double aux_k = (double)m->o.aux_coef / m->row_den * (double)E / (double)T,
-           z_k = (double)m->o.z_coef / m->row_den * 2.0 / (double)T;
-    for (size_t t = 0; t < m->N; t++) {
-        const float *p = m->probs + t * E, *f = m->frac + (t / T) * E, *g = m->gate + t * K, *dg = dgate + t * K;
-        const int32_t *ch = m->choice + t * K;
+    moe_state *s = m->s;
+    size_t E = m->E, K = m->K, T = s->T;
+    double aux_k = (double)m->o.aux_coef / s->row_den * (double)E / (double)T,
+           z_k = (double)m->o.z_coef / s->row_den * 2.0 / (double)T;
+    for (size_t t = 0; t < s->N; t++) {
+        const float *p = s->probs + t * E, *f = s->frac + (t / T) * E, *g = s->gate + t * K, *dg = dgate + t * K;
+        const int32_t *ch = s->choice + t * K;
         double *dpv = m->dp;
         for (size_t e = 0; e < E; e++) dpv[e] = aux_k * (double)f[e];
         if (K > 1 && m->o.norm_topk_prob) { /* g_j = p_j / S: dp_j = (dg_j - sum_i dg_i g_i) / S */
@@ -231,93 +276,99 @@ static void router_backward(shard_moe *m, const float *dgate) {
         }
         double dot = 0;
         for (size_t e = 0; e < E; e++) dot += (double)p[e] * dpv[e];
-        float *dl = m->logits + t * E;
-        for (size_t e = 0; e < E; e++) dl[e] = (float)((double)p[e] * (dpv[e] - dot) + z_k * m->lse[t] * (double)p[e]);
+        float *dl = s->logits + t * E;
+        for (size_t e = 0; e < E; e++) dl[e] = (float)((double)p[e] * (dpv[e] - dot) + z_k * s->lse[t] * (double)p[e]);
     }
 }
 
 /* ---- the experts ---- */
 
 static shard_status grow_experts(shard_moe *m, size_t total) {
-    if (total <= m->total_cap && m->xe) return SHARD_OK;
-    float **bufs[] = {&m->xe, &m->ye, &m->dxe, &m->slope, &m->hid, &m->dh};
+    moe_state *s = m->s;
+    if (total <= s->total_cap && s->xe) return SHARD_OK;
+    float **bufs[] = {&s->xe, &s->ye, &s->dxe, &s->slope, &s->hid, &s->dh};
     for (size_t i = 0; i < 6; i++) {
         shard_free(*bufs[i]);
         *bufs[i] = acts(total * (i < 3 ? m->C : m->F));
         if (!*bufs[i]) return shard_error(SHARD_ERR_NO_MEMORY, "moe: out of memory for %zu expert rows", total);
     }
-    m->total_cap = total;
+    s->total_cap = total;
     return SHARD_OK;
 }
 
 /* Rows for the experts: the kept assignments' inputs in assignment order, then the exchange. */
 static shard_status gather_rows(shard_moe *m) {
+    moe_state *s = m->s;
     size_t C = m->C;
-    for (size_t i = 0; i < m->n; i++) memcpy(m->xa + i * C, m->x + (m->a_slot[i] / m->K) * C, C * sizeof(float));
-    shard_expert_route_destroy(m->route), m->route = NULL;
-    SHARD_CHECK(shard_expert_route_create(m->o.comm, m->E, m->a_expert, m->n, &m->route));
-    m->total = shard_expert_route_total(m->route);
-    SHARD_CHECK(grow_experts(m, m->total));
-    return shard_expert_dispatch(m->route, m->xa, m->xe, C);
+    for (size_t i = 0; i < s->n; i++) memcpy(s->xa + i * C, s->x + (s->a_slot[i] / m->K) * C, C * sizeof(float));
+    shard_expert_route_destroy(s->route), s->route = NULL;
+    SHARD_CHECK(shard_expert_route_create(m->o.comm, m->E, s->a_expert, s->n, &s->route));
+    s->total = shard_expert_route_total(s->route);
+    SHARD_CHECK(grow_experts(m, s->total));
+    return shard_expert_dispatch(s->route, s->xa, s->xe, C);
 }
 
 /* The results back in assignment order, and y[token] += gate x result. */
 static shard_status scatter_rows(shard_moe *m, float *y) {
+    moe_state *s = m->s;
     size_t C = m->C;
-    SHARD_CHECK(shard_expert_combine(m->route, m->ye, m->ya, C));
-    memset(y, 0, m->N * C * sizeof *y);
-    for (size_t i = 0; i < m->n; i++) {
-        float g = m->gate[m->a_slot[i]], *yt = y + (m->a_slot[i] / m->K) * C;
-        const float *r = m->ya + i * C;
+    SHARD_CHECK(shard_expert_combine(s->route, s->ye, s->ya, C));
+    memset(y, 0, s->N * C * sizeof *y);
+    for (size_t i = 0; i < s->n; i++) {
+        float g = s->gate[s->a_slot[i]], *yt = y + (s->a_slot[i] / m->K) * C;
+        const float *r = s->ya + i * C;
         for (size_t c = 0; c < C; c++) yt[c] += g * r[c];
     }
     return SHARD_OK;
 }
 
 static shard_status experts_forward(shard_moe *m, const shard_moe_weights *w) {
+    moe_state *s = m->s;
     size_t C = m->C, F = m->F, at = 0;
     int bias = shard_tp_rank(m->o.tensor) == 0; /* the row-parallel bias rule: added once before the sum */
     for (size_t e = 0; e < m->o.held_experts; e++) {
-        size_t rows = shard_expert_route_rows(m->route, e);
+        size_t rows = shard_expert_route_rows(s->route, e);
         if (!rows) continue;
         SHARD_CHECK(
-            shard_linear_forward(m->xe + at * C, w->fc_w + e * C * F, w->fc_b + e * F, m->slope + at * F, rows, C, F));
-        shard_gelu_forward_slope(m->slope + at * F, m->hid + at * F, rows * F); /* slope: GELU' from here on */
-        SHARD_CHECK(shard_linear_forward(m->hid + at * F, w->proj_w + e * F * C, bias ? w->proj_b + e * C : NULL,
-                                         m->ye + at * C, rows, F, C));
+            shard_linear_forward(s->xe + at * C, w->fc_w + e * C * F, w->fc_b + e * F, s->slope + at * F, rows, C, F));
+        shard_gelu_forward_slope(s->slope + at * F, s->hid + at * F, rows * F); /* slope: GELU' from here on */
+        SHARD_CHECK(shard_linear_forward(s->hid + at * F, w->proj_w + e * F * C, bias ? w->proj_b + e * C : NULL,
+                                         s->ye + at * C, rows, F, C));
         at += rows;
     }
-    return shard_tp_sum(m->o.tensor, m->ye, m->total * C);
+    return shard_tp_sum(m->o.tensor, s->ye, s->total * C);
 }
 
-/* From d(ye) (in m->ye): d(xe) into m->dxe, the experts' gradients added. */
+/* From d(ye) (in s->ye): d(xe) into s->dxe, the experts' gradients added. */
 static shard_status experts_backward(shard_moe *m, const shard_moe_weights *w, const shard_moe_grads *g) {
+    moe_state *s = m->s;
     size_t C = m->C, F = m->F, at = 0;
     for (size_t e = 0; e < m->o.held_experts; e++) {
-        size_t rows = shard_expert_route_rows(m->route, e);
+        size_t rows = shard_expert_route_rows(s->route, e);
         if (!rows) continue;
-        SHARD_CHECK(shard_linear_backward(m->hid + at * F, w->proj_w + e * F * C, m->ye + at * C, m->dh + at * F,
+        SHARD_CHECK(shard_linear_backward(s->hid + at * F, w->proj_w + e * F * C, s->ye + at * C, s->dh + at * F,
                                           g->proj_w + e * F * C, g->proj_b + e * C, rows, F, C));
-        shard_mul(m->dh + at * F, m->slope + at * F, m->dh + at * F, rows * F);
-        SHARD_CHECK(shard_linear_backward(m->xe + at * C, w->fc_w + e * C * F, m->dh + at * F, m->dxe + at * C,
+        shard_mul(s->dh + at * F, s->slope + at * F, s->dh + at * F, rows * F);
+        SHARD_CHECK(shard_linear_backward(s->xe + at * C, w->fc_w + e * C * F, s->dh + at * F, s->dxe + at * C,
                                           g->fc_w + e * C * F, g->fc_b + e * F, rows, C, F));
         at += rows;
     }
-    return shard_tp_sum(m->o.tensor, m->dxe, m->total * C);
+    return shard_tp_sum(m->o.tensor, s->dxe, s->total * C);
 }
 
 /* ---- the layer ---- */
 
 shard_status shard_moe_forward(shard_moe *m, const shard_moe_weights *w, const float *x, size_t rows, size_t T,
                                const shard_moe_keys *keys, double row_denominator, float *y) {
+    moe_state *s = m->s;
     size_t N = rows * T;
     if (!rows || !T || N > m->o.max_tokens || !(row_denominator > 0))
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "moe forward: %zu rows x %zu tokens over %g rows; the layer was made for up to %zu "
                            "tokens and the denominator must be positive",
                            rows, T, row_denominator, m->o.max_tokens);
-    m->N = N, m->rows = rows, m->T = T, m->x = x, m->row_den = row_denominator;
-    m->keys = keys ? *keys : (shard_moe_keys){0};
+    s->N = N, s->rows = rows, s->T = T, s->x = x, s->row_den = row_denominator;
+    s->keys = keys ? *keys : (shard_moe_keys){0};
     SHARD_CHECK(router_forward(m, w->gate));
     router_assign(m);
     SHARD_CHECK(gather_rows(m));
@@ -327,31 +378,32 @@ shard_status shard_moe_forward(shard_moe *m, const shard_moe_weights *w, const f
 
 shard_status shard_moe_backward(shard_moe *m, const shard_moe_weights *w, const float *dy, float *dx,
                                 const shard_moe_grads *g) {
-    size_t C = m->C, E = m->E, N = m->N, K = m->K;
-    if (!m->route) return shard_error(SHARD_ERR_INVALID_ARG, "moe backward: no forward before it");
+    moe_state *s = m->s;
+    size_t C = m->C, E = m->E, N = s->N, K = m->K;
+    if (!s->route) return shard_error(SHARD_ERR_INVALID_ARG, "moe backward: no forward before it");
     /* the combine's backward: d(gate) = dy . result; d(result) = gate x dy, back to the experts */
-    float *dgate = m->dgate;
+    float *dgate = s->dgate;
     memset(dgate, 0, N * K * sizeof *dgate);
-    for (size_t i = 0; i < m->n; i++) {
-        size_t slot = m->a_slot[i];
-        const float *dyt = dy + (slot / K) * C, *r = m->ya + i * C;
-        float gt = m->gate[slot], *d = m->xa + i * C; /* xa's rows are free now: d(result) */
-        double s = 0;
-        for (size_t c = 0; c < C; c++) s += (double)dyt[c] * (double)r[c], d[c] = gt * dyt[c];
-        dgate[slot] = (float)s;
+    for (size_t i = 0; i < s->n; i++) {
+        size_t slot = s->a_slot[i];
+        const float *dyt = dy + (slot / K) * C, *r = s->ya + i * C;
+        float gt = s->gate[slot], *d = s->xa + i * C; /* xa's rows are free now: d(result) */
+        double dot = 0;
+        for (size_t c = 0; c < C; c++) dot += (double)dyt[c] * (double)r[c], d[c] = gt * dyt[c];
+        dgate[slot] = (float)dot;
     }
-    SHARD_CHECK(shard_expert_dispatch(m->route, m->xa, m->ye, C)); /* ye's rows become d(ye) */
+    SHARD_CHECK(shard_expert_dispatch(s->route, s->xa, s->ye, C)); /* ye's rows become d(ye) */
     SHARD_CHECK(experts_backward(m, w, g));
-    SHARD_CHECK(shard_expert_combine(m->route, m->dxe, m->ya, C)); /* ya's rows: d(input) per assignment */
+    SHARD_CHECK(shard_expert_combine(s->route, s->dxe, s->ya, C)); /* ya's rows: d(input) per assignment */
     router_backward(m, dgate);
-    const float *xr = m->xr && m->keys.training ? m->xr : m->x;
-    SHARD_CHECK(shard_sgemm(1, 0, E, C, N, 1.0f, m->logits, E, xr, C, 1.0f, g->gate, C));
+    const float *xr = s->xr && s->keys.training ? s->xr : s->x;
+    SHARD_CHECK(shard_sgemm(1, 0, E, C, N, 1.0f, s->logits, E, xr, C, 1.0f, g->gate, C));
     /* the router's input gradient (through the jitter), then the experts' */
-    SHARD_CHECK(shard_sgemm(0, 0, N, C, E, 1.0f, m->logits, E, w->gate, C, 0.0f, dx, C));
-    if (m->xr && m->keys.training)
+    SHARD_CHECK(shard_sgemm(0, 0, N, C, E, 1.0f, s->logits, E, w->gate, C, 0.0f, dx, C));
+    if (s->xr && s->keys.training)
         for (size_t t = 0; t < N; t++)
             for (size_t c = 0; c < C; c++) dx[t * C + c] *= jitter_at(m, t, c);
-    for (size_t i = 0; i < m->n; i++)
-        shard_add(dx + (m->a_slot[i] / K) * C, m->ya + i * C, dx + (m->a_slot[i] / K) * C, C);
+    for (size_t i = 0; i < s->n; i++)
+        shard_add(dx + (s->a_slot[i] / K) * C, s->ya + i * C, dx + (s->a_slot[i] / K) * C, C);
     return SHARD_OK;
 }

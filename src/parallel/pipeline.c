@@ -5,8 +5,8 @@
  * input, output, gradient in, gradient out) and activation slots (the
  * buffer a range of the model's blocks keeps from its forward to its
  * backward, model.h's pipeline table; one with recompute), both per
- * (chunk, micro-batch), both allocated here: the model holds no
- * per-micro-batch state.  Virtual stage s = chunk * p + rank; what enters
+ * (chunk, micro-batch), both allocated here: the model keeps nothing per
+ * micro-batch but what it keys by the activation buffer (model.h).  Virtual stage s = chunk * p + rank; what enters
  * virtual stage s for micro-batch j is tagged 2 + 2 (s m + j) (the
  * activation, from s - 1) or 3 + 2 (s m + j) (the gradient, from s + 1);
  * TAG_TIED* (0 and 1) the shared parameter.  Tags stay small: MPI promises
@@ -284,8 +284,11 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     if (pp->recompute) { /* the forward again, from the kept input */
         double t0 = shard__now(), l = 0;
         SHARD_CHECK(wait_noted(pp, &h->out_req, 0, op));
-        SHARD_CHECK(pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in,
-                                                last ? NULL : h->out, denominator, &l));
+        pp->m->recomputing = 1;
+        shard_status s = pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in,
+                                                     last ? NULL : h->out, denominator, &l);
+        pp->m->recomputing = 0;
+        SHARD_CHECK(s);
         pp->compute += shard__now() - t0;
         note(pp, 'r', op, t0);
     }

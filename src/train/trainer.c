@@ -506,7 +506,8 @@ static shard_status pp_load(void *ctx, size_t k) {
     return load(t, t->step_now, k);
 }
 
-/* The routers' losses and counts of this step, summed over the ranks that split the rows (data x expert), into out. */
+/* The routers' losses and counts of this step, summed over the ranks that split the rows (data x expert)
+ * and over the pipeline's stages, into out. */
 static shard_status router_stats(shard_trainer *t, const shard_model_stats_ops *routers, shard_step_result *out) {
     shard_model_router_stats rs;
     routers->read(t->model, &rs);
@@ -517,6 +518,10 @@ static shard_status router_stats(shard_trainer *t, const shard_model_stats_ops *
     mine[0] = rs.aux_loss, mine[1] = rs.z_loss, mine[2] = rs.assigned, mine[3] = rs.dropped;
     if (cells) memcpy(mine + 4, rs.load, cells * sizeof *mine);
     SHARD_CHECK(shard_comm_all_reduce(t->rows, mine, sum, n, SHARD_F64, SHARD_OP_SUM));
+    if (t->pipe) { /* each stage's layers are its own */
+        memcpy(mine, sum, n * sizeof *mine);
+        SHARD_CHECK(shard_comm_all_reduce(t->pipe, mine, sum, n, SHARD_F64, SHARD_OP_SUM));
+    }
     out->aux_loss = sum[0], out->z_loss = sum[1], out->dropped_tokens = sum[2] > 0 ? sum[3] / sum[2] : 0;
     out->moe_layers = rs.layers, out->experts = rs.experts, out->expert_load = sum + 4;
     return SHARD_OK;
