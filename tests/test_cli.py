@@ -385,7 +385,9 @@ def bench_moe():
             "all_to_all_bytes", "all_to_all_calls", "load_imbalance", "load_imbalance_worst_layer",
             "dropped_fraction", "exposed_dispatch_ms", "alone_dispatch_ms", "hidden_fraction",
             "all_to_all_busbw_gbps", "comm_all_to_all_bytes", "comm_all_to_all_busbw_gbps",
-            "all_to_all_busbw_fraction"}
+            "all_to_all_busbw_fraction", "all_to_all_wait_ms", "all_to_all_transfer_ms",
+            "all_to_all_data_transfer_ms", "all_to_all_busbw_mean_gbps", "all_to_all_busbw_mean_fraction",
+            "all_to_all_recv_imbalance"}
     # the peer runs under /usr/bin/python3 (bench_reference.c starts it), whatever runs this test
     has_torch = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0
     for extra, peer in ((["--ranks", "2", "--no-peer"], False), (["--mesh", "expert=2", "--threads", "1"], has_torch)):
@@ -403,6 +405,10 @@ def bench_moe():
                r["load_imbalance_worst_layer"] >= r["load_imbalance"], f"bench moe times and load: {r}")
         expect(0 <= r["hidden_fraction"] <= 1 and r["all_to_all_busbw_fraction"] > 0 and
                r["comm_all_to_all_busbw_gbps"] > 0, f"bench moe busbw and hidden: {r}")
+        # the split: waiting and moving are both there, the data calls' moving within all the calls'
+        expect(r["all_to_all_wait_ms"] >= 0 and 0 < r["all_to_all_data_transfer_ms"] <= r["all_to_all_transfer_ms"]
+               and r["all_to_all_busbw_mean_fraction"] > 0 and r["all_to_all_recv_imbalance"] >= 1,
+               f"bench moe wait and transfer: {r}")
         if peer:
             expect(r.get("peer_step_ms", 0) > 0 and r.get("ratio_vs_peer", 0) > 0, f"bench moe peer: {r}")
         elif "--no-peer" in extra:

@@ -10,7 +10,9 @@
  *   - combine after dispatch gives back each rank's rows (the identity);
  *   - an expert outside 0..E-1 on one rank fails every rank, naming it;
  *   - the exchange's counters (shard_expert_stats) count each all_to_allv's
- *     calls and send-buffer bytes; one rank counts nothing.
+ *     calls and send-buffer bytes; one rank counts nothing; the call log
+ *     (shard_expert_log_set) keeps each call's kind and bytes, counts the
+ *     calls past its capacity, and starts over at a reset.
  * Moves are copies: every comparison is exact.
  *
  *   test_expert --skip   (threads) a rank that skips the dispatch: the others
@@ -65,6 +67,8 @@ static void run_config(test_ctx *t, const config *cf, uint64_t seed) {
     shard_expert_route *ref = NULL, *r = NULL;
     CHECK_OK(t, shard_expert_route_create(NULL, cf->experts, all, total_n, &ref), "the one-rank route");
     CHECK_OK(t, shard_expert_dispatch(ref, xs, one, WIDTH), "the one-rank dispatch");
+    shard_expert_call log[3]; /* fewer than the 5 exchanges below: the rest are counted, not kept */
+    shard_expert_log_set(log, 3);
     shard_expert_stats_reset();
     shard_status s = shard_expert_route_create(t->comm, cf->experts, mine, n, &r);
     CHECK_OK(t, s, "route over %d ranks, %zu experts", t->size, cf->experts);
@@ -107,6 +111,21 @@ static void run_config(test_ctx *t, const config *cf, uint64_t seed) {
     CHECK_EQ_INT(t, st.dispatch_bytes, (uint64_t)many * 2 * n * WIDTH * 4, "dispatch bytes");
     CHECK_EQ_INT(t, st.combine_bytes, (uint64_t)many * 2 * total * WIDTH * 4, "combine bytes");
     CHECK(t, st.counts_ms >= 0 && st.dispatch_ms >= 0 && st.combine_ms >= 0, "negative exchange times");
+    /* the log: the same calls, one record each, in order (counts, dispatch, combine, ...) */
+    CHECK_EQ_INT(t, shard_expert_log_count(), (size_t)(5 * many), "exchanges logged");
+    for (size_t i = 0; many && i < 3; i++) {
+        int kind = i == 0 ? SHARD_EXPERT_COUNTS : i == 1 ? SHARD_EXPERT_DISPATCH : SHARD_EXPERT_COMBINE;
+        uint64_t bytes = i == 0 ? st.counts_bytes : i == 1 ? st.dispatch_bytes / 2 : st.combine_bytes / 2;
+        uint64_t recv = i == 0 ? (uint64_t)t->size * (2 + local) * 8 : i == 1 ? total * WIDTH * 4 : n * WIDTH * 4;
+        CHECK(t, log[i].kind == kind && log[i].bytes == bytes && log[i].recv_bytes == recv,
+              "logged call %zu: kind %d, %llu bytes sent, %llu received; expected %d, %llu, %llu", i, log[i].kind,
+              (unsigned long long)log[i].bytes, (unsigned long long)log[i].recv_bytes, kind, (unsigned long long)bytes,
+              (unsigned long long)recv);
+        CHECK(t, log[i].enter_s <= log[i].leave_s, "logged call %zu leaves before it enters", i);
+    }
+    shard_expert_log_set(NULL, 0);
+    shard_expert_stats_reset();
+    CHECK_EQ_INT(t, shard_expert_log_count(), (size_t)0, "exchanges logged after a reset");
     shard_expert_stats none = {.struct_size = 0};
     CHECK(t, shard_expert_stats_get(&none) == SHARD_ERR_INVALID_ARG, "a struct_size of 0 was accepted");
     free(got);

@@ -76,6 +76,26 @@ typedef struct shard_expert_stats {
 shard_status shard_expert_stats_get(shard_expert_stats *out);
 void shard_expert_stats_reset(void);
 
+/* One exchange as this rank saw it, for splitting its time into waiting and moving bytes: every rank of a
+ * communicator logs the same calls in the same order, so call i of each rank's log is one collective, and
+ * (on one host, where shard_clock_seconds is one clock) the latest enter_s over the ranks is when the bytes
+ * could start to move; before it a rank waits for its peers, after it the call moves bytes (and waits for
+ * the slowest copier).  enter_s and leave_s are the stats' own two clock reads. */
+enum { SHARD_EXPERT_COUNTS, SHARD_EXPERT_DISPATCH, SHARD_EXPERT_COMBINE };
+typedef struct shard_expert_call {
+    int kind;                /* SHARD_EXPERT_COUNTS, _DISPATCH or _COMBINE */
+    uint64_t bytes;          /* this rank's send buffer, as the stats count it */
+    uint64_t recv_bytes;     /* this rank's receive buffer */
+    double enter_s, leave_s; /* shard_clock_seconds at the call and its return */
+} shard_expert_call;
+
+/* Log this thread's exchanges into log[0..capacity-1] from now on, starting over at every
+ * shard_expert_stats_reset (log NULL or capacity 0: stop logging).  The caller owns the array; calls past
+ * the capacity are counted, not kept. */
+void shard_expert_log_set(shard_expert_call *log, size_t capacity);
+/* The exchanges this thread made since the last reset while logging, kept or not. */
+size_t shard_expert_log_count(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,9 @@
  * sender (the layout expert.h promises); combine undoes both steps.
  *
  * Each all_to_allv is timed into the calling thread's shard_expert_stats
- * (expert.h): the exchange is blocking, so that time is what the step waits.
+ * (expert.h): the exchange is blocking, so that time is what the step waits;
+ * with a log set (shard_expert_log_set) each call's entry and exit times too,
+ * from which a benchmark splits waiting for peers from moving bytes.
  *
  * Below the exchange: the trainer's layout of expert parameters' whole
  * tensors over the axis (expert_parallel.h). */
@@ -37,25 +39,54 @@ struct shard_expert_route {
     size_t out_cap, in_cap;        /* their capacities in floats */
 };
 
-enum { STAT_COUNTS, STAT_DISPATCH, STAT_COMBINE, STAT_KINDS };
+enum {
+    STAT_COUNTS = SHARD_EXPERT_COUNTS,
+    STAT_DISPATCH = SHARD_EXPERT_DISPATCH,
+    STAT_COMBINE = SHARD_EXPERT_COMBINE,
+    STAT_KINDS
+};
 
 /* This thread's exchanges by kind since the last reset (shard_expert_stats, expert.h). */
 static _Thread_local struct {
     double ms[STAT_KINDS];
     uint64_t calls[STAT_KINDS], bytes[STAT_KINDS];
+    size_t logged; /* calls since the reset while `log` was set */
 } tally;
+
+/* The caller's log of single calls (shard_expert_log_set), per thread as the tally is. */
+static _Thread_local struct {
+    shard_expert_call *at;
+    size_t capacity;
+} log_of;
 
 /* One timed all_to_allv on behalf of `kind`, counting the send buffer's bytes. */
 static shard_status timed_exchange(int kind, shard_comm *comm, const void *send, const size_t *sc, const size_t *sd,
                                    void *recv, const size_t *rc, const size_t *rd, shard_dtype dtype, int ranks) {
-    size_t sent = 0;
-    for (int q = 0; q < ranks; q++) sent += sc[q];
+    size_t sent = 0, received = 0;
+    for (int q = 0; q < ranks; q++) sent += sc[q], received += rc[q];
     double t0 = shard_clock_seconds();
     shard_status s = shard_comm_all_to_allv(comm, send, sc, sd, recv, rc, rd, dtype);
-    tally.ms[kind] += (shard_clock_seconds() - t0) * 1e3;
-    tally.calls[kind]++, tally.bytes[kind] += (uint64_t)(sent * shard_dtype_size(dtype));
+    double t1 = shard_clock_seconds();
+    uint64_t bytes = (uint64_t)(sent * shard_dtype_size(dtype));
+    tally.ms[kind] += (t1 - t0) * 1e3;
+    tally.calls[kind]++, tally.bytes[kind] += bytes;
+    if (log_of.at) {
+        if (tally.logged < log_of.capacity)
+            log_of.at[tally.logged] = (shard_expert_call){.kind = kind,
+                                                          .bytes = bytes,
+                                                          .recv_bytes = (uint64_t)(received * shard_dtype_size(dtype)),
+                                                          .enter_s = t0,
+                                                          .leave_s = t1};
+        tally.logged++;
+    }
     return s;
 }
+
+void shard_expert_log_set(shard_expert_call *log, size_t capacity) {
+    log_of.at = capacity ? log : NULL, log_of.capacity = log ? capacity : 0;
+}
+
+size_t shard_expert_log_count(void) { return tally.logged; }
 
 shard_status shard_expert_stats_get(shard_expert_stats *out) {
     if (!out || out->struct_size < sizeof(size_t))
