@@ -7,6 +7,7 @@
  *   shard inspect ckpt DIR|FILE|NAME.index.json [--verify]
  *   shard ckpt export DIR --out model.safetensors [--max-shard-size 5G] [--optimizer]
  *   shard data text FILE... --out DIR [--val-fraction 0.1]
+ *   shard analyze --config CONFIG.json --mesh data=2,tensor=2 [--json] ...
  *   shard train --config CONFIG.json --data DIR --batch 8 --seq 128 --steps N --lr X --seed S ...
  *   shard generate (--ckpt DIR | --config CONFIG.json --init W.safetensors) --prompt "..." --tokens N
  *   shard version | --version
@@ -28,6 +29,7 @@ static const char *const USAGE =
     "                                    and meanings\n"
     "\n"
     "verbs (shard help VERB: its sub-verbs or options):\n"
+    "  analyze       what a layout costs per rank (memory, FLOPs, traffic, bubble) without training\n"
     "  bench         benchmarks against their reference measured in the same run: comm, redistribute,\n"
     "                ckpt, gemm, train, tensor, pipeline\n"
     "  ckpt          checkpoints: export (to safetensors)\n"
@@ -57,6 +59,7 @@ typedef struct cli_verb {
 } cli_verb;
 
 static const cli_verb VERBS[] = {
+    {.name = "analyze", .run = cli_analyze, .has_sub_verbs = 0},
     {.name = "bench", .run = cli_bench, .has_sub_verbs = 1},
     {.name = "demo", .run = cli_demo, .has_sub_verbs = 0},
     {.name = "inspect", .run = cli_inspect, .has_sub_verbs = 1},
@@ -66,7 +69,7 @@ static const cli_verb VERBS[] = {
     {.name = "generate", .run = cli_generate, .has_sub_verbs = 0},
 };
 
-static const char *const VALID_VERBS = "bench, ckpt, data, demo, generate, inspect, train, version, help";
+static const char *const VALID_VERBS = "analyze, bench, ckpt, data, demo, generate, inspect, train, version, help";
 
 /* "unknown verb 'X'" (opened by `where`, e.g. "help: "), with the nearest verb when one is near. */
 static void unknown_verb(const char *where, const char *name) {

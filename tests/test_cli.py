@@ -56,7 +56,7 @@ def errors():
     empty = tempfile.NamedTemporaryFile(prefix="shard-cli-empty-")  # an empty input file, removed on exit
     cases = [
         ([], 2, "usage: shard"),
-        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are bench, ckpt, data, demo, generate, inspect, train, version, help"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are analyze, bench, ckpt, data, demo, generate, inspect, train, version, help"),
         (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
@@ -223,6 +223,10 @@ PARSED_FLAGS = {
     ("bench", "pipeline"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
     ("bench", "moe"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json", "--mesh", "--warmup",
                                     "--threads", "--no-peer"},
+    ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
+                   "--bucket-mb", "--grad-dtype", "--compute-dtype", "--optimizer", "--sequence-parallel", "--spec",
+                   "--schedule", "--micro-batches", "--virtual-stages", "--recompute", "--layers-per-stage",
+                   "--exact-ranks", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
     ("demo",): RANK_FLAGS,
@@ -1118,6 +1122,57 @@ def train_mpi():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def analyze():
+    """`shard analyze --json` on the tiny GPT over data=2,tensor=2 (ZeRO-1) and data=2,pipe=2 (1F1B): one
+    object with the layout, each rank's coordinates, parameters, memory by category (the peaks `shard train`
+    reaches, in its end-of-run table's MiB), FLOPs and bytes per axis and collective, the bubble and the
+    critical path; step_ms null without a profile; the table form; bad layouts refused in one line."""
+    import tempfile
+    base = ["analyze", "--config", TINY, "--batch", "8", "--seq", "64"]
+    p = run(base + ["--mesh", "data=2,tensor=2", "--zero", "1", "--json"])
+    expect(p.returncode == 0, f"analyze --json: exit {p.returncode}: {p.stderr}")
+    r = json.loads(p.stdout) if p.returncode == 0 else {}
+    expect({"layout", "world", "ranks", "bubble", "critical_path", "step_ms", "tokens_per_s"} <= set(r),
+           f"analyze keys: {sorted(r)}")
+    ranks = r.get("ranks", [])
+    expect(r.get("world") == 4 and len(ranks) == 4 and r.get("step_ms") is None, f"analyze world: {r.get('world')}")
+    for x in ranks:
+        expect({"rank", "coords", "params", "memory", "flops", "comm_bytes", "collectives"} <= set(x), f"rank keys: {x}")
+        expect(set(x["memory"]) == {"params", "grads", "optimizer", "activations", "comm", "other", "total"},
+               f"memory keys: {x['memory']}")
+        expect(x["flops"]["forward"] > 0 and x["flops"]["backward"] > x["flops"]["forward"], f"flops: {x['flops']}")
+        expect(x["comm_bytes"].get("data", 0) > 0 and x["comm_bytes"].get("tensor", 0) > 0, f"comm: {x['comm_bytes']}")
+        expect(all({"op", "axis", "bytes", "count"} <= set(c) for c in x["collectives"]), f"collectives: {x}")
+    expect(ranks and ranks[3]["coords"] == {"data": 1, "tensor": 1}, f"coords: {ranks[3:]}")
+    # the memory a real run's table shows, rank by rank (MiB to 2 decimals)
+    with tempfile.TemporaryDirectory(prefix="shard-cli-analyze-") as work:
+        text = os.path.join(work, "corpus.txt")
+        with open(text, "w") as f:
+            f.write("what a layout costs before it runs. " * 400)
+        data = os.path.join(work, "data")
+        run(["data", "text", text, "--out", data])
+        t = run(["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "64", "--steps", "3", "--ranks",
+                 "4", "--mesh", "data=2,tensor=2", "--zero", "1"])
+        rows = [l.split() for l in t.stdout.splitlines() if l.strip().startswith("rank ") and "data=" in l]
+        expect(t.returncode == 0 and len(rows) == 4, f"train's memory table: {t.stdout} {t.stderr}")
+        for row, x in zip(rows, ranks):
+            got = [float(v) for v in row[3:10]]
+            want = [x["memory"][k] / 1048576 for k in ("params", "grads", "optimizer", "activations", "comm", "other",
+                                                        "total")]
+            expect(all(abs(a - b) <= 0.01 + 0.01 * b for a, b in zip(want, got)),
+                   f"analyze's memory {want} against train's table {got} for {row[:3]}")
+    p = run(base + ["--mesh", "data=2,pipe=2", "--schedule", "1f1b", "--micro-batches", "4"])
+    expect(p.returncode == 0 and "bubble 0.2" in p.stdout and "critical path: rank" in p.stdout,
+           f"analyze table: {p.stdout} {p.stderr}")
+    for args, text in ((["--mesh", "data=2,seq=2"], "training splits over"),
+                       (["--mesh", "data=2", "--ranks", "3"], "--ranks 3"),
+                       (["--mesh", "data=2", "--zero", "4"], "--zero"),
+                       (["--mesh", "data=2", "--frob"], "unknown option '--frob'")):
+        p = run(base + args)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode != 0 and text in p.stderr and len(lines) == 1, f"analyze {args}: {p.returncode} {p.stderr!r}")
+
+
 def moe():
     """configs/gpt-moe-tiny.json trains on one rank, on data=2 (plain, ZeRO-1, ZeRO-3) and with its experts
     split over `expert` (expert=2, expert=4, data=2,expert=2 with ZeRO 0/1/3; 6 experts with random
@@ -1321,5 +1376,5 @@ def moe():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe}[sys.argv[2]]()
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -447,11 +447,18 @@ static const shard_model_ops unit_ops = {.struct_size = sizeof(shard_model_ops),
                                          .backward = unit_backward,
                                          .destroy = unit_destroy};
 /* Tables a model built against other headers, or a half-filled one, would give */
+/* built against a header whose table ended before its last optional entry: accepted, that entry NULL */
 static const shard_model_ops unit_ops_older = {.struct_size = sizeof(shard_model_ops) - sizeof(void *),
                                                .kind = "unit_kind",
                                                .forward = unit_forward,
                                                .backward = unit_backward,
                                                .destroy = unit_destroy};
+/* a table too short to hold the entries every model gives */
+static const shard_model_ops unit_ops_truncated = {.struct_size = 3 * sizeof(void *),
+                                                   .kind = "unit_kind",
+                                                   .forward = unit_forward,
+                                                   .backward = unit_backward,
+                                                   .destroy = unit_destroy};
 static const shard_model_ops unit_ops_no_backward = {
     .struct_size = sizeof(shard_model_ops), .kind = "unit_kind", .forward = unit_forward, .destroy = unit_destroy};
 
@@ -483,8 +490,12 @@ static void model_registry(void **state) {
     assert_true(m && m->ops == &unit_ops && ((unit_model *)m->impl)->max_rows == 7 &&
                 ((unit_model *)m->impl)->ctx == &ctx);
     shard_model_destroy(m);
-    /* a table from other headers, or without backward, is refused naming the kind and what is wrong */
+    /* a table too short for the required entries, or without backward, is refused naming what is wrong */
     shard_model fake = {.ops = &unit_ops_older};
+    assert_int_equal(shard_model_check_tables(&fake), SHARD_OK);
+    shard_batch shape;
+    assert_int_equal(shard_model_batch_shape(&fake, &shape), 0); /* beyond its struct_size: not there */
+    fake.ops = &unit_ops_truncated;
     assert_int_equal(shard_model_check_tables(&fake), SHARD_ERR_INVALID_ARG);
     assert_non_null(strstr(shard_last_error(), "struct_size"));
     fake.ops = &unit_ops_no_backward;

@@ -56,6 +56,12 @@ shard_status shard_expert_dispatch(shard_expert_route *r, const float *x, float 
  * Backward: dispatch's backward is combine of the gradients, combine's backward is dispatch. */
 shard_status shard_expert_combine(shard_expert_route *r, const float *y_experts, float *y, size_t width);
 void shard_expert_route_destroy(shard_expert_route *r);
+/* The next forward's route in place of *route (NULL: none yet), as shard_expert_route_create makes it,
+ * keeping the old one's staging buffers where they are large enough: a layer that routes every step
+ * exchanges through memory already touched instead of fresh pages.  *route is replaced on success
+ * only. */
+shard_status shard_expert_route_renew(shard_expert_route **route, shard_comm *comm, size_t experts,
+                                      const int32_t *expert, size_t n);
 
 /* What this rank's exchanges cost: time inside the all_to_allv calls and the bytes they were handed, summed
  * since the last reset.  Kept per thread (ranks in one process are threads; a rank's layers run on its

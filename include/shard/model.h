@@ -71,6 +71,9 @@ typedef struct shard_model_ops {
     /* Optional: parameters that are stacks of like tensors along dim 0 (a mixture of experts' experts),
      * which checkpoints and weight files hold member by member (NULL: every parameter one tensor). */
     const struct shard_model_stack_ops *stacks;
+    /* Optional: what a row of its batches holds (shape's input_dtype, input_elems, target_dtype and
+     * target_elems; the rest left zero), so a planner can hand it rows of zeros (NULL: not told). */
+    void (*batch_shape)(const shard_model *m, shard_batch *shape);
 } shard_model_ops;
 
 /* A model with routers: what its forwards since the last reset added up, this rank's rows and layers
@@ -293,6 +296,8 @@ void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t by
  * (kind, forward, backward, destroy; a pipeline table's ranges).  One line naming the model's kind and
  * what is missing otherwise.  The factory and the trainer check every model they are given. */
 shard_status shard_model_check_tables(const shard_model *m);
+/* m's batch row layout into *shape through its table's batch_shape: 1, or 0 when the model does not say. */
+int shard_model_batch_shape(const shard_model *m, shard_batch *shape);
 
 /* Whether batch b fits a model made for up to max_rows rows whose rows are input_elems inputs of
  * input_dtype and target_elems targets of target_dtype: one line naming the model's kind, what the

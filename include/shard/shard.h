@@ -2,6 +2,7 @@
 #ifndef SHARD_H
 #define SHARD_H
 
+#include "shard/analyze.h"
 #include "shard/batch.h"
 #include "shard/blas.h"
 #include "shard/checkpoint.h"

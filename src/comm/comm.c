@@ -173,6 +173,13 @@ shard_status shard_comm_split(shard_comm *comm, int color, int key, shard_comm *
     return comm->vt->split(comm, color, key, out);
 }
 
+shard_status shard__comm_split_sized(shard_comm *comm, int color, int key, int size, int rank, shard_comm **out) {
+    if (!comm || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_comm_split: comm and out must not be NULL");
+    *out = NULL;
+    if (comm->vt->split_sized) return comm->vt->split_sized(comm, color, key, size, rank, out);
+    return comm->vt->split(comm, color, key, out);
+}
+
 shard_status shard_comm_destroy(shard_comm *comm) {
     if (!comm) return SHARD_OK;
     int64_t pending = atomic_load(&comm->outstanding);
@@ -616,7 +623,7 @@ fail:
 }
 
 /* The bytes this rank sends to others under the bandwidth-optimal algorithm. */
-static uint64_t bytes_sent_by(const shard_comm *comm, const shard__coll_args *a) {
+uint64_t shard__coll_bytes_sent(const shard_comm *comm, const shard__coll_args *a) {
     int n = comm->size, r = comm->rank;
     uint64_t es = shard_dtype_size(a->dtype), total = 0;
     if (n == 1) return 0;
@@ -646,7 +653,7 @@ static shard_status run_blocking(shard_comm *comm, shard__coll_args *a, const si
                                  const size_t *rc, const size_t *rd) {
     SHARD_CHECK(prepare(comm, a, sc, sd, rc, rd));
     a->seq = ++comm->coll_seq;
-    atomic_fetch_add(&comm->bytes_sent, bytes_sent_by(comm, a));
+    atomic_fetch_add(&comm->bytes_sent, shard__coll_bytes_sent(comm, a));
     shard_status s = comm->vt->collective(comm, a);
     args_free_arrays(a);
     return s;
@@ -665,7 +672,7 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
         return SHARD_ERR_NO_MEMORY;
     }
     a->seq = ++comm->coll_seq;
-    atomic_fetch_add(&comm->bytes_sent, bytes_sent_by(comm, a));
+    atomic_fetch_add(&comm->bytes_sent, shard__coll_bytes_sent(comm, a));
     req->coll = *a; /* the request now owns the arrays */
     shard_status s;
     if (comm->vt->icollective) {
@@ -681,7 +688,7 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
         /* refused before it was issued: give the sequence number and bytes back
          * so that this rank stays in step with its peers */
         comm->coll_seq--;
-        atomic_fetch_sub(&comm->bytes_sent, bytes_sent_by(comm, &req->coll));
+        atomic_fetch_sub(&comm->bytes_sent, shard__coll_bytes_sent(comm, &req->coll));
         request_free(req);
         return s;
     }

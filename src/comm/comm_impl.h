@@ -70,6 +70,9 @@ typedef struct shard__comm_vtable {
     shard_status (*icollective)(shard_comm *comm, shard__coll_args *args, shard_request *req);
     /* optional: release backend state of a request */
     void (*request_release)(shard_request *req);
+    /* optional: a split whose group the caller knows (its size and this rank's place); without it
+     * shard__comm_split_sized runs `split` */
+    shard_status (*split_sized)(shard_comm *comm, int color, int key, int size, int rank, shard_comm **out);
 } shard__comm_vtable;
 
 /* Every backend's communicator starts with this header. */
@@ -111,6 +114,15 @@ static inline void shard__split_range(size_t count, int n, int r, size_t *offset
 void shard__copy_strided(void *dst, size_t dst_row_len, size_t dst_stride, const void *src, size_t src_row_len,
                          size_t src_stride, size_t count, size_t elem_size,
                          void (*copy)(void *dst, const void *src, size_t bytes));
+
+/* The bytes this rank sends in collective `a` under the bandwidth-optimal algorithm (what
+ * shard_comm_bytes_sent adds up). */
+uint64_t shard__coll_bytes_sent(const shard_comm *comm, const shard__coll_args *a);
+
+/* shard_comm_split for a caller that knows the new group: `size` ranks share `color`, and this rank is
+ * `rank` among them (the order of `key`).  A real backend splits as usual; a plan communicator, which
+ * cannot see the others' colours, takes the caller's word. */
+shard_status shard__comm_split_sized(shard_comm *comm, int color, int key, int size, int rank, shard_comm **out);
 
 /* Initialise the common header of a backend communicator. */
 void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int rank, int size, const char *name,

@@ -31,13 +31,29 @@ typedef struct block_header {
     shard__mem_ledger *ledger;
     void *raw;
     int category;
-    char pad[SHARD_ALIGNMENT_BYTES - 2 * sizeof(uint64_t) - 2 * sizeof(void *) - sizeof(int)];
+    int planned; /* mapped by the plan mode: unmapped on free */
+    char pad[SHARD_ALIGNMENT_BYTES - 2 * sizeof(uint64_t) - 2 * sizeof(void *) - 2 * sizeof(int)];
 } block_header;
 
 _Static_assert(sizeof(block_header) == SHARD_ALIGNMENT_BYTES, "header must keep alignment");
 
 static shard__mem_ledger process_ledger;
 static _Thread_local shard__mem_ledger *thread_ledger;
+static _Thread_local int plan_mode;
+
+void shard__mem_plan_mode(int on) { plan_mode = on; }
+int shard__mem_planning(void) { return plan_mode; }
+
+/* A planned block: pages the kernel hands out only when written (MAP_NORESERVE), the header in the first
+ * page, the data from the second; zero-filled as mapped. */
+static void *map_planned(size_t bytes, void **raw, size_t *mapped) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    *mapped = (bytes + 2 * page - 1) / page * page;
+    void *at = mmap(NULL, *mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (at == MAP_FAILED) return NULL;
+    *raw = at;
+    return (char *)at + page;
+}
 
 shard__mem_ledger *shard__mem_ledger_current(void) { return thread_ledger ? thread_ledger : &process_ledger; }
 
@@ -86,7 +102,12 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     size_t raw_bytes = bytes + 2 * SHARD_ALIGNMENT_BYTES;
     void *raw = NULL;
     uintptr_t aligned;
-    if (bytes >= HUGE_FROM && bytes <= SIZE_MAX - 2 * (size_t)HUGE_PAGE) {
+    if (plan_mode) {
+        size_t mapped;
+        void *data = map_planned(bytes, &raw, &mapped);
+        aligned = (uintptr_t)data;
+        if (!data) raw = NULL;
+    } else if (bytes >= HUGE_FROM && bytes <= SIZE_MAX - 2 * (size_t)HUGE_PAGE) {
         /* the data on a 2 MiB boundary, the header in the page before it (the only page touched there) */
         size_t data_bytes = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         raw = aligned_alloc(HUGE_PAGE, data_bytes + HUGE_PAGE);
@@ -110,6 +131,7 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     h->ledger = shard__mem_ledger_current();
     h->raw = raw;
     h->category = (int)category;
+    h->planned = plan_mode;
     charge(h->ledger, h->category, bytes);
     atomic_fetch_add(&h->ledger->blocks, 1);
     return (void *)aligned;
@@ -117,7 +139,7 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
 
 void *shard_alloc_zeroed(size_t bytes, shard_mem_category category) {
     void *p = shard_alloc(bytes, category);
-    if (p) memset(p, 0, bytes);
+    if (p && !plan_mode) memset(p, 0, bytes); /* a planned block is mapped zero-filled */
     return p;
 }
 
@@ -129,7 +151,12 @@ void shard_free(void *ptr) {
     atomic_fetch_sub(&h->ledger->current_bytes[h->category], h->bytes);
     atomic_fetch_sub(&h->ledger->total_current_bytes, h->bytes);
     atomic_fetch_sub(&h->ledger->blocks, 1); /* the last touch of the ledger: it may be freed from now on */
-    free(h->raw);
+    if (h->planned) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        munmap(h->raw, (h->bytes + 2 * page - 1) / page * page);
+    } else {
+        free(h->raw);
+    }
 }
 
 void shard_mem_stats_get(shard_mem_stats *out) {
@@ -150,6 +177,7 @@ void shard_mem_stats_reset_peak(void) {
 }
 
 uint64_t shard__mem_available_bytes(void) {
+    if (plan_mode) return 0; /* a plan takes no memory: nothing is refused for want of it */
     char *text = NULL;
     uint64_t kib = 0;
     if (shard_file_read("/proc/meminfo", "cannot read", 1 << 20, &text, NULL) == SHARD_OK) {

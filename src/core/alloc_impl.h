@@ -26,6 +26,13 @@ void shard__mem_ledger_adopt(shard__mem_ledger *ledger);
 
 void shard__mem_ledger_init(shard__mem_ledger *ledger);
 
+/* The calling thread's plan mode (the analyzer's dry run of the engine): while on, shard_alloc charges the
+ * ledger as usual but maps pages the kernel provides only when written (the untouched ones cost nothing),
+ * shard_alloc_zeroed writes nothing (mapped pages are zero), and no allocation is refused for want of
+ * memory.  Blocks made in plan mode may be freed after it ends. */
+void shard__mem_plan_mode(int on);
+int shard__mem_planning(void);
+
 /* The memory a new allocation can take without swapping: the kernel's MemAvailable, else the physical
  * memory; 0 when neither is known (then nothing is refused for want of it). */
 uint64_t shard__mem_available_bytes(void);

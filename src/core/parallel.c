@@ -7,6 +7,8 @@
  * forked child has none of the parent's helpers: it starts its own. */
 #include "core/parallel.h"
 
+#include "core/flops.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -40,7 +42,20 @@ static struct {
     size_t chunks;
     int width;          /* threads taking part in this region */
     unsigned start_gen; /* the generation before the region a new helper was started for */
-} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0, 0, 0, NULL, NULL, 0, 1, 0};
+    shard__flops *sink; /* the opening thread's FLOP count, which the helpers add to */
+} P = {PTHREAD_MUTEX_INITIALIZER,
+       PTHREAD_MUTEX_INITIALIZER,
+       PTHREAD_COND_INITIALIZER,
+       1,
+       0,
+       0,
+       0,
+       NULL,
+       NULL,
+       0,
+       1,
+       0,
+       NULL};
 
 void shard__parallel_set_threads(int threads) {
     atomic_store(&P.threads, threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads);
@@ -62,7 +77,9 @@ static void run_share(shard__chunk_fn fn, void *ctx, size_t chunks, int width, i
     size_t lo, count;
     shard__chunk_range(chunks, (size_t)width, (size_t)who, &lo, &count);
     in_region = 1;
+    if (who) shard__flops_adopt(P.sink);
     for (size_t c = lo; c < lo + count; c++) fn(ctx, c, chunks);
+    if (who) shard__flops_adopt(NULL);
     in_region = 0;
 }
 
@@ -118,7 +135,7 @@ void shard__parallel_for(size_t chunks, shard__chunk_fn fn, void *ctx) {
         P.started++;
     }
     if (width > P.started + 1) width = P.started + 1;
-    P.fn = fn, P.ctx = ctx, P.chunks = chunks, P.width = width;
+    P.fn = fn, P.ctx = ctx, P.chunks = chunks, P.width = width, P.sink = shard__flops_current();
     /* every helper wakes and reports back; those beyond `width` have no share this time */
     atomic_store(&P.pending, P.started);
     pthread_mutex_lock(&P.lock);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/batch_impl.h"
 #include "shard/blas.h"
 #include "shard/data.h"
 #include "shard/memory.h"
@@ -260,5 +261,46 @@ shard_status shard_model_check_batch(shard_model *m, const shard_batch *b, size_
                            shard_dtype_name(b->target_dtype), input_elems, shard_dtype_name(input_dtype), target_elems,
                            shard_dtype_name(target_dtype));
     m->seed = b->seed, m->step = b->step, m->first_row = b->first_row, m->rows = b->rows;
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- rows of zeros */
+
+typedef struct zero_source {
+    shard_batch_source src;
+    shard_batch shape;
+    void *inputs, *targets;
+} zero_source;
+
+static shard_status zeros_load(shard_batch_source *src, uint64_t seed, uint64_t step, size_t first_row, size_t rows,
+                               shard_batch *into) {
+    zero_source *z = src->impl;
+    describe(into, seed, step, first_row, rows, z->shape.input_dtype, z->shape.input_elems, z->inputs,
+             z->shape.target_dtype, z->shape.target_elems, z->targets);
+    return SHARD_OK;
+}
+
+static void zeros_destroy(shard_batch_source *src) {
+    zero_source *z = src->impl;
+    free(z->inputs), free(z->targets), free(z);
+}
+
+static const shard_batch_source_ops zeros_ops = {
+    .struct_size = sizeof(shard_batch_source_ops), .kind = "zeros", .load = zeros_load, .destroy = zeros_destroy};
+
+shard_status shard__batch_source_zeros(const shard_batch *shape, size_t max_rows, shard_batch_source **out) {
+    *out = NULL;
+    zero_source *z = calloc(1, sizeof *z);
+    if (!z) return shard_error(SHARD_ERR_NO_MEMORY, "batch source: out of memory");
+    z->shape = *shape;
+    size_t rows = max_rows ? max_rows : 1;
+    z->inputs = calloc(rows * (shape->input_elems ? shape->input_elems : 1), shard_dtype_size(shape->input_dtype));
+    z->targets = calloc(rows * (shape->target_elems ? shape->target_elems : 1), shard_dtype_size(shape->target_dtype));
+    if (!z->inputs || !z->targets) {
+        free(z->inputs), free(z->targets), free(z);
+        return shard_error(SHARD_ERR_NO_MEMORY, "batch source: out of memory for %zu rows of zeros", rows);
+    }
+    z->src = (shard_batch_source){.ops = &zeros_ops, .max_rows = max_rows, .impl = z};
+    *out = &z->src;
     return SHARD_OK;
 }

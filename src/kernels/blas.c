@@ -8,6 +8,8 @@
 #define _GNU_SOURCE
 #include "shard/blas.h"
 
+#include "core/alloc_impl.h"
+#include "core/flops.h"
 #include "core/parallel.h"
 #include "kernels/reference.h"
 
@@ -178,6 +180,8 @@ static shard_status gemm(const char *name, int transpose_a, int transpose_b, siz
                            "shorter than its row",
                            name, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return SHARD_OK;
+    shard__flops_add(2.0 * (double)M * (double)N * (double)K);
+    if (shard__mem_planning()) return SHARD_OK; /* the analyzer's dry run: counted, not computed */
     int threads = shard__parallel_threads();
     gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, bias, C};
     if (threads > 1 && !shard__parallel_inside() && (double)M * (double)N * (double)K >= 4.0e6) {

@@ -9,6 +9,7 @@
  * row-major over S. */
 #include "shard/mesh.h"
 
+#include "comm/comm_impl.h"
 #include "mesh_scratch.h"
 #include "shard/memory.h"
 
@@ -128,14 +129,14 @@ int shard_mesh_parse(const char *text, int world_size, char names_out[][SHARD_ME
 /* ---------------------------------------------------------------- creation */
 
 static shard_status split_for_axes(shard_mesh *m, unsigned mask, shard_comm **out) {
-    int color = 0, key = 0;
+    int color = 0, key = 0, group = 1;
     for (int k = 0; k < m->ndim; k++) {
         if (mask & (1u << k))
-            key = key * m->sizes[k] + m->coords[k];
+            key = key * m->sizes[k] + m->coords[k], group *= m->sizes[k];
         else
             color = color * m->sizes[k] + m->coords[k];
     }
-    SHARD_CHECK(shard_comm_split(m->comm, color, key, out));
+    SHARD_CHECK(shard__comm_split_sized(m->comm, color, key, group, key, out));
     char name[64] = "";
     size_t used = 0;
     for (int k = 0; k < m->ndim && used < sizeof name; k++)

@@ -402,6 +402,12 @@ static const shard_model_pipe_ops cnn_pipe_ops = {.struct_size = sizeof(shard_mo
                                                   .forward_range = pipe_forward_range,
                                                   .backward_range = pipe_backward_range};
 
+static void model_batch_shape(const shard_model *mm, shard_batch *shape) {
+    const shard_cnn *m = impl(mm);
+    shape->input_dtype = SHARD_F32, shape->input_elems = m->c.in_channels * m->c.height * m->c.width;
+    shape->target_dtype = SHARD_I32, shape->target_elems = 1;
+}
+
 static const shard_model_ops cnn_model_ops = {.struct_size = sizeof(shard_model_ops),
                                               .kind = "cnn",
                                               .set_batch = model_set_batch,
@@ -411,7 +417,8 @@ static const shard_model_ops cnn_model_ops = {.struct_size = sizeof(shard_model_
                                               .init = model_init,
                                               .describe = model_describe,
                                               .destroy = model_destroy,
-                                              .pipe = &cnn_pipe_ops};
+                                              .pipe = &cnn_pipe_ops,
+                                              .batch_shape = model_batch_shape};
 
 shard_status shard__cnn_model_create(const shard_model_create_options *o, shard_model **out) {
     const char *text = o->config_text, *where = o->config_path;

@@ -1392,6 +1392,11 @@ static const shard_model_pipe_ops gpt_pipe_ops = {.struct_size = sizeof(shard_mo
                                                   .tied = pipe_tied,
                                                   .use_tied = pipe_use_tied};
 
+static void model_batch_shape(const shard_model *m, shard_batch *shape) {
+    const shard_gpt *g = impl(m);
+    shape->input_dtype = shape->target_dtype = SHARD_I32, shape->input_elems = shape->target_elems = g->max_t;
+}
+
 static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_ops),
                                               .kind = "gpt2",
                                               .set_batch = model_set_batch,
@@ -1404,7 +1409,8 @@ static const shard_model_ops gpt_model_ops = {.struct_size = sizeof(shard_model_
                                               .tensor = &gpt_tensor_ops,
                                               .pipe = &gpt_pipe_ops,
                                               .stats = &gpt_stats_ops,
-                                              .stacks = &gpt_stack_ops};
+                                              .stacks = &gpt_stack_ops,
+                                              .batch_shape = model_batch_shape};
 
 shard_status shard__gpt_model_create(const char *text, const char *where, size_t max_rows, size_t seq,
                                      shard_comm *tensor, shard_comm *expert, int sequence_parallel, const char *specs,

@@ -192,6 +192,11 @@ static void destroy(shard_model *m) {
     free(p);
 }
 
+static void batch_shape(const shard_model *m, shard_batch *shape) {
+    const mlp_model *p = impl(m);
+    shape->input_dtype = shape->target_dtype = SHARD_F32, shape->input_elems = shape->target_elems = p->d;
+}
+
 static const shard_model_ops mlp_ops = {.struct_size = sizeof(shard_model_ops),
                                         .kind = "mlp",
                                         .set_batch = set_batch,
@@ -201,7 +206,8 @@ static const shard_model_ops mlp_ops = {.struct_size = sizeof(shard_model_ops),
                                         .init = init,
                                         .describe = describe,
                                         .destroy = destroy,
-                                        .tensor = &mlp_tensor_ops};
+                                        .tensor = &mlp_tensor_ops,
+                                        .batch_shape = batch_shape};
 
 shard_status shard__mlp_model_create(const shard_model_create_options *o, shard_model **out) {
     const char *text = o->config_text, *where = o->config_path;

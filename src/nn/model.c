@@ -6,6 +6,7 @@
 #include "shard/model.h"
 
 #include <jansson.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,15 +89,22 @@ void shard_model_param_spec(const shard_model *m, size_t i, char *out, size_t by
         snprintf(out, bytes, "P()");
 }
 
+/* Whether a model table built against an older header has `field` (later fields read as NULL). */
+#define HAS(o, field) ((o)->struct_size >= offsetof(shard_model_ops, field) + sizeof((o)->field))
+
+/* The table's first fields every model gives, through the pipeline table; the optional ones after it
+ * may be missing from a table built against an older header. */
+#define OPS_REQUIRED_BYTES offsetof(shard_model_ops, stats)
+
 shard_status shard_model_check_tables(const shard_model *m) {
     const shard_model_ops *o = m ? m->ops : NULL;
     if (!o) return shard_error(SHARD_ERR_INVALID_ARG, "model: no table (m->ops is NULL)");
-    const char *kind = o->struct_size >= sizeof *o && o->kind ? o->kind : "(unnamed)";
-    if (o->struct_size < sizeof *o)
+    const char *kind = o->struct_size >= OPS_REQUIRED_BYTES && o->kind ? o->kind : "(unnamed)";
+    if (o->struct_size < OPS_REQUIRED_BYTES)
         return shard_error(SHARD_ERR_INVALID_ARG,
-                           "model '%s': its table's struct_size %zu is not this library's %zu: "
-                           "set .struct_size = sizeof(shard_model_ops) and rebuild against these headers",
-                           kind, o->struct_size, sizeof *o);
+                           "model '%s': its table's struct_size %zu is less than the %zu bytes of its required "
+                           "entries: set .struct_size = sizeof(shard_model_ops) and rebuild against these headers",
+                           kind, o->struct_size, (size_t)OPS_REQUIRED_BYTES);
     if (!o->kind || !o->forward || !o->backward || !o->destroy)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "model '%s': its table lacks %s: every model gives kind, forward, "
@@ -121,12 +129,12 @@ shard_status shard_model_check_tables(const shard_model *m) {
                            "model '%s': its pipeline table lacks blocks, forward_range or "
                            "backward_range",
                            kind);
-    if (o->stacks && (o->stacks->struct_size < sizeof *o->stacks || !o->stacks->stack))
+    if (HAS(o, stacks) && o->stacks && (o->stacks->struct_size < sizeof *o->stacks || !o->stacks->stack))
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "model '%s': its stack table is not this library's (struct_size %zu, need %zu) or "
                            "lacks stack",
                            kind, o->stacks->struct_size, sizeof *o->stacks);
-    if (o->stats &&
+    if (HAS(o, stats) && o->stats &&
         (o->stats->struct_size < sizeof *o->stats || !o->stats->routed || !o->stats->reset || !o->stats->read))
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "model '%s': its stats table is not this library's (struct_size %zu, need %zu) or "
@@ -137,16 +145,24 @@ shard_status shard_model_check_tables(const shard_model *m) {
 
 const shard_model_stats_ops *shard_model_stats(const shard_model *m) {
     const shard_model_ops *o = m ? m->ops : NULL;
-    if (!o || o->struct_size < sizeof *o || !o->stats || !o->stats->routed) return NULL;
+    if (!o || !HAS(o, stats) || !o->stats || !o->stats->routed) return NULL;
     return o->stats->routed(m) ? o->stats : NULL;
 }
 
 size_t shard_model_stack(const shard_model *m, size_t i, size_t *name_prefix_bytes) {
     const shard_model_ops *o = m ? m->ops : NULL;
     size_t prefix = 0, members = 0;
-    if (o && o->struct_size >= sizeof *o && o->stacks && o->stacks->stack) members = o->stacks->stack(m, i, &prefix);
+    if (o && HAS(o, stacks) && o->stacks && o->stacks->stack) members = o->stacks->stack(m, i, &prefix);
     if (name_prefix_bytes) *name_prefix_bytes = members ? prefix : 0;
     return members;
+}
+
+int shard_model_batch_shape(const shard_model *m, shard_batch *shape) {
+    const shard_model_ops *o = m ? m->ops : NULL;
+    if (!o || !HAS(o, batch_shape) || !o->batch_shape) return 0;
+    memset(shape, 0, sizeof *shape);
+    o->batch_shape(m, shape);
+    return 1;
 }
 
 void shard_model_stack_member_name(const char *name, size_t name_prefix_bytes, size_t j, char *out, size_t bytes) {

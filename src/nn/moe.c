@@ -301,8 +301,7 @@ static shard_status gather_rows(shard_moe *m) {
     moe_state *s = m->s;
     size_t C = m->C;
     for (size_t i = 0; i < s->n; i++) memcpy(s->xa + i * C, s->x + (s->a_slot[i] / m->K) * C, C * sizeof(float));
-    shard_expert_route_destroy(s->route), s->route = NULL;
-    SHARD_CHECK(shard_expert_route_create(m->o.comm, m->E, s->a_expert, s->n, &s->route));
+    SHARD_CHECK(shard_expert_route_renew(&s->route, m->o.comm, m->E, s->a_expert, s->n));
     s->total = shard_expert_route_total(s->route);
     SHARD_CHECK(grow_experts(m, s->total));
     return shard_expert_dispatch(s->route, s->xa, s->xe, C);

@@ -222,6 +222,20 @@ shard_status shard_expert_route_create(shard_comm *comm, size_t experts, const i
     return SHARD_OK;
 }
 
+shard_status shard_expert_route_renew(shard_expert_route **route, shard_comm *comm, size_t experts,
+                                      const int32_t *expert, size_t n) {
+    shard_expert_route *fresh = NULL, *old = *route;
+    SHARD_CHECK(shard_expert_route_create(comm, experts, expert, n, &fresh));
+    if (old) { /* its staging moves over (a new route stages nothing before its first exchange) */
+        fresh->wire_out = old->wire_out, fresh->out_cap = old->out_cap;
+        fresh->wire_in = old->wire_in, fresh->in_cap = old->in_cap;
+        old->wire_out = old->wire_in = NULL;
+        shard_expert_route_destroy(old);
+    }
+    *route = fresh;
+    return SHARD_OK;
+}
+
 size_t shard_expert_route_rows(const shard_expert_route *r, size_t local_expert) {
     return r && local_expert < r->local ? r->rows[local_expert] : 0;
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "core/flops.h"
 #include "shard/layers.h"
 #include "shard/memory.h"
 
@@ -251,8 +252,11 @@ static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_
     size_t b0, b1;
     pipe_ops(pp)->stage_blocks(pp->m, (size_t)op->chunk, &b0, &b1);
     double t0 = shard__now(), l = 0;
-    SHARD_CHECK(pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in, last ? NULL : h->out,
-                                            denominator, &l));
+    shard__flops_phase(SHARD__PHASE_FORWARD);
+    shard_status s = pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in,
+                                                 last ? NULL : h->out, denominator, &l);
+    shard__flops_phase(SHARD__PHASE_OTHER);
+    SHARD_CHECK(s);
     pp->compute += shard__now() - t0;
     note(pp, 'F', op, t0);
     *loss += l;
@@ -285,9 +289,11 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
         double t0 = shard__now(), l = 0;
         SHARD_CHECK(wait_noted(pp, &h->out_req, 0, op));
         pp->m->recomputing = 1;
+        shard__flops_phase(SHARD__PHASE_RECOMPUTE);
         shard_status s = pipe_ops(pp)->forward_range(pp->m, pp->acts[slot], b0, b1, first ? NULL : h->in,
                                                      last ? NULL : h->out, denominator, &l);
         pp->m->recomputing = 0;
+        shard__flops_phase(SHARD__PHASE_OTHER);
         SHARD_CHECK(s);
         pp->compute += shard__now() - t0;
         note(pp, 'r', op, t0);
@@ -295,8 +301,11 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     SHARD_CHECK(wait_noted(pp, &h->g_in_req, 'b', op));
     SHARD_CHECK(wait_noted(pp, &h->g_out_req, 0, op));
     double t0 = shard__now();
-    SHARD_CHECK(
-        pipe_ops(pp)->backward_range(pp->m, pp->acts[slot], b0, b1, last ? NULL : h->g_in, first ? NULL : h->g_out));
+    shard__flops_phase(SHARD__PHASE_BACKWARD);
+    shard_status s =
+        pipe_ops(pp)->backward_range(pp->m, pp->acts[slot], b0, b1, last ? NULL : h->g_in, first ? NULL : h->g_out);
+    shard__flops_phase(SHARD__PHASE_OTHER);
+    SHARD_CHECK(s);
     pp->compute += shard__now() - t0;
     note(pp, 'B', op, t0);
     if (!pp->recompute) pp->slot_free[slot] = 0;

@@ -35,7 +35,8 @@ int shard__cores_width(long online, int ranks_on_host, long allowed, int ranks_s
 shard_status shard_share_cores(shard_comm *world) {
     int n = shard_comm_size(world);
     if (n <= 1) return SHARD_OK;
-    if (strcmp(shard_comm_backend(world), "threads") == 0) return shard_blas_set_threads(1);
+    if (strcmp(shard_comm_backend(world), "threads") == 0 || strcmp(shard_comm_backend(world), "plan") == 0)
+        return shard_blas_set_threads(1); /* ranks in one process; a plan rank (the analyzer) alike */
     /* per rank: its host (equal values share a machine) and the cores it may run on (a launcher that binds
      * each rank gives each its own set; a job's cpuset left unbound is one set that its ranks share) */
     char name[256] = "";

@@ -29,6 +29,9 @@
 #include "ckpt/ckpt_index.h"
 #include "ckpt/ckpt_util.h"
 #include "comm/comm_impl.h"
+#include "core/flops.h"
+#include "data/batch_impl.h"
+#include "train/trainer_impl.h"
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/pipeline.h"
@@ -58,6 +61,7 @@ struct shard_trainer {
     /* where the rows come from: the factory's (the caller's, kept) or one the trainer made (destroyed) */
     shard_batch_source *source;
     int owns_source;
+    int planned; /* the analyzer's dry build: no initialisation, rows of zeros (src/plan/analyze.c) */
     shard_batch batch;
     shard_optimizer *opt;
     shard_dp *dp;
@@ -198,6 +202,28 @@ static shard_status make_model(const shard_trainer *t, shard_comm *tensor, shard
 /* The batch source for models like m, made once: the factory's, its create function's, or m's kind's. */
 static shard_status make_source(shard_trainer *t, const shard_model *m) {
     if (t->source) return SHARD_OK;
+    if (t->planned) { /* the model's own rows where it can read them (its data, or rows it makes), else
+                         * rows of zeros laid out as it takes them */
+        char *text;
+        shard_model_create_options o;
+        SHARD_CHECK(create_options(t, NULL, NULL, NULL, &o, &text));
+        shard_status own = shard_model_batch_source(&o, m, &t->source);
+        free(text);
+        if (own == SHARD_OK && t->source) {
+            t->owns_source = 1;
+            return SHARD_OK;
+        }
+        t->source = NULL;
+        shard_clear_error();
+        shard_batch shape;
+        if (!shard_model_batch_shape(m, &shape))
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "model '%s' does not describe its batch rows (its table's batch_shape): it cannot "
+                               "be analyzed without data",
+                               m->ops->kind);
+        t->owns_source = 1;
+        return shard__batch_source_zeros(&shape, t->micro, &t->source);
+    }
     if (!m->ops->set_batch || !m->ops->batch_items)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "model '%s': its table lacks %s: the trainer hands each micro-batch "
@@ -365,7 +391,7 @@ static shard_status check_factory(shard_mesh *mesh, const shard_trainer_config *
 }
 
 static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config *config, const shard_model_factory *f,
-                                   shard_trainer **out) {
+                                   int planned, shard_trainer **out) {
     *out = NULL;
     int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
     int pipe_axis = shard_mesh_axis_index(mesh, "pipe"), expert_axis = shard_mesh_axis_index(mesh, "expert");
@@ -387,13 +413,13 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
                            "has none: give e.g. --mesh data=1,tensor=2");
     shard_trainer *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
-    t->c = *config, t->mesh = mesh, t->owns_model = !f || !f->model;
+    t->c = *config, t->mesh = mesh, t->owns_model = !f || !f->model, t->planned = planned;
     if (f) t->factory = *f;
     t->tensor = tensor_axis >= 0 ? shard_mesh_axis_comm(mesh, tensor_axis) : NULL;
     t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : NULL;
     if (!t->data) { /* no data axis: a one-rank data communicator of this rank's own */
-        shard_status s0 =
-            shard_comm_split(shard_mesh_comm(mesh), shard_comm_rank(shard_mesh_comm(mesh)), 0, &t->own_data);
+        shard_status s0 = shard__comm_split_sized(shard_mesh_comm(mesh), shard_comm_rank(shard_mesh_comm(mesh)), 0, 1,
+                                                  0, &t->own_data);
         if (s0 < 0) {
             free(t);
             return s0;
@@ -424,7 +450,7 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
     if (s == SHARD_OK) s = shard__expert_layout_create(t->expert, t->model, &t->experts);
     if (s == SHARD_OK) s = make_source(t, t->model);
     if (s == SHARD_OK) {
-        t->model->ops->init(t->model, config->seed);
+        if (!t->planned) t->model->ops->init(t->model, config->seed); /* a dry build writes no weights */
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
         /* on tensor ranks other than 0, parameters every tensor rank holds whole stay out of the norm */
         int count_replicated = !t->tensor || shard_comm_rank(t->tensor) == 0;
@@ -448,14 +474,24 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "trainer: no config_path: give a model config file, or a model of your "
                            "own through shard_trainer_create_with_model");
-    return trainer_create(mesh, config, NULL, out);
+    return trainer_create(mesh, config, NULL, 0, out);
+}
+
+shard_status shard__trainer_create_planned(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
+    *out = NULL;
+    if (!config->config_path) return shard_error(SHARD_ERR_INVALID_ARG, "analyze: no config_path: give a model config");
+    if (config->layers_per_stage && strcmp(config->layers_per_stage, "balanced") == 0)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--layers-per-stage balanced measures the layers on rank 0 by running them: give the "
+                           "counts (e.g. 3,3,2), or leave it out for the even cut");
+    return trainer_create(mesh, config, NULL, 1, out);
 }
 
 shard_status shard_trainer_create_with_model(shard_mesh *mesh, const shard_trainer_config *config,
                                              const shard_model_factory *factory, shard_trainer **out) {
     *out = NULL;
     SHARD_CHECK(check_factory(mesh, config, factory));
-    return trainer_create(mesh, config, factory, out);
+    return trainer_create(mesh, config, factory, 0, out);
 }
 
 void shard_trainer_destroy(shard_trainer *t) {
@@ -476,6 +512,8 @@ void shard_trainer_destroy(shard_trainer *t) {
 }
 
 shard_model *shard_trainer_model(shard_trainer *t) { return t->model; }
+
+const shard_pipe_schedule *shard__trainer_schedule(const shard_trainer *t) { return t->pipe ? t->sched : NULL; }
 
 void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, size_t *accum, size_t *data) {
     if (global) *global = t->global;
@@ -549,8 +587,12 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
             double l = 0;
             if (t->accum > 1) SHARD_CHECK(load(t, step, k)); /* the last micro-batch is still loaded when accum is 1 */
             SHARD_CHECK(shard__dp_begin_micro(t->dp, k + 1 == t->accum));
-            SHARD_CHECK(m->ops->forward(m, global_items, &l));
-            SHARD_CHECK(m->ops->backward(m));
+            shard__flops_phase(SHARD__PHASE_FORWARD);
+            shard_status s = m->ops->forward(m, global_items, &l);
+            shard__flops_phase(SHARD__PHASE_BACKWARD);
+            if (s == SHARD_OK) s = m->ops->backward(m);
+            shard__flops_phase(SHARD__PHASE_OTHER);
+            SHARD_CHECK(s);
             loss += l;
         }
     /* the global norm: squares summed over the data axis by the strategy, then over the tensor axis (each

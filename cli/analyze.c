@@ -1,0 +1,280 @@
+/* analyze.c — `shard analyze`: what a layout costs per rank, without training (include/shard/analyze.h:
+ * a dry run of the engine's own build and step).
+ *
+ *   shard analyze --config CONFIG.json [--mesh data=2,tensor=2] [--batch B --seq S --micro-batch M
+ *                 --accum K --zero Z --schedule ... --virtual-stages V --recompute --sequence-parallel
+ *                 --grad-dtype ... --compute-dtype ...] [--json]
+ *
+ * The layout flags are `shard train`'s, with the same meanings and checks. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "shard/shard.h"
+
+static const char *const USAGE =
+    "usage: shard analyze --config CONFIG.json [--mesh AXES] [--ranks N] [layout flags] [--json]\n"
+    "\n"
+    "What a layout costs per rank, before running it: each rank is built as `shard train` builds it and\n"
+    "runs one step through the engine's own code on nothing (a dry run: collectives complete at once and\n"
+    "are counted, memory is charged but not touched, GEMMs are counted, not computed, the batch is\n"
+    "zeros). Per rank: the parameters it holds, the peak bytes by category (the categories of train's\n"
+    "memory table), the FLOPs of a step (forward, backward, recompute), the bytes it sends per mesh axis\n"
+    "and per collective; then the pipeline's bubble and the critical path (the rank with the most FLOPs\n"
+    "and its largest phase). A mixture of experts routes the zero batch (every token to the same experts):\n"
+    "its expert traffic is that routing's. Meshes of up to 4096 ranks: past --exact-ranks ranks, only the\n"
+    "first and last data coordinates are built and the others copy the first's figures.\n"
+    "\n"
+    "options:\n"
+    "  --config FILE                       the model config (as shard train)\n"
+    "  --mesh AXES                         e.g. data=2,tensor=2,pipe=2 (default data=RANKS)\n"
+    "  --ranks N                           the world size (default: the mesh's product, else 1)\n"
+    "  --batch N                           global rows per step (default: micro-batch x accum x data)\n"
+    "  --seq N                             tokens per row (default 128)\n"
+    "  --micro-batch N                     rows per rank per micro-step\n"
+    "  --accum N                           micro-steps per step\n"
+    "  --zero N                            ZeRO stage 0, 1, 2 or 3 (default 0)\n"
+    "  --bucket-mb X                       gradient bucket size in MiB (default 25)\n"
+    "  --grad-dtype f32|bf16               gradient communication dtype (default f32)\n"
+    "  --compute-dtype f32|bf16            compute copies' dtype (default f32)\n"
+    "  --optimizer adamw|sgd               the optimizer whose state is counted (default adamw)\n"
+    "  --sequence-parallel                 split the tokens over the tensor axis\n"
+    "  --spec NAME=SPEC                    a parameter's placement on the tensor axis (repeatable)\n"
+    "  --schedule gpipe|1f1b|interleaved   the pipeline's schedule (default gpipe)\n"
+    "  --micro-batches N                   the pipeline's micro-batches (default: accum)\n"
+    "  --virtual-stages V                  model chunks per pipe rank (interleaved)\n"
+    "  --recompute                         recompute each stage's forward in its backward\n"
+    "  --layers-per-stage L                blocks per pipeline stage, e.g. 3,3,2\n"
+    "  --exact-ranks N                     build every rank up to N ranks (default 64)\n"
+    "  --json                              one JSON object: layout, world, ranks [rank, coords, params,\n"
+    "                                      memory, flops, comm_bytes, collectives], bubble, critical_path,\n"
+    "                                      step_ms, tokens_per_s (the last two null: no machine profile)\n";
+
+typedef struct analyze_opts {
+    const char *config, *mesh, *schedule, *layers_per_stage, *grad_dtype, *compute_dtype, *optimizer;
+    long batch, seq, micro_batch, accum, zero, micro_batches, virtual_stages, ranks, exact;
+    double bucket_mb;
+    int recompute, sequence_parallel, json;
+    char specs[4096];
+} analyze_opts;
+
+/* One option of argv at *i into o: 1 taken, 0 not this verb's, -1 a bad value (message printed). */
+static int take_option(analyze_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *val;
+    const char **strs[] = {&o->config,     &o->mesh,          &o->schedule, &o->layers_per_stage,
+                           &o->grad_dtype, &o->compute_dtype, &o->optimizer};
+    static const char *const str_names[] = {"--config",     "--mesh",          "--schedule", "--layers-per-stage",
+                                            "--grad-dtype", "--compute-dtype", "--optimizer"};
+    for (int k = 0; k < 7; k++)
+        if (strcmp(a, str_names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
+    long *ints[] = {&o->batch,          &o->seq,   &o->micro_batch, &o->accum, &o->zero, &o->micro_batches,
+                    &o->virtual_stages, &o->ranks, &o->exact};
+    static const char *const int_names[] = {"--batch",          "--seq",   "--micro-batch",
+                                            "--accum",          "--zero",  "--micro-batches",
+                                            "--virtual-stages", "--ranks", "--exact-ranks"};
+    static const long lo[] = {1, 1, 1, 1, 0, 1, 1, 1, 1},
+                      hi[] = {1 << 20, 1 << 20, 1 << 20, 1 << 20, 3, 1 << 16, 64, 4096, 4096};
+    for (int k = 0; k < 9; k++)
+        if (strcmp(a, int_names[k]) == 0)
+            return (val = cli_value(argc, argv, i)) && !cli_parse_int(a, val, lo[k], hi[k], ints[k]) ? 1 : -1;
+    if (strcmp(a, "--bucket-mb") == 0) {
+        if (!(val = cli_value(argc, argv, i))) return -1;
+        if (!cli_number(val, &o->bucket_mb) || !(o->bucket_mb > 0) || o->bucket_mb > 1e6) {
+            cli_error("--bucket-mb '%s' is invalid: give a number in (0, 1e6] (MiB), e.g. 25", val);
+            return -1;
+        }
+        return 1;
+    }
+    int *flags[] = {&o->recompute, &o->sequence_parallel, &o->json};
+    static const char *const flag_names[] = {"--recompute", "--sequence-parallel", "--json"};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(a, flag_names[k]) == 0) return *flags[k] = 1;
+    if (strcmp(a, "--spec") == 0) {
+        if (!(val = cli_value(argc, argv, i))) return -1;
+        size_t used = strlen(o->specs);
+        if (used + strlen(val) + 2 > sizeof o->specs) {
+            cli_error("--spec '%s': the --spec options add up to more than %zu characters", val, sizeof o->specs - 1);
+            return -1;
+        }
+        snprintf(o->specs + used, sizeof o->specs - used, "%s%s", used ? ";" : "", val);
+        return 1;
+    }
+    return 0;
+}
+
+static shard_trainer_config trainer_config(const analyze_opts *o) {
+    shard_trainer_config tc = {
+        .config_path = o->config,
+        .batch = (size_t)o->batch,
+        .micro_batch = (size_t)o->micro_batch,
+        .accum = (size_t)o->accum,
+        .seq = (size_t)o->seq,
+        .seed = 1,
+        .zero = (int)o->zero,
+        .bucket_mb = o->bucket_mb,
+        .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
+        .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
+        .optimizer = o->optimizer,
+        .adamw = shard_adamw_defaults(),
+        .clip = 1.0f,
+        .sequence_parallel = o->sequence_parallel,
+        .param_specs = o->specs[0] ? o->specs : NULL,
+        .schedule = o->schedule,
+        .micro_batches = (size_t)o->micro_batches,
+        .virtual_stages = (int)o->virtual_stages,
+        .recompute = o->recompute,
+        .layers_per_stage = o->layers_per_stage};
+    tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 1};
+    return tc;
+}
+
+/* The flags that need no ranks, checked as train checks them. */
+static shard_status check_layout(const analyze_opts *o, const shard_trainer_config *tc) {
+    if (!o->config) return shard_error(SHARD_ERR_INVALID_ARG, "analyze: --config is required: give a model config");
+    static const char *const dtypes[] = {"f32", "bf16"};
+    const char *given[] = {o->grad_dtype, o->compute_dtype}, *names[] = {"--grad-dtype", "--compute-dtype"};
+    for (int k = 0; k < 2; k++)
+        if (given[k] && strcmp(given[k], dtypes[0]) != 0 && strcmp(given[k], dtypes[1]) != 0)
+            return shard_error(SHARD_ERR_INVALID_ARG, "%s '%s': give f32 or bf16", names[k], given[k]);
+    char axis[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
+    int sizes[SHARD_MESH_MAX_AXES], data = 1, pipe = 1, expert = 1, world = 1;
+    int axes = o->mesh ? shard_mesh_parse(o->mesh, 0, axis, sizes) : 0;
+    if (axes < 0) return SHARD_ERR_INVALID_ARG;
+    for (int a = 0; a < axes; a++) {
+        world *= sizes[a];
+        data *= strcmp(axis[a], "data") == 0 ? sizes[a] : 1;
+        pipe *= strcmp(axis[a], "pipe") == 0 ? sizes[a] : 1;
+        expert *= strcmp(axis[a], "expert") == 0 ? sizes[a] : 1;
+    }
+    if (!o->mesh) data = world = o->ranks > 0 ? (int)o->ranks : 1;
+    if (o->ranks > 0 && o->ranks != world)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--ranks %ld: --mesh %s spans %d ranks: give --ranks %d or leave it out", o->ranks, o->mesh,
+                           world, world);
+    SHARD_CHECK(shard_trainer_config_check(tc, data * expert, pipe));
+    return shard_model_config_check(o->config);
+}
+
+/* "data=0,tensor=1" as {"data": 0, "tensor": 1}. */
+static json_t *coords_json(const char *text) {
+    json_t *o = json_object();
+    char copy[160];
+    snprintf(copy, sizeof copy, "%s", text);
+    for (char *save = NULL, *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq) continue;
+        *eq = '\0';
+        json_object_set_new(o, item, json_integer(atoi(eq + 1)));
+    }
+    return o;
+}
+
+static int print_json(const shard_analysis *a) {
+    json_t *root = json_object(), *ranks = json_array();
+    json_object_set_new(root, "layout", json_string(a->layout));
+    json_object_set_new(root, "world", json_integer(a->world));
+    json_object_set_new(root, "built", json_integer(a->built));
+    for (size_t i = 0; i < a->ranks; i++) {
+        const shard_rank_analysis *r = &a->rank[i];
+        json_t *x = json_object(), *mem = json_object(), *fl = json_object(), *axes = json_object(),
+               *coll = json_array();
+        json_object_set_new(x, "rank", json_integer(r->rank));
+        json_object_set_new(x, "coords", coords_json(r->coords));
+        json_object_set_new(x, "params", json_integer((json_int_t)r->params));
+        for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++)
+            json_object_set_new(mem, shard_mem_category_name((shard_mem_category)c),
+                                json_integer((json_int_t)r->memory_bytes[c]));
+        json_object_set_new(mem, "total", json_integer((json_int_t)r->memory_total_bytes));
+        json_object_set_new(x, "memory", mem);
+        json_object_set_new(fl, "forward", json_real(r->flops_forward));
+        json_object_set_new(fl, "backward", json_real(r->flops_backward));
+        json_object_set_new(fl, "recompute", json_real(r->flops_recompute));
+        json_object_set_new(fl, "other", json_real(r->flops_other));
+        json_object_set_new(x, "flops", fl);
+        for (size_t k = 0; k < r->collectives; k++) {
+            const shard_analyze_collective *c = &r->collective[k];
+            json_object_set_new(axes, c->axis, json_integer((json_int_t)shard_rank_analysis_axis_bytes(r, c->axis)));
+            json_t *e = json_object();
+            json_object_set_new(e, "op", json_string(c->op));
+            json_object_set_new(e, "axis", json_string(c->axis));
+            json_object_set_new(e, "bytes", json_integer((json_int_t)c->bytes));
+            json_object_set_new(e, "count", json_integer((json_int_t)c->count));
+            json_array_append_new(coll, e);
+        }
+        json_object_set_new(x, "comm_bytes", axes);
+        json_object_set_new(x, "collectives", coll);
+        json_array_append_new(ranks, x);
+    }
+    json_object_set_new(root, "ranks", ranks);
+    json_object_set_new(root, "bubble", json_real(a->bubble));
+    json_t *cp = json_object();
+    json_object_set_new(cp, "rank", json_integer(a->critical_rank));
+    json_object_set_new(cp, "phase", json_string(a->critical_phase));
+    json_object_set_new(root, "critical_path", cp);
+    json_object_set_new(root, "step_ms", json_null());
+    json_object_set_new(root, "tokens_per_s", json_null());
+    char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
+    json_decref(root);
+    if (!text) return cli_error("analyze: out of memory for the JSON output"), 1;
+    int ok = puts(text) >= 0 && fflush(stdout) == 0;
+    free(text);
+    return ok ? 0 : 1;
+}
+
+static void print_table(const shard_analysis *a) {
+    printf("analyze: %s, %d ranks (%d built)\n", a->layout, a->world, a->built);
+    printf("  %-26s %12s %9s %9s %9s %11s %8s %8s %9s %9s %9s %9s\n", "rank", "params", "params", "grads", "optimizer",
+           "activations", "comm", "other", "total MiB", "fwd GF", "bwd GF", "sent MiB");
+    const double mib = 1048576.0;
+    for (size_t i = 0; i < a->ranks; i++) {
+        const shard_rank_analysis *r = &a->rank[i];
+        char who[64];
+        snprintf(who, sizeof who, "%d %s", r->rank, r->coords);
+        const uint64_t *m = r->memory_bytes;
+        printf("  %-26s %12llu %9.2f %9.2f %9.2f %11.2f %8.2f %8.2f %9.2f %9.3f %9.3f %9.2f\n", who,
+               (unsigned long long)r->params, (double)m[SHARD_MEM_PARAMS] / mib, (double)m[SHARD_MEM_GRADS] / mib,
+               (double)m[SHARD_MEM_OPTIMIZER] / mib, (double)m[SHARD_MEM_ACTIVATIONS] / mib,
+               (double)m[SHARD_MEM_COMM] / mib, (double)m[SHARD_MEM_OTHER] / mib, (double)r->memory_total_bytes / mib,
+               r->flops_forward / 1e9, (r->flops_backward + r->flops_recompute) / 1e9,
+               (double)shard_rank_analysis_axis_bytes(r, NULL) / mib);
+    }
+    const shard_rank_analysis *r0 = &a->rank[0];
+    printf("rank 0 sends per step:");
+    for (size_t k = 0; k < r0->collectives; k++)
+        if (r0->collective[k].bytes)
+            printf(" %s %s x%llu %.0f bytes;", r0->collective[k].axis, r0->collective[k].op,
+                   (unsigned long long)r0->collective[k].count, (double)r0->collective[k].bytes);
+    printf("\nbubble %.3f; critical path: rank %d, %s\n", a->bubble, a->critical_rank, a->critical_phase);
+}
+
+int cli_analyze(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
+    analyze_opts o = {.seq = 128, .bucket_mb = 25};
+    for (int i = 1; i < argc; i++) {
+        int taken = take_option(&o, argc, argv, &i);
+        if (taken < 0) return 2;
+        if (!taken) {
+            cli_error("analyze: unknown option '%s' (shard analyze --help lists them)", argv[i]);
+            return 2;
+        }
+    }
+    shard_trainer_config tc = trainer_config(&o);
+    shard_status s = check_layout(&o, &tc);
+    shard_analysis *a = NULL;
+    shard_analyze_options ao = {
+        .struct_size = sizeof ao, .train = &tc, .mesh = o.mesh, .world = (int)o.ranks, .exact_ranks = (int)o.exact};
+    if (s == SHARD_OK) s = shard_analyze(&ao, &a);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    int rc = 0;
+    if (o.json)
+        rc = print_json(a);
+    else
+        print_table(a);
+    shard_analysis_destroy(a);
+    return rc;
+}

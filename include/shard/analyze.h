@@ -1,0 +1,84 @@
+/* analyze.h — what a layout costs, per rank, before it runs.
+ *
+ * shard_analyze builds each rank of a layout the way shard_trainer_create does and runs two training
+ * steps through the engine's own code path, on nothing: a dry run (the second step's work and traffic
+ * are a steady step's: the first may differ, as ZeRO-3's first gathers every unit).  The rank's communicators are plan
+ * communicators (one rank of a world whose others are not there: every collective and message
+ * completes at once and is counted with the bytes the real run sends), its allocator is in plan mode
+ * (every block charged to its category as in a real run, the pages mapped only when written), its
+ * GEMMs are counted and not computed, and its batch is rows of zeros.  So the figures are the engine's
+ * own, not a formula's:
+ *   memory      each category's peak over the build and the steps (the accounted allocator's ledger);
+ *   flops       the GEMMs' 2 x M x N x K by phase (forward, backward, recompute; other: anything
+ *               outside a model's forward and backward);
+ *   collectives each communicator's calls and bytes sent by kind (the bandwidth-optimal count of
+ *               shard_comm_bytes_sent; "send" for a pipeline's point-to-point), keyed by its mesh axes
+ *               ("data", "tensor", "pipe", "expert", "data,expert"; "world" for the whole mesh).
+ * A mixture of experts routes zeros in the dry run (every token to the same top-k experts), so its
+ * expert traffic and expert activations are those of that routing, not of real data's.
+ *
+ * Ranks that differ only in their data coordinate hold the same pieces but for ZeRO's uneven shards (a
+ * few elements): beyond `exact_ranks` ranks only data coordinates 0 and the last are built, the others
+ * copy coordinate 0's figures (built counts the ranks built).
+ *
+ * The pipeline's bubble is the schedule's idle fraction with each op costing its stage's counted FLOPs
+ * (backward and recompute against forward); the critical path is the rank with the most FLOPs in a
+ * step and its largest phase. */
+#ifndef SHARD_ANALYZE_H
+#define SHARD_ANALYZE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/memory.h"
+#include "shard/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct shard_analyze_collective {
+    char axis[64], op[32];
+    uint64_t bytes, count;
+} shard_analyze_collective;
+
+typedef struct shard_rank_analysis {
+    int rank;
+    char coords[160]; /* "data=0,tensor=1" */
+    uint64_t params;  /* parameter elements the rank's model holds (its tensor, pipe and expert piece) */
+    uint64_t memory_bytes[SHARD_MEM_CATEGORY_COUNT];
+    uint64_t memory_total_bytes; /* the peak of the sum */
+    double flops_forward, flops_backward, flops_recompute, flops_other;
+    size_t collectives;
+    shard_analyze_collective *collective;
+} shard_rank_analysis;
+
+typedef struct shard_analysis {
+    char layout[256]; /* the mesh and the flags that shape the step */
+    int world;
+    size_t ranks; /* = world */
+    shard_rank_analysis *rank;
+    int built;         /* ranks built (the others copied) */
+    double bubble;     /* the pipeline's idle fraction (0 without a pipe axis) */
+    int critical_rank; /* the rank with the most FLOPs */
+    char critical_phase[16];
+} shard_analysis;
+
+typedef struct shard_analyze_options {
+    size_t struct_size; /* sizeof(shard_analyze_options) */
+    const shard_trainer_config *train;
+    const char *mesh; /* "data=2,tensor=2"; NULL: data=world */
+    int world;        /* ranks; 0: the mesh's product */
+    int exact_ranks;  /* build every rank up to this many (0: 64) */
+} shard_analyze_options;
+
+shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out);
+void shard_analysis_destroy(shard_analysis *a);
+
+/* Bytes rank `rank` sends on `axis` (every kind summed; NULL axis: every axis). */
+uint64_t shard_rank_analysis_axis_bytes(const shard_rank_analysis *r, const char *axis);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

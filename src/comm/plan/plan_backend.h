@@ -1,0 +1,29 @@
+/* plan_backend.h — the plan communicator (plan_backend.c): one rank of a world whose other ranks are not
+ * there, for the analyzer's dry run of the engine.  Every call completes at once and is tallied. */
+#ifndef SHARD_PLAN_BACKEND_H
+#define SHARD_PLAN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shard/comm.h"
+
+/* Calls and bytes sent by communicator name ("world", an axis such as "data" or "data,expert") and kind
+ * (a collective's name, or "send" for point-to-point). */
+typedef struct shard__plan_count {
+    char comm[64], op[32];
+    uint64_t calls, bytes;
+} shard__plan_count;
+
+typedef struct shard__plan_tally {
+    shard__plan_count *at;
+    size_t n, cap;
+} shard__plan_tally;
+
+/* Rank `rank` of a plan world of `size` ranks; it and every communicator split from it count into
+ * `tally` (which must outlive them). */
+shard_status shard__comm_plan_world(int size, int rank, shard__plan_tally *tally, shard_comm **out);
+int shard__comm_is_plan(const shard_comm *comm);
+void shard__plan_tally_free(shard__plan_tally *tally);
+
+#endif
