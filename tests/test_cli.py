@@ -748,8 +748,9 @@ def train():
         q = run(args + ["--save", again, "--save-every", "3", "--steps", "30"])
         expect(q.returncode == 1 and "past this run's first save at step 3" in q.stderr, f"fresh run below latest: {q.stderr!r}")
         # a resume refused before training leaves its --log as it was
-        q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed, "--trace", os.path.join(work, "t.json")])
-        expect(q.returncode == 1 and len(open(resumed).readlines()) == 15, f"refused resume cut its log: {q.stderr}")
+        q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed, "--save", ck])
+        expect(q.returncode == 1 and "step_20" in q.stderr and len(open(resumed).readlines()) == 15,
+               f"refused resume cut its log: {q.stderr}")
         q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed])
         par = [json.loads(l) for l in open(resumed)] if q.returncode == 0 else []
         expect([r["step"] for r in par] == list(range(1, 21))
