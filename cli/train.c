@@ -37,6 +37,7 @@
 #include "shard/safetensors.h"
 #include "shard/shard.h"
 #include "shard/text.h"
+#include "monitor.h"
 #include "trace.h"
 #include "train_stop.h"
 #include "train_util.h"
@@ -46,6 +47,7 @@ typedef struct train_opts {
         *layers_per_stage;
     const char *trace, *optimizer;
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero, micro_batches, virtual_stages;
+    long monitor_every; /* 0: with the progress line */
     int recompute;
     double lr, min_lr, weight_decay, clip, bucket_mb, momentum;
     unsigned long long seed;
@@ -92,13 +94,8 @@ static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
     if (s == SHARD_OK && shard_comm_rank(comm) == 0) {
         printf("  peak MiB per rank   params    grads  optimizer  activations     comm    other    total\n");
         for (int r = 0; r < world; r++) {
-            char where[64] = "";
-            int coords[8], at = 0, rest = r;
-            for (int a = shard_mesh_ndim(mesh) - 1; a >= 0; a--)
-                coords[a] = rest % shard_mesh_axis_size(mesh, a), rest /= shard_mesh_axis_size(mesh, a);
-            for (int a = 0; a < shard_mesh_ndim(mesh) && at < (int)sizeof where; a++)
-                at += snprintf(where + at, sizeof where - (size_t)at, "%s%s=%d", a ? "," : "",
-                               shard_mesh_axis_name(mesh, a), coords[a]);
+            char where[64];
+            cli_mesh_where(mesh, r, where, sizeof where);
             const double *v = all + r * F, M = 1048576.0;
             printf("  rank %-2d %-18s %7.2f %8.2f %10.2f %12.2f %8.2f %8.2f %8.2f\n", r, where, v[0] / M, v[1] / M,
                    v[2] / M, v[3] / M, v[4] / M, v[5] / M, v[CATS] / M);
@@ -413,14 +410,11 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                     differ);
     }
     /* what would fail after the training, found before it: a step directory --save would overwrite, a trace
-     * of a pipeline that is not there */
+     */
     uint64_t every = o->save_every > 0 ? (uint64_t)o->save_every : 0, last = (uint64_t)o->steps;
     if (s == SHARD_OK && o->save)
         s = shard_ckpt_save_check(o->save, first, last, every, o->resume != NULL, rank == 0 ? stderr : NULL);
-    shard_pipeline_stats unused;
-    if (s == SHARD_OK && o->trace && shard_trainer_pipeline_stats(t, &unused) < 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG, "--trace %s records a pipeline's last step: give a mesh with pipe > 1",
-                        o->trace);
+    if (s == SHARD_OK && o->trace) s = shard_trainer_trace(t, 1);
     if (s == SHARD_OK && o->save) s = shard_model_config_read(o->config, &config_text);
     if (s == SHARD_OK && o->resume && o->log && rank == 0) s = cut_log(o->log, first - 1); /* once nothing can refuse */
     char log_error[512] = ""; /* rank 0: why --log could not be written */
@@ -484,19 +478,26 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
         int32_t logged = 1;  /* rank 0 writes the line; every rank learns whether it could, to stop together */
         char *routed = NULL; /* a mixture of experts' fields of the line ("" for a dense model) */
+        char *per_rank = NULL; /* rank 0: the line's `ranks` list */
+        if (s == SHARD_OK && o->log) s = cli_monitor_ranks_json(comm, t, &per_rank);
         if (s == SHARD_OK && rank == 0) s = routed_fields(&r, &routed);
         if (s == SHARD_OK && rank == 0) s = load_add(&r, &load, &load_cells), load_shape = r;
         if (s < 0) break;
         if (log &&
             shard_text_file_printf(log,
                                    "{\"step\": %llu, \"loss\": %.7f, \"lr\": %.6g, \"grad_norm\": %.6g, "
-                                   "\"tokens_per_s\": %.1f, \"ms\": %.3f, \"comm_wait_ms\": %.3f%s}\n",
+                                   "\"tokens_per_s\": %.1f, \"ms\": %.3f, \"comm_wait_ms\": %.3f%s, %s}\n",
                                    (unsigned long long)step, r.loss, r.lr, r.grad_norm, tps, r.ms, r.exposed_comm_ms,
-                                   routed ? routed : "") < 0)
+                                   routed ? routed : "", per_rank ? per_rank : "\"ranks\": []") < 0)
             logged = 0, snprintf(log_error, sizeof log_error, "%s", shard_last_error());
         free(routed);
+        free(per_rank);
         if (o->log && (s = shard_comm_broadcast(comm, &logged, 1, SHARD_I32, 0)) < 0) break;
         if (rank == 0) cli_progress(tty, (long)step, o->steps, (float)r.loss, r.lr, tps, r.ms);
+        if (world > 1 && (o->monitor_every ? step % (uint64_t)o->monitor_every == 0 : cli_progress_due((long)step, o->steps))) {
+            if (tty) printf("\n");
+            if ((s = cli_monitor_line(comm, mesh, t)) < 0) break;
+        }
         if (o->save &&
             ((o->save_every > 0 && step % (uint64_t)o->save_every == 0) || step == (uint64_t)o->steps ||
              !logged)) /* a log that cannot be written stops the run, its last step saved first */
@@ -510,10 +511,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && !stopped && rank == 0 && load) print_load(&load_shape, load);
     free(load);
     if (s == SHARD_OK && !stopped && world > 1) s = print_memory(comm, mesh);
-    if (s == SHARD_OK && !stopped && o->trace) { /* the last step's schedule as it ran */
-        shard_pipeline_stats ps;
-        s = shard_trainer_pipeline_stats(t, &ps);
-        if (s == SHARD_OK) s = cli_write_trace(comm, &ps, o->trace);
+    if (s == SHARD_OK && !stopped && o->trace) { /* the last step as it ran */
+        s = cli_write_trace(comm, mesh, t, o->trace);
         if (s == SHARD_OK && rank == 0)
             printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
     }
@@ -592,10 +591,15 @@ static const char *const USAGE =
     "                           activations (default off)\n"
     "  --layers-per-stage L     blocks per stage, e.g. 3,3,2, or balanced (cut on measured times)\n"
     "                           (default: even, the remainder on the first stages)\n"
-    "  --trace FILE             the last step's schedule as a Chrome trace / Perfetto JSON file\n"
+    "  --trace FILE             the last step as a Chrome trace / Perfetto JSON file: a process per\n"
+    "                           rank, compute per unit, every collective with its axis and bytes\n"
     "output:\n"
     "  --log FILE               a JSON line per step (step, loss, lr, grad_norm, tokens_per_s, ms,\n"
-    "                           comm_wait_ms); a resumed run adds to it\n"
+    "                           comm_wait_ms, and ranks: each rank's compute_ms, comm_ms by axis,\n"
+    "                           wait_ms, optimizer_ms, peak_bytes by category); a resumed run adds to it\n"
+    "  --monitor-every K        every K steps, with 2 or more ranks, a line of the imbalance of compute\n"
+    "                           over the ranks and the slowest rank, 1..2^40 (default: with the\n"
+    "                           progress line)\n"
     "  --save DIR               a checkpoint (values, AdamW's moments, the config) at the end, and at\n"
     "                           SIGTERM / SIGINT after the step under way (exit 143 / 130); one run\n"
     "                           at a time writes DIR (DIR/writer.lock)\n"
@@ -647,12 +651,13 @@ int cli_train(int argc, char **argv) {
             }
         if (done) continue;
         long *ints[] = {&o.batch, &o.seq,   &o.steps,       &o.save_every,    &o.warmup,
-                        &o.zero,  &o.accum, &o.micro_batch, &o.micro_batches, &o.virtual_stages};
+                        &o.zero,  &o.accum, &o.micro_batch, &o.micro_batches, &o.virtual_stages, &o.monitor_every};
         const char *int_names[] = {"--batch", "--seq",   "--steps",       "--save-every",    "--warmup",
-                                   "--zero",  "--accum", "--micro-batch", "--micro-batches", "--virtual-stages"};
-        const long lo[] = {1, 1, 1, 0, 0, 0, 1, 1, 1, 1};
-        const long hi[] = {1 << 20, 1 << 20, 1L << 40, 1L << 40, 1L << 40, 3, 1 << 20, 1 << 20, 1 << 16, 64};
-        for (int k = 0; k < 10 && !done; k++)
+                                   "--zero",  "--accum", "--micro-batch", "--micro-batches", "--virtual-stages",
+                                   "--monitor-every"};
+        const long lo[] = {1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1};
+        const long hi[] = {1 << 20, 1 << 20, 1L << 40, 1L << 40, 1L << 40, 3, 1 << 20, 1 << 20, 1 << 16, 64, 1L << 40};
+        for (int k = 0; k < 11 && !done; k++)
             if (strcmp(a, int_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i)) || cli_parse_int(a, val, lo[k], hi[k], ints[k])) return 2;
                 if (k == 4) o.have_warmup = 1;

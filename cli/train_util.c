@@ -5,13 +5,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+int cli_progress_due(long step, long steps) {
+    return step == 1 || step == steps || step % (steps >= 20 ? steps / 20 : 1) == 0;
+}
+
 void cli_progress(int tty, long step, long steps, float loss, float lr, double tps, double ms) {
     if (tty) {
         int width = 30, filled = (int)((double)width * (double)step / (double)steps);
         printf("\r  [%.*s%*s] %ld/%ld  loss %.4f  lr %.2e  %.0f tok/s  %.1f ms/step ", filled,
                "##############################", width - filled, "", step, steps, loss, lr, tps, ms);
         fflush(stdout);
-    } else if (step == 1 || step == steps || step % (steps >= 20 ? steps / 20 : 1) == 0) {
+    } else if (cli_progress_due(step, steps)) {
         printf("  step %ld/%ld  loss %.4f  lr %.2e  %.0f tok/s  %.1f ms/step\n", step, steps, loss, lr, tps, ms);
         fflush(stdout);
     }

@@ -9,6 +9,8 @@
 #include "shard/shard.h"
 
 /* A progress bar on a terminal (redrawn in place), else a line every ~5%. */
+/* Whether a step gets the line (the first, the last, every ~5% between). */
+int cli_progress_due(long step, long steps);
 void cli_progress(int tty, long step, long steps, float loss, float lr, double tokens_per_s, double ms);
 
 /* Fill a whole model's parameters from the checkpoint (by name, every one required; an expert stack from its

@@ -638,8 +638,8 @@ def train():
         expect(len(rows) == 20 and {"step", "loss", "lr", "tokens_per_s", "ms"} <= set(rows[0]), f"log rows: {rows[:1]}")
         expect(rows and rows[-1]["loss"] < rows[0]["loss"] - 1.0, f"loss did not fall: {rows[0]} -> {rows[-1]}")
         expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
-        # what would fail after the training fails before it, one line: a --save step that exists, a --trace
-        # without a pipeline, a --resume at or past --steps, an --init file without the model's tensors
+        # what would fail after the training fails before it, one line: a --save step that exists, a --resume
+        # at or past --steps, an --init file without the model's tensors
         ck = os.path.join(work, "ck")
         junk = os.path.join(work, "junk.safetensors")
         with open(junk, "wb") as f:  # a valid safetensors file holding one tensor 'x'
@@ -647,8 +647,7 @@ def train():
             f.write(len(head).to_bytes(8, "little") + head + bytes(4))
         for extra, words in ((["--save", ck], "step_20 exists already"),
                              (["--save", ck, "--steps", "15"], "holds a run up to step_20 (its latest), past this run's first save at step 15"),
-                             (["--trace", os.path.join(work, "t.json")],
-                              "give a mesh with pipe > 1"), (["--resume", ck], "at step 20 already"),
+                             (["--resume", ck], "at step 20 already"),
                              (["--init", junk], "has no tensor 'wte.weight'")):
             p = run(args + extra)
             expect(p.returncode == 1 and "step 1/" not in p.stdout and len(p.stderr.strip().splitlines()) == 1
@@ -759,8 +758,9 @@ def train():
         q = run(args + ["--save", again, "--save-every", "3", "--steps", "30"])
         expect(q.returncode == 1 and "past this run's first save at step 3" in q.stderr, f"fresh run below latest: {q.stderr!r}")
         # a resume refused before training leaves its --log as it was
-        q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed, "--trace", os.path.join(work, "t.json")])
-        expect(q.returncode == 1 and len(open(resumed).readlines()) == 15, f"refused resume cut its log: {q.stderr}")
+        q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed, "--save", ck])
+        expect(q.returncode == 1 and "step_20" in q.stderr and len(open(resumed).readlines()) == 15,
+               f"refused resume cut its log: {q.stderr}")
         q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed])
         par = [json.loads(l) for l in open(resumed)] if q.returncode == 0 else []
         expect([r["step"] for r in par] == list(range(1, 21))
@@ -896,10 +896,9 @@ def train():
         names = {(e["pid"], e["name"]) for e in events if e.get("ph") == "X" and e.get("cat") == "compute"}
         procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
         expect(names == {(r, n) for r in (0, 1) for n in ("F0", "F1", "B0", "B1")}
-               and procs == {"rank 0 (pipe stage 0)", "rank 1 (pipe stage 1)"}
+               and procs == {"rank 0 (pipe=0)", "rank 1 (pipe=1)"}
                and "rank 0 |F0 F1 .  B0 .  B1 |" in p.stdout, f"--trace: {sorted(names)} {procs} {p.stdout} {p.stderr}")
-        for extra, want in ((["--trace", trace], "--trace " + trace + " records a pipeline's last step"),
-                            (["--ranks", "3", "--mesh", "pipe=3"], "pipeline: 2 layers cannot fill 3 stages"),
+        for extra, want in ((["--ranks", "3", "--mesh", "pipe=3"], "pipeline: 2 layers cannot fill 3 stages"),
                             (["--ranks", "2", "--mesh", "pipe=2", "--layers-per-stage", "1,2"],
                              "--layers-per-stage '1,2' adds up to 3 layers; the model has 2")):
             p = run(args[:-6] + ["--steps", "2"] + extra)
@@ -1373,8 +1372,91 @@ def moe():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def monitor():
+    """Every step of every rank is measured: --log's `ranks` list (compute_ms > 0, comm_ms over the mesh's
+    axes of more than one rank, wait_ms, optimizer_ms, peak_bytes by category of the end-of-run table's
+    order of magnitude), the --monitor-every line (imbalance and bottleneck), and --trace on data=2 ZeRO-3,
+    tensor=2, pipe=2 and an MoE on expert=2: valid Chrome trace JSON, one process per rank named by its
+    coordinates, complete events of each kind (units, collectives with axis and bytes, ZeRO gathers,
+    gradient buckets, tensor-parallel reductions, pipeline transfers)."""
+    import re
+    import shutil
+    import tempfile
+    work = tempfile.mkdtemp(prefix="shard-cli-monitor-")
+    try:
+        text = os.path.join(work, "corpus.txt")
+        with open(text, "w") as f:
+            f.write("the cat sat on the mat. the dog sat on the log.\n" * 400)
+        data = os.path.join(work, "data")
+        p = run(["data", "text", text, "--out", data])
+        expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
+        cfg = os.path.join(work, "gpt.json")
+        with open(cfg, "w") as f:
+            json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256}, f)
+        moe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
+        cats = {"compute", "unit", "optimizer", "comm", "zero_gather", "grad_bucket", "tp", "pipe", "wait"}
+        layouts = (("data=2", ["--zero", "3"], cfg, {"data"}, {"unit", "zero_gather", "grad_bucket", "optimizer"}),
+                   ("tensor=2", [], cfg, {"tensor"}, {"unit", "tp"}),
+                   ("pipe=2", ["--micro-batches", "2", "--schedule", "1f1b"], cfg, {"pipe"}, {"unit", "pipe", "wait"}),
+                   ("expert=2", [], moe, {"expert"}, {"unit", "comm"}))
+        for mesh, extra, conf, axes, kinds in layouts:
+            log, trace = os.path.join(work, "log.jsonl"), os.path.join(work, "trace.json")
+            p = run(["train", "--config", conf, "--data", data, "--batch", "8", "--seq", "32", "--steps", "4",
+                     "--ranks", "2", "--mesh", mesh, "--log", log, "--trace", trace, "--monitor-every", "2"] + extra)
+            expect(p.returncode == 0, f"monitor {mesh}: {p.stdout} {p.stderr}")
+            if p.returncode != 0:
+                continue
+            rows = [json.loads(l) for l in open(log)]
+            ranks = rows[-1].get("ranks", [])
+            keys = {"rank", "compute_ms", "comm_ms", "wait_ms", "optimizer_ms", "peak_bytes"}
+            expect(len(rows) == 4 and all(len(r["ranks"]) == 2 for r in rows) and [r["rank"] for r in ranks] == [0, 1]
+                   and all(set(r) == keys and r["compute_ms"] > 0 and r["wait_ms"] >= 0 and r["optimizer_ms"] >= 0
+                           and axes <= {a for k in r["comm_ms"] for a in k.split(",")}
+                           and all(v >= 0 for v in r["comm_ms"].values())
+                           and set(r["peak_bytes"]) == {"params", "grads", "optimizer", "activations", "comm", "other"}
+                           for r in ranks), f"monitor {mesh}: ranks {ranks}")
+            # the step's peaks against the end-of-run table (MiB per category, the run's peaks): same magnitude
+            table = {}
+            for line in p.stdout.splitlines():
+                m = re.match(r"\s+rank (\d+)\s+\S+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line)
+                if m:
+                    table[int(m.group(1))] = [float(x) * 1048576 for x in m.groups()[1:]]
+            for r in ranks:
+                got = [r["peak_bytes"][c] for c in ("params", "grads", "optimizer", "activations")]
+                want = table.get(r["rank"], [])
+                expect(len(want) == 4 and all(w / 10 <= g <= w * 1.01 + 4096 for g, w in zip(got, want) if w > 0),
+                       f"monitor {mesh}: rank {r['rank']} peaks {got} vs the table's {want}")
+            lines = [l for l in p.stdout.splitlines() if "bottleneck" in l]
+            expect(len(lines) == 2 and all(re.fullmatch(r"  imbalance \d+\.\d\d; bottleneck: rank [01] \(%s=[01]\), "
+                                                        r"compute \d+\.\d ms; others wait \d+\.\d ms on it"
+                                                        % mesh.split("=")[0], l) for l in lines),
+                   f"monitor {mesh}: --monitor-every 2 lines {lines}")
+            events = json.load(open(trace))["traceEvents"]
+            spans = [e for e in events if e.get("ph") == "X"]
+            procs = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+            axis = mesh.split("=")[0]
+            expect(procs == {0: f"rank 0 ({axis}=0)", 1: f"rank 1 ({axis}=1)"}
+                   and all({"name", "cat", "ts", "dur", "pid", "tid", "args"} <= set(e) and e["dur"] >= 0
+                           and e["cat"] in cats for e in spans)
+                   and all(kinds <= {e["cat"] for e in spans if e["pid"] == r} for r in (0, 1))
+                   and any(e["cat"] not in ("compute", "unit", "optimizer", "wait") and e["args"].get("axis") == axis
+                           and e["args"].get("bytes", 0) > 0 for e in spans),
+                   f"monitor {mesh}: trace {procs} {sorted({(e['pid'], e['cat']) for e in spans})}")
+        # a run without --log or --trace: no ranks gathered, the monitor line every ~5 % with the progress line
+        p = run(["train", "--config", cfg, "--data", data, "--batch", "4", "--seq", "32", "--steps", "3",
+                 "--ranks", "2"])
+        expect(p.returncode == 0 and len([l for l in p.stdout.splitlines() if "bottleneck: rank" in l]) == 3,
+               f"monitor default: {p.stdout} {p.stderr}")
+        p = run(["train", "--config", cfg, "--data", data, "--steps", "3", "--monitor-every", "0"])
+        expect(p.returncode == 2 and "--monitor-every" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+               f"--monitor-every 0: {p.stderr!r}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze}[sys.argv[2]]()
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze,
+     "monitor": monitor}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -24,6 +24,7 @@
 #include "shard/mesh.h"
 #include "shard/model.h"
 #include "shard/moe.h"
+#include "shard/monitor.h"
 #include "shard/optim.h"
 #include "shard/params.h"
 #include "shard/redistribute.h"

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "comm_impl.h"
+#include "core/monitor_impl.h"
 #include "shard/clock.h"
 
 static const char *const coll_names[SHARD__COLL_KIND_COUNT] = {
@@ -268,6 +269,7 @@ static shard_request *request_new(shard_comm *comm, shard__request_kind kind) {
     req->kind = kind;
     atomic_init(&req->done, 0);
     atomic_fetch_add(&comm->outstanding, 1);
+    if (shard__mon_current) req->mon_t0 = shard__now(), req->mon_cat = shard__mon_current->tag;
     return req;
 }
 
@@ -291,11 +293,23 @@ static shard_status request_finish(shard_request *req) {
     return s;
 }
 
+static const char *request_what(const shard_request *req) {
+    return req->kind == SHARD__REQ_SEND ? "send" : req->kind == SHARD__REQ_RECV ? "recv" : shard__coll_kind_name(req->coll.kind);
+}
+
+/* A measured request, done: the monitor of the rank that waits for it (the rank that started it). */
+static void monitor_request(const shard_request *req, double wait0, double end) {
+    if (shard__mon_current)
+        shard__mon_comm(shard__mon_current, req->comm, request_what(req), req->mon_cat, req->mon_t0, wait0, end,
+                        req->mon_bytes);
+}
+
 shard_status shard_request_wait(shard_request **reqp) {
     if (!reqp) return shard_error(SHARD_ERR_INVALID_ARG, "shard_request_wait: request pointer is NULL");
     shard_request *req = *reqp;
     if (!req) return SHARD_OK; /* waiting on a finished (NULL) request is a no-op, as MPI_REQUEST_NULL */
     *reqp = NULL;
+    double wait0 = req->mon_t0 > 0 ? shard__now() : 0;
     if (!atomic_load(&req->done)) {
         shard_status s = req->comm->vt->request_wait(req);
         if (s < 0 && !atomic_load(&req->done)) {
@@ -303,6 +317,7 @@ shard_status shard_request_wait(shard_request **reqp) {
             snprintf(req->error, sizeof req->error, "%s", shard_last_error());
         }
     }
+    if (req->mon_t0 > 0) monitor_request(req, wait0, shard__now());
     return request_finish(req);
 }
 
@@ -330,6 +345,10 @@ shard_status shard_request_test(shard_request **reqp, int *done) {
     }
     *done = 1;
     *reqp = NULL;
+    if (req->mon_t0 > 0) {
+        double now = shard__now();
+        monitor_request(req, now, now);
+    }
     return request_finish(req);
 }
 
@@ -372,7 +391,7 @@ static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t c
         request_free(req);
         return s;
     }
-    if (is_send && peer != comm->rank) atomic_fetch_add(&comm->bytes_sent, bytes);
+    if (is_send && peer != comm->rank) atomic_fetch_add(&comm->bytes_sent, bytes), req->mon_bytes = bytes;
     *out = req;
     return SHARD_OK;
 }
@@ -653,8 +672,12 @@ static shard_status run_blocking(shard_comm *comm, shard__coll_args *a, const si
                                  const size_t *rc, const size_t *rd) {
     SHARD_CHECK(prepare(comm, a, sc, sd, rc, rd));
     a->seq = ++comm->coll_seq;
-    atomic_fetch_add(&comm->bytes_sent, shard__coll_bytes_sent(comm, a));
+    uint64_t bytes = shard__coll_bytes_sent(comm, a);
+    atomic_fetch_add(&comm->bytes_sent, bytes);
+    shard__mon *mon = shard__mon_current;
+    double t0 = mon ? shard__now() : 0;
     shard_status s = comm->vt->collective(comm, a);
+    if (mon) shard__mon_comm(mon, comm, shard__coll_kind_name(a->kind), mon->tag, t0, t0, shard__now(), bytes);
     args_free_arrays(a);
     return s;
 }
@@ -672,7 +695,8 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
         return SHARD_ERR_NO_MEMORY;
     }
     a->seq = ++comm->coll_seq;
-    atomic_fetch_add(&comm->bytes_sent, shard__coll_bytes_sent(comm, a));
+    req->mon_bytes = shard__coll_bytes_sent(comm, a);
+    atomic_fetch_add(&comm->bytes_sent, req->mon_bytes);
     req->coll = *a; /* the request now owns the arrays */
     shard_status s;
     if (comm->vt->icollective) {

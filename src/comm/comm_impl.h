@@ -100,6 +100,10 @@ struct shard_request {
     _Atomic int done;      /* set by the backend when complete */
     shard_status status;   /* result, valid once done */
     char error[512];       /* error text when status < 0 (the thread that failed may differ) */
+    /* the step monitor's (monitor_impl.h), set at the start when a step is being measured: mon_t0 > 0 */
+    double mon_t0;
+    uint64_t mon_bytes;
+    const char *mon_cat;
 };
 
 /* The block of rank r when `count` elements are split over n ranks: the first

@@ -63,6 +63,7 @@ void shard__mem_ledger_init(shard__mem_ledger *ledger) {
     for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) {
         atomic_init(&ledger->current_bytes[c], 0);
         atomic_init(&ledger->peak_bytes[c], 0);
+        atomic_init(&ledger->window_peak_bytes[c], 0);
     }
     atomic_init(&ledger->total_current_bytes, 0);
     atomic_init(&ledger->blocks, 0);
@@ -85,6 +86,7 @@ static void raise_peak(_Atomic uint64_t *peak, uint64_t value) {
 static void charge(shard__mem_ledger *ledger, int category, uint64_t bytes) {
     uint64_t now = atomic_fetch_add(&ledger->current_bytes[category], bytes) + bytes;
     raise_peak(&ledger->peak_bytes[category], now);
+    raise_peak(&ledger->window_peak_bytes[category], now);
     uint64_t total = atomic_fetch_add(&ledger->total_current_bytes, bytes) + bytes;
     raise_peak(&ledger->total_peak_bytes, total);
 }
@@ -174,6 +176,17 @@ void shard_mem_stats_reset_peak(void) {
     for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++)
         atomic_store(&l->peak_bytes[c], atomic_load(&l->current_bytes[c]));
     atomic_store(&l->total_peak_bytes, atomic_load(&l->total_current_bytes));
+}
+
+void shard__mem_window_reset(void) {
+    shard__mem_ledger *l = shard__mem_ledger_current();
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++)
+        atomic_store(&l->window_peak_bytes[c], atomic_load(&l->current_bytes[c]));
+}
+
+void shard__mem_window_get(uint64_t peak_bytes[SHARD_MEM_CATEGORY_COUNT]) {
+    shard__mem_ledger *l = shard__mem_ledger_current();
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) peak_bytes[c] = atomic_load(&l->window_peak_bytes[c]);
 }
 
 uint64_t shard__mem_available_bytes(void) {

@@ -16,6 +16,7 @@ typedef struct shard__mem_ledger {
     _Atomic uint64_t total_current_bytes;
     _Atomic uint64_t total_peak_bytes;
     _Atomic uint64_t blocks; /* outstanding, zero-byte ones included: a ledger in use has some */
+    _Atomic uint64_t window_peak_bytes[SHARD_MEM_CATEGORY_COUNT]; /* since shard__mem_window_reset */
 } shard__mem_ledger;
 
 /* The ledger the calling thread charges (a process-wide one by default). */
@@ -32,6 +33,11 @@ void shard__mem_ledger_init(shard__mem_ledger *ledger);
  * memory.  Blocks made in plan mode may be freed after it ends. */
 void shard__mem_plan_mode(int on);
 int shard__mem_planning(void);
+
+/* A second set of peaks per category that a step restarts (the monitor's per-step figures), leaving
+ * the run's peaks (shard_mem_stats) alone: reset to the calling rank's current figures, and read. */
+void shard__mem_window_reset(void);
+void shard__mem_window_get(uint64_t peak_bytes[SHARD_MEM_CATEGORY_COUNT]);
 
 /* The memory a new allocation can take without swapping: the kernel's MemAvailable, else the physical
  * memory; 0 when neither is known (then nothing is refused for want of it). */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/monitor_impl.h"
 #include "kernels/kernels.h"
 #include "shard/layers.h"
 
@@ -29,7 +30,11 @@ void shard_tp_token_range(shard_comm *comm, int tokens, size_t rows, size_t *fir
 }
 
 shard_status shard_tp_sum(shard_comm *comm, float *x, size_t n) {
-    return active(comm) ? shard_comm_all_reduce(comm, x, x, n, SHARD_F32, SHARD_OP_SUM) : SHARD_OK;
+    if (!active(comm)) return SHARD_OK;
+    const char *was = shard__mon_tag("tp"); /* named as the tensor axis's in the step's trace */
+    shard_status s = shard_comm_all_reduce(comm, x, x, n, SHARD_F32, SHARD_OP_SUM);
+    shard__mon_tag(was);
+    return s;
 }
 
 static const char *state_name(shard_tp_state s) {
@@ -52,6 +57,7 @@ static shard_status token_collective(shard_comm *comm, float *whole, float *loca
         counts[r] = count * width, displs[r] = first * width;
     }
     shard_status s;
+    const char *was = shard__mon_tag("tp");
     if (gather) {
         float *mine = whole + displs[me];
         if (local != mine) memcpy(mine, local, counts[me] * sizeof *mine);
@@ -59,6 +65,7 @@ static shard_status token_collective(shard_comm *comm, float *whole, float *loca
     } else {
         s = shard_comm_reduce_scatterv(comm, whole, local, counts, SHARD_F32, SHARD_OP_SUM);
     }
+    shard__mon_tag(was);
     if (counts != stack) free(counts);
     return s;
 }

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "core/monitor_impl.h"
 #include "nn/precision.h"
 #include "shard/memory.h"
 #include "shard/split.h"
@@ -53,6 +54,8 @@ typedef struct unit_state {
     uint16_t *gathered16;                /* zero 3 with bf16 compute: what the all_gather fills */
     shard_request *gather;
     int in_use;              /* zero 3: acquire count */
+    int traced;              /* the step's trace: acquires open, the first from traced_at */
+    double traced_at;
     float *grad;             /* zero 2/3: the whole gradient during backward */
     shard_request *rs;       /* the reduce-scatter of this unit's gradient */
     void *rs_send, *rs_recv; /* what it reads (a bf16 copy or a unit buffer) and writes */
@@ -148,8 +151,10 @@ static shard_status start_rs(shard_dp *dp, size_t k, const float *grad) {
         u->rs_send = (void *)grad, u->rs_recv = dp->rs_out + u->shard_off;
     }
     dp->grad_bytes += u->n * wire_bytes(dp);
+    const char *was = shard__mon_tag("grad_bucket");
     shard_status s =
         shard_comm_ireduce_scatterv(u->comm, u->rs_send, u->rs_recv, u->counts, dp->grad_dtype, SHARD_OP_SUM, &u->rs);
+    shard__mon_tag(was);
     if (s < 0) { /* nothing in flight: finish_rs must not add a piece that never came */
         if (dp->grad_dtype == SHARD_BF16) shard_free(u->rs_send), shard_free(u->rs_recv);
         u->rs_send = u->rs_recv = NULL;
@@ -157,7 +162,7 @@ static shard_status start_rs(shard_dp *dp, size_t k, const float *grad) {
     return s;
 }
 
-static shard_status start_bucket(shard_dp *dp, bucket *b) {
+static shard_status start_bucket_tagged(shard_dp *dp, bucket *b) {
     if (dp->zero == 1) {
         for (size_t k = b->lo; k <= b->hi; k++) SHARD_CHECK(start_rs(dp, k, dp->grads + dp->m->unit_offset[k]));
         return SHARD_OK;
@@ -173,6 +178,14 @@ static shard_status start_bucket(shard_dp *dp, bucket *b) {
         return shard_comm_iall_reduce(comm, b->wire, b->wire, n, SHARD_BF16, SHARD_OP_SUM, &b->req);
     }
     return shard_comm_iall_reduce(comm, g, g, n, SHARD_F32, SHARD_OP_SUM, &b->req);
+}
+
+/* A bucket's collectives are named as gradient buckets in the step's trace. */
+static shard_status start_bucket(shard_dp *dp, bucket *b) {
+    const char *was = shard__mon_tag("grad_bucket");
+    shard_status s = start_bucket_tagged(dp, b);
+    shard__mon_tag(was);
+    return s;
 }
 
 static shard_status finish_bucket(shard_dp *dp, bucket *b) {
@@ -192,9 +205,8 @@ static shard_status finish_bucket(shard_dp *dp, bucket *b) {
 
 /* ---------------------------------------------------------------- zero 3 gathers */
 
-static shard_status start_gather(shard_dp *dp, size_t k) {
+static shard_status start_gather_tagged(shard_dp *dp, size_t k) {
     unit_state *u = &dp->u[k];
-    if (dp->zero != 3 || u->gathered || u->gathered16) return SHARD_OK;
     if (dp->prec.bf16) {
         if (!(u->gathered16 = shard_alloc(u->n * 2 + 2, SHARD_MEM_PARAMS)))
             return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
@@ -205,6 +217,16 @@ static shard_status start_gather(shard_dp *dp, size_t k) {
         return shard_error(SHARD_ERR_NO_MEMORY, "zero 3: out of memory gathering unit %zu (%zu values)", k, u->n);
     return shard_comm_iall_gatherv(u->comm, dp->value_shard + u->shard_off, u->mine, u->gathered, u->counts, u->displs,
                                    SHARD_F32, &u->gather);
+}
+
+/* ZeRO-3's gather of unit k's values, named as one in the step's trace. */
+static shard_status start_gather(shard_dp *dp, size_t k) {
+    unit_state *u = &dp->u[k];
+    if (dp->zero != 3 || u->gathered || u->gathered16) return SHARD_OK;
+    const char *was = shard__mon_tag("zero_gather");
+    shard_status s = start_gather_tagged(dp, k);
+    shard__mon_tag(was);
+    return s;
 }
 
 /* Unit k's compute values in u->gathered (f32): gathered (zero 3), widened from bf16 (bf16 compute). */
@@ -277,14 +299,16 @@ static shard_status hook_acquire(void *ctx, shard_model *m, size_t k, int backwa
             return shard_error(SHARD_ERR_NO_MEMORY, "zero %d: out of memory for unit %zu's gradient", dp->zero, k);
         shard_model_bind_grads(m, k, u->grad);
     }
+    if (shard__mon_tracing() && u->traced++ == 0) u->traced_at = shard__now(); /* the unit's compute starts */
     return SHARD_OK;
 }
 
 static shard_status hook_release(void *ctx, shard_model *m, size_t k, int backward) {
-    (void)backward;
     shard_dp *dp = ctx;
     unit_state *u = &dp->u[k];
     (void)m;
+    if (u->traced > 0 && --u->traced == 0)
+        shard__mon_span("unit", 0, -1, -1, u->traced_at, shard__now(), "unit %zu %s", k, backward ? "backward" : "forward");
     if ((dp->zero == 3 || dp->prec.bf16) && --u->in_use == 0) {
         SHARD_CHECK(timed_wait(dp, &u->gather)); /* never in flight here; kept for safety */
         /* the next acquire in order may be this very unit (prefetched): keep it then */
@@ -598,12 +622,14 @@ shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip)
     if (!reqs) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
     shard_status s = SHARD_OK;
     size_t started = 0;
+    const char *was = shard__mon_tag("zero_gather");
     for (size_t k = 0; k < dp->m->units && s == SHARD_OK; k++, started++) {
         unit_state *u = &dp->u[k];
         float *base = unit_values(dp, k);
         s = shard_comm_iall_gatherv(u->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32,
                                     &reqs[k]);
     }
+    shard__mon_tag(was);
     double t0 = shard__now();
     shard_status w = shard_request_wait_all(started, reqs);
     dp->exposed += shard__now() - t0;

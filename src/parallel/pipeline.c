@@ -19,6 +19,7 @@
 
 #include "comm/comm_impl.h"
 #include "core/flops.h"
+#include "core/monitor_impl.h"
 #include "shard/layers.h"
 #include "shard/memory.h"
 
@@ -174,16 +175,41 @@ static void note(shard_pp *pp, char what, const shard_pipe_op *op, double t0) {
         if (!more) return; /* the trace loses a span; the run goes on */
         pp->span = more, pp->span_cap = cap;
     }
+    double t1 = shard__now();
     pp->span[pp->spans++] =
-        (shard_trace_span){what, op ? op->micro : -1, op ? op->chunk : 0, t0 - pp->t_begin, shard__now() - pp->t_begin};
+        (shard_trace_span){what, op ? op->micro : -1, op ? op->chunk : 0, t0 - pp->t_begin, t1 - pp->t_begin};
+    if (shard__mon_tracing()) {
+        int compute = what == 'F' || what == 'B' || what == 'r', micro = op ? op->micro : -1, chunk = op ? op->chunk : 0;
+        const char *name = what == 'F'   ? "F"
+            : what == 'B'                ? "B"
+            : what == 'r'                ? "recompute F"
+            : what == 'f'                ? "wait activation "
+            : what == 'b'                ? "wait gradient "
+                                         : "wait tied gradient ";
+        char in_chunk[24] = "";
+        if (chunk > 0) snprintf(in_chunk, sizeof in_chunk, " chunk %d", chunk);
+        shard__mon_span(compute ? "compute" : "wait", compute ? 0 : 1, micro, chunk, t0, t1, "%s%d%s", name,
+                        micro < 0 ? 0 : micro, in_chunk);
+    }
 }
 
-/* Wait for a request, noting the time as `what` when it had not finished. */
+/* Wait for a request, noting the time as `what` when it had not finished (the step monitor counts it as
+ * the pipeline's wait, not as communication). */
 static shard_status wait_noted(shard_pp *pp, shard_request **req, char what, const shard_pipe_op *op) {
     if (!*req) return SHARD_OK;
     double t0 = shard__now();
+    if (what) shard__mon_wait_begin();
     shard_status s = shard_request_wait(req);
-    if (what) note(pp, what, op, t0);
+    if (what) shard__mon_wait_end(t0, shard__now()), note(pp, what, op, t0);
+    return s;
+}
+
+/* A transfer between stages, named as one in the step's trace. */
+static shard_status transfer(shard_pp *pp, int send, float *buf, size_t n, int peer, int tag, shard_request **req) {
+    const char *was = shard__mon_tag("pipe");
+    shard_status s = send ? shard_comm_isend(pp->comm, buf, n, SHARD_F32, peer, tag, req)
+                          : shard_comm_irecv(pp->comm, buf, n, SHARD_F32, peer, tag, req);
+    shard__mon_tag(was);
     return s;
 }
 
@@ -228,13 +254,11 @@ static shard_status post(shard_pp *pp, const shard_pipe_op *op) {
         if (h < 0) return shard_error(SHARD_ERR_INTERNAL, "pipeline: no free holder for micro-batch %d", j);
         pp->holder_of[k] = h;
         if (st == 0) return SHARD_OK;
-        return shard_comm_irecv(pp->comm, pp->h[h].in, pp->io[j], SHARD_F32, rank_of(pp, st - 1), tag_of(pp, st, j, 0),
-                                &pp->h[h].in_req);
+        return transfer(pp, 0, pp->h[h].in, pp->io[j], rank_of(pp, st - 1), tag_of(pp, st, j, 0), &pp->h[h].in_req);
     }
     if (st == pp->S - 1) return SHARD_OK;
     holder *h = &pp->h[pp->holder_of[k]];
-    return shard_comm_irecv(pp->comm, h->g_in, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st, j, 1),
-                            &h->g_in_req);
+    return transfer(pp, 0, h->g_in, pp->io[j], rank_of(pp, st + 1), tag_of(pp, st, j, 1), &h->g_in_req);
 }
 
 static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_load_fn load, void *ctx,
@@ -261,8 +285,7 @@ static shard_status run_forward(shard_pp *pp, const shard_pipe_op *op, shard_pp_
     note(pp, 'F', op, t0);
     *loss += l;
     if (last) return SHARD_OK;
-    return shard_comm_isend(pp->comm, h->out, pp->io[j], SHARD_F32, rank_of(pp, st + 1), tag_of(pp, st + 1, j, 0),
-                            &h->out_req);
+    return transfer(pp, 1, h->out, pp->io[j], rank_of(pp, st + 1), tag_of(pp, st + 1, j, 0), &h->out_req);
 }
 
 static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int final, shard_dp *dp, shard_pp_load_fn load,
@@ -272,9 +295,9 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     holder *h = &pp->h[hi];
     if (final && pp->rank == 0 &&
         pp->tied_n) { /* the last stage's part of the tied gradient, then the usual backward */
-        double t0 = shard__now();
-        SHARD_CHECK(shard_comm_recv(pp->comm, pp->tied_in, pp->tied_n, SHARD_F32, pp->p - 1, TAG_TIED_GRAD));
-        note(pp, 't', op, t0);
+        shard_request *tied = NULL;
+        SHARD_CHECK(transfer(pp, 0, pp->tied_in, pp->tied_n, pp->p - 1, TAG_TIED_GRAD, &tied));
+        SHARD_CHECK(wait_noted(pp, &tied, 't', op));
         float *value, *grad;
         SHARD_CHECK(tied_begin(pp, 1, &value, &grad));
         shard_add(grad, pp->tied_in, grad, pp->tied_n);
@@ -311,12 +334,11 @@ static shard_status run_backward(shard_pp *pp, const shard_pipe_op *op, int fina
     if (!pp->recompute) pp->slot_free[slot] = 0;
     pp->held--;
     if (!first)
-        SHARD_CHECK(shard_comm_isend(pp->comm, h->g_out, pp->io[j], SHARD_F32, rank_of(pp, st - 1),
-                                     tag_of(pp, st - 1, j, 1), &h->g_out_req));
+        SHARD_CHECK(transfer(pp, 1, h->g_out, pp->io[j], rank_of(pp, st - 1), tag_of(pp, st - 1, j, 1), &h->g_out_req));
     if (final && pp->rank == pp->p - 1 && pp->tied_n) {
         float *value, *grad;
         SHARD_CHECK(tied_begin(pp, 1, &value, &grad));
-        SHARD_CHECK(shard_comm_isend(pp->comm, grad, pp->tied_n, SHARD_F32, 0, TAG_TIED_GRAD, &pp->tied_req));
+        SHARD_CHECK(transfer(pp, 1, grad, pp->tied_n, 0, TAG_TIED_GRAD, &pp->tied_req));
     }
     /* every unit's gradient is complete after the rank's last backward (with chunks, that backward ran one
      * chunk's units only): the data axis may start on the others */

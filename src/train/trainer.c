@@ -30,6 +30,7 @@
 #include "ckpt/ckpt_util.h"
 #include "comm/comm_impl.h"
 #include "core/flops.h"
+#include "core/monitor_impl.h"
 #include "data/batch_impl.h"
 #include "train/trainer_impl.h"
 #include "parallel/data_parallel.h"
@@ -40,6 +41,7 @@
 #include "shard/dtensor.h"
 #include "shard/launch.h"
 #include "shard/memory.h"
+#include "shard/monitor.h"
 #include "shard/split.h"
 #include "shard/text.h"
 
@@ -73,6 +75,7 @@ struct shard_trainer {
     char partition[512]; /* how the layers were cut (printed with the schedule) */
     uint64_t step_now;
     double *routed; /* a model with routers: aux, z, assigned, dropped, then the load table, summed over data */
+    shard__mon *mon; /* each step's measurements (monitor.h), made by the first step */
 };
 
 /* The batch arithmetic: the global batch B, the accumulation count K and the rows per micro-step a
@@ -508,6 +511,7 @@ void shard_trainer_destroy(shard_trainer *t) {
         shard_model_bind_grad_slab(t->model, NULL); /* the strategy's gradient buffers are gone */
     shard_comm_destroy(t->own_data);
     free(t->routed);
+    shard__mon_destroy(t->mon);
     free(t);
 }
 
@@ -565,7 +569,7 @@ static shard_status router_stats(shard_trainer *t, const shard_model_stats_ops *
     return SHARD_OK;
 }
 
-shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out) {
+static shard_status step_run(shard_trainer *t, uint64_t step, shard_step_result *out) {
     double t0 = shard__now();
     shard_model *m = t->model;
     t->step_now = step;
@@ -587,12 +591,18 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
             double l = 0;
             if (t->accum > 1) SHARD_CHECK(load(t, step, k)); /* the last micro-batch is still loaded when accum is 1 */
             SHARD_CHECK(shard__dp_begin_micro(t->dp, k + 1 == t->accum));
+            double f0 = shard__mon_tracing() ? shard__now() : 0;
             shard__flops_phase(SHARD__PHASE_FORWARD);
             shard_status s = m->ops->forward(m, global_items, &l);
+            double b0 = f0 > 0 ? shard__now() : 0;
             shard__flops_phase(SHARD__PHASE_BACKWARD);
             if (s == SHARD_OK) s = m->ops->backward(m);
             shard__flops_phase(SHARD__PHASE_OTHER);
             SHARD_CHECK(s);
+            if (f0 > 0) {
+                shard__mon_span("compute", 0, (int)k, -1, f0, b0, "forward %zu", k);
+                shard__mon_span("compute", 0, (int)k, -1, b0, shard__now(), "backward %zu", k);
+            }
             loss += l;
         }
     /* the global norm: squares summed over the data axis by the strategy, then over the tensor axis (each
@@ -618,7 +628,11 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
             (unsigned long long)step, isnan(all_squares) ? "NaN" : "infinite");
     out->lr = shard_lr_at(&t->c.lr, step);
     float clip = t->c.clip > 0 ? shard_clip_factor(out->grad_norm, t->c.clip) : 1.0f;
+    double o0 = shard__now(), exposed0 = t->mon->exposed_s;
     SHARD_CHECK(shard__dp_update(t->dp, step, out->lr, clip));
+    double o1 = shard__now();
+    t->mon->now.optimizer_s = o1 - o0 - (t->mon->exposed_s - exposed0);
+    shard__mon_span("optimizer", 0, -1, -1, o0, o1, "optimizer");
     SHARD_CHECK(shard_comm_all_reduce(t->rows, &loss, &global_loss, 1, SHARD_F64, SHARD_OP_SUM));
     if (t->pipe) { /* the loss is the last stage's */
         loss = global_loss;
@@ -629,6 +643,39 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
     shard__dp_stats(t->dp, &st);
     out->loss = global_loss, out->ms = (shard__now() - t0) * 1e3;
     out->exposed_comm_ms = st.exposed_comm_s * 1e3, out->grad_bytes = st.grad_bytes;
+    return SHARD_OK;
+}
+
+/* The step, measured (monitor.h): the recorder is this rank's for the length of the step, whatever
+ * way the step ends. */
+shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out) {
+    if (!t->mon) SHARD_CHECK(shard__mon_create(&t->mon));
+    shard__mon_begin(t->mon);
+    shard_status s = step_run(t, step, out);
+    shard__mon_end(t->mon);
+    return s;
+}
+
+shard_status shard_trainer_step_monitor(const shard_trainer *t, shard_step_monitor *out) {
+    if (!t || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_step_monitor: NULL argument");
+    if (t->mon)
+        *out = t->mon->last;
+    else
+        memset(out, 0, sizeof *out);
+    return SHARD_OK;
+}
+
+shard_status shard_trainer_trace(shard_trainer *t, int on) {
+    if (!t) return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_trace: trainer is NULL");
+    if (!t->mon) SHARD_CHECK(shard__mon_create(&t->mon));
+    t->mon->tracing = on != 0;
+    return SHARD_OK;
+}
+
+shard_status shard_trainer_trace_events(const shard_trainer *t, const shard_trace_event **events, size_t *count) {
+    if (!t || !events || !count) return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_trace_events: NULL argument");
+    *events = t->mon ? t->mon->ev : NULL;
+    *count = t->mon ? t->mon->events : 0;
     return SHARD_OK;
 }
 
