@@ -300,6 +300,19 @@ int cli_bench_moe(int argc, char **argv) {
         common.ranks = 0;
         cli_ranks_from_mesh(&common, a.mesh);
     }
+    if (a.mesh) { /* the benchmark measures the expert exchange: a mesh without one has nothing to measure */
+        char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES] = {{0}};
+        int sizes[SHARD_MESH_MAX_AXES] = {0}, axes = shard_mesh_parse(a.mesh, 0, names, sizes), experts = 1;
+        if (axes < 0) return cli_error("%s", shard_last_error()), 2;
+        for (int k = 0; k < axes && k < SHARD_MESH_MAX_AXES; k++)
+            if (strcmp(names[k], "expert") == 0) experts = sizes[k];
+        if (experts < 2) {
+            cli_error("bench moe: --mesh %s has no expert axis of 2 or more ranks, so no token crosses a rank: give "
+                      "one, e.g. --mesh expert=2 or data=2,expert=2",
+                      a.mesh);
+            return 2;
+        }
+    }
     a.config = mo.config, a.batch = mo.batch, a.seq = mo.seq, a.steps = mo.steps;
     shard_gpt_config gc;
     shard_status s = bench_random_tokens(a.config, &gc, a.dir, sizeof a.dir);

@@ -14,7 +14,8 @@ void cli_mesh_where(const shard_mesh *mesh, int rank, char *out, size_t out_byte
     int coords[SHARD_MESH_MAX_AXES], rest = rank, n = shard_mesh_ndim(mesh);
     size_t at = 0;
     out[0] = '\0';
-    for (int a = n - 1; a >= 0; a--) coords[a] = rest % shard_mesh_axis_size(mesh, a), rest /= shard_mesh_axis_size(mesh, a);
+    for (int a = n - 1; a >= 0; a--)
+        coords[a] = rest % shard_mesh_axis_size(mesh, a), rest /= shard_mesh_axis_size(mesh, a);
     for (int a = 0; a < n && at < out_bytes; a++)
         at += (size_t)snprintf(out + at, out_bytes - at, "%s%s=%d", a ? "," : "", shard_mesh_axis_name(mesh, a),
                                coords[a]);
@@ -28,8 +29,8 @@ static double exposed_s(const shard_step_monitor *m) {
 }
 
 static void rank_json(const shard_step_monitor *m, int rank, char *out, size_t bytes) {
-    size_t at = (size_t)snprintf(out, bytes, "{\"rank\": %d, \"compute_ms\": %.3f, \"comm_ms\": {", rank,
-                                 m->compute_s * 1e3);
+    size_t at =
+        (size_t)snprintf(out, bytes, "{\"rank\": %d, \"compute_ms\": %.3f, \"comm_ms\": {", rank, m->compute_s * 1e3);
     for (size_t i = 0; i < m->comms && at < bytes; i++)
         at += (size_t)snprintf(out + at, bytes - at, "%s\"%s\": %.3f", i ? ", " : "", m->comm[i].name,
                                m->comm[i].exposed_s * 1e3);

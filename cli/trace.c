@@ -57,7 +57,8 @@ static shard_status render(const shard_trace_event *ev, size_t n, int rank, cons
            rank, rank, where, rank, rank);
     static const char *const threads[3] = {"compute", "communication and waits", "requests in flight"};
     for (int k = 0; k < 3; k++)
-        append(out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
+        append(out,
+               ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
                rank, k, threads[k]);
     for (size_t i = 0; i < n; i++) {
         const shard_trace_event *e = &ev[i];
@@ -101,7 +102,8 @@ shard_status cli_write_trace(shard_comm *world, const shard_mesh *mesh, const sh
     if (s == SHARD_OK && rank == 0) {
         /* the first event's leading ",\n" gives way to the array's opening */
         text_buf out = {malloc(total + 128), 0, total + 128, 1};
-        if (out.p) append(&out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n%.*s\n]}\n", (int)(total - 2), all + 2);
+        if (out.p)
+            append(&out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n%.*s\n]}\n", (int)(total - 2), all + 2);
         s = out.p && out.ok ? shard_atomic_write_file(path, out.p, out.len)
                             : shard_error(SHARD_ERR_NO_MEMORY, "--trace: out of memory");
         free(out.p);

@@ -476,8 +476,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         double tps = (double)(B * items_per_row) / (r.ms / 1e3);
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
-        int32_t logged = 1;  /* rank 0 writes the line; every rank learns whether it could, to stop together */
-        char *routed = NULL; /* a mixture of experts' fields of the line ("" for a dense model) */
+        int32_t logged = 1;    /* rank 0 writes the line; every rank learns whether it could, to stop together */
+        char *routed = NULL;   /* a mixture of experts' fields of the line ("" for a dense model) */
         char *per_rank = NULL; /* rank 0: the line's `ranks` list */
         if (s == SHARD_OK && o->log) s = cli_monitor_ranks_json(comm, t, &per_rank);
         if (s == SHARD_OK && rank == 0) s = routed_fields(&r, &routed);
@@ -494,7 +494,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         free(per_rank);
         if (o->log && (s = shard_comm_broadcast(comm, &logged, 1, SHARD_I32, 0)) < 0) break;
         if (rank == 0) cli_progress(tty, (long)step, o->steps, (float)r.loss, r.lr, tps, r.ms);
-        if (world > 1 && (o->monitor_every ? step % (uint64_t)o->monitor_every == 0 : cli_progress_due((long)step, o->steps))) {
+        if (world > 1 &&
+            (o->monitor_every ? step % (uint64_t)o->monitor_every == 0 : cli_progress_due((long)step, o->steps))) {
             if (tty) printf("\n");
             if ((s = cli_monitor_line(comm, mesh, t)) < 0) break;
         }
@@ -650,10 +651,10 @@ int cli_train(int argc, char **argv) {
                 done = 1;
             }
         if (done) continue;
-        long *ints[] = {&o.batch, &o.seq,   &o.steps,       &o.save_every,    &o.warmup,
-                        &o.zero,  &o.accum, &o.micro_batch, &o.micro_batches, &o.virtual_stages, &o.monitor_every};
-        const char *int_names[] = {"--batch", "--seq",   "--steps",       "--save-every",    "--warmup",
-                                   "--zero",  "--accum", "--micro-batch", "--micro-batches", "--virtual-stages",
+        long *ints[] = {&o.batch, &o.seq,         &o.steps,         &o.save_every,     &o.warmup,       &o.zero,
+                        &o.accum, &o.micro_batch, &o.micro_batches, &o.virtual_stages, &o.monitor_every};
+        const char *int_names[] = {"--batch",        "--seq",   "--steps",       "--save-every",    "--warmup",
+                                   "--zero",         "--accum", "--micro-batch", "--micro-batches", "--virtual-stages",
                                    "--monitor-every"};
         const long lo[] = {1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1};
         const long hi[] = {1 << 20, 1 << 20, 1L << 40, 1L << 40, 1L << 40, 3, 1 << 20, 1 << 20, 1 << 16, 64, 1L << 40};

@@ -380,7 +380,8 @@ def bench_moe():
     """`bench moe --json` on configs/gpt-moe-tiny.json over expert=2 (few steps) prints one object with the
     documented keys: the exchange's time, bytes and calls per step, the load imbalance, the busbw against
     bench comm's and the hidden fraction in their ranges; the PyTorch peer's step and ratio where torch
-    imports (its error named where it does not), none with --no-peer; a dense config refused in one line."""
+    imports (its error named where it does not), none with --no-peer; a dense config, and a mesh without an
+    expert axis, refused in one line."""
     cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
     base = ["bench", "moe", "--config", cfg, "--batch", "4", "--seq", "32", "--steps", "5", "--warmup", "1",
             "--json"]
@@ -420,6 +421,9 @@ def bench_moe():
         else:
             expect("peer_error" in r, f"bench moe without torch names no error: {r}")
     dense = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-tiny.json")
+    p = run(base[:4] + ["--mesh", "data=2", "--no-peer"])
+    expect(p.returncode == 2 and "no expert axis" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+           f"bench moe without an expert axis: {p.returncode} {p.stderr!r}")
     p = run(["bench", "moe", "--config", dense, "--batch", "4", "--seq", "32", "--steps", "5", "--no-peer"])
     lines = [l for l in p.stderr.splitlines() if l.strip()]
     expect(p.returncode != 0 and len(lines) == 1 and "num_local_experts" in p.stderr,

@@ -294,7 +294,9 @@ static shard_status request_finish(shard_request *req) {
 }
 
 static const char *request_what(const shard_request *req) {
-    return req->kind == SHARD__REQ_SEND ? "send" : req->kind == SHARD__REQ_RECV ? "recv" : shard__coll_kind_name(req->coll.kind);
+    return req->kind == SHARD__REQ_SEND ? "send"
+        : req->kind == SHARD__REQ_RECV  ? "recv"
+                                        : shard__coll_kind_name(req->coll.kind);
 }
 
 /* A measured request, done: the monitor of the rank that waits for it (the rank that started it). */

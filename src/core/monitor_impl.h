@@ -13,11 +13,11 @@
 #include "shard/monitor.h"
 
 typedef struct shard__mon {
-    double t_step;      /* the step's start */
-    double exposed_s;   /* exposed communication so far in the step, all communicators */
-    double wait_s;      /* the pipeline's waits so far */
-    int waiting;        /* inside a pipeline wait: its communication is counted as the wait */
-    const char *tag;    /* the category of the collectives started now (NULL: "comm") */
+    double t_step;    /* the step's start */
+    double exposed_s; /* exposed communication so far in the step, all communicators */
+    double wait_s;    /* the pipeline's waits so far */
+    int waiting;      /* inside a pipeline wait: its communication is counted as the wait */
+    const char *tag;  /* the category of the collectives started now (NULL: "comm") */
     const shard_comm *comm_of[SHARD_MONITOR_MAX_COMMS];
     shard_step_monitor now, last;
     int tracing;

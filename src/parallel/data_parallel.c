@@ -53,8 +53,8 @@ typedef struct unit_state {
     float *gathered;                     /* zero 3 or bf16 compute: the whole values while acquired */
     uint16_t *gathered16;                /* zero 3 with bf16 compute: what the all_gather fills */
     shard_request *gather;
-    int in_use;              /* zero 3: acquire count */
-    int traced;              /* the step's trace: acquires open, the first from traced_at */
+    int in_use; /* zero 3: acquire count */
+    int traced; /* the step's trace: acquires open, the first from traced_at */
     double traced_at;
     float *grad;             /* zero 2/3: the whole gradient during backward */
     shard_request *rs;       /* the reduce-scatter of this unit's gradient */
@@ -308,7 +308,8 @@ static shard_status hook_release(void *ctx, shard_model *m, size_t k, int backwa
     unit_state *u = &dp->u[k];
     (void)m;
     if (u->traced > 0 && --u->traced == 0)
-        shard__mon_span("unit", 0, -1, -1, u->traced_at, shard__now(), "unit %zu %s", k, backward ? "backward" : "forward");
+        shard__mon_span("unit", 0, -1, -1, u->traced_at, shard__now(), "unit %zu %s", k,
+                        backward ? "backward" : "forward");
     if ((dp->zero == 3 || dp->prec.bf16) && --u->in_use == 0) {
         SHARD_CHECK(timed_wait(dp, &u->gather)); /* never in flight here; kept for safety */
         /* the next acquire in order may be this very unit (prefetched): keep it then */

@@ -179,13 +179,14 @@ static void note(shard_pp *pp, char what, const shard_pipe_op *op, double t0) {
     pp->span[pp->spans++] =
         (shard_trace_span){what, op ? op->micro : -1, op ? op->chunk : 0, t0 - pp->t_begin, t1 - pp->t_begin};
     if (shard__mon_tracing()) {
-        int compute = what == 'F' || what == 'B' || what == 'r', micro = op ? op->micro : -1, chunk = op ? op->chunk : 0;
-        const char *name = what == 'F'   ? "F"
-            : what == 'B'                ? "B"
-            : what == 'r'                ? "recompute F"
-            : what == 'f'                ? "wait activation "
-            : what == 'b'                ? "wait gradient "
-                                         : "wait tied gradient ";
+        int compute = what == 'F' || what == 'B' || what == 'r', micro = op ? op->micro : -1,
+            chunk = op ? op->chunk : 0;
+        const char *name = what == 'F' ? "F"
+            : what == 'B'              ? "B"
+            : what == 'r'              ? "recompute F"
+            : what == 'f'              ? "wait activation "
+            : what == 'b'              ? "wait gradient "
+                                       : "wait tied gradient ";
         char in_chunk[24] = "";
         if (chunk > 0) snprintf(in_chunk, sizeof in_chunk, " chunk %d", chunk);
         shard__mon_span(compute ? "compute" : "wait", compute ? 0 : 1, micro, chunk, t0, t1, "%s%d%s", name,

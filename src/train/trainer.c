@@ -74,7 +74,7 @@ struct shard_trainer {
     shard_model_stage stage;
     char partition[512]; /* how the layers were cut (printed with the schedule) */
     uint64_t step_now;
-    double *routed; /* a model with routers: aux, z, assigned, dropped, then the load table, summed over data */
+    double *routed;  /* a model with routers: aux, z, assigned, dropped, then the load table, summed over data */
     shard__mon *mon; /* each step's measurements (monitor.h), made by the first step */
 };
 
