@@ -15,6 +15,7 @@
 #include "core/alloc_impl.h"
 #include "core/flops.h"
 #include "parallel/pipeline_schedule.h"
+#include "shard/blas.h"
 #include "train/trainer_impl.h"
 
 void shard_analysis_destroy(shard_analysis *a) {
@@ -166,6 +167,7 @@ shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out)
              c->schedule ? c->schedule : "", c->recompute ? " recompute" : "",
              c->sequence_parallel ? " sequence-parallel" : "");
     int exact = o->exact_ranks > 0 ? o->exact_ranks : 64;
+    int threads = shard_blas_threads(); /* a built rank shares the cores as a thread rank (one thread) */
     shard_status s = SHARD_OK;
     for (int r = 0; r < world && s == SHARD_OK; r++) {
         int like;
@@ -191,6 +193,7 @@ shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out)
                                      (r / inner) % sizes[k]);
         }
     }
+    shard_blas_set_threads(threads);
     double most = -1;
     for (int r = 0; r < world && s == SHARD_OK; r++) {
         const shard_rank_analysis *x = &a->rank[r];
