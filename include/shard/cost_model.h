@@ -14,7 +14,9 @@
  *   comm       each collective's calls x alpha + bytes / beta for its axis size and backend; the data
  *              axis's gradient reductions overlap backward and ZeRO-3's gathers overlap forward and
  *              backward (prefetched), so only what exceeds that compute is exposed, and never less than
- *              one call's share; every other collective (tensor, pipe, world) is exposed whole;
+ *              one call's share, and only where a core is free for their progress (thread ranks fewer
+ *              than the cores, or processes); every other collective (tensor, pipe, world) is exposed
+ *              whole;
  *   bubble     the pipeline schedule's idle fraction (the analyzer's, ops costed by the stages' FLOPs)
  *              applied to the rank's compute and exposed communication;
  *   optimizer  the elements the rank updates x the bytes the update reads and writes, at the profile's
