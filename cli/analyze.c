@@ -3,7 +3,7 @@
  *
  *   shard analyze --config CONFIG.json [--mesh data=2,tensor=2] [--batch B --seq S --micro-batch M
  *                 --accum K --zero Z --schedule ... --virtual-stages V --recompute --sequence-parallel
- *                 --grad-dtype ... --compute-dtype ...] [--json]
+ *                 --grad-dtype ... --compute-dtype ...] [--profile machine.json] [--json]
  *
  * The layout flags are `shard train`'s, with the same meanings and checks. */
 #include <jansson.h>
@@ -48,12 +48,15 @@ static const char *const USAGE =
     "  --recompute                         recompute each stage's forward in its backward\n"
     "  --layers-per-stage L                blocks per pipeline stage, e.g. 3,3,2\n"
     "  --exact-ranks N                     build every rank up to N ranks (default 64)\n"
+    "  --profile FILE                      a machine profile (shard profile): predict each rank's step\n"
+    "                                      time (compute, comm, bubble, optimizer) and tokens/s\n"
     "  --json                              one JSON object: layout, world, ranks [rank, coords, params,\n"
     "                                      memory, flops, comm_bytes, collectives], bubble, critical_path,\n"
-    "                                      step_ms, tokens_per_s (the last two null: no machine profile)\n";
+    "                                      step_ms, tokens_per_s (the last two null without --profile;\n"
+    "                                      with it each rank also has time_ms)\n";
 
 typedef struct analyze_opts {
-    const char *config, *mesh, *schedule, *layers_per_stage, *grad_dtype, *compute_dtype, *optimizer;
+    const char *config, *mesh, *schedule, *layers_per_stage, *grad_dtype, *compute_dtype, *optimizer, *profile;
     long batch, seq, micro_batch, accum, zero, micro_batches, virtual_stages, ranks, exact;
     double bucket_mb;
     int recompute, sequence_parallel, json;
@@ -63,11 +66,11 @@ typedef struct analyze_opts {
 /* One option of argv at *i into o: 1 taken, 0 not this verb's, -1 a bad value (message printed). */
 static int take_option(analyze_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i], *val;
-    const char **strs[] = {&o->config,     &o->mesh,          &o->schedule, &o->layers_per_stage,
-                           &o->grad_dtype, &o->compute_dtype, &o->optimizer};
-    static const char *const str_names[] = {"--config",     "--mesh",          "--schedule", "--layers-per-stage",
-                                            "--grad-dtype", "--compute-dtype", "--optimizer"};
-    for (int k = 0; k < 7; k++)
+    const char **strs[] = {&o->config,     &o->mesh,          &o->schedule,  &o->layers_per_stage,
+                           &o->grad_dtype, &o->compute_dtype, &o->optimizer, &o->profile};
+    static const char *const str_names[] = {"--config",     "--mesh",          "--schedule",  "--layers-per-stage",
+                                            "--grad-dtype", "--compute-dtype", "--optimizer", "--profile"};
+    for (int k = 0; k < 8; k++)
         if (strcmp(a, str_names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
     long *ints[] = {&o->batch,          &o->seq,   &o->micro_batch, &o->accum, &o->zero, &o->micro_batches,
                     &o->virtual_stages, &o->ranks, &o->exact};
@@ -171,7 +174,17 @@ static json_t *coords_json(const char *text) {
     return o;
 }
 
-static int print_json(const shard_analysis *a) {
+static json_t *time_json(const shard_rank_time *t) {
+    json_t *o = json_object();
+    json_object_set_new(o, "compute", json_real(t->compute_ms));
+    json_object_set_new(o, "comm", json_real(t->comm_ms));
+    json_object_set_new(o, "bubble", json_real(t->bubble_ms));
+    json_object_set_new(o, "optimizer", json_real(t->optimizer_ms));
+    json_object_set_new(o, "total", json_real(t->total_ms));
+    return o;
+}
+
+static int print_json(const shard_analysis *a, const shard_step_prediction *pred) {
     json_t *root = json_object(), *ranks = json_array();
     json_object_set_new(root, "layout", json_string(a->layout));
     json_object_set_new(root, "world", json_integer(a->world));
@@ -205,6 +218,7 @@ static int print_json(const shard_analysis *a) {
         }
         json_object_set_new(x, "comm_bytes", axes);
         json_object_set_new(x, "collectives", coll);
+        if (pred) json_object_set_new(x, "time_ms", time_json(&pred->rank[i]));
         json_array_append_new(ranks, x);
     }
     json_object_set_new(root, "ranks", ranks);
@@ -213,8 +227,8 @@ static int print_json(const shard_analysis *a) {
     json_object_set_new(cp, "rank", json_integer(a->critical_rank));
     json_object_set_new(cp, "phase", json_string(a->critical_phase));
     json_object_set_new(root, "critical_path", cp);
-    json_object_set_new(root, "step_ms", json_null());
-    json_object_set_new(root, "tokens_per_s", json_null());
+    json_object_set_new(root, "step_ms", pred ? json_real(pred->step_ms) : json_null());
+    json_object_set_new(root, "tokens_per_s", pred ? json_real(pred->tokens_per_s) : json_null());
     char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
     json_decref(root);
     if (!text) return cli_error("analyze: out of memory for the JSON output"), 1;
@@ -223,7 +237,7 @@ static int print_json(const shard_analysis *a) {
     return ok ? 0 : 1;
 }
 
-static void print_table(const shard_analysis *a) {
+static void print_table(const shard_analysis *a, const shard_step_prediction *pred) {
     printf("analyze: %s, %d ranks (%d built)\n", a->layout, a->world, a->built);
     printf("  %-26s %12s %9s %9s %9s %11s %8s %8s %9s %9s %9s %9s\n", "rank", "params", "params", "grads", "optimizer",
            "activations", "comm", "other", "total MiB", "fwd GF", "bwd GF", "sent MiB");
@@ -247,6 +261,16 @@ static void print_table(const shard_analysis *a) {
             printf(" %s %s x%llu %.0f bytes;", r0->collective[k].axis, r0->collective[k].op,
                    (unsigned long long)r0->collective[k].count, (double)r0->collective[k].bytes);
     printf("\nbubble %.3f; critical path: rank %d, %s\n", a->bubble, a->critical_rank, a->critical_phase);
+    if (!pred) return;
+    printf("predicted step (ms): %-26s %9s %9s %9s %9s %9s\n", "rank", "compute", "comm", "bubble", "optimizer",
+           "total");
+    for (size_t i = 0; i < pred->ranks; i++) {
+        const shard_rank_time *t = &pred->rank[i];
+        printf("                     %-26d %9.2f %9.2f %9.2f %9.2f %9.2f\n", a->rank[i].rank, t->compute_ms, t->comm_ms,
+               t->bubble_ms, t->optimizer_ms, t->total_ms);
+    }
+    printf("step %.2f ms (rank %d), %.0f tokens/s%s\n", pred->step_ms, pred->slowest_rank, pred->tokens_per_s,
+           pred->oversubscribed ? "; more ranks than cores: compute time-shared" : "");
 }
 
 int cli_analyze(int argc, char **argv) {
@@ -266,15 +290,24 @@ int cli_analyze(int argc, char **argv) {
     shard_analyze_options ao = {
         .struct_size = sizeof ao, .train = &tc, .mesh = o.mesh, .world = (int)o.ranks, .exact_ranks = (int)o.exact};
     if (s == SHARD_OK) s = shard_analyze(&ao, &a);
+    shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
+    shard_step_prediction *pred = NULL;
+    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads"};
+    if (s == SHARD_OK && o.profile && !prof) s = shard_error(SHARD_ERR_NO_MEMORY, "analyze: out of memory");
+    if (s == SHARD_OK && prof) s = shard_machine_profile_load(o.profile, prof);
+    if (s == SHARD_OK && prof) s = shard_cost_predict(a, prof, &co, &pred);
+    free(prof);
     if (s < 0) {
+        shard_analysis_destroy(a);
         cli_error("%s", shard_last_error());
         return 1;
     }
     int rc = 0;
     if (o.json)
-        rc = print_json(a);
+        rc = print_json(a, pred);
     else
-        print_table(a);
+        print_table(a, pred);
+    shard_step_prediction_destroy(pred);
     shard_analysis_destroy(a);
     return rc;
 }

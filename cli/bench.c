@@ -11,6 +11,7 @@
 #include "bench_comm.h"
 #include "bench_train.h"
 #include "cli_util.h"
+#include "profile.h"
 
 static const char *const USAGE_BENCH =
     "usage: shard bench BENCHMARK [options]\n"
@@ -26,6 +27,7 @@ static const char *const USAGE_BENCH =
     "  pipeline      the GPT pipelined: each schedule's bubble, activations per stage, ms/step\n"
     "  moe           the mixture-of-experts GPT on an expert mesh: its all_to_alls, load imbalance, and\n"
     "                PyTorch's step\n"
+    "  analyze       the cost model's predicted step time against real runs of the tiny GPT's layouts\n"
     "\n"
     "options:\n";
 
@@ -288,12 +290,15 @@ int cli_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "tensor") == 0) return cli_bench_tensor(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "pipeline") == 0) return cli_bench_pipeline(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "moe") == 0) return cli_bench_moe(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "analyze") == 0) return cli_bench_analyze(argc - 1, argv + 1);
     if (argc >= 2)
-        cli_error("bench: unknown benchmark '%s': give comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe "
+        cli_error("bench: unknown benchmark '%s': give comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe or "
+                  "analyze "
                   "(see 'shard help')",
                   argv[1]);
     else
-        cli_error("bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe, e.g. "
+        cli_error("bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe or "
+                  "analyze, e.g. "
                   "'shard bench comm --op all_reduce --ranks 2' (see 'shard help')");
     return 2;
 }

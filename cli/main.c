@@ -19,6 +19,7 @@
 
 #include "bench_comm.h"
 #include "cli_util.h"
+#include "profile.h"
 #include "shard/shard.h"
 
 /* The verb list (`shard help`, `shard --help`; on stderr when no verb is given).  Each verb's own usage
@@ -36,6 +37,7 @@ static const char *const USAGE =
     "  data          training data: text (byte-level token files)\n"
     "  demo          ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
     "  generate      text from a trained GPT\n"
+    "  profile       measure this machine for the cost model (GEMM, bandwidth, collectives' alpha, beta)\n"
     "  inspect       without running ranks: spec (a sharding), schedule (a pipeline's), ckpt (a checkpoint\n"
     "                or safetensors file)\n"
     "  train         train a model (gpt2, cnn, mlp) on a mesh of data, tensor and pipe axes\n"
@@ -66,10 +68,12 @@ static const cli_verb VERBS[] = {
     {.name = "ckpt", .run = cli_ckpt, .has_sub_verbs = 1},
     {.name = "data", .run = cli_data, .has_sub_verbs = 1},
     {.name = "train", .run = cli_train, .has_sub_verbs = 0},
+    {.name = "profile", .run = cli_profile, .has_sub_verbs = 0},
     {.name = "generate", .run = cli_generate, .has_sub_verbs = 0},
 };
 
-static const char *const VALID_VERBS = "analyze, bench, ckpt, data, demo, generate, inspect, train, version, help";
+static const char *const VALID_VERBS =
+    "analyze, bench, ckpt, data, demo, generate, inspect, profile, train, version, help";
 
 /* "unknown verb 'X'" (opened by `where`, e.g. "help: "), with the nearest verb when one is near. */
 static void unknown_verb(const char *where, const char *name) {

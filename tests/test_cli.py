@@ -56,8 +56,8 @@ def errors():
     empty = tempfile.NamedTemporaryFile(prefix="shard-cli-empty-")  # an empty input file, removed on exit
     cases = [
         ([], 2, "usage: shard"),
-        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are analyze, bench, ckpt, data, demo, generate, inspect, train, version, help"),
-        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are analyze, bench, ckpt, data, demo, generate, inspect, profile, train, version, help"),
+        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe or analyze"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
         (["bench", "comm", "--ranks", "0"], 2, "shard: --ranks '0' is invalid: give an integer in 1..4096"),
@@ -171,7 +171,7 @@ def errors():
         (["bench", "train", "--config", "c", "--mesh", "data=x"], 2, "bench train: --mesh 'data=x' is invalid here"),
         (["bench", "train", "--config", "c", "--mesh", "data=3", "--ranks", "2"], 2,
          "bench train: --mesh data=3 and --ranks 2 disagree"),
-        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor, pipeline or moe"),
+        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe or analyze"),
         (["data", "text", empty.name, "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
         (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", ""], 2, "--val-fraction '' is invalid"),
@@ -226,7 +226,9 @@ PARSED_FLAGS = {
     ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
                    "--bucket-mb", "--grad-dtype", "--compute-dtype", "--optimizer", "--sequence-parallel", "--spec",
                    "--schedule", "--micro-batches", "--virtual-stages", "--recompute", "--layers-per-stage",
-                   "--exact-ranks", "--json"},
+                   "--exact-ranks", "--json", "--profile"},
+    ("profile",): {"--out", "--quick"},
+    ("bench", "analyze"): {"--profile", "--limit", "--steps", "--warmup", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
     ("demo",): RANK_FLAGS,
@@ -1176,6 +1178,69 @@ def analyze():
         expect(p.returncode != 0 and text in p.stderr and len(lines) == 1, f"analyze {args}: {p.returncode} {p.stderr!r}")
 
 
+def cost():
+    """The cost model: `shard profile --quick` writes the documented keys; `analyze --profile` fills each
+    rank's time_ms (total = the sum of its parts), step_ms (the slowest rank's total) and tokens_per_s
+    (tokens / step); `bench analyze --json` on the first layouts has its keys; bad profiles refused in
+    one line."""
+    import shutil
+    import tempfile
+    work = tempfile.mkdtemp(prefix="shard-cost-")
+    try:
+        prof = os.path.join(work, "machine.json")
+        p = run(["profile", "--quick", "--out", prof], timeout=120)
+        expect(p.returncode == 0 and os.path.exists(prof), f"profile --quick: exit {p.returncode}: {p.stderr}")
+        d = json.load(open(prof)) if os.path.exists(prof) else {}
+        expect({"format", "machine", "date", "blas", "cores", "memory", "compute", "gemm", "comm"} <= set(d),
+               f"profile keys: {sorted(d)}")
+        expect(d.get("memory", {}).get("copy_gbps", 0) > 0 and d.get("memory", {}).get("add_gbps", 0) > 0
+               and d.get("compute", {}).get("nongemm_fraction", -1) >= 0, f"profile memory / compute: {d}")
+        expect(all({"m", "n", "k", "threads", "gflops"} <= set(g) and g["gflops"] > 0 for g in d.get("gemm", [])),
+               "profile gemm entries")
+        fits = {(c["op"], c["ranks"]) for c in d.get("comm", []) if c["backend"] == "threads"}
+        expect({(op, n) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
+                for n in (2, 4)} <= fits, f"profile comm fits: {sorted(fits)}")
+        expect(all(c["alpha_us"] >= 0 and c["beta_gbps"] > 0 for c in d.get("comm", [])), "profile alpha / beta")
+        base = ["analyze", "--config", TINY, "--batch", "8", "--seq", "64", "--profile", prof, "--json"]
+        for extra in (["--mesh", "data=2", "--zero", "3"], ["--mesh", "pipe=2", "--schedule", "1f1b"],
+                      ["--mesh", "tensor=2", "--sequence-parallel"]):
+            p = run(base + extra)
+            expect(p.returncode == 0, f"analyze --profile {extra}: exit {p.returncode}: {p.stderr}")
+            r = json.loads(p.stdout) if p.returncode == 0 else {"ranks": []}
+            totals = []
+            for rank in r["ranks"]:
+                t = rank.get("time_ms", {})
+                expect({"compute", "comm", "bubble", "optimizer", "total"} <= set(t), f"time_ms keys: {t}")
+                parts = sum(t.get(k, 0) for k in ("compute", "comm", "bubble", "optimizer"))
+                expect(abs(parts - t.get("total", -1)) <= 1e-6 * max(1, parts), f"{extra}: total != parts: {t}")
+                totals.append(t.get("total", 0))
+            if r["ranks"]:
+                expect(abs(r["step_ms"] - max(totals)) <= 1e-6 * r["step_ms"], f"{extra}: step_ms {r['step_ms']}")
+                expect(abs(r["tokens_per_s"] - 8 * 64 / (r["step_ms"] / 1e3)) <= 1e-6 * r["tokens_per_s"],
+                       f"{extra}: tokens_per_s {r['tokens_per_s']} for step {r['step_ms']} ms")
+        expect("bubble" in run(base[:-1] + ["--mesh", "pipe=2"]).stdout, "analyze --profile table")
+        bad = os.path.join(work, "bad.json")
+        with open(bad, "w") as f:
+            json.dump(dict(d, memory={"copy_gbps": -1, "add_gbps": 1}), f)
+        for path, what in ((bad, "copy_gbps"), (os.path.join(work, "none.json"), "none.json")):
+            p = run(base[:-2] + [path])
+            expect(p.returncode == 1 and what in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+                   f"analyze --profile {path}: {p.returncode} {p.stderr!r}")
+        p = run(["bench", "analyze", "--profile", prof, "--limit", "2", "--steps", "5", "--warmup", "1", "--json"],
+                timeout=120)
+        expect(p.returncode == 0, f"bench analyze: exit {p.returncode}: {p.stderr}")
+        b = json.loads(p.stdout) if p.returncode == 0 else {}
+        expect({"profile", "layouts", "ranking_matches", "discordant_pairs"} <= set(b), f"bench analyze keys: {sorted(b)}")
+        rows = b.get("layouts", [])
+        expect(len(rows) == 2 and all({"layout", "ranks", "predicted_ms", "measured_ms", "error", "oversubscribed"}
+                                      <= set(x) and x["predicted_ms"] > 0 and x["measured_ms"] > 0 for x in rows),
+               f"bench analyze rows: {rows}")
+        p = run(["bench", "analyze", "--limit", "99"])
+        expect(p.returncode == 2 and "--limit" in p.stderr, f"bench analyze --limit 99: {p.stderr!r}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def moe():
     """configs/gpt-moe-tiny.json trains on one rank, on data=2 (plain, ZeRO-1, ZeRO-3) and with its experts
     split over `expert` (expert=2, expert=4, data=2,expert=2 with ZeRO 0/1/3; 6 experts with random
@@ -1462,5 +1527,6 @@ if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
      "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze,
+     "cost": cost,
      "monitor": monitor}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

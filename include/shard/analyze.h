@@ -42,6 +42,12 @@ typedef struct shard_analyze_collective {
     uint64_t bytes, count;
 } shard_analyze_collective;
 
+/* A GEMM shape of the step and how many times it ran (the analyzer's histogram, for the cost model). */
+typedef struct shard_gemm_shape {
+    size_t m, n, k;
+    uint64_t count;
+} shard_gemm_shape;
+
 typedef struct shard_rank_analysis {
     int rank;
     char coords[160]; /* "data=0,tensor=1" */
@@ -51,6 +57,9 @@ typedef struct shard_rank_analysis {
     double flops_forward, flops_backward, flops_recompute, flops_other;
     size_t collectives;
     shard_analyze_collective *collective;
+    size_t gemm_shapes; /* the step's GEMMs by (M, N, K) */
+    shard_gemm_shape *gemm_shape;
+    double gemm_unshaped_flops; /* GEMM FLOPs the histogram missed (no room, or run by another thread) */
 } shard_rank_analysis;
 
 typedef struct shard_analysis {
@@ -62,6 +71,11 @@ typedef struct shard_analysis {
     double bubble;     /* the pipeline's idle fraction (0 without a pipe axis) */
     int critical_rank; /* the rank with the most FLOPs */
     char critical_phase[16];
+    /* what the cost model needs besides the ranks' figures */
+    char mesh[128];     /* the mesh text, e.g. "data=2,tensor=2" */
+    int zero;           /* the ZeRO stage */
+    char optimizer[16]; /* "adamw" or "sgd" */
+    uint64_t tokens;    /* tokens of one step over the whole mesh (global batch x seq) */
 } shard_analysis;
 
 typedef struct shard_analyze_options {

@@ -11,6 +11,7 @@
 #include "shard/cnn.h"
 #include "shard/comm.h"
 #include "shard/cost.h"
+#include "shard/cost_model.h"
 #include "shard/data.h"
 #include "shard/dtensor.h"
 #include "shard/dtype.h"

@@ -12,6 +12,7 @@
 #include "core/flops.h"
 #include "core/parallel.h"
 #include "kernels/reference.h"
+#include "plan/gemm_shapes.h"
 
 #include <cpuid.h>
 #include <dlfcn.h>
@@ -181,6 +182,7 @@ static shard_status gemm(const char *name, int transpose_a, int transpose_b, siz
                            name, M, N, K, lda, ldb, ldc);
     if (M == 0 || N == 0) return SHARD_OK;
     shard__flops_add(2.0 * (double)M * (double)N * (double)K);
+    shard__gemm_shapes_add(M, N, K);
     if (shard__mem_planning()) return SHARD_OK; /* the analyzer's dry run: counted, not computed */
     int threads = shard__parallel_threads();
     gemm_job j = {transpose_a, transpose_b, M >= N, M, N, K, lda, ldb, ldc, alpha, beta, A, Bm, bias, C};

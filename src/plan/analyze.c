@@ -15,12 +15,13 @@
 #include "core/alloc_impl.h"
 #include "core/flops.h"
 #include "parallel/pipeline_schedule.h"
+#include "plan/gemm_shapes.h"
 #include "shard/blas.h"
 #include "train/trainer_impl.h"
 
 void shard_analysis_destroy(shard_analysis *a) {
     if (!a) return;
-    for (size_t i = 0; a->rank && i < a->ranks; i++) free(a->rank[i].collective);
+    for (size_t i = 0; a->rank && i < a->ranks; i++) free(a->rank[i].collective), free(a->rank[i].gemm_shape);
     free(a->rank);
     free(a);
 }
@@ -62,9 +63,25 @@ static double schedule_bubble(const shard_trainer *t, const shard_rank_analysis 
     return shard__pipe_schedule_bubble(s, fc, bc < 1 ? 1 : bc);
 }
 
-/* Rank `rank`'s dry build and step. */
+/* The recorded GEMM shapes as the rank's (the FLOPs they miss against the counter's total kept apart). */
+static shard_status take_shapes(const shard__gemm_shapes *g, shard_rank_analysis *r) {
+    r->gemm_shape = calloc(g->n ? g->n : 1, sizeof *r->gemm_shape);
+    if (!r->gemm_shape) return shard_error(SHARD_ERR_NO_MEMORY, "analyze: out of memory");
+    memcpy(r->gemm_shape, g->at, g->n * sizeof *g->at);
+    r->gemm_shapes = g->n;
+    double seen = 0;
+    for (size_t i = 0; i < g->n; i++)
+        seen += 2.0 * (double)g->at[i].m * (double)g->at[i].n * (double)g->at[i].k * (double)g->at[i].count;
+    double all = r->flops_forward + r->flops_backward + r->flops_recompute + r->flops_other;
+    r->gemm_unshaped_flops = all > seen ? all - seen : 0;
+    return SHARD_OK;
+}
+
+/* Rank `rank`'s dry build and step (*tokens: the step's tokens over the mesh). */
 static shard_status build_rank(const shard_analyze_options *o, const char *mesh_text, int rank, shard_rank_analysis *r,
-                               double *bubble) {
+                               double *bubble, uint64_t *tokens) {
+    static _Thread_local shard__gemm_shapes shapes; /* ~8 KiB: off the stack */
+    shapes.n = 0, shapes.dropped_flops = 0;
     shard__plan_tally tally = {0};
     shard__mem_ledger ledger, *before = shard__mem_ledger_current();
     shard__mem_ledger_init(&ledger);
@@ -84,7 +101,9 @@ static shard_status build_rank(const shard_analyze_options *o, const char *mesh_
     if (s == SHARD_OK) s = shard_trainer_step(t, 1, &step);
     tally.n = 0;
     shard__flops_reset();
+    shard__gemm_shapes *outer = shard__gemm_shapes_record(&shapes);
     if (s == SHARD_OK) s = shard_trainer_step(t, 2, &step);
+    shard__gemm_shapes_record(outer);
     if (s == SHARD_OK) {
         r->rank = rank;
         describe_coords(mesh, r->coords, sizeof r->coords);
@@ -99,6 +118,9 @@ static shard_status build_rank(const shard_analyze_options *o, const char *mesh_
         r->flops_forward = (double)fl[SHARD__PHASE_FORWARD], r->flops_backward = (double)fl[SHARD__PHASE_BACKWARD];
         r->flops_recompute = (double)fl[SHARD__PHASE_RECOMPUTE], r->flops_other = (double)fl[SHARD__PHASE_OTHER];
         if (bubble) *bubble = schedule_bubble(t, r);
+        size_t global, micro, accum, data;
+        shard_trainer_batch(t, &global, &micro, &accum, &data);
+        if (tokens) *tokens = (uint64_t)global * (uint64_t)o->train->seq;
     }
     if (s < 0) {
         char why[600];
@@ -112,6 +134,7 @@ static shard_status build_rank(const shard_analyze_options *o, const char *mesh_
     shard__mem_plan_mode(0);
     shard__mem_ledger_adopt(before);
     if (s == SHARD_OK) s = take_tally(&tally, r);
+    if (s == SHARD_OK) s = take_shapes(&shapes, r);
     shard__plan_tally_free(&tally);
     return s;
 }
@@ -166,13 +189,16 @@ shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out)
     snprintf(a->layout, sizeof a->layout, "%s zero=%d%s%s%s%s", mesh_text, c->zero, c->schedule ? " schedule=" : "",
              c->schedule ? c->schedule : "", c->recompute ? " recompute" : "",
              c->sequence_parallel ? " sequence-parallel" : "");
+    snprintf(a->mesh, sizeof a->mesh, "%s", mesh_text);
+    a->zero = c->zero;
+    snprintf(a->optimizer, sizeof a->optimizer, "%s", c->optimizer ? c->optimizer : "adamw");
     int exact = o->exact_ranks > 0 ? o->exact_ranks : 64;
     int threads = shard_blas_threads(); /* a built rank shares the cores as a thread rank (one thread) */
     shard_status s = SHARD_OK;
     for (int r = 0; r < world && s == SHARD_OK; r++) {
         int like;
         if (!must_build(names, sizes, axes, world, exact, r, &like)) continue;
-        s = build_rank(&opt, mesh_text, r, &a->rank[r], r == 0 ? &a->bubble : NULL);
+        s = build_rank(&opt, mesh_text, r, &a->rank[r], r == 0 ? &a->bubble : NULL, r == 0 ? &a->tokens : NULL);
         a->built++;
     }
     for (int r = 0; r < world && s == SHARD_OK; r++) { /* the copies: rank and coordinates their own */
@@ -181,10 +207,14 @@ shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out)
         shard_rank_analysis *d = &a->rank[r];
         *d = a->rank[like];
         d->rank = r;
-        if (!(d->collective = malloc((d->collectives ? d->collectives : 1) * sizeof *d->collective)))
+        d->collective = malloc((d->collectives ? d->collectives : 1) * sizeof *d->collective);
+        d->gemm_shape = malloc((d->gemm_shapes ? d->gemm_shapes : 1) * sizeof *d->gemm_shape);
+        if (!d->collective || !d->gemm_shape) {
             s = shard_error(SHARD_ERR_NO_MEMORY, "analyze: out of memory");
-        else
+        } else {
             memcpy(d->collective, a->rank[like].collective, d->collectives * sizeof *d->collective);
+            memcpy(d->gemm_shape, a->rank[like].gemm_shape, d->gemm_shapes * sizeof *d->gemm_shape);
+        }
         size_t used = 0; /* its own coordinates (row-major: the last axis varies fastest) */
         for (int k = 0; k < axes; k++) {
             int inner = 1;

@@ -1,0 +1,22 @@
+/* profile.h — `shard profile` (profile.c) and the real runs `shard bench analyze` sets the cost model's
+ * predictions against (bench_analyze.c), shared so that the profile calibrates on the same runs. */
+#ifndef SHARD_CLI_PROFILE_H
+#define SHARD_CLI_PROFILE_H
+
+#include "shard/shard.h"
+
+/* Measure this machine into *p (quick: a few seconds, coarser). */
+shard_status profile_machine(int quick, shard_machine_profile *p);
+
+/* The median over `steps` steps, after `warmup` more, of the slowest rank's step time in ms: the
+ * trainer config `tc` (its data_dir filled) on `mesh` over thread ranks. */
+shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, int warmup, int steps, double *median_ms);
+
+/* The analysis of `tc` on `mesh` and the profile's prediction for it on thread ranks. */
+shard_status layout_predict(const shard_trainer_config *tc, const char *mesh, const shard_machine_profile *p,
+                            shard_analysis **analysis, shard_step_prediction **prediction);
+
+int cli_profile(int argc, char **argv);
+int cli_bench_analyze(int argc, char **argv);
+
+#endif
