@@ -85,11 +85,13 @@ static int over_limit(const shard__mem_ledger *ledger, size_t bytes, shard_mem_c
     shard__mem_bytes_text((double)bytes, want, sizeof want);
     shard__mem_bytes_text((double)held, have, sizeof have);
     shard__mem_bytes_text((double)ledger->limit_bytes, limit, sizeof limit);
+    shard__error_memory_cause(""); /* this refusal replaces an earlier one */
     shard_error(SHARD_ERR_NO_MEMORY,
                 "%s is out of device memory: %zu bytes (%s) more of %s on the %s it holds would pass its "
                 "available_memory_gb (%s); give the node more memory, or a layout that holds less per rank (more "
                 "ranks, --zero, --recompute)",
                 ledger->limit_owner, bytes, want, shard_mem_category_name(category), have, limit);
+    shard__error_memory_cause(shard_last_error());
     return 1;
 }
 

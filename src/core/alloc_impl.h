@@ -33,6 +33,10 @@ void shard__mem_ledger_init(shard__mem_ledger *ledger);
  * cluster's device: cluster.h).  Set while the ledger's rank allocates nothing else. */
 void shard__mem_ledger_limit(shard__mem_ledger *ledger, uint64_t limit_bytes, const char *owner);
 
+/* Remember why an allocation was refused for an emulated device's memory: the calling thread's next
+ * out-of-memory error ends with this text (status.c). */
+void shard__error_memory_cause(const char *text);
+
 /* The calling thread's plan mode (the analyzer's dry run of the engine): while on, shard_alloc charges the
  * ledger as usual but maps pages the kernel provides only when written (the untouched ones cost nothing),
  * shard_alloc_zeroed writes nothing (mapped pages are zero), and no allocation is refused for want of
