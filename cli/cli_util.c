@@ -39,7 +39,12 @@ int cli_help_asked(int argc, char **argv, int first) {
 static const char *const RANK_OPTIONS =
     "  --backend B              threads, mpi or auto (default auto: mpi when started by mpirun, else threads)\n"
     "  --timeout S              deadline of every wait in seconds, > 0 (default SHARD_TIMEOUT, else 300)\n"
-    "  --verbose, -v            say which backend and environment variables were used\n";
+    "  --verbose, -v            say which backend and environment variables were used\n"
+    "  --cluster FILE           run on an emulated cluster (JSON: nodes, network, intra_node, links): each\n"
+    "                           rank's compute, messages and memory held to its device's and links'\n"
+    "                           figures (see docs/cli.md, Emulated clusters)\n"
+    "  --device-map LIST        with --cluster: rank i on device LIST[i], e.g. 3,0,1,2 (default: the\n"
+    "                           ranks on the nodes' devices in order)\n";
 
 int cli_usage(const char *usage, int rank_options) {
     fputs(usage, stdout);
@@ -187,6 +192,12 @@ int cli_common_option(cli_common *common, int argc, char **argv, int *i) {
         if (!v || cli_parse_seconds("--timeout", v, &common->timeout)) return -1;
         return 1;
     }
+    if (strcmp(arg, "--cluster") == 0 || strcmp(arg, "--device-map") == 0) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v) return -1;
+        *(arg[2] == 'c' ? &common->cluster : &common->device_map) = v; /* read and checked by the launch */
+        return 1;
+    }
     if (strcmp(arg, "--backend") == 0) {
         const char *v = cli_value(argc, argv, i);
         if (!v) return -1;
@@ -224,6 +235,8 @@ shard_launch_config cli_launch_config(const cli_common *common) {
     cfg.backend = common->backend;
     cfg.timeout_seconds = common->timeout;
     cfg.verbose = common->verbose;
+    cfg.cluster_file = common->cluster;
+    cfg.device_map = common->device_map;
     return cfg;
 }
 

@@ -15,6 +15,8 @@ typedef struct cli_common {
     shard_backend_choice backend; /* --backend threads|mpi */
     double timeout;               /* --timeout SECONDS (0: SHARD_TIMEOUT or 300) */
     int verbose;                  /* --verbose */
+    const char *cluster;          /* --cluster FILE: an emulated cluster (NULL: none) */
+    const char *device_map;       /* --device-map 3,0,1,2 */
 } cli_common;
 
 /* Try to consume argv[*i] (and its value) as a common option.

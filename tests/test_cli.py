@@ -211,7 +211,7 @@ def errors():
 
 
 # The flags each verb's parser takes (cli/*.c): its usage text must list every one.
-RANK_FLAGS = {"--ranks", "--backend", "--timeout", "--verbose", "-v"}
+RANK_FLAGS = {"--ranks", "--backend", "--timeout", "--verbose", "-v", "--cluster", "--device-map"}
 PARSED_FLAGS = {
     ("bench", "comm"): RANK_FLAGS | {"--op", "--min", "--max", "--dtype", "--warmup", "--iters", "--no-baseline", "--json"},
     ("bench", "redistribute"): RANK_FLAGS | {"--mesh", "--bytes", "--warmup", "--iters", "--json"},

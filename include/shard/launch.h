@@ -32,6 +32,11 @@ typedef struct shard_launch_config {
     shard_backend_choice backend;
     double timeout_seconds; /* 0: SHARD_TIMEOUT from the environment, else 300 */
     int verbose;            /* say which backend and environment were used (stderr) */
+    /* an emulated cluster (shard/cluster.h) the ranks run on: `cluster`, else the description in
+     * `cluster_file` with `device_map` ("3,0,1,2": rank i on device map[i]; NULL: in order) */
+    const struct shard_cluster *cluster;
+    const char *cluster_file;
+    const char *device_map;
 } shard_launch_config;
 
 /* A config with the defaults filled in. */

@@ -8,6 +8,7 @@
 #include "shard/checkpoint.h"
 #include "shard/ckpt_lock.h"
 #include "shard/clock.h"
+#include "shard/cluster.h"
 #include "shard/cnn.h"
 #include "shard/comm.h"
 #include "shard/cost.h"

@@ -11,6 +11,7 @@
 
 #include "comm_impl.h"
 #include "core/monitor_impl.h"
+#include "emulate.h"
 #include "shard/clock.h"
 
 static const char *const coll_names[SHARD__COLL_KIND_COUNT] = {
@@ -61,6 +62,7 @@ void shard__comm_init_header(shard_comm *comm, const shard__comm_vtable *vt, int
     comm->p2p_seq = 0;
     atomic_init(&comm->bytes_sent, 0);
     atomic_init(&comm->outstanding, 0);
+    comm->emu = NULL;
 }
 
 void shard__format_rank_list(const int *flag, int n, char *out, size_t out_bytes) {
@@ -167,18 +169,33 @@ shard_status shard_comm_set_timeout(shard_comm *comm, double seconds) {
     return SHARD_OK;
 }
 
+/* A split under an emulated cluster: the new communicator learns its ranks' places (failing that, it is
+ * destroyed, as a split that failed leaves none). */
+static shard_status split_emulated(shard_comm **out) {
+    shard_status s = shard__emu_comm_split(*out);
+    if (s < 0 && *out) {
+        shard__comm_destroy_force(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
 shard_status shard_comm_split(shard_comm *comm, int color, int key, shard_comm **out) {
     if (!comm || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_comm_split: comm and out must not be NULL");
     *out = NULL;
     /* a split is collective on the parent; the backend numbers the steps it takes */
-    return comm->vt->split(comm, color, key, out);
+    shard_status s = comm->vt->split(comm, color, key, out);
+    if (s == SHARD_OK && shard__emu_current) s = split_emulated(out);
+    return s;
 }
 
 shard_status shard__comm_split_sized(shard_comm *comm, int color, int key, int size, int rank, shard_comm **out) {
     if (!comm || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_comm_split: comm and out must not be NULL");
     *out = NULL;
-    if (comm->vt->split_sized) return comm->vt->split_sized(comm, color, key, size, rank, out);
-    return comm->vt->split(comm, color, key, out);
+    shard_status s = comm->vt->split_sized ? comm->vt->split_sized(comm, color, key, size, rank, out)
+                                           : comm->vt->split(comm, color, key, out);
+    if (s == SHARD_OK && shard__emu_current) s = split_emulated(out);
+    return s;
 }
 
 shard_status shard_comm_destroy(shard_comm *comm) {
@@ -188,12 +205,15 @@ shard_status shard_comm_destroy(shard_comm *comm) {
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "comm '%s' destroyed with %lld request%s never waited on: wait for them first", comm->name,
                            (long long)pending, pending == 1 ? "" : "s");
+    shard__emu_comm_free(comm);
     comm->vt->destroy(comm);
     return SHARD_OK;
 }
 
 void shard__comm_destroy_force(shard_comm *comm) {
-    if (comm) comm->vt->destroy(comm); /* outstanding requests are abandoned, never freed */
+    if (!comm) return;
+    shard__emu_comm_free(comm);
+    comm->vt->destroy(comm); /* outstanding requests are abandoned, never freed */
 }
 
 void shard_comm_abort(shard_comm *comm, shard_status status, const char *reason) {
@@ -311,6 +331,7 @@ shard_status shard_request_wait(shard_request **reqp) {
     shard_request *req = *reqp;
     if (!req) return SHARD_OK; /* waiting on a finished (NULL) request is a no-op, as MPI_REQUEST_NULL */
     *reqp = NULL;
+    if (shard__emu_current) shard__emu_call_begin();
     double wait0 = req->mon_t0 > 0 ? shard__now() : 0;
     if (!atomic_load(&req->done)) {
         shard_status s = req->comm->vt->request_wait(req);
@@ -319,6 +340,7 @@ shard_status shard_request_wait(shard_request **reqp) {
             snprintf(req->error, sizeof req->error, "%s", shard_last_error());
         }
     }
+    if (shard__emu_current) shard__emu_call_end(req->emu_deadline);
     if (req->mon_t0 > 0) monitor_request(req, wait0, shard__now());
     return request_finish(req);
 }
@@ -345,6 +367,7 @@ shard_status shard_request_test(shard_request **reqp, int *done) {
         }
         if (!atomic_load(&req->done)) return SHARD_OK;
     }
+    if (req->emu_deadline > 0 && shard__now() < req->emu_deadline) return SHARD_OK; /* still on the emulated link */
     *done = 1;
     *reqp = NULL;
     if (req->mon_t0 > 0) {
@@ -387,8 +410,10 @@ static shard_status p2p_start(shard_comm *comm, int is_send, void *buf, size_t c
     if (!req) return SHARD_ERR_NO_MEMORY;
     uint64_t seq = ++comm->p2p_seq;
     size_t bytes = count * shard_dtype_size(dtype);
+    if (shard__emu_current) req->emu_deadline = shard__emu_call_begin() + shard__emu_p2p_seconds(comm, peer, bytes);
     shard_status s = is_send ? comm->vt->isend(comm, buf, bytes, peer, tag, seq, req)
                              : comm->vt->irecv(comm, buf, bytes, peer, tag, seq, req);
+    if (shard__emu_current) shard__emu_call_end(0);
     if (s < 0) {
         request_free(req);
         return s;
@@ -677,8 +702,10 @@ static shard_status run_blocking(shard_comm *comm, shard__coll_args *a, const si
     uint64_t bytes = shard__coll_bytes_sent(comm, a);
     atomic_fetch_add(&comm->bytes_sent, bytes);
     shard__mon *mon = shard__mon_current;
-    double t0 = mon ? shard__now() : 0;
+    double t0 = mon ? shard__now() : 0, emu_end = 0;
+    if (shard__emu_current) emu_end = shard__emu_call_begin() + shard__emu_coll_seconds(comm, a);
     shard_status s = comm->vt->collective(comm, a);
+    if (shard__emu_current) shard__emu_call_end(emu_end);
     if (mon) shard__mon_comm(mon, comm, shard__coll_kind_name(a->kind), mon->tag, t0, t0, shard__now(), bytes);
     args_free_arrays(a);
     return s;
@@ -700,6 +727,7 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
     req->mon_bytes = shard__coll_bytes_sent(comm, a);
     atomic_fetch_add(&comm->bytes_sent, req->mon_bytes);
     req->coll = *a; /* the request now owns the arrays */
+    if (shard__emu_current) req->emu_deadline = shard__emu_call_begin() + shard__emu_coll_seconds(comm, &req->coll);
     shard_status s;
     if (comm->vt->icollective) {
         s = comm->vt->icollective(comm, &req->coll, req);
@@ -710,6 +738,7 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
             atomic_store(&req->done, 1);
         }
     }
+    if (shard__emu_current) shard__emu_call_end(0);
     if (s < 0) {
         /* refused before it was issued: give the sequence number and bytes back
          * so that this rank stays in step with its peers */

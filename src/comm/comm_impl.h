@@ -86,6 +86,7 @@ struct shard_comm {
     uint64_t p2p_seq;  /* point-to-point operations started */
     _Atomic uint64_t bytes_sent;
     _Atomic int64_t outstanding; /* requests created and not yet waited on */
+    struct shard__emu_comm *emu; /* an emulated cluster's view of it (emulate.c); NULL without one */
 };
 
 typedef enum shard__request_kind { SHARD__REQ_SEND, SHARD__REQ_RECV, SHARD__REQ_COLL } shard__request_kind;
@@ -104,6 +105,7 @@ struct shard_request {
     double mon_t0;
     uint64_t mon_bytes;
     const char *mon_cat;
+    double emu_deadline; /* an emulated cluster's: the wait ends no earlier (0: none) */
 };
 
 /* The block of rank r when `count` elements are split over n ranks: the first

@@ -68,6 +68,31 @@ void shard__mem_ledger_init(shard__mem_ledger *ledger) {
     atomic_init(&ledger->total_current_bytes, 0);
     atomic_init(&ledger->blocks, 0);
     atomic_init(&ledger->total_peak_bytes, 0);
+    ledger->limit_bytes = 0;
+    ledger->limit_owner[0] = '\0';
+}
+
+void shard__mem_ledger_limit(shard__mem_ledger *ledger, uint64_t limit_bytes, const char *owner) {
+    ledger->limit_bytes = limit_bytes;
+    snprintf(ledger->limit_owner, sizeof ledger->limit_owner, "%s", owner ? owner : "");
+}
+
+/* An allocation past the ledger's emulated device memory: refused, naming who, what and how much. */
+static int over_limit(const shard__mem_ledger *ledger, size_t bytes, shard_mem_category category) {
+    uint64_t held = atomic_load_explicit(&ledger->total_current_bytes, memory_order_relaxed);
+    if (held + bytes <= ledger->limit_bytes) return 0;
+    char want[32], have[32], limit[32];
+    shard__mem_bytes_text((double)bytes, want, sizeof want);
+    shard__mem_bytes_text((double)held, have, sizeof have);
+    shard__mem_bytes_text((double)ledger->limit_bytes, limit, sizeof limit);
+    shard__error_memory_cause(""); /* this refusal replaces an earlier one */
+    shard_error(SHARD_ERR_NO_MEMORY,
+                "%s is out of device memory: %zu bytes (%s) more of %s on the %s it holds would pass its "
+                "available_memory_gb (%s); give the node more memory, or a layout that holds less per rank (more "
+                "ranks, --zero, --recompute)",
+                ledger->limit_owner, bytes, want, shard_mem_category_name(category), have, limit);
+    shard__error_memory_cause(shard_last_error());
+    return 1;
 }
 
 const char *shard_mem_category_name(shard_mem_category category) {
@@ -101,6 +126,8 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
         shard_error(SHARD_ERR_NO_MEMORY, "shard_alloc: %zu bytes is more than can be addressed", bytes);
         return NULL;
     }
+    shard__mem_ledger *ledger = shard__mem_ledger_current();
+    if (ledger->limit_bytes && !plan_mode && over_limit(ledger, bytes, category)) return NULL;
     size_t raw_bytes = bytes + 2 * SHARD_ALIGNMENT_BYTES;
     void *raw = NULL;
     uintptr_t aligned;
@@ -130,7 +157,7 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     memset(h, 0, sizeof *h);
     h->magic = BLOCK_MAGIC;
     h->bytes = bytes;
-    h->ledger = shard__mem_ledger_current();
+    h->ledger = ledger;
     h->raw = raw;
     h->category = (int)category;
     h->planned = plan_mode;

@@ -17,6 +17,8 @@ typedef struct shard__mem_ledger {
     _Atomic uint64_t total_peak_bytes;
     _Atomic uint64_t blocks; /* outstanding, zero-byte ones included: a ledger in use has some */
     _Atomic uint64_t window_peak_bytes[SHARD_MEM_CATEGORY_COUNT]; /* since shard__mem_window_reset */
+    uint64_t limit_bytes; /* an emulated device's memory: more is refused (0: no limit) */
+    char limit_owner[96]; /* who is refused, for the message: "rank 1 on node 'b' (device 3)" */
 } shard__mem_ledger;
 
 /* The ledger the calling thread charges (a process-wide one by default). */
@@ -26,6 +28,14 @@ shard__mem_ledger *shard__mem_ledger_current(void);
 void shard__mem_ledger_adopt(shard__mem_ledger *ledger);
 
 void shard__mem_ledger_init(shard__mem_ledger *ledger);
+
+/* Refuse allocations that would take `ledger` past `limit_bytes` (0: none), naming `owner` (an emulated
+ * cluster's device: cluster.h).  Set while the ledger's rank allocates nothing else. */
+void shard__mem_ledger_limit(shard__mem_ledger *ledger, uint64_t limit_bytes, const char *owner);
+
+/* Remember why an allocation was refused for an emulated device's memory: the calling thread's next
+ * out-of-memory error ends with this text (status.c). */
+void shard__error_memory_cause(const char *text);
 
 /* The calling thread's plan mode (the analyzer's dry run of the engine): while on, shard_alloc charges the
  * ledger as usual but maps pages the kernel provides only when written (the untouched ones cost nothing),

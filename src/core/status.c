@@ -31,7 +31,14 @@ const char *shard_status_string(shard_status status) {
 
 const char *shard_last_error(void) { return last_error_text; }
 
-void shard_clear_error(void) { last_error_text[0] = '\0'; }
+/* The cause of an allocation refused for an emulated device's memory (alloc_impl.h): the next
+ * out-of-memory error the calling thread reports ends with it, so that a caller's own message (what it
+ * was allocating) still says which rank, node and category ran out. */
+static _Thread_local char memory_cause[SHARD_ERROR_TEXT_BYTES];
+
+void shard__error_memory_cause(const char *text) { snprintf(memory_cause, sizeof memory_cause, "%s", text); }
+
+void shard_clear_error(void) { last_error_text[0] = memory_cause[0] = '\0'; }
 
 shard_status shard_error(shard_status status, const char *fmt, ...) {
     /* formatted apart first: an argument may be the last error itself ("rank 1 failed: %s") */
@@ -40,6 +47,11 @@ shard_status shard_error(shard_status status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    if (memory_cause[0] && status == SHARD_ERR_NO_MEMORY && !strstr(raw, memory_cause)) {
+        size_t used = strlen(raw);
+        snprintf(raw + used, sizeof raw - used, ": %s", memory_cause);
+    }
+    if (status != SHARD_ERR_NO_MEMORY) memory_cause[0] = '\0';
     shard_text_show_invisible(raw, last_error_text, sizeof last_error_text);
     return status;
 }

@@ -12,9 +12,11 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "../comm/emulate.h"
 #include "../comm/threads/threads_impl.h"
 #include "core/env.h"
 #include "shard/blas.h"
+#include "shard/cluster.h"
 #include "shard/launch.h"
 
 enum { DEFAULT_TIMEOUT_SECONDS = 300 };
@@ -78,6 +80,7 @@ typedef struct rank_ctx {
     shard__mem_ledger *ledger;
     shard_rank_fn fn;
     void *arg;
+    const shard_cluster *cluster; /* emulated (NULL: none) */
     shard_status status;
     char *error; /* the failure's text (malloc'd: a whole message of up to SHARD_ERROR_TEXT_BYTES) */
 } rank_ctx;
@@ -93,11 +96,39 @@ static void free_text(char *text) {
     if (text != NO_MEMORY_TEXT) free(text);
 }
 
+/* The rank function, on its emulated device when there is a cluster. */
+static shard_status run_rank(shard_comm *comm, const shard_cluster *cluster, shard_rank_fn fn, void *arg) {
+    if (!cluster) return fn(comm, arg);
+    SHARD_CHECK(shard__emu_rank_begin(comm, cluster));
+    shard_status s = fn(comm, arg);
+    shard__emu_rank_end();
+    return s;
+}
+
+/* The cluster a launch emulates: the config's, or one read from its file (then *owned, to destroy). */
+static shard_status launch_cluster(const shard_launch_config *cfg, const shard_cluster **use, shard_cluster **owned) {
+    *use = cfg->cluster, *owned = NULL;
+    if (cfg->cluster || (!cfg->cluster_file && !cfg->device_map)) return SHARD_OK;
+    if (!cfg->cluster_file)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--device-map '%s' places ranks on the devices of a cluster: give --cluster FILE too",
+                           cfg->device_map);
+    SHARD_CHECK(shard_cluster_load(cfg->cluster_file, owned));
+    shard_status s = shard_cluster_set_device_map(*owned, cfg->device_map);
+    if (s < 0) {
+        shard_cluster_destroy(*owned);
+        *owned = NULL;
+        return s;
+    }
+    *use = *owned;
+    return SHARD_OK;
+}
+
 static void *rank_main(void *p) {
     rank_ctx *ctx = p;
     shard__mem_ledger_adopt(ctx->ledger);
     shard_clear_error();
-    ctx->status = ctx->fn(ctx->comm, ctx->arg);
+    ctx->status = run_rank(ctx->comm, ctx->cluster, ctx->fn, ctx->arg);
     if (ctx->status < 0) {
         keep_text(&ctx->error, shard_last_error());
         /* an abort that was itself caused by another rank must not hide the root cause */
@@ -202,7 +233,8 @@ static shard_status thread_failure(int err, int r, int n) {
                        r, n, r, strerror(err), name, err, nproc, max[0] ? max : "?", pids, stack, as);
 }
 
-static shard_status launch_threads(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
+static shard_status launch_threads(const shard_launch_config *cfg, const shard_cluster *cluster, double timeout,
+                                   shard_rank_fn fn, void *arg) {
     int n = cfg->ranks ? cfg->ranks : 1; /* 0: one rank per process, as under a launcher */
     if (n < 1 || n > 4096)
         return shard_error(SHARD_ERR_INVALID_ARG,
@@ -216,6 +248,8 @@ static shard_status launch_threads(const shard_launch_config *cfg, double timeou
     /* OpenBLAS is loaded (it sets and restores environment variables) before any rank thread can read the
      * environment; a failure to load is reported when a product needs it */
     (void)shard_blas_init();
+    shard_cluster_device last;
+    if (cluster) SHARD_CHECK(shard_cluster_rank_device(cluster, n - 1, &last)); /* devices for every rank */
     shard__mem_ledger *ledgers = calloc((size_t)n, sizeof *ledgers);
     shard_comm **comms = calloc((size_t)n, sizeof *comms);
     rank_ctx *ctx = calloc((size_t)n, sizeof *ctx);
@@ -230,7 +264,7 @@ static shard_status launch_threads(const shard_launch_config *cfg, double timeou
     SHARD_CHECK_GOTO(shard__threads_world_create(n, timeout, ledgers, comms, &job), s, done);
     int started = 0, failed_at = 0, failed_errno = 0;
     for (int r = 0; r < n; r++) {
-        ctx[r] = (rank_ctx){.comm = comms[r], .ledger = &ledgers[r], .fn = fn, .arg = arg};
+        ctx[r] = (rank_ctx){.comm = comms[r], .ledger = &ledgers[r], .fn = fn, .arg = arg, .cluster = cluster};
         if (r == 0) continue; /* rank 0 runs on the calling thread */
         int err = pthread_create(&threads[r], NULL, rank_main, &ctx[r]);
         if (err != 0) {
@@ -269,7 +303,8 @@ done:
 
 /* ------------------------------------------------------------------ MPI */
 
-static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, shard_rank_fn fn, void *arg) {
+static shard_status launch_mpi(const shard_launch_config *cfg, const shard_cluster *cluster, double timeout,
+                               shard_rank_fn fn, void *arg) {
     char described[256] = "no launcher variables";
     int env_rank = -1, env_size = -1;
     shard_launch_detect_mpi(described, sizeof described, &env_rank, &env_size);
@@ -304,7 +339,7 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
         return s;
     }
     shard_clear_error();
-    shard_status s = fn(world, arg);
+    shard_status s = run_rank(world, cluster, fn, arg);
     char text[SHARD_ERROR_TEXT_BYTES];
     snprintf(text, sizeof text, "%s", s < 0 ? shard_last_error() : "");
     if (s < 0 && size > 1) shard_comm_abort(world, s, text[0] ? text : shard_status_string(s)); /* ends the job */
@@ -320,11 +355,8 @@ static shard_status launch_mpi(const shard_launch_config *cfg, double timeout, s
     return s;
 }
 
-shard_status shard_launch_with(const shard_launch_config *config, shard_rank_fn fn, void *arg) {
-    if (!config || config->struct_size < sizeof(shard_launch_config))
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "shard_launch_with: config missing or from an older header (struct_size)");
-    if (!fn) return shard_error(SHARD_ERR_INVALID_ARG, "shard_launch: rank function is NULL");
+static shard_status launch_on(const shard_launch_config *config, const shard_cluster *cluster, shard_rank_fn fn,
+                              void *arg) {
     double timeout = config->timeout_seconds > 0 ? config->timeout_seconds : shard_default_timeout();
     int under_mpi = shard_launch_detect_mpi(NULL, 0, NULL, NULL);
     switch (config->backend) {
@@ -332,18 +364,32 @@ shard_status shard_launch_with(const shard_launch_config *config, shard_rank_fn 
         if (!under_mpi)
             return shard_error(SHARD_ERR_INVALID_ARG,
                                "--backend mpi needs an MPI launcher: run it as 'mpirun -np N build/shard ...'");
-        return launch_mpi(config, timeout, fn, arg);
+        return launch_mpi(config, cluster, timeout, fn, arg);
     case SHARD_BACKEND_THREADS:
         if (under_mpi)
             return shard_error(SHARD_ERR_INVALID_ARG,
                                "--backend threads was asked for, but this process was started by an MPI launcher; "
                                "use --backend mpi or run without mpirun");
-        return launch_threads(config, timeout, fn, arg);
+        return launch_threads(config, cluster, timeout, fn, arg);
     case SHARD_BACKEND_AUTO:
-        return under_mpi ? launch_mpi(config, timeout, fn, arg) : launch_threads(config, timeout, fn, arg);
+        return under_mpi ? launch_mpi(config, cluster, timeout, fn, arg)
+                         : launch_threads(config, cluster, timeout, fn, arg);
     }
     return shard_error(SHARD_ERR_INVALID_ARG, "unknown backend choice %d: use auto, threads or mpi",
                        (int)config->backend);
+}
+
+shard_status shard_launch_with(const shard_launch_config *config, shard_rank_fn fn, void *arg) {
+    if (!config || config->struct_size < sizeof(shard_launch_config))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_launch_with: config missing or from an older header (struct_size)");
+    if (!fn) return shard_error(SHARD_ERR_INVALID_ARG, "shard_launch: rank function is NULL");
+    const shard_cluster *cluster = NULL;
+    shard_cluster *owned = NULL;
+    SHARD_CHECK(launch_cluster(config, &cluster, &owned));
+    shard_status s = launch_on(config, cluster, fn, arg);
+    shard_cluster_destroy(owned);
+    return s;
 }
 
 shard_status shard_launch(int ranks, shard_rank_fn fn, void *arg) {

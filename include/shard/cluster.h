@@ -1,0 +1,68 @@
+/* cluster.h — a cluster description (nodes of devices, the links between and within them) and its
+ * emulation on one machine.
+ *
+ * A description is JSON:
+ *   {"nodes": [{"name": "a", "devices": 4, "compute_tflops": 0.01, "available_memory_gb": 2}, ...],
+ *    "network":    {"bandwidth_gbps": 10, "latency_us": 500},   between two nodes
+ *    "intra_node": {"bandwidth_gbps": 100, "latency_us": 20},   between two devices of one node
+ *    "links": [{"from": "a", "to": "b", "bandwidth_gbps": 1, "latency_us": 2000}]}   optional overrides
+ * Bandwidths are in gigabits per second (1e9 bits), latencies in microseconds, memory in GiB (2^30
+ * bytes), compute in TFLOP/s (1e12 floating-point operations per second).  A link applies both ways.
+ * Ranks lie on the nodes' devices in order (rank 0 on the first node's first device); a device map
+ * ("3,0,1,2") says instead that rank i runs on device map[i], devices numbered in that same order.
+ *
+ * Emulation (shard_launch_config's cluster): every rank's compute span (its work between two
+ * communication calls) is padded to the time its GEMM FLOPs take on its device; every message and
+ * collective is delayed to its link's alpha-beta time; the rank's accounted memory is limited to its
+ * device's.  A device declared faster than this machine gives a rank is refused. */
+#ifndef SHARD_CLUSTER_H
+#define SHARD_CLUSTER_H
+
+#include <stddef.h>
+
+#include "shard/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct shard_cluster shard_cluster;
+
+/* Where a rank runs. */
+typedef struct shard_cluster_device {
+    const char *node;      /* the node's name (the cluster's, valid while it lives) */
+    int node_index;        /* in the nodes list */
+    int device;            /* the device's number over the whole cluster */
+    int local;             /* its number within its node */
+    double compute_tflops; /* its node's */
+    double memory_bytes;   /* available_memory_gb in bytes */
+} shard_cluster_device;
+
+/* Parse a description; `where` names it in messages (a path).  Free with shard_cluster_destroy. */
+shard_status shard_cluster_parse(const char *json_text, const char *where, shard_cluster **out);
+/* Read and parse a file. */
+shard_status shard_cluster_load(const char *path, shard_cluster **out);
+void shard_cluster_destroy(shard_cluster *cluster);
+
+/* "3,0,1,2": rank i runs on device map[i]; each device at most once, each below the device count.
+ * NULL or "" puts ranks back on the devices in order. */
+shard_status shard_cluster_set_device_map(shard_cluster *cluster, const char *map);
+
+/* The devices over all nodes. */
+int shard_cluster_devices(const shard_cluster *cluster);
+
+/* The device of rank `rank` (refused when the cluster has too few devices, or the device map is shorter). */
+shard_status shard_cluster_rank_device(const shard_cluster *cluster, int rank, shard_cluster_device *out);
+
+/* The link between two ranks: its latency alpha in seconds and bandwidth beta in bytes per second
+ * (a rank and itself: alpha 0, beta infinite). */
+shard_status shard_cluster_link(const shard_cluster *cluster, int rank_a, int rank_b, double *alpha_seconds,
+                                double *beta_bytes_per_second);
+
+/* The ranks the cluster can hold: its devices, or the device map's length when one is set. */
+int shard_cluster_ranks(const shard_cluster *cluster);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
