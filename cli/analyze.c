@@ -50,13 +50,19 @@ static const char *const USAGE =
     "  --exact-ranks N                     build every rank up to N ranks (default 64)\n"
     "  --profile FILE                      a machine profile (shard profile): predict each rank's step\n"
     "                                      time (compute, comm, bubble, optimizer) and tokens/s\n"
+    "  --cluster FILE                      an emulated cluster (docs/cli.md, Emulated clusters): each rank's\n"
+    "                                      device and whether its memory fits there; with it, the step time\n"
+    "                                      is predicted for the cluster (GEMM FLOPs at the device's rate,\n"
+    "                                      collectives over its links; --profile adds the host's parts)\n"
+    "  --device-map LIST                   with --cluster: mesh position i on device LIST[i] (e.g. 3,0,1,2)\n"
     "  --json                              one JSON object: layout, world, ranks [rank, coords, params,\n"
     "                                      memory, flops, comm_bytes, collectives], bubble, critical_path,\n"
     "                                      step_ms, tokens_per_s (the last two null without --profile;\n"
-    "                                      with it each rank also has time_ms)\n";
+    "                                      with it each rank also has time_ms; with --cluster, device)\n";
 
 typedef struct analyze_opts {
     const char *config, *mesh, *schedule, *layers_per_stage, *grad_dtype, *compute_dtype, *optimizer, *profile;
+    const char *cluster, *device_map;
     long batch, seq, micro_batch, accum, zero, micro_batches, virtual_stages, ranks, exact;
     double bucket_mb;
     int recompute, sequence_parallel, json;
@@ -66,11 +72,12 @@ typedef struct analyze_opts {
 /* One option of argv at *i into o: 1 taken, 0 not this verb's, -1 a bad value (message printed). */
 static int take_option(analyze_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i], *val;
-    const char **strs[] = {&o->config,     &o->mesh,          &o->schedule,  &o->layers_per_stage,
-                           &o->grad_dtype, &o->compute_dtype, &o->optimizer, &o->profile};
+    const char **strs[] = {&o->config,        &o->mesh,      &o->schedule, &o->layers_per_stage, &o->grad_dtype,
+                           &o->compute_dtype, &o->optimizer, &o->profile,  &o->cluster,          &o->device_map};
     static const char *const str_names[] = {"--config",     "--mesh",          "--schedule",  "--layers-per-stage",
-                                            "--grad-dtype", "--compute-dtype", "--optimizer", "--profile"};
-    for (int k = 0; k < 8; k++)
+                                            "--grad-dtype", "--compute-dtype", "--optimizer", "--profile",
+                                            "--cluster",    "--device-map"};
+    for (int k = 0; k < 10; k++)
         if (strcmp(a, str_names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
     long *ints[] = {&o->batch,          &o->seq,   &o->micro_batch, &o->accum, &o->zero, &o->micro_batches,
                     &o->virtual_stages, &o->ranks, &o->exact};
@@ -184,7 +191,20 @@ static json_t *time_json(const shard_rank_time *t) {
     return o;
 }
 
-static int print_json(const shard_analysis *a, const shard_step_prediction *pred) {
+/* A rank's device on the cluster and whether its peak memory fits the device's. */
+static json_t *device_json(const shard_cluster *cluster, const shard_rank_analysis *r) {
+    shard_cluster_device d;
+    if (shard_cluster_rank_device(cluster, r->rank, &d) < 0) return json_null();
+    json_t *o = json_object();
+    json_object_set_new(o, "node", json_string(d.node));
+    json_object_set_new(o, "device", json_integer(d.device));
+    json_object_set_new(o, "compute_tflops", json_real(d.compute_tflops));
+    json_object_set_new(o, "memory_bytes", json_real(d.memory_bytes));
+    json_object_set_new(o, "fits", json_boolean((double)r->memory_total_bytes <= d.memory_bytes));
+    return o;
+}
+
+static int print_json(const shard_analysis *a, const shard_step_prediction *pred, const shard_cluster *cluster) {
     json_t *root = json_object(), *ranks = json_array();
     json_object_set_new(root, "layout", json_string(a->layout));
     json_object_set_new(root, "world", json_integer(a->world));
@@ -219,6 +239,7 @@ static int print_json(const shard_analysis *a, const shard_step_prediction *pred
         json_object_set_new(x, "comm_bytes", axes);
         json_object_set_new(x, "collectives", coll);
         if (pred) json_object_set_new(x, "time_ms", time_json(&pred->rank[i]));
+        if (cluster) json_object_set_new(x, "device", device_json(cluster, r));
         json_array_append_new(ranks, x);
     }
     json_object_set_new(root, "ranks", ranks);
@@ -237,7 +258,7 @@ static int print_json(const shard_analysis *a, const shard_step_prediction *pred
     return ok ? 0 : 1;
 }
 
-static void print_table(const shard_analysis *a, const shard_step_prediction *pred) {
+static void print_table(const shard_analysis *a, const shard_step_prediction *pred, const shard_cluster *cluster) {
     printf("analyze: %s, %d ranks (%d built)\n", a->layout, a->world, a->built);
     printf("  %-26s %12s %9s %9s %9s %11s %8s %8s %9s %9s %9s %9s\n", "rank", "params", "params", "grads", "optimizer",
            "activations", "comm", "other", "total MiB", "fwd GF", "bwd GF", "sent MiB");
@@ -261,6 +282,13 @@ static void print_table(const shard_analysis *a, const shard_step_prediction *pr
             printf(" %s %s x%llu %.0f bytes;", r0->collective[k].axis, r0->collective[k].op,
                    (unsigned long long)r0->collective[k].count, (double)r0->collective[k].bytes);
     printf("\nbubble %.3f; critical path: rank %d, %s\n", a->bubble, a->critical_rank, a->critical_phase);
+    for (size_t i = 0; cluster && i < a->ranks; i++) { /* where each rank runs, and what does not fit there */
+        shard_cluster_device d;
+        if (shard_cluster_rank_device(cluster, a->rank[i].rank, &d) < 0) continue;
+        int fits = (double)a->rank[i].memory_total_bytes <= d.memory_bytes;
+        printf("rank %d on node '%s' device %d (%g TFLOP/s, %.2f GiB): %s\n", a->rank[i].rank, d.node, d.device,
+               d.compute_tflops, d.memory_bytes / 1073741824.0, fits ? "fits" : "DOES NOT FIT");
+    }
     if (!pred) return;
     printf("predicted step (ms): %-26s %9s %9s %9s %9s %9s\n", "rank", "compute", "comm", "bubble", "optimizer",
            "total");
@@ -292,10 +320,19 @@ int cli_analyze(int argc, char **argv) {
     if (s == SHARD_OK) s = shard_analyze(&ao, &a);
     shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
     shard_step_prediction *pred = NULL;
-    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads"};
+    shard_cluster *cluster = NULL;
+    if (s == SHARD_OK && o.device_map && !o.cluster)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "--device-map %s places ranks on a cluster's devices: give --cluster too", o.device_map);
+    if (s == SHARD_OK && o.cluster) s = shard_cluster_load(o.cluster, &cluster);
+    if (s == SHARD_OK && cluster && o.device_map) s = shard_cluster_set_device_map(cluster, o.device_map);
+    if (s == SHARD_OK && cluster && shard_cluster_ranks(cluster) < a->world)
+        s = shard_error(SHARD_ERR_INVALID_ARG, "--cluster %s: %d devices for the %d ranks of --mesh %s", o.cluster,
+                        shard_cluster_ranks(cluster), a->world, a->mesh);
+    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads", .cluster = cluster};
     if (s == SHARD_OK && o.profile && !prof) s = shard_error(SHARD_ERR_NO_MEMORY, "analyze: out of memory");
     if (s == SHARD_OK && prof) s = shard_machine_profile_load(o.profile, prof);
-    if (s == SHARD_OK && prof) s = shard_cost_predict(a, prof, &co, &pred);
+    if (s == SHARD_OK && (prof || cluster)) s = shard_cost_predict(a, prof, &co, &pred);
     free(prof);
     if (s < 0) {
         shard_analysis_destroy(a);
@@ -304,10 +341,11 @@ int cli_analyze(int argc, char **argv) {
     }
     int rc = 0;
     if (o.json)
-        rc = print_json(a, pred);
+        rc = print_json(a, pred, cluster);
     else
-        print_table(a, pred);
+        print_table(a, pred, cluster);
     shard_step_prediction_destroy(pred);
+    shard_cluster_destroy(cluster);
     shard_analysis_destroy(a);
     return rc;
 }

@@ -16,7 +16,8 @@
 #include "profile.h"
 
 static const char *const USAGE =
-    "usage: shard bench analyze [--profile FILE] [--limit N] [--steps S] [--warmup W] [--json]\n"
+    "usage: shard bench analyze [--profile FILE] [--cluster FILE [--device-map LIST]] [--limit N] [--steps S]\n"
+    "                           [--warmup W] [--json]\n"
     "\n"
     "The cost model's predicted step time against real runs of the tiny GPT (configs/gpt-tiny.json,\n"
     "batch 8, seq 64) on thread ranks, for 14 layouts (data, ZeRO 1-3, tensor with and without sequence\n"
@@ -26,11 +27,16 @@ static const char *const USAGE =
     "each other aside).\n"
     "\n"
     "options:\n"
-    "  --profile FILE           the machine profile (default: profile this machine first, as shard profile)\n"
+    "  --profile FILE           the machine profile (default: profile this machine first, as shard profile,\n"
+    "                           unless --cluster is given)\n"
+    "  --cluster FILE           run and predict every layout on this emulated cluster (its ranks on the\n"
+    "                           devices in order): predictions from the cluster's rates and links, and\n"
+    "                           the profile's for the host's part when --profile is given too\n"
+    "  --device-map LIST        with --cluster: mesh position i on device LIST[i]\n"
     "  --limit N                the first N layouts only, 1..14 (default 14)\n"
     "  --steps S                timed steps per layout, 5..1000 (default 7)\n"
     "  --warmup W               untimed steps first, 1..100 (default 2)\n"
-    "  --json                   one JSON object: profile, layouts [layout, ranks, predicted_ms,\n"
+    "  --json                   one JSON object: profile, cluster, layouts [layout, ranks, predicted_ms,\n"
     "                           measured_ms, error, oversubscribed], ranking_matches, discordant_pairs\n";
 
 typedef struct bench_layout {
@@ -87,22 +93,23 @@ static int mesh_ranks(const char *mesh) {
     return world;
 }
 
-shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, int warmup, int steps,
-                            double *median_ms) {
+shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, const shard_cluster *cluster, int warmup,
+                            int steps, double *median_ms) {
     measure_run m = {.tc = tc, .mesh = mesh, .warmup = warmup, .steps = steps};
     shard_launch_config lc = shard_launch_config_default();
-    lc.ranks = mesh_ranks(mesh), lc.backend = SHARD_BACKEND_THREADS;
+    lc.ranks = mesh_ranks(mesh), lc.backend = SHARD_BACKEND_THREADS, lc.cluster = cluster;
     SHARD_CHECK(shard_launch_with(&lc, measure_rank, &m));
     *median_ms = m.median_ms;
     return SHARD_OK;
 }
 
 shard_status layout_predict(const shard_trainer_config *tc, const char *mesh, const shard_machine_profile *p,
-                            shard_analysis **analysis, shard_step_prediction **prediction) {
+                            const shard_cluster *cluster, shard_analysis **analysis,
+                            shard_step_prediction **prediction) {
     *prediction = NULL;
     shard_analyze_options ao = {.struct_size = sizeof ao, .train = tc, .mesh = mesh};
     SHARD_CHECK(shard_analyze(&ao, analysis));
-    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads"};
+    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads", .cluster = cluster};
     return shard_cost_predict(*analysis, p, &co, prediction);
 }
 
@@ -124,8 +131,8 @@ static int discordant_pairs(const bench_row *rows, int n) {
     return bad;
 }
 
-static shard_status run_matrix(const shard_machine_profile *p, const char *config, const char *dir, int limit,
-                               int warmup, int steps, bench_row *rows) {
+static shard_status run_matrix(const shard_machine_profile *p, const shard_cluster *cluster, const char *config,
+                               const char *dir, int limit, int warmup, int steps, bench_row *rows) {
     for (int i = 0; i < limit; i++) {
         const bench_layout *l = &layouts[i];
         shard_trainer_config tc = {.config_path = config,
@@ -144,7 +151,7 @@ static shard_status run_matrix(const shard_machine_profile *p, const char *confi
         tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 100000};
         shard_analysis *a = NULL;
         shard_step_prediction *x = NULL;
-        shard_status s = layout_predict(&tc, l->mesh, p, &a, &x);
+        shard_status s = layout_predict(&tc, l->mesh, p, cluster, &a, &x);
         bench_row *r = &rows[i];
         if (s == SHARD_OK) {
             snprintf(r->layout, sizeof r->layout, "%s", a->layout);
@@ -152,17 +159,23 @@ static shard_status run_matrix(const shard_machine_profile *p, const char *confi
         }
         shard_step_prediction_destroy(x);
         shard_analysis_destroy(a);
-        if (s == SHARD_OK) s = layout_measure(&tc, l->mesh, warmup, steps, &r->measured_ms);
+        if (s == SHARD_OK) s = layout_measure(&tc, l->mesh, cluster, warmup, steps, &r->measured_ms);
         if (s < 0) return s;
     }
     return SHARD_OK;
 }
 
-static void print_rows(const shard_machine_profile *p, const bench_row *rows, int n, int json) {
+static void print_rows(const shard_machine_profile *p, const char *cluster, const bench_row *rows, int n, int json) {
     int bad = discordant_pairs(rows, n);
+    char cluster_json[600];
     if (json) {
-        printf("{\"profile\": {\"machine\": \"%s\", \"date\": \"%s\", \"cores\": %d}, \"layouts\": [", p->machine,
-               p->date, p->cores);
+        if (p)
+            printf("{\"profile\": {\"machine\": \"%s\", \"date\": \"%s\", \"cores\": %d}, ", p->machine, p->date,
+                   p->cores);
+        else
+            printf("{\"profile\": null, ");
+        printf("\"cluster\": %s, \"layouts\": [",
+               cluster ? cli_json_string(cluster, cluster_json, sizeof cluster_json) : "null");
         for (int i = 0; i < n; i++)
             printf("%s{\"layout\": \"%s\", \"ranks\": %d, \"predicted_ms\": %.4f, \"measured_ms\": %.4f, "
                    "\"error\": %.4f, \"oversubscribed\": %s}",
@@ -170,7 +183,8 @@ static void print_rows(const shard_machine_profile *p, const bench_row *rows, in
                    rows[i].predicted_ms / rows[i].measured_ms - 1, rows[i].oversubscribed ? "true" : "false");
         printf("], \"ranking_matches\": %s, \"discordant_pairs\": %d}\n", bad ? "false" : "true", bad);
     } else {
-        printf("# shard bench analyze: %s, %d cores, profile of %s\n", p->machine, p->cores, p->date);
+        if (p) printf("# shard bench analyze: %s, %d cores, profile of %s\n", p->machine, p->cores, p->date);
+        if (cluster) printf("# on the emulated cluster %s (each run's ranks on its devices)\n", cluster);
         printf("%-48s %5s %12s %12s %8s %s\n", "layout", "ranks", "predicted_ms", "measured_ms", "error", "");
         for (int i = 0; i < n; i++)
             printf("%-48s %5d %12.2f %12.2f %+7.1f%% %s\n", rows[i].layout, rows[i].ranks, rows[i].predicted_ms,
@@ -184,7 +198,7 @@ static void print_rows(const shard_machine_profile *p, const bench_row *rows, in
 
 int cli_bench_analyze(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
-    const char *profile = NULL;
+    const char *profile = NULL, *cluster_file = NULL, *device_map = NULL;
     long limit = LAYOUTS, steps = 7, warmup = 2;
     int json = 0;
     for (int i = 1; i < argc; i++) {
@@ -193,6 +207,8 @@ int cli_bench_analyze(int argc, char **argv) {
             json = 1;
         } else if (strcmp(a, "--profile") == 0) {
             if (!(profile = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--cluster") == 0 || strcmp(a, "--device-map") == 0) {
+            if (!(*(a[2] == 'c' ? &cluster_file : &device_map) = cli_value(argc, argv, &i))) return 2;
         } else if (strcmp(a, "--limit") == 0 || strcmp(a, "--steps") == 0 || strcmp(a, "--warmup") == 0) {
             long *into = a[2] == 'l' ? &limit : a[2] == 's' ? &steps : &warmup;
             long lo = a[2] == 's' ? 5 : 1, hi = a[2] == 'l' ? LAYOUTS : a[2] == 's' ? 1000 : 100;
@@ -202,18 +218,26 @@ int cli_bench_analyze(int argc, char **argv) {
             return 2;
         }
     }
-    shard_machine_profile *p = malloc(sizeof *p);
+    shard_machine_profile *p = profile || !cluster_file ? malloc(sizeof *p) : NULL;
+    shard_cluster *cluster = NULL;
     bench_row *rows = calloc(LAYOUTS, sizeof *rows);
     char config[512], dir[256] = "";
     snprintf(config, sizeof config, "%s/configs/gpt-tiny.json", SHARD_SOURCE_DIR);
     shard_gpt_config gc;
-    shard_status s = p && rows ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "bench analyze: out of memory");
-    if (s == SHARD_OK) s = profile ? shard_machine_profile_load(profile, p) : profile_machine(0, p);
+    shard_status s =
+        (p || cluster_file) && rows ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "bench analyze: out of memory");
+    if (s == SHARD_OK && device_map && !cluster_file)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "--device-map %s places ranks on a cluster's devices: give --cluster too", device_map);
+    if (s == SHARD_OK && cluster_file) s = shard_cluster_load(cluster_file, &cluster);
+    if (s == SHARD_OK && cluster && device_map) s = shard_cluster_set_device_map(cluster, device_map);
+    if (s == SHARD_OK && p) s = profile ? shard_machine_profile_load(profile, p) : profile_machine(0, p);
     if (s == SHARD_OK) s = bench_random_tokens(config, &gc, dir, sizeof dir);
-    if (s == SHARD_OK) s = run_matrix(p, config, dir, (int)limit, (int)warmup, (int)steps, rows);
+    if (s == SHARD_OK) s = run_matrix(p, cluster, config, dir, (int)limit, (int)warmup, (int)steps, rows);
     if (dir[0]) bench_remove_dir(dir);
-    if (s == SHARD_OK) print_rows(p, rows, (int)limit, json);
+    if (s == SHARD_OK) print_rows(p, cluster_file, rows, (int)limit, json);
     free(p), free(rows);
+    shard_cluster_destroy(cluster);
     if (s < 0) {
         cli_error("%s", shard_last_error());
         return 1;

@@ -162,13 +162,13 @@ static shard_status profile_nongemm(int quick, shard_machine_profile *p) {
     tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 1000};
     double measured = 0;
     shard_status s = shard_blas_set_threads(1);
-    if (s == SHARD_OK) s = layout_measure(&tc, "data=1", quick ? 1 : 3, quick ? 3 : 7, &measured);
+    if (s == SHARD_OK) s = layout_measure(&tc, "data=1", NULL, quick ? 1 : 3, quick ? 3 : 7, &measured);
     bench_remove_dir(dir);
     shard_machine_profile one = *p;
     one.cores = 1, one.nongemm_fraction = 0;
     shard_analysis *a = NULL;
     shard_step_prediction *x = NULL;
-    if (s == SHARD_OK) s = layout_predict(&tc, "data=1", &one, &a, &x);
+    if (s == SHARD_OK) s = layout_predict(&tc, "data=1", &one, NULL, &a, &x);
     if (s == SHARD_OK) {
         double gemm = x->rank[0].gemm_ms, rest = measured - x->rank[0].total_ms;
         p->nongemm_fraction = gemm > 0 && rest > 0 ? rest / gemm : 0;

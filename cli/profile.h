@@ -9,12 +9,16 @@
 shard_status profile_machine(int quick, shard_machine_profile *p);
 
 /* The median over `steps` steps, after `warmup` more, of the slowest rank's step time in ms: the
- * trainer config `tc` (its data_dir filled) on `mesh` over thread ranks. */
-shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, int warmup, int steps, double *median_ms);
+ * trainer config `tc` (its data_dir filled) on `mesh` over thread ranks (on an emulated cluster's
+ * devices when `cluster` is not NULL). */
+shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, const shard_cluster *cluster, int warmup,
+                            int steps, double *median_ms);
 
-/* The analysis of `tc` on `mesh` and the profile's prediction for it on thread ranks. */
+/* The analysis of `tc` on `mesh` and its prediction on thread ranks: the profile's (p), the cluster's, or
+ * both (either may be NULL, not both). */
 shard_status layout_predict(const shard_trainer_config *tc, const char *mesh, const shard_machine_profile *p,
-                            shard_analysis **analysis, shard_step_prediction **prediction);
+                            const shard_cluster *cluster, shard_analysis **analysis,
+                            shard_step_prediction **prediction);
 
 int cli_profile(int argc, char **argv);
 int cli_bench_analyze(int argc, char **argv);

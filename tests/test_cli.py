@@ -226,9 +226,9 @@ PARSED_FLAGS = {
     ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
                    "--bucket-mb", "--grad-dtype", "--compute-dtype", "--optimizer", "--sequence-parallel", "--spec",
                    "--schedule", "--micro-batches", "--virtual-stages", "--recompute", "--layers-per-stage",
-                   "--exact-ranks", "--json", "--profile"},
+                   "--exact-ranks", "--json", "--profile", "--cluster", "--device-map"},
     ("profile",): {"--out", "--quick"},
-    ("bench", "analyze"): {"--profile", "--limit", "--steps", "--warmup", "--json"},
+    ("bench", "analyze"): {"--profile", "--cluster", "--device-map", "--limit", "--steps", "--warmup", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
     ("demo",): RANK_FLAGS,
@@ -1169,7 +1169,28 @@ def analyze():
     p = run(base + ["--mesh", "data=2,pipe=2", "--schedule", "1f1b", "--micro-batches", "4"])
     expect(p.returncode == 0 and "bubble 0.2" in p.stdout and "critical path: rank" in p.stdout,
            f"analyze table: {p.stdout} {p.stderr}")
+    # on an emulated cluster: each rank's device, whether its memory fits, the step predicted for it
+    clusters = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "clusters")
+    p = run(base + ["--mesh", "data=2,pipe=2", "--schedule", "1f1b", "--micro-batches", "4", "--cluster",
+                    os.path.join(clusters, "two-nodes-slow-link.json"), "--json"])
+    r = json.loads(p.stdout) if p.returncode == 0 else {}
+    ranks = r.get("ranks", [])
+    expect(len(ranks) == 4 and all(x.get("device", {}).get("fits") is True for x in ranks) and
+           [x["device"]["node"] for x in ranks] == ["left", "left", "right", "right"] and r.get("step_ms", 0) > 0 and
+           all(abs(sum(x["time_ms"][k] for k in ("compute", "comm", "bubble", "optimizer")) - x["time_ms"]["total"])
+               < 1e-6 * x["time_ms"]["total"] for x in ranks),
+           f"analyze --cluster: {p.returncode} {p.stderr} {ranks[:1]}")
+    # the slow link between the nodes carries the data axis (ranks 0 and 2): its all_reduce is exposed whole
+    # on a pipeline stage, so more comm than on the homogeneous cluster's fast links
+    p = run(base + ["--mesh", "data=2,pipe=2", "--schedule", "1f1b", "--micro-batches", "4", "--cluster",
+                    os.path.join(clusters, "homogeneous-8.json"), "--json"])
+    fast = json.loads(p.stdout)["ranks"] if p.returncode == 0 else []
+    expect(fast and ranks and ranks[0]["time_ms"]["comm"] > 2 * fast[0]["time_ms"]["comm"],
+           f"analyze: the slow link's comm {ranks[:1]} against the fast one's {fast[:1]}")
     for args, text in ((["--mesh", "data=2,seq=2"], "training splits over"),
+                       (["--mesh", "data=2", "--device-map", "1,0"], "give --cluster too"),
+                       (["--mesh", "data=8,tensor=2", "--cluster", os.path.join(clusters, "heterogeneous.json")],
+                        "4 devices for the 16 ranks"),
                        (["--mesh", "data=2", "--ranks", "3"], "--ranks 3"),
                        (["--mesh", "data=2", "--zero", "4"], "--zero"),
                        (["--mesh", "data=2", "--frob"], "unknown option '--frob'")):
@@ -1241,6 +1262,85 @@ def cost():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def moe_pipe():
+    """The tiny MoE GPT over pipeline stages: each micro-batch's routing kept from its forward to its backward,
+    router statistics summed over the stages; pipe=2 (1F1B, recompute), pipe=2,expert=2 and
+    data=2,pipe=2,expert=2 with ZeRO-3, and a 4-block model (every other block a mixture, 6 experts with
+    random routing and jitter) interleaved, on pipe=3,expert=2 and tensor=2,pipe=2,expert=2, give one
+    rank's losses, drops and expert load at each of 10 steps (1e-5 relative); a checkpoint saved on
+    pipe=2,expert=2 resumes on one rank with the same losses."""
+    import shutil
+    import tempfile
+    work = tempfile.mkdtemp(prefix="shard-cli-moe-pipe-")
+    try:
+        text = os.path.join(work, "corpus.txt")
+        with open(text, "w") as f:
+            f.write("the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n" * 300)
+        data = os.path.join(work, "data")
+        p = run(["data", "text", text, "--out", data])
+        expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
+        cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
+        args = ["train", "--config", cfg, "--data", data, "--batch", "8", "--seq", "64", "--steps", "10",
+                "--seed", "3"]
+        log = os.path.join(work, "one.jsonl")
+        p = run(args + ["--log", log])
+        one = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        expect(len(one) == 10, f"moe one rank: {p.stderr}")
+        with open(cfg) as f:
+            conf = json.load(f)
+        conf.update(num_local_experts=6, router_random_routing=True, router_jitter_noise=0.01)
+        # pipeline stages: each micro-batch's routing kept from its forward to its backward (1F1B holds
+        # several), the router statistics summed over the stages; with expert, data x ZeRO-3, tensor,
+        # recompute, and interleaved chunks of a 4-block model whose every other block is a mixture
+        pipes = (["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2"],
+                 ["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2", "--recompute"],
+                 ["--ranks", "4", "--mesh", "pipe=2,expert=2", "--micro-batch", "1"],
+                 ["--ranks", "8", "--mesh", "data=2,pipe=2,expert=2", "--zero", "3", "--micro-batch", "2"])
+        for extra in pipes:
+            log = os.path.join(work, "pipe.jsonl")
+            p = run(args + extra + ["--log", log])
+            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
+                                          abs(a["aux_loss"] - b["aux_loss"]) <= 1e-5 * abs(b["aux_loss"]) and
+                                          a["dropped_tokens"] == b["dropped_tokens"] and
+                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
+            expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
+                         f"{[r['loss'] for r in one]} {p.stderr}")
+        four = os.path.join(work, "moe4.json")
+        conf.update(n_layer=4, moe_layer_frequency=2)
+        with open(four, "w") as f:
+            json.dump(conf, f)
+        base = None
+        for extra in ([], ["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2", "--schedule", "interleaved",
+                           "--virtual-stages", "2"],
+                      ["--ranks", "6", "--mesh", "pipe=3,expert=2", "--micro-batch", "2"],
+                      ["--ranks", "8", "--mesh", "tensor=2,pipe=2,expert=2", "--micro-batch", "2"]):
+            log = os.path.join(work, "pipe4.jsonl")
+            p = run(args[:2] + [four] + args[3:] + extra + ["--log", log])
+            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            if base is None:
+                base = got
+                expect(got and max(r["dropped_tokens"] for r in got) > 0, f"moe 4 blocks: nothing dropped {p.stderr}")
+                continue
+            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
+                                          a["dropped_tokens"] == b["dropped_tokens"] and
+                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, base))
+            expect(same, f"moe 4 blocks {extra} differs from one rank: {[r['loss'] for r in got]} vs "
+                         f"{[r['loss'] for r in base]} {p.stderr}")
+        # a checkpoint saved on pipe=2,expert=2 (each stage's experts gathered whole) resumes on one rank
+        ck = os.path.join(work, "ck_pipe")
+        p = run(args[:2] + [four] + args[3:] + ["--ranks", "4", "--mesh", "pipe=2,expert=2", "--micro-batch", "2",
+                                                "--save", ck, "--save-every", "5"])
+        log = os.path.join(work, "resumed_pipe.jsonl")
+        p = run(args[:2] + [four] + args[3:] + ["--resume", os.path.join(ck, "step_5"), "--log", log])
+        got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, base[5:])),
+               f"moe saved on pipe=2,expert=2, resumed on one rank: {[r['loss'] for r in got]} vs "
+               f"{[r['loss'] for r in base[5:]]} {p.stderr}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def moe():
     """configs/gpt-moe-tiny.json trains on one rank, on data=2 (plain, ZeRO-1, ZeRO-3) and with its experts
     split over `expert` (expert=2, expert=4, data=2,expert=2 with ZeRO 0/1/3; 6 experts with random
@@ -1250,9 +1350,7 @@ def moe():
     --print-specs shows the stacks as P('expert', ...) of [E, ...]; its --log lines carry the router
     losses and expert load, a dense GPT's do not; each expert split over `tensor` (tensor=2,
     tensor=2,expert=2) gives the same losses, and a checkpoint saved on tensor=2,expert=2 resumes on one
-    rank; over pipeline stages (1F1B, interleaved, recompute; with expert, tensor, data and ZeRO-3) it
-    gives the same losses and load, and a checkpoint saved on pipe=2,expert=2 resumes on one rank; sequence
-    parallel is refused in one line."""
+    rank; sequence parallel is refused in one line (pipeline stages: moe_pipe)."""
     import shutil
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-moe-")
@@ -1389,54 +1487,6 @@ def moe():
         p = run(args + ["--ranks", "2", "--mesh", "tensor=2", "--sequence-parallel"])
         expect(p.returncode != 0 and "leave out --sequence-parallel" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                f"moe tensor=2 --sequence-parallel: {p.stderr}")
-        # pipeline stages: each micro-batch's routing kept from its forward to its backward (1F1B holds
-        # several), the router statistics summed over the stages; with expert, data x ZeRO-3, tensor,
-        # recompute, and interleaved chunks of a 4-block model whose every other block is a mixture
-        pipes = (["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2"],
-                 ["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2", "--recompute"],
-                 ["--ranks", "4", "--mesh", "pipe=2,expert=2", "--micro-batch", "1"],
-                 ["--ranks", "8", "--mesh", "data=2,pipe=2,expert=2", "--zero", "3", "--micro-batch", "2"])
-        for extra in pipes:
-            log = os.path.join(work, "pipe.jsonl")
-            p = run(args + extra + ["--log", log])
-            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
-            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
-                                          abs(a["aux_loss"] - b["aux_loss"]) <= 1e-5 * abs(b["aux_loss"]) and
-                                          a["dropped_tokens"] == b["dropped_tokens"] and
-                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
-            expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
-                         f"{[r['loss'] for r in one]} {p.stderr}")
-        four = os.path.join(work, "moe4.json")
-        conf.update(n_layer=4, moe_layer_frequency=2)
-        with open(four, "w") as f:
-            json.dump(conf, f)
-        base = None
-        for extra in ([], ["--ranks", "2", "--mesh", "pipe=2", "--micro-batch", "2", "--schedule", "interleaved",
-                           "--virtual-stages", "2"],
-                      ["--ranks", "6", "--mesh", "pipe=3,expert=2", "--micro-batch", "2"],
-                      ["--ranks", "8", "--mesh", "tensor=2,pipe=2,expert=2", "--micro-batch", "2"]):
-            log = os.path.join(work, "pipe4.jsonl")
-            p = run(args[:2] + [four] + args[3:] + extra + ["--log", log])
-            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
-            if base is None:
-                base = got
-                expect(got and max(r["dropped_tokens"] for r in got) > 0, f"moe 4 blocks: nothing dropped {p.stderr}")
-                continue
-            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
-                                          a["dropped_tokens"] == b["dropped_tokens"] and
-                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, base))
-            expect(same, f"moe 4 blocks {extra} differs from one rank: {[r['loss'] for r in got]} vs "
-                         f"{[r['loss'] for r in base]} {p.stderr}")
-        # a checkpoint saved on pipe=2,expert=2 (each stage's experts gathered whole) resumes on one rank
-        ck = os.path.join(work, "ck_pipe")
-        p = run(args[:2] + [four] + args[3:] + ["--ranks", "4", "--mesh", "pipe=2,expert=2", "--micro-batch", "2",
-                                                "--save", ck, "--save-every", "5"])
-        log = os.path.join(work, "resumed_pipe.jsonl")
-        p = run(args[:2] + [four] + args[3:] + ["--resume", os.path.join(ck, "step_5"), "--log", log])
-        got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
-        expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, base[5:])),
-               f"moe saved on pipe=2,expert=2, resumed on one rank: {[r['loss'] for r in got]} vs "
-               f"{[r['loss'] for r in base[5:]]} {p.stderr}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -1526,7 +1576,7 @@ def monitor():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze,
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe,
      "cost": cost,
      "monitor": monitor}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

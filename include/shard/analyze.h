@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "shard/memory.h"
+#include "shard/mesh.h"
 #include "shard/trainer.h"
 
 #ifdef __cplusplus
@@ -40,6 +41,9 @@ extern "C" {
 typedef struct shard_analyze_collective {
     char axis[64], op[32];
     uint64_t bytes, count;
+    /* the calls' alpha-beta terms: time = alphas x alpha + wire_bytes / beta over the group's slowest link
+     * (the emulated cluster's formulas, src/comm/emulate.h) */
+    double alphas, wire_bytes;
 } shard_analyze_collective;
 
 /* A GEMM shape of the step and how many times it ran (the analyzer's histogram, for the cost model). */
@@ -50,11 +54,15 @@ typedef struct shard_gemm_shape {
 
 typedef struct shard_rank_analysis {
     int rank;
-    char coords[160]; /* "data=0,tensor=1" */
-    uint64_t params;  /* parameter elements the rank's model holds (its tensor, pipe and expert piece) */
+    char coords[160];               /* "data=0,tensor=1" */
+    int coord[SHARD_MESH_MAX_AXES]; /* the same, by axis (the analysis's axis order) */
+    uint64_t params;                /* parameter elements the rank's model holds (its tensor, pipe and expert piece) */
     uint64_t memory_bytes[SHARD_MEM_CATEGORY_COUNT];
     uint64_t memory_total_bytes; /* the peak of the sum */
     double flops_forward, flops_backward, flops_recompute, flops_other;
+    int backward_ops; /* backward passes in a step (micro-steps, or a pipeline's B ops) */
+    int pipelined;    /* a pipeline stage: its gradients are reduced over `data` after its last B op,
+                         else during the last micro-step's backward */
     size_t collectives;
     shard_analyze_collective *collective;
     size_t gemm_shapes; /* the step's GEMMs by (M, N, K) */
@@ -65,6 +73,9 @@ typedef struct shard_rank_analysis {
 typedef struct shard_analysis {
     char layout[256]; /* the mesh and the flags that shape the step */
     int world;
+    int axes; /* the mesh's axes, in its order */
+    char axis_name[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
+    int axis_size[SHARD_MESH_MAX_AXES];
     size_t ranks; /* = world */
     shard_rank_analysis *rank;
     int built;         /* ranks built (the others copied) */

@@ -100,6 +100,13 @@ typedef struct shard_rank_time {
 typedef struct shard_cost_options {
     size_t struct_size;  /* sizeof(shard_cost_options) */
     const char *backend; /* the ranks' communicator backend: "threads" (NULL) or "mpi" */
+    /* the cluster the ranks run on (shard/cluster.h; NULL: this machine, as profiled).  With one, a
+     * rank's compute is at least its GEMM FLOPs at its device's rate (the emulation pads each span to
+     * that), each collective costs its alpha-beta terms (the analysis's, the emulation's formulas) over
+     * the slowest link among its group's ranks, and overlapped communication hides behind compute (an
+     * emulated wire needs no core); the profile, when given too, prices what runs on the host (the
+     * non-GEMM work, the optimizer), else those are 0. */
+    const struct shard_cluster *cluster;
 } shard_cost_options;
 
 typedef struct shard_step_prediction {
@@ -111,6 +118,7 @@ typedef struct shard_step_prediction {
     int oversubscribed; /* more ranks than the profile's cores */
 } shard_step_prediction;
 
+/* p may be NULL when o names a cluster. */
 shard_status shard_cost_predict(const shard_analysis *a, const shard_machine_profile *p, const shard_cost_options *o,
                                 shard_step_prediction **out);
 void shard_step_prediction_destroy(shard_step_prediction *p);

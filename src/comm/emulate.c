@@ -89,31 +89,38 @@ static void comm_link(shard_comm *comm, double *alpha, double *beta) {
     *alpha = ec->alpha, *beta = ec->beta;
 }
 
-double shard__emu_coll_seconds(shard_comm *comm, const shard__coll_args *a) {
-    int n = comm->size, r = comm->rank;
-    if (!shard__emu_current || !comm->emu || n < 2) return 0;
-    double alpha, beta, es = (double)shard_dtype_size(a->dtype);
-    comm_link(comm, &alpha, &beta);
-    double total = 0, block = 0;
+void shard__emu_coll_terms(int n, int r, const shard__coll_args *a, double *alphas, double *bytes) {
+    *alphas = *bytes = 0;
+    if (n < 2) return;
+    double es = (double)shard_dtype_size(a->dtype), total = 0, block = 0;
     switch (a->kind) {
-    case SHARD__BARRIER: return 2.0 * (n - 1) * alpha;
+    case SHARD__BARRIER: *alphas = 2.0 * (n - 1); return;
     case SHARD__BROADCAST: /* a scatter and an all_gather, as a ring */
-    case SHARD__ALL_REDUCE: return 2.0 * (n - 1) * (alpha + (double)a->count * es / (n * beta));
+    case SHARD__ALL_REDUCE: *alphas = 2.0 * (n - 1), *bytes = 2.0 * (n - 1) * (double)a->count * es / n; return;
     case SHARD__ALL_GATHER:
     case SHARD__REDUCE_SCATTER: total = (double)a->count * n * es; break;
     case SHARD__ALL_GATHERV:
     case SHARD__REDUCE_SCATTERV:
         for (int p = 0; p < n; p++) total += (double)a->recv_counts[p] * es;
         break;
-    case SHARD__ALL_TO_ALL: return (n - 1) * (alpha + (double)a->count * es / beta);
+    case SHARD__ALL_TO_ALL: *alphas = n - 1.0, *bytes = (n - 1) * (double)a->count * es; return;
     default: /* the v and w forms: this rank's largest block to or from a peer */
         for (int p = 0; p < n; p++)
             if (p != r)
                 block = fmax(block,
                              (double)(a->send_counts[p] > a->recv_counts[p] ? a->send_counts[p] : a->recv_counts[p]));
-        return (n - 1) * (alpha + block * es / beta);
+        *alphas = n - 1.0, *bytes = (n - 1) * block * es;
+        return;
     }
-    return (n - 1) * (alpha + total / (n * beta));
+    *alphas = n - 1.0, *bytes = (n - 1) * total / n;
+}
+
+double shard__emu_coll_seconds(shard_comm *comm, const shard__coll_args *a) {
+    if (!shard__emu_current || !comm->emu || comm->size < 2) return 0;
+    double alpha, beta, alphas, bytes;
+    comm_link(comm, &alpha, &beta);
+    shard__emu_coll_terms(comm->size, comm->rank, a, &alphas, &bytes);
+    return alphas * alpha + bytes / beta;
 }
 
 double shard__emu_p2p_seconds(shard_comm *comm, int peer, uint64_t bytes) {

@@ -32,6 +32,12 @@ double shard__emu_call_begin(void);
 /* It ends: sleep until `deadline` when earlier than that, and start the next compute span. */
 void shard__emu_call_end(double deadline);
 
+/* A collective's alpha-beta time as its terms, seconds = alphas x alpha + bytes / beta over its slowest
+ * link, for rank r of n (ring all_reduce 2(n-1) steps of count / n, all_gather and reduce_scatter n-1 of
+ * a block, all_to_all n-1 of the largest block): the emulation's delays and the analyzer's predictions
+ * both come from here. */
+void shard__emu_coll_terms(int n, int r, const shard__coll_args *a, double *alphas, double *bytes);
+
 /* The alpha-beta seconds of collective `a` on `comm`, and of a message of `bytes` to or from `peer`. */
 double shard__emu_coll_seconds(shard_comm *comm, const shard__coll_args *a);
 double shard__emu_p2p_seconds(shard_comm *comm, int peer, uint64_t bytes);

@@ -42,6 +42,7 @@ static shard_status take_tally(const shard__plan_tally *t, shard_rank_analysis *
         snprintf(c->axis, sizeof c->axis, "%s", t->at[i].comm);
         snprintf(c->op, sizeof c->op, "%s", t->at[i].op);
         c->bytes = t->at[i].bytes, c->count = t->at[i].calls;
+        c->alphas = t->at[i].alphas, c->wire_bytes = t->at[i].wire_bytes;
     }
     return SHARD_OK;
 }
@@ -121,6 +122,8 @@ static shard_status build_rank(const shard_analyze_options *o, const char *mesh_
         size_t global, micro, accum, data;
         shard_trainer_batch(t, &global, &micro, &accum, &data);
         if (tokens) *tokens = (uint64_t)global * (uint64_t)o->train->seq;
+        const shard_pipe_schedule *sched = shard__trainer_schedule(t);
+        r->backward_ops = sched ? sched->m * sched->v : (int)accum, r->pipelined = sched != NULL;
     }
     if (s < 0) {
         char why[600];
@@ -184,7 +187,11 @@ shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out)
         free(a);
         return shard_error(SHARD_ERR_NO_MEMORY, "analyze: out of memory for %d ranks", world);
     }
-    a->world = world, a->ranks = (size_t)world, a->critical_rank = 0;
+    a->world = world, a->ranks = (size_t)world, a->critical_rank = 0, a->axes = axes;
+    memcpy(a->axis_name, names, sizeof names);
+    memcpy(a->axis_size, sizes, sizeof sizes);
+    for (int r = 0; r < world; r++) /* row-major: the last axis varies fastest */
+        for (int k = axes - 1, rest = r; k >= 0; k--) a->rank[r].coord[k] = rest % sizes[k], rest /= sizes[k];
     const shard_trainer_config *c = o->train;
     snprintf(a->layout, sizeof a->layout, "%s zero=%d%s%s%s%s", mesh_text, c->zero, c->schedule ? " schedule=" : "",
              c->schedule ? c->schedule : "", c->recompute ? " recompute" : "",
@@ -205,8 +212,11 @@ shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out)
         int like;
         if (must_build(names, sizes, axes, world, exact, r, &like)) continue;
         shard_rank_analysis *d = &a->rank[r];
+        int coord[SHARD_MESH_MAX_AXES];
+        memcpy(coord, d->coord, sizeof coord);
         *d = a->rank[like];
         d->rank = r;
+        memcpy(d->coord, coord, sizeof coord);
         d->collective = malloc((d->collectives ? d->collectives : 1) * sizeof *d->collective);
         d->gemm_shape = malloc((d->gemm_shapes ? d->gemm_shapes : 1) * sizeof *d->gemm_shape);
         if (!d->collective || !d->gemm_shape) {

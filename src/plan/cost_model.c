@@ -7,8 +7,11 @@
 #include "shard/cost_model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "shard/cluster.h"
 
 shard_status shard_cost_fit_alpha_beta(const double *bytes, const double *us, size_t n, double *alpha_us,
                                        double *beta_gbps) {
@@ -89,23 +92,103 @@ static double gemm_ms(const shard_machine_profile *p, const shard_rank_analysis 
     return ms;
 }
 
-/* One rank's time (scale: compute's share of the cores, > 1 when ranks outnumber them). */
+/* The slowest link among the ranks of rank r's group on `axes` (every axis not named fixed at r's
+ * coordinate; "world": all ranks), memoised by group: the emulated cluster prices a collective by it. */
+typedef struct link_memo {
+    char axes[64];
+    int color;
+    double alpha, beta;
+} link_memo;
+
+typedef struct cluster_ctx {
+    const shard_cluster *cluster;
+    link_memo *memo;
+    size_t n, cap;
+} cluster_ctx;
+
+static int in_group(const shard_analysis *a, const char *axes, int k) {
+    return strcmp(axes, "world") == 0 || has_axis(axes, a->axis_name[k]);
+}
+
+static int group_color(const shard_analysis *a, const char *axes, const shard_rank_analysis *r) {
+    int color = 0;
+    for (int k = 0; k < a->axes; k++)
+        if (!in_group(a, axes, k)) color = color * a->axis_size[k] + r->coord[k];
+    return color;
+}
+
+static shard_status group_link(cluster_ctx *cc, const shard_analysis *a, const shard_rank_analysis *r, const char *axes,
+                               double *alpha, double *beta) {
+    int color = group_color(a, axes, r);
+    for (size_t i = 0; i < cc->n; i++)
+        if (cc->memo[i].color == color && strcmp(cc->memo[i].axes, axes) == 0) {
+            *alpha = cc->memo[i].alpha, *beta = cc->memo[i].beta;
+            return SHARD_OK;
+        }
+    double al = 0, be = INFINITY;
+    int *members = malloc(a->ranks * sizeof *members), m = 0;
+    if (!members) return shard_error(SHARD_ERR_NO_MEMORY, "cost model: out of memory");
+    for (size_t q = 0; q < a->ranks; q++)
+        if (group_color(a, axes, &a->rank[q]) == color) members[m++] = (int)q;
+    shard_status s = SHARD_OK;
+    for (int i = 0; i < m && s == SHARD_OK; i++)
+        for (int j = i + 1; j < m && s == SHARD_OK; j++) {
+            double x, y;
+            s = shard_cluster_link(cc->cluster, members[i], members[j], &x, &y);
+            if (s == SHARD_OK) al = x > al ? x : al, be = y < be ? y : be;
+        }
+    free(members);
+    SHARD_CHECK(s);
+    if (cc->n == cc->cap) {
+        size_t cap = cc->cap ? 2 * cc->cap : 32;
+        link_memo *more = realloc(cc->memo, cap * sizeof *more);
+        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "cost model: out of memory");
+        cc->memo = more, cc->cap = cap;
+    }
+    link_memo *e = &cc->memo[cc->n++];
+    snprintf(e->axes, sizeof e->axes, "%s", axes);
+    e->color = color, e->alpha = al, e->beta = be;
+    *alpha = al, *beta = be;
+    return SHARD_OK;
+}
+
+/* One rank's time (scale: compute's share of the cores, > 1 when ranks outnumber them; cc: the emulated
+ * cluster's, or NULL). */
 static shard_status rank_time(const shard_analysis *a, const shard_machine_profile *p, const char *backend, int threads,
-                              double scale, int spare_core, const shard_rank_analysis *r, shard_rank_time *t) {
-    t->gemm_ms = gemm_ms(p, r, threads) * scale;
-    t->nongemm_ms = t->gemm_ms * p->nongemm_fraction;
-    t->compute_ms = t->gemm_ms + t->nongemm_ms;
+                              double scale, int spare_core, cluster_ctx *cc, const shard_rank_analysis *r,
+                              shard_rank_time *t) {
     double all = r->flops_forward + r->flops_backward + r->flops_recompute + r->flops_other;
+    if (p) {
+        t->gemm_ms = gemm_ms(p, r, threads) * scale;
+        t->nongemm_ms = t->gemm_ms * p->nongemm_fraction;
+    }
+    t->compute_ms = t->gemm_ms + t->nongemm_ms;
+    if (cc) { /* each span lasts at least its GEMM FLOPs at the device's rate */
+        shard_cluster_device d;
+        SHARD_CHECK(shard_cluster_rank_device(cc->cluster, r->rank, &d));
+        double device_ms = all / (d.compute_tflops * 1e12) * 1e3;
+        if (device_ms > t->compute_ms) t->compute_ms = device_ms;
+    }
+    /* the data axis reduces the gradients while the step's last backward pass runs (the strategy syncs on
+     * the last micro-step only): that pass's compute is what hides them; a pipeline stage hands its
+     * units over after its last B op, so nothing hides them there */
     double backward = all > 0 ? t->compute_ms * (r->flops_backward + r->flops_recompute) / all : 0;
+    if (r->backward_ops > 1) backward /= r->backward_ops;
+    if (r->pipelined) backward = 0;
     double overlap_ms[2] = {0, 0}, overlap_calls[2] = {0, 0}; /* gradient reductions; ZeRO-3 gathers */
     for (size_t i = 0; i < r->collectives; i++) {
         const shard_analyze_collective *c = &r->collective[i];
         int n = axes_size(a->mesh, a->world, c->axis);
         if (n <= 1 || c->count == 0) continue;
         const char *kind = fit_kind(c->op);
-        double alpha, beta;
-        SHARD_CHECK(shard_profile_comm_find(p, backend, kind, n, &alpha, &beta));
-        double ms = shard_cost_collective_us(alpha, beta, (double)c->bytes, (double)c->count) / 1e3;
+        double alpha, beta, ms;
+        if (cc) {
+            SHARD_CHECK(group_link(cc, a, r, c->axis, &alpha, &beta));
+            ms = (c->alphas * alpha + (beta > 0 && isfinite(beta) ? c->wire_bytes / beta : 0)) * 1e3;
+        } else {
+            SHARD_CHECK(shard_profile_comm_find(p, backend, kind, n, &alpha, &beta));
+            ms = shard_cost_collective_us(alpha, beta, (double)c->bytes, (double)c->count) / 1e3;
+        }
         t->comm_whole_ms += ms;
         int data = has_axis(c->axis, "data");
         if (data && (strcmp(kind, "all_reduce") == 0 || strcmp(kind, "reduce_scatter") == 0))
@@ -116,8 +199,9 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
             t->comm_ms += ms;
     }
     /* overlap needs a core for the collective's progress (the threads backend's helper thread): with
-     * every core computing, the overlapped copies take their time from compute, so all is exposed */
-    double hide = spare_core ? 1.0 : 0.0;
+     * every core computing, the overlapped copies take their time from compute, so all is exposed; an
+     * emulated link's time is a wait, which overlaps */
+    double hide = spare_core || cc ? 1.0 : 0.0;
     if (overlap_ms[0] > 0) t->comm_ms += shard_cost_exposed_ms(overlap_ms[0], hide * backward, overlap_calls[0]);
     if (overlap_ms[1] > 0) t->comm_ms += shard_cost_exposed_ms(overlap_ms[1], hide * t->compute_ms, overlap_calls[1]);
     t->bubble_ms = shard_cost_bubble_ms(t->compute_ms + t->comm_ms, a->bubble);
@@ -125,7 +209,7 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
     int data_size = axes_size(a->mesh, a->world, "data");
     double elements = (double)r->params / (a->zero >= 1 && data_size > 1 ? (double)data_size : 1.0);
     double bytes_each = strcmp(a->optimizer, "sgd") == 0 ? 16.0 : 32.0;
-    t->optimizer_ms = elements * bytes_each / (p->copy_gbps * 1e6) * scale;
+    t->optimizer_ms = p ? elements * bytes_each / (p->copy_gbps * 1e6) * scale : 0;
     t->total_ms = t->compute_ms + t->comm_ms + t->bubble_ms + t->optimizer_ms;
     return SHARD_OK;
 }
@@ -133,29 +217,36 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
 shard_status shard_cost_predict(const shard_analysis *a, const shard_machine_profile *p, const shard_cost_options *o,
                                 shard_step_prediction **out) {
     *out = NULL;
-    if (!a || !p || p->struct_size < sizeof *p || (o && o->struct_size < sizeof *o))
-        return shard_error(SHARD_ERR_INVALID_ARG, "cost model: no analysis or profile, or options of another layout");
+    const shard_cluster *cluster = o && o->struct_size >= sizeof *o ? o->cluster : NULL;
+    if (!a || (!p && !cluster) || (p && p->struct_size < sizeof *p) || (o && o->struct_size < sizeof *o))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "cost model: no analysis, no profile or cluster, or options of another layout");
+    if (cluster && shard_cluster_ranks(cluster) < a->world)
+        return shard_error(SHARD_ERR_INVALID_ARG, "cost model: the cluster has %d devices for a layout of %d ranks",
+                           shard_cluster_ranks(cluster), a->world);
     const char *backend = o && o->backend ? o->backend : "threads";
     shard_step_prediction *x = calloc(1, sizeof *x);
     if (!x || !(x->rank = calloc(a->ranks ? a->ranks : 1, sizeof *x->rank))) {
         free(x);
         return shard_error(SHARD_ERR_NO_MEMORY, "cost model: out of memory for %zu ranks", a->ranks);
     }
-    int cores = p->cores > 0 ? p->cores : 1;
+    int cores = p && p->cores > 0 ? p->cores : 1;
     /* shard_share_cores: a world of one keeps every core; thread ranks run one each; processes split
      * the machine's cores */
     int threads = a->world <= 1           ? cores
         : strcmp(backend, "threads") == 0 ? 1
                                           : (cores / a->world > 1 ? cores / a->world : 1);
-    x->oversubscribed = a->world > cores;
+    x->oversubscribed = p && a->world > cores;
     double scale = x->oversubscribed ? (double)a->world / (double)cores : 1.0;
     int spare_core = strcmp(backend, "threads") != 0 || a->world < cores;
     x->ranks = a->ranks;
+    cluster_ctx cc = {.cluster = cluster};
     shard_status s = SHARD_OK;
     for (size_t i = 0; i < a->ranks && s == SHARD_OK; i++) {
-        s = rank_time(a, p, backend, threads, scale, spare_core, &a->rank[i], &x->rank[i]);
+        s = rank_time(a, p, backend, threads, scale, spare_core, cluster ? &cc : NULL, &a->rank[i], &x->rank[i]);
         if (x->rank[i].total_ms > x->step_ms) x->step_ms = x->rank[i].total_ms, x->slowest_rank = (int)i;
     }
+    free(cc.memo);
     if (s < 0) {
         shard_step_prediction_destroy(x);
         return s;

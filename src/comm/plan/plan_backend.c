@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "comm/emulate.h"
 
 typedef struct plan_comm {
     shard_comm base;
@@ -45,9 +46,9 @@ static shard__plan_count *entry(shard_comm *comm, const char *what) {
     return e;
 }
 
-static void count(shard_comm *comm, const char *what, uint64_t bytes) {
+static void count(shard_comm *comm, const char *what, uint64_t bytes, double alphas, double wire_bytes) {
     shard__plan_count *e = entry(comm, what);
-    if (e) e->calls++, e->bytes += bytes;
+    if (e) e->calls++, e->bytes += bytes, e->alphas += alphas, e->wire_bytes += wire_bytes;
 }
 
 static void copy_bytes(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
@@ -55,7 +56,9 @@ static void copy_bytes(void *dst, const void *src, size_t bytes) { memcpy(dst, s
 static shard_status plan_collective(shard_comm *comm, shard__coll_args *a) {
     size_t es = shard_dtype_size(a->dtype);
     int r = comm->rank;
-    count(comm, shard__coll_kind_name(a->kind), shard__coll_bytes_sent(comm, a));
+    double alphas, wire;
+    shard__emu_coll_terms(comm->size, r, a, &alphas, &wire);
+    count(comm, shard__coll_kind_name(a->kind), shard__coll_bytes_sent(comm, a), alphas, wire);
     char *recv = a->recv;
     const char *send = a->send;
     switch (a->kind) {
@@ -94,7 +97,7 @@ static shard_status plan_collective(shard_comm *comm, shard__coll_args *a) {
 static shard_status plan_isend(shard_comm *comm, const void *buf, size_t bytes, int dst, int tag, uint64_t seq,
                                shard_request *req) {
     (void)buf, (void)tag, (void)seq;
-    if (dst != comm->rank) count(comm, "send", bytes);
+    if (dst != comm->rank) count(comm, "send", bytes, 1, (double)bytes);
     req->status = SHARD_OK;
     atomic_store(&req->done, 1);
     return SHARD_OK;
