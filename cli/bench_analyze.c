@@ -98,6 +98,8 @@ shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, co
     measure_run m = {.tc = tc, .mesh = mesh, .warmup = warmup, .steps = steps};
     shard_launch_config lc = shard_launch_config_default();
     lc.ranks = mesh_ranks(mesh), lc.backend = SHARD_BACKEND_THREADS, lc.cluster = cluster;
+    /* a world of one computes on every core, as shard train's does (more ranks share them: one each) */
+    if (lc.ranks == 1) SHARD_CHECK(shard_blas_set_threads(bench_cores()));
     SHARD_CHECK(shard_launch_with(&lc, measure_rank, &m));
     *median_ms = m.median_ms;
     return SHARD_OK;

@@ -145,8 +145,29 @@ static shard_status profile_comm(int quick, shard_machine_profile *p) {
     return SHARD_OK;
 }
 
-/* The non-GEMM fraction: a one-rank tiny GPT step on one thread, less its predicted GEMM and optimizer
- * time, over the GEMM time. */
+/* One calibration run of the tiny GPT on `mesh`: the rest of the measured step beyond the prediction
+ * without a non-GEMM part, per predicted GEMM time. */
+static shard_status rest_fraction(const shard_trainer_config *tc, const char *mesh, int quick,
+                                  const shard_machine_profile *p, double *fraction) {
+    double measured = 0;
+    SHARD_CHECK(layout_measure(tc, mesh, NULL, quick ? 1 : 3, quick ? 3 : 7, &measured));
+    shard_machine_profile bare = *p;
+    bare.nongemm_fraction = bare.nongemm_fraction_loaded = 0;
+    shard_analysis *a = NULL;
+    shard_step_prediction *x = NULL;
+    shard_status s = layout_predict(tc, mesh, &bare, NULL, &a, &x);
+    if (s == SHARD_OK) {
+        double gemm = x->rank[x->slowest_rank].gemm_ms, rest = measured - x->step_ms;
+        *fraction = gemm > 0 && rest > 0 ? rest / gemm : 0;
+    }
+    shard_step_prediction_destroy(x);
+    shard_analysis_destroy(a);
+    return s;
+}
+
+/* The non-GEMM fractions: a one-rank tiny GPT step on every core, and the same model on one thread rank
+ * per core (data parallel) with all of them computing at once, each less its predicted GEMM,
+ * communication and optimizer time, over its GEMM time. */
 static shard_status profile_nongemm(int quick, shard_machine_profile *p) {
     shard_gpt_config gc;
     char dir[256] = "", config[512];
@@ -160,21 +181,11 @@ static shard_status profile_nongemm(int quick, shard_machine_profile *p) {
                                .adamw = shard_adamw_defaults(),
                                .clip = 1.0f};
     tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 1000};
-    double measured = 0;
-    shard_status s = shard_blas_set_threads(1);
-    if (s == SHARD_OK) s = layout_measure(&tc, "data=1", NULL, quick ? 1 : 3, quick ? 3 : 7, &measured);
+    shard_status s = rest_fraction(&tc, "data=1", quick, p, &p->nongemm_fraction);
+    char loaded[32];
+    snprintf(loaded, sizeof loaded, "data=%d", p->cores > 1 ? p->cores : 2);
+    if (s == SHARD_OK) s = rest_fraction(&tc, loaded, quick, p, &p->nongemm_fraction_loaded);
     bench_remove_dir(dir);
-    shard_machine_profile one = *p;
-    one.cores = 1, one.nongemm_fraction = 0;
-    shard_analysis *a = NULL;
-    shard_step_prediction *x = NULL;
-    if (s == SHARD_OK) s = layout_predict(&tc, "data=1", &one, NULL, &a, &x);
-    if (s == SHARD_OK) {
-        double gemm = x->rank[0].gemm_ms, rest = measured - x->rank[0].total_ms;
-        p->nongemm_fraction = gemm > 0 && rest > 0 ? rest / gemm : 0;
-    }
-    shard_step_prediction_destroy(x);
-    shard_analysis_destroy(a);
     return s;
 }
 

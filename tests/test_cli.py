@@ -1215,7 +1215,8 @@ def cost():
         expect({"format", "machine", "date", "blas", "cores", "memory", "compute", "gemm", "comm"} <= set(d),
                f"profile keys: {sorted(d)}")
         expect(d.get("memory", {}).get("copy_gbps", 0) > 0 and d.get("memory", {}).get("add_gbps", 0) > 0
-               and d.get("compute", {}).get("nongemm_fraction", -1) >= 0, f"profile memory / compute: {d}")
+               and d.get("compute", {}).get("nongemm_fraction", -1) >= 0
+               and d.get("compute", {}).get("nongemm_fraction_loaded", -1) >= 0, f"profile memory / compute: {d}")
         expect(all({"m", "n", "k", "threads", "gflops"} <= set(g) and g["gflops"] > 0 for g in d.get("gemm", [])),
                "profile gemm entries")
         fits = {(c["op"], c["ranks"]) for c in d.get("comm", []) if c["backend"] == "threads"}

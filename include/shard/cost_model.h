@@ -55,7 +55,10 @@ typedef struct shard_machine_profile {
     char machine[128], date[32], blas[128];
     int cores;
     double copy_gbps, add_gbps; /* elementwise bandwidth: bytes read + written per second / 1e9 */
-    double nongemm_fraction;    /* non-GEMM compute time per GEMM time */
+    double nongemm_fraction;    /* non-GEMM compute time per GEMM time: a world of one on every core */
+    /* the same for thread ranks, one per core, all computing at once: the rest of their step (what the
+     * cores' contention takes from the GEMMs included) per GEMM time at one thread alone */
+    double nongemm_fraction_loaded;
     size_t gemms;
     shard_profile_gemm gemm[SHARD_PROFILE_MAX_GEMMS];
     size_t comms;

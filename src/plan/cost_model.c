@@ -160,7 +160,7 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
     double all = r->flops_forward + r->flops_backward + r->flops_recompute + r->flops_other;
     if (p) {
         t->gemm_ms = gemm_ms(p, r, threads) * scale;
-        t->nongemm_ms = t->gemm_ms * p->nongemm_fraction;
+        t->nongemm_ms = t->gemm_ms * (a->world > 1 ? p->nongemm_fraction_loaded : p->nongemm_fraction);
     }
     t->compute_ms = t->gemm_ms + t->nongemm_ms;
     if (cc) { /* each span lasts at least its GEMM FLOPs at the device's rate */

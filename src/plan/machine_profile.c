@@ -88,7 +88,7 @@ shard_status shard_machine_profile_load(const char *path, shard_machine_profile 
                         "machine profile %s: no \"format\": \"%s\": give a file `shard profile` "
                         "wrote",
                         path, PROFILE_FORMAT);
-    double cores = 0, frac = 0;
+    double cores = 0, frac = 0, loaded = -1;
     json_t *mem = json_object_get(root, "memory"), *compute = json_object_get(root, "compute");
     if (s == SHARD_OK) s = take_string(path, root, "machine", out->machine, sizeof out->machine);
     if (s == SHARD_OK) s = take_string(path, root, "date", out->date, sizeof out->date);
@@ -100,9 +100,13 @@ shard_status shard_machine_profile_load(const char *path, shard_machine_profile 
     if (s == SHARD_OK && (!json_is_number(f) || (frac = json_number_value(f)) < 0 || !isfinite(frac)))
         s = shard_error(SHARD_ERR_INVALID_ARG, "machine profile %s: compute \"nongemm_fraction\" must be a number >= 0",
                         path);
+    json_t *fl = json_object_get(compute, "nongemm_fraction_loaded"); /* optional: absent in older files */
+    if (s == SHARD_OK && fl && (!json_is_number(fl) || (loaded = json_number_value(fl)) < 0 || !isfinite(loaded)))
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "machine profile %s: compute \"nongemm_fraction_loaded\" must be a number >= 0", path);
     if (s == SHARD_OK) s = take_gemms(path, json_object_get(root, "gemm"), out);
     if (s == SHARD_OK) s = take_comms(path, json_object_get(root, "comm"), out);
-    out->cores = (int)cores, out->nongemm_fraction = frac;
+    out->cores = (int)cores, out->nongemm_fraction = frac, out->nongemm_fraction_loaded = loaded >= 0 ? loaded : frac;
     json_decref(root);
     return s;
 }
@@ -119,6 +123,7 @@ shard_status shard_machine_profile_save(const shard_machine_profile *p, const ch
     json_object_set_new(mem, "add_gbps", json_real(p->add_gbps));
     json_object_set_new(root, "memory", mem);
     json_object_set_new(compute, "nongemm_fraction", json_real(p->nongemm_fraction));
+    json_object_set_new(compute, "nongemm_fraction_loaded", json_real(p->nongemm_fraction_loaded));
     json_object_set_new(root, "compute", compute);
     for (size_t i = 0; i < p->gemms; i++) {
         const shard_profile_gemm *g = &p->gemm[i];
