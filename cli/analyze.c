@@ -335,6 +335,7 @@ int cli_analyze(int argc, char **argv) {
     if (s == SHARD_OK && (prof || cluster)) s = shard_cost_predict(a, prof, &co, &pred);
     free(prof);
     if (s < 0) {
+        shard_cluster_destroy(cluster);
         shard_analysis_destroy(a);
         cli_error("%s", shard_last_error());
         return 1;
