@@ -14,8 +14,9 @@
  *   collectives each communicator's calls and bytes sent by kind (the bandwidth-optimal count of
  *               shard_comm_bytes_sent; "send" for a pipeline's point-to-point), keyed by its mesh axes
  *               ("data", "tensor", "pipe", "expert", "data,expert"; "world" for the whole mesh).
- * A mixture of experts routes zeros in the dry run (every token to the same top-k experts), so its
- * expert traffic and expert activations are those of that routing, not of real data's.
+ * A mixture of experts routes the dry run's tokens over the experts in turn (src/nn/moe.c: a balanced
+ * router's load), so its expert traffic and expert activations are a balanced routing's, not those of
+ * real data (whose imbalance the trainer's expert load shows).
  *
  * Ranks that differ only in their data coordinate hold the same pieces but for ZeRO's uneven shards (a
  * few elements): beyond `exact_ranks` ranks only data coordinates 0 and the last are built, the others

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc_impl.h"
 #include "kernels/vec.h"
 #include "shard/blas.h"
 #include "shard/expert.h"
@@ -186,6 +187,7 @@ static shard_status router_forward(shard_moe *m, const float *gate_w) {
     }
     SHARD_CHECK(shard_sgemm(0, 1, N, E, C, 1.0f, xr, C, gate_w, C, 0.0f, s->logits, E));
     shard_softmax_forward(s->logits, s->probs, N, E);
+    int planning = shard__mem_planning();
     for (size_t t = 0; t < N; t++) {
         const float *l = s->logits + t * E, *p = s->probs + t * E;
         float mx = l[0];
@@ -195,7 +197,14 @@ static shard_status router_forward(shard_moe *m, const float *gate_w) {
         s->lse[t] = (double)mx + log(exps);
         int32_t *ch = s->choice + t * K;
         float *g = s->gate + t * K, sum = 0;
-        for (size_t j = 0; j < K; j++) {
+        /* the analyzer's dry run routes rows of zeros, whose logits tie: it spreads the tokens over the
+         * experts in turn instead (by global position: every split spreads alike), a balanced router's
+         * load, where ties would send every token to the first k experts */
+        uint64_t token = (uint64_t)(s->keys.first_row + t / s->T) * s->T + t % s->T;
+        for (size_t j = 0; j < K && planning; j++) {
+            ch[j] = (int32_t)((token * K + j) % E), g[j] = p[ch[j]], sum += g[j];
+        }
+        for (size_t j = 0; j < K && !planning; j++) {
             int32_t best = -1;
             for (size_t e = 0; e < E; e++) {
                 int taken = 0;
