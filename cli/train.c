@@ -45,7 +45,7 @@
 typedef struct train_opts {
     const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype, *schedule,
         *layers_per_stage;
-    const char *trace, *optimizer;
+    const char *trace, *optimizer, *batch_shares;
     long batch, micro_batch, accum, seq, steps, save_every, warmup, zero, micro_batches, virtual_stages;
     long monitor_every; /* 0: with the progress line */
     int recompute;
@@ -175,7 +175,8 @@ static shard_trainer_config trainer_config(const train_opts *o) {
         .micro_batches = (size_t)o->micro_batches,
         .virtual_stages = (int)o->virtual_stages,
         .recompute = o->recompute,
-        .layers_per_stage = o->layers_per_stage};
+        .layers_per_stage = o->layers_per_stage,
+        .batch_shares = o->batch_shares};
     tc.adamw.weight_decay = (float)o->weight_decay; /* whichever optimizer runs */
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
@@ -591,6 +592,9 @@ static const char *const USAGE =
     "  --recompute              recompute each stage's forward in its backward instead of keeping its\n"
     "                           activations (default off)\n"
     "  --layers-per-stage L     blocks per stage, e.g. 3,3,2, or balanced (cut on measured times)\n"
+    "  --batch-shares LIST      rows of the global batch per data rank, e.g. 6,2 (summing to --batch;\n"
+    "                           default: even): faster devices take more; the loss is still the global\n"
+    "                           batch's mean\n"
     "                           (default: even, the remainder on the first stages)\n"
     "  --trace FILE             the last step as a Chrome trace / Perfetto JSON file: a process per\n"
     "                           rank, compute per unit, every collective with its axis and bytes\n"
@@ -630,7 +634,8 @@ int cli_train(int argc, char **argv) {
                                &o.schedule,
                                &o.layers_per_stage,
                                &o.trace,
-                               &o.optimizer};
+                               &o.optimizer,
+                               &o.batch_shares};
         const char *str_names[] = {"--config",
                                    "--data",
                                    "--init",
@@ -643,9 +648,10 @@ int cli_train(int argc, char **argv) {
                                    "--schedule",
                                    "--layers-per-stage",
                                    "--trace",
-                                   "--optimizer"};
+                                   "--optimizer",
+                                   "--batch-shares"};
         int done = 0;
-        for (int k = 0; k < 13 && !done; k++)
+        for (int k = 0; k < 14 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
                 if (!(*strs[k] = cli_value(argc, argv, &i))) return 2;
                 done = 1;

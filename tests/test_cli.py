@@ -240,7 +240,8 @@ PARSED_FLAGS = {
                               "--compute-dtype", "--schedule", "--layers-per-stage", "--trace", "--batch", "--seq",
                               "--steps", "--save-every", "--warmup", "--zero", "--accum", "--micro-batch",
                               "--micro-batches", "--virtual-stages", "--lr", "--min-lr", "--weight-decay", "--clip",
-                              "--bucket-mb", "--sequence-parallel", "--recompute", "--print-specs", "--spec", "--seed"},
+                              "--bucket-mb", "--sequence-parallel", "--recompute", "--print-specs", "--spec", "--seed",
+                              "--batch-shares"},
 }
 
 
@@ -1263,6 +1264,48 @@ def cost():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def batch_shares():
+    """--batch-shares: uneven rows per data rank (6,2; 5,3 with accumulation; 5,3 on data=2,pipe=2 1F1B; 7,1
+    on data=2,tensor=2 with ZeRO-3) train to one rank's losses at each of 20 steps (1e-5 relative); shares of
+    the wrong count, sum or size are refused in one line before any rank starts."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="shard-cli-shares-") as work:
+        text = os.path.join(work, "corpus.txt")
+        with open(text, "w") as f:
+            f.write("faster devices take more rows of the batch. " * 400)
+        data = os.path.join(work, "data")
+        p = run(["data", "text", text, "--out", data])
+        expect(p.returncode == 0, f"data text: {p.stderr}")
+        args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--steps", "20", "--seed",
+                "3"]
+        ref = None
+        for extra in ([], ["--ranks", "2", "--mesh", "data=2", "--batch-shares", "6,2"],
+                      ["--ranks", "2", "--mesh", "data=2", "--batch-shares", "5,3", "--accum", "2"],
+                      ["--ranks", "4", "--mesh", "data=2,pipe=2", "--batch-shares", "5,3", "--micro-batches", "2",
+                       "--schedule", "1f1b"],
+                      ["--ranks", "4", "--mesh", "data=2,tensor=2", "--zero", "3", "--batch-shares", "7,1"]):
+            log = os.path.join(work, "run.jsonl")
+            if os.path.exists(log):
+                os.remove(log)
+            p = run(args + extra + ["--log", log])
+            got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            if ref is None:
+                ref = got
+                expect(len(got) == 20, f"one rank: {p.stderr}")
+                continue
+            worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 20 else 1
+            expect(worst <= 1e-5, f"--batch-shares {extra}: worst relative loss difference {worst} {p.stderr}")
+        for extra, text in ((["--batch-shares", "6,1,1"], "3 counts for 2 data ranks"),
+                            (["--batch-shares", "6,3"], "add up to 9 rows, not --batch 8"),
+                            (["--batch-shares", "8,0"], "positive row counts"),
+                            (["--batch-shares", "7,1", "--accum", "2"], "data rank 1 1 rows for 2 micro-steps"),
+                            (["--batch-shares", "6,2", "--micro-batch", "2"], "give one of them")):
+            p = run(args + ["--ranks", "2", "--mesh", "data=2"] + extra)
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            expect(p.returncode != 0 and text in p.stderr and len(lines) == 1 and "rank " not in p.stderr[:12],
+                   f"--batch-shares {extra}: {p.returncode} {p.stderr!r}")
+
+
 def moe_pipe():
     """The tiny MoE GPT over pipeline stages: each micro-batch's routing kept from its forward to its backward,
     router statistics summed over the stages; pipe=2 (1F1B, recompute), pipe=2,expert=2 and
@@ -1577,7 +1620,7 @@ def monitor():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe,
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares,
      "cost": cost,
      "monitor": monitor}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -58,6 +58,11 @@ typedef struct shard_trainer_config {
     int virtual_stages;
     int recompute;
     const char *layers_per_stage;
+    /* rows of the global batch per data rank ("6,6,2,2": one count per rank of the rows' split, data x
+     * expert, in rank order, summing to the batch; NULL: even).  Uneven shares suit devices of unequal
+     * speed; the loss stays the mean over the global batch, so the math is one device's.  Each share is
+     * split evenly over the micro-steps (at least one row each); --micro-batch does not combine with it. */
+    const char *batch_shares;
 } shard_trainer_config;
 
 typedef struct shard_step_result {

@@ -18,6 +18,7 @@
  * holds the whole tensors' layout). */
 #include "shard/trainer.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,7 @@ struct shard_trainer {
     shard__expert_layout *experts; /* the expert parameters' whole tensors; NULL: every tensor whole here */
     int data_rank, data_size;      /* in `rows`: the batch arithmetic's data ranks */
     size_t global, micro, accum;
+    size_t *shares; /* --batch-shares: rows per data rank (NULL: even) */
     shard_model *model;
     /* shard_trainer_create_with_model's factory (struct_size 0: the config's model); a model the caller
      * built is theirs: the trainer gives its bindings back and does not destroy it */
@@ -80,8 +82,64 @@ struct shard_trainer {
 
 /* The batch arithmetic: the global batch B, the accumulation count K and the rows per micro-step a
  * rank holds at most, from what the config gives and the data axis's D ranks. */
-static shard_status batch_layout(const shard_trainer_config *c, size_t D, size_t *global, size_t *accum,
-                                 size_t *micro) {
+/* --batch-shares into shares[D] (NULL: only checked); *sum their total. */
+static shard_status parse_shares(const char *text, size_t D, size_t *shares, size_t *sum) {
+    *sum = 0;
+    size_t n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || *p == '-' || *p == '+' || errno || v == 0 || v > (1u << 30) || (*end && *end != ','))
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "--batch-shares '%s': give positive row counts separated by commas, one per data "
+                               "rank (%zu here), e.g. 6,2",
+                               text, D);
+        if (n < D && shares) shares[n] = (size_t)v;
+        n++, *sum += (size_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n != D)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--batch-shares '%s' has %zu counts for %zu data ranks (the rows' split, data x expert): "
+                           "give one per rank",
+                           text, n, D);
+    return SHARD_OK;
+}
+
+static shard_status batch_layout(const shard_trainer_config *c, size_t D, size_t *global, size_t *accum, size_t *micro,
+                                 size_t *shares) {
+    if (c->batch_shares) { /* each data rank's rows, each split evenly over the micro-steps */
+        size_t sum, K = c->micro_batches ? c->micro_batches : c->accum ? c->accum : 1, most = 0;
+        size_t *mine = shares ? shares : calloc(D ? D : 1, sizeof *mine);
+        if (!mine) return shard_error(SHARD_ERR_NO_MEMORY, "batch: out of memory");
+        shard_status s = parse_shares(c->batch_shares, D, mine, &sum);
+        if (s == SHARD_OK && c->micro_batch)
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "batch: --batch-shares sets each data rank's rows, --micro-batch %zu every rank's: give "
+                            "one of them (with --accum for the micro-steps)",
+                            c->micro_batch);
+        if (s == SHARD_OK && c->micro_batches && c->accum && c->accum != c->micro_batches)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "batch: --micro-batches %zu and --accum %zu disagree: give one",
+                            c->micro_batches, c->accum);
+        if (s == SHARD_OK && c->batch && c->batch != sum)
+            s = shard_error(SHARD_ERR_INVALID_ARG, "batch: --batch-shares %s add up to %zu rows, not --batch %zu",
+                            c->batch_shares, sum, c->batch);
+        for (size_t r = 0; s == SHARD_OK && r < D; r++) {
+            if (mine[r] < K)
+                s = shard_error(SHARD_ERR_INVALID_ARG,
+                                "batch: --batch-shares gives data rank %zu %zu rows for %zu micro-steps: every rank "
+                                "needs at least one row per micro-step",
+                                r, mine[r], K);
+            size_t rows = (mine[r] + K - 1) / K;
+            most = rows > most ? rows : most;
+        }
+        if (!shares) free(mine);
+        SHARD_CHECK(s);
+        *global = sum, *accum = K, *micro = most;
+        return SHARD_OK;
+    }
     size_t B = c->batch, m = c->micro_batch, K = c->accum;
     if (c->micro_batches && K && K != c->micro_batches)
         return shard_error(SHARD_ERR_INVALID_ARG,
@@ -145,7 +203,7 @@ shard_status shard_trainer_config_check(const shard_trainer_config *config, int 
     if (!config || data_size < 1 || pipe_size < 1)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_config_check: no config, or an axis of no ranks");
     size_t global, accum, micro;
-    SHARD_CHECK(batch_layout(config, (size_t)data_size, &global, &accum, &micro));
+    SHARD_CHECK(batch_layout(config, (size_t)data_size, &global, &accum, &micro, NULL));
     if (pipe_size < 2) return SHARD_OK;
     shard_pipe_schedule *sched = NULL;
     SHARD_CHECK(pipe_schedule(config, pipe_size, accum, &sched));
@@ -447,7 +505,9 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
      * machine's cores */
     s = shard_share_cores(shard_mesh_comm(mesh));
     if (s == SHARD_OK) s = make_optimizer(config, &t->opt);
-    if (s == SHARD_OK) s = batch_layout(&t->c, (size_t)t->data_size, &t->global, &t->accum, &t->micro);
+    if (s == SHARD_OK && config->batch_shares && !(t->shares = calloc((size_t)t->data_size, sizeof *t->shares)))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
+    if (s == SHARD_OK) s = batch_layout(&t->c, (size_t)t->data_size, &t->global, &t->accum, &t->micro, t->shares);
     if (s == SHARD_OK && pipe_size > 1) s = plan_pipeline(t, shard_mesh_axis_comm(mesh, pipe_axis));
     if (s == SHARD_OK) s = make_model(t, t->tensor, t->expert, t->pipe ? &t->stage : NULL, &t->model);
     if (s == SHARD_OK) s = shard__expert_layout_create(t->expert, t->model, &t->experts);
@@ -510,7 +570,7 @@ void shard_trainer_destroy(shard_trainer *t) {
     else if (t->model)
         shard_model_bind_grad_slab(t->model, NULL); /* the strategy's gradient buffers are gone */
     shard_comm_destroy(t->own_data);
-    free(t->routed);
+    free(t->routed), free(t->shares);
     shard__mon_destroy(t->mon);
     free(t);
 }
@@ -528,6 +588,13 @@ void shard_trainer_batch(const shard_trainer *t, size_t *global, size_t *micro, 
 
 /* This rank's rows of micro-batch k. */
 static void my_rows(const shard_trainer *t, size_t k, size_t *first, size_t *rows) {
+    if (t->shares) { /* this rank's share of the global batch, [before, before + share), over the micro-steps */
+        size_t before = 0, off;
+        for (int r = 0; r < t->data_rank; r++) before += t->shares[r];
+        shard_split_even(t->shares[t->data_rank], t->accum, k, &off, rows);
+        *first = before + off;
+        return;
+    }
     size_t mf, mc, rf;
     shard_split_even(t->global, t->accum, k, &mf, &mc);
     shard_split_even(mc, (size_t)t->data_size, (size_t)t->data_rank, &rf, rows);
