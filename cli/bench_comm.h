@@ -76,6 +76,7 @@ int cli_ckpt(int argc, char **argv);         /* ckpt.c */
 int cli_data(int argc, char **argv);         /* data.c */
 int cli_train(int argc, char **argv);        /* train.c */
 int cli_analyze(int argc, char **argv);      /* analyze.c */
+int cli_plan(int argc, char **argv);         /* plan.c */
 int cli_generate(int argc, char **argv);     /* generate.c */
 
 #endif

@@ -37,6 +37,7 @@ static const char *const USAGE =
     "  data          training data: text (byte-level token files)\n"
     "  demo          ranks exchanging data, then the all_reduce benchmark at a few sizes\n"
     "  generate      text from a trained GPT\n"
+    "  plan          the layout to run a model with on a cluster: searched, analyzed, priced, explained\n"
     "  profile       measure this machine for the cost model (GEMM, bandwidth, collectives' alpha, beta)\n"
     "  inspect       without running ranks: spec (a sharding), schedule (a pipeline's), ckpt (a checkpoint\n"
     "                or safetensors file)\n"
@@ -62,6 +63,7 @@ typedef struct cli_verb {
 
 static const cli_verb VERBS[] = {
     {.name = "analyze", .run = cli_analyze, .has_sub_verbs = 0},
+    {.name = "plan", .run = cli_plan, .has_sub_verbs = 0},
     {.name = "bench", .run = cli_bench, .has_sub_verbs = 1},
     {.name = "demo", .run = cli_demo, .has_sub_verbs = 0},
     {.name = "inspect", .run = cli_inspect, .has_sub_verbs = 1},
@@ -73,7 +75,7 @@ static const cli_verb VERBS[] = {
 };
 
 static const char *const VALID_VERBS =
-    "analyze, bench, ckpt, data, demo, generate, inspect, profile, train, version, help";
+    "analyze, bench, ckpt, data, demo, generate, inspect, plan, profile, train, version, help";
 
 /* "unknown verb 'X'" (opened by `where`, e.g. "help: "), with the nearest verb when one is near. */
 static void unknown_verb(const char *where, const char *name) {

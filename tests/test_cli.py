@@ -56,7 +56,7 @@ def errors():
     empty = tempfile.NamedTemporaryFile(prefix="shard-cli-empty-")  # an empty input file, removed on exit
     cases = [
         ([], 2, "usage: shard"),
-        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are analyze, bench, ckpt, data, demo, generate, inspect, profile, train, version, help"),
+        (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are analyze, bench, ckpt, data, demo, generate, inspect, plan, profile, train, version, help"),
         (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe or analyze"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
@@ -228,6 +228,8 @@ PARSED_FLAGS = {
                    "--schedule", "--micro-batches", "--virtual-stages", "--recompute", "--layers-per-stage",
                    "--exact-ranks", "--json", "--profile", "--cluster", "--device-map"},
     ("profile",): {"--out", "--quick"},
+    ("plan",): {"--config", "--cluster", "--device-map", "--profile", "--batch", "--seq", "--goal",
+                "--max-memory-fraction", "--top", "--out", "--json"},
     ("bench", "analyze"): {"--profile", "--cluster", "--device-map", "--limit", "--steps", "--warmup", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
@@ -1264,6 +1266,54 @@ def cost():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def plan():
+    """`shard plan` on the example clusters: every layout of the tiny GPT over the cluster's devices tried,
+    the fitting ones ranked by the goal (the chosen one first, its predicted step the least for throughput,
+    its peak the least for memory), --out writes the plan's documented keys whose flags `shard analyze`
+    takes back with the same prediction; a cluster too small for any layout is refused in one line naming
+    the least memory a device would need; a bad goal in one line."""
+    import tempfile
+    clusters = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "clusters")
+    base = ["plan", "--config", TINY, "--batch", "8", "--seq", "64"]
+    with tempfile.TemporaryDirectory(prefix="shard-cli-plan-") as work:
+        out = os.path.join(work, "plan.json")
+        p = run(base + ["--cluster", os.path.join(clusters, "two-nodes-slow-link.json"), "--json", "--top", "50",
+                        "--out", out])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        plans = r.get("plans", [])
+        expect(p.returncode == 0 and r.get("world") == 4 and r.get("fitting", 0) >= 2 and plans and
+               all(x["fits"] for x in plans) and [x["step_ms"] for x in plans] == sorted(x["step_ms"] for x in plans)
+               and r.get("explanation", "").startswith("Chosen for throughput"), f"plan --json: {p.stderr} {r}")
+        written = json.load(open(out)) if os.path.exists(out) else {}
+        expect({"mesh", "flags", "layers_per_stage", "batch_shares", "device_map", "predicted", "explanation"}
+               <= set(written) and {"step_ms", "tokens_per_s", "peak_bytes"} <= set(written.get("predicted", {})),
+               f"plan.json: {written}")
+        # the plan's flags, analyzed on the same cluster, predict the same step
+        if written:
+            q = run(["analyze", "--config", TINY, "--batch", "8", "--seq", "64", "--cluster",
+                     os.path.join(clusters, "two-nodes-slow-link.json"), "--json"] + written["flags"])
+            a = json.loads(q.stdout) if q.returncode == 0 else {}
+            expect(abs(a.get("step_ms", 0) - written["predicted"]["step_ms"]) <= 1e-6 * written["predicted"]["step_ms"],
+                   f"plan's flags re-analyzed: {a.get('step_ms')} against {written['predicted']} {q.stderr}")
+        p = run(base + ["--cluster", os.path.join(clusters, "heterogeneous.json"), "--goal", "memory", "--json",
+                        "--top", "50"])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        peaks = [x["peak_bytes"] for x in r.get("plans", [])]
+        expect(p.returncode == 0 and peaks and peaks == sorted(peaks), f"plan --goal memory: {p.stderr} {peaks}")
+        small = os.path.join(work, "small.json")
+        with open(small, "w") as f:
+            json.dump({"nodes": [{"name": "tiny", "devices": 2, "compute_tflops": 0.001,
+                                  "available_memory_gb": 0.001}],
+                       "network": {"bandwidth_gbps": 10, "latency_us": 10},
+                       "intra_node": {"bandwidth_gbps": 10, "latency_us": 10}}, f)
+        for args, text in ((["--cluster", small], "the least a device would need is"),
+                           (["--cluster", small, "--goal", "speed"], "goal 'speed'"),
+                           ([], "give --config (the model) and --cluster")):
+            p = run(base + args)
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            expect(p.returncode != 0 and text in p.stderr and len(lines) == 1, f"plan {args}: {p.returncode} {p.stderr!r}")
+
+
 def batch_shares():
     """--batch-shares: uneven rows per data rank (6,2; 5,3 with accumulation; 5,3 on data=2,pipe=2 1F1B; 7,1
     on data=2,tensor=2 with ZeRO-3) train to one rank's losses at each of 20 steps (1e-5 relative); shares of
@@ -1620,7 +1670,7 @@ def monitor():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares,
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan,
      "cost": cost,
      "monitor": monitor}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -29,6 +29,7 @@
 #include "shard/monitor.h"
 #include "shard/optim.h"
 #include "shard/params.h"
+#include "shard/plan.h"
 #include "shard/redistribute.h"
 #include "shard/safetensors.h"
 #include "shard/sample.h"

@@ -1,0 +1,200 @@
+/* plan.c — `shard plan`: the layout to run a model with on a cluster (include/shard/plan.h).
+ *
+ *   shard plan --config CONFIG.json --cluster cluster.json [--profile machine.json] --batch B --seq S
+ *              [--device-map LIST] [--goal throughput|latency|memory|balance] [--max-memory-fraction 0.9]
+ *              [--top 5] [--json] [--out plan.json] */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "shard/shard.h"
+
+static const char *const USAGE =
+    "usage: shard plan --config CONFIG.json --cluster FILE [--profile FILE] --batch B --seq S [options]\n"
+    "\n"
+    "The layout to run a model with on a cluster: every data x tensor x pipe split of its devices (x\n"
+    "expert for a mixture of experts), ZeRO 0-3, sequence parallel, 1F1B with p or 2p micro-batches,\n"
+    "recomputation where a layout does not fit without it; each analyzed by a dry run of the engine\n"
+    "(shard analyze) and priced on the cluster's devices and links (and the machine profile's host part\n"
+    "when given), those that do not fit a device's memory cut, the rest ranked by the goal. Prints the\n"
+    "top layouts, why the others were cut, and a paragraph on the choice.\n"
+    "\n"
+    "options:\n"
+    "  --config FILE                       the model config\n"
+    "  --cluster FILE                      the devices and links (docs/cli.md, Emulated clusters)\n"
+    "  --device-map LIST                   mesh position i on device LIST[i] (default: in order)\n"
+    "  --profile FILE                      a machine profile (shard profile) for the host's part\n"
+    "  --batch N                           the global batch (default 8)\n"
+    "  --seq N                             tokens per row (default 128)\n"
+    "  --goal G                            throughput (default), latency, memory or balance\n"
+    "  --max-memory-fraction X             of each device's memory a rank may use, (0, 1] (default 0.9)\n"
+    "  --top N                             layouts listed (default 5)\n"
+    "  --out FILE                          the chosen plan as JSON: mesh, flags, layers_per_stage,\n"
+    "                                      batch_shares, device_map, predicted {step_ms, tokens_per_s,\n"
+    "                                      peak_bytes}, explanation\n"
+    "  --json                              one JSON object: goal, world, tried, fitting, plans [...],\n"
+    "                                      explanation\n";
+
+typedef struct plan_opts {
+    const char *config, *cluster, *device_map, *profile, *goal, *out;
+    long batch, seq, top;
+    double fraction;
+    int json;
+} plan_opts;
+
+/* The flags `shard train` takes for candidate c. */
+static json_t *flags_json(const shard_plan_candidate *c) {
+    json_t *f = json_array();
+    char text[64];
+    json_array_append_new(f, json_string("--mesh")), json_array_append_new(f, json_string(c->mesh));
+    snprintf(text, sizeof text, "%d", c->zero);
+    json_array_append_new(f, json_string("--zero")), json_array_append_new(f, json_string(text));
+    if (c->sequence_parallel) json_array_append_new(f, json_string("--sequence-parallel"));
+    if (c->schedule[0]) json_array_append_new(f, json_string("--schedule")), json_array_append_new(f, json_string(c->schedule));
+    if (c->micro_batches) {
+        snprintf(text, sizeof text, "%zu", c->micro_batches);
+        json_array_append_new(f, json_string("--micro-batches")), json_array_append_new(f, json_string(text));
+    }
+    if (c->recompute) json_array_append_new(f, json_string("--recompute"));
+    return f;
+}
+
+static json_t *candidate_json(const shard_plan_candidate *c) {
+    json_t *o = json_object();
+    json_object_set_new(o, "mesh", json_string(c->mesh));
+    json_object_set_new(o, "flags", flags_json(c));
+    json_object_set_new(o, "fits", json_boolean(c->fits));
+    json_object_set_new(o, "step_ms", c->valid ? json_real(c->step_ms) : json_null());
+    json_object_set_new(o, "tokens_per_s", c->valid ? json_real(c->tokens_per_s) : json_null());
+    json_object_set_new(o, "peak_bytes", c->valid ? json_real(c->peak_bytes) : json_null());
+    json_object_set_new(o, "bubble", json_real(c->bubble));
+    json_object_set_new(o, "imbalance", json_real(c->imbalance));
+    if (c->why[0]) json_object_set_new(o, "cut", json_string(c->why));
+    return o;
+}
+
+/* The chosen plan's file, written whole or not at all. */
+static shard_status write_plan(const char *path, const shard_plan_candidate *w, const char *device_map,
+                               const char *explanation) {
+    json_t *root = json_object(), *pred = json_object();
+    json_object_set_new(root, "mesh", json_string(w->mesh));
+    json_object_set_new(root, "flags", flags_json(w));
+    json_object_set_new(root, "layers_per_stage", json_null());
+    json_object_set_new(root, "batch_shares", json_null());
+    json_object_set_new(root, "device_map", device_map ? json_string(device_map) : json_null());
+    json_object_set_new(pred, "step_ms", json_real(w->step_ms));
+    json_object_set_new(pred, "tokens_per_s", json_real(w->tokens_per_s));
+    json_object_set_new(pred, "peak_bytes", json_real(w->peak_bytes));
+    json_object_set_new(root, "predicted", pred);
+    json_object_set_new(root, "explanation", json_string(explanation));
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+    json_decref(root);
+    if (!text) return shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
+    shard_status s = shard_atomic_write_file(path, text, strlen(text));
+    free(text);
+    return s;
+}
+
+static int take(plan_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v;
+    const char **strs[] = {&o->config, &o->cluster, &o->device_map, &o->profile, &o->goal, &o->out};
+    static const char *const names[] = {"--config", "--cluster", "--device-map", "--profile", "--goal", "--out"};
+    for (int k = 0; k < 6; k++)
+        if (strcmp(a, names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
+    long *ints[] = {&o->batch, &o->seq, &o->top};
+    static const char *const int_names[] = {"--batch", "--seq", "--top"};
+    static const long hi[] = {1 << 20, 1 << 20, 1000};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(a, int_names[k]) == 0)
+            return (v = cli_value(argc, argv, i)) && !cli_parse_int(a, v, 1, hi[k], ints[k]) ? 1 : -1;
+    if (strcmp(a, "--max-memory-fraction") == 0) {
+        if (!(v = cli_value(argc, argv, i))) return -1;
+        if (!cli_number(v, &o->fraction) || !(o->fraction > 0) || o->fraction > 1) {
+            cli_error("--max-memory-fraction '%s' is invalid: give a number in (0, 1], e.g. 0.9", v);
+            return -1;
+        }
+        return 1;
+    }
+    if (strcmp(a, "--json") == 0) return o->json = 1;
+    return 0;
+}
+
+int cli_plan(int argc, char **argv) {
+    if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
+    plan_opts o = {.batch = 8, .seq = 128, .top = 5, .fraction = 0.9};
+    for (int i = 1; i < argc; i++) {
+        int t = take(&o, argc, argv, &i);
+        if (t < 0) return 2;
+        if (!t) {
+            cli_error("plan: unknown option '%s' (shard plan --help lists them)", argv[i]);
+            return 2;
+        }
+    }
+    if (!o.config || !o.cluster) {
+        cli_error("plan: give --config (the model) and --cluster (the devices it may run on)");
+        return 2;
+    }
+    shard_cluster *cluster = NULL;
+    shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
+    shard_plan_result *r = NULL;
+    shard_status s = shard_model_config_check(o.config);
+    if (s == SHARD_OK) s = shard_cluster_load(o.cluster, &cluster);
+    if (s == SHARD_OK && o.device_map) s = shard_cluster_set_device_map(cluster, o.device_map);
+    if (s == SHARD_OK && o.profile && !prof) s = shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
+    if (s == SHARD_OK && prof) s = shard_machine_profile_load(o.profile, prof);
+    shard_trainer_config tc = {.config_path = o.config,
+                               .batch = (size_t)o.batch,
+                               .seq = (size_t)o.seq,
+                               .seed = 1,
+                               .adamw = shard_adamw_defaults(),
+                               .clip = 1.0f,
+                               .bucket_mb = 25};
+    tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 1};
+    shard_plan_options po = {.struct_size = sizeof po,
+                             .train = &tc,
+                             .cluster = cluster,
+                             .profile = prof,
+                             .goal = o.goal,
+                             .max_memory_fraction = o.fraction};
+    if (s == SHARD_OK) s = shard_plan_search(&po, &r);
+    char explanation[2048] = "";
+    if (s == SHARD_OK) shard_plan_explain(r, o.goal, explanation, sizeof explanation);
+    if (s == SHARD_OK && o.out) s = write_plan(o.out, &r->candidate[0], o.device_map, explanation);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        shard_cluster_destroy(cluster), free(prof), shard_plan_result_destroy(r);
+        return 1;
+    }
+    size_t top = (size_t)o.top < r->fitting ? (size_t)o.top : r->fitting;
+    if (o.json) {
+        json_t *root = json_object(), *plans = json_array();
+        json_object_set_new(root, "goal", json_string(o.goal ? o.goal : "throughput"));
+        json_object_set_new(root, "world", json_integer(r->world));
+        json_object_set_new(root, "tried", json_integer((json_int_t)r->count));
+        json_object_set_new(root, "fitting", json_integer((json_int_t)r->fitting));
+        for (size_t i = 0; i < top; i++) json_array_append_new(plans, candidate_json(&r->candidate[i]));
+        json_object_set_new(root, "plans", plans);
+        json_object_set_new(root, "explanation", json_string(explanation));
+        char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
+        json_decref(root);
+        if (text) puts(text);
+        free(text);
+    } else {
+        printf("plan: %zu layouts tried on %d devices, %zu fit\n", r->count, r->world, r->fitting);
+        printf("  %-4s %-44s %10s %12s %10s %8s\n", "#", "layout", "step ms", "tokens/s", "peak GiB", "bubble");
+        for (size_t i = 0; i < top; i++) {
+            const shard_plan_candidate *c = &r->candidate[i];
+            char flags[160];
+            snprintf(flags, sizeof flags, "%s zero=%d%s%s%s%s", c->mesh, c->zero, c->sequence_parallel ? " sp" : "",
+                     c->schedule[0] ? " " : "", c->schedule, c->recompute ? " recompute" : "");
+            printf("  %-4zu %-44s %10.2f %12.0f %10.3f %8.3f\n", i + 1, flags, c->step_ms, c->tokens_per_s,
+                   c->peak_bytes / 1073741824.0, c->bubble);
+        }
+        printf("%s\n", explanation);
+        if (o.out) printf("plan: written to %s\n", o.out);
+    }
+    shard_cluster_destroy(cluster), free(prof), shard_plan_result_destroy(r);
+    return 0;
+}

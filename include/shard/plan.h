@@ -1,0 +1,64 @@
+/* plan.h — choosing a layout for a cluster: candidate layouts (data, tensor, pipe and expert degrees,
+ * ZeRO stage, pipeline schedule and micro-batches, recomputation, sequence parallel) each analyzed by
+ * the engine's dry run (analyze.h) and priced by the cost model on the cluster (cost_model.h: its
+ * devices' rates and links, with a machine profile for the host's part when given), those whose peak
+ * memory exceeds a device's (times the allowed fraction) cut, the rest ranked by the goal.
+ *
+ * Goals: "throughput" (tokens per second at the given batch), "latency" (time per step: the same
+ * order at a fixed batch), "memory" (the least peak bytes on the fullest device), "balance" (the least
+ * imbalance of the ranks' predicted step times, shard_imbalance).  Every candidate is kept with why it
+ * was cut (memory: which rank, node and bytes; or the trainer's refusal of the layout). */
+#ifndef SHARD_PLAN_H
+#define SHARD_PLAN_H
+
+#include <stddef.h>
+
+#include "shard/cluster.h"
+#include "shard/cost_model.h"
+#include "shard/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct shard_plan_candidate {
+    char mesh[96];
+    int zero, recompute, sequence_parallel;
+    char schedule[16]; /* "" without a pipe axis */
+    size_t micro_batches;
+    int valid;             /* the trainer accepts the layout */
+    int fits;              /* every rank's peak within its device's memory x the fraction */
+    double step_ms, tokens_per_s;
+    double peak_bytes;     /* the fullest rank's peak total */
+    double imbalance;      /* of the ranks' predicted step times */
+    double bubble;
+    char why[256];         /* why it was cut ("" when it fits) */
+} shard_plan_candidate;
+
+typedef struct shard_plan_options {
+    size_t struct_size; /* sizeof(shard_plan_options) */
+    const shard_trainer_config *train; /* the model config, batch and seq; its layout fields are the search's */
+    const shard_cluster *cluster;      /* the devices and links (required) */
+    const shard_machine_profile *profile; /* the host's part (NULL: the cluster's rates alone) */
+    const char *goal;                  /* "throughput" (NULL), "latency", "memory" or "balance" */
+    double max_memory_fraction;        /* of each device's memory a rank may use (0: 0.9) */
+} shard_plan_options;
+
+typedef struct shard_plan_result {
+    size_t count;                    /* candidates tried */
+    shard_plan_candidate *candidate; /* the fitting ones first, best first by the goal; then the cut ones */
+    size_t fitting;
+    int world;
+} shard_plan_result;
+
+shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **out);
+void shard_plan_result_destroy(shard_plan_result *r);
+
+/* One paragraph on the winner: its layout and predicted figures, against the runner-up, and what cut
+ * the others (the count and one example of each reason). */
+void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
