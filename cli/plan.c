@@ -52,7 +52,8 @@ static json_t *flags_json(const shard_plan_candidate *c) {
     snprintf(text, sizeof text, "%d", c->zero);
     json_array_append_new(f, json_string("--zero")), json_array_append_new(f, json_string(text));
     if (c->sequence_parallel) json_array_append_new(f, json_string("--sequence-parallel"));
-    if (c->schedule[0]) json_array_append_new(f, json_string("--schedule")), json_array_append_new(f, json_string(c->schedule));
+    if (c->schedule[0])
+        json_array_append_new(f, json_string("--schedule")), json_array_append_new(f, json_string(c->schedule));
     if (c->micro_batches) {
         snprintf(text, sizeof text, "%zu", c->micro_batches);
         json_array_append_new(f, json_string("--micro-batches")), json_array_append_new(f, json_string(text));

@@ -26,22 +26,22 @@ typedef struct shard_plan_candidate {
     int zero, recompute, sequence_parallel;
     char schedule[16]; /* "" without a pipe axis */
     size_t micro_batches;
-    int valid;             /* the trainer accepts the layout */
-    int fits;              /* every rank's peak within its device's memory x the fraction */
+    int valid; /* the trainer accepts the layout */
+    int fits;  /* every rank's peak within its device's memory x the fraction */
     double step_ms, tokens_per_s;
-    double peak_bytes;     /* the fullest rank's peak total */
-    double imbalance;      /* of the ranks' predicted step times */
+    double peak_bytes; /* the fullest rank's peak total */
+    double imbalance;  /* of the ranks' predicted step times */
     double bubble;
-    char why[256];         /* why it was cut ("" when it fits) */
+    char why[256]; /* why it was cut ("" when it fits) */
 } shard_plan_candidate;
 
 typedef struct shard_plan_options {
-    size_t struct_size; /* sizeof(shard_plan_options) */
-    const shard_trainer_config *train; /* the model config, batch and seq; its layout fields are the search's */
-    const shard_cluster *cluster;      /* the devices and links (required) */
+    size_t struct_size;                   /* sizeof(shard_plan_options) */
+    const shard_trainer_config *train;    /* the model config, batch and seq; its layout fields are the search's */
+    const shard_cluster *cluster;         /* the devices and links (required) */
     const shard_machine_profile *profile; /* the host's part (NULL: the cluster's rates alone) */
-    const char *goal;                  /* "throughput" (NULL), "latency", "memory" or "balance" */
-    double max_memory_fraction;        /* of each device's memory a rank may use (0: 0.9) */
+    const char *goal;                     /* "throughput" (NULL), "latency", "memory" or "balance" */
+    double max_memory_fraction;           /* of each device's memory a rank may use (0: 0.9) */
 } shard_plan_options;
 
 typedef struct shard_plan_result {

@@ -84,7 +84,8 @@ static shard_status try_layout(search *sr, const char *mesh, int zero, int sp, c
             if (c->fits && shard_cluster_rank_device(sr->o->cluster, (int)r, &d) == SHARD_OK &&
                 peak > sr->fraction * d.memory_bytes) {
                 c->fits = 0;
-                snprintf(c->why, sizeof c->why, "needs %.2f GiB on node '%s' (device %d, rank %zu; has %.2f GiB, %.0f %% usable)",
+                snprintf(c->why, sizeof c->why,
+                         "needs %.2f GiB on node '%s' (device %d, rank %zu; has %.2f GiB, %.0f %% usable)",
                          peak / 1073741824.0, d.node, d.device, r, d.memory_bytes / 1073741824.0, 100 * sr->fraction);
             }
         }
@@ -121,8 +122,7 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
     int known = 0;
     for (int k = 0; k < 4; k++) known |= strcmp(goal, goals[k]) == 0;
     if (!known)
-        return shard_error(SHARD_ERR_INVALID_ARG, "plan: goal '%s': give throughput, latency, memory or balance",
-                           goal);
+        return shard_error(SHARD_ERR_INVALID_ARG, "plan: goal '%s': give throughput, latency, memory or balance", goal);
     int W = shard_cluster_ranks(o->cluster);
     if (W < 1) return shard_error(SHARD_ERR_INVALID_ARG, "plan: the cluster has no device");
     search sr = {.o = o, .fraction = o->max_memory_fraction > 0 ? o->max_memory_fraction : 0.9};
@@ -191,11 +191,11 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
     const shard_plan_candidate *w = &r->candidate[0];
     char best[200], second[200] = "";
     layout_text(w, best, sizeof best);
-    size_t used = (size_t)snprintf(out, bytes,
-                                   "Chosen for %s: %s, predicted %.1f ms a step (%.0f tokens/s), %.2f GiB on the "
-                                   "fullest device, bubble %.2f, imbalance %.2f.",
-                                   g, best, w->step_ms, w->tokens_per_s, w->peak_bytes / 1073741824.0, w->bubble,
-                                   w->imbalance);
+    size_t used =
+        (size_t)snprintf(out, bytes,
+                         "Chosen for %s: %s, predicted %.1f ms a step (%.0f tokens/s), %.2f GiB on the "
+                         "fullest device, bubble %.2f, imbalance %.2f.",
+                         g, best, w->step_ms, w->tokens_per_s, w->peak_bytes / 1073741824.0, w->bubble, w->imbalance);
     if (r->fitting > 1 && used < bytes) {
         layout_text(&r->candidate[1], second, sizeof second);
         used += (size_t)snprintf(out + used, bytes - used, " The runner-up, %s, predicts %.1f ms.", second,
@@ -205,8 +205,10 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
     const shard_plan_candidate *eg_refused = NULL, *eg_big = NULL;
     for (size_t i = 0; i < r->count; i++) {
         const shard_plan_candidate *c = &r->candidate[i];
-        if (!c->valid) refused++, eg_refused = eg_refused ? eg_refused : c;
-        else if (!c->fits) too_big++, eg_big = eg_big ? eg_big : c;
+        if (!c->valid)
+            refused++, eg_refused = eg_refused ? eg_refused : c;
+        else if (!c->fits)
+            too_big++, eg_big = eg_big ? eg_big : c;
     }
     if (used < bytes)
         used += (size_t)snprintf(out + used, bytes - used, " %zu of %zu layouts tried fit.", r->fitting, r->count);
