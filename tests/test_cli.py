@@ -1356,6 +1356,29 @@ def batch_shares():
                    f"--batch-shares {extra}: {p.returncode} {p.stderr!r}")
 
 
+def routed_alike(got, ref, aux=False):
+    """A mixture of experts' run routes as the reference one: 10 logged steps, losses (and with aux the router's
+    aux loss) within 1e-5 relative, the same drops and the same expert load at every step."""
+    return len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
+                                  (not aux or abs(a["aux_loss"] - b["aux_loss"]) <= 1e-5 * abs(b["aux_loss"])) and
+                                  a["dropped_tokens"] == b["dropped_tokens"] and a["expert_load"] == b["expert_load"]
+                                  for a, b in zip(got, ref))
+
+
+def moe_corpus(work):
+    """Token files of a small repetitive corpus in work/data, and `shard train`'s arguments for the tiny MoE GPT
+    on them (10 steps of batch 8 x 64)."""
+    text = os.path.join(work, "corpus.txt")
+    with open(text, "w") as f:
+        f.write("the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n" * 300)
+    data = os.path.join(work, "data")
+    p = run(["data", "text", text, "--out", data])
+    expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
+    cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
+    return data, cfg, ["train", "--config", cfg, "--data", data, "--batch", "8", "--seq", "64", "--steps", "10",
+                       "--seed", "3"]
+
+
 def moe_pipe():
     """The tiny MoE GPT over pipeline stages: each micro-batch's routing kept from its forward to its backward,
     router statistics summed over the stages; pipe=2 (1F1B, recompute), pipe=2,expert=2 and
@@ -1367,15 +1390,7 @@ def moe_pipe():
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-moe-pipe-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n" * 300)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
-        cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
-        args = ["train", "--config", cfg, "--data", data, "--batch", "8", "--seq", "64", "--steps", "10",
-                "--seed", "3"]
+        data, cfg, args = moe_corpus(work)
         log = os.path.join(work, "one.jsonl")
         p = run(args + ["--log", log])
         one = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
@@ -1394,10 +1409,7 @@ def moe_pipe():
             log = os.path.join(work, "pipe.jsonl")
             p = run(args + extra + ["--log", log])
             got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
-            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
-                                          abs(a["aux_loss"] - b["aux_loss"]) <= 1e-5 * abs(b["aux_loss"]) and
-                                          a["dropped_tokens"] == b["dropped_tokens"] and
-                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
+            same = routed_alike(got, one, aux=True)
             expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
                          f"{[r['loss'] for r in one]} {p.stderr}")
         four = os.path.join(work, "moe4.json")
@@ -1416,9 +1428,7 @@ def moe_pipe():
                 base = got
                 expect(got and max(r["dropped_tokens"] for r in got) > 0, f"moe 4 blocks: nothing dropped {p.stderr}")
                 continue
-            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
-                                          a["dropped_tokens"] == b["dropped_tokens"] and
-                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, base))
+            same = routed_alike(got, base)
             expect(same, f"moe 4 blocks {extra} differs from one rank: {[r['loss'] for r in got]} vs "
                          f"{[r['loss'] for r in base]} {p.stderr}")
         # a checkpoint saved on pipe=2,expert=2 (each stage's experts gathered whole) resumes on one rank
@@ -1449,15 +1459,7 @@ def moe():
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-moe-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n" * 300)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
-        cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
-        args = ["train", "--config", cfg, "--data", data, "--batch", "8", "--seq", "64", "--steps", "10",
-                "--seed", "3"]
+        data, cfg, args = moe_corpus(work)
         runs = {}
         for name, extra in (("one", []), ("data2", ["--ranks", "2", "--mesh", "data=2"]),
                             ("zero1", ["--ranks", "2", "--mesh", "data=2", "--zero", "1"]),
@@ -1474,10 +1476,7 @@ def moe():
                f"moe expert_load: {one[:1]}")
         for name in ("data2", "zero1", "zero3"):
             got = runs[name]
-            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
-                                          abs(a["aux_loss"] - b["aux_loss"]) <= 1e-5 * abs(b["aux_loss"]) and
-                                          a["dropped_tokens"] == b["dropped_tokens"] and
-                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
+            same = routed_alike(got, one, aux=True)
             expect(same, f"moe {name} differs from one rank: {[r['loss'] for r in got]} vs {[r['loss'] for r in one]}")
         # expert parallel: the experts split over `expert` (uneven: 6 experts on 4 ranks, with random routing),
         # composed with data and ZeRO, route, drop and score as one rank does
@@ -1504,9 +1503,7 @@ def moe():
                     base = got
                     expect(got and max(r["dropped_tokens"] for r in got) > 0, f"moe 6 experts: nothing dropped {p.stderr}")
                     continue
-                same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
-                                              a["dropped_tokens"] == b["dropped_tokens"] and
-                                              a["expert_load"] == b["expert_load"] for a, b in zip(got, ref))
+                same = routed_alike(got, ref)
                 expect(same, f"moe {os.path.basename(config)} {extra} differs from one rank: "
                              f"{[r['loss'] for r in got]} vs {[r['loss'] for r in ref]} {p.stderr}")
         # a checkpoint saved on expert=4 (the stacks gathered whole, [E, ...]) resumes on expert=2 and on one rank
@@ -1564,9 +1561,7 @@ def moe():
             log = os.path.join(work, "etp.jsonl")
             p = run(args + extra + ["--log", log])
             got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
-            same = len(got) == 10 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) and
-                                          a["dropped_tokens"] == b["dropped_tokens"] and
-                                          a["expert_load"] == b["expert_load"] for a, b in zip(got, one))
+            same = routed_alike(got, one)
             expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
                          f"{[r['loss'] for r in one]} {p.stderr}")
         # a checkpoint saved on tensor=2,expert=2 (the stacks gathered whole over both axes) resumes on one rank
