@@ -48,6 +48,9 @@ static const char *const USAGE_COMM =
     "  --iters K                timed iterations per size, 5..100000 (default: as many as fit in about\n"
     "                           0.2 s, at least 5)\n"
     "  --no-baseline            under MPI, leave out the raw MPI call (default: timed beside shard's)\n"
+    "  --cold                   before each call every rank writes twice its last-level cache of other\n"
+    "                           memory, then its send buffer afresh: caches as a training step leaves\n"
+    "                           them (default: the same buffers call after call, hot in cache)\n"
     "  --json                   one JSON object per size instead of the table\n"
     "  --ranks N                ranks, 1..4096 (default 1; under mpirun the launcher's)\n";
 
@@ -66,6 +69,8 @@ static int bench_comm_main(int argc, char **argv) {
             opt.json = 1;
         } else if (strcmp(arg, "--no-baseline") == 0) {
             opt.baseline = 0;
+        } else if (strcmp(arg, "--cold") == 0) {
+            opt.cold = 1;
         } else if (strcmp(arg, "--op") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (!bench_op_valid(v)) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_comm.h"
 #include "cli_util.h"
@@ -76,29 +77,60 @@ static shard_status one_op(shard_comm *comm, const bench_options *opt, int raw, 
 /* Median over iterations of the slowest rank's time, in microseconds, for
  * shard's call and (with_raw) the raw MPI call.  The two alternate within
  * each iteration, so drifting machine load affects both alike. */
-static shard_status time_ops(shard_comm *comm, const bench_options *opt, int with_raw, const void *send, void *recv,
-                             size_t count, double *median_us, double *raw_median_us) {
+/* --cold: before each call, this rank writes twice its last-level cache's worth of other memory (the
+ * step's other work) and then its send buffer afresh (data the step has just produced), so that the
+ * call meets caches as a training step leaves them, not the peers' unchanged send data still cached
+ * from the previous iteration and a receive buffer written a moment ago. */
+typedef struct cold_caches {
+    unsigned char *sweep;
+    size_t sweep_bytes;
+} cold_caches;
+
+static shard_status cold_open(cold_caches *cc, int cold) {
+    cc->sweep = NULL, cc->sweep_bytes = 0;
+    if (!cold) return SHARD_OK;
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    cc->sweep_bytes = 2 * (size_t)(llc > 0 ? llc : 32L << 20);
+    cc->sweep = malloc(cc->sweep_bytes);
+    return cc->sweep
+        ? SHARD_OK
+        : shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory for a %zu-byte cache sweep", cc->sweep_bytes);
+}
+
+static void cold_prepare(const cold_caches *cc, void *send, size_t send_bytes, int iteration) {
+    if (!cc->sweep) return;
+    memset(cc->sweep, iteration, cc->sweep_bytes);
+    memset(send, 1 + iteration % 7, send_bytes);
+}
+
+static shard_status time_ops(shard_comm *comm, const bench_options *opt, int with_raw, void *send, size_t send_bytes,
+                             void *recv, size_t count, double *median_us, double *raw_median_us) {
     int kinds = with_raw ? 2 : 1;
+    cold_caches cc;
+    SHARD_CHECK(cold_open(&cc, opt->cold));
     /* warm-up; its slowest time decides how many timed iterations fit in ~0.2 s */
     double warm = 0;
-    for (int i = 0; i < opt->warmup; i++)
-        for (int k = 0; k < kinds; k++) {
+    shard_status s = SHARD_OK;
+    for (int i = 0; i < opt->warmup && s == SHARD_OK; i++)
+        for (int k = 0; k < kinds && s == SHARD_OK; k++) {
+            cold_prepare(&cc, send, send_bytes, i);
             double t0 = shard_clock_seconds();
-            SHARD_CHECK(one_op(comm, opt, k, send, recv, count));
+            s = one_op(comm, opt, k, send, recv, count);
             warm = shard_clock_seconds() - t0;
         }
-    SHARD_CHECK(shard_comm_all_reduce(comm, &warm, &warm, 1, SHARD_F64, SHARD_OP_MAX));
+    if (s == SHARD_OK) s = shard_comm_all_reduce(comm, &warm, &warm, 1, SHARD_F64, SHARD_OP_MAX);
     int iters = opt->iters;
     if (iters <= 0) {
         iters = warm > 0 ? (int)(0.2 / warm) : 100;
         if (iters < 5) iters = 5;
-        if (iters > 100) iters = 100;
+        if (iters > (cc.sweep ? 30 : 100)) iters = cc.sweep ? 30 : 100; /* a sweep costs milliseconds */
     }
-    double *times = calloc(2 * (size_t)iters, sizeof *times); /* [shard | raw] */
-    if (!times) return shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory");
-    shard_status s = SHARD_OK;
+    double *times = s == SHARD_OK ? calloc(2 * (size_t)iters, sizeof *times) : NULL; /* [shard | raw] */
+    if (s == SHARD_OK && !times) s = shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory");
     for (int i = 0; i < iters && s == SHARD_OK; i++)
         for (int k = 0; k < kinds && s == SHARD_OK; k++) {
+            cold_prepare(&cc, send, send_bytes, i);
             s = shard_comm_barrier(comm);
             if (s < 0) break;
             double t0 = shard_clock_seconds();
@@ -111,14 +143,15 @@ static shard_status time_ops(shard_comm *comm, const bench_options *opt, int wit
         if (with_raw) *raw_median_us = 1e6 * cli_median(times + iters, iters);
     }
     free(times);
+    free(cc.sweep);
     return s;
 }
 
-shard_status bench_comm_op_time(shard_comm *comm, const char *op, uint64_t bytes, shard_dtype dtype, double *median_us,
-                                uint64_t *moved) {
+shard_status bench_comm_op_time(shard_comm *comm, const char *op, uint64_t bytes, shard_dtype dtype, int cold,
+                                double *median_us, uint64_t *moved) {
     bench_options opt;
     bench_options_default(&opt);
-    opt.op = op, opt.dtype = dtype, opt.iters = 0;
+    opt.op = op, opt.dtype = dtype, opt.iters = 0, opt.cold = cold;
     int n = shard_comm_size(comm);
     size_t es = shard_dtype_size(dtype), sc, rc, ac;
     buffer_counts(op, bytes, n, es, &sc, &rc, &ac);
@@ -129,7 +162,7 @@ shard_status bench_comm_op_time(shard_comm *comm, const char *op, uint64_t bytes
         : shard_error(SHARD_ERR_NO_MEMORY, "bench: out of memory for %llu bytes", (unsigned long long)bytes);
     if (s == SHARD_OK) memset(send, 1, sc * es);
     double raw_us = 0;
-    if (s == SHARD_OK) s = time_ops(comm, &opt, 0, send, recv, ac, median_us, &raw_us);
+    if (s == SHARD_OK) s = time_ops(comm, &opt, 0, send, sc * es, recv, ac, median_us, &raw_us);
     *moved = strcmp(op, "all_reduce") == 0 || strcmp(op, "sendrecv") == 0 ? (uint64_t)ac * es
                                                                           : (uint64_t)ac * es * (uint64_t)n;
     shard_free(send), shard_free(recv);
@@ -212,7 +245,7 @@ static shard_status bench_rank(shard_comm *comm, void *arg) {
         if (s < 0) break;
         memset(send, 1, sc * es);
         double t = 0, tb = 0;
-        s = time_ops(comm, opt, raw, send, recv, ac, &t, &tb);
+        s = time_ops(comm, opt, raw, send, sc * es, recv, ac, &t, &tb);
         if (s == SHARD_OK && r == 0) {
             /* the bytes actually moved: a size not divisible by the ranks is rounded down */
             uint64_t moved = strcmp(opt->op, "all_reduce") == 0 || strcmp(opt->op, "sendrecv") == 0
@@ -236,8 +269,8 @@ static void print_results(const bench_run *run) {
     const bench_options *opt = run->opt;
     double factor = shard_cost_busbw_factor(opt->op, run->ranks);
     if (!opt->json) {
-        printf("# shard bench comm: %s, %s, %d ranks, %s, median of >= 5 timed iterations\n", opt->op, run->backend,
-               run->ranks, shard_dtype_name(opt->dtype));
+        printf("# shard bench comm: %s, %s, %d ranks, %s, median of >= 5 timed iterations%s\n", opt->op, run->backend,
+               run->ranks, shard_dtype_name(opt->dtype), opt->cold ? ", cold caches" : "");
         printf("%12s %12s %12s %12s", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
         if (run->results[0].baseline_time_us > 0) printf(" %14s %8s", "mpi_busbw_GB/s", "ratio");
         printf("\n");
@@ -254,7 +287,7 @@ static void print_results(const bench_run *run) {
             if (b->baseline_time_us > 0)
                 printf(", \"baseline_busbw_gbps\": %.6g, \"ratio\": %.6g", base_bus,
                        base_bus > 0 ? busbw / base_bus : 0.0);
-            printf("}\n");
+            printf("%s}\n", opt->cold ? ", \"cold\": true" : "");
         } else {
             printf("%12llu %12.1f %12.3f %12.3f", (unsigned long long)b->bytes, b->time_us, algbw, busbw);
             if (b->baseline_time_us > 0) printf(" %14.3f %8.3f", base_bus, base_bus > 0 ? busbw / base_bus : 0.0);

@@ -13,6 +13,7 @@ typedef struct bench_options {
     int warmup, iters; /* iters 0: as many as fit in ~0.2 s, at least 5 */
     int json;
     int baseline; /* under MPI, also time the raw MPI call */
+    int cold;     /* before each call write the send buffer afresh and sweep the caches (as a step leaves them) */
     shard_launch_config launch;
 } bench_options;
 
@@ -21,10 +22,11 @@ int bench_op_valid(const char *op);
 /* Run the benchmark and print its table (or JSON lines) on rank 0. */
 shard_status bench_comm_run(const bench_options *opt);
 /* Collective over comm: one size of `shard bench comm --op OP` measured as it measures it (default warm-up,
- * as many iterations as fit in ~0.2 s, the slowest rank's time, the median), without its check:
- * *median_us, and *moved the bytes the figure counts (the size rounded down to whole elements per rank). */
-shard_status bench_comm_op_time(shard_comm *comm, const char *op, uint64_t bytes, shard_dtype dtype, double *median_us,
-                                uint64_t *moved);
+ * as many iterations as fit in ~0.2 s, the slowest rank's time, the median), without its check, with
+ * `--cold` when cold: *median_us, and *moved the bytes the figure counts (the size rounded down to whole
+ * elements per rank). */
+shard_status bench_comm_op_time(shard_comm *comm, const char *op, uint64_t bytes, shard_dtype dtype, int cold,
+                                double *median_us, uint64_t *moved);
 
 /* `shard bench redistribute` (bench_redistribute.c). */
 typedef struct bench_redist_options {

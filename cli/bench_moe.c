@@ -66,7 +66,7 @@ typedef struct moe_result {
     double step_ms, a2a_ms, counts_ms, dispatch_ms, combine_ms, exposed_dispatch_ms, wait_ms, transfer_ms;
     double data_transfer_ms, recv_imbalance, call_busbw;
     double bytes, data_bytes, calls, data_calls, dispatch_calls, imbalance, worst_imbalance;
-    double alone_call_us, alone_call_bytes, dropped;
+    double alone_call_us, alone_call_bytes, cold_call_us, dropped;
     int expert_ranks;
 } moe_result;
 
@@ -243,8 +243,10 @@ static shard_status moe_rank(shard_comm *comm, void *arg) {
         uint64_t size = (uint64_t)(call_bytes / shard_comm_size(comm)), moved = 0;
         size -= size % (4 * (uint64_t)m.expert_ranks);
         if (size < 4 * (uint64_t)m.expert_ranks) size = 4 * (uint64_t)m.expert_ranks;
-        s = bench_comm_op_time(expert, "all_to_all", size, SHARD_F32, &m.alone_call_us, &moved);
+        s = bench_comm_op_time(expert, "all_to_all", size, SHARD_F32, 0, &m.alone_call_us, &moved);
         m.alone_call_bytes = (double)moved;
+        /* and with caches as the step leaves them (bench comm --cold) */
+        if (s == SHARD_OK) s = bench_comm_op_time(expert, "all_to_all", size, SHARD_F32, 1, &m.cold_call_us, &moved);
     }
     if (s == SHARD_OK && shard_comm_rank(comm) == 0) a->r = m;
     shard_trainer_destroy(t);
@@ -333,6 +335,8 @@ int cli_bench_moe(int argc, char **argv) {
     double mean_busbw = m->data_transfer_ms > 0 ? call_bytes / (m->data_transfer_ms / m->data_calls * 1e6) * factor : 0;
     double comm_busbw = m->alone_call_us > 0 ? m->alone_call_bytes / (m->alone_call_us * 1e3) * factor : 0;
     double busbw_fraction = comm_busbw > 0 ? step_busbw / comm_busbw : 0;
+    double cold_busbw = m->cold_call_us > 0 ? m->alone_call_bytes / (m->cold_call_us * 1e3) * factor : 0;
+    double cold_fraction = cold_busbw > 0 ? step_busbw / cold_busbw : 0;
     double mean_fraction = comm_busbw > 0 ? mean_busbw / comm_busbw : 0;
     double alone_dispatch_ms = m->alone_call_us / 1e3 * m->dispatch_calls;
     double hidden = alone_dispatch_ms > 0 ? 1 - m->exposed_dispatch_ms / alone_dispatch_ms : 0;
@@ -358,14 +362,15 @@ int cli_bench_moe(int argc, char **argv) {
                "%.6g, \"all_to_all_busbw_fraction\": %.4f, \"all_to_all_wait_ms\": %.3f, \"all_to_all_transfer_ms\": "
                "%.3f, "
                "\"all_to_all_data_transfer_ms\": %.3f, \"all_to_all_busbw_mean_gbps\": %.6g, "
-               "\"all_to_all_busbw_mean_fraction\": %.4f, \"all_to_all_recv_imbalance\": %.4f",
+               "\"all_to_all_busbw_mean_fraction\": %.4f, \"all_to_all_recv_imbalance\": %.4f, "
+               "\"comm_all_to_all_cold_busbw_gbps\": %.6g, \"all_to_all_busbw_fraction_cold\": %.4f",
                cli_json_string(a.config, cfg_json, sizeof cfg_json),
                cli_json_string(mesh_text, mesh_json, sizeof mesh_json), launch.ranks, m->expert_ranks, a.batch, a.seq,
                a.steps, a.warmup, m->step_ms, (double)(a.batch * a.seq) / (m->step_ms / 1e3), m->a2a_ms, m->counts_ms,
                m->dispatch_ms, m->combine_ms, m->a2a_ms / m->step_ms, m->bytes, m->calls, m->imbalance,
                m->worst_imbalance, m->dropped, m->exposed_dispatch_ms, alone_dispatch_ms, hidden, step_busbw,
                m->alone_call_bytes, comm_busbw, busbw_fraction, m->wait_ms, m->transfer_ms, m->data_transfer_ms,
-               mean_busbw, mean_fraction, m->recv_imbalance);
+               mean_busbw, mean_fraction, m->recv_imbalance, cold_busbw, cold_fraction);
         if (pms > 0)
             printf(", \"peer_step_ms\": %.3f, \"peer_threads\": %ld, \"ratio_vs_peer\": %.4f", pms, threads,
                    pms / m->step_ms);
@@ -390,6 +395,8 @@ int cli_bench_moe(int argc, char **argv) {
     printf("busbw:      %.3f GB/s in the step (median call; %.3f over all calls) against %.3f GB/s from bench comm's "
            "all_to_all of %.0f bytes: %.2f (%.2f)\n",
            step_busbw, mean_busbw, comm_busbw, m->alone_call_bytes, busbw_fraction, mean_fraction);
+    printf("            against %.3f GB/s from bench comm --cold (caches as a step leaves them): %.2f\n", cold_busbw,
+           cold_fraction);
     printf("hidden:     dispatch waited %.2f ms, alone %.2f ms: %.0f%% hidden (the exchange blocks its layer)\n",
            m->exposed_dispatch_ms, alone_dispatch_ms, 100 * hidden);
     if (pms > 0)

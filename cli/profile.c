@@ -117,7 +117,7 @@ static shard_status sweep_rank(shard_comm *comm, void *arg) {
         for (int op = 0; op < 5; op++) {
             double us = 0;
             uint64_t moved = 0;
-            SHARD_CHECK(bench_comm_op_time(comm, sweep_ops[op], size, SHARD_F32, &us, &moved));
+            SHARD_CHECK(bench_comm_op_time(comm, sweep_ops[op], size, SHARD_F32, 0, &us, &moved));
             w->bytes[op][k] = (double)moved * shard_cost_busbw_factor(sweep_ops[op], n);
             w->us[op][k] = us;
         }

@@ -213,7 +213,8 @@ def errors():
 # The flags each verb's parser takes (cli/*.c): its usage text must list every one.
 RANK_FLAGS = {"--ranks", "--backend", "--timeout", "--verbose", "-v", "--cluster", "--device-map"}
 PARSED_FLAGS = {
-    ("bench", "comm"): RANK_FLAGS | {"--op", "--min", "--max", "--dtype", "--warmup", "--iters", "--no-baseline", "--json"},
+    ("bench", "comm"): RANK_FLAGS | {"--op", "--min", "--max", "--dtype", "--warmup", "--iters", "--no-baseline", "--cold",
+                                     "--json"},
     ("bench", "redistribute"): RANK_FLAGS | {"--mesh", "--bytes", "--warmup", "--iters", "--json"},
     ("bench", "ckpt"): RANK_FLAGS | {"--bytes", "--iters", "--dir", "--keep", "--json"},
     ("bench", "gemm"): {"--size", "--threads", "--iters", "--json"},
@@ -343,11 +344,12 @@ FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n -
 KEYS = {"op", "backend", "ranks", "bytes", "time_us", "algbw_gbps", "busbw_gbps"}
 
 
-def check_json(stdout, op, ranks, backend, sizes, baseline):
+def check_json(stdout, op, ranks, backend, sizes, baseline, cold=False):
     rows = [json.loads(l) for l in stdout.splitlines() if l.strip()]
     expect(len(rows) == sizes, f"{op}: {len(rows)} rows, expected {sizes}")
     for row in rows:
-        want = KEYS | ({"baseline_busbw_gbps", "ratio"} if baseline else set())
+        want = KEYS | ({"baseline_busbw_gbps", "ratio"} if baseline else set()) | ({"cold"} if cold else set())
+        expect(not cold or row.get("cold") is True, f"{op}: --cold row {row}")
         expect(set(row) == want, f"{op}: keys {sorted(row)}, expected {sorted(want)}")
         expect(row["op"] == op and row["ranks"] == ranks and row["backend"] == backend, f"{op}: row {row}")
         expect(row["time_us"] > 0, f"{op}: time {row['time_us']}")
@@ -366,6 +368,11 @@ def bench_json():
         p = run(["bench", "comm", "--op", op, "--ranks", str(ranks), "--min", "16K", "--max", "256K", "--json"])
         expect(p.returncode == 0, f"{op}: exit {p.returncode}: {p.stderr}")
         check_json(p.stdout, op, ranks, "threads", 5, False)
+    # --cold: caches swept and the send buffer written afresh before each call; the same figures, marked
+    p = run(["bench", "comm", "--op", "all_to_all", "--ranks", "2", "--min", "64K", "--max", "128K", "--cold",
+             "--json"])
+    expect(p.returncode == 0, f"--cold: exit {p.returncode}: {p.stderr}")
+    check_json(p.stdout, "all_to_all", 2, "threads", 2, False, cold=True)
     for dtype in ("bf16", "f16", "i8", "u8", "f64", "i64"):  # each size checked in the benchmark's own dtype
         for op in ("all_reduce", "reduce_scatter", "all_to_all"):
             p = run(["bench", "comm", "--op", op, "--ranks", "3", "--dtype", dtype, "--min", "1K", "--max", "4K", "--json"])
@@ -397,7 +404,7 @@ def bench_moe():
             "all_to_all_busbw_gbps", "comm_all_to_all_bytes", "comm_all_to_all_busbw_gbps",
             "all_to_all_busbw_fraction", "all_to_all_wait_ms", "all_to_all_transfer_ms",
             "all_to_all_data_transfer_ms", "all_to_all_busbw_mean_gbps", "all_to_all_busbw_mean_fraction",
-            "all_to_all_recv_imbalance"}
+            "all_to_all_recv_imbalance", "comm_all_to_all_cold_busbw_gbps", "all_to_all_busbw_fraction_cold"}
     # the peer runs under /usr/bin/python3 (bench_reference.c starts it), whatever runs this test
     has_torch = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0
     for extra, peer in ((["--ranks", "2", "--no-peer"], False), (["--mesh", "expert=2", "--threads", "1"], has_torch)):
@@ -414,7 +421,10 @@ def bench_moe():
         expect(0 < r["all_to_all_ms"] < r["step_ms"] and r["load_imbalance"] >= 1 and
                r["load_imbalance_worst_layer"] >= r["load_imbalance"], f"bench moe times and load: {r}")
         expect(0 <= r["hidden_fraction"] <= 1 and r["all_to_all_busbw_fraction"] > 0 and
-               r["comm_all_to_all_busbw_gbps"] > 0, f"bench moe busbw and hidden: {r}")
+               r["comm_all_to_all_busbw_gbps"] > 0 and r["comm_all_to_all_cold_busbw_gbps"] > 0 and
+               abs(r["all_to_all_busbw_fraction_cold"] * r["comm_all_to_all_cold_busbw_gbps"] -
+                   r["all_to_all_busbw_gbps"]) <= 1e-3 * r["all_to_all_busbw_gbps"] + 1e-4,
+               f"bench moe busbw and hidden: {r}")
         # the split: waiting and moving are both there, the data calls' moving within all the calls'
         expect(r["all_to_all_wait_ms"] >= 0 and 0 < r["all_to_all_data_transfer_ms"] <= r["all_to_all_transfer_ms"]
                and r["all_to_all_busbw_mean_fraction"] > 0 and r["all_to_all_recv_imbalance"] >= 1,

@@ -17,8 +17,10 @@
  * while a peer still reads it.  Counters only grow, so a fast rank cannot
  * confuse a slow one.
  *
- * Waiting spins briefly, yields, then blocks on a condition variable with the
- * deadline; a timeout names the ranks that never arrived.  A rank that fails
+ * Waiting spins briefly (a rank thread up to SHARD_SPIN_US, 10 ms, while every
+ * rank's kernel threads and every busy helper have a core: a sleeping peer
+ * would add a wake-up to each exchange), yields, then blocks on a condition
+ * variable with the deadline; a timeout names the ranks that never arrived.  A rank that fails
  * aborts the job: every waiter wakes and fails naming the root cause.
  *
  * Non-blocking collectives run in order on one helper thread per rank and
@@ -37,6 +39,7 @@
 #include <unistd.h>
 
 #include "threads_impl.h"
+#include "../../core/parallel.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -54,11 +57,13 @@ enum {
     SPIN_ITERATIONS = 1000,
     SPIN_ITERATIONS_OVERSUBSCRIBED = 32,
     YIELD_ITERATIONS = 16,
+    DEFAULT_BLOCK_US = 10000,
     CHUNK_BYTES = 16384,
     /* slices at least this large go out with non-temporal stores: the reader is
      * another core and the data would not stay in cache anyway, and streaming
      * skips the read-for-ownership of every destination line */
     STREAM_MIN_BYTES = 1 << 20,
+    PREFETCH_MAX_BYTES = 4 << 20,
     /* a send this small with no receive posted yet is copied and completes at
      * once, as MPI's eager protocol does, so send-then-recv on both sides works */
     EAGER_MAX_BYTES = 64 << 10
@@ -98,6 +103,10 @@ static void stream_fence(void) {
 
 struct shard__thread_job {
     int spin_iterations;
+    double
+        block_seconds; /* how long a rank thread keeps spinning before it sleeps (0: no longer than spin_iterations) */
+    int cpus, ranks;   /* the long spin only while every rank's kernel threads have a core each */
+    _Atomic int busy_helpers; /* helper threads running a non-blocking collective: they need cores too */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     _Atomic int sleepers;
@@ -146,7 +155,18 @@ void shard__threads_job_release(shard__thread_job *job) { job_release(job); }
 
 typedef int (*ready_fn)(void *ctx);
 
+/* Set on the helper threads of non-blocking collectives: they share their
+ * rank's core with its compute, so they never spin long. */
+static _Thread_local int on_helper_thread;
+
 typedef enum { WAIT_READY = 1, WAIT_TIMEOUT = 0, WAIT_ABORTED = -1 } wait_result;
+
+/* Whether a waiting rank may keep its core: every rank's kernel threads and
+ * every busy helper thread has one of its own. */
+static int cores_to_spare(shard__thread_job *job) {
+    return job->ranks * shard__parallel_threads() + atomic_load_explicit(&job->busy_helpers, memory_order_relaxed) <=
+        job->cpus;
+}
 
 /* Wait until ready(ctx), the deadline, or (when honor_abort) an abort.
  * Spin, yield, then block on the job's condition variable. */
@@ -155,6 +175,19 @@ static wait_result wait_until(shard__thread_job *job, ready_fn ready, void *ctx,
         if (ready(ctx)) return WAIT_READY;
         if (honor_abort && atomic_load_explicit(&job->aborted, memory_order_relaxed)) return WAIT_ABORTED;
         CPU_RELAX();
+    }
+    if (job->block_seconds > 0 && !on_helper_thread && cores_to_spare(job)) {
+        /* every rank has a core: keep it, so that the peer's arrival is seen
+         * within a microsecond instead of a wake-up later (OpenMP's blocktime) */
+        double until = shard__now() + job->block_seconds;
+        if (until > deadline) until = deadline;
+        for (unsigned i = 1;; i++) {
+            if (ready(ctx)) return WAIT_READY;
+            if (honor_abort && atomic_load_explicit(&job->aborted, memory_order_relaxed)) return WAIT_ABORTED;
+            CPU_RELAX();
+            if (i % 64 == 0 && (shard__now() >= until || !cores_to_spare(job))) break;
+            if (i % 256 == 0) sched_yield(); /* a thread of another process that needs this core gets it */
+        }
     }
     for (int i = 0; i < YIELD_ITERATIONS; i++) {
         if (ready(ctx)) return WAIT_READY;
@@ -316,8 +349,14 @@ shard_status shard__threads_world_create(int n, double timeout_seconds, shard__m
     atomic_init(&job->sleepers, 0);
     atomic_init(&job->refs, 1); /* the launcher's reference */
     atomic_init(&job->aborted, 0);
+    atomic_init(&job->busy_helpers, 0);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    job->spin_iterations = cpus > 0 && n > cpus ? SPIN_ITERATIONS_OVERSUBSCRIBED : SPIN_ITERATIONS;
+    int oversubscribed = cpus > 0 && n > cpus;
+    job->spin_iterations = oversubscribed ? SPIN_ITERATIONS_OVERSUBSCRIBED : SPIN_ITERATIONS;
+    const char *block_us = getenv("SHARD_SPIN_US");
+    job->block_seconds = oversubscribed ? 0 : (block_us ? atof(block_us) : DEFAULT_BLOCK_US) * 1e-6;
+    job->cpus = cpus > 0 ? (int)cpus : 1;
+    job->ranks = n;
     group *g = group_create(job, n);
     if (!g) {
         job_release(job);
@@ -577,6 +616,19 @@ static void do_all_to_all(tcomm *c, const shard__coll_args *a) {
     if (streamed) stream_fence();
 }
 
+/* Before arriving: ask for this rank's receive blocks in its own cache, ready
+ * to be written.  A rank that waits for its peers does it in time it would
+ * spend spinning; the copy then writes into cache instead of fetching every
+ * line from memory first (the compute between exchanges evicts them). */
+static void prefetch_receive(const shard__coll_args *a, int n, size_t es) {
+    size_t extent = 0;
+    for (int p = 0; p < n; p++)
+        if (a->recv_displs[p] + a->recv_counts[p] > extent) extent = a->recv_displs[p] + a->recv_counts[p];
+    if (extent * es > PREFETCH_MAX_BYTES) return; /* larger than a core's cache: the copy streams it anyway */
+    const char *line = a->recv;
+    for (size_t at = 0; at < extent * es; at += 64) __builtin_prefetch(line + at, 1, 3);
+}
+
 static void plain_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
 /* Where the next element goes in a strided destination block. */
@@ -648,6 +700,7 @@ static shard_status run_collective(tcomm *c, const shard__coll_args *a) {
         }
         if (extent) memcpy(staged, a->send, extent * es), me->send = staged;
     }
+    if (a->kind == SHARD__ALL_TO_ALL || a->kind == SHARD__ALL_TO_ALLV) prefetch_receive(a, g->size, es);
     shard_status s = arrive(c, a);
     if (s < 0) {
         shard_free(staged);
@@ -713,6 +766,7 @@ static shard_status threads_collective(shard_comm *comm, shard__coll_args *args)
 
 static void *helper_main(void *arg) {
     tcomm *c = arg;
+    on_helper_thread = 1;
     shard__mem_ledger_adopt(c->ledger);
     pthread_mutex_lock(&c->qmu);
     for (;;) {
@@ -722,7 +776,9 @@ static void *helper_main(void *arg) {
         c->qhead++;
         pthread_mutex_unlock(&c->qmu);
         shard_clear_error();
+        atomic_fetch_add(&c->g->job->busy_helpers, 1);
         req->status = run_collective(c, &req->coll);
+        atomic_fetch_sub(&c->g->job->busy_helpers, 1);
         if (req->status < 0) snprintf(req->error, sizeof req->error, "%s", shard_last_error());
         atomic_store(&req->done, 1);
         atomic_fetch_add(&c->completed, 1);
