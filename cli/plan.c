@@ -2,7 +2,7 @@
  *
  *   shard plan --config CONFIG.json --cluster cluster.json [--profile machine.json] --batch B --seq S
  *              [--device-map LIST] [--goal throughput|latency|memory|balance] [--max-memory-fraction 0.9]
- *              [--top 5] [--json] [--out plan.json] */
+ *              [--top 5] [--search exhaustive|screen] [--verify 3] [--json] [--out plan.json] */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +31,12 @@ static const char *const USAGE =
     "  --goal G                            throughput (default), latency, memory or balance\n"
     "  --max-memory-fraction X             of each device's memory a rank may use, (0, 1] (default 0.9)\n"
     "  --top N                             layouts listed (default 5)\n"
+    "  --search exhaustive|screen          every layout by dry run, or every layout by the closed-form\n"
+    "                                      screen and the best --verify by dry run (default: the screen\n"
+    "                                      for a dense GPT on more than 16 devices or of more than 24\n"
+    "                                      blocks)\n"
+    "  --verify N                          with the screen: fitting layouts checked by dry run, 0..100\n"
+    "                                      (default 3; 0: none, the figures the screen's estimates)\n"
     "  --out FILE                          the chosen plan as JSON: mesh, flags, layers_per_stage,\n"
     "                                      batch_shares, device_map, predicted {step_ms, tokens_per_s,\n"
     "                                      peak_bytes}, explanation\n"
@@ -38,8 +44,8 @@ static const char *const USAGE =
     "                                      explanation\n";
 
 typedef struct plan_opts {
-    const char *config, *cluster, *device_map, *profile, *goal, *out;
-    long batch, seq, top;
+    const char *config, *cluster, *device_map, *profile, *goal, *out, *search;
+    long batch, seq, top, verify;
     double fraction;
     int json;
 } plan_opts;
@@ -59,6 +65,11 @@ static json_t *flags_json(const shard_plan_candidate *c) {
         json_array_append_new(f, json_string("--micro-batches")), json_array_append_new(f, json_string(text));
     }
     if (c->recompute) json_array_append_new(f, json_string("--recompute"));
+    if (c->layers_per_stage[0])
+        json_array_append_new(f, json_string("--layers-per-stage")),
+            json_array_append_new(f, json_string(c->layers_per_stage));
+    if (c->batch_shares[0])
+        json_array_append_new(f, json_string("--batch-shares")), json_array_append_new(f, json_string(c->batch_shares));
     return f;
 }
 
@@ -72,6 +83,7 @@ static json_t *candidate_json(const shard_plan_candidate *c) {
     json_object_set_new(o, "peak_bytes", c->valid ? json_real(c->peak_bytes) : json_null());
     json_object_set_new(o, "bubble", json_real(c->bubble));
     json_object_set_new(o, "imbalance", json_real(c->imbalance));
+    json_object_set_new(o, "screened", json_boolean(c->screened));
     if (c->why[0]) json_object_set_new(o, "cut", json_string(c->why));
     return o;
 }
@@ -82,8 +94,9 @@ static shard_status write_plan(const char *path, const shard_plan_candidate *w, 
     json_t *root = json_object(), *pred = json_object();
     json_object_set_new(root, "mesh", json_string(w->mesh));
     json_object_set_new(root, "flags", flags_json(w));
-    json_object_set_new(root, "layers_per_stage", json_null());
-    json_object_set_new(root, "batch_shares", json_null());
+    json_object_set_new(root, "layers_per_stage",
+                        w->layers_per_stage[0] ? json_string(w->layers_per_stage) : json_null());
+    json_object_set_new(root, "batch_shares", w->batch_shares[0] ? json_string(w->batch_shares) : json_null());
     json_object_set_new(root, "device_map", device_map ? json_string(device_map) : json_null());
     json_object_set_new(pred, "step_ms", json_real(w->step_ms));
     json_object_set_new(pred, "tokens_per_s", json_real(w->tokens_per_s));
@@ -100,16 +113,17 @@ static shard_status write_plan(const char *path, const shard_plan_candidate *w, 
 
 static int take(plan_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i], *v;
-    const char **strs[] = {&o->config, &o->cluster, &o->device_map, &o->profile, &o->goal, &o->out};
-    static const char *const names[] = {"--config", "--cluster", "--device-map", "--profile", "--goal", "--out"};
-    for (int k = 0; k < 6; k++)
+    const char **strs[] = {&o->config, &o->cluster, &o->device_map, &o->profile, &o->goal, &o->out, &o->search};
+    static const char *const names[] = {"--config", "--cluster", "--device-map", "--profile",
+                                        "--goal",   "--out",     "--search"};
+    for (int k = 0; k < 7; k++)
         if (strcmp(a, names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
-    long *ints[] = {&o->batch, &o->seq, &o->top};
-    static const char *const int_names[] = {"--batch", "--seq", "--top"};
-    static const long hi[] = {1 << 20, 1 << 20, 1000};
-    for (int k = 0; k < 3; k++)
+    long *ints[] = {&o->batch, &o->seq, &o->top, &o->verify};
+    static const char *const int_names[] = {"--batch", "--seq", "--top", "--verify"};
+    static const long lo[] = {1, 1, 1, 0}, hi[] = {1 << 20, 1 << 20, 1000, 100};
+    for (int k = 0; k < 4; k++)
         if (strcmp(a, int_names[k]) == 0)
-            return (v = cli_value(argc, argv, i)) && !cli_parse_int(a, v, 1, hi[k], ints[k]) ? 1 : -1;
+            return (v = cli_value(argc, argv, i)) && !cli_parse_int(a, v, lo[k], hi[k], ints[k]) ? 1 : -1;
     if (strcmp(a, "--max-memory-fraction") == 0) {
         if (!(v = cli_value(argc, argv, i))) return -1;
         if (!cli_number(v, &o->fraction) || !(o->fraction > 0) || o->fraction > 1) {
@@ -124,7 +138,7 @@ static int take(plan_opts *o, int argc, char **argv, int *i) {
 
 int cli_plan(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
-    plan_opts o = {.batch = 8, .seq = 128, .top = 5, .fraction = 0.9};
+    plan_opts o = {.batch = 8, .seq = 128, .top = 5, .fraction = 0.9, .verify = -1};
     for (int i = 1; i < argc; i++) {
         int t = take(&o, argc, argv, &i);
         if (t < 0) return 2;
@@ -158,7 +172,11 @@ int cli_plan(int argc, char **argv) {
                              .cluster = cluster,
                              .profile = prof,
                              .goal = o.goal,
-                             .max_memory_fraction = o.fraction};
+                             .max_memory_fraction = o.fraction,
+                             .search = o.search,
+                             .verify = o.verify == 0 ? -1
+                                 : o.verify == -1    ? 0
+                                                     : (int)o.verify};
     if (s == SHARD_OK) s = shard_plan_search(&po, &r);
     char explanation[2048] = "";
     if (s == SHARD_OK) shard_plan_explain(r, o.goal, explanation, sizeof explanation);
@@ -175,6 +193,8 @@ int cli_plan(int argc, char **argv) {
         json_object_set_new(root, "world", json_integer(r->world));
         json_object_set_new(root, "tried", json_integer((json_int_t)r->count));
         json_object_set_new(root, "fitting", json_integer((json_int_t)r->fitting));
+        json_object_set_new(root, "search_seconds", json_real(r->search_seconds));
+        json_object_set_new(root, "verify_seconds", json_real(r->verify_seconds));
         for (size_t i = 0; i < top; i++) json_array_append_new(plans, candidate_json(&r->candidate[i]));
         json_object_set_new(root, "plans", plans);
         json_object_set_new(root, "explanation", json_string(explanation));
@@ -183,13 +203,17 @@ int cli_plan(int argc, char **argv) {
         if (text) puts(text);
         free(text);
     } else {
-        printf("plan: %zu layouts tried on %d devices, %zu fit\n", r->count, r->world, r->fitting);
+        printf("plan: %zu layouts tried on %d devices, %zu fit (%.2f s%s", r->count, r->world, r->fitting,
+               r->search_seconds, r->verify_seconds > 0 ? "" : ")\n");
+        if (r->verify_seconds > 0) printf(", then %.2f s checking the best by dry run)\n", r->verify_seconds);
         printf("  %-4s %-44s %10s %12s %10s %8s\n", "#", "layout", "step ms", "tokens/s", "peak GiB", "bubble");
         for (size_t i = 0; i < top; i++) {
             const shard_plan_candidate *c = &r->candidate[i];
-            char flags[160];
-            snprintf(flags, sizeof flags, "%s zero=%d%s%s%s%s", c->mesh, c->zero, c->sequence_parallel ? " sp" : "",
-                     c->schedule[0] ? " " : "", c->schedule, c->recompute ? " recompute" : "");
+            char flags[400];
+            snprintf(flags, sizeof flags, "%s zero=%d%s%s%s%s%s%s%s%s", c->mesh, c->zero,
+                     c->sequence_parallel ? " sp" : "", c->schedule[0] ? " " : "", c->schedule,
+                     c->recompute ? " recompute" : "", c->layers_per_stage[0] ? " layers=" : "", c->layers_per_stage,
+                     c->batch_shares[0] ? " shares=" : "", c->batch_shares);
             printf("  %-4zu %-44s %10.2f %12.0f %10.3f %8.3f\n", i + 1, flags, c->step_ms, c->tokens_per_s,
                    c->peak_bytes / 1073741824.0, c->bubble);
         }

@@ -22,5 +22,7 @@ shard_status layout_predict(const shard_trainer_config *tc, const char *mesh, co
 
 int cli_profile(int argc, char **argv);
 int cli_bench_analyze(int argc, char **argv);
+/* `shard bench plan` (bench_plan.c). */
+int cli_bench_plan(int argc, char **argv);
 
 #endif

@@ -57,7 +57,7 @@ def errors():
     cases = [
         ([], 2, "usage: shard"),
         (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are analyze, bench, ckpt, data, demo, generate, inspect, plan, profile, train, version, help"),
-        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe or analyze"),
+        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, analyze or plan"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
         (["bench", "comm", "--ranks", "0"], 2, "shard: --ranks '0' is invalid: give an integer in 1..4096"),
@@ -171,7 +171,7 @@ def errors():
         (["bench", "train", "--config", "c", "--mesh", "data=x"], 2, "bench train: --mesh 'data=x' is invalid here"),
         (["bench", "train", "--config", "c", "--mesh", "data=3", "--ranks", "2"], 2,
          "bench train: --mesh data=3 and --ranks 2 disagree"),
-        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe or analyze"),
+        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, analyze or plan"),
         (["data", "text", empty.name, "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
         (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", ""], 2, "--val-fraction '' is invalid"),
@@ -222,6 +222,7 @@ PARSED_FLAGS = {
                                       "--mesh", "--bucket-mb", "--grad-dtype", "--compute-dtype", "--json", "--no-torch"},
     ("bench", "tensor"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
     ("bench", "pipeline"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
+    ("bench", "plan"): {"--config", "--cluster", "--goal", "--batch", "--seq", "--top", "--steps", "--warmup", "--json"},
     ("bench", "moe"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json", "--mesh", "--warmup",
                                     "--threads", "--no-peer"},
     ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
@@ -1310,6 +1311,22 @@ def plan():
         r = json.loads(p.stdout) if p.returncode == 0 else {}
         peaks = [x["peak_bytes"] for x in r.get("plans", [])]
         expect(p.returncode == 0 and peaks and peaks == sorted(peaks), f"plan --goal memory: {p.stderr} {peaks}")
+        # devices of unequal speed: the chosen plan gives the fast devices' data ranks more rows, and predicts
+        # a step well under the best even split's (the fast pair runs at 3x the slow one)
+        out = os.path.join(work, "hetero.json")
+        p = run(base + ["--cluster", os.path.join(clusters, "heterogeneous.json"), "--json", "--top", "60",
+                        "--out", out])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        plans = r.get("plans", [])
+        even = [x["step_ms"] for x in plans if "--batch-shares" not in x["flags"] and
+                "--layers-per-stage" not in x["flags"]]
+        written = json.load(open(out)) if os.path.exists(out) else {}
+        expect(p.returncode == 0 and plans and "--batch-shares" in plans[0]["flags"] and even and
+               plans[0]["step_ms"] * 1.3 < min(even) and written.get("batch_shares") and
+               "batch-shares" in r.get("explanation", ""), f"plan on heterogeneous devices: {p.stderr} {r} {written}")
+        if written.get("batch_shares"):
+            shares = [int(x) for x in written["batch_shares"].split(",")]
+            expect(sum(shares) == 8 and shares[0] > shares[-1], f"plan's batch shares: {written}")
         small = os.path.join(work, "small.json")
         with open(small, "w") as f:
             json.dump({"nodes": [{"name": "tiny", "devices": 2, "compute_tflops": 0.001,
@@ -1322,6 +1339,37 @@ def plan():
             p = run(base + args)
             lines = [l for l in p.stderr.splitlines() if l.strip()]
             expect(p.returncode != 0 and text in p.stderr and len(lines) == 1, f"plan {args}: {p.returncode} {p.stderr!r}")
+
+
+def bench_plan():
+    """`bench plan --json` on a 2-device cluster of unequal devices: one object with the documented keys,
+    the planner's top layouts and the hand-picked ones measured under emulation, the chosen plan uneven and
+    faster than the best even split (the fast device runs at 3x the slow one); bad options in one line."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="shard-cli-bench-plan-") as work:
+        cluster = os.path.join(work, "pair.json")
+        with open(cluster, "w") as f:
+            json.dump({"nodes": [{"name": "fast", "devices": 1, "compute_tflops": 0.006, "available_memory_gb": 1},
+                                 {"name": "slow", "devices": 1, "compute_tflops": 0.002, "available_memory_gb": 1}],
+                       "network": {"bandwidth_gbps": 10, "latency_us": 50},
+                       "intra_node": {"bandwidth_gbps": 10, "latency_us": 50}}, f)
+        p = run(["bench", "plan", "--config", TINY, "--cluster", cluster, "--batch", "8", "--seq", "32", "--top", "2",
+                 "--steps", "5", "--json"], timeout=240)
+        lines = [l for l in p.stdout.splitlines() if l.strip()]
+        r = json.loads(lines[0]) if p.returncode == 0 and len(lines) == 1 else {}
+        keys = {"cluster", "config", "goal", "chosen", "chosen_ms", "chosen_predicted_ms", "best", "best_ms", "ratio",
+                "even_best", "even_best_ms", "gain_vs_even", "layouts"}
+        expect(keys <= set(r), f"bench plan: {p.returncode} {p.stderr} {r}")
+        if keys <= set(r):
+            rows = r["layouts"]
+            expect(len(rows) >= 4 and rows[0]["planner_rank"] == 1 and any(x["hand_picked"] for x in rows) and
+                   all(x["measured_ms"] > 0 and x["predicted_ms"] > 0 for x in rows), f"bench plan rows: {rows}")
+            expect(0 < r["ratio"] <= 1 and r["best_ms"] == min(x["measured_ms"] for x in rows) and
+                   "batch-shares" in r["chosen"] and r["gain_vs_even"] > 1.2, f"bench plan figures: {r}")
+        for args, text in ((["--top", "0"], "--top"), (["--frob"], "unknown option '--frob'")):
+            p = run(["bench", "plan"] + args)
+            expect(p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+                   f"bench plan {args}: {p.returncode} {p.stderr!r}")
 
 
 def batch_shares():
@@ -1675,7 +1723,7 @@ def monitor():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan,
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "bench_plan": bench_plan,
      "cost": cost,
      "monitor": monitor}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

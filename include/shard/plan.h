@@ -4,6 +4,11 @@
  * devices' rates and links, with a machine profile for the host's part when given), those whose peak
  * memory exceeds a device's (times the allowed fraction) cut, the rest ranked by the goal.
  *
+ * On a cluster whose devices differ, each layout is also tried with uneven splits: batch shares per data
+ * rank in proportion to the speed of its slowest device, and layers per pipeline stage cut so that the
+ * slowest stage's predicted time is least (compute-aware: the stage's device rate; memory-aware: no
+ * stage past its devices' memory), each again analyzed and priced like any other candidate.
+ *
  * Goals: "throughput" (tokens per second at the given batch), "latency" (time per step: the same
  * order at a fixed batch), "memory" (the least peak bytes on the fullest device), "balance" (the least
  * imbalance of the ranks' predicted step times, shard_imbalance).  Every candidate is kept with why it
@@ -26,12 +31,15 @@ typedef struct shard_plan_candidate {
     int zero, recompute, sequence_parallel;
     char schedule[16]; /* "" without a pipe axis */
     size_t micro_batches;
-    int valid; /* the trainer accepts the layout */
-    int fits;  /* every rank's peak within its device's memory x the fraction */
+    char layers_per_stage[96]; /* "3,1" for an uneven cut of the layers over pipe stages; "" even */
+    char batch_shares[160];    /* "6,2": rows per data rank in proportion to their devices' speed; "" even */
+    int valid;                 /* the trainer accepts the layout */
+    int fits;                  /* every rank's peak within its device's memory x the fraction */
     double step_ms, tokens_per_s;
     double peak_bytes; /* the fullest rank's peak total */
     double imbalance;  /* of the ranks' predicted step times */
     double bubble;
+    int screened;  /* its figures are the screen's estimates, not yet checked by a dry run */
     char why[256]; /* why it was cut ("" when it fits) */
 } shard_plan_candidate;
 
@@ -42,6 +50,11 @@ typedef struct shard_plan_options {
     const shard_machine_profile *profile; /* the host's part (NULL: the cluster's rates alone) */
     const char *goal;                     /* "throughput" (NULL), "latency", "memory" or "balance" */
     double max_memory_fraction;           /* of each device's memory a rank may use (0: 0.9) */
+    const char *search;                   /* "exhaustive" (every layout by dry run), "screen" (every layout by
+                                             closed forms, the best `verify` by dry run); NULL: the screen for a
+                                             dense GPT on more than 16 devices or of more than 24 blocks */
+    int verify;                           /* with the screen: fitting layouts checked by dry run (0: 3; negative:
+                                             none, every figure the screen's estimate) */
 } shard_plan_options;
 
 typedef struct shard_plan_result {
@@ -49,10 +62,18 @@ typedef struct shard_plan_result {
     shard_plan_candidate *candidate; /* the fitting ones first, best first by the goal; then the cut ones */
     size_t fitting;
     int world;
+    double search_seconds; /* pricing every layout (by dry run, or by the screen) */
+    double verify_seconds; /* the screen's best checked by dry run */
 } shard_plan_result;
 
 shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **out);
 void shard_plan_result_destroy(shard_plan_result *r);
+
+/* The candidate's layout in words: "data=2,pipe=2 zero=1 schedule=1f1b micro-batches=4 batch-shares=6,2". */
+void shard_plan_candidate_text(const shard_plan_candidate *c, char *out, size_t bytes);
+/* Set tc's layout fields (ZeRO, schedule, micro-batches, recomputation, sequence parallel, layers per
+ * stage, batch shares) to the candidate's; the strings point into c.  The mesh is c->mesh. */
+void shard_plan_candidate_apply(const shard_plan_candidate *c, shard_trainer_config *tc);
 
 /* One paragraph on the winner: its layout and predicted figures, against the runner-up, and what cut
  * the others (the count and one example of each reason). */

@@ -15,7 +15,12 @@
 #include <string.h>
 
 #include "shard/analyze.h"
+#include "shard/clock.h"
 #include "shard/monitor.h"
+#include "shard/split.h"
+#include "plan_screen.h"
+
+enum { SHARD_PLAN_MAX_SPLIT = 64 }; /* data ranks or stages an uneven split is tried for */
 
 void shard_plan_result_destroy(shard_plan_result *r) {
     if (!r) return;
@@ -24,10 +29,10 @@ void shard_plan_result_destroy(shard_plan_result *r) {
 }
 
 /* The config's num_local_experts (0: dense, or not a GPT). */
-static long config_experts(const char *path) {
+static long config_int(const char *path, const char *key) {
     json_error_t err;
     json_t *root = path ? json_load_file(path, 0, &err) : NULL;
-    json_t *e = root ? json_object_get(root, "num_local_experts") : NULL;
+    json_t *e = root ? json_object_get(root, key) : NULL;
     long n = json_is_integer(e) ? (long)json_integer_value(e) : 0;
     json_decref(root);
     return n;
@@ -36,33 +41,185 @@ static long config_experts(const char *path) {
 typedef struct search {
     const shard_plan_options *o;
     double fraction;
+    long layers; /* the GPT's n_layer (0: not a GPT, whose layers the pipeline cannot cut unevenly) */
+    int screen;  /* candidates priced by the closed-form screen first (plan_screen.h), the best checked */
+    shard_gpt_config gpt;
     shard_plan_candidate *c;
     size_t n, cap;
 } search;
 
+/* What an even layout's analysis says about splitting it unevenly: per data rank and per pipe stage,
+ * the rate of the slowest device in it (TFLOPS), and per stage its FLOPs (the busiest rank's) and the
+ * bytes per device it may use (the least of its devices', times the fraction) and it used. */
+typedef struct split_hints {
+    int data, pipe; /* the axes' sizes (1 when absent) */
+    double data_rate[SHARD_PLAN_MAX_SPLIT], stage_rate[SHARD_PLAN_MAX_SPLIT];
+    double stage_flops[SHARD_PLAN_MAX_SPLIT], stage_room[SHARD_PLAN_MAX_SPLIT], stage_peak[SHARD_PLAN_MAX_SPLIT];
+} split_hints;
+
 /* Analyze and price one layout into a new candidate. */
-static shard_status try_layout(search *sr, const char *mesh, int zero, int sp, const char *schedule, size_t micro,
-                               int recompute, shard_plan_candidate **made) {
-    if (sr->n == sr->cap) {
-        size_t cap = sr->cap ? 2 * sr->cap : 64;
-        shard_plan_candidate *more = realloc(sr->c, cap * sizeof *more);
-        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
-        sr->c = more, sr->cap = cap;
+static int axis_index(const shard_analysis *a, const char *name) {
+    for (int k = 0; k < a->axes; k++)
+        if (strcmp(a->axis_name[k], name) == 0) return k;
+    return -1;
+}
+
+/* The hints of an analyzed layout on the cluster (h->data = h->pipe = 0 when a rank has no device). */
+static void hints_of(const search *sr, const shard_analysis *a, split_hints *h) {
+    memset(h, 0, sizeof *h);
+    int dk = axis_index(a, "data"), pk = axis_index(a, "pipe");
+    int data = dk >= 0 ? a->axis_size[dk] : 1, pipe = pk >= 0 ? a->axis_size[pk] : 1;
+    if (axis_index(a, "expert") >= 0) data = 1, dk = -1; /* rows split over data x expert: left even */
+    if (data > SHARD_PLAN_MAX_SPLIT || pipe > SHARD_PLAN_MAX_SPLIT) return;
+    for (size_t r = 0; r < a->ranks; r++) {
+        shard_cluster_device d;
+        if (shard_cluster_rank_device(sr->o->cluster, (int)r, &d) < 0) {
+            shard_clear_error();
+            return;
+        }
+        const shard_rank_analysis *x = &a->rank[r];
+        int i = dk >= 0 ? x->coord[dk] : 0, j = pk >= 0 ? x->coord[pk] : 0;
+        double flops = x->flops_forward + x->flops_backward + x->flops_recompute + x->flops_other;
+        double room = sr->fraction * d.memory_bytes, peak = (double)x->memory_total_bytes;
+        if (h->data_rate[i] == 0 || d.compute_tflops < h->data_rate[i]) h->data_rate[i] = d.compute_tflops;
+        if (h->stage_rate[j] == 0 || d.compute_tflops < h->stage_rate[j]) h->stage_rate[j] = d.compute_tflops;
+        if (flops > h->stage_flops[j]) h->stage_flops[j] = flops;
+        if (h->stage_room[j] == 0 || room < h->stage_room[j]) h->stage_room[j] = room;
+        if (peak > h->stage_peak[j]) h->stage_peak[j] = peak;
     }
-    shard_plan_candidate *c = &sr->c[sr->n++];
-    memset(c, 0, sizeof *c);
-    snprintf(c->mesh, sizeof c->mesh, "%s", mesh);
-    snprintf(c->schedule, sizeof c->schedule, "%s", schedule ? schedule : "");
-    c->zero = zero, c->sequence_parallel = sp, c->micro_batches = micro, c->recompute = recompute;
-    *made = c;
+    h->data = data, h->pipe = pipe;
+}
+
+static int rates_differ(const double *rate, int n) {
+    for (int i = 1; i < n; i++)
+        if (rate[i] != rate[0]) return 1;
+    return 0;
+}
+
+/* Rows per data rank in proportion to its rate (largest remainders), each at least `least` (one per
+ * micro-step): "6,2", or 0 when that is the even split or no such split exists. */
+static int shares_for(const split_hints *h, size_t batch, size_t least, char *out, size_t bytes) {
+    int D = h->data;
+    if (D < 2 || !rates_differ(h->data_rate, D) || batch < least * (size_t)D) return 0;
+    double total = 0, want[SHARD_PLAN_MAX_SPLIT];
+    size_t rows[SHARD_PLAN_MAX_SPLIT], given = 0;
+    for (int i = 0; i < D; i++) total += h->data_rate[i];
+    for (int i = 0; i < D; i++) {
+        want[i] = (double)batch * h->data_rate[i] / total;
+        rows[i] = (size_t)want[i] < least ? least : (size_t)want[i];
+        given += rows[i];
+    }
+    while (given < batch) { /* the largest shortfall gets the next row */
+        int best = 0;
+        for (int i = 1; i < D; i++)
+            if (want[i] - (double)rows[i] > want[best] - (double)rows[best]) best = i;
+        rows[best]++, given++;
+    }
+    while (given > batch) { /* the largest excess gives one back, never below `least` */
+        int best = -1;
+        for (int i = 0; i < D; i++)
+            if (rows[i] > least && (best < 0 || (double)rows[i] - want[i] > (double)rows[best] - want[best])) best = i;
+        if (best < 0) return 0;
+        rows[best]--, given--;
+    }
+    int even = 1;
+    size_t used = 0;
+    for (int i = 0; i < D; i++) {
+        size_t at, count;
+        shard_split_even(batch, (size_t)D, (size_t)i, &at, &count);
+        even &= rows[i] == count;
+        used += (size_t)snprintf(out + used, used < bytes ? bytes - used : 0, "%s%zu", i ? "," : "", rows[i]);
+    }
+    return !even && used < bytes;
+}
+
+/* Layers per stage so that the slowest stage's time (its layers' FLOPs plus its fixed part, the
+ * embedding or the head, over its rate) is least and no stage holds more layers than its memory
+ * allows: "3,1", or 0 when that is the even cut.  The per-layer FLOPs and bytes come from the even
+ * cut's analysis: a stage's FLOPs less its layers' is its fixed part. */
+static int layers_for(const split_hints *h, long layers, char *out, size_t bytes) {
+    int P = h->pipe;
+    if (P < 2 || layers < P || !rates_differ(h->stage_rate, P)) return 0;
+    size_t even[SHARD_PLAN_MAX_SPLIT], cap[SHARD_PLAN_MAX_SPLIT], n[SHARD_PLAN_MAX_SPLIT];
+    double per_layer = 0, fixed[SHARD_PLAN_MAX_SPLIT];
+    for (int j = 0; j < P; j++) {
+        size_t at;
+        shard_split_even((size_t)layers, (size_t)P, (size_t)j, &at, &even[j]);
+        double f = h->stage_flops[j] / (double)even[j];
+        if (j == 0 || f < per_layer) per_layer = f; /* the stage with the least fixed part per layer */
+    }
+    if (!(per_layer > 0)) return 0;
+    for (int j = 0; j < P; j++) {
+        fixed[j] = h->stage_flops[j] - per_layer * (double)even[j];
+        if (fixed[j] < 0) fixed[j] = 0;
+        /* memory: the even cut's peak scaled by layers is an upper bound per layer (it includes the fixed part) */
+        double per_layer_bytes = h->stage_peak[j] / (double)even[j];
+        cap[j] = per_layer_bytes > 0 ? (size_t)(h->stage_room[j] / per_layer_bytes) : (size_t)layers;
+        if (cap[j] < 1) cap[j] = 1;
+    }
+    /* the least time T at which every stage's layers (those it can run within T and hold) cover the model */
+    double best_t = INFINITY;
+    for (int j = 0; j < P; j++)
+        for (long k = 1; k <= layers; k++) {
+            double t = (per_layer * (double)k + fixed[j]) / h->stage_rate[j];
+            if (t >= best_t) break;
+            size_t room = 0;
+            for (int q = 0; q < P; q++) {
+                double fit = (t * h->stage_rate[q] - fixed[q]) / per_layer;
+                size_t c = fit < 1 ? 0 : (size_t)(fit + 1e-9);
+                if (c > cap[q]) c = cap[q];
+                n[q] = c, room += c;
+            }
+            int each = 1;
+            for (int q = 0; q < P; q++) each &= n[q] >= 1;
+            if (each && room >= (size_t)layers) best_t = t;
+        }
+    if (!isfinite(best_t)) return 0;
+    size_t room = 0;
+    for (int q = 0; q < P; q++) {
+        double fit = (best_t * h->stage_rate[q] - fixed[q]) / per_layer;
+        n[q] = fit < 1 ? 1 : (size_t)(fit + 1e-9);
+        if (n[q] > cap[q]) n[q] = cap[q];
+        room += n[q];
+    }
+    while (room > (size_t)layers) { /* give back from the stage that would be slowest */
+        int worst = -1;
+        double worst_t = -1;
+        for (int q = 0; q < P; q++) {
+            double t = (per_layer * (double)n[q] + fixed[q]) / h->stage_rate[q];
+            if (n[q] > 1 && t > worst_t) worst = q, worst_t = t;
+        }
+        if (worst < 0) return 0;
+        n[worst]--, room--;
+    }
+    int same = 1;
+    size_t used = 0;
+    for (int q = 0; q < P; q++) {
+        same &= n[q] == even[q];
+        used += (size_t)snprintf(out + used, used < bytes ? bytes - used : 0, "%s%zu", q ? "," : "", n[q]);
+    }
+    return !same && used < bytes;
+}
+
+void shard_plan_candidate_apply(const shard_plan_candidate *c, shard_trainer_config *tc) {
+    tc->zero = c->zero, tc->sequence_parallel = c->sequence_parallel;
+    tc->schedule = c->schedule[0] ? c->schedule : NULL, tc->micro_batches = c->micro_batches;
+    tc->recompute = c->recompute, tc->micro_batch = 0, tc->accum = 0, tc->virtual_stages = 0;
+    tc->layers_per_stage = c->layers_per_stage[0] ? c->layers_per_stage : NULL;
+    tc->batch_shares = c->batch_shares[0] ? c->batch_shares : NULL;
+}
+
+/* Analyze (by the screen's closed forms when `screened`, else by the dry run) and price candidate c,
+ * filling its figures; the trainer's refusal and a memory cut are reasons kept in c->why. */
+static shard_status evaluate(search *sr, shard_plan_candidate *c, int screened, split_hints *hints) {
+    if (hints) memset(hints, 0, sizeof *hints);
+    c->valid = c->fits = 0, c->why[0] = 0, c->peak_bytes = 0, c->screened = screened;
     shard_trainer_config tc = *sr->o->train;
-    tc.zero = zero, tc.sequence_parallel = sp, tc.schedule = schedule, tc.micro_batches = micro;
-    tc.recompute = recompute, tc.micro_batch = 0, tc.accum = 0, tc.virtual_stages = 0;
-    tc.layers_per_stage = NULL, tc.batch_shares = NULL;
+    shard_plan_candidate_apply(c, &tc);
     shard_analysis *a = NULL;
     shard_step_prediction *x = NULL;
-    shard_analyze_options ao = {.struct_size = sizeof ao, .train = &tc, .mesh = mesh};
-    shard_status s = shard_analyze(&ao, &a);
+    shard_analyze_options ao = {.struct_size = sizeof ao, .train = &tc, .mesh = c->mesh};
+    shard_status s = screened ? shard__plan_screen(&sr->gpt, &tc, c->mesh, &a) : shard_analyze(&ao, &a);
     if (s < 0) { /* the trainer's refusal: a reason, not a failure of the search */
         snprintf(c->why, sizeof c->why, "%s", shard_last_error());
         shard_clear_error();
@@ -90,9 +247,54 @@ static shard_status try_layout(search *sr, const char *mesh, int zero, int sp, c
             }
         }
     }
+    if (s == SHARD_OK && hints) hints_of(sr, a, hints);
     shard_step_prediction_destroy(x);
     shard_analysis_destroy(a);
     return s;
+}
+
+static shard_status try_layout(search *sr, const char *mesh, int zero, int sp, const char *schedule, size_t micro,
+                               int recompute, const char *layers, const char *shares, split_hints *hints,
+                               shard_plan_candidate **made) {
+    if (sr->n == sr->cap) {
+        size_t cap = sr->cap ? 2 * sr->cap : 64;
+        shard_plan_candidate *more = realloc(sr->c, cap * sizeof *more);
+        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
+        sr->c = more, sr->cap = cap;
+    }
+    shard_plan_candidate *c = &sr->c[sr->n++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->mesh, sizeof c->mesh, "%s", mesh);
+    snprintf(c->schedule, sizeof c->schedule, "%s", schedule ? schedule : "");
+    c->zero = zero, c->sequence_parallel = sp, c->micro_batches = micro, c->recompute = recompute;
+    snprintf(c->layers_per_stage, sizeof c->layers_per_stage, "%s", layers ? layers : "");
+    snprintf(c->batch_shares, sizeof c->batch_shares, "%s", shares ? shares : "");
+    *made = c;
+    return evaluate(sr, c, sr->screen, hints);
+}
+
+/* A layout, its recomputing fallback where it does not fit, and on a cluster whose devices differ its
+ * uneven splits: shares, layers, and both. */
+static shard_status try_layout_family(search *sr, const char *mesh, int zero, int sp, const char *schedule,
+                                      size_t micro) {
+    shard_plan_candidate *c = NULL;
+    split_hints h;
+    SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, 0, NULL, NULL, &h, &c));
+    int recompute = 0;
+    if (schedule && c->valid && !c->fits) { /* recompute: the fallback */
+        SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, 1, NULL, NULL, &h, &c));
+        recompute = 1;
+    }
+    if (!c->valid || (!h.data && !h.pipe)) return SHARD_OK;
+    char shares[160], layers[96];
+    size_t least = micro ? micro : 1;
+    int uneven_shares = shares_for(&h, sr->o->train->batch, least, shares, sizeof shares);
+    int uneven_layers = sr->layers > 0 && layers_for(&h, sr->layers, layers, sizeof layers);
+    if (uneven_shares) SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, recompute, NULL, shares, NULL, &c));
+    if (uneven_layers) SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, recompute, layers, NULL, NULL, &c));
+    if (uneven_shares && uneven_layers)
+        SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, recompute, layers, shares, NULL, &c));
+    return SHARD_OK;
 }
 
 static const char *goal_of(const shard_plan_options *o) { return o->goal ? o->goal : "throughput"; }
@@ -108,6 +310,7 @@ static int by_goal(const void *pa, const void *pb) {
     const shard_plan_candidate *a = pa, *b = pb;
     if (a->fits != b->fits) return b->fits - a->fits;
     if (a->valid != b->valid) return b->valid - a->valid;
+    if (a->screened != b->screened) return a->screened - b->screened; /* checked by dry run first */
     double x = score(a, sort_goal), y = score(b, sort_goal);
     if (x != y) return x < y ? -1 : 1;
     return a->step_ms < b->step_ms ? -1 : a->step_ms > b->step_ms;
@@ -126,8 +329,20 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
     int W = shard_cluster_ranks(o->cluster);
     if (W < 1) return shard_error(SHARD_ERR_INVALID_ARG, "plan: the cluster has no device");
     search sr = {.o = o, .fraction = o->max_memory_fraction > 0 ? o->max_memory_fraction : 0.9};
-    long experts = config_experts(o->train->config_path);
+    long experts = config_int(o->train->config_path, "num_local_experts");
+    sr.layers = config_int(o->train->config_path, "n_layer");
     shard_status s = SHARD_OK;
+    if (o->search && strcmp(o->search, "exhaustive") != 0 && strcmp(o->search, "screen") != 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "plan: search '%s': give exhaustive or screen", o->search);
+    int gpt = experts == 0 && sr.layers > 0 && shard_gpt_config_load(o->train->config_path, &sr.gpt) == SHARD_OK;
+    shard_clear_error();
+    if (o->search && strcmp(o->search, "screen") == 0 && !gpt)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "plan: --search screen prices a dense GPT's layouts; %s is not one: give --search "
+                           "exhaustive",
+                           o->train->config_path ? o->train->config_path : "the model");
+    sr.screen = o->search ? strcmp(o->search, "screen") == 0 : gpt && (W > 16 || sr.layers > 24);
+    double started = shard_clock_seconds();
     for (int d = 1; d <= W && s == SHARD_OK; d++) {
         if (W % d) continue;
         for (int t = 1; t <= W / d && s == SHARD_OK; t++) {
@@ -143,12 +358,8 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
                 for (int zero = 0; zero <= (d > 1 ? 3 : 0) && s == SHARD_OK; zero++)
                     for (int sp = 0; sp <= (t > 1) && s == SHARD_OK; sp++)
                         for (size_t m = p > 1 ? (size_t)p : 0; m <= (size_t)(2 * p) && s == SHARD_OK;
-                             m = p > 1 ? m + (size_t)p : (size_t)(2 * p) + 1) {
-                            shard_plan_candidate *c = NULL;
-                            s = try_layout(&sr, mesh, zero, sp, p > 1 ? "1f1b" : NULL, m, 0, &c);
-                            if (s == SHARD_OK && p > 1 && c && c->valid && !c->fits) /* recompute: the fallback */
-                                s = try_layout(&sr, mesh, zero, sp, "1f1b", m, 1, &c);
-                        }
+                             m = p > 1 ? m + (size_t)p : (size_t)(2 * p) + 1)
+                            s = try_layout_family(&sr, mesh, zero, sp, p > 1 ? "1f1b" : NULL, m);
             }
         }
     }
@@ -160,7 +371,22 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
     }
     sort_goal = goal;
     qsort(sr.c, sr.n, sizeof *sr.c, by_goal);
+    double searched = shard_clock_seconds();
+    if (sr.screen && o->verify >= 0) { /* the screen's best, checked by dry run in order until `verify` fit */
+        size_t want = o->verify ? (size_t)o->verify : 3, checked = 0;
+        for (size_t i = 0; i < sr.n && checked < want && i < 4 * want && s == SHARD_OK; i++) {
+            if (!sr.c[i].fits) break;
+            s = evaluate(&sr, &sr.c[i], 0, NULL);
+            checked += sr.c[i].fits;
+        }
+        if (s == SHARD_OK) qsort(sr.c, sr.n, sizeof *sr.c, by_goal);
+    }
+    if (s < 0) {
+        free(sr.c), free(r);
+        return s;
+    }
     r->candidate = sr.c, r->count = sr.n, r->world = W;
+    r->search_seconds = searched - started, r->verify_seconds = shard_clock_seconds() - searched;
     for (size_t i = 0; i < sr.n; i++) r->fitting += sr.c[i].fits;
     if (!r->fitting) {
         double least = 0;
@@ -177,27 +403,29 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
     return SHARD_OK;
 }
 
-static void layout_text(const shard_plan_candidate *c, char *out, size_t bytes) {
+void shard_plan_candidate_text(const shard_plan_candidate *c, char *out, size_t bytes) {
     snprintf(out, bytes, "%s zero=%d%s%s%s%s", c->mesh, c->zero, c->sequence_parallel ? " sequence-parallel" : "",
              c->schedule[0] ? " schedule=" : "", c->schedule, c->recompute ? " recompute" : "");
-    if (c->micro_batches) {
-        size_t used = strlen(out);
-        snprintf(out + used, bytes - used, " micro-batches=%zu", c->micro_batches);
-    }
+    size_t used = strlen(out);
+    if (c->micro_batches && used < bytes)
+        used += (size_t)snprintf(out + used, bytes - used, " micro-batches=%zu", c->micro_batches);
+    if (c->layers_per_stage[0] && used < bytes)
+        used += (size_t)snprintf(out + used, bytes - used, " layers-per-stage=%s", c->layers_per_stage);
+    if (c->batch_shares[0] && used < bytes) snprintf(out + used, bytes - used, " batch-shares=%s", c->batch_shares);
 }
 
 void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out, size_t bytes) {
     const char *g = goal ? goal : "throughput";
     const shard_plan_candidate *w = &r->candidate[0];
     char best[200], second[200] = "";
-    layout_text(w, best, sizeof best);
+    shard_plan_candidate_text(w, best, sizeof best);
     size_t used =
         (size_t)snprintf(out, bytes,
                          "Chosen for %s: %s, predicted %.1f ms a step (%.0f tokens/s), %.2f GiB on the "
                          "fullest device, bubble %.2f, imbalance %.2f.",
                          g, best, w->step_ms, w->tokens_per_s, w->peak_bytes / 1073741824.0, w->bubble, w->imbalance);
     if (r->fitting > 1 && used < bytes) {
-        layout_text(&r->candidate[1], second, sizeof second);
+        shard_plan_candidate_text(&r->candidate[1], second, sizeof second);
         used += (size_t)snprintf(out + used, bytes - used, " The runner-up, %s, predicts %.1f ms.", second,
                                  r->candidate[1].step_ms);
     }
@@ -214,12 +442,12 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
         used += (size_t)snprintf(out + used, bytes - used, " %zu of %zu layouts tried fit.", r->fitting, r->count);
     if (eg_big && used < bytes) {
         char t[200];
-        layout_text(eg_big, t, sizeof t);
+        shard_plan_candidate_text(eg_big, t, sizeof t);
         used += (size_t)snprintf(out + used, bytes - used, " Memory cut %zu (e.g. %s: %s).", too_big, t, eg_big->why);
     }
     if (eg_refused && used < bytes) {
         char t[200];
-        layout_text(eg_refused, t, sizeof t);
+        shard_plan_candidate_text(eg_refused, t, sizeof t);
         snprintf(out + used, bytes - used, " The trainer refused %zu (e.g. %s: %s).", refused, t, eg_refused->why);
     }
 }
