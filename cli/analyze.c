@@ -259,8 +259,11 @@ int cli_analyze(int argc, char **argv) {
     shard_trainer_config tc = cli_layout_trainer_config(&o.layout, o.config);
     shard_status s = check_layout(&o, &tc);
     shard_analysis *a = NULL;
-    shard_analyze_options ao = {
-        .struct_size = sizeof ao, .train = &tc, .mesh = o.layout.mesh, .world = (int)o.ranks, .exact_ranks = (int)o.exact};
+    shard_analyze_options ao = {.struct_size = sizeof ao,
+                                .train = &tc,
+                                .mesh = o.layout.mesh,
+                                .world = (int)o.ranks,
+                                .exact_ranks = (int)o.exact};
     if (s == SHARD_OK) s = shard_analyze(&ao, &a);
     shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
     shard_step_prediction *pred = NULL;

@@ -16,7 +16,9 @@
 
 static char error_context[512]; /* cli_error_context's prefix; "" none */
 
-void cli_error_context(const char *prefix) { snprintf(error_context, sizeof error_context, "%s", prefix ? prefix : ""); }
+void cli_error_context(const char *prefix) {
+    snprintf(error_context, sizeof error_context, "%s", prefix ? prefix : "");
+}
 
 void cli_error(const char *fmt, ...) {
     /* one line whatever it quotes: a flag, key or path holding a character a terminal does not show is

@@ -198,7 +198,8 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
     char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
     int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0, data = o->layout.mesh ? 1 : world;
     int expert = 1;
-    if (o->layout.mesh && (axes = shard_mesh_parse(o->layout.mesh, world, names, sizes)) < 0) return SHARD_ERR_INVALID_ARG;
+    if (o->layout.mesh && (axes = shard_mesh_parse(o->layout.mesh, world, names, sizes)) < 0)
+        return SHARD_ERR_INVALID_ARG;
     static const char *const trained[] = {"data", "expert", "tensor", "pipe"};
     for (int a = 0; a < axes; a++) {
         int known = 0;
@@ -222,7 +223,7 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
         : o->layout.virtual_stages > 0         ? "--virtual-stages"
         : o->layout.recompute                  ? "--recompute"
         : o->layout.layers_per_stage           ? "--layers-per-stage"
-                                        : NULL;
+                                               : NULL;
     if (pipe_flag && pipe < 2)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "%s acts on a pipe axis of 2 or more ranks, and this mesh has %s: give "
@@ -241,8 +242,8 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
     shard_gpt_config gc;
     shard_status read = shard_model_config_read(o->config, &text);
     /* only a GPT's config parses as one (the other kinds' keys are refused by it) */
-    shard_status s =
-        read == SHARD_OK && shard_gpt_config_parse(text, o->config, &gc) == SHARD_OK && (size_t)o->layout.seq > gc.n_positions
+    shard_status s = read == SHARD_OK && shard_gpt_config_parse(text, o->config, &gc) == SHARD_OK &&
+            (size_t)o->layout.seq > gc.n_positions
         ? shard_error(SHARD_ERR_INVALID_ARG,
                       "%s: key 'n_positions' = %zu is shorter than --seq %ld: give --seq %zu or less", o->config,
                       gc.n_positions, o->layout.seq, gc.n_positions)
@@ -460,7 +461,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, split_str, o->steps, o->resume ? " (resumed)" : "",
                shard_blas_description());
         if (o->print_specs) print_specs(m);
-        if (o->layout.specs[0] && shard_mesh_axis_index(mesh, "tensor") < 0) /* valid, and placing nothing: said, not silent */
+        if (o->layout.specs[0] &&
+            shard_mesh_axis_index(mesh, "tensor") < 0) /* valid, and placing nothing: said, not silent */
             fprintf(stderr, "shard: note: --spec has no effect here: this mesh has no tensor axis to place over\n");
         shard_trainer_print_schedule(t, stdout);
     }
@@ -690,7 +692,8 @@ static int train_checked(train_opts *o, cli_common *common) {
 
 int cli_train(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
-    train_opts o = {.layout = CLI_LAYOUT_DEFAULTS, .steps = 100, .lr = 1e-3, .seed = 1, .weight_decay = 0.1, .clip = 1.0};
+    train_opts o = {
+        .layout = CLI_LAYOUT_DEFAULTS, .steps = 100, .lr = 1e-3, .seed = 1, .weight_decay = 0.1, .clip = 1.0};
     cli_common common = {0};
     for (int i = 1; i < argc; i++) {
         int cc = cli_common_option(&common, argc, argv, &i);
@@ -699,8 +702,7 @@ int cli_train(int argc, char **argv) {
         if (cc > 0) continue;
         const char *a = argv[i], *val = NULL;
         const char **strs[] = {&o.config, &o.data, &o.init, &o.log, &o.save, &o.resume, &o.trace, &o.plan_path};
-        const char *str_names[] = {"--config", "--data",   "--init",  "--log",
-                                   "--save",   "--resume", "--trace", "--plan"};
+        const char *str_names[] = {"--config", "--data", "--init", "--log", "--save", "--resume", "--trace", "--plan"};
         int done = 0;
         for (int k = 0; k < 8 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
@@ -725,7 +727,8 @@ int cli_train(int argc, char **argv) {
             if (strcmp(a, dbl_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i))) return 2;
                 if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || (k == 0 && !(*dbls[k] > 0)) || *dbls[k] > 1e6) {
-                    cli_error("%s '%s' is invalid: give a number in %s", a, val, k == 0 ? "(0, 1e6], e.g. 3e-4" : "[0, 1e6]");
+                    cli_error("%s '%s' is invalid: give a number in %s", a, val,
+                              k == 0 ? "(0, 1e6], e.g. 3e-4" : "[0, 1e6]");
                     return 2;
                 }
                 if (k == 1) o.have_min_lr = 1;

@@ -24,13 +24,13 @@ static const char *const KEYS[] = {"mesh",       "flags",     "layers_per_stage"
 enum { KEY_COUNT = sizeof KEYS / sizeof KEYS[0] };
 
 static const char *kind_of(const json_t *v) {
-    return json_is_string(v)    ? "a string"
-        : json_is_integer(v)    ? "an integer"
-        : json_is_number(v)     ? "a number"
-        : json_is_array(v)      ? "a list"
-        : json_is_object(v)     ? "an object"
-        : json_is_boolean(v)    ? "true or false"
-                                : "null";
+    return json_is_string(v) ? "a string"
+        : json_is_integer(v) ? "an integer"
+        : json_is_number(v)  ? "a number"
+        : json_is_array(v)   ? "a list"
+        : json_is_object(v)  ? "an object"
+        : json_is_boolean(v) ? "true or false"
+                             : "null";
 }
 
 static int bad(const train_plan *p, const char *key, const char *want, const json_t *got) {
@@ -54,12 +54,12 @@ static int list_text(const train_plan *p, const json_t *root, const char *key, c
         const json_t *item;
         json_array_foreach(v, i, item) {
             if (!json_is_integer(item) || json_integer_value(item) < 0) {
-                cli_error("%s: key '%s': item %zu is %s: give whole numbers of 0 or more, e.g. [3, 1]", p->path, key,
-                          i, json_is_integer(item) ? "negative" : kind_of(item));
+                cli_error("%s: key '%s': item %zu is %s: give whole numbers of 0 or more, e.g. [3, 1]", p->path, key, i,
+                          json_is_integer(item) ? "negative" : kind_of(item));
                 return -1;
             }
-            at += (size_t)snprintf(out + (at < bytes ? at : bytes), at < bytes ? bytes - at : 0, "%s%lld",
-                                   i ? "," : "", (long long)json_integer_value(item));
+            at += (size_t)snprintf(out + (at < bytes ? at : bytes), at < bytes ? bytes - at : 0, "%s%lld", i ? "," : "",
+                                   (long long)json_integer_value(item));
         }
     } else {
         return bad(p, key, want, v);
@@ -253,8 +253,8 @@ int train_plan_apply(train_plan *p, cli_layout *l, cli_common *common) {
         return -1;
     }
     if (common->ranks > 0 && common->ranks != p->ranks) {
-        cli_error("train: --ranks %d disagrees with the plan's mesh %s of %d ranks (%s): leave --ranks out", common->ranks,
-                  p->layout.mesh, p->ranks, p->path);
+        cli_error("train: --ranks %d disagrees with the plan's mesh %s of %d ranks (%s): leave --ranks out",
+                  common->ranks, p->layout.mesh, p->ranks, p->path);
         return -1;
     }
     if (common->device_map && p->device_map[0] && !same_list(common->device_map, p->device_map)) {

@@ -12,13 +12,13 @@
 
 typedef struct train_plan {
     const char *path;
-    void *root;                     /* the parsed file (json_t): holds the texts the layout points into */
-    cli_layout layout;              /* mesh, flags, layers_per_stage and batch_shares as layout flags */
-    int ranks;                      /* the mesh's product */
-    char device_map[1024];          /* "" when the plan has none */
+    void *root;                      /* the parsed file (json_t): holds the texts the layout points into */
+    cli_layout layout;               /* mesh, flags, layers_per_stage and batch_shares as layout flags */
+    int ranks;                       /* the mesh's product */
+    char device_map[1024];           /* "" when the plan has none */
     char layers[1024], shares[1024]; /* layers_per_stage and batch_shares given as lists, as flag values */
-    double step_ms;                 /* predicted.step_ms (0: not given) */
-    double *peak_bytes;             /* predicted.peak_bytes: one (the fullest rank) or one per rank */
+    double step_ms;                  /* predicted.step_ms (0: not given) */
+    double *peak_bytes;              /* predicted.peak_bytes: one (the fullest rank) or one per rank */
     size_t peaks;
 } train_plan;
 

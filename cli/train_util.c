@@ -20,9 +20,12 @@ typedef struct layout_flag {
     int proper;    /* part of the layout proper: a plan fixes it whether or not its flags name it */
 } layout_flag;
 
-#define TEXT(n, f, p) {.name = n, .kind = FLAG_TEXT, .offset = offsetof(cli_layout, f), .proper = p}
-#define INT(n, f, l, h, p) {.name = n, .kind = FLAG_INT, .offset = offsetof(cli_layout, f), .lo = l, .hi = h, .proper = p}
-#define SWITCH(n, f) {.name = n, .kind = FLAG_SWITCH, .offset = offsetof(cli_layout, f), .proper = 1}
+#define TEXT(n, f, p)                                                                                                  \
+    { .name = n, .kind = FLAG_TEXT, .offset = offsetof(cli_layout, f), .proper = p }
+#define INT(n, f, l, h, p)                                                                                             \
+    { .name = n, .kind = FLAG_INT, .offset = offsetof(cli_layout, f), .lo = l, .hi = h, .proper = p }
+#define SWITCH(n, f)                                                                                                   \
+    { .name = n, .kind = FLAG_SWITCH, .offset = offsetof(cli_layout, f), .proper = 1 }
 
 static const layout_flag FLAGS[] = {
     TEXT("--mesh", mesh, 1),
@@ -147,7 +150,7 @@ shard_trainer_config cli_layout_trainer_config(const cli_layout *l, const char *
 static void flag_text(const cli_layout *l, const layout_flag *f, char *out, size_t bytes) {
     const void *v = (const char *)l + f->offset;
     const char *text = f->kind == FLAG_TEXT ? *(const char *const *)v : f->kind == FLAG_SPECS ? (const char *)v : NULL;
-    if (f->kind == FLAG_INT)
+    if (f->kind == FLAG_INT && *(const long *)v >= f->lo) /* below its range: not given (0, derived) */
         snprintf(out, bytes, "%s %ld", f->name, *(const long *)v);
     else if (f->kind == FLAG_REAL)
         snprintf(out, bytes, "%s %g", f->name, *(const double *)v);
@@ -175,10 +178,10 @@ int cli_layout_merge(cli_layout *into, const cli_layout *from, int whole, char *
             memcpy(into->specs, from->specs, sizeof into->specs);
         else
             memcpy((char *)into + f->offset, (const char *)from + f->offset,
-                   f->kind == FLAG_TEXT  ? sizeof(const char *)
-                   : f->kind == FLAG_INT ? sizeof(long)
-                   : f->kind == FLAG_REAL ? sizeof(double)
-                                          : sizeof(int));
+                   f->kind == FLAG_TEXT       ? sizeof(const char *)
+                       : f->kind == FLAG_INT  ? sizeof(long)
+                       : f->kind == FLAG_REAL ? sizeof(double)
+                                              : sizeof(int));
         into->given |= from->given & bit;
     }
     return 1;

@@ -16,12 +16,13 @@ typedef struct cli_layout {
     long batch, micro_batch, accum, seq, zero, micro_batches, virtual_stages;
     double bucket_mb;
     int recompute, sequence_parallel;
-    char specs[4096];   /* --spec NAME=SPEC, repeated: joined with ';' */
+    char specs[4096];    /* --spec NAME=SPEC, repeated: joined with ';' */
     unsigned long given; /* bit k: the table's flag k was given */
 } cli_layout;
 
 /* The defaults a parse starts from. */
-#define CLI_LAYOUT_DEFAULTS {.seq = 128, .bucket_mb = 25}
+#define CLI_LAYOUT_DEFAULTS                                                                                            \
+    { .seq = 128, .bucket_mb = 25 }
 
 /* Try to consume argv[*i] (and its value) as a layout flag: 1 consumed, 0 not a layout flag, -1 a bad
  * value (message printed). */
