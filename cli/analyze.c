@@ -13,6 +13,7 @@
 
 #include "cli_util.h"
 #include "shard/shard.h"
+#include "train_util.h"
 
 static const char *const USAGE =
     "usage: shard analyze --config CONFIG.json [--mesh AXES] [--ranks N] [layout flags] [--json]\n"
@@ -47,6 +48,7 @@ static const char *const USAGE =
     "  --virtual-stages V                  model chunks per pipe rank (interleaved)\n"
     "  --recompute                         recompute each stage's forward in its backward\n"
     "  --layers-per-stage L                blocks per pipeline stage, e.g. 3,3,2\n"
+    "  --batch-shares LIST                 rows of the global batch per data rank, e.g. 6,2\n"
     "  --exact-ranks N                     build every rank up to N ranks (default 64)\n"
     "  --profile FILE                      a machine profile (shard profile): predict each rank's step\n"
     "                                      time (compute, comm, bubble, optimizer) and tokens/s\n"
@@ -61,96 +63,38 @@ static const char *const USAGE =
     "                                      with it each rank also has time_ms; with --cluster, device)\n";
 
 typedef struct analyze_opts {
-    const char *config, *mesh, *schedule, *layers_per_stage, *grad_dtype, *compute_dtype, *optimizer, *profile;
-    const char *cluster, *device_map;
-    long batch, seq, micro_batch, accum, zero, micro_batches, virtual_stages, ranks, exact;
-    double bucket_mb;
-    int recompute, sequence_parallel, json;
-    char specs[4096];
+    const char *config, *profile, *cluster, *device_map;
+    cli_layout layout; /* the mesh, the batch arithmetic, the strategies' flags: train's (train_util.h) */
+    long ranks, exact;
+    int json;
 } analyze_opts;
 
 /* One option of argv at *i into o: 1 taken, 0 not this verb's, -1 a bad value (message printed). */
 static int take_option(analyze_opts *o, int argc, char **argv, int *i) {
+    int layout = cli_layout_option(&o->layout, argc, argv, i);
+    if (layout) return layout;
     const char *a = argv[*i], *val;
-    const char **strs[] = {&o->config,        &o->mesh,      &o->schedule, &o->layers_per_stage, &o->grad_dtype,
-                           &o->compute_dtype, &o->optimizer, &o->profile,  &o->cluster,          &o->device_map};
-    static const char *const str_names[] = {"--config",     "--mesh",          "--schedule",  "--layers-per-stage",
-                                            "--grad-dtype", "--compute-dtype", "--optimizer", "--profile",
-                                            "--cluster",    "--device-map"};
-    for (int k = 0; k < 10; k++)
+    const char **strs[] = {&o->config, &o->profile, &o->cluster, &o->device_map};
+    static const char *const str_names[] = {"--config", "--profile", "--cluster", "--device-map"};
+    for (int k = 0; k < 4; k++)
         if (strcmp(a, str_names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
-    long *ints[] = {&o->batch,          &o->seq,   &o->micro_batch, &o->accum, &o->zero, &o->micro_batches,
-                    &o->virtual_stages, &o->ranks, &o->exact};
-    static const char *const int_names[] = {"--batch",          "--seq",   "--micro-batch",
-                                            "--accum",          "--zero",  "--micro-batches",
-                                            "--virtual-stages", "--ranks", "--exact-ranks"};
-    static const long lo[] = {1, 1, 1, 1, 0, 1, 1, 1, 1},
-                      hi[] = {1 << 20, 1 << 20, 1 << 20, 1 << 20, 3, 1 << 16, 64, 4096, 4096};
-    for (int k = 0; k < 9; k++)
+    long *ints[] = {&o->ranks, &o->exact};
+    static const char *const int_names[] = {"--ranks", "--exact-ranks"};
+    for (int k = 0; k < 2; k++)
         if (strcmp(a, int_names[k]) == 0)
-            return (val = cli_value(argc, argv, i)) && !cli_parse_int(a, val, lo[k], hi[k], ints[k]) ? 1 : -1;
-    if (strcmp(a, "--bucket-mb") == 0) {
-        if (!(val = cli_value(argc, argv, i))) return -1;
-        if (!cli_number(val, &o->bucket_mb) || !(o->bucket_mb > 0) || o->bucket_mb > 1e6) {
-            cli_error("--bucket-mb '%s' is invalid: give a number in (0, 1e6] (MiB), e.g. 25", val);
-            return -1;
-        }
-        return 1;
-    }
-    int *flags[] = {&o->recompute, &o->sequence_parallel, &o->json};
-    static const char *const flag_names[] = {"--recompute", "--sequence-parallel", "--json"};
-    for (int k = 0; k < 3; k++)
-        if (strcmp(a, flag_names[k]) == 0) return *flags[k] = 1;
-    if (strcmp(a, "--spec") == 0) {
-        if (!(val = cli_value(argc, argv, i))) return -1;
-        size_t used = strlen(o->specs);
-        if (used + strlen(val) + 2 > sizeof o->specs) {
-            cli_error("--spec '%s': the --spec options add up to more than %zu characters", val, sizeof o->specs - 1);
-            return -1;
-        }
-        snprintf(o->specs + used, sizeof o->specs - used, "%s%s", used ? ";" : "", val);
-        return 1;
-    }
+            return (val = cli_value(argc, argv, i)) && !cli_parse_int(a, val, 1, 4096, ints[k]) ? 1 : -1;
+    if (strcmp(a, "--json") == 0) return o->json = 1;
     return 0;
-}
-
-static shard_trainer_config trainer_config(const analyze_opts *o) {
-    shard_trainer_config tc = {
-        .config_path = o->config,
-        .batch = (size_t)o->batch,
-        .micro_batch = (size_t)o->micro_batch,
-        .accum = (size_t)o->accum,
-        .seq = (size_t)o->seq,
-        .seed = 1,
-        .zero = (int)o->zero,
-        .bucket_mb = o->bucket_mb,
-        .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-        .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-        .optimizer = o->optimizer,
-        .adamw = shard_adamw_defaults(),
-        .clip = 1.0f,
-        .sequence_parallel = o->sequence_parallel,
-        .param_specs = o->specs[0] ? o->specs : NULL,
-        .schedule = o->schedule,
-        .micro_batches = (size_t)o->micro_batches,
-        .virtual_stages = (int)o->virtual_stages,
-        .recompute = o->recompute,
-        .layers_per_stage = o->layers_per_stage};
-    tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 1};
-    return tc;
 }
 
 /* The flags that need no ranks, checked as train checks them. */
 static shard_status check_layout(const analyze_opts *o, const shard_trainer_config *tc) {
     if (!o->config) return shard_error(SHARD_ERR_INVALID_ARG, "analyze: --config is required: give a model config");
-    static const char *const dtypes[] = {"f32", "bf16"};
-    const char *given[] = {o->grad_dtype, o->compute_dtype}, *names[] = {"--grad-dtype", "--compute-dtype"};
-    for (int k = 0; k < 2; k++)
-        if (given[k] && strcmp(given[k], dtypes[0]) != 0 && strcmp(given[k], dtypes[1]) != 0)
-            return shard_error(SHARD_ERR_INVALID_ARG, "%s '%s': give f32 or bf16", names[k], given[k]);
+    SHARD_CHECK(cli_layout_check_names(&o->layout));
+    const char *mesh = o->layout.mesh;
     char axis[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
     int sizes[SHARD_MESH_MAX_AXES], data = 1, pipe = 1, expert = 1, world = 1;
-    int axes = o->mesh ? shard_mesh_parse(o->mesh, 0, axis, sizes) : 0;
+    int axes = mesh ? shard_mesh_parse(mesh, 0, axis, sizes) : 0;
     if (axes < 0) return SHARD_ERR_INVALID_ARG;
     for (int a = 0; a < axes; a++) {
         world *= sizes[a];
@@ -158,10 +102,10 @@ static shard_status check_layout(const analyze_opts *o, const shard_trainer_conf
         pipe *= strcmp(axis[a], "pipe") == 0 ? sizes[a] : 1;
         expert *= strcmp(axis[a], "expert") == 0 ? sizes[a] : 1;
     }
-    if (!o->mesh) data = world = o->ranks > 0 ? (int)o->ranks : 1;
+    if (!mesh) data = world = o->ranks > 0 ? (int)o->ranks : 1;
     if (o->ranks > 0 && o->ranks != world)
         return shard_error(SHARD_ERR_INVALID_ARG,
-                           "--ranks %ld: --mesh %s spans %d ranks: give --ranks %d or leave it out", o->ranks, o->mesh,
+                           "--ranks %ld: --mesh %s spans %d ranks: give --ranks %d or leave it out", o->ranks, mesh,
                            world, world);
     SHARD_CHECK(shard_trainer_config_check(tc, data * expert, pipe));
     return shard_model_config_check(o->config);
@@ -303,7 +247,7 @@ static void print_table(const shard_analysis *a, const shard_step_prediction *pr
 
 int cli_analyze(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
-    analyze_opts o = {.seq = 128, .bucket_mb = 25};
+    analyze_opts o = {.layout = CLI_LAYOUT_DEFAULTS};
     for (int i = 1; i < argc; i++) {
         int taken = take_option(&o, argc, argv, &i);
         if (taken < 0) return 2;
@@ -312,11 +256,14 @@ int cli_analyze(int argc, char **argv) {
             return 2;
         }
     }
-    shard_trainer_config tc = trainer_config(&o);
+    shard_trainer_config tc = cli_layout_trainer_config(&o.layout, o.config);
     shard_status s = check_layout(&o, &tc);
     shard_analysis *a = NULL;
-    shard_analyze_options ao = {
-        .struct_size = sizeof ao, .train = &tc, .mesh = o.mesh, .world = (int)o.ranks, .exact_ranks = (int)o.exact};
+    shard_analyze_options ao = {.struct_size = sizeof ao,
+                                .train = &tc,
+                                .mesh = o.layout.mesh,
+                                .world = (int)o.ranks,
+                                .exact_ranks = (int)o.exact};
     if (s == SHARD_OK) s = shard_analyze(&ao, &a);
     shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
     shard_step_prediction *pred = NULL;

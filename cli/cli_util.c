@@ -14,13 +14,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+static char error_context[512]; /* cli_error_context's prefix; "" none */
+
+void cli_error_context(const char *prefix) {
+    snprintf(error_context, sizeof error_context, "%s", prefix ? prefix : "");
+}
+
 void cli_error(const char *fmt, ...) {
     /* one line whatever it quotes: a flag, key or path holding a character a terminal does not show is
      * printed with that character's code (shard_text_show_invisible) */
     char raw[SHARD_ERROR_TEXT_BYTES], shown[SHARD_ERROR_TEXT_BYTES];
+    size_t at = (size_t)snprintf(raw, sizeof raw, "%s", error_context);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(raw, sizeof raw, fmt, ap);
+    vsnprintf(raw + at, sizeof raw - at, fmt, ap);
     va_end(ap);
     shard_text_show_invisible(raw, shown, sizeof shown);
     fprintf(stderr, "shard: %s\n", shown);

@@ -67,5 +67,8 @@ void cli_unknown_option(const char *verb, const char *arg, const char *usage);
 
 /* Print "shard: <message>" to stderr; a character a terminal does not show is printed as its code. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Where the messages printed next come from, put before each ("plan.json: key 'flags': "), so that a
+ * parser written for the command line names the file it reads; NULL: none again. */
+void cli_error_context(const char *prefix);
 
 #endif

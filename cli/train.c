@@ -10,6 +10,7 @@
  *               [--init weights.safetensors] [--log run.jsonl] [--save DIR] [--save-every K]
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
  *               [--optimizer adamw|sgd] [--momentum M (sgd; default 0)]
+ *               [--plan plan.json (the layout of `shard plan --out`; its predictions against the run's)]
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
@@ -39,22 +40,21 @@
 #include "shard/text.h"
 #include "monitor.h"
 #include "trace.h"
+#include "train_plan.h"
 #include "train_stop.h"
 #include "train_util.h"
 
 typedef struct train_opts {
-    const char *config, *data, *init, *log, *save, *mesh, *resume, *grad_dtype, *compute_dtype, *schedule,
-        *layers_per_stage;
-    const char *trace, *optimizer, *batch_shares;
-    long batch, micro_batch, accum, seq, steps, save_every, warmup, zero, micro_batches, virtual_stages;
+    const char *config, *data, *init, *log, *save, *resume, *trace, *plan_path;
+    cli_layout layout; /* the mesh, the batch arithmetic, the strategies' flags (train_util.h) */
+    long steps, save_every, warmup;
     long monitor_every; /* 0: with the progress line */
-    int recompute;
-    double lr, min_lr, weight_decay, clip, bucket_mb, momentum;
+    double lr, min_lr, weight_decay, clip, momentum;
     unsigned long long seed;
-    int have_min_lr, have_warmup, have_momentum, sequence_parallel, print_specs;
-    char specs[4096];      /* --spec NAME=SPEC, repeated: joined with ';' */
-    shard_ckpt_lock *lock; /* --save's writer lock, taken before thread ranks start */
-    int lock_in_rank;      /* under an MPI launcher: rank 0 takes it in train_rank instead */
+    int have_min_lr, have_warmup, have_momentum, print_specs;
+    const train_plan *plan; /* --plan: its predictions, reported at the end */
+    shard_ckpt_lock *lock;  /* --save's writer lock, taken before thread ranks start */
+    int lock_in_rank;       /* under an MPI launcher: rank 0 takes it in train_rank instead */
 } train_opts;
 
 /* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
@@ -79,30 +79,45 @@ static void print_specs(shard_model *m) {
     }
 }
 
-/* Collective: rank 0 prints each rank's mesh coordinates and peak bytes by category (the accounted
- * allocator's ledger of that rank). */
-static shard_status print_memory(shard_comm *comm, const shard_mesh *mesh) {
-    enum { CATS = SHARD_MEM_CATEGORY_COUNT, F = CATS + 1 };
+/* Collective: every rank's peak bytes by category and total (the accounted allocator's ledger of that
+ * rank), gathered: (*all)[rank * (SHARD_MEM_CATEGORY_COUNT + 1) + c], the total last (malloc'd). */
+enum { PEAK_FIELDS = SHARD_MEM_CATEGORY_COUNT + 1 };
+
+static shard_status gather_peaks(shard_comm *comm, double **all) {
     int world = shard_comm_size(comm);
     shard_mem_stats st;
     shard_mem_stats_get(&st);
-    double mine[F], *all = calloc((size_t)(world * F), sizeof *all);
-    if (!all) return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory");
-    for (int c = 0; c < CATS; c++) mine[c] = (double)st.peak_bytes[c];
-    mine[CATS] = (double)st.total_peak_bytes;
-    shard_status s = shard_comm_all_gather(comm, mine, all, F, SHARD_F64);
-    if (s == SHARD_OK && shard_comm_rank(comm) == 0) {
-        printf("  peak MiB per rank   params    grads  optimizer  activations     comm    other    total\n");
-        for (int r = 0; r < world; r++) {
-            char where[64];
-            cli_mesh_where(mesh, r, where, sizeof where);
-            const double *v = all + r * F, M = 1048576.0;
-            printf("  rank %-2d %-18s %7.2f %8.2f %10.2f %12.2f %8.2f %8.2f %8.2f\n", r, where, v[0] / M, v[1] / M,
-                   v[2] / M, v[3] / M, v[4] / M, v[5] / M, v[CATS] / M);
-        }
+    double mine[PEAK_FIELDS];
+    if (!(*all = calloc((size_t)(world * PEAK_FIELDS), sizeof **all)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory");
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) mine[c] = (double)st.peak_bytes[c];
+    mine[SHARD_MEM_CATEGORY_COUNT] = (double)st.total_peak_bytes;
+    return shard_comm_all_gather(comm, mine, *all, PEAK_FIELDS, SHARD_F64);
+}
+
+/* Rank 0: each rank's mesh coordinates and peak bytes by category (gather_peaks's). */
+static void print_memory(const shard_mesh *mesh, const double *all, int world) {
+    printf("  peak MiB per rank   params    grads  optimizer  activations     comm    other    total\n");
+    for (int r = 0; r < world; r++) {
+        char where[64];
+        cli_mesh_where(mesh, r, where, sizeof where);
+        const double *v = all + r * PEAK_FIELDS, M = 1048576.0;
+        printf("  rank %-2d %-18s %7.2f %8.2f %10.2f %12.2f %8.2f %8.2f %8.2f\n", r, where, v[0] / M, v[1] / M,
+               v[2] / M, v[3] / M, v[4] / M, v[5] / M, v[SHARD_MEM_CATEGORY_COUNT] / M);
     }
-    free(all);
-    return s;
+}
+
+/* Rank 0 under --plan: the plan's predictions against the run's step times and peaks. */
+static void report_plan(const train_opts *o, const shard_mesh *mesh, const double *step_ms, size_t steps,
+                        const double *peaks, int world) {
+    double *totals = malloc((size_t)world * sizeof *totals);
+    if (!totals) {
+        fprintf(stderr, "shard: train: out of memory for the plan's comparison\n");
+        return;
+    }
+    for (int r = 0; r < world; r++) totals[r] = peaks[r * PEAK_FIELDS + SHARD_MEM_CATEGORY_COUNT];
+    train_plan_report(o->plan, mesh, step_ms, steps, totals, world);
+    free(totals);
 }
 
 /* A path the run will write (--log, --trace, --save): refused before any work when it is one of the run's
@@ -122,8 +137,9 @@ static int check_output(const char *option, const char *path, int want_dir, cons
                   want_dir ? "a directory (it is made when missing)" : "a file name");
         return 0;
     }
-    const char *inputs[] = {o->config, o->init, o->resume}; /* --save may be --resume's root: a run goes on there */
-    for (size_t i = 0; !want_dir && i < 3; i++)
+    /* --save may be --resume's root: a run goes on there */
+    const char *inputs[] = {o->config, o->init, o->resume, o->plan_path};
+    for (size_t i = 0; !want_dir && i < 4; i++)
         if (same_file(path, inputs[i])) {
             cli_error("%s %s is also the run's input %s: give another path", option, path, inputs[i]);
             return 0;
@@ -153,30 +169,11 @@ static int check_output(const char *option, const char *path, int want_dir, cons
 
 /* The trainer's config from the flags. */
 static shard_trainer_config trainer_config(const train_opts *o) {
-    shard_trainer_config tc = {
-        .config_path = o->config,
-        .data_dir = o->data,
-        .batch = (size_t)o->batch,
-        .micro_batch = (size_t)o->micro_batch,
-        .accum = (size_t)o->accum,
-        .seq = (size_t)o->seq,
-        .seed = o->seed,
-        .zero = (int)o->zero,
-        .bucket_mb = o->bucket_mb,
-        .grad_dtype = o->grad_dtype && strcmp(o->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-        .compute_dtype = o->compute_dtype && strcmp(o->compute_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32,
-        .optimizer = o->optimizer,
-        .adamw = shard_adamw_defaults(),
-        .sgd = {.momentum = (float)o->momentum, .weight_decay = (float)o->weight_decay},
-        .clip = (float)o->clip,
-        .sequence_parallel = o->sequence_parallel,
-        .param_specs = o->specs,
-        .schedule = o->schedule,
-        .micro_batches = (size_t)o->micro_batches,
-        .virtual_stages = (int)o->virtual_stages,
-        .recompute = o->recompute,
-        .layers_per_stage = o->layers_per_stage,
-        .batch_shares = o->batch_shares};
+    shard_trainer_config tc = cli_layout_trainer_config(&o->layout, o->config);
+    tc.data_dir = o->data;
+    tc.seed = o->seed;
+    tc.sgd = (shard_sgd_config){.momentum = (float)o->momentum, .weight_decay = (float)o->weight_decay};
+    tc.clip = (float)o->clip;
     tc.adamw.weight_decay = (float)o->weight_decay; /* whichever optimizer runs */
     tc.lr = (shard_lr_schedule){(float)o->lr, (float)(o->have_min_lr ? o->min_lr : o->lr / 10),
                                 (uint64_t)(o->have_warmup ? o->warmup : (o->steps >= 20 ? o->steps / 20 : 0)),
@@ -199,9 +196,10 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
                            common->ranks, launcher, env_size, common->ranks);
     int world = under_mpi ? (env_size > 0 ? env_size : 0) : common->ranks > 0 ? common->ranks : 1;
     char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
-    int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0, data = o->mesh ? 1 : world;
+    int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0, data = o->layout.mesh ? 1 : world;
     int expert = 1;
-    if (o->mesh && (axes = shard_mesh_parse(o->mesh, world, names, sizes)) < 0) return SHARD_ERR_INVALID_ARG;
+    if (o->layout.mesh && (axes = shard_mesh_parse(o->layout.mesh, world, names, sizes)) < 0)
+        return SHARD_ERR_INVALID_ARG;
     static const char *const trained[] = {"data", "expert", "tensor", "pipe"};
     for (int a = 0; a < axes; a++) {
         int known = 0;
@@ -221,17 +219,17 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
     data *= expert; /* an expert rank is a data rank too: the rows split over data x expert */
     /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
      * (the library accepts them there, so that one configuration serves a reference run of one stage) */
-    const char *pipe_flag = o->schedule ? "--schedule"
-        : o->virtual_stages > 0         ? "--virtual-stages"
-        : o->recompute                  ? "--recompute"
-        : o->layers_per_stage           ? "--layers-per-stage"
-                                        : NULL;
+    const char *pipe_flag = o->layout.schedule ? "--schedule"
+        : o->layout.virtual_stages > 0         ? "--virtual-stages"
+        : o->layout.recompute                  ? "--recompute"
+        : o->layout.layers_per_stage           ? "--layers-per-stage"
+                                               : NULL;
     if (pipe_flag && pipe < 2)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "%s acts on a pipe axis of 2 or more ranks, and this mesh has %s: give "
                            "e.g. --mesh pipe=2, or leave %s out",
                            pipe_flag, has_pipe ? "pipe=1" : "none", pipe_flag);
-    if (o->sequence_parallel && !tensor)
+    if (o->layout.sequence_parallel && !tensor)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "--sequence-parallel splits the tokens over the tensor axis, and this mesh has none: "
                            "give e.g. --mesh data=1,tensor=2");
@@ -244,11 +242,11 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
     shard_gpt_config gc;
     shard_status read = shard_model_config_read(o->config, &text);
     /* only a GPT's config parses as one (the other kinds' keys are refused by it) */
-    shard_status s =
-        read == SHARD_OK && shard_gpt_config_parse(text, o->config, &gc) == SHARD_OK && (size_t)o->seq > gc.n_positions
+    shard_status s = read == SHARD_OK && shard_gpt_config_parse(text, o->config, &gc) == SHARD_OK &&
+            (size_t)o->layout.seq > gc.n_positions
         ? shard_error(SHARD_ERR_INVALID_ARG,
                       "%s: key 'n_positions' = %zu is shorter than --seq %ld: give --seq %zu or less", o->config,
-                      gc.n_positions, o->seq, gc.n_positions)
+                      gc.n_positions, o->layout.seq, gc.n_positions)
         : SHARD_OK;
     free(text);
     SHARD_CHECK(s);
@@ -367,13 +365,24 @@ static shard_status log_failed(const train_opts *o, int rank, uint64_t step, sha
                        ckpt);
 }
 
+/* One more step time kept (rank 0 under --plan). */
+static shard_status keep_step_ms(double **all, size_t *count, double ms) {
+    if (*count == 0 || (*count >= 64 && (*count & (*count - 1)) == 0)) { /* full: room for as many again */
+        double *more = realloc(*all, (*count ? 2 * *count : 64) * sizeof **all);
+        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory for the step times");
+        *all = more;
+    }
+    (*all)[(*count)++] = ms;
+    return SHARD_OK;
+}
+
 static shard_status train_rank(shard_comm *comm, void *arg) {
     const train_opts *o = arg;
     int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
     char mesh_text[64];
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
     shard_mesh *mesh = NULL;
-    SHARD_CHECK(shard_mesh_create(comm, o->mesh ? o->mesh : mesh_text, &mesh));
+    SHARD_CHECK(shard_mesh_create(comm, o->layout.mesh ? o->layout.mesh : mesh_text, &mesh));
     /* under an MPI launcher rank 0 takes the --save root's lock once MPI is up: a process that ended before
      * MPI_Init would leave its peers waiting in theirs */
     shard_ckpt_lock *own_lock = NULL;
@@ -431,7 +440,9 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     double *load = NULL; /* rank 0, a mixture of experts: the run's assignments per layer and expert */
     size_t load_cells = 0;
     shard_step_result load_shape = {0};
-    size_t items_per_row = strcmp(m ? m->ops->kind : "", "gpt2") == 0 ? (size_t)o->seq : 1;
+    double *step_ms = NULL; /* rank 0 under --plan: each step's time */
+    size_t step_count = 0;
+    size_t items_per_row = strcmp(m ? m->ops->kind : "", "gpt2") == 0 ? (size_t)o->layout.seq : 1;
     if (s == SHARD_OK && rank == 0) {
         char what[256], mesh_str[128];
         m->ops->describe(m, what, sizeof what);
@@ -445,12 +456,13 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = %s; %ld "
                "steps%s\n"
                "  blas: %s\n",
-               what, mesh_str, shard_comm_backend(comm), o->zero,
+               what, mesh_str, shard_comm_backend(comm), o->layout.zero,
                tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, split_str, o->steps, o->resume ? " (resumed)" : "",
                shard_blas_description());
         if (o->print_specs) print_specs(m);
-        if (o->specs[0] && shard_mesh_axis_index(mesh, "tensor") < 0) /* valid, and placing nothing: said, not silent */
+        if (o->layout.specs[0] &&
+            shard_mesh_axis_index(mesh, "tensor") < 0) /* valid, and placing nothing: said, not silent */
             fprintf(stderr, "shard: note: --spec has no effect here: this mesh has no tensor axis to place over\n");
         shard_trainer_print_schedule(t, stdout);
     }
@@ -475,6 +487,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             break;
         }
         double tps = (double)(B * items_per_row) / (r.ms / 1e3);
+        if (o->plan && rank == 0 && (s = keep_step_ms(&step_ms, &step_count, r.ms)) < 0) break;
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
         int32_t logged = 1;    /* rank 0 writes the line; every rank learns whether it could, to stop together */
@@ -512,7 +525,12 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     if (tty) printf("\n");
     if (s == SHARD_OK && !stopped && rank == 0 && load) print_load(&load_shape, load);
     free(load);
-    if (s == SHARD_OK && !stopped && world > 1) s = print_memory(comm, mesh);
+    double *peaks = NULL;
+    if (s == SHARD_OK && !stopped && (world > 1 || o->plan)) s = gather_peaks(comm, &peaks);
+    if (s == SHARD_OK && !stopped && world > 1 && rank == 0) print_memory(mesh, peaks, world);
+    if (s == SHARD_OK && !stopped && o->plan && rank == 0) report_plan(o, mesh, step_ms, step_count, peaks, world);
+    free(peaks);
+    free(step_ms);
     if (s == SHARD_OK && !stopped && o->trace) { /* the last step as it ran */
         s = cli_write_trace(comm, mesh, t, o->trace);
         if (s == SHARD_OK && rank == 0)
@@ -572,6 +590,10 @@ static const char *const USAGE =
     "                           (default 0.1)\n"
     "  --clip X                 the most global gradient norm, [0, 1e6]; 0: no clipping (default 1.0)\n"
     "mesh and parallelism:\n"
+    "  --plan FILE              run the layout a plan file names (shard plan --out): its mesh, flags,\n"
+    "                           layers per stage, batch shares and device map (with --cluster); a layout\n"
+    "                           flag given too must agree with it; at the end the plan's predicted step\n"
+    "                           time and peak memory against the run's\n"
     "  --mesh MESH              axes data, tensor and pipe, e.g. data=2,tensor=2 or data=1,pipe=4\n"
     "                           (default data=N over the ranks)\n"
     "  --zero K                 the ZeRO stage on the data axis, 0..3: 0 plain data parallel, 3 FSDP\n"
@@ -592,10 +614,10 @@ static const char *const USAGE =
     "  --recompute              recompute each stage's forward in its backward instead of keeping its\n"
     "                           activations (default off)\n"
     "  --layers-per-stage L     blocks per stage, e.g. 3,3,2, or balanced (cut on measured times)\n"
+    "                           (default: even, the remainder on the first stages)\n"
     "  --batch-shares LIST      rows of the global batch per data rank, e.g. 6,2 (summing to --batch;\n"
     "                           default: even): faster devices take more; the loss is still the global\n"
     "                           batch's mean\n"
-    "                           (default: even, the remainder on the first stages)\n"
     "  --trace FILE             the last step as a Chrome trace / Perfetto JSON file: a process per\n"
     "                           rank, compute per unit, every collective with its axis and bytes\n"
     "output:\n"
@@ -613,108 +635,109 @@ static const char *const USAGE =
     "  --ranks N                ranks, 1..4096 (default: the mesh's size, else 1; under mpirun the\n"
     "                           launcher's)\n";
 
+/* The flags read (and a plan's layout taken): what is checked before the ranks start, then the run. */
+static int train_checked(train_opts *o, cli_common *common) {
+    if (!o->layout.batch && !o->layout.micro_batch) o->layout.batch = 8;
+    if (o->have_min_lr && o->min_lr > o->lr) {
+        cli_error("--min-lr %g is above --lr %g: the schedule decays from --lr down to --min-lr", o->min_lr, o->lr);
+        return 2;
+    }
+    if (o->save_every && !o->save) {
+        cli_error("--save-every %ld needs --save DIR (where the checkpoints go)", o->save_every);
+        return 2;
+    }
+    shard_optimizer_kind kind = SHARD_OPTIMIZER_ADAMW;
+    if (cli_layout_check_names(&o->layout) < 0) {
+        cli_error("%s", shard_last_error());
+        return 2;
+    }
+    if (o->layout.optimizer) shard_optimizer_find(o->layout.optimizer, &kind);
+    if (o->have_momentum && kind != SHARD_OPTIMIZER_SGD) {
+        cli_error("--momentum is for --optimizer sgd; AdamW's momentum is its beta1 (0.9): leave --momentum out, or "
+                  "give --optimizer sgd");
+        return 2;
+    }
+    if ((o->log && !check_output("--log", o->log, 0, o)) || (o->trace && !check_output("--trace", o->trace, 0, o)) ||
+        (o->save && !check_output("--save", o->save, 1, o)))
+        return 2;
+    if (o->log && o->trace && (strcmp(o->log, o->trace) == 0 || same_file(o->log, o->trace))) {
+        cli_error("--log and --trace are both %s: give each its own file", o->log);
+        return 2;
+    }
+    cli_ranks_from_mesh(common, o->layout.mesh);
+    shard_status checked = check_before_ranks(o, common);
+    if (checked < 0) {
+        int mpi_rank = 0; /* under an MPI launch every process found the same: rank 0 says it */
+        if (common->backend == SHARD_BACKEND_THREADS || !shard_launch_detect_mpi(NULL, 0, &mpi_rank, NULL) ||
+            mpi_rank == 0)
+            cli_error("%s", shard_last_error());
+        return 1; /* as when a rank found it */
+    }
+    shard_launch_config launch = cli_launch_config(common);
+    /* one writer per --save root, for the whole run, so that a second run is refused at once: thread ranks'
+     * process takes it before they start, an MPI job's rank 0 in train_rank */
+    o->lock_in_rank = o->save && shard_launch_detect_mpi(NULL, 0, NULL, NULL);
+    if (o->save && !o->lock_in_rank && shard_ckpt_lock_acquire(o->save, "--save", stderr, &o->lock) < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    shard_status s = shard_launch_with(&launch, train_rank, o);
+    shard_ckpt_lock_release(o->lock);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    return train_stop_exit_code();
+}
+
 int cli_train(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
-    train_opts o = {.seq = 128, .steps = 100, .lr = 1e-3, .seed = 1, .weight_decay = 0.1, .clip = 1.0, .bucket_mb = 25};
+    train_opts o = {
+        .layout = CLI_LAYOUT_DEFAULTS, .steps = 100, .lr = 1e-3, .seed = 1, .weight_decay = 0.1, .clip = 1.0};
     cli_common common = {0};
     for (int i = 1; i < argc; i++) {
         int cc = cli_common_option(&common, argc, argv, &i);
+        if (cc == 0) cc = cli_layout_option(&o.layout, argc, argv, &i);
         if (cc < 0) return 2;
         if (cc > 0) continue;
         const char *a = argv[i], *val = NULL;
-        const char **strs[] = {&o.config,
-                               &o.data,
-                               &o.init,
-                               &o.log,
-                               &o.save,
-                               &o.mesh,
-                               &o.resume,
-                               &o.grad_dtype,
-                               &o.compute_dtype,
-                               &o.schedule,
-                               &o.layers_per_stage,
-                               &o.trace,
-                               &o.optimizer,
-                               &o.batch_shares};
-        const char *str_names[] = {"--config",
-                                   "--data",
-                                   "--init",
-                                   "--log",
-                                   "--save",
-                                   "--mesh",
-                                   "--resume",
-                                   "--grad-dtype",
-                                   "--compute-dtype",
-                                   "--schedule",
-                                   "--layers-per-stage",
-                                   "--trace",
-                                   "--optimizer",
-                                   "--batch-shares"};
+        const char **strs[] = {&o.config, &o.data, &o.init, &o.log, &o.save, &o.resume, &o.trace, &o.plan_path};
+        const char *str_names[] = {"--config", "--data", "--init", "--log", "--save", "--resume", "--trace", "--plan"};
         int done = 0;
-        for (int k = 0; k < 14 && !done; k++)
+        for (int k = 0; k < 8 && !done; k++)
             if (strcmp(a, str_names[k]) == 0) {
                 if (!(*strs[k] = cli_value(argc, argv, &i))) return 2;
                 done = 1;
             }
         if (done) continue;
-        long *ints[] = {&o.batch, &o.seq,         &o.steps,         &o.save_every,     &o.warmup,       &o.zero,
-                        &o.accum, &o.micro_batch, &o.micro_batches, &o.virtual_stages, &o.monitor_every};
-        const char *int_names[] = {"--batch",        "--seq",   "--steps",       "--save-every",    "--warmup",
-                                   "--zero",         "--accum", "--micro-batch", "--micro-batches", "--virtual-stages",
-                                   "--monitor-every"};
-        const long lo[] = {1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1};
-        const long hi[] = {1 << 20, 1 << 20, 1L << 40, 1L << 40, 1L << 40, 3, 1 << 20, 1 << 20, 1 << 16, 64, 1L << 40};
-        for (int k = 0; k < 11 && !done; k++)
+        long *ints[] = {&o.steps, &o.save_every, &o.warmup, &o.monitor_every};
+        const char *int_names[] = {"--steps", "--save-every", "--warmup", "--monitor-every"};
+        const long lo[] = {1, 0, 0, 1};
+        const long hi[] = {1L << 40, 1L << 40, 1L << 40, 1L << 40};
+        for (int k = 0; k < 4 && !done; k++)
             if (strcmp(a, int_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i)) || cli_parse_int(a, val, lo[k], hi[k], ints[k])) return 2;
-                if (k == 4) o.have_warmup = 1;
+                if (k == 2) o.have_warmup = 1;
                 done = 1;
             }
         if (done) continue;
-        double *dbls[] = {&o.lr, &o.min_lr, &o.weight_decay, &o.clip, &o.bucket_mb, &o.momentum};
-        const char *dbl_names[] = {"--lr", "--min-lr", "--weight-decay", "--clip", "--bucket-mb", "--momentum"};
-        for (int k = 0; k < 6 && !done; k++)
+        double *dbls[] = {&o.lr, &o.min_lr, &o.weight_decay, &o.clip, &o.momentum};
+        const char *dbl_names[] = {"--lr", "--min-lr", "--weight-decay", "--clip", "--momentum"};
+        for (int k = 0; k < 5 && !done; k++)
             if (strcmp(a, dbl_names[k]) == 0) {
                 if (!(val = cli_value(argc, argv, &i))) return 2;
-                if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || ((k == 0 || k == 4) && !(*dbls[k] > 0)) ||
-                    *dbls[k] > 1e6) {
+                if (!cli_number(val, dbls[k]) || !(*dbls[k] >= 0) || (k == 0 && !(*dbls[k] > 0)) || *dbls[k] > 1e6) {
                     cli_error("%s '%s' is invalid: give a number in %s", a, val,
-                              k == 0       ? "(0, 1e6], e.g. 3e-4"
-                                  : k == 4 ? "(0, 1e6] (MiB), e.g. 25"
-                                           : "[0, 1e6]");
+                              k == 0 ? "(0, 1e6], e.g. 3e-4" : "[0, 1e6]");
                     return 2;
                 }
                 if (k == 1) o.have_min_lr = 1;
-                if (k == 5) o.have_momentum = 1;
+                if (k == 4) o.have_momentum = 1;
                 done = 1;
             }
         if (done) continue;
-        if (strcmp(a, "--sequence-parallel") == 0) {
-            o.sequence_parallel = 1;
-            continue;
-        }
-        if (strcmp(a, "--recompute") == 0) {
-            o.recompute = 1;
-            continue;
-        }
         if (strcmp(a, "--print-specs") == 0) {
             o.print_specs = 1;
-            continue;
-        }
-        if (strcmp(a, "--spec") == 0) {
-            if (!(val = cli_value(argc, argv, &i))) return 2;
-            size_t used = strlen(o.specs);
-            if (used + strlen(val) + 2 > sizeof o.specs) {
-                cli_error("--spec '%s': the --spec options add up to more than %zu characters; place groups with a "
-                          "pattern instead, e.g. --spec 'h.*.mlp.*=P()'",
-                          val, sizeof o.specs - 1);
-                return 2;
-            }
-            if (!strchr(val, '=') || strchr(val, ';')) {
-                cli_error("--spec '%s' is invalid: give NAME=SPEC, one per --spec, e.g. --spec 'h.*.mlp.*=P()'", val);
-                return 2;
-            }
-            snprintf(o.specs + used, sizeof o.specs - used, "%s%s", used ? ";" : "", val);
             continue;
         }
         if (strcmp(a, "--seed") == 0) {
@@ -730,65 +753,15 @@ int cli_train(int argc, char **argv) {
         cli_error("train: --config CONFIG.json is required (and --data DIR for a GPT's token files)");
         return 2;
     }
-    if (!o.batch && !o.micro_batch) o.batch = 8;
-    if (o.have_min_lr && o.min_lr > o.lr) {
-        cli_error("--min-lr %g is above --lr %g: the schedule decays from --lr down to --min-lr", o.min_lr, o.lr);
-        return 2;
-    }
-    if (o.save_every && !o.save) {
-        cli_error("--save-every %ld needs --save DIR (where the checkpoints go)", o.save_every);
-        return 2;
-    }
-    const char *dtypes[2] = {o.grad_dtype, o.compute_dtype}, *dtype_names[2] = {"--grad-dtype", "--compute-dtype"};
-    for (int k = 0; k < 2; k++)
-        if (dtypes[k] && strcmp(dtypes[k], "f32") != 0 && strcmp(dtypes[k], "bf16") != 0) {
-            cli_error("%s '%s' is invalid: give f32 or bf16", dtype_names[k], dtypes[k]);
+    train_plan plan;
+    if (o.plan_path) { /* the plan's layout, the command line's layout flags held to it */
+        if (train_plan_load(o.plan_path, &plan) < 0 || train_plan_apply(&plan, &o.layout, &common) < 0) {
+            train_plan_free(&plan);
             return 2;
         }
-    shard_optimizer_kind kind = SHARD_OPTIMIZER_ADAMW;
-    if (o.optimizer && shard_optimizer_find(o.optimizer, &kind) < 0) {
-        cli_error("--optimizer '%s' is invalid: give adamw or sgd", o.optimizer);
-        return 2;
+        o.plan = &plan;
     }
-    if (o.have_momentum && kind != SHARD_OPTIMIZER_SGD) {
-        cli_error("--momentum is for --optimizer sgd; AdamW's momentum is its beta1 (0.9): leave --momentum out, or "
-                  "give --optimizer sgd");
-        return 2;
-    }
-    if (o.schedule && strcmp(o.schedule, "gpipe") != 0 && strcmp(o.schedule, "1f1b") != 0 &&
-        strcmp(o.schedule, "interleaved") != 0) {
-        cli_error("--schedule '%s': use gpipe, 1f1b or interleaved", o.schedule);
-        return 2;
-    }
-    if ((o.log && !check_output("--log", o.log, 0, &o)) || (o.trace && !check_output("--trace", o.trace, 0, &o)) ||
-        (o.save && !check_output("--save", o.save, 1, &o)))
-        return 2;
-    if (o.log && o.trace && (strcmp(o.log, o.trace) == 0 || same_file(o.log, o.trace))) {
-        cli_error("--log and --trace are both %s: give each its own file", o.log);
-        return 2;
-    }
-    cli_ranks_from_mesh(&common, o.mesh);
-    shard_status checked = check_before_ranks(&o, &common);
-    if (checked < 0) {
-        int mpi_rank = 0; /* under an MPI launch every process found the same: rank 0 says it */
-        if (common.backend == SHARD_BACKEND_THREADS || !shard_launch_detect_mpi(NULL, 0, &mpi_rank, NULL) ||
-            mpi_rank == 0)
-            cli_error("%s", shard_last_error());
-        return 1; /* as when a rank found it */
-    }
-    shard_launch_config launch = cli_launch_config(&common);
-    /* one writer per --save root, for the whole run, so that a second run is refused at once: thread ranks'
-     * process takes it before they start, an MPI job's rank 0 in train_rank */
-    o.lock_in_rank = o.save && shard_launch_detect_mpi(NULL, 0, NULL, NULL);
-    if (o.save && !o.lock_in_rank && shard_ckpt_lock_acquire(o.save, "--save", stderr, &o.lock) < 0) {
-        cli_error("%s", shard_last_error());
-        return 1;
-    }
-    shard_status s = shard_launch_with(&launch, train_rank, &o);
-    shard_ckpt_lock_release(o.lock);
-    if (s < 0) {
-        cli_error("%s", shard_last_error());
-        return 1;
-    }
-    return train_stop_exit_code();
+    int rc = train_checked(&o, &common);
+    if (o.plan_path) train_plan_free(&plan);
+    return rc;
 }

@@ -20,6 +20,8 @@ train:      `data text`, `train` (log keys, loss falling, checkpoint, bitwise-id
             rerun, config errors naming the key), `generate` (greedy output reproducible).
 demo:       `shard demo` runs and checks its own answers.
 inspect:    `shard inspect spec` prints the type, the block grid and every rank's shard.
+train_plan: `train --plan plan.json` runs the plan's layout to one rank's losses, prints its predictions
+            against the run, and refuses flags that disagree with it and malformed plans in one line.
 bench_moe:  `bench moe --json` on the tiny mixture-of-experts GPT over expert=2: its keys and their ranges,
             the PyTorch peer where torch imports.
 """
@@ -228,7 +230,7 @@ PARSED_FLAGS = {
     ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
                    "--bucket-mb", "--grad-dtype", "--compute-dtype", "--optimizer", "--sequence-parallel", "--spec",
                    "--schedule", "--micro-batches", "--virtual-stages", "--recompute", "--layers-per-stage",
-                   "--exact-ranks", "--json", "--profile", "--cluster", "--device-map"},
+                   "--exact-ranks", "--json", "--profile", "--cluster", "--device-map", "--batch-shares"},
     ("profile",): {"--out", "--quick"},
     ("plan",): {"--config", "--cluster", "--device-map", "--profile", "--batch", "--seq", "--goal",
                 "--max-memory-fraction", "--top", "--out", "--json"},
@@ -245,7 +247,7 @@ PARSED_FLAGS = {
                               "--steps", "--save-every", "--warmup", "--zero", "--accum", "--micro-batch",
                               "--micro-batches", "--virtual-stages", "--lr", "--min-lr", "--weight-decay", "--clip",
                               "--bucket-mb", "--sequence-parallel", "--recompute", "--print-specs", "--spec", "--seed",
-                              "--batch-shares"},
+                              "--batch-shares", "--plan"},
 }
 
 
@@ -1370,6 +1372,86 @@ def bench_plan():
             p = run(["bench", "plan"] + args)
             expect(p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                    f"bench plan {args}: {p.returncode} {p.stderr!r}")
+def train_plan():
+    """`train --plan`: a hand-written plan (data=2,pipe=2, ZeRO-1, 1F1B, layers 3,1, batch shares [6, 2]) trains
+    to one rank's losses at each of 20 steps (1e-5 relative), an agreeing layout flag beside it accepted, and
+    prints its predictions against the run; `plan --out` on a two-device cluster, then `train --plan` on that
+    cluster, runs its layout and its device map; a disagreeing flag, a key of the wrong type, a plan's own
+    keys at odds and --ranks other than the mesh's are refused in one line each, exit 2."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="shard-cli-train-plan-") as work:
+        text = os.path.join(work, "corpus.txt")
+        with open(text, "w") as f:
+            f.write("a plan is a layout with its predictions. " * 400)
+        data = os.path.join(work, "data")
+        p = run(["data", "text", text, "--out", data])
+        expect(p.returncode == 0, f"data text: {p.stderr}")
+        args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--seed", "3"]
+        plan = {"mesh": "data=2,pipe=2",
+                "flags": ["--mesh", "data=2,pipe=2", "--zero", "1", "--schedule", "1f1b", "--micro-batches", "2"],
+                "layers_per_stage": "3,1", "batch_shares": [6, 2], "device_map": None,
+                "predicted": {"step_ms": 50.0, "tokens_per_s": 5120.0, "peak_bytes": [8e6, 3e6, 8e6, 3e6]},
+                "explanation": "written by hand"}
+        path = os.path.join(work, "plan.json")
+        with open(path, "w") as f:
+            json.dump(plan, f)
+        losses = []
+        for extra in ([], ["--plan", path, "--zero", "1"]):
+            log = os.path.join(work, "run.jsonl")
+            if os.path.exists(log):
+                os.remove(log)
+            p = run(args + ["--steps", "20", "--log", log] + extra)
+            losses.append([json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else [])
+        ref, got = losses
+        worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(ref) == len(got) == 20 else 1
+        expect(worst <= 1e-5, f"train --plan: worst relative loss difference {worst} {p.stderr}")
+        rows = [l.split() for l in p.stdout.splitlines() if l.startswith("  peak MiB of rank ")]
+        expect(f"train: the plan {path} against this run:" in p.stdout and
+               re.search(r"\n  step ms +50\.00 +[0-9.]+ +[0-9.]+   the median of steps 2-20\n", p.stdout) and
+               len(rows) == 4 and "layers per stage 3,1" in p.stdout and "split unevenly" in p.stdout,
+               f"train --plan's comparison: {p.stdout[-900:]}")
+        # a plan `shard plan` wrote for a two-device cluster, run on that cluster with its device map
+        cluster = os.path.join(work, "two.json")
+        with open(cluster, "w") as f:
+            json.dump({"nodes": [{"name": "box", "devices": 2, "compute_tflops": 0.004, "available_memory_gb": 2}],
+                       "network": {"bandwidth_gbps": 10, "latency_us": 10},
+                       "intra_node": {"bandwidth_gbps": 100, "latency_us": 2}}, f)
+        written = os.path.join(work, "written.json")
+        p = run(["plan", "--config", TINY, "--cluster", cluster, "--device-map", "1,0", "--batch", "8", "--seq", "32",
+                 "--out", written])
+        expect(p.returncode == 0 and os.path.exists(written), f"plan --out: {p.stderr}")
+        p = run(args + ["--steps", "3", "--plan", written, "--cluster", cluster])
+        mesh = json.load(open(written))["mesh"] if os.path.exists(written) else "?"
+        expect(p.returncode == 0 and f"mesh {mesh} (threads" in p.stdout and
+               re.search(r"\n  step ms +[0-9.]+ +[0-9.]+ +[0-9.]+   the median of steps 2-3\n", p.stdout) and
+               re.search(r"\n  peak MiB of the fullest rank +[0-9.]+ +[0-9.]+ +[0-9.]+   measured on rank", p.stdout),
+               f"train --plan {mesh} --cluster: {p.returncode} {p.stdout[-600:]} {p.stderr}")
+        p = run(args + ["--steps", "1", "--plan", written, "--cluster", cluster, "--device-map", "0,1"])
+        expect(p.returncode == 2 and p.stderr == f"shard: train: --device-map 0,1 disagrees with the plan's device_map "
+                                                 f"1,0 ({written})\n", f"--device-map beside the plan: {p.stderr!r}")
+        bad = os.path.join(work, "bad.json")
+        for change, extra, line in (
+                ({}, ["--zero", "2"], f"shard: train: --zero 2 disagrees with the plan's --zero 1 ({path})"),
+                ({}, ["--recompute"], f"shard: train: --recompute disagrees with the plan, which gives no --recompute "
+                                      f"({path})"),
+                ({}, ["--ranks", "2"], f"shard: train: --ranks 2 disagrees with the plan's mesh data=2,pipe=2 of 4 "
+                                       f"ranks ({path}): leave --ranks out"),
+                ({"flags": "--zero 1"}, [], f"shard: {bad}: key 'flags' must be a list of shard train's layout flags, "
+                                            "e.g. [\"--zero\", \"1\"], not a string"),
+                ({"batch_shares": {"a": 6}}, [], f"shard: {bad}: key 'batch_shares' must be null, a string such as "
+                                                 "\"3,1\" or a list such as [3, 1], not an object"),
+                ({"flags": ["--zero", "7"]}, [], f"shard: {bad}: key 'flags': --zero '7' is invalid: give an integer "
+                                                 "in 0..3"),
+                ({"mesh": "data=4"}, [], f"shard: {bad}: key 'mesh' gives --mesh data=4 and key 'flags' --mesh "
+                                         "data=2,pipe=2: give one of them, or the same in both")):
+            target = path
+            if change:
+                with open(bad, "w") as f:
+                    json.dump(dict(plan, **change), f)
+                target = bad
+            p = run(args + ["--steps", "1", "--plan", target] + extra)
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            expect(p.returncode == 2 and lines == [line], f"train --plan {change} {extra}: {p.returncode} {p.stderr!r}")
 
 
 def batch_shares():
@@ -1724,6 +1806,7 @@ if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
      "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "bench_plan": bench_plan,
+     "train_plan": train_plan,
      "cost": cost,
      "monitor": monitor}[sys.argv[2]]()
     sys.exit(1 if failures else 0)
