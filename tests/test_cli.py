@@ -1281,9 +1281,9 @@ def plan():
     the fitting ones ranked by the goal (the chosen one first, its predicted step the least for throughput,
     its peak the least for memory), --out writes the plan's documented keys whose flags `shard analyze`
     takes back with the same prediction (with its device map); the winner's placement solved by hungarian,
-    anneal and genetic, each a device map of the cluster's devices, and on a cluster whose fast links
-    in order join the wrong ranks the chosen method's map is the plan's, priced again and explained, and
-    a map given with --device-map kept; a cluster too small for any layout is refused in one line naming
+    anneal and genetic, each a device map of the cluster's devices, and where in order the winner's tensor
+    pairs cross the slow link the chosen method's map is the plan's, priced again and explained, and a
+    map given with --device-map kept; a cluster too small for any layout is refused in one line naming
     the least memory a device would need; a bad goal and an unknown placement method in one line."""
     import tempfile
     clusters = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "clusters")
@@ -1315,8 +1315,9 @@ def plan():
                    f"plan's flags re-analyzed on {cluster}: {a.get('step_ms')} against {written['predicted']} {q.stderr}")
         if written:
             reanalyzed(os.path.join(clusters, "two-nodes-slow-link.json"), written)
-        # in order, the smallest layout's tensor pairs cross the slow links: the genetic map joins them
-        crossed = os.path.join(clusters, "crossed-links.json")
+        # in order, the smallest layout's (data=1,tensor=2,pipe=2) tensor pairs cross the slow link between
+        # the nodes: the genetic map puts each pair on one node
+        crossed = os.path.join(clusters, "two-nodes-slow-link.json")
         p = run(base + ["--cluster", crossed, "--goal", "memory", "--placement", "genetic", "--json", "--out", out])
         r = json.loads(p.stdout) if p.returncode == 0 else {}
         written = json.load(open(out)) if p.returncode == 0 else {}
@@ -1324,7 +1325,7 @@ def plan():
         expect(r.get("placed_by") == "genetic" and written.get("device_map") == genetic.get("device_map") and
                written["device_map"] != [0, 1, 2, 3] and written["predicted"]["step_ms"] == genetic.get("step_ms") and
                "Placement (genetic) puts tensor neighbours on links of 20 Gb/s" in r.get("explanation", ""),
-               f"plan --placement genetic on crossed links: {p.stderr} {r} {written}")
+               f"plan --placement genetic, goal memory: {p.stderr} {r} {written}")
         if written:
             reanalyzed(crossed, written)
         p = run(base + ["--cluster", crossed, "--goal", "memory", "--device-map", "0,1,2,3", "--json", "--out", out])
