@@ -7,9 +7,13 @@
  *              each device and what memory it would lack, not the links between ranks.
  *   anneal     simulated annealing over swaps of two positions, with geometric cooling, on a full
  *              objective (any cost of a whole permutation: for a plan, the cost model's predicted step),
- *              so pipeline neighbours, tensor and data groups are priced on the links they get.
+ *              so pipeline neighbours, tensor and data groups are priced on the links they get.  The
+ *              budget is spent in 8 rounds, the first from the best start, the others from random
+ *              permutations, each ending in a swap descent (every pair tried until none improves).
  *   genetic    a permutation genetic algorithm on the same objective: tournament selection, order
- *              crossover, swap mutation, the best few kept from one generation to the next.
+ *              crossover, swap mutation, the best few kept from one generation to the next, a child
+ *              that repeats one of its generation mutated again, all but the best renewed at random
+ *              after 6 generations without a new best, and a swap descent from the best at the end.
  * The two searches spend a budget of objective evaluations, are deterministic given their seed, and start
  * from the identity and from a given permutation (the Hungarian answer of the linear part) when there is
  * one; their answer is never worse than those starts.
@@ -49,11 +53,13 @@ typedef struct shard_placement_options {
     size_t struct_size;  /* sizeof(shard_placement_options) */
     size_t evaluations;  /* the budget of objective evaluations (0: 4000) */
     const size_t *start; /* a further starting permutation of n (the Hungarian answer), or NULL */
-    /* annealing: the first temperature (0: the mean rise of random swaps from the start, / ln 2, so that
-     * such a rise is first taken half the time) and the last as a fraction of the first (0: 1e-4) */
+    /* annealing: the first temperature (0: the mean rise of random swaps from the start over ln(1/0.7),
+     * so that such a rise is first taken 70 % of the time) and the last as a fraction of the first
+     * (0: 1e-3) */
     double temperature, final_fraction;
-    /* genetic: the population (0: 40), the tournament's size (0: 3), the best kept unchanged each
-     * generation (0: 2), a child's chance of a swap mutation (0: 0.4) */
+    /* genetic: the population (0: 40; at least 4), the tournament's size (0: 3), the best kept unchanged
+     * each generation (0: 2), a child's chance of a swap mutation (0: 0.4; a second swap at its square,
+     * ...) */
     size_t population, tournament, elite;
     double mutation;
 } shard_placement_options;

@@ -378,8 +378,9 @@ shard_status shard_placement_genetic(shard_placement_cost_fn fn, void *ctx, size
             }
             order_crossover(&s, now + a * n, now + b * n, child, taken);
             /* swaps while a draw falls under the rate (one at its rate, two at its square, ...), and more
-             * while the child repeats a member of its generation: a population of copies stops searching */
-            for (int tries = 0; uniform(&s.rng) < mutation || (tries < 8 && repeats(child, next, born, n)); tries++) {
+             * while the child repeats a member of its generation (16 swaps at most): a population of copies
+             * stops searching */
+            for (int tries = 0; tries < 16 && (uniform(&s.rng) < mutation || repeats(child, next, born, n)); tries++) {
                 size_t i, j;
                 two_positions(&s, &i, &j);
                 swap_at(child, i, j);
