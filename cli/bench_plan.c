@@ -205,7 +205,7 @@ int cli_bench_plan(int argc, char **argv) {
         } else if (strcmp(a, "--config") == 0 || strcmp(a, "--cluster") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             int bad = strcmp(a, "--config") == 0 ? add_file(b.configs, &b.nconfigs, "config", v)
-                                  : add_file(b.clusters, &b.nclusters, "cluster", v);
+                                                 : add_file(b.clusters, &b.nclusters, "cluster", v);
             if (bad) return bad;
         } else if (strcmp(a, "--goal") == 0) {
             if (!(b.goal = cli_value(argc, argv, &i))) return 2;
@@ -216,8 +216,11 @@ int cli_bench_plan(int argc, char **argv) {
                 : strcmp(a, "--top") == 0          ? &b.top
                 : strcmp(a, "--steps") == 0        ? &b.steps
                                                    : &b.warmup;
-            long lo = into == &b.steps ? 5 : 1, hi = into == &b.top ? 20 : into == &b.steps ? 1000
-                                               : into == &b.warmup ? 100 : 4096;
+            long lo = into == &b.steps ? 5 : 1,
+                 hi = into == &b.top ? 20
+                : into == &b.steps   ? 1000
+                : into == &b.warmup  ? 100
+                                     : 4096;
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, lo, hi, into)) return 2;
         } else {
             cli_unknown_option("bench plan", a, USAGE);
@@ -231,8 +234,7 @@ int cli_bench_plan(int argc, char **argv) {
     }
     static const char *const example[] = {"homogeneous-8", "two-nodes-slow-link", "heterogeneous"};
     for (int k = 0; !b.nclusters && k < 3; k++) {
-        snprintf(defaults[1 + k], sizeof defaults[1 + k], "%s/examples/clusters/%s.json", SHARD_SOURCE_DIR,
-                 example[k]);
+        snprintf(defaults[1 + k], sizeof defaults[1 + k], "%s/examples/clusters/%s.json", SHARD_SOURCE_DIR, example[k]);
         b.clusters[k] = defaults[1 + k];
         if (k == 2) b.nclusters = 3;
     }

@@ -2,7 +2,8 @@
  *
  *   shard plan --config CONFIG.json --cluster cluster.json [--profile machine.json] --batch B --seq S
  *              [--device-map LIST] [--goal throughput|latency|memory|balance] [--max-memory-fraction 0.9]
- *              [--top 5] [--search exhaustive|screen] [--verify 3] [--json] [--out plan.json] */
+ *              [--placement hungarian|anneal|genetic] [--top 5] [--search exhaustive|screen] [--verify 3]
+ *              [--json] [--out plan.json] */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,17 +20,25 @@ static const char *const USAGE =
     "recomputation where a layout does not fit without it; each analyzed by a dry run of the engine\n"
     "(shard analyze) and priced on the cluster's devices and links (and the machine profile's host part\n"
     "when given), those that do not fit a device's memory cut, the rest ranked by the goal. Prints the\n"
-    "top layouts, why the others were cut, and a paragraph on the choice.\n"
+    "top layouts, why the others were cut, and a paragraph on the choice. The winner is then placed:\n"
+    "which device each mesh position runs on, solved three ways and priced by the same model.\n"
     "\n"
     "options:\n"
     "  --config FILE                       the model config\n"
     "  --cluster FILE                      the devices and links (docs/cli.md, Emulated clusters)\n"
-    "  --device-map LIST                   mesh position i on device LIST[i] (default: in order)\n"
+    "  --device-map LIST                   mesh position i on device LIST[i] (default: in order); kept\n"
+    "                                      as given, the solvers' placements only reported\n"
     "  --profile FILE                      a machine profile (shard profile) for the host's part\n"
     "  --batch N                           the global batch (default 8)\n"
     "  --seq N                             tokens per row (default 128)\n"
     "  --goal G                            throughput (default), latency, memory or balance\n"
     "  --max-memory-fraction X             of each device's memory a rank may use, (0, 1] (default 0.9)\n"
+    "  --placement M                       whose device map the plan uses: hungarian (the exact best of\n"
+    "                                      each rank's compute and memory per device, links unseen),\n"
+    "                                      anneal (default: simulated annealing on the whole predicted\n"
+    "                                      step, links included; as good as genetic on the example\n"
+    "                                      clusters, and nearer the optimum on harder tests) or genetic\n"
+    "                                      (a permutation genetic algorithm on the same step)\n"
     "  --top N                             layouts listed (default 5)\n"
     "  --search exhaustive|screen          every layout by dry run, or every layout by the closed-form\n"
     "                                      screen and the best --verify by dry run (default: the screen\n"
@@ -41,10 +50,11 @@ static const char *const USAGE =
     "                                      batch_shares, device_map, predicted {step_ms, tokens_per_s,\n"
     "                                      peak_bytes}, explanation\n"
     "  --json                              one JSON object: goal, world, tried, fitting, plans [...],\n"
-    "                                      explanation\n";
+    "                                      placement [{method, step_ms, seconds, device_map}],\n"
+    "                                      placed_by, explanation\n";
 
 typedef struct plan_opts {
-    const char *config, *cluster, *device_map, *profile, *goal, *out, *search;
+    const char *config, *cluster, *device_map, *profile, *goal, *out, *placement, *search;
     long batch, seq, top, verify;
     double fraction;
     int json;
@@ -89,15 +99,22 @@ static json_t *candidate_json(const shard_plan_candidate *c) {
 }
 
 /* The chosen plan's file, written whole or not at all. */
-static shard_status write_plan(const char *path, const shard_plan_candidate *w, const char *device_map,
-                               const char *explanation) {
+/* A device map as a list of device numbers. */
+static json_t *map_json(const size_t *map, int world) {
+    json_t *list = json_array();
+    for (int i = 0; map && i < world; i++) json_array_append_new(list, json_integer((json_int_t)map[i]));
+    return list;
+}
+
+static shard_status write_plan(const char *path, const shard_plan_result *r, const char *explanation) {
+    const shard_plan_candidate *w = &r->candidate[0];
     json_t *root = json_object(), *pred = json_object();
     json_object_set_new(root, "mesh", json_string(w->mesh));
     json_object_set_new(root, "flags", flags_json(w));
     json_object_set_new(root, "layers_per_stage",
                         w->layers_per_stage[0] ? json_string(w->layers_per_stage) : json_null());
     json_object_set_new(root, "batch_shares", w->batch_shares[0] ? json_string(w->batch_shares) : json_null());
-    json_object_set_new(root, "device_map", device_map ? json_string(device_map) : json_null());
+    json_object_set_new(root, "device_map", r->device_map ? map_json(r->device_map, r->world) : json_null());
     json_object_set_new(pred, "step_ms", json_real(w->step_ms));
     json_object_set_new(pred, "tokens_per_s", json_real(w->tokens_per_s));
     json_object_set_new(pred, "peak_bytes", json_real(w->peak_bytes));
@@ -130,6 +147,15 @@ static int take(plan_opts *o, int argc, char **argv, int *i) {
             cli_error("--max-memory-fraction '%s' is invalid: give a number in (0, 1], e.g. 0.9", v);
             return -1;
         }
+        return 1;
+    }
+    if (strcmp(a, "--placement") == 0) {
+        if (!(v = cli_value(argc, argv, i))) return -1;
+        if (strcmp(v, "hungarian") != 0 && strcmp(v, "anneal") != 0 && strcmp(v, "genetic") != 0) {
+            cli_error("--placement '%s' is invalid: give hungarian, anneal or genetic", v);
+            return -1;
+        }
+        o->placement = v;
         return 1;
     }
     if (strcmp(a, "--json") == 0) return o->json = 1;
@@ -178,9 +204,10 @@ int cli_plan(int argc, char **argv) {
                                  : o.verify == -1    ? 0
                                                      : (int)o.verify};
     if (s == SHARD_OK) s = shard_plan_search(&po, &r);
+    if (s == SHARD_OK) s = shard_plan_place(&po, r, o.placement, o.device_map != NULL);
     char explanation[2048] = "";
     if (s == SHARD_OK) shard_plan_explain(r, o.goal, explanation, sizeof explanation);
-    if (s == SHARD_OK && o.out) s = write_plan(o.out, &r->candidate[0], o.device_map, explanation);
+    if (s == SHARD_OK && o.out) s = write_plan(o.out, r, explanation);
     if (s < 0) {
         cli_error("%s", shard_last_error());
         shard_cluster_destroy(cluster), free(prof), shard_plan_result_destroy(r);
@@ -197,6 +224,19 @@ int cli_plan(int argc, char **argv) {
         json_object_set_new(root, "verify_seconds", json_real(r->verify_seconds));
         for (size_t i = 0; i < top; i++) json_array_append_new(plans, candidate_json(&r->candidate[i]));
         json_object_set_new(root, "plans", plans);
+        json_t *placed = json_array();
+        for (size_t i = 0; i < r->placements; i++) {
+            const shard_plan_placement *p = &r->placement[i];
+            json_t *x = json_object();
+            json_object_set_new(x, "method", json_string(p->method));
+            json_object_set_new(x, "step_ms", json_real(p->step_ms));
+            json_object_set_new(x, "seconds", json_real(p->seconds));
+            json_object_set_new(x, "device_map", map_json(p->device_map, r->world));
+            if (p->over_bytes > 0) json_object_set_new(x, "over_bytes", json_real(p->over_bytes));
+            json_array_append_new(placed, x);
+        }
+        json_object_set_new(root, "placement", placed);
+        json_object_set_new(root, "placed_by", json_string(r->placed_by));
         json_object_set_new(root, "explanation", json_string(explanation));
         char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
         json_decref(root);
@@ -216,6 +256,18 @@ int cli_plan(int argc, char **argv) {
                      c->batch_shares[0] ? " shares=" : "", c->batch_shares);
             printf("  %-4zu %-44s %10.2f %12.0f %10.3f %8.3f\n", i + 1, flags, c->step_ms, c->tokens_per_s,
                    c->peak_bytes / 1073741824.0, c->bubble);
+        }
+        if (r->placements) {
+            printf("placement:");
+            for (size_t i = 0; i < r->placements; i++)
+                printf("%s %s %.2f ms (%.3f s)", i ? "," : "", r->placement[i].method, r->placement[i].step_ms,
+                       r->placement[i].seconds);
+            printf("; device map");
+            for (int i = 0; i < r->world; i++) printf("%s%zu", i ? "," : " ", r->device_map[i]);
+            printf(" (%s)\n",
+                   strcmp(r->placed_by, "given") == 0 ? "as given"
+                       : r->placed_by[0]              ? r->placed_by
+                                                      : "as searched: no placement predicts less");
         }
         printf("%s\n", explanation);
         if (o.out) printf("plan: written to %s\n", o.out);

@@ -233,7 +233,7 @@ PARSED_FLAGS = {
                    "--exact-ranks", "--json", "--profile", "--cluster", "--device-map", "--batch-shares"},
     ("profile",): {"--out", "--quick"},
     ("plan",): {"--config", "--cluster", "--device-map", "--profile", "--batch", "--seq", "--goal",
-                "--max-memory-fraction", "--top", "--out", "--json"},
+                "--max-memory-fraction", "--placement", "--top", "--out", "--json", "--search", "--verify"},
     ("bench", "analyze"): {"--profile", "--cluster", "--device-map", "--limit", "--steps", "--warmup", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
@@ -1283,8 +1283,11 @@ def plan():
     """`shard plan` on the example clusters: every layout of the tiny GPT over the cluster's devices tried,
     the fitting ones ranked by the goal (the chosen one first, its predicted step the least for throughput,
     its peak the least for memory), --out writes the plan's documented keys whose flags `shard analyze`
-    takes back with the same prediction; a cluster too small for any layout is refused in one line naming
-    the least memory a device would need; a bad goal in one line."""
+    takes back with the same prediction (with its device map); the winner's placement solved by hungarian,
+    anneal and genetic, each a device map of the cluster's devices, and where in order the winner's tensor
+    pairs cross the slow link the chosen method's map is the plan's, priced again and explained, and a
+    map given with --device-map kept; a cluster too small for any layout is refused in one line naming
+    the least memory a device would need; a bad goal and an unknown placement method in one line."""
     import tempfile
     clusters = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "clusters")
     base = ["plan", "--config", TINY, "--batch", "8", "--seq", "64"]
@@ -1297,22 +1300,48 @@ def plan():
         expect(p.returncode == 0 and r.get("world") == 4 and r.get("fitting", 0) >= 2 and plans and
                all(x["fits"] for x in plans) and [x["step_ms"] for x in plans] == sorted(x["step_ms"] for x in plans)
                and r.get("explanation", "").startswith("Chosen for throughput"), f"plan --json: {p.stderr} {r}")
+        placed = r.get("placement", [])
+        expect([x.get("method") for x in placed] == ["hungarian", "anneal", "genetic"] and
+               all(sorted(x["device_map"]) == [0, 1, 2, 3] and x["step_ms"] > 0 and x["seconds"] >= 0 for x in placed)
+               and r.get("placed_by") in ("", "anneal"), f"plan --json placement: {placed} {r.get('placed_by')}")
         written = json.load(open(out)) if os.path.exists(out) else {}
         expect({"mesh", "flags", "layers_per_stage", "batch_shares", "device_map", "predicted", "explanation"}
-               <= set(written) and {"step_ms", "tokens_per_s", "peak_bytes"} <= set(written.get("predicted", {})),
-               f"plan.json: {written}")
-        # the plan's flags, analyzed on the same cluster, predict the same step
-        if written:
-            q = run(["analyze", "--config", TINY, "--batch", "8", "--seq", "64", "--cluster",
-                     os.path.join(clusters, "two-nodes-slow-link.json"), "--json"] + written["flags"])
+               <= set(written) and {"step_ms", "tokens_per_s", "peak_bytes"} <= set(written.get("predicted", {}))
+               and sorted(written.get("device_map") or []) == [0, 1, 2, 3], f"plan.json: {written}")
+
+        def reanalyzed(cluster, written):
+            """the plan's flags and device map, analyzed on the same cluster, predict the same step"""
+            q = run(["analyze", "--config", TINY, "--batch", "8", "--seq", "64", "--cluster", cluster, "--json",
+                     "--device-map", ",".join(str(d) for d in written["device_map"])] + written["flags"])
             a = json.loads(q.stdout) if q.returncode == 0 else {}
             expect(abs(a.get("step_ms", 0) - written["predicted"]["step_ms"]) <= 1e-6 * written["predicted"]["step_ms"],
-                   f"plan's flags re-analyzed: {a.get('step_ms')} against {written['predicted']} {q.stderr}")
-        p = run(base + ["--cluster", os.path.join(clusters, "heterogeneous.json"), "--goal", "memory", "--json",
-                        "--top", "50"])
+                   f"plan's flags re-analyzed on {cluster}: {a.get('step_ms')} against {written['predicted']} {q.stderr}")
+        if written:
+            reanalyzed(os.path.join(clusters, "two-nodes-slow-link.json"), written)
+        # in order, the smallest layout's (data=1,tensor=2,pipe=2) tensor pairs cross the slow link between
+        # the nodes: the genetic map puts each pair on one node
+        crossed = os.path.join(clusters, "two-nodes-slow-link.json")
+        p = run(base + ["--cluster", crossed, "--goal", "memory", "--placement", "genetic", "--json", "--out", out])
         r = json.loads(p.stdout) if p.returncode == 0 else {}
+        written = json.load(open(out)) if p.returncode == 0 else {}
+        genetic = ([x for x in r.get("placement", []) if x["method"] == "genetic"] or [{}])[0]
+        expect(r.get("placed_by") == "genetic" and written.get("device_map") == genetic.get("device_map") and
+               written["device_map"] != [0, 1, 2, 3] and written["predicted"]["step_ms"] == genetic.get("step_ms") and
+               "Placement (genetic) puts tensor neighbours on links of 20 Gb/s" in r.get("explanation", ""),
+               f"plan --placement genetic, goal memory: {p.stderr} {r} {written}")
+        if written:
+            reanalyzed(crossed, written)
+        # a device map given is kept (in order the least-memory layout's tensor pairs join a fast and a slow
+        # device: the solvers' maps would predict less, and the explanation says so)
+        p = run(base + ["--cluster", os.path.join(clusters, "heterogeneous.json"), "--goal", "memory", "--json",
+                        "--top", "50", "--device-map", "0,1,2,3", "--out", out])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        written = json.load(open(out)) if p.returncode == 0 else {}
         peaks = [x["peak_bytes"] for x in r.get("plans", [])]
         expect(p.returncode == 0 and peaks and peaks == sorted(peaks), f"plan --goal memory: {p.stderr} {peaks}")
+        expect(r.get("placed_by") == "given" and written.get("device_map") == [0, 1, 2, 3] and
+               "The device map is kept as given" in r.get("explanation", ""),
+               f"plan --device-map kept: {p.stderr} {r.get('placed_by')} {written.get('device_map')}")
         # devices of unequal speed: the chosen plan gives the fast devices' data ranks more rows, and predicts
         # a step well under the best even split's (the fast pair runs at 3x the slow one)
         out = os.path.join(work, "hetero.json")
@@ -1329,6 +1358,22 @@ def plan():
         if written.get("batch_shares"):
             shares = [int(x) for x in written["batch_shares"].split(",")]
             expect(sum(shares) == 8 and shares[0] > shares[-1], f"plan's batch shares: {written}")
+        # the closed-form screen: every layout priced by it, the best two checked by dry run and listed
+        # first; its choice within 5 % of the exhaustive search's on the 8-device cluster
+        eight = os.path.join(clusters, "homogeneous-8.json")
+        runs = {}
+        for mode in ("exhaustive", "screen"):
+            p = run(base + ["--cluster", eight, "--json", "--top", "60", "--search", mode, "--verify", "2"])
+            runs[mode] = json.loads(p.stdout) if p.returncode == 0 else {}
+            expect(p.returncode == 0, f"plan --search {mode}: {p.stderr}")
+        screened = runs["screen"].get("plans", [])
+        expect(len(screened) > 2 and [x["screened"] for x in screened[:3]] == [False, False, True] and
+               runs["screen"].get("tried") == runs["exhaustive"].get("tried") and
+               all(not x["screened"] for x in runs["exhaustive"].get("plans", [])) and
+               screened[0]["step_ms"] <= 1.05 * runs["exhaustive"]["plans"][0]["step_ms"],
+               f"plan --search screen: {screened[:3]} against {runs['exhaustive'].get('plans', [])[:1]}")
+        p = run(base + ["--cluster", eight, "--search", "sideways"])
+        expect(p.returncode != 0 and "give exhaustive or screen" in p.stderr, f"plan --search sideways: {p.stderr!r}")
         small = os.path.join(work, "small.json")
         with open(small, "w") as f:
             json.dump({"nodes": [{"name": "tiny", "devices": 2, "compute_tflops": 0.001,
@@ -1337,6 +1382,8 @@ def plan():
                        "intra_node": {"bandwidth_gbps": 10, "latency_us": 10}}, f)
         for args, text in ((["--cluster", small], "the least a device would need is"),
                            (["--cluster", small, "--goal", "speed"], "goal 'speed'"),
+                           (["--cluster", small, "--placement", "simplex"],
+                            "--placement 'simplex' is invalid: give hungarian, anneal or genetic"),
                            ([], "give --config (the model) and --cluster")):
             p = run(base + args)
             lines = [l for l in p.stderr.splitlines() if l.strip()]

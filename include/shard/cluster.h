@@ -48,6 +48,12 @@ void shard_cluster_destroy(shard_cluster *cluster);
  * NULL or "" puts ranks back on the devices in order. */
 shard_status shard_cluster_set_device_map(shard_cluster *cluster, const char *map);
 
+/* The same from an array: rank i runs on device map[i] for i < n (n == 0: in order). */
+shard_status shard_cluster_set_device_map_array(shard_cluster *cluster, const size_t *map, size_t n);
+
+/* A copy of the description and its device map (free with shard_cluster_destroy). */
+shard_status shard_cluster_copy(const shard_cluster *cluster, shard_cluster **out);
+
 /* The devices over all nodes. */
 int shard_cluster_devices(const shard_cluster *cluster);
 

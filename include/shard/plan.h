@@ -12,7 +12,9 @@
  * Goals: "throughput" (tokens per second at the given batch), "latency" (time per step: the same
  * order at a fixed batch), "memory" (the least peak bytes on the fullest device), "balance" (the least
  * imbalance of the ranks' predicted step times, shard_imbalance).  Every candidate is kept with why it
- * was cut (memory: which rank, node and bytes; or the trainer's refusal of the layout). */
+ * was cut (memory: which rank, node and bytes; or the trainer's refusal of the layout).  The search
+ * prices every layout with the ranks on the devices in order (or the cluster's device map);
+ * shard_plan_place then places the winner (placement.h). */
 #ifndef SHARD_PLAN_H
 #define SHARD_PLAN_H
 
@@ -20,6 +22,7 @@
 
 #include "shard/cluster.h"
 #include "shard/cost_model.h"
+#include "shard/placement.h"
 #include "shard/trainer.h"
 
 #ifdef __cplusplus
@@ -57,6 +60,17 @@ typedef struct shard_plan_options {
                                              none, every figure the screen's estimate) */
 } shard_plan_options;
 
+/* The winner's placement by one solver (placement.h). */
+typedef struct shard_plan_placement {
+    char method[16];    /* "hungarian", "anneal" or "genetic" */
+    double step_ms;     /* the winner's predicted step with this device map */
+    double over_bytes;  /* by which its ranks' peaks exceed their devices' usable memory (0: it fits) */
+    double seconds;     /* to solve */
+    size_t *device_map; /* world entries: rank i on device device_map[i] */
+} shard_plan_placement;
+
+#define SHARD_PLAN_PLACEMENTS 3
+
 typedef struct shard_plan_result {
     size_t count;                    /* candidates tried */
     shard_plan_candidate *candidate; /* the fitting ones first, best first by the goal; then the cut ones */
@@ -64,6 +78,15 @@ typedef struct shard_plan_result {
     int world;
     double search_seconds; /* pricing every layout (by dry run, or by the screen) */
     double verify_seconds; /* the screen's best checked by dry run */
+    int screened;          /* the search priced by the screen (placement then uses the screen's figures) */
+    /* set by shard_plan_place */
+    size_t placements; /* solved (0: not placed, or more devices than the solvers take) */
+    shard_plan_placement placement[SHARD_PLAN_PLACEMENTS];
+    char placed_by[16];       /* whose device map the winner uses: a method, "given" (the cluster's own map
+                                kept) or "" (the search's: no solver predicts a shorter step) */
+    size_t *device_map;       /* the winner's, world entries (NULL before shard_plan_place) */
+    double unplaced_step_ms;  /* the winner's predicted step before placement */
+    char placement_note[256]; /* what the placement changed, for the explanation ("" when nothing) */
 } shard_plan_result;
 
 shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **out);
@@ -74,6 +97,16 @@ void shard_plan_candidate_text(const shard_plan_candidate *c, char *out, size_t 
 /* Set tc's layout fields (ZeRO, schedule, micro-batches, recomputation, sequence parallel, layers per
  * stage, batch shares) to the candidate's; the strings point into c.  The mesh is c->mesh. */
 void shard_plan_candidate_apply(const shard_plan_candidate *c, shard_trainer_config *tc);
+/* The most devices the placement solvers take (the linear part is n x n, the Hungarian solver O(n^3)). */
+#define SHARD_PLAN_PLACEMENT_MOST_DEVICES 1024
+
+/* Place the winner (r->candidate[0]) on the cluster's devices: its layout analyzed again and its device
+ * map solved by each of hungarian, anneal and genetic (placement.h; the two searches from the Hungarian
+ * answer, seed 1, the default budget), each priced by the cost model.  The winner then uses `method`'s
+ * map ("anneal" when NULL) when it predicts a shorter step than the map the search priced (the
+ * cluster's, or in order), and its figures are priced again with it; with keep_map the cluster's device
+ * map (the caller's) is kept instead and reported as "given".  Refuses a method it does not know. */
+shard_status shard_plan_place(const shard_plan_options *o, shard_plan_result *r, const char *method, int keep_map);
 
 /* One paragraph on the winner: its layout and predicted figures, against the runner-up, and what cut
  * the others (the count and one example of each reason). */

@@ -29,6 +29,7 @@
 #include "shard/monitor.h"
 #include "shard/optim.h"
 #include "shard/params.h"
+#include "shard/placement.h"
 #include "shard/plan.h"
 #include "shard/redistribute.h"
 #include "shard/safetensors.h"

@@ -269,6 +269,63 @@ done:
     return s;
 }
 
+shard_status shard_cluster_set_device_map_array(shard_cluster *c, const size_t *map, size_t n) {
+    if (!c || (n && !map))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_cluster_set_device_map_array: cluster or map is NULL");
+    if (n > (size_t)c->devices)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "device map of %zu entries: the cluster %s has %d devices; give at most that many", n,
+                           c->where, c->devices);
+    int *m = n ? malloc(sizeof *m * n) : NULL;
+    char *seen = n ? calloc((size_t)c->devices, 1) : NULL;
+    if (n && (!m || !seen)) {
+        free(m), free(seen);
+        return shard_error(SHARD_ERR_NO_MEMORY, "device map: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (map[i] >= (size_t)c->devices || seen[map[i]]) {
+            shard_status s = shard_error(
+                SHARD_ERR_INVALID_ARG,
+                "device map entry %zu (device %zu) %s: give distinct device numbers "
+                "0..%d (the cluster %s has %d devices)",
+                i, map[i], map[i] >= (size_t)c->devices ? "is past the last device" : "names a device given before",
+                c->devices - 1, c->where, c->devices);
+            free(m), free(seen);
+            return s;
+        }
+        seen[map[i]] = 1, m[i] = (int)map[i];
+    }
+    free(seen);
+    free(c->map);
+    c->map = m, c->map_length = (int)n;
+    return SHARD_OK;
+}
+
+shard_status shard_cluster_copy(const shard_cluster *c, shard_cluster **out) {
+    if (!c || !out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_cluster_copy: cluster or out is NULL");
+    *out = NULL;
+    shard_cluster *d = calloc(1, sizeof *d);
+    if (!d) return shard_error(SHARD_ERR_NO_MEMORY, "cluster: out of memory");
+    *d = *c;
+    d->nodes = calloc((size_t)c->node_count, sizeof *d->nodes);
+    d->links = c->links ? calloc((size_t)c->link_count + 1, sizeof *d->links) : NULL;
+    d->map = c->map ? malloc(sizeof *d->map * (size_t)c->map_length + 1) : NULL;
+    d->node_count = 0;
+    int ok = d->nodes && (!c->links || d->links) && (!c->map || d->map);
+    for (int i = 0; ok && i < c->node_count; i++, d->node_count++) {
+        d->nodes[i] = c->nodes[i];
+        ok = (d->nodes[i].name = strdup(c->nodes[i].name)) != NULL;
+    }
+    if (!ok) {
+        shard_cluster_destroy(d);
+        return shard_error(SHARD_ERR_NO_MEMORY, "cluster %s: out of memory for a copy", c->where);
+    }
+    if (c->links) memcpy(d->links, c->links, sizeof *d->links * (size_t)c->link_count);
+    if (c->map) memcpy(d->map, c->map, sizeof *d->map * (size_t)c->map_length);
+    *out = d;
+    return SHARD_OK;
+}
+
 int shard_cluster_devices(const shard_cluster *c) { return c ? c->devices : 0; }
 
 int shard_cluster_ranks(const shard_cluster *c) { return !c ? 0 : c->map ? c->map_length : c->devices; }

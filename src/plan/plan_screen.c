@@ -73,9 +73,12 @@ shard_status shard__plan_screen(const shard_gpt_config *g, const shard_trainer_c
     int D = 1, T = 1, Pp = 1, dk = -1, tk = -1, pk = -1, world = 1;
     for (int k = 0; k < axes; k++) {
         world *= sizes[k];
-        if (strcmp(names[k], "data") == 0) D = sizes[k], dk = k;
-        else if (strcmp(names[k], "tensor") == 0) T = sizes[k], tk = k;
-        else if (strcmp(names[k], "pipe") == 0) Pp = sizes[k], pk = k;
+        if (strcmp(names[k], "data") == 0)
+            D = sizes[k], dk = k;
+        else if (strcmp(names[k], "tensor") == 0)
+            T = sizes[k], tk = k;
+        else if (strcmp(names[k], "pipe") == 0)
+            Pp = sizes[k], pk = k;
         else
             return shard_error(SHARD_ERR_INVALID_ARG, "plan screen: mesh %s: only data, tensor and pipe are screened",
                                mesh);
@@ -164,8 +167,7 @@ shard_status shard__plan_screen(const shard_gpt_config *g, const shard_trainer_c
         cut.n_layer = last ? mine : 2 * mine;
         double acts = 0;
         if (mine > 0) {
-            double whole =
-                shard_cost_gpt_stage_activation_bytes(&cut, last ? 1 : 2, 0, slots, 0, micro_rows, tc->seq);
+            double whole = shard_cost_gpt_stage_activation_bytes(&cut, last ? 1 : 2, 0, slots, 0, micro_rows, tc->seq);
             if (tc->recompute && mine > 1) { /* each block's input kept, one block's whole */
                 double one = whole / (double)mine;
                 whole = one + (double)slots * (double)(mine - 1) * (double)micro_rows * S * C * 4;

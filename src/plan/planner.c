@@ -17,6 +17,7 @@
 #include "shard/analyze.h"
 #include "shard/clock.h"
 #include "shard/monitor.h"
+#include "shard/placement.h"
 #include "shard/split.h"
 #include "plan_screen.h"
 
@@ -24,6 +25,8 @@ enum { SHARD_PLAN_MAX_SPLIT = 64 }; /* data ranks or stages an uneven split is t
 
 void shard_plan_result_destroy(shard_plan_result *r) {
     if (!r) return;
+    for (size_t i = 0; i < r->placements; i++) free(r->placement[i].device_map);
+    free(r->device_map);
     free(r->candidate);
     free(r);
 }
@@ -209,6 +212,34 @@ void shard_plan_candidate_apply(const shard_plan_candidate *c, shard_trainer_con
     tc->batch_shares = c->batch_shares[0] ? c->batch_shares : NULL;
 }
 
+/* Price analysis a on the cluster (with its device map) into c: the step, its ranks' balance, the
+ * fullest rank's peak and whether every rank fits its device. */
+static shard_status price(const shard_plan_options *o, double fraction, const shard_cluster *cluster,
+                          const shard_analysis *a, shard_plan_candidate *c) {
+    shard_step_prediction *x = NULL;
+    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads", .cluster = cluster};
+    SHARD_CHECK(shard_cost_predict(a, o->profile, &co, &x));
+    c->valid = 1, c->fits = 1, c->why[0] = '\0', c->peak_bytes = 0;
+    c->step_ms = x->step_ms, c->tokens_per_s = x->tokens_per_s, c->bubble = a->bubble;
+    double *times = malloc(a->ranks * sizeof *times);
+    for (size_t r = 0; times && r < a->ranks; r++) times[r] = x->rank[r].total_ms;
+    c->imbalance = times ? shard_imbalance(times, a->ranks) : 0;
+    free(times);
+    shard_step_prediction_destroy(x);
+    for (size_t r = 0; r < a->ranks; r++) {
+        double peak = (double)a->rank[r].memory_total_bytes;
+        if (peak > c->peak_bytes) c->peak_bytes = peak;
+        shard_cluster_device d;
+        if (c->fits && shard_cluster_rank_device(cluster, (int)r, &d) == SHARD_OK && peak > fraction * d.memory_bytes) {
+            c->fits = 0;
+            snprintf(c->why, sizeof c->why,
+                     "needs %.2f GiB on node '%s' (device %d, rank %zu; has %.2f GiB, %.0f %% usable)",
+                     peak / 1073741824.0, d.node, d.device, r, d.memory_bytes / 1073741824.0, 100 * fraction);
+        }
+    }
+    return SHARD_OK;
+}
+
 /* Analyze (by the screen's closed forms when `screened`, else by the dry run) and price candidate c,
  * filling its figures; the trainer's refusal and a memory cut are reasons kept in c->why. */
 static shard_status evaluate(search *sr, shard_plan_candidate *c, int screened, split_hints *hints) {
@@ -217,7 +248,6 @@ static shard_status evaluate(search *sr, shard_plan_candidate *c, int screened, 
     shard_trainer_config tc = *sr->o->train;
     shard_plan_candidate_apply(c, &tc);
     shard_analysis *a = NULL;
-    shard_step_prediction *x = NULL;
     shard_analyze_options ao = {.struct_size = sizeof ao, .train = &tc, .mesh = c->mesh};
     shard_status s = screened ? shard__plan_screen(&sr->gpt, &tc, c->mesh, &a) : shard_analyze(&ao, &a);
     if (s < 0) { /* the trainer's refusal: a reason, not a failure of the search */
@@ -225,30 +255,8 @@ static shard_status evaluate(search *sr, shard_plan_candidate *c, int screened, 
         shard_clear_error();
         return SHARD_OK;
     }
-    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads", .cluster = sr->o->cluster};
-    s = shard_cost_predict(a, sr->o->profile, &co, &x);
-    if (s == SHARD_OK) {
-        c->valid = 1, c->fits = 1;
-        c->step_ms = x->step_ms, c->tokens_per_s = x->tokens_per_s, c->bubble = a->bubble;
-        double *times = malloc(a->ranks * sizeof *times);
-        for (size_t r = 0; times && r < a->ranks; r++) times[r] = x->rank[r].total_ms;
-        c->imbalance = times ? shard_imbalance(times, a->ranks) : 0;
-        free(times);
-        for (size_t r = 0; r < a->ranks; r++) {
-            double peak = (double)a->rank[r].memory_total_bytes;
-            if (peak > c->peak_bytes) c->peak_bytes = peak;
-            shard_cluster_device d;
-            if (c->fits && shard_cluster_rank_device(sr->o->cluster, (int)r, &d) == SHARD_OK &&
-                peak > sr->fraction * d.memory_bytes) {
-                c->fits = 0;
-                snprintf(c->why, sizeof c->why,
-                         "needs %.2f GiB on node '%s' (device %d, rank %zu; has %.2f GiB, %.0f %% usable)",
-                         peak / 1073741824.0, d.node, d.device, r, d.memory_bytes / 1073741824.0, 100 * sr->fraction);
-            }
-        }
-    }
+    s = price(sr->o, sr->fraction, sr->o->cluster, a, c);
     if (s == SHARD_OK && hints) hints_of(sr, a, hints);
-    shard_step_prediction_destroy(x);
     shard_analysis_destroy(a);
     return s;
 }
@@ -386,6 +394,7 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
         return s;
     }
     r->candidate = sr.c, r->count = sr.n, r->world = W;
+    r->screened = sr.screen;
     r->search_seconds = searched - started, r->verify_seconds = shard_clock_seconds() - searched;
     for (size_t i = 0; i < sr.n; i++) r->fitting += sr.c[i].fits;
     if (!r->fitting) {
@@ -401,6 +410,150 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
     }
     *out = r;
     return SHARD_OK;
+}
+
+static double memory_fraction(const shard_plan_options *o) {
+    return o->max_memory_fraction > 0 ? o->max_memory_fraction : 0.9;
+}
+
+/* ---------------------------------------------------------------- placing the winner */
+
+/* The full permutation a device map of `world` entries extends to: the unused devices after it, in order. */
+static void full_permutation(const size_t *map, size_t world, size_t n, size_t *perm) {
+    char *used = calloc(n, 1);
+    size_t k = world;
+    memcpy(perm, map, world * sizeof *perm);
+    for (size_t i = 0; used && i < world; i++) used[map[i]] = 1;
+    for (size_t d = 0; used && d < n; d++)
+        if (!used[d]) perm[k++] = d;
+    free(used);
+}
+
+/* The slowest link (bytes per second) between neighbours along axis k (coordinates one apart, the others
+ * equal) with rank i on device perm[i]; infinite when the axis has no neighbours. */
+static double slowest_neighbour_link(const shard_analysis *a, const shard_cluster *cluster, const size_t *perm, int k) {
+    double slowest = INFINITY;
+    shard_cluster *c = NULL;
+    if (shard_cluster_copy(cluster, &c) < 0 || shard_cluster_set_device_map_array(c, perm, (size_t)a->world) < 0) {
+        shard_cluster_destroy(c);
+        shard_clear_error();
+        return slowest;
+    }
+    for (size_t i = 0; i < a->ranks; i++)
+        for (size_t j = 0; j < a->ranks; j++) {
+            int neighbours = 1;
+            for (int x = 0; x < a->axes; x++)
+                neighbours &= x == k ? a->rank[j].coord[x] - a->rank[i].coord[x] == 1
+                                     : a->rank[j].coord[x] == a->rank[i].coord[x];
+            double alpha, beta;
+            if (neighbours && shard_cluster_link(c, (int)i, (int)j, &alpha, &beta) == SHARD_OK && beta < slowest)
+                slowest = beta;
+        }
+    shard_cluster_destroy(c);
+    return slowest;
+}
+
+/* What the placement changed, in words: the axes whose neighbours it put on faster links than before,
+ * else how many ranks it moved. */
+static void placement_note(const shard_analysis *a, const shard_cluster *cluster, const size_t *before,
+                           const size_t *after, char *out, size_t bytes) {
+    size_t used = 0, moved = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < a->ranks; i++) moved += before[i] != after[i];
+    for (int k = 0; k < a->axes && used < bytes; k++) {
+        if (a->axis_size[k] < 2) continue;
+        double was = slowest_neighbour_link(a, cluster, before, k), now = slowest_neighbour_link(a, cluster, after, k);
+        if (now > was)
+            used += (size_t)snprintf(out + used, bytes - used,
+                                     "%sputs %s neighbours on links of %s%g Gb/s (before: %g)", used ? " and " : "",
+                                     a->axis_name[k], isfinite(now) ? "" : "no limit: ", now * 8 / 1e9, was * 8 / 1e9);
+    }
+    if (!used) snprintf(out, bytes, "moves %zu of %d ranks", moved, a->world);
+}
+
+static shard_status solve(const char *method, shard_placement_objective *obj, const double *linear, const size_t *start,
+                          shard_plan_placement *out, size_t *perm, double *objective) {
+    size_t n = shard_placement_objective_size(obj);
+    double t0 = shard_clock_seconds();
+    shard_placement_options po = {.struct_size = sizeof po, .start = start};
+    if (strcmp(method, "hungarian") == 0)
+        SHARD_CHECK(shard_assignment_hungarian(linear, n, perm, NULL));
+    else if (strcmp(method, "anneal") == 0)
+        SHARD_CHECK(shard_placement_anneal(shard_placement_objective_cost, obj, n, 1, &po, perm, NULL));
+    else
+        SHARD_CHECK(shard_placement_genetic(shard_placement_objective_cost, obj, n, 1, &po, perm, NULL));
+    out->seconds = shard_clock_seconds() - t0;
+    snprintf(out->method, sizeof out->method, "%s", method);
+    SHARD_CHECK(shard_placement_objective_predict(obj, perm, &out->step_ms, &out->over_bytes));
+    *objective = out->step_ms + SHARD_PLACEMENT_PENALTY_MS_PER_BYTE * out->over_bytes;
+    return SHARD_OK;
+}
+
+shard_status shard_plan_place(const shard_plan_options *o, shard_plan_result *r, const char *method, int keep_map) {
+    static const char *const methods[SHARD_PLAN_PLACEMENTS] = {"hungarian", "anneal", "genetic"};
+    const char *want = method ? method : "anneal";
+    int chosen = -1;
+    for (int m = 0; m < SHARD_PLAN_PLACEMENTS; m++)
+        if (strcmp(want, methods[m]) == 0) chosen = m;
+    if (chosen < 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "plan: placement '%s': give hungarian, anneal or genetic", want);
+    if (!o || o->struct_size < sizeof *o || !o->cluster || !r || !r->fitting)
+        return shard_error(SHARD_ERR_INVALID_ARG, "plan: placement needs the search's options and a fitting winner");
+    shard_plan_candidate *w = &r->candidate[0];
+    r->unplaced_step_ms = w->step_ms;
+    size_t n = (size_t)shard_cluster_devices(o->cluster), world = (size_t)r->world;
+    if (!(r->device_map = malloc(world * sizeof *r->device_map)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
+    for (size_t i = 0; i < world; i++) { /* the map the search priced: the cluster's own, or in order */
+        shard_cluster_device d;
+        SHARD_CHECK(shard_cluster_rank_device(o->cluster, (int)i, &d));
+        r->device_map[i] = (size_t)d.device;
+    }
+    if (keep_map) snprintf(r->placed_by, sizeof r->placed_by, "given");
+    if (n > SHARD_PLAN_PLACEMENT_MOST_DEVICES) return SHARD_OK;
+    shard_trainer_config tc = *o->train;
+    shard_plan_candidate_apply(w, &tc);
+    shard_analyze_options ao = {.struct_size = sizeof ao, .train = &tc, .mesh = w->mesh};
+    shard_gpt_config gpt;
+    shard_analysis *a = NULL;
+    shard_placement_objective *obj = NULL;
+    shard_cluster *placed = NULL;
+    double *linear = malloc(n * n * sizeof *linear), objective[SHARD_PLAN_PLACEMENTS];
+    size_t *perm = malloc(SHARD_PLAN_PLACEMENTS * n * sizeof *perm), *searched = malloc(n * sizeof *searched);
+    shard_status s = linear && perm && searched ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
+    SHARD_CHECK_GOTO(s, s, done);
+    /* a screened search places on the screen's figures (a dry run of a large layout, for every device map
+     * the solvers try, would take minutes); the search's own figures otherwise */
+    if (r->screened) SHARD_CHECK_GOTO(shard_gpt_config_load(o->train->config_path, &gpt), s, done);
+    SHARD_CHECK_GOTO(r->screened ? shard__plan_screen(&gpt, &tc, w->mesh, &a) : shard_analyze(&ao, &a), s, done);
+    SHARD_CHECK_GOTO(shard_placement_objective_create(a, o->profile, o->cluster, memory_fraction(o), &obj), s, done);
+    SHARD_CHECK_GOTO(shard_placement_objective_linear(obj, linear), s, done);
+    for (int m = 0; m < SHARD_PLAN_PLACEMENTS; m++) {
+        shard_plan_placement *p = &r->placement[m];
+        SHARD_CHECK_GOTO(solve(methods[m], obj, linear, perm, p, perm + (size_t)m * n, &objective[m]), s, done);
+        if (!(p->device_map = malloc(world * sizeof *p->device_map))) {
+            s = shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
+            goto done;
+        }
+        memcpy(p->device_map, perm + (size_t)m * n, world * sizeof *p->device_map);
+        r->placements++;
+    }
+    full_permutation(r->device_map, world, n, searched);
+    double before = shard_placement_objective_cost(searched, n, obj);
+    if (!keep_map && objective[chosen] < before) {
+        snprintf(r->placed_by, sizeof r->placed_by, "%s", methods[chosen]);
+        placement_note(a, o->cluster, searched, perm + (size_t)chosen * n, r->placement_note, sizeof r->placement_note);
+        memcpy(r->device_map, perm + (size_t)chosen * n, world * sizeof *r->device_map);
+        SHARD_CHECK_GOTO(shard_cluster_copy(o->cluster, &placed), s, done);
+        SHARD_CHECK_GOTO(shard_cluster_set_device_map_array(placed, r->device_map, world), s, done);
+        SHARD_CHECK_GOTO(price(o, memory_fraction(o), placed, a, w), s, done);
+    }
+done:
+    shard_cluster_destroy(placed);
+    shard_placement_objective_destroy(obj);
+    shard_analysis_destroy(a);
+    free(linear), free(perm), free(searched);
+    return s;
 }
 
 void shard_plan_candidate_text(const shard_plan_candidate *c, char *out, size_t bytes) {
@@ -424,6 +577,17 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
                          "Chosen for %s: %s, predicted %.1f ms a step (%.0f tokens/s), %.2f GiB on the "
                          "fullest device, bubble %.2f, imbalance %.2f.",
                          g, best, w->step_ms, w->tokens_per_s, w->peak_bytes / 1073741824.0, w->bubble, w->imbalance);
+    if (r->placement_note[0] && strcmp(r->placed_by, "given") != 0 && used < bytes)
+        used += (size_t)snprintf(out + used, bytes - used, " Placement (%s) %s: %.1f -> %.1f ms.", r->placed_by,
+                                 r->placement_note, r->unplaced_step_ms, w->step_ms);
+    const shard_plan_placement *least = NULL; /* the given map kept: what the solvers would have given */
+    for (size_t i = 0; i < r->placements; i++)
+        if (!r->placement[i].over_bytes && (!least || r->placement[i].step_ms < least->step_ms))
+            least = &r->placement[i];
+    if (strcmp(r->placed_by, "given") == 0 && least && least->step_ms < w->step_ms && used < bytes)
+        used += (size_t)snprintf(out + used, bytes - used,
+                                 " The device map is kept as given; %s's placement would predict %.1f ms.",
+                                 least->method, least->step_ms);
     if (r->fitting > 1 && used < bytes) {
         shard_plan_candidate_text(&r->candidate[1], second, sizeof second);
         used += (size_t)snprintf(out + used, bytes - used, " The runner-up, %s, predicts %.1f ms.", second,
