@@ -45,6 +45,7 @@ typedef struct shard_analyze_collective {
     /* the calls' alpha-beta terms: time = alphas x alpha + wire_bytes / beta over the group's slowest link
      * (the emulated cluster's formulas, src/comm/emulate.h) */
     double alphas, wire_bytes;
+    double largest_alphas, largest_wire_bytes; /* the terms of its largest call (0: not known) */
 } shard_analyze_collective;
 
 /* A GEMM shape of the step and how many times it ran (the analyzer's histogram, for the cost model). */

@@ -43,6 +43,7 @@ static shard_status take_tally(const shard__plan_tally *t, shard_rank_analysis *
         snprintf(c->op, sizeof c->op, "%s", t->at[i].op);
         c->bytes = t->at[i].bytes, c->count = t->at[i].calls;
         c->alphas = t->at[i].alphas, c->wire_bytes = t->at[i].wire_bytes;
+        c->largest_alphas = t->at[i].largest_alphas, c->largest_wire_bytes = t->at[i].largest_wire_bytes;
     }
     return SHARD_OK;
 }

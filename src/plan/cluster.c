@@ -7,6 +7,7 @@
 
 #include "shard/files.h"
 #include "shard/cluster.h"
+#include "cluster_impl.h"
 
 typedef struct cluster_link {
     double alpha_seconds, beta_bytes_per_second;
@@ -356,16 +357,32 @@ shard_status shard_cluster_rank_device(const shard_cluster *c, int rank, shard_c
     return SHARD_OK;
 }
 
-shard_status shard_cluster_link(const shard_cluster *c, int rank_a, int rank_b, double *alpha, double *beta) {
-    int da = 0, na = 0, db = 0, nb = 0;
-    SHARD_CHECK(device_of(c, rank_a, &da, &na));
-    SHARD_CHECK(device_of(c, rank_b, &db, &nb));
+void shard__cluster_node_link(const shard_cluster *c, int na, int nb, double *alpha, double *beta) {
     cluster_link l = na == nb ? c->intra : c->network;
-    if (da == db) l = (cluster_link){0, INFINITY};
-    for (int i = 0; da != db && i < c->link_count; i++) /* the last entry that joins the two nodes wins */
+    for (int i = 0; i < c->link_count; i++) /* the last entry that joins the two nodes wins */
         if ((c->links[i].from == na && c->links[i].to == nb) || (c->links[i].from == nb && c->links[i].to == na))
             l = c->links[i].link;
     *alpha = l.alpha_seconds;
     *beta = l.beta_bytes_per_second;
+}
+
+int shard__cluster_rank_node(const shard_cluster *c, int rank) {
+    int d = 0, n = 0;
+    if (device_of(c, rank, &d, &n) < 0) {
+        shard_clear_error();
+        return -1;
+    }
+    return n;
+}
+
+shard_status shard_cluster_link(const shard_cluster *c, int rank_a, int rank_b, double *alpha, double *beta) {
+    int da = 0, na = 0, db = 0, nb = 0;
+    SHARD_CHECK(device_of(c, rank_a, &da, &na));
+    SHARD_CHECK(device_of(c, rank_b, &db, &nb));
+    if (da == db) {
+        *alpha = 0, *beta = INFINITY;
+        return SHARD_OK;
+    }
+    shard__cluster_node_link(c, na, nb, alpha, beta);
     return SHARD_OK;
 }

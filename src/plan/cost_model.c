@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "shard/cluster.h"
+#include "cluster_impl.h"
 
 shard_status shard_cost_fit_alpha_beta(const double *bytes, const double *us, size_t n, double *alpha_us,
                                        double *beta_gbps) {
@@ -92,62 +93,98 @@ static double gemm_ms(const shard_machine_profile *p, const shard_rank_analysis 
     return ms;
 }
 
-/* The slowest link among the ranks of rank r's group on `axes` (every axis not named fixed at r's
- * coordinate; "world": all ranks), memoised by group: the emulated cluster prices a collective by it. */
-typedef struct link_memo {
+/* Per communicator name ("data", "data,expert", "world") of the analysis: its group size, the mesh
+ * axes it spans, and (on a cluster) the slowest link of each of its groups, by the group's color (the
+ * coordinates of the axes it does not span), found once: the emulated cluster prices a collective by
+ * it. */
+typedef struct axes_memo {
     char axes[64];
-    int color;
-    double alpha, beta;
-} link_memo;
+    int size;             /* ranks in one group */
+    int data;             /* it spans `data` */
+    unsigned spans;       /* bit k: it spans mesh axis k */
+    double *alpha, *beta; /* by color; NULL without a cluster */
+    unsigned char *known;
+} axes_memo;
 
-typedef struct cluster_ctx {
+enum { AXES_MEMOS = 16 };
+
+typedef struct price_ctx {
     const shard_cluster *cluster;
-    link_memo *memo;
-    size_t n, cap;
-} cluster_ctx;
+    const shard_analysis *a;
+    axes_memo memo[AXES_MEMOS];
+    size_t n;
+    int *node;  /* by rank: its device's node (cluster only) */
+    int *count; /* by node: scratch, a group's ranks on it */
+    int *nodes; /* the group's distinct nodes */
+} price_ctx;
 
-static int in_group(const shard_analysis *a, const char *axes, int k) {
-    return strcmp(axes, "world") == 0 || has_axis(axes, a->axis_name[k]);
+static void price_ctx_free(price_ctx *pc) {
+    for (size_t i = 0; i < pc->n; i++) free(pc->memo[i].alpha), free(pc->memo[i].beta), free(pc->memo[i].known);
+    free(pc->node), free(pc->count), free(pc->nodes);
 }
 
-static int group_color(const shard_analysis *a, const char *axes, const shard_rank_analysis *r) {
+static int group_color(const shard_analysis *a, unsigned spans, const shard_rank_analysis *r) {
     int color = 0;
     for (int k = 0; k < a->axes; k++)
-        if (!in_group(a, axes, k)) color = color * a->axis_size[k] + r->coord[k];
+        if (!(spans & (1u << k))) color = color * a->axis_size[k] + r->coord[k];
     return color;
 }
 
-static shard_status group_link(cluster_ctx *cc, const shard_analysis *a, const shard_rank_analysis *r, const char *axes,
-                               double *alpha, double *beta) {
-    int color = group_color(a, axes, r);
-    for (size_t i = 0; i < cc->n; i++)
-        if (cc->memo[i].color == color && strcmp(cc->memo[i].axes, axes) == 0) {
-            *alpha = cc->memo[i].alpha, *beta = cc->memo[i].beta;
+static shard_status memo_of(price_ctx *pc, const char *axes, axes_memo **out) {
+    for (size_t i = 0; i < pc->n; i++)
+        if (strcmp(pc->memo[i].axes, axes) == 0) {
+            *out = &pc->memo[i];
             return SHARD_OK;
         }
-    double al = 0, be = INFINITY;
-    int *members = malloc(a->ranks * sizeof *members), m = 0;
-    if (!members) return shard_error(SHARD_ERR_NO_MEMORY, "cost model: out of memory");
-    for (size_t q = 0; q < a->ranks; q++)
-        if (group_color(a, axes, &a->rank[q]) == color) members[m++] = (int)q;
-    shard_status s = SHARD_OK;
-    for (int i = 0; i < m && s == SHARD_OK; i++)
-        for (int j = i + 1; j < m && s == SHARD_OK; j++) {
-            double x, y;
-            s = shard_cluster_link(cc->cluster, members[i], members[j], &x, &y);
-            if (s == SHARD_OK) al = x > al ? x : al, be = y < be ? y : be;
-        }
-    free(members);
-    SHARD_CHECK(s);
-    if (cc->n == cc->cap) {
-        size_t cap = cc->cap ? 2 * cc->cap : 32;
-        link_memo *more = realloc(cc->memo, cap * sizeof *more);
-        if (!more) return shard_error(SHARD_ERR_NO_MEMORY, "cost model: out of memory");
-        cc->memo = more, cc->cap = cap;
+    if (pc->n == AXES_MEMOS)
+        return shard_error(SHARD_ERR_INTERNAL, "cost model: more than %d communicators in one layout", AXES_MEMOS);
+    const shard_analysis *a = pc->a;
+    axes_memo *m = &pc->memo[pc->n++];
+    memset(m, 0, sizeof *m);
+    snprintf(m->axes, sizeof m->axes, "%s", axes);
+    m->size = axes_size(a->mesh, a->world, axes), m->data = has_axis(axes, "data");
+    int world = strcmp(axes, "world") == 0;
+    for (int k = 0; k < a->axes; k++)
+        if (world || has_axis(axes, a->axis_name[k])) m->spans |= 1u << k;
+    if (pc->cluster) {
+        size_t colors = a->ranks ? a->ranks : 1;
+        m->alpha = malloc(colors * sizeof *m->alpha), m->beta = malloc(colors * sizeof *m->beta);
+        m->known = calloc(colors, 1);
+        if (!m->alpha || !m->beta || !m->known) return shard_error(SHARD_ERR_NO_MEMORY, "cost model: out of memory");
     }
-    link_memo *e = &cc->memo[cc->n++];
-    snprintf(e->axes, sizeof e->axes, "%s", axes);
-    e->color = color, e->alpha = al, e->beta = be;
+    *out = m;
+    return SHARD_OK;
+}
+
+/* The slowest link among the ranks of rank r's group in m: by the nodes its ranks are on (two ranks of
+ * one node: the node's link within; of two nodes: theirs). */
+static shard_status group_link(price_ctx *pc, axes_memo *m, const shard_rank_analysis *r, double *alpha, double *beta) {
+    const shard_analysis *a = pc->a;
+    int color = group_color(a, m->spans, r);
+    if (m->known[color]) {
+        *alpha = m->alpha[color], *beta = m->beta[color];
+        return SHARD_OK;
+    }
+    int nodes = 0;
+    for (size_t q = 0; q < a->ranks; q++) {
+        if (group_color(a, m->spans, &a->rank[q]) != color) continue;
+        int n = pc->node[q];
+        if (n < 0) return shard_error(SHARD_ERR_INVALID_ARG, "cost model: rank %zu has no device on the cluster", q);
+        if (pc->count[n]++ == 0) pc->nodes[nodes++] = n;
+    }
+    double al = 0, be = INFINITY, x, y;
+    for (int i = 0; i < nodes; i++) {
+        if (pc->count[pc->nodes[i]] > 1) { /* two of the group's ranks within one node */
+            shard__cluster_node_link(pc->cluster, pc->nodes[i], pc->nodes[i], &x, &y);
+            al = x > al ? x : al, be = y < be ? y : be;
+        }
+        for (int j = i + 1; j < nodes; j++) {
+            shard__cluster_node_link(pc->cluster, pc->nodes[i], pc->nodes[j], &x, &y);
+            al = x > al ? x : al, be = y < be ? y : be;
+        }
+    }
+    for (int i = 0; i < nodes; i++) pc->count[pc->nodes[i]] = 0;
+    m->known[color] = 1, m->alpha[color] = al, m->beta[color] = be;
     *alpha = al, *beta = be;
     return SHARD_OK;
 }
@@ -155,7 +192,7 @@ static shard_status group_link(cluster_ctx *cc, const shard_analysis *a, const s
 /* One rank's time (scale: compute's share of the cores, > 1 when ranks outnumber them; cc: the emulated
  * cluster's, or NULL). */
 static shard_status rank_time(const shard_analysis *a, const shard_machine_profile *p, const char *backend, int threads,
-                              double scale, int spare_core, cluster_ctx *cc, const shard_rank_analysis *r,
+                              double scale, int spare_core, price_ctx *pc, const shard_rank_analysis *r,
                               shard_rank_time *t) {
     double all = r->flops_forward + r->flops_backward + r->flops_recompute + r->flops_other;
     if (p) {
@@ -163,9 +200,9 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
         t->nongemm_ms = t->gemm_ms * (a->world > 1 ? p->nongemm_fraction_loaded : p->nongemm_fraction);
     }
     t->compute_ms = t->gemm_ms + t->nongemm_ms;
-    if (cc) { /* each span lasts at least its GEMM FLOPs at the device's rate */
+    if (pc->cluster) { /* each span lasts at least its GEMM FLOPs at the device's rate */
         shard_cluster_device d;
-        SHARD_CHECK(shard_cluster_rank_device(cc->cluster, r->rank, &d));
+        SHARD_CHECK(shard_cluster_rank_device(pc->cluster, r->rank, &d));
         double device_ms = all / (d.compute_tflops * 1e12) * 1e3;
         if (device_ms > t->compute_ms) t->compute_ms = device_ms;
     }
@@ -175,35 +212,51 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
     double backward = all > 0 ? t->compute_ms * (r->flops_backward + r->flops_recompute) / all : 0;
     if (r->backward_ops > 1) backward /= r->backward_ops;
     if (r->pipelined) backward = 0;
-    double overlap_ms[2] = {0, 0}, overlap_calls[2] = {0, 0}; /* gradient reductions; ZeRO-3 gathers */
+    double overlap_ms[2] = {0, 0}, overlap_piece[2] = {0, 0}, overlap_calls[2] = {0, 0}; /* gradient
+                                                                       reductions; ZeRO-3 gathers */
     for (size_t i = 0; i < r->collectives; i++) {
         const shard_analyze_collective *c = &r->collective[i];
-        int n = axes_size(a->mesh, a->world, c->axis);
+        axes_memo *m = NULL;
+        SHARD_CHECK(memo_of(pc, c->axis, &m));
+        int n = m->size;
         if (n <= 1 || c->count == 0) continue;
         const char *kind = fit_kind(c->op);
-        double alpha, beta, ms;
-        if (cc) {
-            SHARD_CHECK(group_link(cc, a, r, c->axis, &alpha, &beta));
-            ms = (c->alphas * alpha + (beta > 0 && isfinite(beta) ? c->wire_bytes / beta : 0)) * 1e3;
+        double alpha, beta, ms, largest = -1; /* the largest call's time, where known */
+        if (pc->cluster) {
+            SHARD_CHECK(group_link(pc, m, r, &alpha, &beta));
+            double per_byte = beta > 0 && isfinite(beta) ? 1 / beta : 0;
+            ms = (c->alphas * alpha + c->wire_bytes * per_byte) * 1e3;
+            if (c->largest_wire_bytes > 0)
+                largest = (c->largest_alphas * alpha + c->largest_wire_bytes * per_byte) * 1e3;
         } else {
             SHARD_CHECK(shard_profile_comm_find(p, backend, kind, n, &alpha, &beta));
             ms = shard_cost_collective_us(alpha, beta, (double)c->bytes, (double)c->count) / 1e3;
         }
         t->comm_whole_ms += ms;
-        int data = has_axis(c->axis, "data");
-        if (data && (strcmp(kind, "all_reduce") == 0 || strcmp(kind, "reduce_scatter") == 0))
-            overlap_ms[0] += ms, overlap_calls[0] += (double)c->count;
-        else if (data && a->zero == 3 && strcmp(kind, "all_gather") == 0)
-            overlap_ms[1] += ms, overlap_calls[1] += (double)c->count;
-        else
+        int data = m->data;
+        /* the largest single call of a kind waits whole (the last bucket fills as backward ends) */
+        int k = data && (strcmp(kind, "all_reduce") == 0 || strcmp(kind, "reduce_scatter") == 0) ? 0
+            : data && a->zero == 3 && strcmp(kind, "all_gather") == 0                            ? 1
+                                                                                                 : -1;
+        if (k < 0) {
             t->comm_ms += ms;
+        } else {
+            overlap_ms[k] += ms, overlap_calls[k] += (double)c->count;
+            double piece = largest >= 0 ? largest : ms / (double)c->count;
+            if (piece > overlap_piece[k]) overlap_piece[k] = piece;
+        }
     }
     /* overlap needs a core for the collective's progress (the threads backend's helper thread): with
      * every core computing, the overlapped copies take their time from compute, so all is exposed; an
      * emulated link's time is a wait, which overlaps */
-    double hide = spare_core || cc ? 1.0 : 0.0;
-    if (overlap_ms[0] > 0) t->comm_ms += shard_cost_exposed_ms(overlap_ms[0], hide * backward, overlap_calls[0]);
-    if (overlap_ms[1] > 0) t->comm_ms += shard_cost_exposed_ms(overlap_ms[1], hide * t->compute_ms, overlap_calls[1]);
+    double hide = spare_core || pc->cluster ? 1.0 : 0.0;
+    if (overlap_ms[0] > 0)
+        t->comm_ms += shard_cost_exposed_ms(overlap_ms[0], hide * backward, overlap_ms[0] / overlap_piece[0]);
+    if (overlap_ms[1] > 0) { /* ZeRO-3 gathers the next unit while this one computes: the first waits
+                                whole, each other for what its gather takes beyond one unit's compute */
+        double n = overlap_calls[1], each = overlap_ms[1] / n, compute_each = hide * t->compute_ms / n;
+        t->comm_ms += overlap_piece[1] + (n - 1) * (each > compute_each ? each - compute_each : 0);
+    }
     t->bubble_ms = shard_cost_bubble_ms(t->compute_ms + t->comm_ms, a->bubble);
     /* the update reads values, gradients and state and writes values and state; the norm reads gradients */
     int data_size = axes_size(a->mesh, a->world, "data");
@@ -240,13 +293,20 @@ shard_status shard_cost_predict(const shard_analysis *a, const shard_machine_pro
     double scale = x->oversubscribed ? (double)a->world / (double)cores : 1.0;
     int spare_core = strcmp(backend, "threads") != 0 || a->world < cores;
     x->ranks = a->ranks;
-    cluster_ctx cc = {.cluster = cluster};
+    price_ctx pc = {.cluster = cluster, .a = a};
     shard_status s = SHARD_OK;
+    if (cluster) {
+        int nodes = shard_cluster_devices(cluster) + 1; /* no more nodes than devices */
+        pc.node = malloc(a->ranks * sizeof *pc.node), pc.count = calloc((size_t)nodes, sizeof *pc.count);
+        pc.nodes = malloc((size_t)nodes * sizeof *pc.nodes);
+        if (!pc.node || !pc.count || !pc.nodes) s = shard_error(SHARD_ERR_NO_MEMORY, "cost model: out of memory");
+        for (size_t i = 0; s == SHARD_OK && i < a->ranks; i++) pc.node[i] = shard__cluster_rank_node(cluster, (int)i);
+    }
     for (size_t i = 0; i < a->ranks && s == SHARD_OK; i++) {
-        s = rank_time(a, p, backend, threads, scale, spare_core, cluster ? &cc : NULL, &a->rank[i], &x->rank[i]);
+        s = rank_time(a, p, backend, threads, scale, spare_core, &pc, &a->rank[i], &x->rank[i]);
         if (x->rank[i].total_ms > x->step_ms) x->step_ms = x->rank[i].total_ms, x->slowest_rank = (int)i;
     }
-    free(cc.memo);
+    price_ctx_free(&pc);
     if (s < 0) {
         shard_step_prediction_destroy(x);
         return s;

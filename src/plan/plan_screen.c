@@ -37,6 +37,7 @@ static void add_collective(shard_rank_analysis *r, const char *axis, const char 
     snprintf(c->op, sizeof c->op, "%s", op);
     double share = (double)(n - 1) / n;
     c->count = (uint64_t)calls;
+    /* the calls are alike: the largest is one of them */
     if (strcmp(op, "all_reduce") == 0) {
         c->alphas = 2.0 * (n - 1) * calls, c->wire_bytes = 2 * share * bytes, c->bytes = (uint64_t)(2 * share * bytes);
     } else if (strcmp(op, "send") == 0) {
@@ -44,6 +45,7 @@ static void add_collective(shard_rank_analysis *r, const char *axis, const char 
     } else { /* reduce_scatterv, all_gatherv */
         c->alphas = (double)(n - 1) * calls, c->wire_bytes = share * bytes, c->bytes = (uint64_t)(share * bytes);
     }
+    c->largest_alphas = c->alphas / calls, c->largest_wire_bytes = c->wire_bytes / calls;
 }
 
 /* Comma-separated counts into out[n]; 0 when the text has another count. */

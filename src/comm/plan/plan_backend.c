@@ -48,7 +48,9 @@ static shard__plan_count *entry(shard_comm *comm, const char *what) {
 
 static void count(shard_comm *comm, const char *what, uint64_t bytes, double alphas, double wire_bytes) {
     shard__plan_count *e = entry(comm, what);
-    if (e) e->calls++, e->bytes += bytes, e->alphas += alphas, e->wire_bytes += wire_bytes;
+    if (!e) return;
+    e->calls++, e->bytes += bytes, e->alphas += alphas, e->wire_bytes += wire_bytes;
+    if (wire_bytes >= e->largest_wire_bytes) e->largest_alphas = alphas, e->largest_wire_bytes = wire_bytes;
 }
 
 static void copy_bytes(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }

@@ -14,6 +14,7 @@ typedef struct shard__plan_count {
     char comm[64], op[32];
     uint64_t calls, bytes;
     double alphas, wire_bytes; /* the alpha-beta terms of the calls (shard__emu_coll_terms; a send: 1, its bytes) */
+    double largest_alphas, largest_wire_bytes; /* the terms of the call with the most wire bytes */
 } shard__plan_count;
 
 typedef struct shard__plan_tally {
