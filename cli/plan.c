@@ -2,6 +2,7 @@
  *
  *   shard plan --config CONFIG.json --cluster cluster.json [--profile machine.json] --batch B --seq S
  *              [--device-map LIST] [--goal throughput|latency|memory|balance] [--max-memory-fraction 0.9]
+ *              [--latency-budget-ms X]
  *              [--placement hungarian|anneal|genetic] [--top 5] [--search exhaustive|screen] [--verify 3]
  *              [--json] [--out plan.json] */
 #include <jansson.h>
@@ -33,6 +34,7 @@ static const char *const USAGE =
     "  --seq N                             tokens per row (default 128)\n"
     "  --goal G                            throughput (default), latency, memory or balance\n"
     "  --max-memory-fraction X             of each device's memory a rank may use, (0, 1] (default 0.9)\n"
+    "  --latency-budget-ms X               cut the layouts that predict a longer step (default: no budget)\n"
     "  --placement M                       whose device map the plan uses: hungarian (the exact best of\n"
     "                                      each rank's compute and memory per device, links unseen),\n"
     "                                      anneal (default: simulated annealing on the whole predicted\n"
@@ -56,7 +58,7 @@ static const char *const USAGE =
 typedef struct plan_opts {
     const char *config, *cluster, *device_map, *profile, *goal, *out, *placement, *search;
     long batch, seq, top, verify;
-    double fraction;
+    double fraction, latency_budget;
     int json;
 } plan_opts;
 
@@ -141,6 +143,14 @@ static int take(plan_opts *o, int argc, char **argv, int *i) {
     for (int k = 0; k < 4; k++)
         if (strcmp(a, int_names[k]) == 0)
             return (v = cli_value(argc, argv, i)) && !cli_parse_int(a, v, lo[k], hi[k], ints[k]) ? 1 : -1;
+    if (strcmp(a, "--latency-budget-ms") == 0) {
+        if (!(v = cli_value(argc, argv, i))) return -1;
+        if (!cli_number(v, &o->latency_budget) || !(o->latency_budget > 0)) {
+            cli_error("--latency-budget-ms '%s' is invalid: give milliseconds > 0, e.g. 250", v);
+            return -1;
+        }
+        return 1;
+    }
     if (strcmp(a, "--max-memory-fraction") == 0) {
         if (!(v = cli_value(argc, argv, i))) return -1;
         if (!cli_number(v, &o->fraction) || !(o->fraction > 0) || o->fraction > 1) {
@@ -200,6 +210,7 @@ int cli_plan(int argc, char **argv) {
                              .goal = o.goal,
                              .max_memory_fraction = o.fraction,
                              .search = o.search,
+                             .latency_budget_ms = o.latency_budget,
                              .verify = o.verify == 0 ? -1
                                  : o.verify == -1    ? 0
                                                      : (int)o.verify};

@@ -233,7 +233,8 @@ PARSED_FLAGS = {
                    "--exact-ranks", "--json", "--profile", "--cluster", "--device-map", "--batch-shares"},
     ("profile",): {"--out", "--quick"},
     ("plan",): {"--config", "--cluster", "--device-map", "--profile", "--batch", "--seq", "--goal",
-                "--max-memory-fraction", "--placement", "--top", "--out", "--json", "--search", "--verify"},
+                "--max-memory-fraction", "--placement", "--top", "--out", "--json", "--search", "--verify",
+                "--latency-budget-ms"},
     ("bench", "analyze"): {"--profile", "--cluster", "--device-map", "--limit", "--steps", "--warmup", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
@@ -1372,6 +1373,17 @@ def plan():
                all(not x["screened"] for x in runs["exhaustive"].get("plans", [])) and
                screened[0]["step_ms"] <= 1.05 * runs["exhaustive"]["plans"][0]["step_ms"],
                f"plan --search screen: {screened[:3]} against {runs['exhaustive'].get('plans', [])[:1]}")
+        # a latency budget cuts the layouts predicting a longer step, and says so; one below every layout's
+        # step is refused in one line naming the fastest
+        slow = os.path.join(clusters, "two-nodes-slow-link.json")
+        p = run(base + ["--cluster", slow, "--json", "--top", "60", "--latency-budget-ms", "300"])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        expect(p.returncode == 0 and r.get("plans") and all(x["step_ms"] <= 300 for x in r["plans"]) and
+               "The latency budget cut" in r.get("explanation", ""), f"plan --latency-budget-ms 300: {p.stderr} {r}")
+        p = run(base + ["--cluster", slow, "--latency-budget-ms", "1"])
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode != 0 and "meets the latency budget of 1.0 ms: the fastest predicts" in p.stderr and
+               len(lines) == 1, f"plan --latency-budget-ms 1: {p.stderr!r}")
         p = run(base + ["--cluster", eight, "--search", "sideways"])
         expect(p.returncode != 0 and "give exhaustive or screen" in p.stderr, f"plan --search sideways: {p.stderr!r}")
         small = os.path.join(work, "small.json")

@@ -58,6 +58,7 @@ typedef struct shard_plan_options {
                                              dense GPT on more than 16 devices or of more than 24 blocks */
     int verify;                           /* with the screen: fitting layouts checked by dry run (0: 3; negative:
                                              none, every figure the screen's estimate) */
+    double latency_budget_ms;             /* layouts predicting a longer step are cut (0: no budget) */
 } shard_plan_options;
 
 /* The winner's placement by one solver (placement.h). */

@@ -237,6 +237,11 @@ static shard_status price(const shard_plan_options *o, double fraction, const sh
                      peak / 1073741824.0, d.node, d.device, r, d.memory_bytes / 1073741824.0, 100 * fraction);
         }
     }
+    if (c->fits && o->latency_budget_ms > 0 && c->step_ms > o->latency_budget_ms) {
+        c->fits = 0;
+        snprintf(c->why, sizeof c->why, "predicts %.1f ms a step, over the latency budget of %.1f ms", c->step_ms,
+                 o->latency_budget_ms);
+    }
     return SHARD_OK;
 }
 
@@ -398,10 +403,19 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
     r->search_seconds = searched - started, r->verify_seconds = shard_clock_seconds() - searched;
     for (size_t i = 0; i < sr.n; i++) r->fitting += sr.c[i].fits;
     if (!r->fitting) {
-        double least = 0;
-        for (size_t i = 0; i < sr.n; i++)
+        double least = 0, fastest = 0;
+        for (size_t i = 0; i < sr.n; i++) {
             if (sr.c[i].valid && (least == 0 || sr.c[i].peak_bytes < least)) least = sr.c[i].peak_bytes;
+            if (sr.c[i].valid && strncmp(sr.c[i].why, "predicts", 8) == 0 &&
+                (fastest == 0 || sr.c[i].step_ms < fastest))
+                fastest = sr.c[i].step_ms;
+        }
         shard_plan_result_destroy(r);
+        if (fastest > 0)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "plan: no layout that fits memory meets the latency budget of %.1f ms: the fastest "
+                               "predicts %.1f ms a step; give a budget of at least that, or more devices",
+                               o->latency_budget_ms, fastest);
         return shard_error(SHARD_ERR_NO_MEMORY,
                            "plan: no layout of the model fits the cluster's %d devices at %.0f %% of their memory "
                            "(ZeRO-3, tensor and pipe splits and recomputation tried): the least a device would "
@@ -593,12 +607,14 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
         used += (size_t)snprintf(out + used, bytes - used, " The runner-up, %s, predicts %.1f ms.", second,
                                  r->candidate[1].step_ms);
     }
-    size_t refused = 0, too_big = 0;
-    const shard_plan_candidate *eg_refused = NULL, *eg_big = NULL;
+    size_t refused = 0, too_big = 0, too_slow = 0;
+    const shard_plan_candidate *eg_refused = NULL, *eg_big = NULL, *eg_slow = NULL;
     for (size_t i = 0; i < r->count; i++) {
         const shard_plan_candidate *c = &r->candidate[i];
         if (!c->valid)
             refused++, eg_refused = eg_refused ? eg_refused : c;
+        else if (!c->fits && strncmp(c->why, "predicts", 8) == 0)
+            too_slow++, eg_slow = eg_slow ? eg_slow : c;
         else if (!c->fits)
             too_big++, eg_big = eg_big ? eg_big : c;
     }
@@ -608,6 +624,12 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
         char t[200];
         shard_plan_candidate_text(eg_big, t, sizeof t);
         used += (size_t)snprintf(out + used, bytes - used, " Memory cut %zu (e.g. %s: %s).", too_big, t, eg_big->why);
+    }
+    if (eg_slow && used < bytes) {
+        char t[200];
+        shard_plan_candidate_text(eg_slow, t, sizeof t);
+        used += (size_t)snprintf(out + used, bytes - used, " The latency budget cut %zu (e.g. %s: %s).", too_slow, t,
+                                 eg_slow->why);
     }
     if (eg_refused && used < bytes) {
         char t[200];
