@@ -46,6 +46,7 @@ typedef struct shard_analyze_collective {
      * (the emulated cluster's formulas, src/comm/emulate.h) */
     double alphas, wire_bytes;
     double largest_alphas, largest_wire_bytes; /* the terms of its largest call (0: not known) */
+    double small_alphas, small_wire_bytes;     /* of its calls of at most 4 KiB (synchronisations: never hidden) */
 } shard_analyze_collective;
 
 /* A GEMM shape of the step and how many times it ran (the analyzer's histogram, for the cost model). */

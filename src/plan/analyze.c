@@ -44,6 +44,7 @@ static shard_status take_tally(const shard__plan_tally *t, shard_rank_analysis *
         c->bytes = t->at[i].bytes, c->count = t->at[i].calls;
         c->alphas = t->at[i].alphas, c->wire_bytes = t->at[i].wire_bytes;
         c->largest_alphas = t->at[i].largest_alphas, c->largest_wire_bytes = t->at[i].largest_wire_bytes;
+        c->small_alphas = t->at[i].small_alphas, c->small_wire_bytes = t->at[i].small_wire_bytes;
     }
     return SHARD_OK;
 }

@@ -221,13 +221,16 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
         int n = m->size;
         if (n <= 1 || c->count == 0) continue;
         const char *kind = fit_kind(c->op);
-        double alpha, beta, ms, largest = -1; /* the largest call's time, where known */
+        /* the largest call's time, where known; the small calls' (synchronisations) */
+        double alpha, beta, ms, largest = -1, small = 0;
         if (pc->cluster) {
             SHARD_CHECK(group_link(pc, m, r, &alpha, &beta));
             double per_byte = beta > 0 && isfinite(beta) ? 1 / beta : 0;
             ms = (c->alphas * alpha + c->wire_bytes * per_byte) * 1e3;
             if (c->largest_wire_bytes > 0)
                 largest = (c->largest_alphas * alpha + c->largest_wire_bytes * per_byte) * 1e3;
+            small = (c->small_alphas * alpha + c->small_wire_bytes * per_byte) * 1e3;
+            if (small > ms) small = ms;
         } else {
             SHARD_CHECK(shard_profile_comm_find(p, backend, kind, n, &alpha, &beta));
             ms = shard_cost_collective_us(alpha, beta, (double)c->bytes, (double)c->count) / 1e3;
@@ -240,7 +243,8 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
                                                                                                  : -1;
         if (k < 0) {
             t->comm_ms += ms;
-        } else {
+        } else { /* the small calls are synchronisations: they wait whole */
+            t->comm_ms += small, ms -= small;
             overlap_ms[k] += ms, overlap_calls[k] += (double)c->count;
             double piece = largest >= 0 ? largest : ms / (double)c->count;
             if (piece > overlap_piece[k]) overlap_piece[k] = piece;

@@ -51,6 +51,7 @@ static void count(shard_comm *comm, const char *what, uint64_t bytes, double alp
     if (!e) return;
     e->calls++, e->bytes += bytes, e->alphas += alphas, e->wire_bytes += wire_bytes;
     if (wire_bytes >= e->largest_wire_bytes) e->largest_alphas = alphas, e->largest_wire_bytes = wire_bytes;
+    if (bytes <= SHARD__PLAN_SMALL_BYTES) e->small_alphas += alphas, e->small_wire_bytes += wire_bytes;
 }
 
 static void copy_bytes(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }

@@ -15,7 +15,12 @@ typedef struct shard__plan_count {
     uint64_t calls, bytes;
     double alphas, wire_bytes; /* the alpha-beta terms of the calls (shard__emu_coll_terms; a send: 1, its bytes) */
     double largest_alphas, largest_wire_bytes; /* the terms of the call with the most wire bytes */
+    double small_alphas, small_wire_bytes;     /* the terms of its calls of at most SHARD__PLAN_SMALL_BYTES */
 } shard__plan_count;
+
+/* A call this small is a synchronisation (a norm, a loss, a count), not a bucket of gradients: the cost
+ * model does not hide it behind compute. */
+#define SHARD__PLAN_SMALL_BYTES 4096
 
 typedef struct shard__plan_tally {
     shard__plan_count *at;
