@@ -34,7 +34,7 @@ static double draw(void) { /* a fixed sequence: every run tests the same instanc
 
 /* Every permutation of n in turn (Heap's algorithm), the least `fn` over them. */
 static double brute_force(double (*fn)(const size_t *, size_t, void *), void *ctx, size_t n) {
-    size_t perm[MOST], c[MOST] = {0};
+    size_t perm[MOST] = {0}, c[MOST] = {0};
     for (size_t i = 0; i < n; i++) perm[i] = i;
     double best = fn(perm, n, ctx);
     for (size_t i = 1; i < n;) {
