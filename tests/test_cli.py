@@ -234,7 +234,7 @@ PARSED_FLAGS = {
     ("profile",): {"--out", "--quick"},
     ("plan",): {"--config", "--cluster", "--device-map", "--profile", "--batch", "--seq", "--goal",
                 "--max-memory-fraction", "--placement", "--top", "--out", "--json", "--search", "--verify",
-                "--latency-budget-ms"},
+                "--latency-budget-ms", "--grow-batch"},
     ("bench", "analyze"): {"--profile", "--cluster", "--device-map", "--limit", "--steps", "--warmup", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
@@ -1384,6 +1384,20 @@ def plan():
         lines = [l for l in p.stderr.splitlines() if l.strip()]
         expect(p.returncode != 0 and "meets the latency budget of 1.0 ms: the fastest predicts" in p.stderr and
                len(lines) == 1, f"plan --latency-budget-ms 1: {p.stderr!r}")
+        # throughput on the slow link: a larger global batch predicts more tokens/s; named, then chosen
+        p = run(base + ["--cluster", slow, "--json"])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        larger = r.get("larger_batch") or {}
+        expect(p.returncode == 0 and r.get("batch") == 8 and larger.get("batch", 0) in (16, 32, 64) and
+               larger.get("tokens_per_s", 0) >= 1.05 * r["plans"][0]["tokens_per_s"] and
+               "--grow-batch chooses it" in r.get("explanation", ""), f"plan's larger batch: {p.stderr} {r}")
+        p = run(base + ["--cluster", slow, "--json", "--grow-batch", "--out", out])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        written = json.load(open(out)) if p.returncode == 0 else {}
+        flags = written.get("flags", [])
+        expect(p.returncode == 0 and r.get("batch") == larger.get("batch") and "--batch" in flags and
+               flags[flags.index("--batch") + 1] == str(larger.get("batch")) and
+               "The global batch grows to" in r.get("explanation", ""), f"plan --grow-batch: {p.stderr} {r} {written}")
         p = run(base + ["--cluster", eight, "--search", "sideways"])
         expect(p.returncode != 0 and "give exhaustive or screen" in p.stderr, f"plan --search sideways: {p.stderr!r}")
         small = os.path.join(work, "small.json")

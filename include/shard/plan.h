@@ -9,6 +9,10 @@
  * slowest stage's predicted time is least (compute-aware: the stage's device rate; memory-aware: no
  * stage past its devices' memory), each again analyzed and priced like any other candidate.
  *
+ * For throughput the winner's layout is also priced at 2, 4 and 8 times the global batch (batch shares
+ * scaled alike) while it fits: a larger batch that predicts at least 5 % more tokens per second is
+ * reported, and chosen with grow_batch (its candidate's `batch` set).
+ *
  * Goals: "throughput" (tokens per second at the given batch), "latency" (time per step: the same
  * order at a fixed batch), "memory" (the least peak bytes on the fullest device), "balance" (the least
  * imbalance of the ranks' predicted step times, shard_imbalance).  Every candidate is kept with why it
@@ -36,6 +40,7 @@ typedef struct shard_plan_candidate {
     size_t micro_batches;
     char layers_per_stage[96]; /* "3,1" for an uneven cut of the layers over pipe stages; "" even */
     char batch_shares[160];    /* "6,2": rows per data rank in proportion to their devices' speed; "" even */
+    size_t batch;              /* the global batch it runs (0: the request's) */
     int valid;                 /* the trainer accepts the layout */
     int fits;                  /* every rank's peak within its device's memory x the fraction */
     double step_ms, tokens_per_s;
@@ -59,6 +64,7 @@ typedef struct shard_plan_options {
     int verify;                           /* with the screen: fitting layouts checked by dry run (0: 3; negative:
                                              none, every figure the screen's estimate) */
     double latency_budget_ms;             /* layouts predicting a longer step are cut (0: no budget) */
+    int grow_batch;                       /* goal throughput: the winner runs the larger global batch found */
 } shard_plan_options;
 
 /* The winner's placement by one solver (placement.h). */
@@ -80,6 +86,10 @@ typedef struct shard_plan_result {
     double search_seconds; /* pricing every layout (by dry run, or by the screen) */
     double verify_seconds; /* the screen's best checked by dry run */
     int screened;          /* the search priced by the screen (placement then uses the screen's figures) */
+    /* goal throughput: the winner's layout at 2, 4 and 8 times the batch, the best that fits and predicts
+     * at least 5 % more tokens per second (larger.batch 0: none); with grow_batch the winner is it */
+    shard_plan_candidate larger;
+    size_t requested_batch;
     /* set by shard_plan_place */
     size_t placements; /* solved (0: not placed, or more devices than the solvers take) */
     shard_plan_placement placement[SHARD_PLAN_PLACEMENTS];

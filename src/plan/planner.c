@@ -210,6 +210,7 @@ void shard_plan_candidate_apply(const shard_plan_candidate *c, shard_trainer_con
     tc->recompute = c->recompute, tc->micro_batch = 0, tc->accum = 0, tc->virtual_stages = 0;
     tc->layers_per_stage = c->layers_per_stage[0] ? c->layers_per_stage : NULL;
     tc->batch_shares = c->batch_shares[0] ? c->batch_shares : NULL;
+    if (c->batch) tc->batch = c->batch;
 }
 
 /* Price analysis a on the cluster (with its device map) into c: the step, its ranks' balance, the
@@ -310,6 +311,34 @@ static shard_status try_layout_family(search *sr, const char *mesh, int zero, in
     return SHARD_OK;
 }
 
+/* The winner w's layout at 2, 4 and 8 times the global batch (its shares scaled alike), priced as the
+ * search priced w, while it fits: into *out the one predicting the most tokens per second if that is
+ * at least 5 % above w's (out->batch 0: none). */
+static shard_status grow(search *sr, const shard_plan_candidate *w, shard_plan_candidate *out) {
+    memset(out, 0, sizeof *out);
+    size_t base = sr->o->train->batch;
+    double best = w->tokens_per_s * 1.05;
+    for (size_t times = 2; times <= 8 && base; times *= 2) {
+        shard_plan_candidate c = *w;
+        c.batch = base * times;
+        if (w->batch_shares[0]) { /* each data rank's rows times as many */
+            size_t used = 0;
+            const char *at = w->batch_shares;
+            for (int k = 0; *at; k++) {
+                char *end;
+                unsigned long v = strtoul(at, &end, 10);
+                used += (size_t)snprintf(c.batch_shares + used, sizeof c.batch_shares - used, "%s%lu", k ? "," : "",
+                                         v * (unsigned long)times);
+                at = *end ? end + 1 : end;
+            }
+        }
+        SHARD_CHECK(evaluate(sr, &c, w->screened, NULL));
+        if (!c.valid || !c.fits) break;
+        if (c.tokens_per_s > best) *out = c, best = c.tokens_per_s;
+    }
+    return SHARD_OK;
+}
+
 static const char *goal_of(const shard_plan_options *o) { return o->goal ? o->goal : "throughput"; }
 
 static double score(const shard_plan_candidate *c, const char *goal) {
@@ -394,10 +423,13 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
         }
         if (s == SHARD_OK) qsort(sr.c, sr.n, sizeof *sr.c, by_goal);
     }
+    if (s == SHARD_OK && strcmp(goal, "throughput") == 0 && sr.n && sr.c[0].fits) s = grow(&sr, &sr.c[0], &r->larger);
     if (s < 0) {
         free(sr.c), free(r);
         return s;
     }
+    r->requested_batch = o->train->batch;
+    if (o->grow_batch && r->larger.batch) sr.c[0] = r->larger;
     r->candidate = sr.c, r->count = sr.n, r->world = W;
     r->screened = sr.screen;
     r->search_seconds = searched - started, r->verify_seconds = shard_clock_seconds() - searched;
@@ -602,6 +634,20 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
         used += (size_t)snprintf(out + used, bytes - used,
                                  " The device map is kept as given; %s's placement would predict %.1f ms.",
                                  least->method, least->step_ms);
+    const shard_plan_candidate *x = &r->larger;
+    if (x->batch && used < bytes) {
+        if (w->batch == x->batch)
+            used += (size_t)snprintf(out + used, bytes - used,
+                                     " The global batch grows to %zu (%zu asked): %.0f tokens/s, %.2f GiB on the "
+                                     "fullest device.",
+                                     x->batch, r->requested_batch, x->tokens_per_s, x->peak_bytes / 1073741824.0);
+        else
+            used += (size_t)snprintf(out + used, bytes - used,
+                                     " A global batch of %zu also fits (%.2f GiB on the fullest device) and predicts "
+                                     "%.0f tokens/s (%+.0f %%): --grow-batch chooses it.",
+                                     x->batch, x->peak_bytes / 1073741824.0, x->tokens_per_s,
+                                     100 * (x->tokens_per_s / w->tokens_per_s - 1));
+    }
     if (r->fitting > 1 && used < bytes) {
         shard_plan_candidate_text(&r->candidate[1], second, sizeof second);
         used += (size_t)snprintf(out + used, bytes - used, " The runner-up, %s, predicts %.1f ms.", second,
