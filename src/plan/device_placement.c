@@ -1,6 +1,7 @@
-/* placement.c — see placement.h: the Hungarian solver of a linear assignment, simulated annealing and a
- * permutation genetic algorithm over a full objective, and a plan's objective (the cost model's step on
- * the cluster with the permutation as its device map, plus a memory penalty).
+/* device_placement.c — see placement.h (named apart from src/nn/placement.c, the parameters' blocks):
+ * the Hungarian solver of a linear assignment, simulated annealing and a permutation genetic algorithm
+ * over a full objective, and a plan's objective (the cost model's step on the cluster with the
+ * permutation as its device map, plus a memory penalty).
  *
  * The searches count every evaluation against one budget and draw from their own generator (splitmix64)
  * so that an answer depends on the seed alone, never on the machine or the time. */
