@@ -1360,11 +1360,11 @@ def plan():
             shares = [int(x) for x in written["batch_shares"].split(",")]
             expect(sum(shares) == 8 and shares[0] > shares[-1], f"plan's batch shares: {written}")
         # the closed-form screen: every layout priced by it, the best two checked by dry run and listed
-        # first; its choice within 5 % of the exhaustive search's on the 8-device cluster
-        eight = os.path.join(clusters, "homogeneous-8.json")
+        # first; its choice within 5 % of the exhaustive search's
+        slow = os.path.join(clusters, "two-nodes-slow-link.json")
         runs = {}
         for mode in ("exhaustive", "screen"):
-            p = run(base + ["--cluster", eight, "--json", "--top", "60", "--search", mode, "--verify", "2"])
+            p = run(base + ["--cluster", slow, "--json", "--top", "60", "--search", mode, "--verify", "2"])
             runs[mode] = json.loads(p.stdout) if p.returncode == 0 else {}
             expect(p.returncode == 0, f"plan --search {mode}: {p.stderr}")
         screened = runs["screen"].get("plans", [])
@@ -1375,7 +1375,6 @@ def plan():
                f"plan --search screen: {screened[:3]} against {runs['exhaustive'].get('plans', [])[:1]}")
         # a latency budget cuts the layouts predicting a longer step, and says so; one below every layout's
         # step is refused in one line naming the fastest
-        slow = os.path.join(clusters, "two-nodes-slow-link.json")
         p = run(base + ["--cluster", slow, "--json", "--top", "60", "--latency-budget-ms", "300"])
         r = json.loads(p.stdout) if p.returncode == 0 else {}
         expect(p.returncode == 0 and r.get("plans") and all(x["step_ms"] <= 300 for x in r["plans"]) and
@@ -1398,7 +1397,7 @@ def plan():
         expect(p.returncode == 0 and r.get("batch") == larger.get("batch") and "--batch" in flags and
                flags[flags.index("--batch") + 1] == str(larger.get("batch")) and
                "The global batch grows to" in r.get("explanation", ""), f"plan --grow-batch: {p.stderr} {r} {written}")
-        p = run(base + ["--cluster", eight, "--search", "sideways"])
+        p = run(base + ["--cluster", slow, "--search", "sideways"])
         expect(p.returncode != 0 and "give exhaustive or screen" in p.stderr, f"plan --search sideways: {p.stderr!r}")
         small = os.path.join(work, "small.json")
         with open(small, "w") as f:
