@@ -2,7 +2,8 @@
  *
  *   shard plan --config CONFIG.json --cluster cluster.json [--profile machine.json] --batch B --seq S
  *              [--device-map LIST] [--goal throughput|latency|memory|balance] [--max-memory-fraction 0.9]
- *              [--latency-budget-ms X] [--grow-batch]
+ *              [--latency-budget-ms X] [--max-comm-fraction F] [--max-compute-imbalance X] [--grow-batch]
+ *              [--grad-dtype f32|bf16|f32,bf16] [--refine 8] [--place-top 3]
  *              [--placement hungarian|anneal|genetic] [--top 5] [--search exhaustive|screen] [--verify 3]
  *              [--json] [--out plan.json] */
 #include <jansson.h>
@@ -18,11 +19,13 @@ static const char *const USAGE =
     "\n"
     "The layout to run a model with on a cluster: every data x tensor x pipe split of its devices (x\n"
     "expert for a mixture of experts), ZeRO 0-3, sequence parallel, 1F1B with p or 2p micro-batches,\n"
-    "recomputation where a layout does not fit without it; each analyzed by a dry run of the engine\n"
-    "(shard analyze) and priced on the cluster's devices and links (and the machine profile's host part\n"
-    "when given), those that do not fit a device's memory cut, the rest ranked by the goal. Prints the\n"
-    "top layouts, why the others were cut, and a paragraph on the choice. The winner is then placed:\n"
-    "which device each mesh position runs on, solved three ways and priced by the same model.\n"
+    "the gradient dtypes asked, recomputation or accumulation where a layout does not fit without it,\n"
+    "then the leading meshes' variants (GPipe, interleaved, more micro-batches, accumulation); each\n"
+    "analyzed by a dry run of the engine (shard analyze) and priced on the cluster's devices and links\n"
+    "(and the machine profile's host part when given), those that do not fit a device's memory or a\n"
+    "budget cut, the rest ranked by the goal. Prints the top layouts, why the others were cut, and a\n"
+    "paragraph on the choice. The leading layouts are then placed: which device each mesh position\n"
+    "runs on, solved three ways and priced by the same model; the best placed one wins.\n"
     "\n"
     "options:\n"
     "  --config FILE                       the model config\n"
@@ -35,6 +38,16 @@ static const char *const USAGE =
     "  --goal G                            throughput (default), latency, memory or balance\n"
     "  --max-memory-fraction X             of each device's memory a rank may use, (0, 1] (default 0.9)\n"
     "  --latency-budget-ms X               cut the layouts that predict a longer step (default: no budget)\n"
+    "  --max-comm-fraction F               the communication budget: cut the layouts whose ranks' exposed\n"
+    "                                      communication takes more than F of the step, (0, 1]\n"
+    "  --max-compute-imbalance X           the compute budget: cut the layouts whose ranks' predicted\n"
+    "                                      compute is more imbalanced (max/mean - 1) than X\n"
+    "  --grad-dtype LIST                   gradient dtypes searched: f32 (default), bf16, or f32,bf16\n"
+    "                                      (bf16 halves the reduction but rounds the gradients)\n"
+    "  --refine N                          meshes whose best layout's variants are tried, 0..100 (default\n"
+    "                                      8; 0: none)\n"
+    "  --place-top N                       leading layouts placed, the best placed one the winner, 1..100\n"
+    "                                      (default 3)\n"
     "  --grow-batch                        goal throughput: run the winner at the larger global batch found\n"
     "                                      (2, 4 or 8 times --batch, fitting, >= 5 % more tokens/s; without\n"
     "                                      it the explanation only names it); its flags gain --batch\n"
@@ -56,12 +69,12 @@ static const char *const USAGE =
     "                                      peak_bytes}, explanation\n"
     "  --json                              one JSON object: goal, world, tried, fitting, plans [...],\n"
     "                                      placement [{method, step_ms, seconds, device_map}],\n"
-    "                                      placed_by, explanation\n";
+    "                                      placed_by, layouts_placed, placed_rank, explanation\n";
 
 typedef struct plan_opts {
-    const char *config, *cluster, *device_map, *profile, *goal, *out, *placement, *search;
-    long batch, seq, top, verify;
-    double fraction, latency_budget;
+    const char *config, *cluster, *device_map, *profile, *goal, *out, *placement, *search, *grad_dtypes;
+    long batch, seq, top, verify, refine, place_top;
+    double fraction, latency_budget, comm_fraction, compute_imbalance;
     int json, grow_batch;
 } plan_opts;
 
@@ -75,10 +88,20 @@ static json_t *flags_json(const shard_plan_candidate *c) {
     if (c->sequence_parallel) json_array_append_new(f, json_string("--sequence-parallel"));
     if (c->schedule[0])
         json_array_append_new(f, json_string("--schedule")), json_array_append_new(f, json_string(c->schedule));
+    if (c->virtual_stages) {
+        snprintf(text, sizeof text, "%d", c->virtual_stages);
+        json_array_append_new(f, json_string("--virtual-stages")), json_array_append_new(f, json_string(text));
+    }
     if (c->micro_batches) {
         snprintf(text, sizeof text, "%zu", c->micro_batches);
         json_array_append_new(f, json_string("--micro-batches")), json_array_append_new(f, json_string(text));
     }
+    if (c->accum) {
+        snprintf(text, sizeof text, "%zu", c->accum);
+        json_array_append_new(f, json_string("--accum")), json_array_append_new(f, json_string(text));
+    }
+    if (c->grad_dtype[0])
+        json_array_append_new(f, json_string("--grad-dtype")), json_array_append_new(f, json_string(c->grad_dtype));
     if (c->recompute) json_array_append_new(f, json_string("--recompute"));
     if (c->batch) {
         snprintf(text, sizeof text, "%zu", c->batch);
@@ -102,6 +125,8 @@ static json_t *candidate_json(const shard_plan_candidate *c) {
     json_object_set_new(o, "peak_bytes", c->valid ? json_real(c->peak_bytes) : json_null());
     json_object_set_new(o, "bubble", json_real(c->bubble));
     json_object_set_new(o, "imbalance", json_real(c->imbalance));
+    json_object_set_new(o, "comm_fraction", json_real(c->comm_fraction));
+    json_object_set_new(o, "compute_imbalance", json_real(c->compute_imbalance));
     json_object_set_new(o, "screened", json_boolean(c->screened));
     if (c->why[0]) json_object_set_new(o, "cut", json_string(c->why));
     return o;
@@ -137,23 +162,64 @@ static shard_status write_plan(const char *path, const shard_plan_result *r, con
     return s;
 }
 
+/* The candidate's layout in the table's short words: "data=2,pipe=2 zero=1 sp 1f1b m=4 shares=6,2". */
+static void table_text(const shard_plan_candidate *c, char *out, size_t bytes) {
+    static const char *const words[][2] = {
+        {" sequence-parallel", " sp"},  {" schedule=", " "},         {" micro-batches=", " m="},
+        {" virtual-stages=", " v="},    {" grad-dtype=", " grads="}, {" layers-per-stage=", " layers="},
+        {" batch-shares=", " shares="},
+    };
+    char long_text[400];
+    shard_plan_candidate_text(c, long_text, sizeof long_text);
+    size_t used = 0;
+    for (const char *at = long_text; *at && used + 1 < bytes;) {
+        size_t k = 0, n = sizeof words / sizeof *words;
+        while (k < n && strncmp(at, words[k][0], strlen(words[k][0])) != 0) k++;
+        if (k < n) {
+            used += (size_t)snprintf(out + used, bytes - used, "%s", words[k][1]);
+            at += strlen(words[k][0]);
+        } else {
+            out[used++] = *at++;
+        }
+    }
+    out[used < bytes ? used : bytes - 1] = '\0';
+}
+
 static int take(plan_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i], *v;
-    const char **strs[] = {&o->config, &o->cluster, &o->device_map, &o->profile, &o->goal, &o->out, &o->search};
+    const char **strs[] = {&o->config, &o->cluster, &o->device_map, &o->profile,
+                           &o->goal,   &o->out,     &o->search,     &o->grad_dtypes};
     static const char *const names[] = {"--config", "--cluster", "--device-map", "--profile",
-                                        "--goal",   "--out",     "--search"};
-    for (int k = 0; k < 7; k++)
+                                        "--goal",   "--out",     "--search",     "--grad-dtype"};
+    for (int k = 0; k < 8; k++)
         if (strcmp(a, names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
-    long *ints[] = {&o->batch, &o->seq, &o->top, &o->verify};
-    static const char *const int_names[] = {"--batch", "--seq", "--top", "--verify"};
-    static const long lo[] = {1, 1, 1, 0}, hi[] = {1 << 20, 1 << 20, 1000, 100};
-    for (int k = 0; k < 4; k++)
+    long *ints[] = {&o->batch, &o->seq, &o->top, &o->verify, &o->refine, &o->place_top};
+    static const char *const int_names[] = {"--batch", "--seq", "--top", "--verify", "--refine", "--place-top"};
+    static const long lo[] = {1, 1, 1, 0, 0, 1}, hi[] = {1 << 20, 1 << 20, 1000, 100, 100, 100};
+    for (int k = 0; k < 6; k++)
         if (strcmp(a, int_names[k]) == 0)
             return (v = cli_value(argc, argv, i)) && !cli_parse_int(a, v, lo[k], hi[k], ints[k]) ? 1 : -1;
     if (strcmp(a, "--latency-budget-ms") == 0) {
         if (!(v = cli_value(argc, argv, i))) return -1;
         if (!cli_number(v, &o->latency_budget) || !(o->latency_budget > 0)) {
             cli_error("--latency-budget-ms '%s' is invalid: give milliseconds > 0, e.g. 250", v);
+            return -1;
+        }
+        return 1;
+    }
+    if (strcmp(a, "--max-comm-fraction") == 0) {
+        if (!(v = cli_value(argc, argv, i))) return -1;
+        if (!cli_number(v, &o->comm_fraction) || !(o->comm_fraction > 0) || o->comm_fraction > 1) {
+            cli_error("--max-comm-fraction '%s' is invalid: give a fraction of the step in (0, 1], e.g. 0.4", v);
+            return -1;
+        }
+        return 1;
+    }
+    if (strcmp(a, "--max-compute-imbalance") == 0) {
+        if (!(v = cli_value(argc, argv, i))) return -1;
+        if (!cli_number(v, &o->compute_imbalance) || !(o->compute_imbalance > 0)) {
+            cli_error("--max-compute-imbalance '%s' is invalid: give max/mean - 1 of the ranks' compute > 0, e.g. 0.25",
+                      v);
             return -1;
         }
         return 1;
@@ -182,7 +248,7 @@ static int take(plan_opts *o, int argc, char **argv, int *i) {
 
 int cli_plan(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
-    plan_opts o = {.batch = 8, .seq = 128, .top = 5, .fraction = 0.9, .verify = -1};
+    plan_opts o = {.batch = 8, .seq = 128, .top = 5, .fraction = 0.9, .verify = -1, .refine = -1, .place_top = 3};
     for (int i = 1; i < argc; i++) {
         int t = take(&o, argc, argv, &i);
         if (t < 0) return 2;
@@ -220,6 +286,13 @@ int cli_plan(int argc, char **argv) {
                              .search = o.search,
                              .latency_budget_ms = o.latency_budget,
                              .grow_batch = o.grow_batch,
+                             .grad_dtypes = o.grad_dtypes,
+                             .max_comm_fraction = o.comm_fraction,
+                             .max_compute_imbalance = o.compute_imbalance,
+                             .refine = o.refine == 0 ? -1
+                                 : o.refine == -1    ? 0
+                                                     : (int)o.refine,
+                             .place_top = (int)o.place_top,
                              .verify = o.verify == 0 ? -1
                                  : o.verify == -1    ? 0
                                                      : (int)o.verify};
@@ -269,6 +342,8 @@ int cli_plan(int argc, char **argv) {
         }
         json_object_set_new(root, "placement", placed);
         json_object_set_new(root, "placed_by", json_string(r->placed_by));
+        json_object_set_new(root, "layouts_placed", json_integer((json_int_t)r->candidates_placed));
+        json_object_set_new(root, "placed_rank", json_integer((json_int_t)r->placed_rank + 1));
         json_object_set_new(root, "explanation", json_string(explanation));
         char *text = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(10));
         json_decref(root);
@@ -276,17 +351,15 @@ int cli_plan(int argc, char **argv) {
         free(text);
     } else {
         printf("plan: %zu layouts tried on %d devices, %zu fit (%.2f s%s", r->count, r->world, r->fitting,
-               r->search_seconds, r->verify_seconds > 0 ? "" : ")\n");
-        if (r->verify_seconds > 0) printf(", then %.2f s checking the best by dry run)\n", r->verify_seconds);
-        printf("  %-4s %-44s %10s %12s %10s %8s\n", "#", "layout", "step ms", "tokens/s", "peak GiB", "bubble");
+               r->search_seconds, r->screened && r->verify_seconds > 0 ? "" : ")\n");
+        if (r->screened && r->verify_seconds > 0)
+            printf(", then %.2f s checking the best by dry run)\n", r->verify_seconds);
+        printf("  %-4s %-48s %10s %12s %10s %8s\n", "#", "layout", "step ms", "tokens/s", "peak GiB", "bubble");
         for (size_t i = 0; i < top; i++) {
             const shard_plan_candidate *c = &r->candidate[i];
             char flags[400];
-            snprintf(flags, sizeof flags, "%s zero=%d%s%s%s%s%s%s%s%s", c->mesh, c->zero,
-                     c->sequence_parallel ? " sp" : "", c->schedule[0] ? " " : "", c->schedule,
-                     c->recompute ? " recompute" : "", c->layers_per_stage[0] ? " layers=" : "", c->layers_per_stage,
-                     c->batch_shares[0] ? " shares=" : "", c->batch_shares);
-            printf("  %-4zu %-44s %10.2f %12.0f %10.3f %8.3f\n", i + 1, flags, c->step_ms, c->tokens_per_s,
+            table_text(c, flags, sizeof flags);
+            printf("  %-4zu %-48s %10.2f %12.0f %10.3f %8.3f\n", i + 1, flags, c->step_ms, c->tokens_per_s,
                    c->peak_bytes / 1073741824.0, c->bubble);
         }
         if (r->placements) {

@@ -234,7 +234,8 @@ PARSED_FLAGS = {
     ("profile",): {"--out", "--quick"},
     ("plan",): {"--config", "--cluster", "--device-map", "--profile", "--batch", "--seq", "--goal",
                 "--max-memory-fraction", "--placement", "--top", "--out", "--json", "--search", "--verify",
-                "--latency-budget-ms", "--grow-batch"},
+                "--latency-budget-ms", "--grow-batch", "--grad-dtype", "--max-comm-fraction",
+                "--max-compute-imbalance", "--refine", "--place-top"},
     ("bench", "analyze"): {"--profile", "--cluster", "--device-map", "--limit", "--steps", "--warmup", "--json"},
     ("ckpt", "export"): {"--out", "--max-shard-size", "--optimizer"},
     ("data", "text"): {"--out", "--val-fraction"},
@@ -1291,7 +1292,8 @@ def plan():
     the least memory a device would need; a bad goal and an unknown placement method in one line."""
     import tempfile
     clusters = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "clusters")
-    base = ["plan", "--config", TINY, "--batch", "8", "--seq", "64"]
+    # the broad search alone, its winner alone placed (plan_space checks the variants and --place-top)
+    base = ["plan", "--config", TINY, "--batch", "8", "--seq", "64", "--refine", "0", "--place-top", "1"]
     with tempfile.TemporaryDirectory(prefix="shard-cli-plan-") as work:
         out = os.path.join(work, "plan.json")
         p = run(base + ["--cluster", os.path.join(clusters, "two-nodes-slow-link.json"), "--json", "--top", "50",
@@ -1319,8 +1321,9 @@ def plan():
                    f"plan's flags re-analyzed on {cluster}: {a.get('step_ms')} against {written['predicted']} {q.stderr}")
         if written:
             reanalyzed(os.path.join(clusters, "two-nodes-slow-link.json"), written)
-        # in order, the smallest layout's (data=1,tensor=2,pipe=2) tensor pairs cross the slow link between
-        # the nodes: the genetic map puts each pair on one node
+        # in order, the smallest layout of the broad search (data=1,tensor=2,pipe=2; the variants find a
+        # deeper pipeline smaller still) has tensor pairs across the slow link between the nodes: the
+        # genetic map puts each pair on one node
         crossed = os.path.join(clusters, "two-nodes-slow-link.json")
         p = run(base + ["--cluster", crossed, "--goal", "memory", "--placement", "genetic", "--json", "--out", out])
         r = json.loads(p.stdout) if p.returncode == 0 else {}
@@ -1413,6 +1416,54 @@ def plan():
             p = run(base + args)
             lines = [l for l in p.stderr.splitlines() if l.strip()]
             expect(p.returncode != 0 and text in p.stderr and len(lines) == 1, f"plan {args}: {p.returncode} {p.stderr!r}")
+
+
+def plan_space():
+    """`shard plan`'s wider search and budgets: with --grad-dtype f32,bf16 both gradient dtypes are
+    searched (bf16 halving a data=4 layout's reduction, so predicting a shorter step than its f32 twin);
+    the variants of the leading meshes (GPipe, interleaved with two chunks, accumulation) are tried and
+    their flags re-analyze to the same prediction; --place-top 3 places three layouts; the communication
+    and compute budgets cut layouts and say so, and one no layout meets is refused in one line naming
+    the least figure; bad values of the new options in one line each."""
+    clusters = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "clusters")
+    slow, hetero = (os.path.join(clusters, n + ".json") for n in ("two-nodes-slow-link", "heterogeneous"))
+    base = ["plan", "--config", TINY, "--batch", "8", "--seq", "64"]
+    p = run(base + ["--cluster", slow, "--json", "--top", "500", "--grad-dtype", "f32,bf16", "--place-top", "3"])
+    r = json.loads(p.stdout) if p.returncode == 0 else {}
+    plans = r.get("plans", [])
+    flags = {" ".join(x["flags"]): x for x in plans}
+    expect(p.returncode == 0 and r.get("layouts_placed") == 3 and 1 <= r.get("placed_rank", 0) <= 3,
+           f"plan --place-top 3: {p.stderr} {r.get('layouts_placed')} {r.get('placed_rank')}")
+    for words in ("--grad-dtype bf16", "--schedule interleaved --virtual-stages 2", "--schedule gpipe", "--accum 2"):
+        expect(any(words in f for f in flags), f"plan's search has no layout with {words}: {list(flags)}")
+    f32, bf16 = flags.get("--mesh data=4 --zero 0"), flags.get("--mesh data=4 --zero 0 --grad-dtype bf16")
+    expect(f32 and bf16 and bf16["step_ms"] < f32["step_ms"], f"bf16 gradients on data=4: {f32} {bf16}")
+    interleaved = [x for f, x in flags.items() if "interleaved" in f]
+    if interleaved:
+        x = interleaved[0]
+        q = run(["analyze", "--config", TINY, "--batch", "8", "--seq", "64", "--cluster", slow, "--json"] + x["flags"])
+        a = json.loads(q.stdout) if q.returncode == 0 else {}
+        expect(abs(a.get("step_ms", 0) - x["step_ms"]) <= 1e-6 * x["step_ms"],
+               f"an interleaved layout's flags re-analyzed: {a.get('step_ms')} against {x} {q.stderr}")
+    # the communication budget
+    p = run(base + ["--cluster", slow, "--json", "--top", "500", "--max-comm-fraction", "0.3"])
+    r = json.loads(p.stdout) if p.returncode == 0 else {}
+    expect(p.returncode == 0 and r.get("plans") and all(x["comm_fraction"] <= 0.3 for x in r["plans"]) and
+           "The communication budget cut" in r.get("explanation", ""), f"plan --max-comm-fraction 0.3: {p.stderr} {r}")
+    # the compute budget: on unequal devices the even splits' compute is imbalanced
+    p = run(base + ["--cluster", hetero, "--json", "--top", "500", "--max-compute-imbalance", "0.2"])
+    r = json.loads(p.stdout) if p.returncode == 0 else {}
+    expect(p.returncode == 0 and r.get("plans") and all(x["compute_imbalance"] <= 0.2 for x in r["plans"]) and
+           "The compute budget cut" in r.get("explanation", ""), f"plan --max-compute-imbalance 0.2: {p.stderr} {r}")
+    for args, text in ((["--cluster", slow, "--max-comm-fraction", "0.001"],
+                        "meets the communication budget of 0 %: the least exposed communication predicted is"),
+                       (["--cluster", slow, "--grad-dtype", "fp8"], "gradient dtypes 'fp8': give f32, bf16 or f32,bf16"),
+                       (["--cluster", slow, "--max-comm-fraction", "2"], "--max-comm-fraction '2' is invalid"),
+                       (["--cluster", slow, "--max-compute-imbalance", "-1"], "--max-compute-imbalance '-1' is invalid"),
+                       (["--cluster", slow, "--place-top", "0"], "--place-top")):
+        p = run(base + args)
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode != 0 and text in p.stderr and len(lines) == 1, f"plan {args}: {p.returncode} {p.stderr!r}")
 
 
 def bench_plan():
@@ -1877,7 +1928,7 @@ def monitor():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "bench_plan": bench_plan,
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "plan_space": plan_space, "bench_plan": bench_plan,
      "train_plan": train_plan,
      "cost": cost,
      "monitor": monitor}[sys.argv[2]]()

@@ -31,7 +31,7 @@ typedef struct block_header {
     shard__mem_ledger *ledger;
     void *raw;
     int category;
-    int planned; /* mapped by the plan mode: unmapped on free */
+    int planned; /* mapped by the plan mode (a large block): unmapped on free */
     char pad[SHARD_ALIGNMENT_BYTES - 2 * sizeof(uint64_t) - 2 * sizeof(void *) - 2 * sizeof(int)];
 } block_header;
 
@@ -45,7 +45,10 @@ void shard__mem_plan_mode(int on) { plan_mode = on; }
 int shard__mem_planning(void) { return plan_mode; }
 
 /* A planned block: pages the kernel hands out only when written (MAP_NORESERVE), the header in the first
- * page, the data from the second; zero-filled as mapped. */
+ * page, the data from the second; zero-filled as mapped.  Blocks under PLAN_MAP_FROM come from the heap
+ * instead: a map and an unmap per small block (thousands a dry run, each unmap stopping every thread of
+ * the process to flush its mappings) cost far more than the few pages they would leave untouched. */
+enum { PLAN_MAP_FROM = 1 << 20 };
 static void *map_planned(size_t bytes, void **raw, size_t *mapped) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     *mapped = (bytes + 2 * page - 1) / page * page;
@@ -131,7 +134,8 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     size_t raw_bytes = bytes + 2 * SHARD_ALIGNMENT_BYTES;
     void *raw = NULL;
     uintptr_t aligned;
-    if (plan_mode) {
+    int mapping = plan_mode && bytes >= PLAN_MAP_FROM;
+    if (mapping) {
         size_t mapped;
         void *data = map_planned(bytes, &raw, &mapped);
         aligned = (uintptr_t)data;
@@ -145,7 +149,7 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
         if (raw) (void)madvise((void *)aligned, data_bytes, MADV_HUGEPAGE); /* a hint: refused harmlessly without THP */
 #endif
     } else {
-        raw = malloc(raw_bytes);
+        raw = plan_mode ? calloc(1, raw_bytes) : malloc(raw_bytes); /* a small planned block: zero-filled too */
         aligned = ((uintptr_t)raw + 2 * SHARD_ALIGNMENT_BYTES - 1) & ~(uintptr_t)(SHARD_ALIGNMENT_BYTES - 1);
     }
     if (!raw) {
@@ -160,7 +164,7 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     h->ledger = ledger;
     h->raw = raw;
     h->category = (int)category;
-    h->planned = plan_mode;
+    h->planned = mapping;
     charge(h->ledger, h->category, bytes);
     atomic_fetch_add(&h->ledger->blocks, 1);
     return (void *)aligned;

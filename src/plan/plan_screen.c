@@ -8,10 +8,12 @@
  * Model state in f32 (AdamW's two moments): ZeRO-1 keeps the moments' 1/data share and a gradient
  * shard beside the full gradients, ZeRO-2 the gradients' share and a bucket, ZeRO-3 the values' share
  * too, with two blocks gathered at a time.  Activations: cost.h's per-stage bytes for the micro-batches
- * a stage holds at its peak (1F1B: min(m, p - stage); GPipe: m), the block's tensor-split parts divided
+ * a stage holds at its peak (1F1B and interleaved: min(m, p - stage); GPipe: m), the block's tensor-split parts divided
  * by `tensor` (the residual stream too under sequence parallel); with recomputation only each block's
  * input per micro-batch plus one block's whole.  FLOPs: per token and block 24 C^2 + 4 S C forward over
- * `tensor`, the head's 2 V C on the last stage, backward twice forward, recomputation once more. */
+ * `tensor`, the head's 2 V C on the last stage, backward twice forward, recomputation once more.
+ * bf16 gradients halve the data axis's reduction and add the bf16 copies reduced; the interleaved
+ * schedule sends each micro-batch once per chunk and has the interleaved bubble. */
 #include "plan_screen.h"
 
 #include <math.h>
@@ -129,6 +131,9 @@ shard_status shard__plan_screen(const shard_gpt_config *g, const shard_trainer_c
     }
     if (s == SHARD_OK) s = shard__pipe_partition(g->n_layer, Pp, tc->layers_per_stage, blocks);
     const int gpipe = tc->schedule && strcmp(tc->schedule, "gpipe") == 0;
+    const int chunks =
+        tc->schedule && strcmp(tc->schedule, "interleaved") == 0 && tc->virtual_stages > 1 ? tc->virtual_stages : 1;
+    const double grad_scale = tc->grad_dtype == SHARD_BF16 ? 0.5 : 1; /* bf16 gradients halve the reduction */
     double C = (double)g->n_embd, V = (double)g->vocab_size, S = (double)tc->seq, H = (double)g->n_head;
     double block_split = 12 * C * C + 7 * C, block_whole = 6 * C;
     /* of a block's activation bytes per token (16 C + 4, and H S for the probabilities), what `tensor`
@@ -157,6 +162,7 @@ shard_status shard__plan_screen(const shard_gpt_config *g, const shard_trainer_c
         double grads = tc->zero >= 2 ? shard + fmin(pb, tc->bucket_mb * 1048576.0) : tc->zero == 1 ? pb + shard : pb;
         double moments = (strcmp(a->optimizer, "sgd") == 0 ? 0.5 : 2) * (tc->zero >= 1 ? shard : pb);
         double comm = D > 1 ? fmin(pb, (tc->bucket_mb > 0 ? tc->bucket_mb : 25) * 1048576.0) : 0;
+        if (D > 1 && grad_scale < 1) comm += tc->zero >= 2 ? pb / 4 : pb / 2; /* the bf16 copies reduced */
         /* activations */
         size_t row_count = rows[di], micro_rows = (row_count + K - 1) / K;
         size_t slots = Pp > 1 ? (gpipe ? K : (K < (size_t)(Pp - stage) ? K : (size_t)(Pp - stage))) : 1;
@@ -196,9 +202,9 @@ shard_status shard__plan_screen(const shard_gpt_config *g, const shard_trainer_c
         }
         double buckets = ceil(pb / ((tc->bucket_mb > 0 ? tc->bucket_mb : 25) * 1048576.0));
         if (tc->zero == 0) {
-            add_collective(x, "data", "all_reduce", D, pb, buckets);
+            add_collective(x, "data", "all_reduce", D, pb * grad_scale, buckets);
         } else {
-            add_collective(x, "data", "reduce_scatterv", D, pb, buckets);
+            add_collective(x, "data", "reduce_scatterv", D, pb * grad_scale, buckets);
             add_collective(x, "data", "all_gatherv", D, pb * (tc->zero >= 3 ? 2 : 1), buckets);
         }
         double micro_bytes = (double)micro_rows * S * C * 4;
@@ -208,11 +214,14 @@ shard_status shard__plan_screen(const shard_gpt_config *g, const shard_trainer_c
         if (tc->sequence_parallel)
             add_collective(x, "tensor", "reduce_scatterv", T, micro_bytes * pairs / 2, pairs / 2);
         double hops = (stage > 0) + (stage < Pp - 1);
-        add_collective(x, "pipe", "send", Pp, hops * (double)K * micro_bytes / (tc->sequence_parallel ? T : 1),
-                       hops * (double)K);
+        /* interleaved: each micro-batch crosses every stage once per chunk */
+        add_collective(x, "pipe", "send", Pp,
+                       hops * (double)(K * (size_t)chunks) * micro_bytes / (tc->sequence_parallel ? T : 1),
+                       hops * (double)(K * (size_t)chunks));
     }
     if (s == SHARD_OK) {
-        a->bubble = Pp > 1 ? shard_cost_pipe_bubble(gpipe ? SHARD_PIPE_GPIPE : SHARD_PIPE_1F1B, Pp, (int)K, 1) : 0;
+        shard_pipe_kind kind = chunks > 1 ? SHARD_PIPE_INTERLEAVED : gpipe ? SHARD_PIPE_GPIPE : SHARD_PIPE_1F1B;
+        a->bubble = Pp > 1 ? shard_cost_pipe_bubble(kind, Pp, (int)K, chunks) : 0;
         double most = -1;
         for (int r = 0; r < world; r++) {
             double f = a->rank[r].flops_forward + a->rank[r].flops_backward + a->rank[r].flops_recompute;

@@ -1,11 +1,14 @@
 /* planner.c — see plan.h: the layouts a cluster could run, each analyzed by the dry run and priced on
- * the cluster, cut by memory, ranked by the goal.
+ * the cluster, cut by memory and the budgets, ranked by the goal, the leading ones placed.
  *
- * The search is exhaustive over a small space: every data x tensor x pipe factorisation of the
- * cluster's devices (x expert for a mixture of experts), ZeRO 0-3 where there is a data axis,
- * sequence parallel where there is a tensor axis, and on a pipe axis 1F1B with p or 2p micro-batches,
- * recomputation tried only where the same layout without it does not fit.  A layout the trainer
- * refuses (heads not divisible, too few rows per micro-step, ...) is kept with the trainer's reason. */
+ * The broad search is exhaustive over a small space: every data x tensor x pipe factorisation of the
+ * cluster's devices (x expert for a mixture of experts), ZeRO 0-3 and the gradient dtypes asked where
+ * there is a data axis, sequence parallel where there is a tensor axis, and on a pipe axis 1F1B with p
+ * or 2p micro-batches; recomputation (pipe) or accumulation (no pipe) tried only where the same layout
+ * without it does not fit.  The refinement then tries the variants of each leading mesh's best layout
+ * (other schedules, more micro-batches or micro-steps): dimensions that rarely decide the winner alone,
+ * so not multiplied into every layout.  A layout the trainer refuses (heads not divisible, too few rows
+ * per micro-step, ...) is kept with the trainer's reason. */
 #include "shard/plan.h"
 
 #include <jansson.h>
@@ -207,24 +210,31 @@ static int layers_for(const split_hints *h, long layers, char *out, size_t bytes
 void shard_plan_candidate_apply(const shard_plan_candidate *c, shard_trainer_config *tc) {
     tc->zero = c->zero, tc->sequence_parallel = c->sequence_parallel;
     tc->schedule = c->schedule[0] ? c->schedule : NULL, tc->micro_batches = c->micro_batches;
-    tc->recompute = c->recompute, tc->micro_batch = 0, tc->accum = 0, tc->virtual_stages = 0;
+    tc->recompute = c->recompute, tc->micro_batch = 0, tc->accum = c->accum, tc->virtual_stages = c->virtual_stages;
+    tc->grad_dtype = strcmp(c->grad_dtype, "bf16") == 0 ? SHARD_BF16 : SHARD_F32;
     tc->layers_per_stage = c->layers_per_stage[0] ? c->layers_per_stage : NULL;
     tc->batch_shares = c->batch_shares[0] ? c->batch_shares : NULL;
     if (c->batch) tc->batch = c->batch;
 }
 
 /* Price analysis a on the cluster (with its device map) into c: the step, its ranks' balance, the
- * fullest rank's peak and whether every rank fits its device. */
+ * fullest rank's peak, and whether every rank fits its device and the budgets (else c->cut and why). */
 static shard_status price(const shard_plan_options *o, double fraction, const shard_cluster *cluster,
                           const shard_analysis *a, shard_plan_candidate *c) {
     shard_step_prediction *x = NULL;
     shard_cost_options co = {.struct_size = sizeof co, .backend = "threads", .cluster = cluster};
     SHARD_CHECK(shard_cost_predict(a, o->profile, &co, &x));
-    c->valid = 1, c->fits = 1, c->why[0] = '\0', c->peak_bytes = 0;
+    c->valid = 1, c->fits = 1, c->cut = SHARD_PLAN_FITS, c->why[0] = '\0', c->peak_bytes = 0;
     c->step_ms = x->step_ms, c->tokens_per_s = x->tokens_per_s, c->bubble = a->bubble;
-    double *times = malloc(a->ranks * sizeof *times);
-    for (size_t r = 0; times && r < a->ranks; r++) times[r] = x->rank[r].total_ms;
+    double *times = malloc(2 * a->ranks * sizeof *times);
+    c->comm_fraction = 0;
+    for (size_t r = 0; times && r < a->ranks; r++) {
+        times[r] = x->rank[r].total_ms, times[a->ranks + r] = x->rank[r].compute_ms;
+        double f = x->step_ms > 0 ? x->rank[r].comm_ms / x->step_ms : 0;
+        if (f > c->comm_fraction) c->comm_fraction = f;
+    }
     c->imbalance = times ? shard_imbalance(times, a->ranks) : 0;
+    c->compute_imbalance = times ? shard_imbalance(times + a->ranks, a->ranks) : 0;
     free(times);
     shard_step_prediction_destroy(x);
     for (size_t r = 0; r < a->ranks; r++) {
@@ -232,16 +242,27 @@ static shard_status price(const shard_plan_options *o, double fraction, const sh
         if (peak > c->peak_bytes) c->peak_bytes = peak;
         shard_cluster_device d;
         if (c->fits && shard_cluster_rank_device(cluster, (int)r, &d) == SHARD_OK && peak > fraction * d.memory_bytes) {
-            c->fits = 0;
+            c->fits = 0, c->cut = SHARD_PLAN_CUT_MEMORY;
             snprintf(c->why, sizeof c->why,
                      "needs %.2f GiB on node '%s' (device %d, rank %zu; has %.2f GiB, %.0f %% usable)",
                      peak / 1073741824.0, d.node, d.device, r, d.memory_bytes / 1073741824.0, 100 * fraction);
         }
     }
     if (c->fits && o->latency_budget_ms > 0 && c->step_ms > o->latency_budget_ms) {
-        c->fits = 0;
+        c->fits = 0, c->cut = SHARD_PLAN_CUT_LATENCY;
         snprintf(c->why, sizeof c->why, "predicts %.1f ms a step, over the latency budget of %.1f ms", c->step_ms,
                  o->latency_budget_ms);
+    }
+    if (c->fits && o->max_comm_fraction > 0 && c->comm_fraction > o->max_comm_fraction) {
+        c->fits = 0, c->cut = SHARD_PLAN_CUT_COMM;
+        snprintf(c->why, sizeof c->why,
+                 "exposed communication takes %.0f %% of the step, over the communication budget of %.0f %%",
+                 100 * c->comm_fraction, 100 * o->max_comm_fraction);
+    }
+    if (c->fits && o->max_compute_imbalance > 0 && c->compute_imbalance > o->max_compute_imbalance) {
+        c->fits = 0, c->cut = SHARD_PLAN_CUT_COMPUTE;
+        snprintf(c->why, sizeof c->why, "compute imbalance %.2f over the ranks, over the compute budget of %.2f",
+                 c->compute_imbalance, o->max_compute_imbalance);
     }
     return SHARD_OK;
 }
@@ -251,6 +272,7 @@ static shard_status price(const shard_plan_options *o, double fraction, const sh
 static shard_status evaluate(search *sr, shard_plan_candidate *c, int screened, split_hints *hints) {
     if (hints) memset(hints, 0, sizeof *hints);
     c->valid = c->fits = 0, c->why[0] = 0, c->peak_bytes = 0, c->screened = screened;
+    c->cut = SHARD_PLAN_CUT_REFUSED;
     shard_trainer_config tc = *sr->o->train;
     shard_plan_candidate_apply(c, &tc);
     shard_analysis *a = NULL;
@@ -267,9 +289,11 @@ static shard_status evaluate(search *sr, shard_plan_candidate *c, int screened, 
     return s;
 }
 
-static shard_status try_layout(search *sr, const char *mesh, int zero, int sp, const char *schedule, size_t micro,
-                               int recompute, const char *layers, const char *shares, split_hints *hints,
-                               shard_plan_candidate **made) {
+/* A new candidate: `like`'s layout (its figures cleared) analyzed and priced, with the hints of its
+ * analysis when asked.  *made points into sr->c until the next candidate is made. */
+static shard_status try_candidate(search *sr, const shard_plan_candidate *like, split_hints *hints,
+                                  shard_plan_candidate **made) {
+    shard_plan_candidate layout = *like; /* like may point into sr->c, which may move */
     if (sr->n == sr->cap) {
         size_t cap = sr->cap ? 2 * sr->cap : 64;
         shard_plan_candidate *more = realloc(sr->c, cap * sizeof *more);
@@ -277,37 +301,94 @@ static shard_status try_layout(search *sr, const char *mesh, int zero, int sp, c
         sr->c = more, sr->cap = cap;
     }
     shard_plan_candidate *c = &sr->c[sr->n++];
-    memset(c, 0, sizeof *c);
-    snprintf(c->mesh, sizeof c->mesh, "%s", mesh);
-    snprintf(c->schedule, sizeof c->schedule, "%s", schedule ? schedule : "");
-    c->zero = zero, c->sequence_parallel = sp, c->micro_batches = micro, c->recompute = recompute;
-    snprintf(c->layers_per_stage, sizeof c->layers_per_stage, "%s", layers ? layers : "");
-    snprintf(c->batch_shares, sizeof c->batch_shares, "%s", shares ? shares : "");
+    *c = layout;
     *made = c;
     return evaluate(sr, c, sr->screen, hints);
 }
 
-/* A layout, its recomputing fallback where it does not fit, and on a cluster whose devices differ its
- * uneven splits: shares, layers, and both. */
-static shard_status try_layout_family(search *sr, const char *mesh, int zero, int sp, const char *schedule,
-                                      size_t micro) {
-    shard_plan_candidate *c = NULL;
+/* A layout, its fallbacks where it does not fit (recomputation on a pipe axis; gradient accumulation,
+ * 2, 4 or 8 micro-steps, without one), and on a cluster whose devices differ its uneven splits: shares,
+ * layers, and both. */
+static shard_status try_layout_family(search *sr, const shard_plan_candidate *base) {
+    shard_plan_candidate *c = NULL, layout = *base;
     split_hints h;
-    SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, 0, NULL, NULL, &h, &c));
-    int recompute = 0;
-    if (schedule && c->valid && !c->fits) { /* recompute: the fallback */
-        SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, 1, NULL, NULL, &h, &c));
-        recompute = 1;
+    SHARD_CHECK(try_candidate(sr, &layout, &h, &c));
+    if (layout.schedule[0] && c->valid && !c->fits) { /* recompute: the pipeline's fallback */
+        layout.recompute = 1;
+        SHARD_CHECK(try_candidate(sr, &layout, &h, &c));
+    }
+    for (size_t k = 2; !layout.schedule[0] && c->valid && c->cut == SHARD_PLAN_CUT_MEMORY && k <= 8; k *= 2) {
+        layout.accum = k; /* accumulation: fewer rows' activations at once */
+        SHARD_CHECK(try_candidate(sr, &layout, &h, &c));
+        if (!c->valid) { /* too few rows for k micro-steps: the last that ran stands */
+            layout.accum = k / 2 > 1 ? k / 2 : 0;
+            break;
+        }
     }
     if (!c->valid || (!h.data && !h.pipe)) return SHARD_OK;
     char shares[160], layers[96];
-    size_t least = micro ? micro : 1;
+    size_t least = layout.micro_batches ? layout.micro_batches : layout.accum ? layout.accum : 1;
     int uneven_shares = shares_for(&h, sr->o->train->batch, least, shares, sizeof shares);
     int uneven_layers = sr->layers > 0 && layers_for(&h, sr->layers, layers, sizeof layers);
-    if (uneven_shares) SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, recompute, NULL, shares, NULL, &c));
-    if (uneven_layers) SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, recompute, layers, NULL, NULL, &c));
-    if (uneven_shares && uneven_layers)
-        SHARD_CHECK(try_layout(sr, mesh, zero, sp, schedule, micro, recompute, layers, shares, NULL, &c));
+    if (uneven_shares) {
+        shard_plan_candidate x = layout;
+        snprintf(x.batch_shares, sizeof x.batch_shares, "%s", shares);
+        SHARD_CHECK(try_candidate(sr, &x, NULL, &c));
+    }
+    if (uneven_layers) {
+        shard_plan_candidate x = layout;
+        snprintf(x.layers_per_stage, sizeof x.layers_per_stage, "%s", layers);
+        SHARD_CHECK(try_candidate(sr, &x, NULL, &c));
+        if (uneven_shares) {
+            snprintf(x.batch_shares, sizeof x.batch_shares, "%s", shares);
+            SHARD_CHECK(try_candidate(sr, &x, NULL, &c));
+        }
+    }
+    return SHARD_OK;
+}
+
+/* Whether a candidate with c's layout was tried already. */
+static int tried(const search *sr, const shard_plan_candidate *c) {
+    char want[400], have[400];
+    shard_plan_candidate_text(c, want, sizeof want);
+    for (size_t i = 0; i < sr->n; i++) {
+        shard_plan_candidate_text(&sr->c[i], have, sizeof have);
+        if (strcmp(want, have) == 0 && sr->c[i].batch == c->batch) return 1;
+    }
+    return 0;
+}
+
+static shard_status try_variant(search *sr, const shard_plan_candidate *v) {
+    if (tried(sr, v)) return SHARD_OK;
+    shard_plan_candidate *c = NULL;
+    SHARD_CHECK(try_candidate(sr, v, NULL, &c));
+    c->variant = 1;
+    return SHARD_OK;
+}
+
+/* The variants of a leading layout the broad search does not try: on a pipe axis the other schedules
+ * (GPipe; interleaved with two chunks per rank), four micro-batches per stage, and recomputation; without
+ * one, two micro-steps of accumulation. */
+static shard_status try_variants(search *sr, const shard_plan_candidate *lead) {
+    shard_plan_candidate base = *lead, v;
+    if (base.schedule[0]) {
+        int p = 1;
+        const char *at = strstr(base.mesh, "pipe=");
+        if (at) p = atoi(at + 5);
+        v = base, snprintf(v.schedule, sizeof v.schedule, "gpipe"), v.virtual_stages = 0;
+        SHARD_CHECK(try_variant(sr, &v));
+        if (!base.layers_per_stage[0] && sr->layers >= 2 * p) {
+            v = base, snprintf(v.schedule, sizeof v.schedule, "interleaved"), v.virtual_stages = 2;
+            SHARD_CHECK(try_variant(sr, &v));
+        }
+        v = base, v.micro_batches = 4 * (size_t)p;
+        SHARD_CHECK(try_variant(sr, &v));
+        v = base, v.recompute = !base.recompute;
+        SHARD_CHECK(try_variant(sr, &v));
+    } else {
+        v = base, v.accum = base.accum ? 2 * base.accum : 2;
+        SHARD_CHECK(try_variant(sr, &v));
+    }
     return SHARD_OK;
 }
 
@@ -344,7 +425,8 @@ static const char *goal_of(const shard_plan_options *o) { return o->goal ? o->go
 static double score(const shard_plan_candidate *c, const char *goal) {
     if (strcmp(goal, "memory") == 0) return c->peak_bytes;
     if (strcmp(goal, "balance") == 0) return c->imbalance;
-    return c->step_ms; /* throughput and latency at a fixed batch order alike */
+    if (strcmp(goal, "latency") == 0) return c->step_ms;
+    return -c->tokens_per_s; /* the step's order at a fixed batch, and right for a grown batch too */
 }
 
 static const char *sort_goal;
@@ -356,6 +438,24 @@ static int by_goal(const void *pa, const void *pb) {
     double x = score(a, sort_goal), y = score(b, sort_goal);
     if (x != y) return x < y ? -1 : 1;
     return a->step_ms < b->step_ms ? -1 : a->step_ms > b->step_ms;
+}
+
+/* The gradient dtypes to search ("f32", "bf16" or "f32,bf16"; NULL: f32) as the candidates spell them. */
+static shard_status grad_dtypes_of(const char *list, const char **dtype, int *n) {
+    *n = 0;
+    const char *at = list ? list : "f32";
+    while (*at) {
+        size_t len = strcspn(at, ",");
+        const char *name = len == 3 && strncmp(at, "f32", 3) == 0 ? ""
+            : len == 4 && strncmp(at, "bf16", 4) == 0             ? "bf16"
+                                                                  : NULL;
+        if (!name || *n == 2 || (*n == 1 && strcmp(dtype[0], name) == 0))
+            return shard_error(SHARD_ERR_INVALID_ARG, "plan: gradient dtypes '%s': give f32, bf16 or f32,bf16", list);
+        dtype[(*n)++] = name;
+        at += len + (at[len] == ',');
+    }
+    if (!*n) return shard_error(SHARD_ERR_INVALID_ARG, "plan: gradient dtypes '%s': give f32, bf16 or f32,bf16", at);
+    return SHARD_OK;
 }
 
 shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **out) {
@@ -384,6 +484,9 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
                            "exhaustive",
                            o->train->config_path ? o->train->config_path : "the model");
     sr.screen = o->search ? strcmp(o->search, "screen") == 0 : gpt && (W > 16 || sr.layers > 24);
+    int dtypes = 0; /* the gradient dtypes searched: "" (f32) and/or "bf16" */
+    const char *dtype[2];
+    SHARD_CHECK(grad_dtypes_of(o->grad_dtypes, dtype, &dtypes));
     double started = shard_clock_seconds();
     for (int d = 1; d <= W && s == SHARD_OK; d++) {
         if (W % d) continue;
@@ -392,18 +495,39 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
             int p = W / d / t;
             for (int e = 1; e <= d && s == SHARD_OK; e++) { /* the expert axis splits the rows' ranks */
                 if (d % e || (e > 1 && (experts < 2 || e > experts))) continue;
-                char mesh[96];
-                int used = snprintf(mesh, sizeof mesh, "data=%d", d / e);
-                if (e > 1) used += snprintf(mesh + used, sizeof mesh - (size_t)used, ",expert=%d", e);
-                if (t > 1) used += snprintf(mesh + used, sizeof mesh - (size_t)used, ",tensor=%d", t);
-                if (p > 1) snprintf(mesh + used, sizeof mesh - (size_t)used, ",pipe=%d", p);
-                for (int zero = 0; zero <= (d > 1 ? 3 : 0) && s == SHARD_OK; zero++)
-                    for (int sp = 0; sp <= (t > 1) && s == SHARD_OK; sp++)
-                        for (size_t m = p > 1 ? (size_t)p : 0; m <= (size_t)(2 * p) && s == SHARD_OK;
-                             m = p > 1 ? m + (size_t)p : (size_t)(2 * p) + 1)
-                            s = try_layout_family(&sr, mesh, zero, sp, p > 1 ? "1f1b" : NULL, m);
+                shard_plan_candidate base;
+                memset(&base, 0, sizeof base);
+                int used = snprintf(base.mesh, sizeof base.mesh, "data=%d", d / e);
+                if (e > 1) used += snprintf(base.mesh + used, sizeof base.mesh - (size_t)used, ",expert=%d", e);
+                if (t > 1) used += snprintf(base.mesh + used, sizeof base.mesh - (size_t)used, ",tensor=%d", t);
+                if (p > 1) snprintf(base.mesh + used, sizeof base.mesh - (size_t)used, ",pipe=%d", p);
+                if (p > 1) snprintf(base.schedule, sizeof base.schedule, "1f1b");
+                /* the dtype of gradients matters only where they are summed over ranks */
+                for (int g = 0; g < (d > 1 ? dtypes : 1) && s == SHARD_OK; g++)
+                    for (int zero = 0; zero <= (d > 1 ? 3 : 0) && s == SHARD_OK; zero++)
+                        for (int sp = 0; sp <= (t > 1) && s == SHARD_OK; sp++)
+                            for (size_t m = p > 1 ? (size_t)p : 0; m <= (size_t)(2 * p) && s == SHARD_OK;
+                                 m = p > 1 ? m + (size_t)p : (size_t)(2 * p) + 1) {
+                                base.zero = zero, base.sequence_parallel = sp, base.micro_batches = m;
+                                snprintf(base.grad_dtype, sizeof base.grad_dtype, "%s", d > 1 ? dtype[g] : "");
+                                s = try_layout_family(&sr, &base);
+                            }
             }
         }
+    }
+    sort_goal = goal;
+    if (s == SHARD_OK && o->refine >= 0) { /* the leading layouts' variants */
+        qsort(sr.c, sr.n, sizeof *sr.c, by_goal);
+        size_t want = o->refine ? (size_t)o->refine : 8, leads = 0, n = sr.n;
+        shard_plan_candidate *lead = malloc(want * sizeof *lead);
+        if (!lead) s = shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
+        for (size_t i = 0; lead && i < n && leads < want; i++) { /* the best fitting layout of each mesh */
+            int seen = !sr.c[i].fits;
+            for (size_t j = 0; j < leads && !seen; j++) seen = strcmp(lead[j].mesh, sr.c[i].mesh) == 0;
+            if (!seen) lead[leads++] = sr.c[i];
+        }
+        for (size_t i = 0; i < leads && s == SHARD_OK; i++) s = try_variants(&sr, &lead[i]);
+        free(lead);
     }
     shard_plan_result *r = calloc(1, sizeof *r);
     if (s == SHARD_OK && !r) s = shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
@@ -411,7 +535,6 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
         free(sr.c), free(r);
         return s;
     }
-    sort_goal = goal;
     qsort(sr.c, sr.n, sizeof *sr.c, by_goal);
     double searched = shard_clock_seconds();
     if (sr.screen && o->verify >= 0) { /* the screen's best, checked by dry run in order until `verify` fit */
@@ -435,23 +558,40 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
     r->search_seconds = searched - started, r->verify_seconds = shard_clock_seconds() - searched;
     for (size_t i = 0; i < sr.n; i++) r->fitting += sr.c[i].fits;
     if (!r->fitting) {
-        double least = 0, fastest = 0;
+        /* the least memory any layout needs; per budget, the least figure among the layouts it cut */
+        double least = 0, nearest[SHARD_PLAN_CUT_COMPUTE + 1] = {0};
         for (size_t i = 0; i < sr.n; i++) {
-            if (sr.c[i].valid && (least == 0 || sr.c[i].peak_bytes < least)) least = sr.c[i].peak_bytes;
-            if (sr.c[i].valid && strncmp(sr.c[i].why, "predicts", 8) == 0 &&
-                (fastest == 0 || sr.c[i].step_ms < fastest))
-                fastest = sr.c[i].step_ms;
+            const shard_plan_candidate *c = &sr.c[i];
+            if (c->valid && (least == 0 || c->peak_bytes < least)) least = c->peak_bytes;
+            double figure = c->cut == SHARD_PLAN_CUT_LATENCY ? c->step_ms
+                : c->cut == SHARD_PLAN_CUT_COMM              ? c->comm_fraction
+                                                             : c->compute_imbalance;
+            if (c->valid && c->cut >= SHARD_PLAN_CUT_LATENCY && (nearest[c->cut] == 0 || figure < nearest[c->cut]))
+                nearest[c->cut] = figure;
         }
         shard_plan_result_destroy(r);
-        if (fastest > 0)
+        if (nearest[SHARD_PLAN_CUT_LATENCY] > 0)
             return shard_error(SHARD_ERR_INVALID_ARG,
                                "plan: no layout that fits memory meets the latency budget of %.1f ms: the fastest "
                                "predicts %.1f ms a step; give a budget of at least that, or more devices",
-                               o->latency_budget_ms, fastest);
+                               o->latency_budget_ms, nearest[SHARD_PLAN_CUT_LATENCY]);
+        if (nearest[SHARD_PLAN_CUT_COMM] > 0)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "plan: no layout that fits memory meets the communication budget of %.0f %%: the "
+                               "least exposed communication predicted is %.0f %% of a step; give "
+                               "--max-comm-fraction %.2f or more",
+                               100 * o->max_comm_fraction, 100 * nearest[SHARD_PLAN_CUT_COMM],
+                               ceil(100 * nearest[SHARD_PLAN_CUT_COMM]) / 100);
+        if (nearest[SHARD_PLAN_CUT_COMPUTE] > 0)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "plan: no layout that fits memory meets the compute budget of imbalance %.2f: the "
+                               "least predicted is %.2f; give --max-compute-imbalance %.2f or more",
+                               o->max_compute_imbalance, nearest[SHARD_PLAN_CUT_COMPUTE],
+                               ceil(100 * nearest[SHARD_PLAN_CUT_COMPUTE]) / 100);
         return shard_error(SHARD_ERR_NO_MEMORY,
                            "plan: no layout of the model fits the cluster's %d devices at %.0f %% of their memory "
-                           "(ZeRO-3, tensor and pipe splits and recomputation tried): the least a device would "
-                           "need is %.2f GiB",
+                           "(ZeRO-3, tensor and pipe splits, recomputation and accumulation tried): the least a "
+                           "device would need is %.2f GiB",
                            W, 100 * sr.fraction, least / 1073741824.0);
     }
     *out = r;
@@ -535,27 +675,38 @@ static shard_status solve(const char *method, shard_placement_objective *obj, co
     return SHARD_OK;
 }
 
-shard_status shard_plan_place(const shard_plan_options *o, shard_plan_result *r, const char *method, int keep_map) {
-    static const char *const methods[SHARD_PLAN_PLACEMENTS] = {"hungarian", "anneal", "genetic"};
-    const char *want = method ? method : "anneal";
-    int chosen = -1;
-    for (int m = 0; m < SHARD_PLAN_PLACEMENTS; m++)
-        if (strcmp(want, methods[m]) == 0) chosen = m;
-    if (chosen < 0)
-        return shard_error(SHARD_ERR_INVALID_ARG, "plan: placement '%s': give hungarian, anneal or genetic", want);
-    if (!o || o->struct_size < sizeof *o || !o->cluster || !r || !r->fitting)
-        return shard_error(SHARD_ERR_INVALID_ARG, "plan: placement needs the search's options and a fitting winner");
-    shard_plan_candidate *w = &r->candidate[0];
-    r->unplaced_step_ms = w->step_ms;
+/* One candidate's placement: what the result keeps of the winner's. */
+typedef struct placed {
+    size_t placements;
+    shard_plan_placement placement[SHARD_PLAN_PLACEMENTS];
+    char placed_by[16];
+    size_t *device_map;
+    double unplaced_step_ms;
+    char note[256];
+} placed;
+
+static void placed_clear(placed *p) {
+    for (size_t i = 0; i < p->placements; i++) free(p->placement[i].device_map);
+    free(p->device_map);
+    memset(p, 0, sizeof *p);
+}
+
+static const char *const placement_methods[SHARD_PLAN_PLACEMENTS] = {"hungarian", "anneal", "genetic"};
+
+/* Place candidate w (its figures priced again with the map chosen) into *out: see shard_plan_place. */
+static shard_status place_candidate(const shard_plan_options *o, const shard_plan_result *r, shard_plan_candidate *w,
+                                    int chosen, int keep_map, placed *out) {
+    memset(out, 0, sizeof *out);
+    out->unplaced_step_ms = w->step_ms;
     size_t n = (size_t)shard_cluster_devices(o->cluster), world = (size_t)r->world;
-    if (!(r->device_map = malloc(world * sizeof *r->device_map)))
+    if (!(out->device_map = malloc(world * sizeof *out->device_map)))
         return shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
     for (size_t i = 0; i < world; i++) { /* the map the search priced: the cluster's own, or in order */
         shard_cluster_device d;
         SHARD_CHECK(shard_cluster_rank_device(o->cluster, (int)i, &d));
-        r->device_map[i] = (size_t)d.device;
+        out->device_map[i] = (size_t)d.device;
     }
-    if (keep_map) snprintf(r->placed_by, sizeof r->placed_by, "given");
+    if (keep_map) snprintf(out->placed_by, sizeof out->placed_by, "given");
     if (n > SHARD_PLAN_PLACEMENT_MOST_DEVICES) return SHARD_OK;
     shard_trainer_config tc = *o->train;
     shard_plan_candidate_apply(w, &tc);
@@ -563,51 +714,106 @@ shard_status shard_plan_place(const shard_plan_options *o, shard_plan_result *r,
     shard_gpt_config gpt;
     shard_analysis *a = NULL;
     shard_placement_objective *obj = NULL;
-    shard_cluster *placed = NULL;
+    shard_cluster *cluster = NULL;
     double *linear = malloc(n * n * sizeof *linear), objective[SHARD_PLAN_PLACEMENTS];
     size_t *perm = malloc(SHARD_PLAN_PLACEMENTS * n * sizeof *perm), *searched = malloc(n * sizeof *searched);
     shard_status s = linear && perm && searched ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
     SHARD_CHECK_GOTO(s, s, done);
-    /* a screened search places on the screen's figures (a dry run of a large layout, for every device map
-     * the solvers try, would take minutes); the search's own figures otherwise */
-    if (r->screened) SHARD_CHECK_GOTO(shard_gpt_config_load(o->train->config_path, &gpt), s, done);
-    SHARD_CHECK_GOTO(r->screened ? shard__plan_screen(&gpt, &tc, w->mesh, &a) : shard_analyze(&ao, &a), s, done);
+    /* a screened candidate is placed on the screen's figures (a dry run of a large layout, for every device
+     * map the solvers try, would take minutes); the search's own figures otherwise */
+    if (w->screened) SHARD_CHECK_GOTO(shard_gpt_config_load(o->train->config_path, &gpt), s, done);
+    SHARD_CHECK_GOTO(w->screened ? shard__plan_screen(&gpt, &tc, w->mesh, &a) : shard_analyze(&ao, &a), s, done);
     SHARD_CHECK_GOTO(shard_placement_objective_create(a, o->profile, o->cluster, memory_fraction(o), &obj), s, done);
     SHARD_CHECK_GOTO(shard_placement_objective_linear(obj, linear), s, done);
     for (int m = 0; m < SHARD_PLAN_PLACEMENTS; m++) {
-        shard_plan_placement *p = &r->placement[m];
-        SHARD_CHECK_GOTO(solve(methods[m], obj, linear, perm, p, perm + (size_t)m * n, &objective[m]), s, done);
+        shard_plan_placement *p = &out->placement[m];
+        SHARD_CHECK_GOTO(solve(placement_methods[m], obj, linear, perm, p, perm + (size_t)m * n, &objective[m]), s,
+                         done);
         if (!(p->device_map = malloc(world * sizeof *p->device_map))) {
             s = shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
             goto done;
         }
         memcpy(p->device_map, perm + (size_t)m * n, world * sizeof *p->device_map);
-        r->placements++;
+        out->placements++;
     }
-    full_permutation(r->device_map, world, n, searched);
+    full_permutation(out->device_map, world, n, searched);
     double before = shard_placement_objective_cost(searched, n, obj);
     if (!keep_map && objective[chosen] < before) {
-        snprintf(r->placed_by, sizeof r->placed_by, "%s", methods[chosen]);
-        placement_note(a, o->cluster, searched, perm + (size_t)chosen * n, r->placement_note, sizeof r->placement_note);
-        memcpy(r->device_map, perm + (size_t)chosen * n, world * sizeof *r->device_map);
-        SHARD_CHECK_GOTO(shard_cluster_copy(o->cluster, &placed), s, done);
-        SHARD_CHECK_GOTO(shard_cluster_set_device_map_array(placed, r->device_map, world), s, done);
-        SHARD_CHECK_GOTO(price(o, memory_fraction(o), placed, a, w), s, done);
+        snprintf(out->placed_by, sizeof out->placed_by, "%s", placement_methods[chosen]);
+        placement_note(a, o->cluster, searched, perm + (size_t)chosen * n, out->note, sizeof out->note);
+        memcpy(out->device_map, perm + (size_t)chosen * n, world * sizeof *out->device_map);
+        SHARD_CHECK_GOTO(shard_cluster_copy(o->cluster, &cluster), s, done);
+        SHARD_CHECK_GOTO(shard_cluster_set_device_map_array(cluster, out->device_map, world), s, done);
+        SHARD_CHECK_GOTO(price(o, memory_fraction(o), cluster, a, w), s, done);
     }
 done:
-    shard_cluster_destroy(placed);
+    shard_cluster_destroy(cluster);
     shard_placement_objective_destroy(obj);
     shard_analysis_destroy(a);
     free(linear), free(perm), free(searched);
     return s;
 }
 
+shard_status shard_plan_place(const shard_plan_options *o, shard_plan_result *r, const char *method, int keep_map) {
+    const char *want = method ? method : "anneal";
+    int chosen = -1;
+    for (int m = 0; m < SHARD_PLAN_PLACEMENTS; m++)
+        if (strcmp(want, placement_methods[m]) == 0) chosen = m;
+    if (chosen < 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "plan: placement '%s': give hungarian, anneal or genetic", want);
+    if (!o || o->struct_size < sizeof *o || !o->cluster || !r || !r->fitting)
+        return shard_error(SHARD_ERR_INVALID_ARG, "plan: placement needs the search's options and a fitting winner");
+    /* a second call starts afresh */
+    for (size_t i = 0; i < r->placements; i++) free(r->placement[i].device_map);
+    free(r->device_map);
+    r->device_map = NULL, r->placements = 0, r->placed_by[0] = r->placement_note[0] = '\0';
+    size_t k = o->place_top > 1 ? (size_t)o->place_top : 1;
+    if (k > r->fitting) k = r->fitting;
+    if (shard_cluster_devices(o->cluster) > 64) k = 1; /* each placement of a large cluster takes seconds */
+    placed best = {0}, next;
+    size_t best_i = 0, count = 0;
+    shard_status s = SHARD_OK;
+    for (size_t i = 0; i < k && s == SHARD_OK; i++) {
+        if (r->candidate[i].screened != r->candidate[0].screened) break; /* a dry run's figures beat estimates */
+        s = place_candidate(o, r, &r->candidate[i], chosen, keep_map, &next);
+        count += s == SHARD_OK;
+        if (s == SHARD_OK && r->candidate[i].fits &&
+            (i == 0 || score(&r->candidate[i], goal_of(o)) < score(&r->candidate[best_i], goal_of(o)))) {
+            placed_clear(&best);
+            best = next, best_i = i;
+        } else {
+            placed_clear(&next);
+        }
+    }
+    if (s < 0) {
+        placed_clear(&best);
+        return s;
+    }
+    if (best_i) { /* a placed runner-up beats the placed winner: it moves to the front */
+        shard_plan_candidate winner = r->candidate[best_i];
+        memmove(r->candidate + 1, r->candidate, best_i * sizeof *r->candidate);
+        r->candidate[0] = winner;
+    }
+    r->placements = best.placements;
+    memcpy(r->placement, best.placement, sizeof r->placement);
+    memcpy(r->placed_by, best.placed_by, sizeof r->placed_by);
+    memcpy(r->placement_note, best.note, sizeof r->placement_note);
+    r->device_map = best.device_map, r->unplaced_step_ms = best.unplaced_step_ms, r->placed_rank = best_i;
+    r->candidates_placed = count;
+    return SHARD_OK;
+}
+
 void shard_plan_candidate_text(const shard_plan_candidate *c, char *out, size_t bytes) {
     snprintf(out, bytes, "%s zero=%d%s%s%s%s", c->mesh, c->zero, c->sequence_parallel ? " sequence-parallel" : "",
              c->schedule[0] ? " schedule=" : "", c->schedule, c->recompute ? " recompute" : "");
     size_t used = strlen(out);
+    if (c->virtual_stages && used < bytes)
+        used += (size_t)snprintf(out + used, bytes - used, " virtual-stages=%d", c->virtual_stages);
     if (c->micro_batches && used < bytes)
         used += (size_t)snprintf(out + used, bytes - used, " micro-batches=%zu", c->micro_batches);
+    if (c->accum && used < bytes) used += (size_t)snprintf(out + used, bytes - used, " accum=%zu", c->accum);
+    if (c->grad_dtype[0] && used < bytes)
+        used += (size_t)snprintf(out + used, bytes - used, " grad-dtype=%s", c->grad_dtype);
     if (c->layers_per_stage[0] && used < bytes)
         used += (size_t)snprintf(out + used, bytes - used, " layers-per-stage=%s", c->layers_per_stage);
     if (c->batch_shares[0] && used < bytes) snprintf(out + used, bytes - used, " batch-shares=%s", c->batch_shares);
@@ -616,7 +822,7 @@ void shard_plan_candidate_text(const shard_plan_candidate *c, char *out, size_t 
 void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out, size_t bytes) {
     const char *g = goal ? goal : "throughput";
     const shard_plan_candidate *w = &r->candidate[0];
-    char best[200], second[200] = "";
+    char best[400], second[400] = "";
     shard_plan_candidate_text(w, best, sizeof best);
     size_t used =
         (size_t)snprintf(out, bytes,
@@ -626,6 +832,11 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
     if (r->placement_note[0] && strcmp(r->placed_by, "given") != 0 && used < bytes)
         used += (size_t)snprintf(out + used, bytes - used, " Placement (%s) %s: %.1f -> %.1f ms.", r->placed_by,
                                  r->placement_note, r->unplaced_step_ms, w->step_ms);
+    if (r->placed_rank && used < bytes)
+        used +=
+            (size_t)snprintf(out + used, bytes - used,
+                             " Of the %zu leading layouts placed, the search's #%zu predicts the least once placed.",
+                             r->candidates_placed, r->placed_rank + 1);
     const shard_plan_placement *least = NULL; /* the given map kept: what the solvers would have given */
     for (size_t i = 0; i < r->placements; i++)
         if (!r->placement[i].over_bytes && (!least || r->placement[i].step_ms < least->step_ms))
@@ -653,33 +864,26 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
         used += (size_t)snprintf(out + used, bytes - used, " The runner-up, %s, predicts %.1f ms.", second,
                                  r->candidate[1].step_ms);
     }
-    size_t refused = 0, too_big = 0, too_slow = 0;
-    const shard_plan_candidate *eg_refused = NULL, *eg_big = NULL, *eg_slow = NULL;
-    for (size_t i = 0; i < r->count; i++) {
-        const shard_plan_candidate *c = &r->candidate[i];
-        if (!c->valid)
-            refused++, eg_refused = eg_refused ? eg_refused : c;
-        else if (!c->fits && strncmp(c->why, "predicts", 8) == 0)
-            too_slow++, eg_slow = eg_slow ? eg_slow : c;
-        else if (!c->fits)
-            too_big++, eg_big = eg_big ? eg_big : c;
-    }
+    static const char *const cut_words[] = {
+        [SHARD_PLAN_CUT_MEMORY] = "Memory cut",
+        [SHARD_PLAN_CUT_LATENCY] = "The latency budget cut",
+        [SHARD_PLAN_CUT_COMM] = "The communication budget cut",
+        [SHARD_PLAN_CUT_COMPUTE] = "The compute budget cut",
+        [SHARD_PLAN_CUT_REFUSED] = "The trainer refused",
+    };
+    static const shard_plan_cut order[] = {SHARD_PLAN_CUT_MEMORY, SHARD_PLAN_CUT_LATENCY, SHARD_PLAN_CUT_COMM,
+                                           SHARD_PLAN_CUT_COMPUTE, SHARD_PLAN_CUT_REFUSED};
     if (used < bytes)
         used += (size_t)snprintf(out + used, bytes - used, " %zu of %zu layouts tried fit.", r->fitting, r->count);
-    if (eg_big && used < bytes) {
-        char t[200];
-        shard_plan_candidate_text(eg_big, t, sizeof t);
-        used += (size_t)snprintf(out + used, bytes - used, " Memory cut %zu (e.g. %s: %s).", too_big, t, eg_big->why);
-    }
-    if (eg_slow && used < bytes) {
-        char t[200];
-        shard_plan_candidate_text(eg_slow, t, sizeof t);
-        used += (size_t)snprintf(out + used, bytes - used, " The latency budget cut %zu (e.g. %s: %s).", too_slow, t,
-                                 eg_slow->why);
-    }
-    if (eg_refused && used < bytes) {
-        char t[200];
-        shard_plan_candidate_text(eg_refused, t, sizeof t);
-        snprintf(out + used, bytes - used, " The trainer refused %zu (e.g. %s: %s).", refused, t, eg_refused->why);
+    for (size_t k = 0; k < sizeof order / sizeof *order && used < bytes; k++) {
+        size_t count = 0;
+        const shard_plan_candidate *eg = NULL;
+        for (size_t i = 0; i < r->count; i++)
+            if (!r->candidate[i].fits && r->candidate[i].cut == order[k]) count++, eg = eg ? eg : &r->candidate[i];
+        if (!eg) continue;
+        char t[400];
+        shard_plan_candidate_text(eg, t, sizeof t);
+        used += (size_t)snprintf(out + used, bytes - used, " %s %zu (e.g. %s: %s).", cut_words[order[k]], count, t,
+                                 eg->why);
     }
 }
