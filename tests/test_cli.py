@@ -1794,7 +1794,8 @@ def moe():
 
 def monitor():
     """Every step of every rank is measured: --log's `ranks` list (compute_ms > 0, comm_ms over the mesh's
-    axes of more than one rank, wait_ms, optimizer_ms, peak_bytes by category of the end-of-run table's
+    axes of more than one rank, comm_bytes sent on each and all_to_all_bytes (within them: the expert axis's
+    exchange, none elsewhere), wait_ms, optimizer_ms, peak_bytes by category of the end-of-run table's
     order of magnitude), the --monitor-every line (imbalance and bottleneck), and --trace on data=2 ZeRO-3,
     tensor=2, pipe=2 and an MoE on expert=2: valid Chrome trace JSON, one process per rank named by its
     coordinates, complete events of each kind (units, collectives with axis and bytes, ZeRO gathers,
@@ -1828,11 +1829,16 @@ def monitor():
                 continue
             rows = [json.loads(l) for l in open(log)]
             ranks = rows[-1].get("ranks", [])
-            keys = {"rank", "compute_ms", "comm_ms", "wait_ms", "optimizer_ms", "peak_bytes"}
+            keys = {"rank", "compute_ms", "comm_ms", "comm_bytes", "all_to_all_bytes", "wait_ms", "optimizer_ms",
+                    "peak_bytes"}
             expect(len(rows) == 4 and all(len(r["ranks"]) == 2 for r in rows) and [r["rank"] for r in ranks] == [0, 1]
                    and all(set(r) == keys and r["compute_ms"] > 0 and r["wait_ms"] >= 0 and r["optimizer_ms"] >= 0
                            and axes <= {a for k in r["comm_ms"] for a in k.split(",")}
                            and all(v >= 0 for v in r["comm_ms"].values())
+                           and set(r["comm_bytes"]) == set(r["comm_ms"]) == set(r["all_to_all_bytes"])
+                           and sum(r["comm_bytes"].values()) > 0
+                           and all(0 <= r["all_to_all_bytes"][k] <= v for k, v in r["comm_bytes"].items())
+                           and (r["all_to_all_bytes"].get("expert", 0) > 0) == (axes == {"expert"})
                            and set(r["peak_bytes"]) == {"params", "grads", "optimizer", "activations", "comm", "other"}
                            for r in ranks), f"monitor {mesh}: ranks {ranks}")
             # the step's peaks against the end-of-run table (MiB per category, the run's peaks): same magnitude
