@@ -3,7 +3,8 @@
  *
  *   shard analyze --config CONFIG.json [--mesh data=2,tensor=2] [--batch B --seq S --micro-batch M
  *                 --accum K --zero Z --schedule ... --virtual-stages V --recompute --sequence-parallel
- *                 --grad-dtype ... --compute-dtype ...] [--profile machine.json] [--json]
+ *                 --grad-dtype ... --compute-dtype ...] [--profile machine.json] [--measured run.jsonl]
+ *                 [--json]
  *
  * The layout flags are `shard train`'s, with the same meanings and checks. */
 #include <jansson.h>
@@ -25,7 +26,9 @@ static const char *const USAGE =
     "memory table), the FLOPs of a step (forward, backward, recompute), the bytes it sends per mesh axis\n"
     "and per collective; then the pipeline's bubble and the critical path (the rank with the most FLOPs\n"
     "and its largest phase). A mixture of experts spreads the tokens over its experts in turn (a balanced\n"
-    "router's load and traffic). Meshes of up to 4096 ranks: past --exact-ranks ranks, only the\n"
+    "router's load and traffic); beside that balanced figure each rank's expert traffic (the all_to_allv\n"
+    "bytes on `expert`) and expert activation rows have their bound, every expert filled to capacity.\n"
+    "Meshes of up to 4096 ranks: past --exact-ranks ranks, only the\n"
     "first and last data coordinates are built and the others copy the first's figures.\n"
     "\n"
     "options:\n"
@@ -57,13 +60,19 @@ static const char *const USAGE =
     "                                      is predicted for the cluster (GEMM FLOPs at the device's rate,\n"
     "                                      collectives over its links; --profile adds the host's parts)\n"
     "  --device-map LIST                   with --cluster: mesh position i on device LIST[i] (e.g. 3,0,1,2)\n"
+    "  --measured FILE                     a `shard train --log` file of this layout: each rank's expert\n"
+    "                                      bytes per step (median over its steps) beside the bound, and\n"
+    "                                      measured / bound\n"
     "  --json                              one JSON object: layout, world, ranks [rank, coords, params,\n"
     "                                      memory, flops, comm_bytes, collectives], bubble, critical_path,\n"
     "                                      step_ms, tokens_per_s (the last two null without --profile;\n"
-    "                                      with it each rank also has time_ms; with --cluster, device)\n";
+    "                                      with it each rank also has time_ms; with --cluster, device),\n"
+    "                                      and per rank expert: {balanced_bytes, bound_bytes,\n"
+    "                                      activation_bytes, activation_bound_bytes, measured_bytes,\n"
+    "                                      measured_ratio} (the last two null without --measured)\n";
 
 typedef struct analyze_opts {
-    const char *config, *profile, *cluster, *device_map;
+    const char *config, *profile, *cluster, *device_map, *measured;
     cli_layout layout; /* the mesh, the batch arithmetic, the strategies' flags: train's (train_util.h) */
     long ranks, exact;
     int json;
@@ -74,9 +83,9 @@ static int take_option(analyze_opts *o, int argc, char **argv, int *i) {
     int layout = cli_layout_option(&o->layout, argc, argv, i);
     if (layout) return layout;
     const char *a = argv[*i], *val;
-    const char **strs[] = {&o->config, &o->profile, &o->cluster, &o->device_map};
-    static const char *const str_names[] = {"--config", "--profile", "--cluster", "--device-map"};
-    for (int k = 0; k < 4; k++)
+    const char **strs[] = {&o->config, &o->profile, &o->cluster, &o->device_map, &o->measured};
+    static const char *const str_names[] = {"--config", "--profile", "--cluster", "--device-map", "--measured"};
+    for (int k = 0; k < 5; k++)
         if (strcmp(a, str_names[k]) == 0) return (*strs[k] = cli_value(argc, argv, i)) ? 1 : -1;
     long *ints[] = {&o->ranks, &o->exact};
     static const char *const int_names[] = {"--ranks", "--exact-ranks"};
@@ -148,6 +157,25 @@ static json_t *device_json(const shard_cluster *cluster, const shard_rank_analys
     return o;
 }
 
+/* measured / bound of a rank's expert bytes (-1: not measured, or no bound to compare with). */
+static double measured_ratio(const shard_rank_analysis *r) {
+    return r->expert_bytes_measured >= 0 && r->expert_bytes_bound ? r->expert_bytes_measured / (double)r->expert_bytes_bound
+                                                                  : -1;
+}
+
+static json_t *expert_json(const shard_rank_analysis *r) {
+    json_t *o = json_object();
+    json_object_set_new(o, "balanced_bytes", json_integer((json_int_t)r->expert_bytes));
+    json_object_set_new(o, "bound_bytes", json_integer((json_int_t)r->expert_bytes_bound));
+    json_object_set_new(o, "activation_bytes", json_integer((json_int_t)r->expert_activation_bytes));
+    json_object_set_new(o, "activation_bound_bytes", json_integer((json_int_t)r->expert_activation_bytes_bound));
+    double ratio = measured_ratio(r);
+    json_object_set_new(o, "measured_bytes", r->expert_bytes_measured >= 0 ? json_real(r->expert_bytes_measured)
+                                                                             : json_null());
+    json_object_set_new(o, "measured_ratio", ratio >= 0 ? json_real(ratio) : json_null());
+    return o;
+}
+
 static int print_json(const shard_analysis *a, const shard_step_prediction *pred, const shard_cluster *cluster) {
     json_t *root = json_object(), *ranks = json_array();
     json_object_set_new(root, "layout", json_string(a->layout));
@@ -182,6 +210,7 @@ static int print_json(const shard_analysis *a, const shard_step_prediction *pred
         }
         json_object_set_new(x, "comm_bytes", axes);
         json_object_set_new(x, "collectives", coll);
+        json_object_set_new(x, "expert", expert_json(r));
         if (pred) json_object_set_new(x, "time_ms", time_json(&pred->rank[i]));
         if (cluster) json_object_set_new(x, "device", device_json(cluster, r));
         json_array_append_new(ranks, x);
@@ -200,6 +229,32 @@ static int print_json(const shard_analysis *a, const shard_step_prediction *pred
     int ok = puts(text) >= 0 && fflush(stdout) == 0;
     free(text);
     return ok ? 0 : 1;
+}
+
+/* A mixture of experts' routing-dependent figures per rank: balanced, bound and (--measured) the run's. */
+static void print_experts(const shard_analysis *a) {
+    int any = 0;
+    for (size_t i = 0; i < a->ranks; i++) any |= a->rank[i].expert_activation_bytes > 0;
+    if (!any) return;
+    printf("experts per step (bytes; bound: every expert filled to capacity%s):\n",
+           a->measured_steps ? "; measured: the log's median step" : "");
+    printf("  %-26s %12s %12s %14s %14s", "rank", "sent", "sent bound", "activations", "act. bound");
+    if (a->measured_steps) printf(" %12s %14s", "measured", "measured/bound");
+    printf("\n");
+    for (size_t i = 0; i < a->ranks; i++) {
+        const shard_rank_analysis *r = &a->rank[i];
+        char who[64];
+        snprintf(who, sizeof who, "%d %s", r->rank, r->coords);
+        printf("  %-26s %12llu %12llu %14llu %14llu", who, (unsigned long long)r->expert_bytes,
+               (unsigned long long)r->expert_bytes_bound, (unsigned long long)r->expert_activation_bytes,
+               (unsigned long long)r->expert_activation_bytes_bound);
+        double ratio = measured_ratio(r);
+        if (a->measured_steps && ratio >= 0)
+            printf(" %12.0f %14.3f", r->expert_bytes_measured, ratio);
+        else if (a->measured_steps)
+            printf(" %12.0f %14s", r->expert_bytes_measured, "-");
+        printf("\n");
+    }
 }
 
 static void print_table(const shard_analysis *a, const shard_step_prediction *pred, const shard_cluster *cluster) {
@@ -226,6 +281,7 @@ static void print_table(const shard_analysis *a, const shard_step_prediction *pr
             printf(" %s %s x%llu %.0f bytes;", r0->collective[k].axis, r0->collective[k].op,
                    (unsigned long long)r0->collective[k].count, (double)r0->collective[k].bytes);
     printf("\nbubble %.3f; critical path: rank %d, %s\n", a->bubble, a->critical_rank, a->critical_phase);
+    print_experts(a);
     for (size_t i = 0; cluster && i < a->ranks; i++) { /* where each rank runs, and what does not fit there */
         shard_cluster_device d;
         if (shard_cluster_rank_device(cluster, a->rank[i].rank, &d) < 0) continue;
@@ -265,6 +321,7 @@ int cli_analyze(int argc, char **argv) {
                                 .world = (int)o.ranks,
                                 .exact_ranks = (int)o.exact};
     if (s == SHARD_OK) s = shard_analyze(&ao, &a);
+    if (s == SHARD_OK && o.measured) s = shard_analysis_measure(a, o.measured);
     shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
     shard_step_prediction *pred = NULL;
     shard_cluster *cluster = NULL;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { RANK_JSON_BYTES = 2048 }; /* one rank's object: 8 communicators and 6 categories fit with room */
+enum { RANK_JSON_BYTES = 4096 }; /* one rank's object: 8 communicators (3 maps) and 6 categories fit with room */
 
 void cli_mesh_where(const shard_mesh *mesh, int rank, char *out, size_t out_bytes) {
     int coords[SHARD_MESH_MAX_AXES], rest = rank, n = shard_mesh_ndim(mesh);
@@ -28,14 +28,28 @@ static double exposed_s(const shard_step_monitor *m) {
     return e;
 }
 
+/* `"KEY": {NAME: bytes, ...}` of every communicator, all its bytes or its all_to_all(v/w)s' (at: where in out). */
+static size_t bytes_json(const shard_step_monitor *m, const char *key, int all_to_all, char *out, size_t bytes,
+                         size_t at) {
+    if (at < bytes) at += (size_t)snprintf(out + at, bytes - at, ", \"%s\": {", key);
+    for (size_t i = 0; i < m->comms && at < bytes; i++)
+        at += (size_t)snprintf(out + at, bytes - at, "%s\"%s\": %llu", i ? ", " : "", m->comm[i].name,
+                               (unsigned long long)(all_to_all ? m->comm[i].all_to_all_bytes : m->comm[i].bytes));
+    if (at < bytes) at += (size_t)snprintf(out + at, bytes - at, "}");
+    return at;
+}
+
 static void rank_json(const shard_step_monitor *m, int rank, char *out, size_t bytes) {
     size_t at =
         (size_t)snprintf(out, bytes, "{\"rank\": %d, \"compute_ms\": %.3f, \"comm_ms\": {", rank, m->compute_s * 1e3);
     for (size_t i = 0; i < m->comms && at < bytes; i++)
         at += (size_t)snprintf(out + at, bytes - at, "%s\"%s\": %.3f", i ? ", " : "", m->comm[i].name,
                                m->comm[i].exposed_s * 1e3);
+    if (at < bytes) at += (size_t)snprintf(out + at, bytes - at, "}");
+    at = bytes_json(m, "comm_bytes", 0, out, bytes, at);
+    at = bytes_json(m, "all_to_all_bytes", 1, out, bytes, at);
     if (at < bytes)
-        at += (size_t)snprintf(out + at, bytes - at, "}, \"wait_ms\": %.3f, \"optimizer_ms\": %.3f, \"peak_bytes\": {",
+        at += (size_t)snprintf(out + at, bytes - at, ", \"wait_ms\": %.3f, \"optimizer_ms\": %.3f, \"peak_bytes\": {",
                                m->wait_s * 1e3, m->optimizer_s * 1e3);
     for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT && at < bytes; c++)
         at += (size_t)snprintf(out + at, bytes - at, "%s\"%s\": %llu", c ? ", " : "",

@@ -6,7 +6,10 @@
  * dense layouts) the bytes it sends on each axis in a step equal what the real run's communicators
  * count in its 5th step.  The analysis also agrees with the closed forms where they are exact: a
  * rank's forward FLOPs with the GPT's 6N-style count is not checked (the engine skips the masked half of
- * attention); parameters held are the model's.  Run on 8 thread ranks; each layout on the first W. */
+ * attention); parameters held are the model's.  A mixture of experts' expert bytes and activation rows
+ * at capacity equal the hand count and are at least the balanced routing's; a train log's are read as
+ * each rank's median step, a file that is not such a log refused.  Run on 8 thread ranks; each layout on
+ * the first W. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +207,108 @@ static void matrix(test_ctx *t) {
         if (world_of(layouts[i].mesh) <= t->size) check_layout(t, &layouts[i]);
 }
 
+/* A mixture of experts' bound against the hand count of expert_bound.h: 2 blocks of E = 4 experts, top-2,
+ * C = 32 (F = 128), on expert=2 with batch 8 x 32: each rank routes 4 rows of T = 32 tokens and holds 2
+ * experts.  Capacity factor 1.25: cap = ceil(1.25 x 32 x 2 / 4) = 20, so a row sends 2 experts at most
+ * min(2 x 20, 32 x 2) = 40 rows: 4 x 40 = 160 rows out and 160 back from the other rank per forward, of
+ * 32 floats (40960 bytes), the counts 2 + 2 int64 (32 bytes); a step is one forward and one backward of
+ * each block: 2 x (40960 + 32 + 40960) = 163904 bytes.  The experts hold 320 rows of 3 x (32 + 128)
+ * floats: 2 x 320 x 1920 = 1228800 bytes.  The balanced routing sends each of the 4 experts 16 rows of a
+ * row (none dropped): 128 rows out and back, 2 x (32768 + 32 + 32768) = 131136 bytes, 256 rows held,
+ * 983040 bytes.  With no capacity (factor 0) a row sends 2 experts all its 64 choices: 2 x (65536 + 32 +
+ * 65536) = 262208 bytes, 512 rows held, 1966080 bytes.  Uneven shares (6,2): every rank's bound at least
+ * its balanced figure. */
+static void expert_bound(test_ctx *t) {
+    setup(t);
+    if (t->rank != 0) return;
+    static const struct {
+        const char *factor, *shares;
+        uint64_t bytes, bound, activations, activations_bound;
+    } cases[] = {{"1.25", NULL, 131136, 163904, 983040, 1228800},
+                 {"0", NULL, 131136, 262208, 983040, 1966080},
+                 {"1.25", "6,2", 0, 0, 0, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/moe_cap.json", g_dir);
+        FILE *f = fopen(path, "w");
+        if (!CHECK(t, f != NULL, "config %s", path)) return;
+        fprintf(f,
+                "{\"n_embd\": 32, \"n_layer\": 2, \"n_head\": 2, \"n_positions\": 32, \"vocab_size\": 256, "
+                "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"expert_capacity_factor\": %s}",
+                cases[k].factor);
+        fclose(f);
+        layout l = {.config = "moe_cap.json", .mesh = "expert=2"};
+        shard_trainer_config c = config_of(&l, path, sizeof path);
+        c.batch_shares = cases[k].shares;
+        shard_analyze_options o = {.struct_size = sizeof o, .train = &c, .mesh = l.mesh};
+        shard_analysis *a = NULL;
+        if (!CHECK_OK(t, shard_analyze(&o, &a), "analyze expert=2, capacity factor %s", cases[k].factor)) continue;
+        for (size_t r = 0; r < a->ranks; r++) {
+            const shard_rank_analysis *x = &a->rank[r];
+            CHECK(t, x->expert_bytes > 0 && x->expert_bytes <= x->expert_bytes_bound &&
+                         x->expert_activation_bytes > 0 &&
+                         x->expert_activation_bytes <= x->expert_activation_bytes_bound,
+                  "factor %s shares %s rank %zu: balanced %llu / %llu bytes, bound %llu / %llu", cases[k].factor,
+                  cases[k].shares ? cases[k].shares : "even", r, (unsigned long long)x->expert_bytes,
+                  (unsigned long long)x->expert_activation_bytes, (unsigned long long)x->expert_bytes_bound,
+                  (unsigned long long)x->expert_activation_bytes_bound);
+            CHECK(t, x->expert_bytes_measured == -1, "rank %zu: measured before a log was read", r);
+            if (!cases[k].bytes) continue;
+            CHECK_EQ_INT(t, (int64_t)x->expert_bytes, (int64_t)cases[k].bytes, "factor %s rank %zu: balanced bytes",
+                         cases[k].factor, r);
+            CHECK_EQ_INT(t, (int64_t)x->expert_bytes_bound, (int64_t)cases[k].bound, "factor %s rank %zu: bound",
+                         cases[k].factor, r);
+            CHECK_EQ_INT(t, (int64_t)x->expert_activation_bytes, (int64_t)cases[k].activations,
+                         "factor %s rank %zu: balanced activation bytes", cases[k].factor, r);
+            CHECK_EQ_INT(t, (int64_t)x->expert_activation_bytes_bound, (int64_t)cases[k].activations_bound,
+                         "factor %s rank %zu: activation bound", cases[k].factor, r);
+        }
+        shard_analysis_destroy(a);
+    }
+}
+
+/* A log that is not one is refused in one line naming the file and the line. */
+static void measured_refusals(test_ctx *t) {
+    setup(t);
+    if (t->rank != 0) return;
+    char path[512], log[512];
+    layout l = {.config = "moe.json", .mesh = "expert=2"};
+    shard_trainer_config c = config_of(&l, path, sizeof path);
+    shard_analyze_options o = {.struct_size = sizeof o, .train = &c, .mesh = l.mesh};
+    shard_analysis *a = NULL;
+    if (!CHECK_OK(t, shard_analyze(&o, &a), "analyze expert=2")) return;
+    snprintf(log, sizeof log, "%s/run.jsonl", g_dir);
+    static const struct {
+        const char *text, *says;
+    } bad[] = {{"{\"step\": 1, \"ranks\": [{\"rank\": 0, \"all_to_all_bytes\": {\"expert\": 5}}, "
+                "{\"rank\": 1, \"all_to_all_bytes\": {\"expert\": 7}}]}\nnot json\n",
+                "line 2: not a JSON object"},
+               {"{\"step\": 1}\n", "line 1: no 'ranks' list, but the layout has 2 ranks"},
+               {"{\"ranks\": [{\"rank\": 0}, {\"rank\": 1}]}\n", "line 1: entry 0 of 'ranks'"},
+               {"\n", "no step in it"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        FILE *f = fopen(log, "w");
+        if (!CHECK(t, f != NULL, "%s", log)) break;
+        fputs(bad[k].text, f), fclose(f);
+        CHECK(t, shard_analysis_measure(a, log) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), log) &&
+                     strstr(shard_last_error(), bad[k].says),
+              "log %zu: %s", k, shard_last_error());
+    }
+    FILE *f = fopen(log, "w"); /* three steps: each rank's median */
+    if (CHECK(t, f != NULL, "%s", log)) {
+        for (int k = 0; k < 3; k++)
+            fprintf(f, "{\"ranks\": [{\"rank\": 1, \"all_to_all_bytes\": {\"expert\": %d}}, "
+                       "{\"rank\": 0, \"all_to_all_bytes\": {\"data\": 0}}]}\n", (int[]){30, 10, 20}[k]);
+        fclose(f);
+        CHECK_OK(t, shard_analysis_measure(a, log), "a log of 3 steps");
+        CHECK(t, a->measured_steps == 3 && a->rank[0].expert_bytes_measured == 0 &&
+                     a->rank[1].expert_bytes_measured == 20,
+              "measured: %zu steps, %g and %g bytes", a->measured_steps, a->rank[0].expert_bytes_measured,
+              a->rank[1].expert_bytes_measured);
+    }
+    shard_analysis_destroy(a);
+}
+
 /* Bad input: one clear line, nothing built. */
 static void refusals(test_ctx *t) {
     setup(t);
@@ -228,6 +333,10 @@ static void cleanup(test_ctx *t) {
 }
 
 int main(int argc, char **argv) {
-    static const test_case cases[] = {{"matrix", matrix}, {"refusals", refusals}, {"cleanup", cleanup}};
+    static const test_case cases[] = {{"matrix", matrix},
+                                      {"expert_bound", expert_bound},
+                                      {"measured_refusals", measured_refusals},
+                                      {"refusals", refusals},
+                                      {"cleanup", cleanup}};
     return test_main(argc, argv, "test_analyze", cases, sizeof cases / sizeof cases[0]);
 }

@@ -230,7 +230,8 @@ PARSED_FLAGS = {
     ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
                    "--bucket-mb", "--grad-dtype", "--compute-dtype", "--optimizer", "--sequence-parallel", "--spec",
                    "--schedule", "--micro-batches", "--virtual-stages", "--recompute", "--layers-per-stage",
-                   "--exact-ranks", "--json", "--profile", "--cluster", "--device-map", "--batch-shares"},
+                   "--exact-ranks", "--json", "--profile", "--cluster", "--device-map", "--batch-shares",
+                   "--measured"},
     ("profile",): {"--out", "--quick"},
     ("plan",): {"--config", "--cluster", "--device-map", "--profile", "--batch", "--seq", "--goal",
                 "--max-memory-fraction", "--placement", "--top", "--out", "--json", "--search", "--verify",
@@ -1845,7 +1846,8 @@ def moe():
 
 def monitor():
     """Every step of every rank is measured: --log's `ranks` list (compute_ms > 0, comm_ms over the mesh's
-    axes of more than one rank, wait_ms, optimizer_ms, peak_bytes by category of the end-of-run table's
+    axes of more than one rank, comm_bytes sent on each and all_to_all_bytes (within them: the expert axis's
+    exchange, none elsewhere), wait_ms, optimizer_ms, peak_bytes by category of the end-of-run table's
     order of magnitude), the --monitor-every line (imbalance and bottleneck), and --trace on data=2 ZeRO-3,
     tensor=2, pipe=2 and an MoE on expert=2: valid Chrome trace JSON, one process per rank named by its
     coordinates, complete events of each kind (units, collectives with axis and bytes, ZeRO gathers,
@@ -1879,11 +1881,16 @@ def monitor():
                 continue
             rows = [json.loads(l) for l in open(log)]
             ranks = rows[-1].get("ranks", [])
-            keys = {"rank", "compute_ms", "comm_ms", "wait_ms", "optimizer_ms", "peak_bytes"}
+            keys = {"rank", "compute_ms", "comm_ms", "comm_bytes", "all_to_all_bytes", "wait_ms", "optimizer_ms",
+                    "peak_bytes"}
             expect(len(rows) == 4 and all(len(r["ranks"]) == 2 for r in rows) and [r["rank"] for r in ranks] == [0, 1]
                    and all(set(r) == keys and r["compute_ms"] > 0 and r["wait_ms"] >= 0 and r["optimizer_ms"] >= 0
                            and axes <= {a for k in r["comm_ms"] for a in k.split(",")}
                            and all(v >= 0 for v in r["comm_ms"].values())
+                           and set(r["comm_bytes"]) == set(r["comm_ms"]) == set(r["all_to_all_bytes"])
+                           and sum(r["comm_bytes"].values()) > 0
+                           and all(0 <= r["all_to_all_bytes"][k] <= v for k, v in r["comm_bytes"].items())
+                           and (r["all_to_all_bytes"].get("expert", 0) > 0) == (axes == {"expert"})
                            and set(r["peak_bytes"]) == {"params", "grads", "optimizer", "activations", "comm", "other"}
                            for r in ranks), f"monitor {mesh}: ranks {ranks}")
             # the step's peaks against the end-of-run table (MiB per category, the run's peaks): same magnitude
@@ -1925,11 +1932,73 @@ def monitor():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def analyze_moe():
+    """`analyze` on the tiny MoE GPT reports per rank the expert bytes (the all_to_allv bytes on `expert`)
+    and expert activation rows of the balanced routing and their bound (every expert filled to capacity);
+    after `train --log` of the same layout (expert=2 and data=2,expert=2 with capacity factor 1.25,
+    expert=2 with none), `analyze --measured LOG` puts each rank's median measured expert bytes beside the
+    bound: measured > 0, measured <= bound, ratio = measured / bound, in --json and in the table.  A file
+    that is not a train log, or one of another layout, is refused in one line naming the file and line."""
+    import shutil
+    import tempfile
+    work = tempfile.mkdtemp(prefix="shard-cli-analyze-moe-")
+    try:
+        data, cfg, _ = moe_corpus(work)
+        uncapped = os.path.join(work, "uncapped.json")
+        with open(cfg) as f:
+            conf = json.load(f)
+        conf.update(expert_capacity_factor=0)
+        with open(uncapped, "w") as f:
+            json.dump(conf, f)
+        shape = ["--batch", "8", "--seq", "64"]
+        for config, mesh, ranks in ((cfg, "expert=2", 2), (cfg, "data=2,expert=2", 4), (uncapped, "expert=2", 2)):
+            log = os.path.join(work, "run.jsonl")
+            p = run(["train", "--config", config, "--data", data, "--steps", "4", "--seed", "3", "--ranks", str(ranks),
+                     "--mesh", mesh, "--log", log] + shape)
+            expect(p.returncode == 0, f"analyze moe: train {mesh}: {p.stderr}")
+            if p.returncode != 0:
+                continue
+            base = ["analyze", "--config", config, "--mesh", mesh] + shape
+            p = run(base + ["--measured", log, "--json"])
+            got = json.loads(p.stdout) if p.returncode == 0 else {}
+            experts = [r.get("expert", {}) for r in got.get("ranks", [])]
+            keys = {"balanced_bytes", "bound_bytes", "activation_bytes", "activation_bound_bytes", "measured_bytes",
+                    "measured_ratio"}
+            expect(len(experts) == ranks and all(
+                set(e) == keys and 0 < e["balanced_bytes"] <= e["bound_bytes"]
+                and 0 < e["activation_bytes"] <= e["activation_bound_bytes"]
+                and 0 < e["measured_bytes"] <= e["bound_bytes"]
+                and abs(e["measured_ratio"] - e["measured_bytes"] / e["bound_bytes"]) <= 1e-9 for e in experts),
+                f"analyze moe {os.path.basename(config)} {mesh} --measured: {p.returncode} {p.stderr} {experts}")
+            p = run(base)
+            plain = json.loads(run(base + ["--json"]).stdout or "{}")
+            expect(p.returncode == 0 and "sent bound" in p.stdout and "measured" not in p.stdout
+                   and all(r["expert"]["measured_bytes"] is None for r in plain.get("ranks", [])),
+                   f"analyze moe {mesh} without --measured: {p.stdout} {p.stderr}")
+            p = run(base + ["--measured", log])
+            rows = [l.split() for l in p.stdout.splitlines() if l.strip().split()[:1] == ["0"]]
+            expect(p.returncode == 0 and "measured/bound" in p.stdout and rows and 0 < float(rows[-1][-1]) <= 1,
+                   f"analyze moe {mesh} --measured table: {p.stdout} {p.stderr}")
+        # a file that is not a train log, and a log of another world: one line naming the file and line
+        bad = os.path.join(work, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write("step 1 loss 2.5\n")
+        p = run(["analyze", "--config", cfg, "--mesh", "expert=2", "--measured", bad] + shape)
+        expect(p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1
+               and f"{bad} line 1: not a JSON object" in p.stderr, f"analyze --measured not a log: {p.stderr!r}")
+        p = run(["analyze", "--config", cfg, "--mesh", "expert=4", "--measured", os.path.join(work, "run.jsonl")] +
+                shape)
+        expect(p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1 and "line 1" in p.stderr
+               and "4 ranks" in p.stderr, f"analyze --measured of another world: {p.stderr!r}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
      "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "plan_space": plan_space, "bench_plan": bench_plan,
      "train_plan": train_plan,
      "cost": cost,
-     "monitor": monitor}[sys.argv[2]]()
+     "monitor": monitor, "analyze_moe": analyze_moe}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

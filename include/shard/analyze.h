@@ -15,8 +15,16 @@
  *               shard_comm_bytes_sent; "send" for a pipeline's point-to-point), keyed by its mesh axes
  *               ("data", "tensor", "pipe", "expert", "data,expert"; "world" for the whole mesh).
  * A mixture of experts routes the dry run's tokens over the experts in turn (src/nn/moe.c: a balanced
- * router's load), so its expert traffic and expert activations are a balanced routing's, not those of
- * real data (whose imbalance the trainer's expert load shows).
+ * router's load, every other rank of the expert axis taken to send this rank's experts what this rank
+ * sends them), so its expert traffic and expert activations are a balanced routing's, not those of real
+ * data (whose imbalance the trainer's expert load shows).  Beside them each rank has their bound, what
+ * the layers send and hold when routing fills every expert to its capacity: per row (sequence) and
+ * expert at most cap = ceil(capacity factor x T x top_k / experts) assignments (shard_moe_capacity)
+ * and never more than T, so at most min(|S| x min(cap, T), T x min(top_k, |S|)) into a set S of experts.
+ * The bound takes this rank's tokens all sent to the experts held elsewhere, and every other rank's all
+ * sent here; without a capacity (factor 0, nothing dropped) that is every token routed to one rank's
+ * experts (src/plan/expert_bound.h).  It is the bound a run's bytes stay within whatever the data, as
+ * shard_analysis_measure compares against a `shard train --log`.
  *
  * Ranks that differ only in their data coordinate hold the same pieces but for ZeRO's uneven shards (a
  * few elements): beyond `exact_ranks` ranks only data coordinates 0 and the last are built, the others
@@ -71,6 +79,14 @@ typedef struct shard_rank_analysis {
     size_t gemm_shapes; /* the step's GEMMs by (M, N, K) */
     shard_gemm_shape *gemm_shape;
     double gemm_unshaped_flops; /* GEMM FLOPs the histogram missed (no room, or run by another thread) */
+    /* a mixture of experts' routing-dependent figures (0 without one): the bytes a step sends over `expert`
+     * in the token exchange's all_to_allv calls (dispatch, combine, counts), and the bytes of the experts'
+     * activation rows (the six buffers of rows each layer context holds: inputs, outputs and their
+     * gradients, hidden units, GELU slope and their gradient), each in the dry run's balanced routing and
+     * at capacity (the bound) */
+    uint64_t expert_bytes, expert_bytes_bound;
+    uint64_t expert_activation_bytes, expert_activation_bytes_bound;
+    double expert_bytes_measured; /* a run's median expert bytes per step (shard_analysis_measure); -1: none */
 } shard_rank_analysis;
 
 typedef struct shard_analysis {
@@ -90,6 +106,7 @@ typedef struct shard_analysis {
     int zero;           /* the ZeRO stage */
     char optimizer[16]; /* "adamw" or "sgd" */
     uint64_t tokens;    /* tokens of one step over the whole mesh (global batch x seq) */
+    size_t measured_steps; /* the steps of the log shard_analysis_measure read (0: none) */
 } shard_analysis;
 
 typedef struct shard_analyze_options {
@@ -102,6 +119,12 @@ typedef struct shard_analyze_options {
 
 shard_status shard_analyze(const shard_analyze_options *o, shard_analysis **out);
 void shard_analysis_destroy(shard_analysis *a);
+
+/* Each rank's measured expert bytes from a `shard train --log` file of the same layout: the median over
+ * the log's steps of the bytes its all_to_all(v) calls sent on `expert` (the lines' `ranks` list,
+ * `all_to_all_bytes`).  A file that is not such a log, or one of another world, is refused in one line
+ * naming the file and line. */
+shard_status shard_analysis_measure(shard_analysis *a, const char *log_path);
 
 /* Bytes rank `rank` sends on `axis` (every kind summed; NULL axis: every axis). */
 uint64_t shard_rank_analysis_axis_bytes(const shard_rank_analysis *r, const char *axis);

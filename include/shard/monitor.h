@@ -35,6 +35,8 @@ typedef struct shard_monitor_comm {
     double exposed_s; /* the step waited on it: blocking calls, and the waits of non-blocking requests */
     double hidden_s;  /* non-blocking requests from their start to their wait: overlapped with compute */
     uint64_t bytes;   /* bytes this rank sent on it */
+    uint64_t all_to_all_bytes; /* the part of `bytes` its all_to_all(v/w) calls sent (on `expert`: the
+                                  token exchange's dispatch, combine and counts) */
 } shard_monitor_comm;
 
 /* One rank's last step.  compute_s is what remains of the wall time once exposed communication, the

@@ -96,6 +96,7 @@ void shard__mon_comm(shard__mon *m, const shard_comm *comm, const char *what, co
         if (!m->waiting) c->exposed_s += exposed;
         c->hidden_s += wait0 - start;
         c->bytes += bytes;
+        if (strncmp(what, "all_to_all", 10) == 0) c->all_to_all_bytes += bytes;
     }
     if (!m->tracing) return;
     for (int part = 0; part < 2; part++) {

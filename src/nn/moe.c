@@ -17,6 +17,7 @@
 
 #include "core/alloc_impl.h"
 #include "kernels/vec.h"
+#include "plan/expert_bound.h"
 #include "shard/blas.h"
 #include "shard/expert.h"
 #include "shard/layers.h"
@@ -45,6 +46,7 @@ typedef struct moe_state {
     float *xa, *ya;        /* [n, C] gathered inputs / combined outputs, in assignment order */
     shard_expert_route *route;
     size_t total, total_cap;      /* rows the held experts received; the buffers' size */
+    size_t bound_cap;             /* the analyzer's dry run: the most rows the held experts could receive */
     float *xe, *slope, *hid, *ye; /* [total, C], [total, F] x2, [total, C] */
     float *dh, *dxe;              /* the backward's scratch, [total, F] and [total, C] */
     float *dgate;                 /* [N, K] the gates' gradient */
@@ -292,9 +294,42 @@ static void router_backward(shard_moe *m, const float *dgate) {
 
 /* ---- the experts ---- */
 
+/* The layer's shapes as the analyzer's bound takes them (expert_bound.h). */
+static shard__expert_shape bound_shape(const shard_moe *m) {
+    const moe_state *s = m->s;
+    return (shard__expert_shape){.experts = m->E,
+                                 .top_k = m->K,
+                                 .held = m->o.held_experts,
+                                 .width = m->C,
+                                 .hidden = m->F,
+                                 .rows = s->rows,
+                                 .tokens = s->T,
+                                 .capacity = shard_moe_capacity(m->o.capacity_factor, s->T, m->K, m->E),
+                                 .ranks = m->o.comm ? shard_comm_size(m->o.comm) : 1};
+}
+
+/* The analyzer's dry run (a tally set): this forward's or backward's exchange bytes at capacity, and the
+ * expert rows the context would hold then, beside those the dry run's routing holds. */
+static void bound_tally(shard_moe *m, int forward) {
+    shard__expert_plan *p = shard__expert_plan_current;
+    if (!p) return;
+    moe_state *s = m->s;
+    shard__expert_shape shape = bound_shape(m);
+    p->bound_bytes += shard__expert_bytes_bound(&shape, p->peer_rows, forward);
+    size_t held = shard__expert_held_bound(&shape, p->peer_rows);
+    if (forward && held > s->bound_cap) {
+        p->activation_bound_bytes += shard__expert_activation_bytes(&shape, held - s->bound_cap);
+        s->bound_cap = held;
+    }
+}
+
 static shard_status grow_experts(shard_moe *m, size_t total) {
     moe_state *s = m->s;
     if (total <= s->total_cap && s->xe) return SHARD_OK;
+    if (shard__expert_plan_current && total > s->total_cap) {
+        shard__expert_shape shape = bound_shape(m);
+        shard__expert_plan_current->activation_bytes += shard__expert_activation_bytes(&shape, total - s->total_cap);
+    }
     float **bufs[] = {&s->xe, &s->ye, &s->dxe, &s->slope, &s->hid, &s->dh};
     for (size_t i = 0; i < 6; i++) {
         shard_free(*bufs[i]);
@@ -380,6 +415,7 @@ shard_status shard_moe_forward(shard_moe *m, const shard_moe_weights *w, const f
     SHARD_CHECK(router_forward(m, w->gate));
     router_assign(m);
     SHARD_CHECK(gather_rows(m));
+    bound_tally(m, 1);
     SHARD_CHECK(experts_forward(m, w));
     return scatter_rows(m, y);
 }
@@ -400,6 +436,7 @@ shard_status shard_moe_backward(shard_moe *m, const shard_moe_weights *w, const 
         for (size_t c = 0; c < C; c++) dot += (double)dyt[c] * (double)r[c], d[c] = gt * dyt[c];
         dgate[slot] = (float)dot;
     }
+    bound_tally(m, 0);
     SHARD_CHECK(shard_expert_dispatch(s->route, s->xa, s->ye, C)); /* ye's rows become d(ye) */
     SHARD_CHECK(experts_backward(m, w, g));
     SHARD_CHECK(shard_expert_combine(s->route, s->dxe, s->ya, C)); /* ya's rows: d(input) per assignment */

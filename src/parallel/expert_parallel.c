@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc_impl.h"
 #include "parallel/expert_parallel.h"
 #include "shard/clock.h"
 #include "shard/memory.h"
@@ -160,6 +161,11 @@ static shard_status exchange_counts(shard_expert_route *r, const size_t *per_exp
         s = timed_exchange(STAT_COUNTS, r->comm, out, r->sc, r->sd, in, r->rc, r->rd, SHARD_I64, r->ranks);
     else
         memcpy(in, out, in_n * sizeof *in);
+    /* the analyzer's dry run hears from no other rank: each is taken to send this rank's experts what
+     * this rank sends them (a balanced router's load), so the combine and the experts' rows are counted */
+    for (size_t p = 0; s == SHARD_OK && r->comm && shard__mem_planning() && p < R; p++)
+        if (p != (size_t)r->me)
+            memcpy(in + p * (2 + r->local) + 2, in + (size_t)r->me * (2 + r->local) + 2, r->local * sizeof *in);
     for (size_t p = 0; s == SHARD_OK && p < R; p++) {
         const int64_t *h = in + p * (2 + r->local);
         if (h[0])

@@ -15,6 +15,7 @@
 #include "core/alloc_impl.h"
 #include "core/flops.h"
 #include "parallel/pipeline_schedule.h"
+#include "plan/expert_bound.h"
 #include "plan/gemm_shapes.h"
 #include "shard/blas.h"
 #include "train/trainer_impl.h"
@@ -80,12 +81,38 @@ static shard_status take_shapes(const shard__gemm_shapes *g, shard_rank_analysis
     return SHARD_OK;
 }
 
+/* The most rows a rank routes in one forward when the batch shares are uneven: the largest share over the
+ * micro-steps, rounded up (0: even shares, every rank's micro-batch alike). */
+static size_t largest_micro_rows(const shard_trainer_config *c, size_t accum) {
+    if (!c->batch_shares || !accum) return 0;
+    size_t most = 0;
+    for (const char *p = c->batch_shares; *p;) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p) break; /* checked when the trainer was made */
+        most = v > most ? (size_t)v : most;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return (most + accum - 1) / accum;
+}
+
+/* The step's all_to_all(v) bytes on `expert`: the token exchange of a mixture of experts. */
+static uint64_t exchange_bytes(const shard_rank_analysis *r) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < r->collectives; i++)
+        if (strcmp(r->collective[i].axis, "expert") == 0 && strncmp(r->collective[i].op, "all_to_all", 10) == 0)
+            sum += r->collective[i].bytes;
+    return sum;
+}
+
 /* Rank `rank`'s dry build and step (*tokens: the step's tokens over the mesh). */
 static shard_status build_rank(const shard_analyze_options *o, const char *mesh_text, int rank, shard_rank_analysis *r,
                                double *bubble, uint64_t *tokens) {
     static _Thread_local shard__gemm_shapes shapes; /* ~8 KiB: off the stack */
     shapes.n = 0, shapes.dropped_flops = 0;
     shard__plan_tally tally = {0};
+    shard__expert_plan experts = {0};
+    shard__expert_plan_current = &experts;
     shard__mem_ledger ledger, *before = shard__mem_ledger_current();
     shard__mem_ledger_init(&ledger);
     shard__mem_ledger_adopt(&ledger);
@@ -98,11 +125,17 @@ static shard_status build_rank(const shard_analyze_options *o, const char *mesh_
     shard_status s = shard__comm_plan_world(o->world, rank, &tally, &world);
     if (s == SHARD_OK) s = shard_mesh_create(world, mesh_text, &mesh);
     if (s == SHARD_OK) s = shard__trainer_create_planned(mesh, o->train, &t);
+    if (s == SHARD_OK) {
+        size_t global, micro, accum, data;
+        shard_trainer_batch(t, &global, &micro, &accum, &data);
+        experts.peer_rows = largest_micro_rows(o->train, accum);
+    }
     /* two steps: the first may differ from the rest (ZeRO-3 finds every unit still to gather); the
      * second's traffic and work are a steady step's, the peaks those of the build and both steps */
     shard_step_result step;
     if (s == SHARD_OK) s = shard_trainer_step(t, 1, &step);
     tally.n = 0;
+    experts.bound_bytes = 0;
     shard__flops_reset();
     shard__gemm_shapes *outer = shard__gemm_shapes_record(&shapes);
     if (s == SHARD_OK) s = shard_trainer_step(t, 2, &step);
@@ -135,11 +168,16 @@ static shard_status build_rank(const shard_analyze_options *o, const char *mesh_
     shard_trainer_destroy(t);
     shard_mesh_destroy(mesh);
     shard_comm_destroy(world);
+    shard__expert_plan_current = NULL;
     shard__flops_phase(phase);
     shard__mem_plan_mode(0);
     shard__mem_ledger_adopt(before);
     if (s == SHARD_OK) s = take_tally(&tally, r);
     if (s == SHARD_OK) s = take_shapes(&shapes, r);
+    r->expert_bytes = exchange_bytes(r), r->expert_bytes_bound = experts.bound_bytes;
+    r->expert_activation_bytes = experts.activation_bytes;
+    r->expert_activation_bytes_bound = experts.activation_bound_bytes;
+    r->expert_bytes_measured = -1;
     shard__plan_tally_free(&tally);
     return s;
 }

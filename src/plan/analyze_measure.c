@@ -1,0 +1,91 @@
+/* analyze_measure.c — see analyze.h (shard_analysis_measure): a `shard train --log` file's expert bytes
+ * beside the analysis's bound.
+ *
+ * Each line of the log is one step's JSON object whose `ranks` list holds, per rank, `all_to_all_bytes`:
+ * {COMMUNICATOR: bytes} of the step's all_to_all(v) calls.  A rank's measured figure is the median over
+ * the steps of its `expert` entry (0 when the step used no expert communicator): the first step of a
+ * run, or one after a resume, may differ from the rest, and the median keeps such steps from moving it. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard/analyze.h"
+#include "shard/files.h"
+
+static int by_value(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* Line `line`'s expert bytes of every rank into got[rank] (world of them). */
+static shard_status take_line(const char *path, size_t line, const char *text, size_t world, double *got) {
+    json_error_t err;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
+    json_t *ranks = json_is_object(root) ? json_object_get(root, "ranks") : NULL;
+    shard_status s = SHARD_OK;
+    if (!json_is_object(root))
+        s = shard_error(SHARD_ERR_INVALID_ARG, "analyze --measured %s line %zu: not a JSON object (%s): give the "
+                        "file `shard train --log` wrote", path, line, root ? "another JSON value" : err.text);
+    else if (!json_is_array(ranks) || json_array_size(ranks) != world)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "analyze --measured %s line %zu: %s, but the layout has %zu ranks: give the log of a "
+                        "`shard train --log` run of this layout",
+                        path, line, json_is_array(ranks) ? "a 'ranks' list of another size" : "no 'ranks' list",
+                        world);
+    for (size_t i = 0; s == SHARD_OK && i < world; i++) {
+        json_t *r = json_array_get(ranks, i), *rank = json_object_get(r, "rank");
+        json_t *bytes = json_object_get(r, "all_to_all_bytes"), *expert = json_object_get(bytes, "expert");
+        if (!json_is_integer(rank) || json_integer_value(rank) < 0 || (size_t)json_integer_value(rank) >= world ||
+            !json_is_object(bytes) || (expert && !json_is_integer(expert)))
+            s = shard_error(SHARD_ERR_INVALID_ARG,
+                            "analyze --measured %s line %zu: entry %zu of 'ranks' has no rank of 0..%zu with an "
+                            "'all_to_all_bytes' object of byte counts (a log of a `shard train` that records them)",
+                            path, line, i, world - 1);
+        else
+            got[json_integer_value(rank)] = expert ? (double)json_integer_value(expert) : 0;
+    }
+    json_decref(root);
+    return s;
+}
+
+shard_status shard_analysis_measure(shard_analysis *a, const char *log_path) {
+    if (!a || !log_path) return shard_error(SHARD_ERR_INVALID_ARG, "analyze --measured: no analysis or no log");
+    char *text = NULL;
+    SHARD_CHECK(shard_file_read(log_path, "cannot read the training log", 0, &text, NULL));
+    size_t world = a->ranks, steps = 0, cap = 0, line = 0;
+    double *all = NULL; /* [steps][world] */
+    shard_status s = SHARD_OK;
+    for (char *at = text, *end; s == SHARD_OK && *at; at = end) {
+        end = strchr(at, '\n');
+        end = end ? end + 1 : at + strlen(at);
+        line++;
+        if (end[-1] == '\n') end[-1] = '\0';
+        if (strspn(at, " \t\r") == strlen(at)) continue; /* a blank line */
+        if (steps == cap) {
+            double *more = realloc(all, (cap = cap ? 2 * cap : 64) * world * sizeof *more);
+            if (!more) {
+                s = shard_error(SHARD_ERR_NO_MEMORY, "analyze --measured %s: out of memory", log_path);
+                break;
+            }
+            all = more;
+        }
+        s = take_line(log_path, line, at, world, all + steps * world);
+        steps++;
+    }
+    if (s == SHARD_OK && !steps)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "analyze --measured %s: no step in it: give the log of a `shard train --log` run", log_path);
+    double *column = s == SHARD_OK ? malloc(steps * sizeof *column) : NULL;
+    if (s == SHARD_OK && !column) s = shard_error(SHARD_ERR_NO_MEMORY, "analyze --measured %s: out of memory", log_path);
+    for (size_t r = 0; s == SHARD_OK && r < world; r++) {
+        for (size_t k = 0; k < steps; k++) column[k] = all[k * world + r];
+        qsort(column, steps, sizeof *column, by_value);
+        a->rank[r].expert_bytes_measured =
+            steps % 2 ? column[steps / 2] : (column[steps / 2 - 1] + column[steps / 2]) / 2;
+    }
+    if (s == SHARD_OK) a->measured_steps = steps;
+    free(column);
+    free(all);
+    free(text);
+    return s;
+}
