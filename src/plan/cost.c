@@ -5,7 +5,6 @@
 
 #include <string.h>
 
-#include "parallel/pipeline_schedule.h"
 #include "shard/split.h"
 
 double shard_cost_gpt_flops_per_token(const shard_gpt_config *c, size_t seq) {
@@ -94,8 +93,11 @@ uint64_t shard_cost_gpt_tensor_bytes(const shard_gpt_config *c, size_t tokens, s
         shard_cost_all_reduce_bytes(c->n_positions * C, p, r, 4);
 }
 
+/* The interleaved schedule's bubble is often written (p-1)/(v m), a fraction of the ideal time; here, like
+ * the others, it is a fraction of the whole run. */
 double shard_cost_pipe_bubble(shard_pipe_kind kind, int p, int m, int v) {
-    return shard__pipe_bubble_formula(kind, p, m, v);
+    if (kind != SHARD_PIPE_INTERLEAVED) v = 1;
+    return (double)(p - 1) / ((double)v * m + p - 1);
 }
 
 double shard_cost_busbw_factor(const char *op, int n) {
