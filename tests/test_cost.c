@@ -189,7 +189,7 @@ static void data_parallel_against_dry_run(void **state) {
             assert_int_equal(op_bytes(r, "data", "all_reduce"), d.all_reduce_bytes + d.norm_bytes + trainer);
             assert_int_equal(op_bytes(r, "data", "reduce_scatterv"), d.reduce_scatter_bytes);
             uint64_t gathered = op_bytes(r, "data", "all_gatherv"), tied = z == 3 ? unit0 / 2 * 4 : 0;
-            assert_int_equal(gathered, d.all_gather_bytes + tied); /* ZeRO-3 gathers the tied embedding again */
+            assert_int_equal(gathered, d.all_gather_bytes + tied); /* ZeRO-3: the tied embedding once more */
         }
         shard_analysis_destroy(a);
     }

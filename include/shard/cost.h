@@ -76,10 +76,11 @@ typedef struct shard_cost_data_bytes {
  * compute copies: 4, or 2 under bf16 compute).  The bandwidth-optimal counts of shard_comm_bytes_sent,
  * this rank's share split.h's part of the whole: exact where the units and buckets divide evenly over
  * the ranks, and ZeRO-0's always on 2 ranks (a rank sends each bucket once); else within one element
- * per unit (per bucket, times data - 2, for ZeRO-0).  ZeRO-3's engine gathers a unit once more where the
- * model acquires it twice apart in a pass (the GPT's tied embedding, for the head): the dry run counts
- * those, this does not.  Other traffic on the axis (the trainer's loss and token sums) is not the
- * strategy's.  Fails on a stage outside 0-3, no data ranks, a rank outside them or no micro-steps. */
+ * per unit (per bucket, times data - 2, for ZeRO-0).  ZeRO-3's engine may gather a unit more often than
+ * twice a micro-step (the GPT's tied embedding, which the head acquires apart from the embedding, once
+ * more a step): the dry run counts what it gathers, this the two passes.  Other traffic on the axis
+ * (the trainer's loss and token sums) is not the strategy's.  Fails on a stage outside 0-3, no data
+ * ranks, a rank outside them or no micro-steps. */
 shard_status shard_cost_data_step_bytes(size_t params, size_t data, size_t rank, int zero, size_t micro_steps,
                                         size_t grad_elem_bytes, size_t gather_elem_bytes, shard_cost_data_bytes *out);
 

@@ -7,11 +7,12 @@
  * final LayerNorm and, when it is not the first, the tied head's copy of the token table.
  * Model state in f32 (AdamW's two moments), by stage as cost.h counts it: ZeRO-1 keeps the moments'
  * 1/data share and a gradient shard beside the full gradients, ZeRO-2 the gradients' share and a bucket,
- * ZeRO-3 the values' share too, with two blocks gathered at a time.  Activations: cost.h's per-stage bytes for the micro-batches
- * a stage holds at its peak (1F1B: min(m, p - stage); GPipe: m), the block's tensor-split parts divided
- * by `tensor` (the residual stream too under sequence parallel); with recomputation only each block's
- * input per micro-batch plus one block's whole.  FLOPs: per token and block 24 C^2 + 4 S C forward over
- * `tensor`, the head's 2 V C on the last stage, backward twice forward, recomputation once more. */
+ * ZeRO-3 the values' share too, with two blocks gathered at a time.  Activations: cost.h's per-stage
+ * bytes for the micro-batches a stage holds at its peak (1F1B: min(m, p - stage); GPipe: m), the block's
+ * tensor-split parts divided by `tensor` (the residual stream too under sequence parallel); with
+ * recomputation only each block's input per micro-batch plus one block's whole.  FLOPs: per token and
+ * block 24 C^2 + 4 S C forward over `tensor`, the head's 2 V C on the last stage, backward twice
+ * forward, recomputation once more. */
 #include "plan_screen.h"
 
 #include <math.h>
