@@ -159,8 +159,9 @@ static json_t *device_json(const shard_cluster *cluster, const shard_rank_analys
 
 /* measured / bound of a rank's expert bytes (-1: not measured, or no bound to compare with). */
 static double measured_ratio(const shard_rank_analysis *r) {
-    return r->expert_bytes_measured >= 0 && r->expert_bytes_bound ? r->expert_bytes_measured / (double)r->expert_bytes_bound
-                                                                  : -1;
+    return r->expert_bytes_measured >= 0 && r->expert_bytes_bound
+        ? r->expert_bytes_measured / (double)r->expert_bytes_bound
+        : -1;
 }
 
 static json_t *expert_json(const shard_rank_analysis *r) {
@@ -170,8 +171,8 @@ static json_t *expert_json(const shard_rank_analysis *r) {
     json_object_set_new(o, "activation_bytes", json_integer((json_int_t)r->expert_activation_bytes));
     json_object_set_new(o, "activation_bound_bytes", json_integer((json_int_t)r->expert_activation_bytes_bound));
     double ratio = measured_ratio(r);
-    json_object_set_new(o, "measured_bytes", r->expert_bytes_measured >= 0 ? json_real(r->expert_bytes_measured)
-                                                                             : json_null());
+    json_object_set_new(o, "measured_bytes",
+                        r->expert_bytes_measured >= 0 ? json_real(r->expert_bytes_measured) : json_null());
     json_object_set_new(o, "measured_ratio", ratio >= 0 ? json_real(ratio) : json_null());
     return o;
 }

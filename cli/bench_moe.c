@@ -118,7 +118,8 @@ enum { LOG_CAPACITY = 4096, LOG_FIELDS = 5 }; /* exchanges logged per step and r
  * together), f[F_DATA_TRANSFER] the same over dispatch and combine alone, f[F_EXPOSED] over dispatch alone;
  * f[F_RECV_IMB]: the dispatch and combine calls' largest receive over their mean receive, bytes summed over
  * the calls; f[F_CALL_BUSBW]: the median over the dispatch and combine calls of each one's busbw, GB/s (its
- * mean send buffer over its transfer, times (n - 1) / n, as bench comm counts a call).  mine: LOG_FIELDS x LOG_CAPACITY doubles, all: that for every rank of the axis. */
+ * mean send buffer over its transfer, times all_to_all's busbw factor (cost.h), as bench comm counts a
+ * call).  mine: LOG_FIELDS x LOG_CAPACITY doubles, all: that for every rank of the axis. */
 static shard_status split_calls(shard_comm *expert, size_t logged, const shard_expert_call *log, double *mine,
                                 double *all, double *f) {
     int n = expert ? shard_comm_size(expert) : 1;
@@ -155,7 +156,8 @@ static shard_status split_calls(shard_comm *expert, size_t logged, const shard_e
         f[F_WAIT] += waited / n * 1e3, f[F_TRANSFER] += moving;
         if (kind != SHARD_EXPERT_COUNTS) {
             f[F_DATA_TRANSFER] += moving, most_recv += recv_max, mean_recv += recv_sum / n;
-            busbw[data_calls++] = done > last ? sent / ((done - last) * 1e9) * (n - 1) / n : 0;
+            busbw[data_calls++] =
+                done > last ? sent / ((done - last) * 1e9) * shard_cost_busbw_factor("all_to_all", n) : 0;
             if (kind == SHARD_EXPERT_DISPATCH) f[F_EXPOSED] += moving;
         }
     }
@@ -327,7 +329,7 @@ int cli_bench_moe(int argc, char **argv) {
     }
     const moe_result *m = &a.r;
     if (m->step_ms <= 0) return 0; /* an MPI rank other than 0 */
-    double n = m->expert_ranks, factor = n > 1 ? (n - 1) / n : 0;
+    double factor = shard_cost_busbw_factor("all_to_all", m->expert_ranks);
     double call_bytes = m->data_calls > 0 ? m->data_bytes / m->data_calls : 0;
     /* the exchange in the step: the median call's busbw, as bench comm's figure is its median call's; and the
      * mean message over the mean call's transfer (last arrival to last leave), slow calls weighing in */

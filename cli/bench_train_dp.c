@@ -7,9 +7,9 @@
  *     share of communication hidden behind compute: 1 - exposed / alone, where
  *     exposed is the least any rank waited in the step (the last to arrive
  *     waits only for the communication, not for its peers);
- *   - peak bytes per rank by category next to the usual formula (fp32
- *     weights, gradients and AdamW's two moments: 4 + 4 + 8 bytes per
- *     parameter, divided by N as the stage shards them).
+ *   - peak bytes per rank by category next to cost.h's model state
+ *     (fp32 weights, gradients and AdamW's two moments: 4 + 4 + 8 bytes
+ *     per parameter, divided by N as the stage shards them).
  * Data: random tokens (a temporary token file).  Under mpirun, N = the
  * launcher's size.  The global batch divides over the ranks: every side then trains the same rows. */
 #include <stdio.h>
@@ -211,18 +211,23 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
     double tms =
         o->torch ? bench_reference_ms("bench_gpt_ddp_torch.py", o->config, numbers, bucket, 0, why, sizeof why) : -1;
     if (o->torch && tms <= 0 && o->json) cli_error("bench train: PyTorch DDP not measured: %s", why);
-    /* bytes per parameter 4 (values) + 4 (gradients) + 8 (AdamW), each divided by N where sharded */
-    double P = (double)a.r.params * 4, Dn = world, U = (double)a.r.largest_unit * 4;
-    double U0 = (double)a.r.unit0 * 4, Uo = (double)a.r.largest_other * 4;
-    /* values: whole, or this rank's pieces + a gathered unit + the prefetched one; gradients: whole (+ the
-     * reduce-scattered pieces from zero 1), or the pieces + unit 0's buffer (the tied embedding's: from the
-     * LM head to the end of backward) + two others (one filling, one in flight) */
+    /* the model state by stage (cost.h: 4 bytes a value, 4 a gradient, 8 AdamW's, sharded by stage) and
+     * the unit buffers a step holds: ZeRO-3 a gathered unit and the prefetched one; ZeRO-2/3 unit 0's
+     * gradient (the tied embedding's: from the LM head to the end of backward) and two others' (one
+     * filling, one in flight).  The target: every state sharded (ZeRO-3's 16 bytes / N) with 5 % slack,
+     * and three of the largest unit's buffers. */
+    double U = (double)a.r.largest_unit * 4, U0 = (double)a.r.unit0 * 4, Uo = (double)a.r.largest_other * 4;
     double unit_grads = a.r.largest_other > 0 ? U0 + 2 * Uo : U0;
-    double pred[3] = {o->zero >= 3 ? P / Dn + 2 * U : P,
-                      o->zero >= 2       ? P / Dn + unit_grads
-                          : o->zero == 1 ? P + P / Dn
-                                         : P,
-                      o->zero >= 1 ? 2 * P / Dn : 2 * P};
+    shard_cost_model_state state, sharded;
+    s = shard_cost_model_state_bytes(a.r.params, (size_t)world, (int)o->zero, 4, 4, 8, &state);
+    if (s == SHARD_OK) s = shard_cost_model_state_bytes(a.r.params, (size_t)world, 3, 4, 4, 8, &sharded);
+    if (s < 0) {
+        cli_error("%s", shard_last_error());
+        return 1;
+    }
+    double pred[3] = {state.params_bytes + (o->zero >= 3 ? 2 * U : 0),
+                      state.grads_bytes + (o->zero >= 2 ? unit_grads : 0), state.optimizer_bytes};
+    double target = 1.05 * (sharded.params_bytes + sharded.grads_bytes + sharded.optimizer_bytes) + 3 * U;
     const char *cat[3] = {"params", "grads", "optimizer"};
     shard_mem_category ids[3] = {SHARD_MEM_PARAMS, SHARD_MEM_GRADS, SHARD_MEM_OPTIMIZER};
     double states = 0;
@@ -237,7 +242,7 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
                "\"model_state_bytes\": %.0f, \"model_state_target_bytes\": %.0f",
                cli_json_string(o->config, cfg_json, sizeof cfg_json), world, o->zero, o->batch, o->seq,
                o->bf16 ? "bf16" : "f32", o->bf16_compute ? "bf16" : "f32", a.r.ms, N / (a.r.ms / 1e3), mfu,
-               a.r.single_ms, eff, a.r.exposed_ms, a.r.alone_ms, hidden, states, 1.05 * 4 * P / Dn + 3 * U);
+               a.r.single_ms, eff, a.r.exposed_ms, a.r.alone_ms, hidden, states, target);
         for (int i = 0; i < 3; i++)
             printf(", \"peak_%s_bytes\": %llu, \"predicted_%s_bytes\": %.0f", cat[i],
                    (unsigned long long)a.r.mem.peak_bytes[ids[i]], cat[i], pred[i]);
@@ -262,7 +267,7 @@ int cli_bench_train_dp(const bench_train_opts *o, const cli_common *common) {
                (double)a.r.mem.peak_bytes[ids[i]] / 1048576.0, pred[i] / 1048576.0);
     printf("memory:  model states %.2f MiB per rank; target 1.05 x 16 bytes x params / N + one unit's buffers = %.2f "
            "MiB\n",
-           states / 1048576.0, (1.05 * 4 * P / Dn + 3 * U) / 1048576.0);
+           states / 1048576.0, target / 1048576.0);
     if (tms > 0)
         printf("PyTorch DDP: %8.1f ms/step (gloo, %d processes x 1 thread, same run)  speedup %.2fx\n", tms, world,
                tms / a.r.ms);

@@ -245,9 +245,9 @@ static void expert_bound(test_ctx *t) {
         if (!CHECK_OK(t, shard_analyze(&o, &a), "analyze expert=2, capacity factor %s", cases[k].factor)) continue;
         for (size_t r = 0; r < a->ranks; r++) {
             const shard_rank_analysis *x = &a->rank[r];
-            CHECK(t, x->expert_bytes > 0 && x->expert_bytes <= x->expert_bytes_bound &&
-                         x->expert_activation_bytes > 0 &&
-                         x->expert_activation_bytes <= x->expert_activation_bytes_bound,
+            CHECK(t,
+                  x->expert_bytes > 0 && x->expert_bytes <= x->expert_bytes_bound && x->expert_activation_bytes > 0 &&
+                      x->expert_activation_bytes <= x->expert_activation_bytes_bound,
                   "factor %s shares %s rank %zu: balanced %llu / %llu bytes, bound %llu / %llu", cases[k].factor,
                   cases[k].shares ? cases[k].shares : "even", r, (unsigned long long)x->expert_bytes,
                   (unsigned long long)x->expert_activation_bytes, (unsigned long long)x->expert_bytes_bound,
@@ -290,19 +290,22 @@ static void measured_refusals(test_ctx *t) {
         FILE *f = fopen(log, "w");
         if (!CHECK(t, f != NULL, "%s", log)) break;
         fputs(bad[k].text, f), fclose(f);
-        CHECK(t, shard_analysis_measure(a, log) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), log) &&
-                     strstr(shard_last_error(), bad[k].says),
+        CHECK(t,
+              shard_analysis_measure(a, log) == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), log) &&
+                  strstr(shard_last_error(), bad[k].says),
               "log %zu: %s", k, shard_last_error());
     }
     FILE *f = fopen(log, "w"); /* three steps: each rank's median */
     if (CHECK(t, f != NULL, "%s", log)) {
         for (int k = 0; k < 3; k++)
-            fprintf(f, "{\"ranks\": [{\"rank\": 1, \"all_to_all_bytes\": {\"expert\": %d}}, "
-                       "{\"rank\": 0, \"all_to_all_bytes\": {\"data\": 0}}]}\n", (int[]){30, 10, 20}[k]);
+            fprintf(f,
+                    "{\"ranks\": [{\"rank\": 1, \"all_to_all_bytes\": {\"expert\": %d}}, "
+                    "{\"rank\": 0, \"all_to_all_bytes\": {\"data\": 0}}]}\n",
+                    (int[]){30, 10, 20}[k]);
         fclose(f);
         CHECK_OK(t, shard_analysis_measure(a, log), "a log of 3 steps");
-        CHECK(t, a->measured_steps == 3 && a->rank[0].expert_bytes_measured == 0 &&
-                     a->rank[1].expert_bytes_measured == 20,
+        CHECK(t,
+              a->measured_steps == 3 && a->rank[0].expert_bytes_measured == 0 && a->rank[1].expert_bytes_measured == 20,
               "measured: %zu steps, %g and %g bytes", a->measured_steps, a->rank[0].expert_bytes_measured,
               a->rank[1].expert_bytes_measured);
     }

@@ -331,14 +331,12 @@ static void case_transition_bytes(test_ctx *t) {
     size_t shape[2] = {rows, cols}, my_rows, my_cols, off;
     shard_split_range(rows, n, r, &off, &my_rows);
     shard_split_range(cols, n, r, &off, &my_cols);
-    size_t ar_len; /* the all_reduce's ring slice of this rank */
-    shard_split_range(total, n, r, &off, &ar_len);
     uint64_t expect[] = {
-        (uint64_t)(n - 1) * my_rows * cols * es,                    /* all_gather: my block to each other rank */
-        0,                                                          /* slice: nothing */
-        (uint64_t)(total - ar_len + ar_len * (size_t)(n - 1)) * es, /* all_reduce: ring */
-        (uint64_t)(total - my_rows * cols) * es,                    /* reduce_scatter: every other rank's rows */
-        (uint64_t)my_rows * (cols - my_cols) * es,                  /* all_to_all: my rows of their columns */
+        (uint64_t)(n - 1) * my_rows * cols * es,                      /* all_gather: my block to each other rank */
+        0,                                                            /* slice: nothing */
+        shard_cost_all_reduce_bytes(total, (size_t)n, (size_t)r, es), /* all_reduce: ring (cost.h) */
+        (uint64_t)(total - my_rows * cols) * es,                      /* reduce_scatter: every other rank's rows */
+        (uint64_t)my_rows * (cols - my_cols) * es,                    /* all_to_all: my rows of their columns */
     };
     if (n == 1) memset(expect, 0, sizeof expect);
     shard_tensor *x = NULL, *back = NULL;

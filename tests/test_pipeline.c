@@ -85,7 +85,7 @@ static void check_schedule(test_ctx *t, shard_pipe_kind kind, int p, int m, int 
     }
     CHECK_OK(t, shard__pipe_schedule_timeline(s, 1, 1, NULL, &total, peak), "%s p %d m %d v %d: timeline", name, p, m,
              v);
-    double bubble = shard__pipe_schedule_bubble(s, 1, 1), want = shard__pipe_bubble_formula(kind, p, m, v);
+    double bubble = shard__pipe_schedule_bubble(s, 1, 1), want = shard_cost_pipe_bubble(kind, p, m, v);
     if (kind != SHARD_PIPE_INTERLEAVED || p == 1)
         CHECK_NEAR(t, bubble, want, 1e-12, "%s p %d m %d: bubble of the equal-cost timeline", name, p, m);
     else /* interleaved: the formula, or less when a rank's warm-up fills the gaps */

@@ -102,10 +102,10 @@ typedef struct shard_analysis {
     int critical_rank; /* the rank with the most FLOPs */
     char critical_phase[16];
     /* what the cost model needs besides the ranks' figures */
-    char mesh[128];     /* the mesh text, e.g. "data=2,tensor=2" */
-    int zero;           /* the ZeRO stage */
-    char optimizer[16]; /* "adamw" or "sgd" */
-    uint64_t tokens;    /* tokens of one step over the whole mesh (global batch x seq) */
+    char mesh[128];        /* the mesh text, e.g. "data=2,tensor=2" */
+    int zero;              /* the ZeRO stage */
+    char optimizer[16];    /* "adamw" or "sgd" */
+    uint64_t tokens;       /* tokens of one step over the whole mesh (global batch x seq) */
     size_t measured_steps; /* the steps of the log shard_analysis_measure read (0: none) */
 } shard_analysis;
 

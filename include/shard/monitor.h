@@ -32,9 +32,9 @@ double shard_imbalance(const double *v, size_t n);
 /* One communicator of more than one rank, as the step used it. */
 typedef struct shard_monitor_comm {
     char name[SHARD_MONITOR_NAME_BYTES]; /* its name: a mesh axis ("data"), an axis set ("data,expert") */
-    double exposed_s; /* the step waited on it: blocking calls, and the waits of non-blocking requests */
-    double hidden_s;  /* non-blocking requests from their start to their wait: overlapped with compute */
-    uint64_t bytes;   /* bytes this rank sent on it */
+    double exposed_s;          /* the step waited on it: blocking calls, and the waits of non-blocking requests */
+    double hidden_s;           /* non-blocking requests from their start to their wait: overlapped with compute */
+    uint64_t bytes;            /* bytes this rank sent on it */
     uint64_t all_to_all_bytes; /* the part of `bytes` its all_to_all(v/w) calls sent (on `expert`: the
                                   token exchange's dispatch, combine and counts) */
 } shard_monitor_comm;

@@ -157,11 +157,6 @@ double shard__pipe_schedule_bubble(const shard_pipe_schedule *s, int f_cost, int
     return 1.0 - busy / ((double)s->p * total);
 }
 
-double shard__pipe_bubble_formula(shard_pipe_kind kind, int p, int m, int v) {
-    if (kind != SHARD_PIPE_INTERLEAVED) v = 1;
-    return (double)(p - 1) / ((double)v * m + p - 1);
-}
-
 void shard__pipe_schedule_print(const shard_pipe_schedule *s, FILE *out) {
     int p = s->p, total = 0;
     int **start = calloc((size_t)p, sizeof *start);

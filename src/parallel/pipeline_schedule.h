@@ -37,9 +37,6 @@ shard_status shard__pipe_schedule_timeline(const shard_pipe_schedule *s, int f_c
                                            int *total_slots, int *peak_in_flight);
 /* Idle fraction of the equal-cost timeline: 1 - busy / (p * total). */
 double shard__pipe_schedule_bubble(const shard_pipe_schedule *s, int f_cost, int b_cost);
-/* The textbook bubble: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m + p-1) interleaved (Narayanan et al.
- * write it (p-1)/(v*m) as a fraction of the ideal time; here as a fraction of the whole, like the others). */
-double shard__pipe_bubble_formula(shard_pipe_kind kind, int p, int m, int v);
 
 /* One line per rank: "rank 0 |F0 F1 B0 ..|" with '.' for idle slots (F and B one slot each); chunks as
  * F0a / F0b when v > 1. */

@@ -24,14 +24,15 @@ static shard_status take_line(const char *path, size_t line, const char *text, s
     json_t *ranks = json_is_object(root) ? json_object_get(root, "ranks") : NULL;
     shard_status s = SHARD_OK;
     if (!json_is_object(root))
-        s = shard_error(SHARD_ERR_INVALID_ARG, "analyze --measured %s line %zu: not a JSON object (%s): give the "
-                        "file `shard train --log` wrote", path, line, root ? "another JSON value" : err.text);
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "analyze --measured %s line %zu: not a JSON object (%s): give the "
+                        "file `shard train --log` wrote",
+                        path, line, root ? "another JSON value" : err.text);
     else if (!json_is_array(ranks) || json_array_size(ranks) != world)
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "analyze --measured %s line %zu: %s, but the layout has %zu ranks: give the log of a "
                         "`shard train --log` run of this layout",
-                        path, line, json_is_array(ranks) ? "a 'ranks' list of another size" : "no 'ranks' list",
-                        world);
+                        path, line, json_is_array(ranks) ? "a 'ranks' list of another size" : "no 'ranks' list", world);
     for (size_t i = 0; s == SHARD_OK && i < world; i++) {
         json_t *r = json_array_get(ranks, i), *rank = json_object_get(r, "rank");
         json_t *bytes = json_object_get(r, "all_to_all_bytes"), *expert = json_object_get(bytes, "expert");
@@ -76,7 +77,8 @@ shard_status shard_analysis_measure(shard_analysis *a, const char *log_path) {
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "analyze --measured %s: no step in it: give the log of a `shard train --log` run", log_path);
     double *column = s == SHARD_OK ? malloc(steps * sizeof *column) : NULL;
-    if (s == SHARD_OK && !column) s = shard_error(SHARD_ERR_NO_MEMORY, "analyze --measured %s: out of memory", log_path);
+    if (s == SHARD_OK && !column)
+        s = shard_error(SHARD_ERR_NO_MEMORY, "analyze --measured %s: out of memory", log_path);
     for (size_t r = 0; s == SHARD_OK && r < world; r++) {
         for (size_t k = 0; k < steps; k++) column[k] = all[k * world + r];
         qsort(column, steps, sizeof *column, by_value);

@@ -31,11 +31,11 @@
 #include <stdint.h>
 
 typedef struct shard__expert_plan {
-    size_t peer_rows;                  /* the most rows another rank of the expert axis routes per forward (0:
+    size_t peer_rows;                /* the most rows another rank of the expert axis routes per forward (0:
                                           the calling rank's own, as when every rank's micro-batch is alike) */
-    uint64_t bound_bytes;              /* the exchanges' bytes at capacity (the analyzer resets it per step) */
-    uint64_t activation_bytes;         /* the expert rows' buffers the layers hold in the dry run's routing */
-    uint64_t activation_bound_bytes;   /* the same at capacity */
+    uint64_t bound_bytes;            /* the exchanges' bytes at capacity (the analyzer resets it per step) */
+    uint64_t activation_bytes;       /* the expert rows' buffers the layers hold in the dry run's routing */
+    uint64_t activation_bound_bytes; /* the same at capacity */
 } shard__expert_plan;
 
 extern _Thread_local shard__expert_plan *shard__expert_plan_current;

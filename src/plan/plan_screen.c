@@ -5,15 +5,16 @@
  * `tensor` and the rest (the row-parallel biases and the LayerNorms, 6 C) are replicated; the first
  * stage holds the token table (split over `tensor` by vocabulary) and the position table, the last the
  * final LayerNorm and, when it is not the first, the tied head's copy of the token table.
- * Model state in f32 (AdamW's two moments): ZeRO-1 keeps the moments' 1/data share and a gradient
- * shard beside the full gradients, ZeRO-2 the gradients' share and a bucket, ZeRO-3 the values' share
- * too, with two blocks gathered at a time.  Activations: cost.h's per-stage bytes for the micro-batches
- * a stage holds at its peak (1F1B and interleaved: min(m, p - stage); GPipe: m), the block's tensor-split parts divided
- * by `tensor` (the residual stream too under sequence parallel); with recomputation only each block's
- * input per micro-batch plus one block's whole.  FLOPs: per token and block 24 C^2 + 4 S C forward over
- * `tensor`, the head's 2 V C on the last stage, backward twice forward, recomputation once more.
- * bf16 gradients halve the data axis's reduction and add the bf16 copies reduced; the interleaved
- * schedule sends each micro-batch once per chunk and has the interleaved bubble. */
+ * Model state in f32 (AdamW's two moments), by stage as cost.h counts it: ZeRO-1 keeps the moments'
+ * 1/data share and a gradient shard beside the full gradients, ZeRO-2 the gradients' share and a bucket,
+ * ZeRO-3 the values' share too, with two blocks gathered at a time.  Activations: cost.h's per-stage
+ * bytes for the micro-batches a stage holds at its peak (1F1B and interleaved: min(m, p - stage); GPipe:
+ * m), the block's tensor-split parts divided by `tensor` (the residual stream too under sequence
+ * parallel); with recomputation only each block's input per micro-batch plus one block's whole.  FLOPs:
+ * per token and block 24 C^2 + 4 S C forward over `tensor`, the head's 2 V C on the last stage, backward
+ * twice forward, recomputation once more.  bf16 gradients halve the data axis's reduction and add the
+ * bf16 copies reduced; the interleaved schedule sends each micro-batch once per chunk and has the
+ * interleaved bubble. */
 #include "plan_screen.h"
 
 #include <math.h>
@@ -156,11 +157,16 @@ shard_status shard__plan_screen(const shard_gpt_config *g, const shard_trainer_c
         if (stage == 0) params += V * C / T + (double)g->n_positions * C;
         if (stage == Pp - 1) params += 2 * C + (Pp > 1 ? V * C / T : 0);
         x->params = (uint64_t)params;
-        /* model state */
-        double pb = 4 * params, shard = D > 1 ? pb / D : pb;
-        double values = tc->zero >= 3 ? shard + 2 * 4 * (block_split / T + block_whole) : pb;
-        double grads = tc->zero >= 2 ? shard + fmin(pb, tc->bucket_mb * 1048576.0) : tc->zero == 1 ? pb + shard : pb;
-        double moments = (strcmp(a->optimizer, "sgd") == 0 ? 0.5 : 2) * (tc->zero >= 1 ? shard : pb);
+        /* model state: cost.h's by stage (SGD priced at 2 bytes a parameter), and the buffers a step
+         * holds: ZeRO-3's two gathered blocks, ZeRO-2/3's gradient bucket */
+        double pb = 4 * params;
+        shard_cost_model_state state;
+        s = shard_cost_model_state_bytes((size_t)params, (size_t)D, tc->zero, 4, 4,
+                                         strcmp(a->optimizer, "sgd") == 0 ? 2 : 8, &state);
+        if (s < 0) break;
+        double values = state.params_bytes + (tc->zero >= 3 ? 2 * 4 * (block_split / T + block_whole) : 0);
+        double grads = state.grads_bytes + (tc->zero >= 2 ? fmin(pb, tc->bucket_mb * 1048576.0) : 0);
+        double moments = state.optimizer_bytes;
         double comm = D > 1 ? fmin(pb, (tc->bucket_mb > 0 ? tc->bucket_mb : 25) * 1048576.0) : 0;
         if (D > 1 && grad_scale < 1) comm += tc->zero >= 2 ? pb / 4 : pb / 2; /* the bf16 copies reduced */
         /* activations */
