@@ -53,6 +53,18 @@ def expect(cond, what):
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-tiny.json")
 
 
+def tiny_corpus(work, sentence, repeat):
+    """`sentence` written `repeat` times to work/corpus.txt and made token files by `shard data text`; their
+    directory, work/data."""
+    text = os.path.join(work, "corpus.txt")
+    with open(text, "w") as f:
+        f.write(sentence * repeat)
+    data = os.path.join(work, "data")
+    p = run(["data", "text", text, "--out", data])
+    expect(p.returncode == 0 and "train.tokens" in p.stdout, f"data text: {p.stdout} {p.stderr}")
+    return data
+
+
 def errors():
     import tempfile
     empty = tempfile.NamedTemporaryFile(prefix="shard-cli-empty-")  # an empty input file, removed on exit
@@ -640,11 +652,7 @@ def train():
     import safetensors_ref  # needs numpy (Debian's python3-numpy, which scripts/deps.sh installs)
     work = tempfile.mkdtemp(prefix="shard-cli-train-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("the cat sat on the mat. the dog sat on the log.\n" * 400)
-        p = run(["data", "text", text, "--out", os.path.join(work, "data")])
-        expect(p.returncode == 0 and "train.tokens" in p.stdout, f"data text: {p.stdout} {p.stderr}")
+        tiny_corpus(work, "the cat sat on the mat. the dog sat on the log.\n", 400)
         cfg = os.path.join(work, "gpt.json")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256}, f)
@@ -1101,11 +1109,7 @@ def train_mpi():
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-train-mpi-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("a rank holds a shard of the mesh. the mesh splits the batch.\n" * 300)
-        p = run(["data", "text", text, "--out", os.path.join(work, "data")])
-        expect(p.returncode == 0, f"data text: {p.stderr}")
+        tiny_corpus(work, "a rank holds a shard of the mesh. the mesh splits the batch.\n", 300)
         cfg = os.path.join(work, "gpt.json")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 16, "vocab_size": 256}, f)
@@ -1168,11 +1172,7 @@ def analyze():
     expect(ranks and ranks[3]["coords"] == {"data": 1, "tensor": 1}, f"coords: {ranks[3:]}")
     # the memory a real run's table shows, rank by rank (MiB to 2 decimals)
     with tempfile.TemporaryDirectory(prefix="shard-cli-analyze-") as work:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("what a layout costs before it runs. " * 400)
-        data = os.path.join(work, "data")
-        run(["data", "text", text, "--out", data])
+        data = tiny_corpus(work, "what a layout costs before it runs. ", 400)
         t = run(["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "64", "--steps", "3", "--ranks",
                  "4", "--mesh", "data=2,tensor=2", "--zero", "1"])
         rows = [l.split() for l in t.stdout.splitlines() if l.strip().startswith("rank ") and "data=" in l]
@@ -1452,12 +1452,7 @@ def train_plan():
     keys at odds and --ranks other than the mesh's are refused in one line each, exit 2."""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="shard-cli-train-plan-") as work:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("a plan is a layout with its predictions. " * 400)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stderr}")
+        data = tiny_corpus(work, "a plan is a layout with its predictions. ", 400)
         args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--seed", "3"]
         plan = {"mesh": "data=2,pipe=2",
                 "flags": ["--mesh", "data=2,pipe=2", "--zero", "1", "--schedule", "1f1b", "--micro-batches", "2"],
@@ -1532,12 +1527,7 @@ def batch_shares():
     the wrong count, sum or size are refused in one line before any rank starts."""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="shard-cli-shares-") as work:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("faster devices take more rows of the batch. " * 400)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stderr}")
+        data = tiny_corpus(work, "faster devices take more rows of the batch. ", 400)
         args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--steps", "20", "--seed",
                 "3"]
         ref = None
@@ -1580,12 +1570,7 @@ def routed_alike(got, ref, aux=False):
 def moe_corpus(work):
     """Token files of a small repetitive corpus in work/data, and `shard train`'s arguments for the tiny MoE GPT
     on them (10 steps of batch 8 x 64)."""
-    text = os.path.join(work, "corpus.txt")
-    with open(text, "w") as f:
-        f.write("the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n" * 300)
-    data = os.path.join(work, "data")
-    p = run(["data", "text", text, "--out", data])
-    expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
+    data = tiny_corpus(work, "the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n", 300)
     cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
     return data, cfg, ["train", "--config", cfg, "--data", data, "--batch", "8", "--seq", "64", "--steps", "10",
                        "--seed", "3"]
@@ -1804,12 +1789,7 @@ def monitor():
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-monitor-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("the cat sat on the mat. the dog sat on the log.\n" * 400)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
+        data = tiny_corpus(work, "the cat sat on the mat. the dog sat on the log.\n", 400)
         cfg = os.path.join(work, "gpt.json")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256}, f)
