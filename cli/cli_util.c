@@ -274,3 +274,15 @@ double cli_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+shard_status cli_median_step_ms(const double *step_ms, size_t steps, double *median) {
+    size_t skip = steps > 1 ? 1 : 0, n = steps - skip;
+    *median = 0;
+    if (!n) return SHARD_OK;
+    double *v = malloc(n * sizeof *v); /* a copy: the caller's times stay in step order */
+    if (!v) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory for the median of %zu step times", n);
+    memcpy(v, step_ms + skip, n * sizeof *v);
+    *median = cli_median(v, (int)n);
+    free(v);
+    return SHARD_OK;
+}

@@ -48,6 +48,10 @@ const char *cli_json_string(const char *text, char *out, size_t out_bytes);
 /* The median of n values (sorts v in place). */
 double cli_median(double *v, int n);
 
+/* The median of a run's step times step_ms[0..steps-1] into *median, the first step left out when there
+ * are more (it warms up); 0 for no steps. */
+shard_status cli_median_step_ms(const double *step_ms, size_t steps, double *median);
+
 /* "4.0 KiB", "256 MiB" */
 void cli_format_size(uint64_t bytes, char *out, size_t out_bytes);
 
