@@ -323,20 +323,14 @@ int cli_analyze(int argc, char **argv) {
                                 .exact_ranks = (int)o.exact};
     if (s == SHARD_OK) s = shard_analyze(&ao, &a);
     if (s == SHARD_OK && o.measured) s = shard_analysis_measure(a, o.measured);
-    shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
+    shard_machine_profile *prof = NULL;
     shard_step_prediction *pred = NULL;
     shard_cluster *cluster = NULL;
-    if (s == SHARD_OK && o.device_map && !o.cluster)
-        s = shard_error(SHARD_ERR_INVALID_ARG,
-                        "--device-map %s places ranks on a cluster's devices: give --cluster too", o.device_map);
-    if (s == SHARD_OK && o.cluster) s = shard_cluster_load(o.cluster, &cluster);
-    if (s == SHARD_OK && cluster && o.device_map) s = shard_cluster_set_device_map(cluster, o.device_map);
+    if (s == SHARD_OK) s = cli_load_cluster_profile("analyze", o.cluster, o.device_map, o.profile, &cluster, &prof);
     if (s == SHARD_OK && cluster && shard_cluster_ranks(cluster) < a->world)
         s = shard_error(SHARD_ERR_INVALID_ARG, "--cluster %s: %d devices for the %d ranks of --mesh %s", o.cluster,
                         shard_cluster_ranks(cluster), a->world, a->mesh);
     shard_cost_options co = {.struct_size = sizeof co, .backend = "threads", .cluster = cluster};
-    if (s == SHARD_OK && o.profile && !prof) s = shard_error(SHARD_ERR_NO_MEMORY, "analyze: out of memory");
-    if (s == SHARD_OK && prof) s = shard_machine_profile_load(o.profile, prof);
     if (s == SHARD_OK && (prof || cluster)) s = shard_cost_predict(a, prof, &co, &pred);
     free(prof);
     if (s < 0) {

@@ -220,20 +220,17 @@ int cli_bench_analyze(int argc, char **argv) {
             return 2;
         }
     }
-    shard_machine_profile *p = profile || !cluster_file ? malloc(sizeof *p) : NULL;
+    shard_machine_profile *p = NULL;
     shard_cluster *cluster = NULL;
     bench_row *rows = calloc(LAYOUTS, sizeof *rows);
     char config[512], dir[256] = "";
     snprintf(config, sizeof config, "%s/configs/gpt-tiny.json", SHARD_SOURCE_DIR);
     shard_gpt_config gc;
-    shard_status s =
-        (p || cluster_file) && rows ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "bench analyze: out of memory");
-    if (s == SHARD_OK && device_map && !cluster_file)
-        s = shard_error(SHARD_ERR_INVALID_ARG,
-                        "--device-map %s places ranks on a cluster's devices: give --cluster too", device_map);
-    if (s == SHARD_OK && cluster_file) s = shard_cluster_load(cluster_file, &cluster);
-    if (s == SHARD_OK && cluster && device_map) s = shard_cluster_set_device_map(cluster, device_map);
-    if (s == SHARD_OK && p) s = profile ? shard_machine_profile_load(profile, p) : profile_machine(0, p);
+    shard_status s = rows ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "bench analyze: out of memory");
+    if (s == SHARD_OK) s = cli_load_cluster_profile("bench analyze", cluster_file, device_map, profile, &cluster, &p);
+    if (s == SHARD_OK && !cluster_file && !profile) /* neither given: this machine's profile, measured */
+        s = (p = malloc(sizeof *p)) ? profile_machine(0, p)
+                                    : shard_error(SHARD_ERR_NO_MEMORY, "bench analyze: out of memory");
     if (s == SHARD_OK) s = bench_random_tokens(config, &gc, dir, sizeof dir);
     if (s == SHARD_OK) s = run_matrix(p, cluster, config, dir, (int)limit, (int)warmup, (int)steps, rows);
     if (dir[0]) bench_remove_dir(dir);

@@ -33,6 +33,26 @@ void cli_error(const char *fmt, ...) {
     fprintf(stderr, "shard: %s\n", shown);
 }
 
+shard_status cli_load_cluster_profile(const char *verb, const char *cluster_path, const char *device_map,
+                                      const char *profile_path, shard_cluster **cluster,
+                                      shard_machine_profile **profile) {
+    *cluster = NULL, *profile = NULL;
+    shard_status s = SHARD_OK;
+    if (device_map && !cluster_path)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "--device-map %s places ranks on a cluster's devices: give --cluster too", device_map);
+    if (s == SHARD_OK && cluster_path) s = shard_cluster_load(cluster_path, cluster);
+    if (s == SHARD_OK && device_map) s = shard_cluster_set_device_map(*cluster, device_map);
+    if (s == SHARD_OK && profile_path && !(*profile = malloc(sizeof **profile)))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "%s: out of memory", verb);
+    if (s == SHARD_OK && profile_path) s = shard_machine_profile_load(profile_path, *profile);
+    if (s < 0) {
+        shard_cluster_destroy(*cluster), free(*profile);
+        *cluster = NULL, *profile = NULL;
+    }
+    return s;
+}
+
 int cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
 
 int cli_help_asked(int argc, char **argv, int first) {
@@ -273,4 +293,16 @@ double cli_median(double *v, int n) {
     if (n <= 0) return 0;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+shard_status cli_median_step_ms(const double *step_ms, size_t steps, double *median) {
+    size_t skip = steps > 1 ? 1 : 0, n = steps - skip;
+    *median = 0;
+    if (!n) return SHARD_OK;
+    double *v = malloc(n * sizeof *v); /* a copy: the caller's times stay in step order */
+    if (!v) return shard_error(SHARD_ERR_NO_MEMORY, "out of memory for the median of %zu step times", n);
+    memcpy(v, step_ms + skip, n * sizeof *v);
+    *median = cli_median(v, (int)n);
+    free(v);
+    return SHARD_OK;
 }

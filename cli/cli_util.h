@@ -1,12 +1,15 @@
 /* cli_util.h — small helpers shared by the CLI verbs: option parsing with one
- * clear error line per bad value, sizes written as 4K / 256M / 1G, and the
- * usage text a verb prints on --help. */
+ * clear error line per bad value, sizes written as 4K / 256M / 1G, the usage
+ * text a verb prints on --help, and the cluster and machine profile the verbs
+ * that price layouts load. */
 #ifndef SHARD_CLI_UTIL_H
 #define SHARD_CLI_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shard/cluster.h"
+#include "shard/cost_model.h"
 #include "shard/launch.h"
 
 /* Options every verb that runs ranks understands. */
@@ -30,6 +33,14 @@ void cli_ranks_from_mesh(cli_common *common, const char *mesh);
 /* A launch config from the common options. */
 shard_launch_config cli_launch_config(const cli_common *common);
 
+/* What a verb that prices layouts (plan, analyze, bench analyze) loads: the cluster file (NULL: none)
+ * with the device map applied (a map without a cluster is refused: it places ranks on a cluster's
+ * devices), then the machine profile file (NULL: none) into a malloc'd *profile; `verb` names the command
+ * in an out-of-memory line.  On an error the message is set and *cluster and *profile are NULL. */
+shard_status cli_load_cluster_profile(const char *verb, const char *cluster_path, const char *device_map,
+                                      const char *profile_path, shard_cluster **cluster,
+                                      shard_machine_profile **profile);
+
 /* The value after option argv[*i]; prints an error and returns NULL if missing. */
 const char *cli_value(int argc, char **argv, int *i);
 
@@ -47,6 +58,10 @@ const char *cli_json_string(const char *text, char *out, size_t out_bytes);
 
 /* The median of n values (sorts v in place). */
 double cli_median(double *v, int n);
+
+/* The median of a run's step times step_ms[0..steps-1] into *median, the first step left out when there
+ * are more (it warms up); 0 for no steps. */
+shard_status cli_median_step_ms(const double *step_ms, size_t steps, double *median);
 
 /* "4.0 KiB", "256 MiB" */
 void cli_format_size(uint64_t bytes, char *out, size_t out_bytes);

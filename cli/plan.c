@@ -262,13 +262,10 @@ int cli_plan(int argc, char **argv) {
         return 2;
     }
     shard_cluster *cluster = NULL;
-    shard_machine_profile *prof = o.profile ? malloc(sizeof *prof) : NULL;
+    shard_machine_profile *prof = NULL;
     shard_plan_result *r = NULL;
     shard_status s = shard_model_config_check(o.config);
-    if (s == SHARD_OK) s = shard_cluster_load(o.cluster, &cluster);
-    if (s == SHARD_OK && o.device_map) s = shard_cluster_set_device_map(cluster, o.device_map);
-    if (s == SHARD_OK && o.profile && !prof) s = shard_error(SHARD_ERR_NO_MEMORY, "plan: out of memory");
-    if (s == SHARD_OK && prof) s = shard_machine_profile_load(o.profile, prof);
+    if (s == SHARD_OK) s = cli_load_cluster_profile("plan", o.cluster, o.device_map, o.profile, &cluster, &prof);
     shard_trainer_config tc = {.config_path = o.config,
                                .batch = (size_t)o.batch,
                                .seq = (size_t)o.seq,

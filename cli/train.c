@@ -14,11 +14,11 @@
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
- * otherwise (rank 0 prints); --log writes a JSON line per step; --save writes
- * a checkpoint (values and the optimizer's state, the config in its index)
- * every K steps, at the end, and when SIGTERM or SIGINT stops the run
- * (train_stop.h), holding the root's writer lock meanwhile; --resume
- * continues one, on any mesh and ZeRO stage. */
+ * otherwise (rank 0 prints); --log writes a JSON line per step and a summary
+ * record at the end; --save writes a checkpoint (values and the optimizer's
+ * state, the config in its index) every K steps, at the end, and when SIGTERM
+ * or SIGINT stops the run (train_stop.h), holding the root's writer lock
+ * meanwhile; --resume continues one, on any mesh and ZeRO stage. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -118,6 +118,44 @@ static void report_plan(const train_opts *o, const shard_mesh *mesh, const doubl
     for (int r = 0; r < world; r++) totals[r] = peaks[r * PEAK_FIELDS + SHARD_MEM_CATEGORY_COUNT];
     train_plan_report(o->plan, mesh, step_ms, steps, totals, world);
     free(totals);
+}
+
+/* How the --log's summary record starts (a resumed run knows an earlier one by it). */
+static const char SUMMARY_START[] = "{\"event\": \"summary\"";
+
+/* Rank 0, a run that ended at its last step: the --log's final record, one line written whole, of the steps
+ * this run trained, the median step time (the first step left out, as in the plan's comparison), the
+ * tokens (rows for a model without tokens) per second at that median, the last loss and each rank's peak
+ * bytes (gather_peaks's totals); under --plan, the plan's predicted step_ms and peak_bytes beside them. */
+static shard_status log_summary(shard_text_file *log, const train_opts *o, uint64_t first, const double *step_ms,
+                                size_t steps, double items_per_step, double final_loss, const double *peaks,
+                                int world) {
+    double median = 0;
+    SHARD_CHECK(cli_median_step_ms(step_ms, steps, &median));
+    char *text = NULL;
+    size_t bytes = 0;
+    FILE *f = open_memstream(&text, &bytes); /* grows with the ranks and with the plan's numbers */
+    if (!f) return shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory for the --log summary");
+    fprintf(f,
+            "%s, \"steps\": %llu, \"last_step\": %ld, \"median_step_ms\": %.3f, \"tokens_per_s\": %.1f, "
+            "\"final_loss\": %.7f, \"peak_bytes\": [",
+            SUMMARY_START, (unsigned long long)((uint64_t)o->steps - first + 1), o->steps, median,
+            median > 0 ? items_per_step / (median / 1e3) : 0.0, final_loss);
+    for (int r = 0; r < world; r++)
+        fprintf(f, "%s%.0f", r ? ", " : "", peaks[r * PEAK_FIELDS + SHARD_MEM_CATEGORY_COUNT]);
+    fprintf(f, "]");
+    if (o->plan) {
+        fprintf(f, ", \"predicted\": {\"step_ms\": %.3f, \"peak_bytes\": [", o->plan->step_ms);
+        for (size_t i = 0; i < o->plan->peaks; i++) fprintf(f, "%s%.0f", i ? ", " : "", o->plan->peak_bytes[i]);
+        fprintf(f, "]}");
+    }
+    fprintf(f, "}\n");
+    int failed = ferror(f);
+    failed |= fclose(f) != 0; /* the text is whole only once closed */
+    shard_status s = failed || !text ? shard_error(SHARD_ERR_NO_MEMORY, "train: out of memory for the --log summary")
+                                     : shard_text_file_printf(log, "%s", text);
+    free(text);
+    return s;
 }
 
 /* A path the run will write (--log, --trace, --save): refused before any work when it is one of the run's
@@ -311,7 +349,8 @@ static void print_load(const shard_step_result *shape, const double *load) {
 
 /* A resumed run's --log: the lines of steps after the checkpoint (an interrupted run went on past it)
  * are dropped, and so is a last line without its newline (a run killed while writing it), so the file
- * holds each step once, every line whole; the rest stays, and the run adds to it. */
+ * holds each step once, every line whole; an earlier run's summary record goes too (it may count steps
+ * now dropped, and the resumed run ends the file with its own); the rest stays, and the run adds to it. */
 static shard_status cut_log(const char *path, uint64_t done) {
     if (access(path, F_OK) != 0) return SHARD_OK; /* no earlier log: the run starts one */
     int fd = -1;
@@ -327,7 +366,8 @@ static shard_status cut_log(const char *path, uint64_t done) {
     int cut = 0;
     for (ssize_t n; s == SHARD_OK && (n = getline(&line, &line_cap, f)) > 0;) {
         const char *at = strstr(line, "\"step\": ");
-        if (line[n - 1] != '\n' || (at && strtoull(at + 8, NULL, 10) > done)) {
+        if (line[n - 1] != '\n' || (at && strtoull(at + 8, NULL, 10) > done) ||
+            strncmp(line, SUMMARY_START, strlen(SUMMARY_START)) == 0) {
             cut = 1;
             continue;
         }
@@ -440,7 +480,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     double *load = NULL; /* rank 0, a mixture of experts: the run's assignments per layer and expert */
     size_t load_cells = 0;
     shard_step_result load_shape = {0};
-    double *step_ms = NULL; /* rank 0 under --plan: each step's time */
+    double *step_ms = NULL; /* rank 0 under --plan or --log: each step's time */
     size_t step_count = 0;
     size_t items_per_row = strcmp(m ? m->ops->kind : "", "gpt2") == 0 ? (size_t)o->layout.seq : 1;
     if (s == SHARD_OK && rank == 0) {
@@ -487,7 +527,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             break;
         }
         double tps = (double)(B * items_per_row) / (r.ms / 1e3);
-        if (o->plan && rank == 0 && (s = keep_step_ms(&step_ms, &step_count, r.ms)) < 0) break;
+        if ((o->plan || o->log) && rank == 0 && (s = keep_step_ms(&step_ms, &step_count, r.ms)) < 0) break;
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
         int32_t logged = 1;    /* rank 0 writes the line; every rank learns whether it could, to stop together */
@@ -526,16 +566,23 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && !stopped && rank == 0 && load) print_load(&load_shape, load);
     free(load);
     double *peaks = NULL;
-    if (s == SHARD_OK && !stopped && (world > 1 || o->plan)) s = gather_peaks(comm, &peaks);
+    if (s == SHARD_OK && !stopped && (world > 1 || o->plan || o->log)) s = gather_peaks(comm, &peaks);
     if (s == SHARD_OK && !stopped && world > 1 && rank == 0) print_memory(mesh, peaks, world);
     if (s == SHARD_OK && !stopped && o->plan && rank == 0) report_plan(o, mesh, step_ms, step_count, peaks, world);
-    free(peaks);
-    free(step_ms);
     if (s == SHARD_OK && !stopped && o->trace) { /* the last step as it ran */
         s = cli_write_trace(comm, mesh, t, o->trace);
         if (s == SHARD_OK && rank == 0)
             printf("train: the last step's trace in %s (chrome://tracing, ui.perfetto.dev)\n", o->trace);
     }
+    if (s == SHARD_OK && !stopped && log) { /* rank 0 alone, after the last collective */
+        s = log_summary(log, o, first, step_ms, step_count, (double)(B * items_per_row), last_loss, peaks, world);
+        if (s < 0) {
+            snprintf(log_error, sizeof log_error, "%s", shard_last_error());
+            s = shard_error(s, "--log %s", log_error);
+        }
+    }
+    free(peaks);
+    free(step_ms);
     if (log) { /* before the last line: a log that did not reach the disk whole is not a success */
         shard_status closed = shard_text_file_close(log);
         if (closed < 0) snprintf(log_error, sizeof log_error, "%s", shard_last_error());
@@ -625,7 +672,9 @@ static const char *const USAGE =
     "                           comm_wait_ms, and ranks: each rank's compute_ms, comm_ms by axis,\n"
     "                           comm_bytes sent by axis and all_to_all_bytes (the part of them its\n"
     "                           all_to_alls sent: analyze --measured reads `expert`'s), wait_ms,\n"
-    "                           optimizer_ms, peak_bytes by category); a resumed run adds to it\n"
+    "                           optimizer_ms, peak_bytes by category), and at the end a summary\n"
+    "                           ({\"event\": \"summary\"}: steps, median step ms, tokens/s, final loss, each\n"
+    "                           rank's peak bytes, a --plan's predictions); a resumed run adds to it\n"
     "  --monitor-every K        every K steps, with 2 or more ranks, a line of the imbalance of compute\n"
     "                           over the ranks and the slowest rank, 1..2^40 (default: with the\n"
     "                           progress line)\n"

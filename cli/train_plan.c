@@ -283,12 +283,10 @@ void train_plan_report(const train_plan *p, const shard_mesh *mesh, const double
     printf("train: the plan %s against this run:\n  %-36s %10s %10s %21s\n", p->path, "", "predicted", "measured",
            "measured / predicted");
     size_t skip = steps > 1 ? 1 : 0, n = steps - skip; /* the first step warms up: left out */
-    double *v = n ? malloc(n * sizeof *v) : NULL;
-    if (v) {
-        memcpy(v, step_ms + skip, n * sizeof *v);
+    double median = 0;
+    if (n && cli_median_step_ms(step_ms, steps, &median) == SHARD_OK) {
         snprintf(note, sizeof note, "the median of steps %zu-%zu", skip + 1, steps);
-        row("step ms", p->step_ms, cli_median(v, (int)n), n > 1 ? note : "one step");
-        free(v);
+        row("step ms", p->step_ms, median, n > 1 ? note : "one step");
     }
     if (p->peaks == 1) { /* the fullest rank's prediction, against the fullest rank measured */
         int full = 0;

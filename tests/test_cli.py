@@ -53,6 +53,32 @@ def expect(cond, what):
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-tiny.json")
 
 
+def log_rows(path):
+    """The step records of a `train --log` (its final summary record left out)."""
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if "event" not in r]
+
+
+def log_summary(path):
+    """The summary record that ends a `train --log` ({} when its last line is not one)."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    last = json.loads(lines[-1]) if lines else {}
+    return last if last.get("event") == "summary" else {}
+
+
+def tiny_corpus(work, sentence, repeat):
+    """`sentence` written `repeat` times to work/corpus.txt and made token files by `shard data text`; their
+    directory, work/data."""
+    text = os.path.join(work, "corpus.txt")
+    with open(text, "w") as f:
+        f.write(sentence * repeat)
+    data = os.path.join(work, "data")
+    p = run(["data", "text", text, "--out", data])
+    expect(p.returncode == 0 and "train.tokens" in p.stdout, f"data text: {p.stdout} {p.stderr}")
+    return data
+
+
 def errors():
     import tempfile
     empty = tempfile.NamedTemporaryFile(prefix="shard-cli-empty-")  # an empty input file, removed on exit
@@ -642,25 +668,32 @@ def train():
     import safetensors_ref  # needs numpy (Debian's python3-numpy, which scripts/deps.sh installs)
     work = tempfile.mkdtemp(prefix="shard-cli-train-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("the cat sat on the mat. the dog sat on the log.\n" * 400)
-        p = run(["data", "text", text, "--out", os.path.join(work, "data")])
-        expect(p.returncode == 0 and "train.tokens" in p.stdout, f"data text: {p.stdout} {p.stderr}")
+        tiny_corpus(work, "the cat sat on the mat. the dog sat on the log.\n", 400)
         cfg = os.path.join(work, "gpt.json")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256}, f)
         args = ["train", "--config", cfg, "--data", os.path.join(work, "data"), "--batch", "4", "--seq", "32",
                 "--steps", "20", "--lr", "3e-3", "--seed", "5"]
-        logs = []
+        logs, summaries = [], []
         for k in range(2):
             log = os.path.join(work, f"run{k}.jsonl")
             extra = ["--save", os.path.join(work, "ck"), "--save-every", "10"] if k == 0 else []
             p = run(args + ["--log", log] + extra)
             expect(p.returncode == 0 and "train: 20 steps" in p.stdout, f"train run {k}: {p.stdout} {p.stderr}")
-            logs.append([json.loads(l) for l in open(log)] if os.path.exists(log) else [])
+            logs.append(log_rows(log) if os.path.exists(log) else [])
+            summaries.append(log_summary(log) if os.path.exists(log) else {})
         rows = logs[0]
         expect(len(rows) == 20 and {"step", "loss", "lr", "tokens_per_s", "ms"} <= set(rows[0]), f"log rows: {rows[:1]}")
+        # the log's last line sums the run up: its steps, the median step (the first left out), tokens/s at
+        # that median, the last loss and the one rank's peak bytes (at least any category's peak of a step)
+        sm = summaries[0]
+        median = sorted(r["ms"] for r in rows[1:])[9] if len(rows) == 20 else -1
+        expect(sm.get("steps") == 20 and sm.get("last_step") == 20 and rows and sm.get("final_loss") == rows[-1]["loss"]
+               and abs(sm.get("median_step_ms", 0) - median) <= 1e-3
+               and abs(sm.get("tokens_per_s", 0) - 4 * 32 / (median / 1e3)) <= 1e-3 * sm.get("tokens_per_s", 0) + 0.1
+               and len(sm.get("peak_bytes", [])) == 1
+               and sm["peak_bytes"][0] >= max(max(r["ranks"][0]["peak_bytes"].values()) for r in rows)
+               and "predicted" not in sm, f"the log's summary: {sm}")
         expect(rows and rows[-1]["loss"] < rows[0]["loss"] - 1.0, f"loss did not fall: {rows[0]} -> {rows[-1]}")
         expect([r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]], "two runs with one seed differ")
         # what would fail after the training fails before it, one line: a --save step that exists, a --resume
@@ -681,7 +714,7 @@ def train():
         p = run(["ckpt", "export", ck, "--out", os.path.join(work, "w.safetensors")])
         log = os.path.join(work, "init.jsonl")
         q = run(args + ["--steps", "1", "--init", os.path.join(work, "w.safetensors"), "--log", log])
-        got = [json.loads(l) for l in open(log)] if q.returncode == 0 else []
+        got = log_rows(log) if q.returncode == 0 else []
         expect(p.returncode == 0 and len(got) == 1 and got[0]["loss"] < rows[0]["loss"] - 1.0,
                f"train --init from exported weights: {got} {q.stderr}")
         # the export holds the model's tensors only; --optimizer adds AdamW's two moments of each
@@ -696,7 +729,7 @@ def train():
         p = run(["ckpt", "export", ck, "--out", os.path.join(work, "sh.safetensors"), "--max-shard-size", "64K"])
         index = os.path.join(work, "sh.safetensors.index.json")
         q = run(args + ["--steps", "1", "--init", index, "--log", log + ".sh"])
-        sh = [json.loads(l) for l in open(log + ".sh")] if q.returncode == 0 else []
+        sh = log_rows(log + ".sh") if q.returncode == 0 else []
         expect(p.returncode == 0 and got and [(r["loss"], r["grad_norm"]) for r in sh] == [(got[0]["loss"], got[0]["grad_norm"])],
                f"train --init from a sharded export: {sh} against {got}: {p.stderr} {q.stderr}")
         q = run(["inspect", "ckpt", index, "--verify"])
@@ -765,14 +798,14 @@ def train():
             if os.path.exists(log):
                 os.remove(log)
             q = run(args + ["--steps", "1", "--init", os.path.join(work, "w.safetensors"), "--log", log] + extra)
-            par = [json.loads(l) for l in open(log)] if q.returncode == 0 else []
+            par = log_rows(log) if q.returncode == 0 else []
             expect(got and len(par) == 1 and abs(par[0]["loss"] - got[0]["loss"]) <= tol * got[0]["loss"],
                    f"train --init {extra}: {par} against {got}: {q.stderr}")
         # a resumed run adds to its --log, after dropping the lines of steps past the checkpoint (the
         # interrupted run logged 15 steps, its checkpoint is step 10)
         resumed = os.path.join(work, "resumed.jsonl")
-        with open(resumed, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows[:15])
+        with open(resumed, "w") as f:  # with the summary of the run that logged them, to be dropped too
+            f.writelines(json.dumps(r) + "\n" for r in rows[:15] + [summaries[0]])
         # a resumed run goes on into its own root (--save the --resume root), saving past its latest
         again = os.path.join(work, "again")
         shutil.copytree(ck, again, symlinks=True)
@@ -784,13 +817,17 @@ def train():
         expect(q.returncode == 1 and "past this run's first save at step 3" in q.stderr, f"fresh run below latest: {q.stderr!r}")
         # a resume refused before training leaves its --log as it was
         q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed, "--save", ck])
-        expect(q.returncode == 1 and "step_20" in q.stderr and len(open(resumed).readlines()) == 15,
+        expect(q.returncode == 1 and "step_20" in q.stderr and len(open(resumed).readlines()) == 16,
                f"refused resume cut its log: {q.stderr}")
         q = run(args + ["--resume", os.path.join(ck, "step_10"), "--log", resumed])
-        par = [json.loads(l) for l in open(resumed)] if q.returncode == 0 else []
+        par = log_rows(resumed) if q.returncode == 0 else []
         expect([r["step"] for r in par] == list(range(1, 21))
                and all(abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"] for a, b in zip(rows, par)),
                f"train --resume --log: steps {[r['step'] for r in par]}: {q.stderr}")
+        summary_lines = [l for l in open(resumed) if '"event"' in l]
+        expect(len(summary_lines) == 1 and json.loads(summary_lines[0]).get("steps") == 10
+               and json.loads(summary_lines[0]).get("last_step") == 20 and log_summary(resumed),
+               f"train --resume --log: one summary, the resumed run's 10 steps, last: {summary_lines}")
         expect("warning" not in q.stderr, f"train --resume with the same settings warned: {q.stderr!r}")
         # settings other than the checkpoint's: a warning naming them, and the run goes on
         other = [a if a != "3e-3" else "1e-3" for a in args] + ["--steps", "12", "--seed", "6"]
@@ -803,7 +840,7 @@ def train():
         sgd = [a if a != "3e-3" else "0.1" for a in args] + ["--optimizer", "sgd", "--momentum", "0.9"]
         ck_sgd, log = os.path.join(work, "ck_sgd"), os.path.join(work, "sgd.jsonl")
         p = run(sgd + ["--save", ck_sgd, "--log", log])
-        got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+        got = [r["loss"] for r in log_rows(log)] if p.returncode == 0 else []
         expect(len(got) == 20 and got[-1] < got[0] - 1.0, f"train --optimizer sgd --momentum 0.9: {got[:2]}..{got[-2:]} {p.stderr}")
         index = json.load(open(os.path.join(ck_sgd, "step_20", "index.json"))) if p.returncode == 0 else {}
         names = set(index.get("tensors", {}))
@@ -827,7 +864,7 @@ def train():
             if os.path.exists(log):  # a --resume adds to its log
                 os.remove(log)
             p = run(args + ["--log", log] + extra)
-            par = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            par = log_rows(log) if p.returncode == 0 else []
             worst = max((abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(rows[first - 1:], par)), default=1)
             expect(p.returncode == 0 and len(par) == 21 - first and worst <= 1e-5,
                    f"train {extra}: {len(par)} steps, worst relative loss difference {worst}: {p.stderr}")
@@ -859,7 +896,7 @@ def train():
             log = os.path.join(work, name + ".jsonl")
             p = run(["train", "--config", os.path.join(configs, name), "--steps", "40", "--lr", "3e-3", "--log", log]
                     + extra)
-            got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            got = [r["loss"] for r in log_rows(log)] if p.returncode == 0 else []
             expect(len(got) == 40 and sum(got[-5:]) < 0.8 * sum(got[:5]), f"train {name}: {got[:3]}..{got[-3:]} {p.stderr}")
         # the MLP split over a tensor axis (Megatron's column- then row-parallel pair) trains to the one-device
         # losses, and a checkpoint saved under tensor=2 resumes on one device
@@ -868,7 +905,7 @@ def train():
         for extra in ([], ["--mesh", "tensor=2"], ["--mesh", "data=2,tensor=2", "--zero", "3"]):
             log = os.path.join(work, "mlp-tp.jsonl")
             p = run(["train", "--config", mlp, "--steps", "6", "--batch", "8", "--log", log] + extra)
-            losses[" ".join(extra)] = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else p.stderr
+            losses[" ".join(extra)] = [r["loss"] for r in log_rows(log)] if p.returncode == 0 else p.stderr
         base = losses[""]
         for k, got in losses.items():
             expect(isinstance(got, list) and len(got) == 6 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base)),
@@ -879,7 +916,7 @@ def train():
         log = os.path.join(work, "mlp-tp-resumed.jsonl")
         p = run(["train", "--config", mlp, "--steps", "6", "--batch", "8", "--resume", os.path.join(save, "step_3"),
                  "--log", log])
-        got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else p.stderr
+        got = [r["loss"] for r in log_rows(log)] if p.returncode == 0 else p.stderr
         expect(isinstance(got, list) and len(got) == 3 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, base[3:])),
                f"mlp saved under tensor=2, resumed on one device: {got} against {base[3:]}")
         # bad input to the new entry points: one line each, non-zero exit
@@ -1103,11 +1140,7 @@ def train_mpi():
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-train-mpi-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("a rank holds a shard of the mesh. the mesh splits the batch.\n" * 300)
-        p = run(["data", "text", text, "--out", os.path.join(work, "data")])
-        expect(p.returncode == 0, f"data text: {p.stderr}")
+        tiny_corpus(work, "a rank holds a shard of the mesh. the mesh splits the batch.\n", 300)
         cfg = os.path.join(work, "gpt.json")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 2, "n_positions": 16, "vocab_size": 256}, f)
@@ -1118,7 +1151,7 @@ def train_mpi():
                                  ("pipe", ["--mesh", "pipe=2", "--schedule", "1f1b", "--micro-batches", "5"], 2)):
             log = os.path.join(work, name + ".jsonl")
             p = run(args + ["--log", log] + extra, mpi=mpi, timeout=240)
-            logs[name] = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            logs[name] = [r["loss"] for r in log_rows(log)] if p.returncode == 0 else []
             expect(p.returncode == 0 and len(logs[name]) == 12, f"train {name}: exit {p.returncode}: {p.stderr}")
             if mpi:
                 worst = max((abs(a - b) / a for a, b in zip(logs["one"], logs[name])), default=1)
@@ -1135,7 +1168,7 @@ def train_mpi():
                            (["--mesh", "pipe=2,expert=2", "--micro-batch", "1"], 4)):
             log = os.path.join(work, "moe%d.jsonl" % mpi)
             p = run(margs + ["--log", log] + extra, mpi=mpi, timeout=240)
-            got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            got = [r["loss"] for r in log_rows(log)] if p.returncode == 0 else []
             expect(len(got) == 6, f"moe {extra}: exit {p.returncode}: {p.stderr}")
             if ref is None:
                 ref = got
@@ -1170,11 +1203,7 @@ def analyze():
     expect(ranks and ranks[3]["coords"] == {"data": 1, "tensor": 1}, f"coords: {ranks[3:]}")
     # the memory a real run's table shows, rank by rank (MiB to 2 decimals)
     with tempfile.TemporaryDirectory(prefix="shard-cli-analyze-") as work:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("what a layout costs before it runs. " * 400)
-        data = os.path.join(work, "data")
-        run(["data", "text", text, "--out", data])
+        data = tiny_corpus(work, "what a layout costs before it runs. ", 400)
         t = run(["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "64", "--steps", "3", "--ranks",
                  "4", "--mesh", "data=2,tensor=2", "--zero", "1"])
         rows = [l.split() for l in t.stdout.splitlines() if l.strip().startswith("rank ") and "data=" in l]
@@ -1504,12 +1533,7 @@ def train_plan():
     keys at odds and --ranks other than the mesh's are refused in one line each, exit 2."""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="shard-cli-train-plan-") as work:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("a plan is a layout with its predictions. " * 400)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stderr}")
+        data = tiny_corpus(work, "a plan is a layout with its predictions. ", 400)
         args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--seed", "3"]
         plan = {"mesh": "data=2,pipe=2",
                 "flags": ["--mesh", "data=2,pipe=2", "--zero", "1", "--schedule", "1f1b", "--micro-batches", "2"],
@@ -1519,13 +1543,14 @@ def train_plan():
         path = os.path.join(work, "plan.json")
         with open(path, "w") as f:
             json.dump(plan, f)
-        losses = []
+        losses, summaries = [], []
         for extra in ([], ["--plan", path, "--zero", "1"]):
             log = os.path.join(work, "run.jsonl")
             if os.path.exists(log):
                 os.remove(log)
             p = run(args + ["--steps", "20", "--log", log] + extra)
-            losses.append([json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else [])
+            losses.append([r["loss"] for r in log_rows(log)] if p.returncode == 0 else [])
+            summaries.append(log_summary(log) if p.returncode == 0 else {})
         ref, got = losses
         worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(ref) == len(got) == 20 else 1
         expect(worst <= 1e-5, f"train --plan: worst relative loss difference {worst} {p.stderr}")
@@ -1534,6 +1559,15 @@ def train_plan():
                re.search(r"\n  step ms +50\.00 +[0-9.]+ +[0-9.]+   the median of steps 2-20\n", p.stdout) and
                len(rows) == 4 and "layers per stage 3,1" in p.stdout and "split unevenly" in p.stdout,
                f"train --plan's comparison: {p.stdout[-900:]}")
+        # the log's summary holds the same comparison: the plan's predictions beside the measured figures
+        step_row = re.search(r"\n  step ms +50\.00 +([0-9.]+) ", p.stdout)
+        sm = summaries[1]
+        expect("predicted" not in summaries[0] and len(summaries[0].get("peak_bytes", [])) == 1 and
+               sm.get("predicted") == {"step_ms": 50.0, "peak_bytes": [8e6, 3e6, 8e6, 3e6]} and
+               step_row and abs(sm.get("median_step_ms", 0) - float(step_row.group(1))) <= 0.006 and
+               len(rows) == 4 and len(sm.get("peak_bytes", [])) == 4 and
+               all(abs(b / 1048576 - float(r[7])) <= 0.006 for b, r in zip(sm["peak_bytes"], rows)),
+               f"train --plan --log's summary: {summaries} {rows}")
         # a plan `shard plan` wrote for a two-device cluster, run on that cluster with its device map
         cluster = os.path.join(work, "two.json")
         with open(cluster, "w") as f:
@@ -1584,12 +1618,7 @@ def batch_shares():
     the wrong count, sum or size are refused in one line before any rank starts."""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="shard-cli-shares-") as work:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("faster devices take more rows of the batch. " * 400)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stderr}")
+        data = tiny_corpus(work, "faster devices take more rows of the batch. ", 400)
         args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--steps", "20", "--seed",
                 "3"]
         ref = None
@@ -1602,7 +1631,7 @@ def batch_shares():
             if os.path.exists(log):
                 os.remove(log)
             p = run(args + extra + ["--log", log])
-            got = [json.loads(l)["loss"] for l in open(log)] if p.returncode == 0 else []
+            got = [r["loss"] for r in log_rows(log)] if p.returncode == 0 else []
             if ref is None:
                 ref = got
                 expect(len(got) == 20, f"one rank: {p.stderr}")
@@ -1632,12 +1661,7 @@ def routed_alike(got, ref, aux=False):
 def moe_corpus(work):
     """Token files of a small repetitive corpus in work/data, and `shard train`'s arguments for the tiny MoE GPT
     on them (10 steps of batch 8 x 64)."""
-    text = os.path.join(work, "corpus.txt")
-    with open(text, "w") as f:
-        f.write("the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n" * 300)
-    data = os.path.join(work, "data")
-    p = run(["data", "text", text, "--out", data])
-    expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
+    data = tiny_corpus(work, "the cat sat on the mat. the dog sat on the log. a bird flew over the tree.\n", 300)
     cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "gpt-moe-tiny.json")
     return data, cfg, ["train", "--config", cfg, "--data", data, "--batch", "8", "--seq", "64", "--steps", "10",
                        "--seed", "3"]
@@ -1657,7 +1681,7 @@ def moe_pipe():
         data, cfg, args = moe_corpus(work)
         log = os.path.join(work, "one.jsonl")
         p = run(args + ["--log", log])
-        one = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        one = log_rows(log) if p.returncode == 0 else []
         expect(len(one) == 10, f"moe one rank: {p.stderr}")
         with open(cfg) as f:
             conf = json.load(f)
@@ -1672,7 +1696,7 @@ def moe_pipe():
         for extra in pipes:
             log = os.path.join(work, "pipe.jsonl")
             p = run(args + extra + ["--log", log])
-            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            got = log_rows(log) if p.returncode == 0 else []
             same = routed_alike(got, one, aux=True)
             expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
                          f"{[r['loss'] for r in one]} {p.stderr}")
@@ -1687,7 +1711,7 @@ def moe_pipe():
                       ["--ranks", "8", "--mesh", "tensor=2,pipe=2,expert=2", "--micro-batch", "2"]):
             log = os.path.join(work, "pipe4.jsonl")
             p = run(args[:2] + [four] + args[3:] + extra + ["--log", log])
-            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            got = log_rows(log) if p.returncode == 0 else []
             if base is None:
                 base = got
                 expect(got and max(r["dropped_tokens"] for r in got) > 0, f"moe 4 blocks: nothing dropped {p.stderr}")
@@ -1701,7 +1725,7 @@ def moe_pipe():
                                                 "--save", ck, "--save-every", "5"])
         log = os.path.join(work, "resumed_pipe.jsonl")
         p = run(args[:2] + [four] + args[3:] + ["--resume", os.path.join(ck, "step_5"), "--log", log])
-        got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        got = log_rows(log) if p.returncode == 0 else []
         expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, base[5:])),
                f"moe saved on pipe=2,expert=2, resumed on one rank: {[r['loss'] for r in got]} vs "
                f"{[r['loss'] for r in base[5:]]} {p.stderr}")
@@ -1731,7 +1755,7 @@ def moe():
             log = os.path.join(work, name + ".jsonl")
             p = run(args + extra + ["--log", log])
             expect(p.returncode == 0 and "expert load over the run" in p.stdout, f"moe {name}: {p.stdout} {p.stderr}")
-            runs[name] = [json.loads(l) for l in open(log)] if os.path.exists(log) else []
+            runs[name] = log_rows(log) if os.path.exists(log) else []
         one = runs["one"]
         expect(len(one) == 10 and {"aux_loss", "z_loss", "dropped_tokens", "expert_load"} <= set(one[0]),
                f"moe log rows: {one[:1]}")
@@ -1761,7 +1785,7 @@ def moe():
             for extra in meshes:
                 log = os.path.join(work, "ep.jsonl")
                 p = run(args[:2] + [config] + args[3:] + extra + ["--log", log])
-                got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+                got = log_rows(log) if p.returncode == 0 else []
                 ref = one if config == cfg else base
                 if ref is None:
                     base = got
@@ -1807,7 +1831,7 @@ def moe():
             if os.path.exists(log):
                 os.remove(log)
             p = run(args + extra + ["--resume", os.path.join(ck, "step_5"), "--log", log])
-            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            got = log_rows(log) if p.returncode == 0 else []
             expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, one[5:])),
                    f"moe saved on expert=4, resumed {extra}: {[r['loss'] for r in got]} vs {[r['loss'] for r in one[5:]]} "
                    f"{p.stderr}")
@@ -1817,14 +1841,14 @@ def moe():
         log = os.path.join(work, "dense.jsonl")
         p = run(["train", "--config", dense, "--data", data, "--batch", "2", "--seq", "16", "--steps", "2",
                  "--log", log])
-        rows = [json.loads(l) for l in open(log)] if os.path.exists(log) else []
+        rows = log_rows(log) if os.path.exists(log) else []
         expect(p.returncode == 0 and rows and "aux_loss" not in rows[0] and "expert load" not in p.stdout,
                f"dense log: {rows[:1]} {p.stdout}")
         # expert tensor parallel: each expert's c_fc / c_proj split over `tensor`, alone and with `expert`
         for extra in (["--ranks", "2", "--mesh", "tensor=2"], ["--ranks", "4", "--mesh", "tensor=2,expert=2"]):
             log = os.path.join(work, "etp.jsonl")
             p = run(args + extra + ["--log", log])
-            got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            got = log_rows(log) if p.returncode == 0 else []
             same = routed_alike(got, one)
             expect(same, f"moe {extra} differs from one rank: {[r['loss'] for r in got]} vs "
                          f"{[r['loss'] for r in one]} {p.stderr}")
@@ -1833,7 +1857,7 @@ def moe():
         p = run(args + ["--ranks", "4", "--mesh", "tensor=2,expert=2", "--save", ck, "--save-every", "5"])
         log = os.path.join(work, "resumed_etp.jsonl")
         p = run(args + ["--resume", os.path.join(ck, "step_5"), "--log", log])
-        got = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        got = log_rows(log) if p.returncode == 0 else []
         expect(len(got) == 5 and all(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]) for a, b in zip(got, one[5:])),
                f"moe saved on tensor=2,expert=2, resumed on one rank: {[r['loss'] for r in got]} vs "
                f"{[r['loss'] for r in one[5:]]} {p.stderr}")
@@ -1857,12 +1881,7 @@ def monitor():
     import tempfile
     work = tempfile.mkdtemp(prefix="shard-cli-monitor-")
     try:
-        text = os.path.join(work, "corpus.txt")
-        with open(text, "w") as f:
-            f.write("the cat sat on the mat. the dog sat on the log.\n" * 400)
-        data = os.path.join(work, "data")
-        p = run(["data", "text", text, "--out", data])
-        expect(p.returncode == 0, f"data text: {p.stdout} {p.stderr}")
+        data = tiny_corpus(work, "the cat sat on the mat. the dog sat on the log.\n", 400)
         cfg = os.path.join(work, "gpt.json")
         with open(cfg, "w") as f:
             json.dump({"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 256}, f)
@@ -1879,7 +1898,7 @@ def monitor():
             expect(p.returncode == 0, f"monitor {mesh}: {p.stdout} {p.stderr}")
             if p.returncode != 0:
                 continue
-            rows = [json.loads(l) for l in open(log)]
+            rows = log_rows(log)
             ranks = rows[-1].get("ranks", [])
             keys = {"rank", "compute_ms", "comm_ms", "comm_bytes", "all_to_all_bytes", "wait_ms", "optimizer_ms",
                     "peak_bytes"}

@@ -8,19 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "expect.h"
 #include "shard/shard.h"
 
 static int failures;
-
-#define EXPECT(cond, ...)                                                                                              \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            failures++;                                                                                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
-            fprintf(stderr, __VA_ARGS__);                                                                              \
-            fprintf(stderr, "\n");                                                                                     \
-        }                                                                                                              \
-    } while (0)
 
 /* Two nodes of two devices; the link between them 0.5 Gb/s (62.5 MB/s) and 2 ms. */
 static const char *const CLUSTER =

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "expect.h"
 #include "shard/shard.h"
 
 #define MAX_RANKS 8
@@ -28,16 +29,6 @@ typedef struct job {
 
 #include <stdatomic.h>
 static _Atomic int failures; /* ranks are threads */
-
-#define EXPECT(cond, ...)                                                                                              \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            failures++;                                                                                                \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
-            fprintf(stderr, __VA_ARGS__);                                                                              \
-            fprintf(stderr, "\n");                                                                                     \
-        }                                                                                                              \
-    } while (0)
 
 static double now(void) {
     struct timespec ts;

@@ -71,7 +71,7 @@ def finish(p, timeout=60):
 
 
 def log_steps(path):
-    """The steps of a --log, or a description of what is wrong with it."""
+    """The steps of a --log (its final summary record left out), or a description of what is wrong with it."""
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
@@ -81,7 +81,10 @@ def log_steps(path):
     steps = []
     for n, line in enumerate(text.splitlines(), 1):
         try:
-            steps.append(json.loads(line)["step"])
+            record = json.loads(line)
+            if "event" in record:
+                continue
+            steps.append(record["step"])
         except (ValueError, KeyError) as e:
             return "line %d is not a JSON record with a step (%s): %r" % (n, e, line[:80])
     return steps
@@ -128,7 +131,7 @@ def file_sums(root, step):
 
 def records(log):
     with open(log) as f:
-        return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, f)]
+        return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, f) if "event" not in r]
 
 
 def check_after_stop(root, log, what):

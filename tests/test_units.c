@@ -1,6 +1,7 @@
 /* test_units.c — unit tests (cmocka) for the pieces under the communicator:
  * status and last-error text, the accounted allocator, dtype conversions,
- * the even-split rule, rank lists and the CLI's size parser; the public
+ * the even-split rule, rank lists and the CLI's size parser; the rule for
+ * environment settings (a malformed value named in one line, the default used); the public
  * sampler, cost formulas, clock and file helpers the CLI calls; the model
  * registry (a kind registered, built, refused twice; an unknown model_type
  * naming the kinds) and the trainer's factory of a caller's model and batch source. */
@@ -12,6 +13,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -19,6 +21,7 @@
 
 #include "cli_util.h"
 #include "comm/comm_impl.h"
+#include "core/env.h"
 #include "core/parallel.h"
 #include "runtime/cores.h"
 #include "shard/shard.h"
@@ -270,6 +273,50 @@ static void timeout_from_environment(void **state) {
     assert_true(shard_default_timeout() == 300);
     unsetenv("SHARD_TIMEOUT");
     assert_true(shard_default_timeout() == 300);
+}
+
+/* What `get(name, fallback)` writes to stderr for `value` of variable `name` (at most size - 1 bytes) and
+ * what it returns. */
+static double env_read(double (*get)(const char *, double), const char *name, const char *value, double fallback,
+                       char *text, size_t size) {
+    setenv(name, value, 1);
+    fflush(stderr);
+    FILE *capture = tmpfile();
+    assert_non_null(capture);
+    int saved = dup(fileno(stderr));
+    dup2(fileno(capture), fileno(stderr));
+    double v = get(name, fallback);
+    fflush(stderr);
+    dup2(saved, fileno(stderr));
+    close(saved);
+    rewind(capture);
+    size_t n = fread(text, 1, size - 1, capture);
+    text[n] = '\0';
+    fclose(capture);
+    unsetenv(name);
+    return v;
+}
+
+static void spin_from_environment(void **state) {
+    (void)state;
+    char text[256];
+    /* microseconds >= 0 are taken as they are, 0 (never spin) included, silently */
+    assert_true(env_read(shard__env_microseconds, "SHARD_SPIN_US", "2500", 10000, text, sizeof text) == 2500);
+    assert_string_equal(text, "");
+    assert_true(env_read(shard__env_microseconds, "SHARD_SPIN_US", "0", 10000, text, sizeof text) == 0);
+    assert_string_equal(text, "");
+    /* anything else is not read as a number (atof would make "soon" 0 and "5ms" 5): the default, one line */
+    const char *bad[] = {"soon", "5ms", "-1", "1e12", "nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "shard: ignoring SHARD_SPIN_US='%s': give microseconds >= 0 (using 10000)\n",
+                 bad[i]);
+        assert_true(env_read(shard__env_microseconds, "SHARD_SPIN_US", bad[i], 10000, text, sizeof text) == 10000);
+        assert_string_equal(text, want);
+    }
+    /* the seconds rule keeps its line */
+    assert_true(env_read(shard__env_seconds, "SHARD_TIMEOUT", "0", 300, text, sizeof text) == 300);
+    assert_string_equal(text, "shard: ignoring SHARD_TIMEOUT='0': give seconds > 0 (using 300)\n");
 }
 
 static void launcher_detection(void **state) {
@@ -624,6 +671,7 @@ int main(void) {
         cmocka_unit_test(parallel_for_after_fork),
         cmocka_unit_test(cli_sizes),
         cmocka_unit_test(timeout_from_environment),
+        cmocka_unit_test(spin_from_environment),
         cmocka_unit_test(launcher_detection),
         cmocka_unit_test(public_sampling),
         cmocka_unit_test(public_costs),

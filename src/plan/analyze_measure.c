@@ -4,7 +4,8 @@
  * Each line of the log is one step's JSON object whose `ranks` list holds, per rank, `all_to_all_bytes`:
  * {COMMUNICATOR: bytes} of the step's all_to_all(v) calls.  A rank's measured figure is the median over
  * the steps of its `expert` entry (0 when the step used no expert communicator): the first step of a
- * run, or one after a resume, may differ from the rest, and the median keeps such steps from moving it. */
+ * run, or one after a resume, may differ from the rest, and the median keeps such steps from moving it.
+ * Event records (an `event` key: the run's summary) are not steps and are passed over. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,23 +18,25 @@ static int by_value(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-/* Line `line`'s expert bytes of every rank into got[rank] (world of them). */
-static shard_status take_line(const char *path, size_t line, const char *text, size_t world, double *got) {
+/* Line `line`'s expert bytes of every rank into got[rank] (world of them); *event set when the line is
+ * an event record (the run's summary, ...), not a step. */
+static shard_status take_line(const char *path, size_t line, const char *text, size_t world, double *got, int *event) {
     json_error_t err;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
     json_t *ranks = json_is_object(root) ? json_object_get(root, "ranks") : NULL;
     shard_status s = SHARD_OK;
+    *event = json_is_object(root) && json_object_get(root, "event");
     if (!json_is_object(root))
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "analyze --measured %s line %zu: not a JSON object (%s): give the "
                         "file `shard train --log` wrote",
                         path, line, root ? "another JSON value" : err.text);
-    else if (!json_is_array(ranks) || json_array_size(ranks) != world)
+    else if (!*event && (!json_is_array(ranks) || json_array_size(ranks) != world))
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "analyze --measured %s line %zu: %s, but the layout has %zu ranks: give the log of a "
                         "`shard train --log` run of this layout",
                         path, line, json_is_array(ranks) ? "a 'ranks' list of another size" : "no 'ranks' list", world);
-    for (size_t i = 0; s == SHARD_OK && i < world; i++) {
+    for (size_t i = 0; s == SHARD_OK && !*event && i < world; i++) {
         json_t *r = json_array_get(ranks, i), *rank = json_object_get(r, "rank");
         json_t *bytes = json_object_get(r, "all_to_all_bytes"), *expert = json_object_get(bytes, "expert");
         if (!json_is_integer(rank) || json_integer_value(rank) < 0 || (size_t)json_integer_value(rank) >= world ||
@@ -70,8 +73,9 @@ shard_status shard_analysis_measure(shard_analysis *a, const char *log_path) {
             }
             all = more;
         }
-        s = take_line(log_path, line, at, world, all + steps * world);
-        steps++;
+        int event = 0;
+        s = take_line(log_path, line, at, world, all + steps * world, &event);
+        steps += !event;
     }
     if (s == SHARD_OK && !steps)
         s = shard_error(SHARD_ERR_INVALID_ARG,

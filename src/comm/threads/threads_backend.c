@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "threads_impl.h"
+#include "../../core/env.h"
 #include "../../core/parallel.h"
 
 #if defined(__SSE2__)
@@ -353,8 +354,8 @@ shard_status shard__threads_world_create(int n, double timeout_seconds, shard__m
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int oversubscribed = cpus > 0 && n > cpus;
     job->spin_iterations = oversubscribed ? SPIN_ITERATIONS_OVERSUBSCRIBED : SPIN_ITERATIONS;
-    const char *block_us = getenv("SHARD_SPIN_US");
-    job->block_seconds = oversubscribed ? 0 : (block_us ? atof(block_us) : DEFAULT_BLOCK_US) * 1e-6;
+    double spin_us = shard__env_microseconds("SHARD_SPIN_US", DEFAULT_BLOCK_US); /* read, so a bad value is named */
+    job->block_seconds = oversubscribed ? 0 : spin_us * 1e-6;
     job->cpus = cpus > 0 ? (int)cpus : 1;
     job->ranks = n;
     group *g = group_create(job, n);
