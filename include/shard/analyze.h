@@ -53,7 +53,9 @@ typedef struct shard_analyze_collective {
     /* the calls' alpha-beta terms: time = alphas x alpha + wire_bytes / beta over the group's slowest link
      * (the emulated cluster's formulas, src/comm/emulate.h) */
     double alphas, wire_bytes;
-    double largest_alphas, largest_wire_bytes; /* the terms of its largest call (0: not known) */
+    double largest_alphas, largest_wire_bytes; /* the terms of its largest burst: calls issued back to back
+                                                  with no compute between them, which wait together (one
+                                                  call alone is a burst; 0: not known) */
     double small_alphas, small_wire_bytes;     /* of its calls of at most 4 KiB (synchronisations: never hidden) */
 } shard_analyze_collective;
 

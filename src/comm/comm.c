@@ -703,7 +703,7 @@ static shard_status run_blocking(shard_comm *comm, shard__coll_args *a, const si
     atomic_fetch_add(&comm->bytes_sent, bytes);
     shard__mon *mon = shard__mon_current;
     double t0 = mon ? shard__now() : 0, emu_end = 0;
-    if (shard__emu_current) emu_end = shard__emu_call_begin() + shard__emu_coll_seconds(comm, a);
+    if (shard__emu_current) emu_end = shard__emu_coll_deadline(comm, a, shard__emu_call_begin());
     shard_status s = comm->vt->collective(comm, a);
     if (shard__emu_current) shard__emu_call_end(emu_end);
     if (mon) shard__mon_comm(mon, comm, shard__coll_kind_name(a->kind), mon->tag, t0, t0, shard__now(), bytes);
@@ -727,7 +727,7 @@ static shard_status run_nonblocking(shard_comm *comm, shard__coll_args *a, const
     req->mon_bytes = shard__coll_bytes_sent(comm, a);
     atomic_fetch_add(&comm->bytes_sent, req->mon_bytes);
     req->coll = *a; /* the request now owns the arrays */
-    if (shard__emu_current) req->emu_deadline = shard__emu_call_begin() + shard__emu_coll_seconds(comm, &req->coll);
+    if (shard__emu_current) req->emu_deadline = shard__emu_coll_deadline(comm, &req->coll, shard__emu_call_begin());
     shard_status s;
     if (comm->vt->icollective) {
         s = comm->vt->icollective(comm, &req->coll, req);

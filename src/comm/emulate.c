@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "core/alloc_impl.h"
 #include "core/flops.h"
@@ -30,6 +33,7 @@ typedef struct shard__emu_comm {
     int *world;
     int have_link;
     double alpha, beta;
+    double busy_until; /* when this rank's last collective on it completes on the emulated wire */
 } shard__emu_comm;
 
 _Thread_local shard__emu *shard__emu_current;
@@ -123,6 +127,14 @@ double shard__emu_coll_seconds(shard_comm *comm, const shard__coll_args *a) {
     return alphas * alpha + bytes / beta;
 }
 
+double shard__emu_coll_deadline(shard_comm *comm, const shard__coll_args *a, double begin) {
+    double seconds = shard__emu_coll_seconds(comm, a);
+    if (seconds <= 0) return begin;
+    double start = comm->emu->busy_until > begin ? comm->emu->busy_until : begin;
+    comm->emu->busy_until = start + seconds;
+    return start + seconds;
+}
+
 double shard__emu_p2p_seconds(shard_comm *comm, int peer, uint64_t bytes) {
     if (!shard__emu_current || !comm->emu || peer == comm->rank) return 0;
     double alpha, beta;
@@ -190,6 +202,11 @@ static shard_status measure_rate(shard_comm *world, double *rate) {
 
 shard_status shard__emu_rank_begin(shard_comm *world, const shard_cluster *cluster) {
     int rank = world->rank, n = world->size;
+#ifdef __linux__
+    /* the emulation sleeps to the microsecond, many times a step: the default 50 us of timer slack a
+     * sleep may overrun by would add up to a visible part of the step */
+    (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
     shard_cluster_device dev;
     SHARD_CHECK(shard_cluster_rank_device(cluster, n - 1, &dev)); /* every rank alike: enough devices? */
     SHARD_CHECK(shard_cluster_rank_device(cluster, rank, &dev));

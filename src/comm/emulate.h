@@ -40,6 +40,11 @@ void shard__emu_coll_terms(int n, int r, const shard__coll_args *a, double *alph
 
 /* The alpha-beta seconds of collective `a` on `comm`, and of a message of `bytes` to or from `peer`. */
 double shard__emu_coll_seconds(shard_comm *comm, const shard__coll_args *a);
+/* When collective `a`, issued at `begin`, completes on `comm`'s emulated wire: its alpha-beta seconds
+ * after `begin` or after the communicator's previous collective completes, whichever is later — the
+ * collectives of one communicator take turns on its links, as a real network's stream runs them,
+ * rather than each having the links to itself. */
+double shard__emu_coll_deadline(shard_comm *comm, const shard__coll_args *a, double begin);
 double shard__emu_p2p_seconds(shard_comm *comm, int peer, uint64_t bytes);
 
 /* After a split made `*made` (NULL: this rank is in none): learn its ranks' world ranks (a collective on

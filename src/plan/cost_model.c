@@ -221,7 +221,7 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
         int n = m->size;
         if (n <= 1 || c->count == 0) continue;
         const char *kind = fit_kind(c->op);
-        /* the largest call's time, where known; the small calls' (synchronisations) */
+        /* the largest burst's time (calls issued together), where known; the small calls' (synchronisations) */
         double alpha, beta, ms, largest = -1, small = 0;
         if (pc->cluster) {
             SHARD_CHECK(group_link(pc, m, r, &alpha, &beta));
@@ -237,7 +237,7 @@ static shard_status rank_time(const shard_analysis *a, const shard_machine_profi
         }
         t->comm_whole_ms += ms;
         int data = m->data;
-        /* the largest single call of a kind waits whole (the last bucket fills as backward ends) */
+        /* the largest burst of a kind waits whole (the last bucket fills as backward ends) */
         int k = data && (strcmp(kind, "all_reduce") == 0 || strcmp(kind, "reduce_scatter") == 0) ? 0
             : data && a->zero == 3 && strcmp(kind, "all_gather") == 0                            ? 1
                                                                                                  : -1;

@@ -20,6 +20,7 @@
 
 #include "comm/comm_impl.h"
 #include "comm/emulate.h"
+#include "core/flops.h"
 
 typedef struct plan_comm {
     shard_comm base;
@@ -49,8 +50,17 @@ static shard__plan_count *entry(shard_comm *comm, const char *what) {
 static void count(shard_comm *comm, const char *what, uint64_t bytes, double alphas, double wire_bytes) {
     shard__plan_count *e = entry(comm, what);
     if (!e) return;
+    uint64_t by[SHARD__PHASE_COUNT], flops = 0;
+    shard__flops_read(by);
+    for (int k = 0; k < SHARD__PHASE_COUNT; k++) flops += by[k];
+    if (e->calls && flops == e->burst_flops) /* no compute since its last call: the same burst */
+        e->burst_alphas += alphas, e->burst_wire_bytes += wire_bytes;
+    else
+        e->burst_alphas = alphas, e->burst_wire_bytes = wire_bytes;
+    e->burst_flops = flops;
     e->calls++, e->bytes += bytes, e->alphas += alphas, e->wire_bytes += wire_bytes;
-    if (wire_bytes >= e->largest_wire_bytes) e->largest_alphas = alphas, e->largest_wire_bytes = wire_bytes;
+    if (e->burst_wire_bytes >= e->largest_wire_bytes)
+        e->largest_alphas = e->burst_alphas, e->largest_wire_bytes = e->burst_wire_bytes;
     if (bytes <= SHARD__PLAN_SMALL_BYTES) e->small_alphas += alphas, e->small_wire_bytes += wire_bytes;
 }
 

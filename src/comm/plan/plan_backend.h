@@ -14,8 +14,13 @@ typedef struct shard__plan_count {
     char comm[64], op[32];
     uint64_t calls, bytes;
     double alphas, wire_bytes; /* the alpha-beta terms of the calls (shard__emu_coll_terms; a send: 1, its bytes) */
-    double largest_alphas, largest_wire_bytes; /* the terms of the call with the most wire bytes */
-    double small_alphas, small_wire_bytes;     /* the terms of its calls of at most SHARD__PLAN_SMALL_BYTES */
+    /* the terms of the largest burst: calls issued back to back, with no GEMM FLOPs between them (a
+     * bucket's per-unit calls, issued together as backward ends), which wait together; a lone call is a
+     * burst of one */
+    double largest_alphas, largest_wire_bytes;
+    double burst_alphas, burst_wire_bytes; /* the burst under way */
+    uint64_t burst_flops;                  /* the rank's FLOP count at its last call */
+    double small_alphas, small_wire_bytes; /* the terms of its calls of at most SHARD__PLAN_SMALL_BYTES */
 } shard__plan_count;
 
 /* A call this small is a synchronisation (a norm, a loss, a count), not a bucket of gradients: the cost
