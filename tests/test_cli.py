@@ -1485,6 +1485,22 @@ def plan_space():
     r = json.loads(p.stdout) if p.returncode == 0 else {}
     expect(p.returncode == 0 and r.get("plans") and all(x["compute_imbalance"] <= 0.2 for x in r["plans"]) and
            "The compute budget cut" in r.get("explanation", ""), f"plan --max-compute-imbalance 0.2: {p.stderr} {r}")
+    # fallbacks said: four devices of 9.5 MB, where every data-only layout is cut by memory and the
+    # winner needs a tensor split and gradient accumulation
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="shard-cli-plan-space-") as work:
+        tight = os.path.join(work, "tight.json")
+        with open(tight, "w") as f:
+            json.dump({"nodes": [{"name": "a", "devices": 4, "compute_tflops": 0.003, "available_memory_gb": 0.0095}],
+                       "network": {"bandwidth_gbps": 10, "latency_us": 50},
+                       "intra_node": {"bandwidth_gbps": 20, "latency_us": 50}}, f)
+        p = run(base + ["--cluster", tight, "--json"])
+        r = json.loads(p.stdout) if p.returncode == 0 else {}
+        winner = " ".join((r.get("plans") or [{}])[0].get("flags", []))
+        explanation = r.get("explanation", "")
+        expect(p.returncode == 0 and "--accum" in winner and "It needs gradient accumulation to fit" in explanation
+               and "because every layout without such a split" in explanation,
+               f"plan on 9.5 MB devices: {p.stderr} {winner} {explanation}")
     for args, text in ((["--cluster", slow, "--max-comm-fraction", "0.001"],
                         "meets the communication budget of 0 %: the least exposed communication predicted is"),
                        (["--cluster", slow, "--grad-dtype", "fp8"], "gradient dtypes 'fp8': give f32, bf16 or f32,bf16"),

@@ -24,7 +24,16 @@
 #include "shard/split.h"
 #include "plan_screen.h"
 
-enum { SHARD_PLAN_MAX_SPLIT = 64 }; /* data ranks or stages an uneven split is tried for */
+enum { SHARD_PLAN_MAX_SPLIT = 64 };
+
+/* Bytes in words a person reads at any size: "9.10 GiB", "12.4 MiB". */
+static const char *bytes_text(double bytes, char *out, size_t size) {
+    if (bytes >= 1073741824.0)
+        snprintf(out, size, "%.2f GiB", bytes / 1073741824.0);
+    else
+        snprintf(out, size, "%.1f MiB", bytes / 1048576.0);
+    return out;
+} /* data ranks or stages an uneven split is tried for */
 
 void shard_plan_result_destroy(shard_plan_result *r) {
     if (!r) return;
@@ -243,9 +252,10 @@ static shard_status price(const shard_plan_options *o, double fraction, const sh
         shard_cluster_device d;
         if (c->fits && shard_cluster_rank_device(cluster, (int)r, &d) == SHARD_OK && peak > fraction * d.memory_bytes) {
             c->fits = 0, c->cut = SHARD_PLAN_CUT_MEMORY;
-            snprintf(c->why, sizeof c->why,
-                     "needs %.2f GiB on node '%s' (device %d, rank %zu; has %.2f GiB, %.0f %% usable)",
-                     peak / 1073741824.0, d.node, d.device, r, d.memory_bytes / 1073741824.0, 100 * fraction);
+            char need[32], has[32];
+            snprintf(c->why, sizeof c->why, "needs %s on node '%s' (device %d, rank %zu; has %s, %.0f %% usable)",
+                     bytes_text(peak, need, sizeof need), d.node, d.device, r,
+                     bytes_text(d.memory_bytes, has, sizeof has), 100 * fraction);
         }
     }
     if (c->fits && o->latency_budget_ms > 0 && c->step_ms > o->latency_budget_ms) {
@@ -570,6 +580,7 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
                 nearest[c->cut] = figure;
         }
         shard_plan_result_destroy(r);
+        char need[32];
         if (nearest[SHARD_PLAN_CUT_LATENCY] > 0)
             return shard_error(SHARD_ERR_INVALID_ARG,
                                "plan: no layout that fits memory meets the latency budget of %.1f ms: the fastest "
@@ -591,8 +602,8 @@ shard_status shard_plan_search(const shard_plan_options *o, shard_plan_result **
         return shard_error(SHARD_ERR_NO_MEMORY,
                            "plan: no layout of the model fits the cluster's %d devices at %.0f %% of their memory "
                            "(ZeRO-3, tensor and pipe splits, recomputation and accumulation tried): the least a "
-                           "device would need is %.2f GiB",
-                           W, 100 * sr.fraction, least / 1073741824.0);
+                           "device would need is %s",
+                           W, 100 * sr.fraction, bytes_text(least, need, sizeof need));
     }
     *out = r;
     return SHARD_OK;
@@ -819,16 +830,69 @@ void shard_plan_candidate_text(const shard_plan_candidate *c, char *out, size_t 
     if (c->batch_shares[0] && used < bytes) snprintf(out + used, bytes - used, " batch-shares=%s", c->batch_shares);
 }
 
+/* The memory-cut candidate that is the winner w without one of its fallbacks (recomputation, half the
+ * accumulation, or for ZeRO-3 the highest lower stage tried, provided no lower stage fits), if tried. */
+static const shard_plan_candidate *without(const shard_plan_result *r, const shard_plan_candidate *w, int fallback) {
+    shard_plan_candidate want = *w;
+    if (fallback == 0) want.recompute = 0;
+    if (fallback == 1) want.accum = w->accum > 2 ? w->accum / 2 : 0;
+    const shard_plan_candidate *cut = NULL;
+    char text[400], have[400];
+    for (int zero = fallback == 2 ? 2 : want.zero; zero >= (fallback == 2 ? 0 : want.zero); zero--) {
+        want.zero = zero;
+        shard_plan_candidate_text(&want, text, sizeof text);
+        for (size_t i = 0; i < r->count; i++) {
+            shard_plan_candidate_text(&r->candidate[i], have, sizeof have);
+            if (strcmp(text, have) != 0 || r->candidate[i].batch != w->batch) continue;
+            if (r->candidate[i].fits) return NULL; /* it fits without the fallback */
+            if (!cut && r->candidate[i].cut == SHARD_PLAN_CUT_MEMORY) cut = &r->candidate[i];
+        }
+    }
+    return cut;
+}
+
+/* Which fallbacks the winner needed to fit, in words appended at out + used: recomputation, accumulation
+ * or ZeRO-3 where the same layout without it was cut by memory; a tensor or pipe split where every layout
+ * without one was. */
+static size_t explain_fallbacks(const shard_plan_result *r, char *out, size_t bytes, size_t used) {
+    const shard_plan_candidate *w = &r->candidate[0];
+    static const char *const what[] = {"recomputation", "gradient accumulation", "ZeRO-3"};
+    const int uses[] = {w->recompute, w->accum > 0, w->zero == 3};
+    for (int f = 0; f < 3 && used < bytes; f++) {
+        const shard_plan_candidate *c = uses[f] ? without(r, w, f) : NULL;
+        if (c)
+            used += (size_t)snprintf(out + used, bytes - used, " It needs %s to fit: %s, the layout %s.", what[f],
+                                     f == 2                       ? "at a lower ZeRO stage"
+                                         : f == 1 && w->accum > 2 ? "with half the micro-steps"
+                                                                  : "without it",
+                                     c->why);
+    }
+    if (strstr(w->mesh, "tensor=") || strstr(w->mesh, "pipe=")) {
+        size_t unsplit = 0, cut = 0;
+        for (size_t i = 0; i < r->count; i++) {
+            const shard_plan_candidate *c = &r->candidate[i];
+            if (strstr(c->mesh, "tensor=") || strstr(c->mesh, "pipe=") || !c->valid) continue;
+            unsplit++, cut += c->cut == SHARD_PLAN_CUT_MEMORY;
+        }
+        if (unsplit && cut == unsplit && used < bytes)
+            used += (size_t)snprintf(out + used, bytes - used,
+                                     " The model is split over tensor or pipe ranks because every layout without such "
+                                     "a split (%zu tried) is cut by memory.",
+                                     unsplit);
+    }
+    return used < bytes ? used : bytes;
+}
+
 void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out, size_t bytes) {
     const char *g = goal ? goal : "throughput";
     const shard_plan_candidate *w = &r->candidate[0];
-    char best[400], second[400] = "";
+    char best[400], second[400] = "", peak[32];
     shard_plan_candidate_text(w, best, sizeof best);
-    size_t used =
-        (size_t)snprintf(out, bytes,
-                         "Chosen for %s: %s, predicted %.1f ms a step (%.0f tokens/s), %.2f GiB on the "
-                         "fullest device, bubble %.2f, imbalance %.2f.",
-                         g, best, w->step_ms, w->tokens_per_s, w->peak_bytes / 1073741824.0, w->bubble, w->imbalance);
+    size_t used = (size_t)snprintf(out, bytes,
+                                   "Chosen for %s: %s, predicted %.1f ms a step (%.0f tokens/s), %s on the "
+                                   "fullest device, bubble %.2f, imbalance %.2f.",
+                                   g, best, w->step_ms, w->tokens_per_s, bytes_text(w->peak_bytes, peak, sizeof peak),
+                                   w->bubble, w->imbalance);
     if (r->placement_note[0] && strcmp(r->placed_by, "given") != 0 && used < bytes)
         used += (size_t)snprintf(out + used, bytes - used, " Placement (%s) %s: %.1f -> %.1f ms.", r->placed_by,
                                  r->placement_note, r->unplaced_step_ms, w->step_ms);
@@ -845,18 +909,20 @@ void shard_plan_explain(const shard_plan_result *r, const char *goal, char *out,
         used += (size_t)snprintf(out + used, bytes - used,
                                  " The device map is kept as given; %s's placement would predict %.1f ms.",
                                  least->method, least->step_ms);
+    used = explain_fallbacks(r, out, bytes, used);
     const shard_plan_candidate *x = &r->larger;
     if (x->batch && used < bytes) {
         if (w->batch == x->batch)
             used += (size_t)snprintf(out + used, bytes - used,
-                                     " The global batch grows to %zu (%zu asked): %.0f tokens/s, %.2f GiB on the "
+                                     " The global batch grows to %zu (%zu asked): %.0f tokens/s, %s on the "
                                      "fullest device.",
-                                     x->batch, r->requested_batch, x->tokens_per_s, x->peak_bytes / 1073741824.0);
+                                     x->batch, r->requested_batch, x->tokens_per_s,
+                                     bytes_text(x->peak_bytes, peak, sizeof peak));
         else
             used += (size_t)snprintf(out + used, bytes - used,
-                                     " A global batch of %zu also fits (%.2f GiB on the fullest device) and predicts "
+                                     " A global batch of %zu also fits (%s on the fullest device) and predicts "
                                      "%.0f tokens/s (%+.0f %%): --grow-batch chooses it.",
-                                     x->batch, x->peak_bytes / 1073741824.0, x->tokens_per_s,
+                                     x->batch, bytes_text(x->peak_bytes, peak, sizeof peak), x->tokens_per_s,
                                      100 * (x->tokens_per_s / w->tokens_per_s - 1));
     }
     if (r->fitting > 1 && used < bytes) {
