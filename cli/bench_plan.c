@@ -70,7 +70,8 @@ static int is_picked(const shard_plan_candidate *c, const hand_layout *h, int W)
     if (h->zero && d < 2) return 0;
     return strcmp(c->mesh, mesh) == 0 && c->zero == h->zero && c->sequence_parallel == h->sp && !c->recompute &&
         c->micro_batches == (size_t)(h->micro_per_stage * (h->pipe > 1 ? h->pipe : 0)) && !c->layers_per_stage[0] &&
-        !c->batch_shares[0];
+        !c->batch_shares[0] && !c->accum && !c->virtual_stages && !c->grad_dtype[0] &&
+        (h->pipe == 1 || strcmp(c->schedule, "1f1b") == 0);
 }
 
 typedef struct measured {
