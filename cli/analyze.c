@@ -69,7 +69,8 @@ static const char *const USAGE =
     "                                      with it each rank also has time_ms; with --cluster, device),\n"
     "                                      and per rank expert: {balanced_bytes, bound_bytes,\n"
     "                                      activation_bytes, activation_bound_bytes, measured_bytes,\n"
-    "                                      measured_ratio} (the last two null without --measured)\n";
+    "                                      measured_ratio, activation_measured_bytes} (the measured ones null\n"
+    "                                      without --measured)\n";
 
 typedef struct analyze_opts {
     const char *config, *profile, *cluster, *device_map, *measured;
@@ -174,6 +175,9 @@ static json_t *expert_json(const shard_rank_analysis *r) {
     json_object_set_new(o, "measured_bytes",
                         r->expert_bytes_measured >= 0 ? json_real(r->expert_bytes_measured) : json_null());
     json_object_set_new(o, "measured_ratio", ratio >= 0 ? json_real(ratio) : json_null());
+    json_object_set_new(o, "activation_measured_bytes",
+                        r->expert_activation_bytes_measured >= 0 ? json_real(r->expert_activation_bytes_measured)
+                                                                 : json_null());
     return o;
 }
 
@@ -240,7 +244,7 @@ static void print_experts(const shard_analysis *a) {
     printf("experts per step (bytes; bound: every expert filled to capacity%s):\n",
            a->measured_steps ? "; measured: the log's median step" : "");
     printf("  %-26s %12s %12s %14s %14s", "rank", "sent", "sent bound", "activations", "act. bound");
-    if (a->measured_steps) printf(" %12s %14s", "measured", "measured/bound");
+    if (a->measured_steps) printf(" %12s %14s %14s", "measured", "act. measured", "measured/bound");
     printf("\n");
     for (size_t i = 0; i < a->ranks; i++) {
         const shard_rank_analysis *r = &a->rank[i];
@@ -250,10 +254,17 @@ static void print_experts(const shard_analysis *a) {
                (unsigned long long)r->expert_bytes_bound, (unsigned long long)r->expert_activation_bytes,
                (unsigned long long)r->expert_activation_bytes_bound);
         double ratio = measured_ratio(r);
-        if (a->measured_steps && ratio >= 0)
-            printf(" %12.0f %14.3f", r->expert_bytes_measured, ratio);
-        else if (a->measured_steps)
-            printf(" %12.0f %14s", r->expert_bytes_measured, "-");
+        if (a->measured_steps) {
+            printf(" %12.0f", r->expert_bytes_measured);
+            if (r->expert_activation_bytes_measured >= 0)
+                printf(" %14.0f", r->expert_activation_bytes_measured);
+            else
+                printf(" %14s", "-");
+            if (ratio >= 0)
+                printf(" %14.3f", ratio);
+            else
+                printf(" %14s", "-");
+        }
         printf("\n");
     }
 }

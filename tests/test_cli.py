@@ -1998,12 +1998,13 @@ def analyze_moe():
             got = json.loads(p.stdout) if p.returncode == 0 else {}
             experts = [r.get("expert", {}) for r in got.get("ranks", [])]
             keys = {"balanced_bytes", "bound_bytes", "activation_bytes", "activation_bound_bytes", "measured_bytes",
-                    "measured_ratio"}
+                    "measured_ratio", "activation_measured_bytes"}
             expect(len(experts) == ranks and all(
                 set(e) == keys and 0 < e["balanced_bytes"] <= e["bound_bytes"]
                 and 0 < e["activation_bytes"] <= e["activation_bound_bytes"]
                 and 0 < e["measured_bytes"] <= e["bound_bytes"]
-                and abs(e["measured_ratio"] - e["measured_bytes"] / e["bound_bytes"]) <= 1e-9 for e in experts),
+                and abs(e["measured_ratio"] - e["measured_bytes"] / e["bound_bytes"]) <= 1e-9
+                and 0 < e["activation_measured_bytes"] <= e["activation_bound_bytes"] for e in experts),
                 f"analyze moe {os.path.basename(config)} {mesh} --measured: {p.returncode} {p.stderr} {experts}")
             p = run(base)
             plain = json.loads(run(base + ["--json"]).stdout or "{}")

@@ -89,6 +89,9 @@ typedef struct shard_rank_analysis {
     uint64_t expert_bytes, expert_bytes_bound;
     uint64_t expert_activation_bytes, expert_activation_bytes_bound;
     double expert_bytes_measured; /* a run's median expert bytes per step (shard_analysis_measure); -1: none */
+    /* the run's expert activation bytes: the balanced figure plus what its median activation peak differs
+     * from the dry run's (shard_analysis_measure); -1: none */
+    double expert_activation_bytes_measured;
 } shard_rank_analysis;
 
 typedef struct shard_analysis {
@@ -124,7 +127,7 @@ void shard_analysis_destroy(shard_analysis *a);
 
 /* Each rank's measured expert bytes from a `shard train --log` file of the same layout: the median over
  * the log's steps of the bytes its all_to_all(v) calls sent on `expert` (the lines' `ranks` list,
- * `all_to_all_bytes`).  A file that is not such a log, or one of another world, is refused in one line
+ * `all_to_all_bytes`), and its expert activation bytes derived from the lines' activation peaks.  A file that is not such a log, or one of another world, is refused in one line
  * naming the file and line. */
 shard_status shard_analysis_measure(shard_analysis *a, const char *log_path);
 

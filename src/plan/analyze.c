@@ -177,7 +177,7 @@ static shard_status build_rank(const shard_analyze_options *o, const char *mesh_
     r->expert_bytes = exchange_bytes(r), r->expert_bytes_bound = experts.bound_bytes;
     r->expert_activation_bytes = experts.activation_bytes;
     r->expert_activation_bytes_bound = experts.activation_bound_bytes;
-    r->expert_bytes_measured = -1;
+    r->expert_bytes_measured = -1, r->expert_activation_bytes_measured = -1;
     shard__plan_tally_free(&tally);
     return s;
 }
