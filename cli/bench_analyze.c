@@ -61,7 +61,8 @@ typedef struct measure_run {
     const shard_trainer_config *tc;
     const char *mesh;
     int warmup, steps;
-    double median_ms; /* rank 0's */
+    double median_ms;  /* rank 0's */
+    double peak_bytes; /* the fullest rank's */
 } measure_run;
 
 static shard_status measure_rank(shard_comm *world, void *arg) {
@@ -80,7 +81,11 @@ static shard_status measure_rank(shard_comm *world, void *arg) {
         if (s == SHARD_OK) s = shard_comm_all_reduce(world, &slowest, &slowest, 1, SHARD_F64, SHARD_OP_MAX);
         if (s == SHARD_OK && i >= m->warmup) ms[i - m->warmup] = slowest;
     }
-    if (s == SHARD_OK && shard_comm_rank(world) == 0) m->median_ms = cli_median(ms, m->steps);
+    shard_mem_stats st;
+    shard_mem_stats_get(&st);
+    double peak = (double)st.total_peak_bytes;
+    if (s == SHARD_OK) s = shard_comm_all_reduce(world, &peak, &peak, 1, SHARD_F64, SHARD_OP_MAX);
+    if (s == SHARD_OK && shard_comm_rank(world) == 0) m->median_ms = cli_median(ms, m->steps), m->peak_bytes = peak;
     shard_trainer_destroy(t);
     shard_mesh_destroy(mesh);
     free(ms);
@@ -94,7 +99,7 @@ static int mesh_ranks(const char *mesh) {
 }
 
 shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, const shard_cluster *cluster, int warmup,
-                            int steps, double *median_ms) {
+                            int steps, double *median_ms, double *peak_bytes) {
     measure_run m = {.tc = tc, .mesh = mesh, .warmup = warmup, .steps = steps};
     shard_launch_config lc = shard_launch_config_default();
     lc.ranks = mesh_ranks(mesh), lc.backend = SHARD_BACKEND_THREADS, lc.cluster = cluster;
@@ -102,6 +107,7 @@ shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, co
     if (lc.ranks == 1) SHARD_CHECK(shard_blas_set_threads(bench_cores()));
     SHARD_CHECK(shard_launch_with(&lc, measure_rank, &m));
     *median_ms = m.median_ms;
+    if (peak_bytes) *peak_bytes = m.peak_bytes;
     return SHARD_OK;
 }
 
@@ -161,7 +167,7 @@ static shard_status run_matrix(const shard_machine_profile *p, const shard_clust
         }
         shard_step_prediction_destroy(x);
         shard_analysis_destroy(a);
-        if (s == SHARD_OK) s = layout_measure(&tc, l->mesh, cluster, warmup, steps, &r->measured_ms);
+        if (s == SHARD_OK) s = layout_measure(&tc, l->mesh, cluster, warmup, steps, &r->measured_ms, NULL);
         if (s < 0) return s;
     }
     return SHARD_OK;

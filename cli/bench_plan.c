@@ -37,9 +37,10 @@ static const char *const USAGE =
     "  --steps S                timed steps per layout, 5..1000 (default 5)\n"
     "  --warmup W               untimed steps first, 1..100 (default 1)\n"
     "  --json                   one JSON object per cluster and config: cluster, config, goal, chosen,\n"
-    "                           chosen_ms, chosen_predicted_ms, best, best_ms, ratio, even_best,\n"
+    "                           chosen_ms, chosen_predicted_ms, chosen_peak_bytes,\n"
+    "                           chosen_predicted_peak_bytes, best, best_ms, ratio, even_best,\n"
     "                           even_best_ms, gain_vs_even, layouts [layout, predicted_ms, measured_ms,\n"
-    "                           planner_rank, hand_picked]\n";
+    "                           predicted_peak_bytes, peak_bytes, planner_rank, hand_picked]\n";
 
 enum { MAX_FILES = 8, MAX_MEASURED = 48 };
 
@@ -78,7 +79,7 @@ typedef struct measured {
     const shard_plan_candidate *c;
     size_t rank; /* in the planner's order, from 1 */
     int picked;
-    double ms;
+    double ms, peak_bytes; /* measured: the median step; the fullest rank's peak */
 } measured;
 
 typedef struct plan_bench {
@@ -98,7 +99,7 @@ static int select_layouts(const shard_plan_result *r, long top, measured *m) {
         const shard_plan_candidate *c = &r->candidate[i];
         int picked = 0;
         for (int h = 0; h < HAND_PICKED; h++) picked |= is_picked(c, &hand_picked[h], r->world);
-        if ((long)i < top || picked) m[n++] = (measured){c, i + 1, picked, 0};
+        if ((long)i < top || picked) m[n++] = (measured){c, i + 1, picked, 0, 0};
     }
     return n;
 }
@@ -123,7 +124,7 @@ static shard_status bench_one(const plan_bench *b, const char *config, const cha
     for (int i = 0; i < n && s == SHARD_OK; i++) {
         shard_trainer_config run = tc;
         shard_plan_candidate_apply(m[i].c, &run);
-        s = layout_measure(&run, m[i].c->mesh, cluster, (int)b->warmup, (int)b->steps, &m[i].ms);
+        s = layout_measure(&run, m[i].c->mesh, cluster, (int)b->warmup, (int)b->steps, &m[i].ms, &m[i].peak_bytes);
         if (!b->json) {
             char text[256];
             shard_plan_candidate_text(m[i].c, text, sizeof text);
@@ -145,10 +146,12 @@ static shard_status bench_one(const plan_bench *b, const char *config, const cha
         double ratio = m[best].ms / chosen->ms, gain = even >= 0 ? m[even].ms / chosen->ms : 0;
         if (b->json) {
             printf("{\"cluster\": %s, \"config\": %s, \"goal\": \"%s\", \"chosen\": %s, \"chosen_ms\": %.4f, "
-                   "\"chosen_predicted_ms\": %.4f, \"best\": %s, \"best_ms\": %.4f, \"ratio\": %.4f, ",
+                   "\"chosen_predicted_ms\": %.4f, \"chosen_peak_bytes\": %.0f, \"chosen_predicted_peak_bytes\": "
+                   "%.0f, \"best\": %s, \"best_ms\": %.4f, \"ratio\": %.4f, ",
                    cli_json_string(cluster_file, j1, sizeof j1), cli_json_string(config, j2, sizeof j2),
                    b->goal ? b->goal : "throughput", cli_json_string(ctext, j3, sizeof j3), chosen->ms,
-                   chosen->c->step_ms, cli_json_string(btext, j4, sizeof j4), m[best].ms, ratio);
+                   chosen->c->step_ms, chosen->peak_bytes, chosen->c->peak_bytes, cli_json_string(btext, j4, sizeof j4),
+                   m[best].ms, ratio);
             if (even >= 0)
                 printf("\"even_best\": %s, \"even_best_ms\": %.4f, \"gain_vs_even\": %.4f, \"layouts\": [",
                        cli_json_string(etext, j5, sizeof j5), m[even].ms, gain);
@@ -157,10 +160,10 @@ static shard_status bench_one(const plan_bench *b, const char *config, const cha
             for (int i = 0; i < n; i++) {
                 char t[256];
                 shard_plan_candidate_text(m[i].c, t, sizeof t);
-                printf("%s{\"layout\": %s, \"predicted_ms\": %.4f, \"measured_ms\": %.4f, \"planner_rank\": %zu, "
-                       "\"hand_picked\": %s}",
-                       i ? ", " : "", cli_json_string(t, j1, sizeof j1), m[i].c->step_ms, m[i].ms, m[i].rank,
-                       m[i].picked ? "true" : "false");
+                printf("%s{\"layout\": %s, \"predicted_ms\": %.4f, \"measured_ms\": %.4f, \"predicted_peak_bytes\": "
+                       "%.0f, \"peak_bytes\": %.0f, \"planner_rank\": %zu, \"hand_picked\": %s}",
+                       i ? ", " : "", cli_json_string(t, j1, sizeof j1), m[i].c->step_ms, m[i].ms, m[i].c->peak_bytes,
+                       m[i].peak_bytes, m[i].rank, m[i].picked ? "true" : "false");
             }
             printf("]}\n");
         } else {
@@ -173,9 +176,11 @@ static shard_status bench_one(const plan_bench *b, const char *config, const cha
                 printf("  %-4zu %-60s %12.2f %12.2f %s\n", m[i].rank, t, m[i].c->step_ms, m[i].ms,
                        m[i].picked ? "hand-picked" : "");
             }
-            printf("chosen %s: %.2f ms (predicted %.2f, %+.1f %%); best measured %s: %.2f ms; ratio %.3f\n", ctext,
-                   chosen->ms, chosen->c->step_ms, 100 * (chosen->c->step_ms / chosen->ms - 1), btext, m[best].ms,
-                   ratio);
+            printf("chosen %s: %.2f ms (predicted %.2f, %+.1f %%), peak %.0f bytes on the fullest rank (predicted "
+                   "%.0f, %+.2f %%); best measured %s: %.2f ms; ratio %.3f\n",
+                   ctext, chosen->ms, chosen->c->step_ms, 100 * (chosen->c->step_ms / chosen->ms - 1),
+                   chosen->peak_bytes, chosen->c->peak_bytes, 100 * (chosen->c->peak_bytes / chosen->peak_bytes - 1),
+                   btext, m[best].ms, ratio);
             if (even >= 0)
                 printf("best with even splits %s: %.2f ms; the chosen plan is %.2fx as fast\n", etext, m[even].ms,
                        gain);

@@ -150,7 +150,7 @@ static shard_status profile_comm(int quick, shard_machine_profile *p) {
 static shard_status rest_fraction(const shard_trainer_config *tc, const char *mesh, int quick,
                                   const shard_machine_profile *p, double *fraction) {
     double measured = 0;
-    SHARD_CHECK(layout_measure(tc, mesh, NULL, quick ? 1 : 3, quick ? 3 : 7, &measured));
+    SHARD_CHECK(layout_measure(tc, mesh, NULL, quick ? 1 : 3, quick ? 3 : 7, &measured, NULL));
     shard_machine_profile bare = *p;
     bare.nongemm_fraction = bare.nongemm_fraction_loaded = 0;
     shard_analysis *a = NULL;

@@ -10,9 +10,9 @@ shard_status profile_machine(int quick, shard_machine_profile *p);
 
 /* The median over `steps` steps, after `warmup` more, of the slowest rank's step time in ms: the
  * trainer config `tc` (its data_dir filled) on `mesh` over thread ranks (on an emulated cluster's
- * devices when `cluster` is not NULL). */
+ * devices when `cluster` is not NULL); with peak_bytes, the fullest rank's peak accounted bytes too. */
 shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, const shard_cluster *cluster, int warmup,
-                            int steps, double *median_ms);
+                            int steps, double *median_ms, double *peak_bytes);
 
 /* The analysis of `tc` on `mesh` and its prediction on thread ranks: the profile's (p), the cluster's, or
  * both (either may be NULL, not both). */

@@ -1537,6 +1537,10 @@ def bench_plan():
                    all(x["measured_ms"] > 0 and x["predicted_ms"] > 0 for x in rows), f"bench plan rows: {rows}")
             expect(0 < r["ratio"] <= 1 and r["best_ms"] == min(x["measured_ms"] for x in rows) and
                    "batch-shares" in r["chosen"] and r["gain_vs_even"] > 1.2, f"bench plan figures: {r}")
+            # the planner's memory is the dry run's: every measured layout's fullest rank within 1 %
+            expect(all(abs(x["predicted_peak_bytes"] / x["peak_bytes"] - 1) <= 0.01 for x in rows) and
+                   abs(r["chosen_predicted_peak_bytes"] / r["chosen_peak_bytes"] - 1) <= 0.01,
+                   f"bench plan peaks: {[(x['layout'], x['predicted_peak_bytes'], x['peak_bytes']) for x in rows]}")
         for args, text in ((["--top", "0"], "--top"), (["--frob"], "unknown option '--frob'")):
             p = run(["bench", "plan"] + args)
             expect(p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1,
