@@ -17,7 +17,7 @@
 
 static const char *const USAGE =
     "usage: shard bench analyze [--profile FILE] [--cluster FILE [--device-map LIST]] [--limit N] [--steps S]\n"
-    "                           [--warmup W] [--json]\n"
+    "                           [--warmup W] [--rounds R] [--json]\n"
     "\n"
     "The cost model's predicted step time against real runs of the tiny GPT (configs/gpt-tiny.json,\n"
     "batch 8, seq 64) on thread ranks, for 14 layouts (data, ZeRO 1-3, tensor with and without sequence\n"
@@ -36,6 +36,9 @@ static const char *const USAGE =
     "  --limit N                the first N layouts only, 1..14 (default 14)\n"
     "  --steps S                timed steps per layout, 5..1000 (default 7)\n"
     "  --warmup W               untimed steps first, 1..100 (default 2)\n"
+    "  --rounds R               measure the layouts R times in turn, 1..100 (default 1): each layout's\n"
+    "                           figure the median of its rounds' medians, so a drift of the host's\n"
+    "                           speed over the run touches every layout alike\n"
     "  --json                   one JSON object: profile, cluster, layouts [layout, ranks, predicted_ms,\n"
     "                           measured_ms, error, oversubscribed], ranking_matches, discordant_pairs\n";
 
@@ -139,27 +142,37 @@ static int discordant_pairs(const bench_row *rows, int n) {
     return bad;
 }
 
+/* The layout's trainer config: the tiny GPT at batch 8, seq 64, the layout's flags. */
+static shard_trainer_config layout_config(const bench_layout *l, const char *config, const char *dir) {
+    shard_trainer_config tc = {.config_path = config,
+                               .data_dir = dir,
+                               .batch = 8,
+                               .seq = 64,
+                               .seed = 1,
+                               .zero = l->zero,
+                               .bucket_mb = 25,
+                               .adamw = shard_adamw_defaults(),
+                               .clip = 1.0f,
+                               .sequence_parallel = l->sequence_parallel,
+                               .schedule = l->schedule,
+                               .micro_batches = l->schedule ? 4 : 0,
+                               .virtual_stages = l->virtual_stages};
+    tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 100000};
+    return tc;
+}
+
+/* Every layout predicted, then measured `rounds` times round-robin (the layouts in turn, then again), so a
+ * drift of the host's speed during the run touches every layout alike: the median of its rounds' medians. */
 static shard_status run_matrix(const shard_machine_profile *p, const shard_cluster *cluster, const char *config,
-                               const char *dir, int limit, int warmup, int steps, bench_row *rows) {
-    for (int i = 0; i < limit; i++) {
-        const bench_layout *l = &layouts[i];
-        shard_trainer_config tc = {.config_path = config,
-                                   .data_dir = dir,
-                                   .batch = 8,
-                                   .seq = 64,
-                                   .seed = 1,
-                                   .zero = l->zero,
-                                   .bucket_mb = 25,
-                                   .adamw = shard_adamw_defaults(),
-                                   .clip = 1.0f,
-                                   .sequence_parallel = l->sequence_parallel,
-                                   .schedule = l->schedule,
-                                   .micro_batches = l->schedule ? 4 : 0,
-                                   .virtual_stages = l->virtual_stages};
-        tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 100000};
+                               const char *dir, int limit, int warmup, int steps, int rounds, bench_row *rows) {
+    double *round_ms = calloc((size_t)limit * (size_t)rounds, sizeof *round_ms);
+    if (!round_ms) return shard_error(SHARD_ERR_NO_MEMORY, "bench analyze: out of memory");
+    shard_status s = SHARD_OK;
+    for (int i = 0; i < limit && s == SHARD_OK; i++) {
+        shard_trainer_config tc = layout_config(&layouts[i], config, dir);
         shard_analysis *a = NULL;
         shard_step_prediction *x = NULL;
-        shard_status s = layout_predict(&tc, l->mesh, p, cluster, &a, &x);
+        s = layout_predict(&tc, layouts[i].mesh, p, cluster, &a, &x);
         bench_row *r = &rows[i];
         if (s == SHARD_OK) {
             snprintf(r->layout, sizeof r->layout, "%s", a->layout);
@@ -167,10 +180,15 @@ static shard_status run_matrix(const shard_machine_profile *p, const shard_clust
         }
         shard_step_prediction_destroy(x);
         shard_analysis_destroy(a);
-        if (s == SHARD_OK) s = layout_measure(&tc, l->mesh, cluster, warmup, steps, &r->measured_ms, NULL);
-        if (s < 0) return s;
     }
-    return SHARD_OK;
+    for (int k = 0; k < rounds && s == SHARD_OK; k++)
+        for (int i = 0; i < limit && s == SHARD_OK; i++) {
+            shard_trainer_config tc = layout_config(&layouts[i], config, dir);
+            s = layout_measure(&tc, layouts[i].mesh, cluster, warmup, steps, &round_ms[i * rounds + k], NULL);
+        }
+    for (int i = 0; i < limit && s == SHARD_OK; i++) rows[i].measured_ms = cli_median(&round_ms[i * rounds], rounds);
+    free(round_ms);
+    return s;
 }
 
 static void print_rows(const shard_machine_profile *p, const char *cluster, const bench_row *rows, int n, int json) {
@@ -207,7 +225,7 @@ static void print_rows(const shard_machine_profile *p, const char *cluster, cons
 int cli_bench_analyze(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
     const char *profile = NULL, *cluster_file = NULL, *device_map = NULL;
-    long limit = LAYOUTS, steps = 7, warmup = 2;
+    long limit = LAYOUTS, steps = 7, warmup = 2, rounds = 1;
     int json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -217,6 +235,8 @@ int cli_bench_analyze(int argc, char **argv) {
             if (!(profile = cli_value(argc, argv, &i))) return 2;
         } else if (strcmp(a, "--cluster") == 0 || strcmp(a, "--device-map") == 0) {
             if (!(*(a[2] == 'c' ? &cluster_file : &device_map) = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--rounds") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 100, &rounds)) return 2;
         } else if (strcmp(a, "--limit") == 0 || strcmp(a, "--steps") == 0 || strcmp(a, "--warmup") == 0) {
             long *into = a[2] == 'l' ? &limit : a[2] == 's' ? &steps : &warmup;
             long lo = a[2] == 's' ? 5 : 1, hi = a[2] == 'l' ? LAYOUTS : a[2] == 's' ? 1000 : 100;
@@ -238,7 +258,7 @@ int cli_bench_analyze(int argc, char **argv) {
         s = (p = malloc(sizeof *p)) ? profile_machine(0, p)
                                     : shard_error(SHARD_ERR_NO_MEMORY, "bench analyze: out of memory");
     if (s == SHARD_OK) s = bench_random_tokens(config, &gc, dir, sizeof dir);
-    if (s == SHARD_OK) s = run_matrix(p, cluster, config, dir, (int)limit, (int)warmup, (int)steps, rows);
+    if (s == SHARD_OK) s = run_matrix(p, cluster, config, dir, (int)limit, (int)warmup, (int)steps, (int)rounds, rows);
     if (dir[0]) bench_remove_dir(dir);
     if (s == SHARD_OK) print_rows(p, cluster_file, rows, (int)limit, json);
     free(p), free(rows);
