@@ -11,6 +11,7 @@
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
  *               [--optimizer adamw|sgd] [--momentum M (sgd; default 0)]
  *               [--plan plan.json (the layout of `shard plan --out`; its predictions against the run's)]
+ *               [--reshard-at STEP:MESH [--reshard-zero Z] [--migration stop-and-copy]]
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
@@ -18,7 +19,8 @@
  * record at the end; --save writes a checkpoint (values and the optimizer's
  * state, the config in its index) every K steps, at the end, and when SIGTERM
  * or SIGINT stops the run (train_stop.h), holding the root's writer lock
- * meanwhile; --resume continues one, on any mesh and ZeRO stage. */
+ * meanwhile; --resume continues one, on any mesh and ZeRO stage; --reshard-at moves the running job to
+ * another mesh after a step (shard_trainer_migrate), its losses unchanged. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
