@@ -60,8 +60,8 @@ typedef struct train_opts {
     const char *reshard_at, *migration;
     long reshard_step, reshard_zero;
     char reshard_mesh[256];
-    shard_ckpt_lock *lock;  /* --save's writer lock, taken before thread ranks start */
-    int lock_in_rank;       /* under an MPI launcher: rank 0 takes it in train_rank instead */
+    shard_ckpt_lock *lock; /* --save's writer lock, taken before thread ranks start */
+    int lock_in_rank;      /* under an MPI launcher: rank 0 takes it in train_rank instead */
 } train_opts;
 
 /* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
@@ -285,9 +285,9 @@ static shard_status check_reshard(const train_opts *o, int world, int data, int 
                            o->reshard_at, shard_last_error(), world);
     SHARD_CHECK(mesh_axes("--reshard-at", o->reshard_mesh, world, &new_data, &new_pipe, &has_pipe, &tensor));
     if (data <= 0 || new_data <= 0) return SHARD_OK; /* the ranks check the rest */
-    size_t K = o->layout.micro_batches   ? (size_t)o->layout.micro_batches
-        : o->layout.accum                ? (size_t)o->layout.accum
-                                         : 1;
+    size_t K = o->layout.micro_batches ? (size_t)o->layout.micro_batches
+        : o->layout.accum              ? (size_t)o->layout.accum
+                                       : 1;
     size_t global = o->layout.batch ? (size_t)o->layout.batch : (size_t)o->layout.micro_batch * K * (size_t)data;
     shard_trainer_config tc = reshard_config(o, global, pipe, new_pipe, tensor);
     shard_status s = shard_trainer_config_check(&tc, new_data, new_pipe);
@@ -499,8 +499,8 @@ static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step
     long zero_to = o->reshard_zero >= 0 ? o->reshard_zero : o->layout.zero;
     if (shard_trainer_migrate(*t, next, &tc, &moved, &st) < 0) {
         if (rank == 0)
-            fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s zero=%ld\n",
-                    (unsigned long long)step, shard_last_error(), from, o->layout.zero);
+            fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s zero=%ld\n", (unsigned long long)step,
+                    shard_last_error(), from, o->layout.zero);
         shard_mesh_destroy(next);
         return SHARD_OK;
     }
@@ -890,8 +890,7 @@ static int parse_reshard(train_opts *o, const char *flag, const char *val) {
     char *end = NULL;
     errno = 0;
     long step = colon && val[0] >= '0' && val[0] <= '9' ? strtol(val, &end, 10) : 0;
-    if (!colon || end != colon || errno || step < 1 || !colon[1] ||
-        strlen(colon + 1) >= sizeof o->reshard_mesh) {
+    if (!colon || end != colon || errno || step < 1 || !colon[1] || strlen(colon + 1) >= sizeof o->reshard_mesh) {
         cli_error("--reshard-at '%s' is invalid: give STEP:MESH, the step after which the run moves (1 or more) "
                   "and the new mesh, e.g. 10:data=2,pipe=2",
                   val);

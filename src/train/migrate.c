@@ -78,9 +78,7 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
         shard_trainer_destroy(t);
         return s;
     }
-    if (stats) {
-        stats->ms = most[0], stats->bytes = (uint64_t)most[1], stats->rank_bytes = (uint64_t)took[1];
-    }
+    if (stats) stats->ms = most[0], stats->bytes = (uint64_t)most[1], stats->rank_bytes = (uint64_t)took[1];
     shard_trainer_destroy(old);
     *out = t;
     return SHARD_OK;
