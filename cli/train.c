@@ -11,6 +11,7 @@
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
  *               [--optimizer adamw|sgd] [--momentum M (sgd; default 0)]
  *               [--plan plan.json (the layout of `shard plan --out`; its predictions against the run's)]
+ *               [--reshard-at STEP:MESH [--reshard-zero Z] [--migration stop-and-copy]]
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
@@ -18,7 +19,8 @@
  * record at the end; --save writes a checkpoint (values and the optimizer's
  * state, the config in its index) every K steps, at the end, and when SIGTERM
  * or SIGINT stops the run (train_stop.h), holding the root's writer lock
- * meanwhile; --resume continues one, on any mesh and ZeRO stage. */
+ * meanwhile; --resume continues one, on any mesh and ZeRO stage; --reshard-at moves the running job to
+ * another mesh after a step (shard_trainer_migrate), its losses unchanged. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -53,8 +55,13 @@ typedef struct train_opts {
     unsigned long long seed;
     int have_min_lr, have_warmup, have_momentum, print_specs;
     const train_plan *plan; /* --plan: its predictions, reported at the end */
-    shard_ckpt_lock *lock;  /* --save's writer lock, taken before thread ranks start */
-    int lock_in_rank;       /* under an MPI launcher: rank 0 takes it in train_rank instead */
+    /* --reshard-at STEP:MESH: after step reshard_step the run moves to reshard_mesh, with ZeRO stage
+     * reshard_zero (-1: the run's), by the --migration mode (stop-and-copy, the one built) */
+    const char *reshard_at, *migration;
+    long reshard_step, reshard_zero;
+    char reshard_mesh[256];
+    shard_ckpt_lock *lock; /* --save's writer lock, taken before thread ranks start */
+    int lock_in_rank;      /* under an MPI launcher: rank 0 takes it in train_rank instead */
 } train_opts;
 
 /* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
@@ -219,6 +226,76 @@ static shard_trainer_config trainer_config(const train_opts *o) {
     return tc;
 }
 
+/* A training mesh's axes (text NULL: data over the world): its data ranks (data x expert: the rows'
+ * split; 0 when the world is not known yet), its pipe size and whether it names a pipe or a tensor axis.
+ * An axis training does not split over is refused unless it has one rank; `flag` names the flag. */
+static shard_status mesh_axes(const char *flag, const char *text, int world, int *data, int *pipe, int *has_pipe,
+                              int *tensor) {
+    char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
+    int sizes[SHARD_MESH_MAX_AXES], axes = 0, expert = 1;
+    *data = text ? 1 : world, *pipe = 1, *has_pipe = 0, *tensor = 0;
+    if (text && (axes = shard_mesh_parse(text, world, names, sizes)) < 0) return SHARD_ERR_INVALID_ARG;
+    static const char *const trained[] = {"data", "expert", "tensor", "pipe"};
+    for (int a = 0; a < axes; a++) {
+        int known = 0;
+        for (int k = 0; k < 4; k++) known |= strcmp(names[a], trained[k]) == 0;
+        const char *near = shard_text_nearest(names[a], trained, 4);
+        if (!known && sizes[a] > 1) /* an axis of one rank splits nothing: accepted, as the trainer does */
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "%s: axis '%s' = %d: training splits over 'data', 'expert', 'tensor' and "
+                               "'pipe'%s%s%s; give %s=1 or leave it out",
+                               flag, names[a], sizes[a], near ? " (did you mean '" : "", near ? near : "",
+                               near ? "'?)" : "", names[a]);
+        if (strcmp(names[a], "pipe") == 0) *pipe = sizes[a], *has_pipe = 1;
+        if (strcmp(names[a], "tensor") == 0) *tensor = 1;
+        if (strcmp(names[a], "data") == 0) *data = sizes[a];
+        if (strcmp(names[a], "expert") == 0) expert = sizes[a];
+    }
+    *data *= expert; /* an expert rank is a data rank too: the rows split over data x expert */
+    return SHARD_OK;
+}
+
+/* The trainer's config after --reshard-at: the run's, on the new mesh (with --reshard-zero's stage), for
+ * the same global batch (global: the run's, resolved), the micro-batch derived again for the new data
+ * ranks; the flags of a pipe axis whose size changed (the schedule, chunks, layers per stage) and the
+ * batch shares (one per old data rank) at their defaults, and sequence parallelism off without a tensor
+ * axis. */
+static shard_trainer_config reshard_config(const train_opts *o, size_t global, int old_pipe, int new_pipe,
+                                           int new_tensor) {
+    train_opts n = *o;
+    n.layout.mesh = o->reshard_mesh;
+    if (o->reshard_zero >= 0) n.layout.zero = o->reshard_zero;
+    n.layout.batch = (long)global, n.layout.micro_batch = 0, n.layout.batch_shares = NULL;
+    if (new_pipe != old_pipe) n.layout.schedule = NULL, n.layout.virtual_stages = 0, n.layout.layers_per_stage = NULL;
+    if (!new_tensor) n.layout.sequence_parallel = 0;
+    return trainer_config(&n);
+}
+
+/* --reshard-at's mesh on the world (world 0: not known before the ranks) and the layout it makes, as the
+ * trainer would refuse it: checked before the run so as not to fail at its step. */
+static shard_status check_reshard(const train_opts *o, int world, int data, int pipe) {
+    int new_data = 0, new_pipe = 1, has_pipe = 0, tensor = 0;
+    if (o->reshard_step >= o->steps)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "--reshard-at %s: the run's last step is %ld, and the move happens after step %ld: give a "
+                           "step in 1..%ld",
+                           o->reshard_at, o->steps, o->reshard_step, o->steps - 1);
+    if (world > 0 && shard_mesh_parse(o->reshard_mesh, world, NULL, NULL) < 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "--reshard-at %s: %s (the new mesh spans the run's %d ranks)",
+                           o->reshard_at, shard_last_error(), world);
+    SHARD_CHECK(mesh_axes("--reshard-at", o->reshard_mesh, world, &new_data, &new_pipe, &has_pipe, &tensor));
+    if (data <= 0 || new_data <= 0) return SHARD_OK; /* the ranks check the rest */
+    size_t K = o->layout.micro_batches ? (size_t)o->layout.micro_batches
+        : o->layout.accum              ? (size_t)o->layout.accum
+                                       : 1;
+    size_t global = o->layout.batch ? (size_t)o->layout.batch : (size_t)o->layout.micro_batch * K * (size_t)data;
+    shard_trainer_config tc = reshard_config(o, global, pipe, new_pipe, tensor);
+    shard_status s = shard_trainer_config_check(&tc, new_data, new_pipe);
+    if (s < 0)
+        return shard_error(s, "--reshard-at %s: the new layout is refused: %s", o->reshard_at, shard_last_error());
+    return SHARD_OK;
+}
+
 /* The flags and the config, checked once on the calling thread before any rank starts (under an MPI
  * launch by every process, before the communicator exists): a mistake is one line without a rank number,
  * the same on every run.  What needs the ranks (the data, a checkpoint to resume) is theirs to check. */
@@ -233,28 +310,8 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
                            "leave --ranks out, or start mpirun -np %d",
                            common->ranks, launcher, env_size, common->ranks);
     int world = under_mpi ? (env_size > 0 ? env_size : 0) : common->ranks > 0 ? common->ranks : 1;
-    char names[SHARD_MESH_MAX_AXES][SHARD_MESH_AXIS_NAME_BYTES];
-    int sizes[SHARD_MESH_MAX_AXES], axes = 0, pipe = 1, has_pipe = 0, tensor = 0, data = o->layout.mesh ? 1 : world;
-    int expert = 1;
-    if (o->layout.mesh && (axes = shard_mesh_parse(o->layout.mesh, world, names, sizes)) < 0)
-        return SHARD_ERR_INVALID_ARG;
-    static const char *const trained[] = {"data", "expert", "tensor", "pipe"};
-    for (int a = 0; a < axes; a++) {
-        int known = 0;
-        for (int k = 0; k < 4; k++) known |= strcmp(names[a], trained[k]) == 0;
-        const char *near = shard_text_nearest(names[a], trained, 4);
-        if (!known && sizes[a] > 1) /* an axis of one rank splits nothing: accepted, as the trainer does */
-            return shard_error(SHARD_ERR_INVALID_ARG,
-                               "--mesh: axis '%s' = %d: training splits over 'data', 'expert', 'tensor' and "
-                               "'pipe'%s%s%s; give %s=1 or leave it out",
-                               names[a], sizes[a], near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "",
-                               names[a]);
-        if (strcmp(names[a], "pipe") == 0) pipe = sizes[a], has_pipe = 1;
-        if (strcmp(names[a], "tensor") == 0) tensor = 1;
-        if (strcmp(names[a], "data") == 0) data = sizes[a];
-        if (strcmp(names[a], "expert") == 0) expert = sizes[a];
-    }
-    data *= expert; /* an expert rank is a data rank too: the rows split over data x expert */
+    int pipe = 1, has_pipe = 0, tensor = 0, data = 0;
+    SHARD_CHECK(mesh_axes("--mesh", o->layout.mesh, world, &data, &pipe, &has_pipe, &tensor));
     /* the pipeline's flags on a mesh without a pipe axis would act on nothing: a mistake in the command line
      * (the library accepts them there, so that one configuration serves a reference run of one stage) */
     const char *pipe_flag = o->layout.schedule ? "--schedule"
@@ -275,6 +332,7 @@ static shard_status check_before_ranks(const train_opts *o, const cli_common *co
         shard_trainer_config tc = trainer_config(o);
         SHARD_CHECK(shard_trainer_config_check(&tc, data, pipe));
     }
+    if (o->reshard_at) SHARD_CHECK(check_reshard(o, world, data, pipe));
     SHARD_CHECK(shard_model_config_check(o->config)); /* read, then key by key */
     char *text = NULL; /* a GPT's positions against --seq, as its ranks would find (a config read above) */
     shard_gpt_config gc;
@@ -414,6 +472,63 @@ static shard_status keep_step_ms(double **all, size_t *count, double ms) {
     }
     (*all)[(*count)++] = ms;
     return SHARD_OK;
+}
+
+/* A mesh's size along the named axis (1 without it). */
+static int axis_size(const shard_mesh *mesh, const char *name) {
+    int a = shard_mesh_axis_index(mesh, name);
+    return a < 0 ? 1 : shard_mesh_axis_size(mesh, a);
+}
+
+/* Collective, after step: the run moves to --reshard-at's mesh (*mesh and *t become the new ones), rank 0
+ * prints one line and writes the --log record.  A migration that fails leaves the run on its layout with
+ * one line saying why; a record that cannot be written stops the run, as a step's line does. */
+static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step, shard_text_file *log,
+                            shard_mesh **mesh, shard_trainer **t) {
+    int rank = shard_comm_rank(comm);
+    size_t B = 0, micro = 0, K = 0, D = 0;
+    shard_trainer_batch(*t, &B, &micro, &K, &D);
+    char from[128], to[128];
+    shard_mesh_string(*mesh, from, sizeof from);
+    shard_mesh *next = NULL;
+    SHARD_CHECK(shard_mesh_create(comm, o->reshard_mesh, &next));
+    shard_trainer_config tc = reshard_config(o, B, axis_size(*mesh, "pipe"), axis_size(next, "pipe"),
+                                             shard_mesh_axis_index(next, "tensor") >= 0);
+    shard_trainer *moved = NULL;
+    shard_migration_stats st = {.struct_size = sizeof st};
+    long zero_to = o->reshard_zero >= 0 ? o->reshard_zero : o->layout.zero;
+    if (shard_trainer_migrate(*t, next, &tc, &moved, &st) < 0) {
+        if (rank == 0)
+            fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s zero=%ld\n", (unsigned long long)step,
+                    shard_last_error(), from, o->layout.zero);
+        shard_mesh_destroy(next);
+        return SHARD_OK;
+    }
+    shard_mesh_destroy(*mesh);
+    *mesh = next, *t = moved;
+    if (o->trace) SHARD_CHECK(shard_trainer_trace(moved, 1));
+    shard_mesh_string(next, to, sizeof to);
+    int32_t logged = 1;
+    char why[512] = "";
+    if (rank == 0) {
+        printf("reshard: step %llu, %s -> %s zero=%ld -> %ld, stop-and-copy: %.1f ms, %.1f MiB moved\n",
+               (unsigned long long)step, from, to, o->layout.zero, zero_to, st.ms, (double)st.bytes / 1048576.0);
+        fflush(stdout);
+        if (log &&
+            shard_text_file_printf(log,
+                                   "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": \"%s\", "
+                                   "\"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"stop-and-copy\", "
+                                   "\"trigger\": \"reshard-at\", \"migration_ms\": %.3f, \"bytes\": %llu}\n",
+                                   (unsigned long long)step, from, to, o->layout.zero, zero_to, st.ms,
+                                   (unsigned long long)st.bytes) < 0)
+            logged = 0, snprintf(why, sizeof why, "%s", shard_last_error());
+    }
+    if (o->log) SHARD_CHECK(shard_comm_broadcast(comm, &logged, 1, SHARD_I32, 0));
+    if (logged) return SHARD_OK;
+    if (rank != 0)
+        return shard_error(SHARD_ERR_ABORTED, "--log %s: rank 0 could not write it; the run stopped after step %llu",
+                           o->log, (unsigned long long)step);
+    return shard_error(SHARD_ERR_IO, "--log %s; the run stopped after step %llu", why, (unsigned long long)step);
 }
 
 static shard_status train_rank(shard_comm *comm, void *arg) {
@@ -561,6 +676,11 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             s = log_failed(o, rank, step, s, log_error);
             break;
         }
+        if (o->reshard_at && step == (uint64_t)o->reshard_step && step < last) {
+            if (tty) printf("\n");
+            if ((s = reshard(comm, o, step, log, &mesh, &t)) < 0) break;
+            m = shard_trainer_model(t);
+        }
     }
     if (tty) printf("\n");
     if (s == SHARD_OK && !stopped && rank == 0 && load) print_load(&load_shape, load);
@@ -667,6 +787,13 @@ static const char *const USAGE =
     "                           batch's mean\n"
     "  --trace FILE             the last step as a Chrome trace / Perfetto JSON file: a process per\n"
     "                           rank, compute per unit, every collective with its axis and bytes\n"
+    "resharding (the run moves to another layout of the same ranks, its losses unchanged):\n"
+    "  --reshard-at STEP:MESH   after step STEP, move the parameters and the optimizer's state to the\n"
+    "                           mesh MESH over the communicator, e.g. 10:data=2,pipe=2; the new\n"
+    "                           layout's pipeline flags at their defaults, the global batch kept\n"
+    "  --reshard-zero Z         the ZeRO stage after the move, 0..3 (default: --zero's)\n"
+    "  --migration MODE         how the state moves: stop-and-copy, the training paused while it\n"
+    "                           moves (default stop-and-copy)\n"
     "output:\n"
     "  --log FILE               a JSON line per step (step, loss, lr, grad_norm, tokens_per_s, ms,\n"
     "                           comm_wait_ms, and ranks: each rank's compute_ms, comm_ms by axis,\n"
@@ -691,6 +818,11 @@ static int train_checked(train_opts *o, cli_common *common) {
     if (!o->layout.batch && !o->layout.micro_batch) o->layout.batch = 8;
     if (o->have_min_lr && o->min_lr > o->lr) {
         cli_error("--min-lr %g is above --lr %g: the schedule decays from --lr down to --min-lr", o->min_lr, o->lr);
+        return 2;
+    }
+    if ((o->reshard_zero >= 0 || o->migration) && !o->reshard_at) {
+        cli_error("%s needs --reshard-at STEP:MESH (the step and the mesh the run moves to)",
+                  o->migration ? "--migration" : "--reshard-zero");
         return 2;
     }
     if (o->save_every && !o->save) {
@@ -741,10 +873,43 @@ static int train_checked(train_opts *o, cli_common *common) {
     return train_stop_exit_code();
 }
 
+/* --reshard-at STEP:MESH, --reshard-zero Z or --migration MODE with its value (NULL: missing, said by
+ * cli_value): 0, or -1 with the line printed. */
+static int parse_reshard(train_opts *o, const char *flag, const char *val) {
+    if (!val) return -1;
+    if (strcmp(flag, "--reshard-zero") == 0) return cli_parse_int(flag, val, 0, 3, &o->reshard_zero) ? -1 : 0;
+    if (strcmp(flag, "--migration") == 0) {
+        if (strcmp(val, "stop-and-copy") != 0) {
+            cli_error("--migration '%s' is invalid: give stop-and-copy (the one migration built so far)", val);
+            return -1;
+        }
+        o->migration = val;
+        return 0;
+    }
+    const char *colon = strchr(val, ':');
+    char *end = NULL;
+    errno = 0;
+    long step = colon && val[0] >= '0' && val[0] <= '9' ? strtol(val, &end, 10) : 0;
+    if (!colon || end != colon || errno || step < 1 || !colon[1] || strlen(colon + 1) >= sizeof o->reshard_mesh) {
+        cli_error("--reshard-at '%s' is invalid: give STEP:MESH, the step after which the run moves (1 or more) "
+                  "and the new mesh, e.g. 10:data=2,pipe=2",
+                  val);
+        return -1;
+    }
+    snprintf(o->reshard_mesh, sizeof o->reshard_mesh, "%s", colon + 1);
+    o->reshard_at = val, o->reshard_step = step;
+    return 0;
+}
+
 int cli_train(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 1);
-    train_opts o = {
-        .layout = CLI_LAYOUT_DEFAULTS, .steps = 100, .lr = 1e-3, .seed = 1, .weight_decay = 0.1, .clip = 1.0};
+    train_opts o = {.layout = CLI_LAYOUT_DEFAULTS,
+                    .steps = 100,
+                    .lr = 1e-3,
+                    .seed = 1,
+                    .weight_decay = 0.1,
+                    .clip = 1.0,
+                    .reshard_zero = -1};
     cli_common common = {0};
     for (int i = 1; i < argc; i++) {
         int cc = cli_common_option(&common, argc, argv, &i);
@@ -789,6 +954,10 @@ int cli_train(int argc, char **argv) {
         if (done) continue;
         if (strcmp(a, "--print-specs") == 0) {
             o.print_specs = 1;
+            continue;
+        }
+        if (strcmp(a, "--reshard-at") == 0 || strcmp(a, "--reshard-zero") == 0 || strcmp(a, "--migration") == 0) {
+            if (parse_reshard(&o, a, cli_value(argc, argv, &i)) < 0) return 2;
             continue;
         }
         if (strcmp(a, "--seed") == 0) {

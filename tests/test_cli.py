@@ -134,6 +134,20 @@ def errors():
         (["bench", "train", "--config", "c", "--steps", "5"], 2, "--steps '5' is invalid: give an integer in 20..100000"),
         (["train", "--config", "c", "--data", "d", "--lr", "0"], 2, "--lr '0' is invalid: give a number in (0, 1e6]"),
         (["train", "--config", "c", "--data", "d", "--zero", "4"], 2, "--zero '4' is invalid: give an integer in 0..3"),
+        (["train", "--config", "c", "--data", "d", "--reshard-at", "10"], 2,
+         "--reshard-at '10' is invalid: give STEP:MESH, the step after which the run moves (1 or more) and the new "
+         "mesh, e.g. 10:data=2,pipe=2"),
+        (["train", "--config", "c", "--data", "d", "--reshard-at", "0:data=2"], 2, "--reshard-at '0:data=2' is invalid"),
+        (["train", "--config", "c", "--data", "d", "--mesh", "data=4", "--steps", "30", "--reshard-at", "10:data=2"], 1,
+         "--reshard-at 10:data=2: mesh data=2 needs 2 ranks, got 4; meshes of 4 ranks: "),
+        (["train", "--config", "c", "--data", "d", "--steps", "30", "--reshard-at", "30:data=1"], 1,
+         "--reshard-at 30:data=1: the run's last step is 30, and the move happens after step 30: give a step in 1..29"),
+        (["train", "--config", "c", "--data", "d", "--mesh", "pipe=4", "--reshard-at", "2:data=4", "--batch", "2",
+          "--micro-batches", "2"], 1, "--reshard-at 2:data=4: the new layout is refused: batch: "),
+        (["train", "--config", "c", "--data", "d", "--reshard-at", "1:data=1", "--migration", "live"], 2,
+         "--migration 'live' is invalid: give stop-and-copy (the one migration built so far)"),
+        (["train", "--config", "c", "--data", "d", "--reshard-zero", "1"], 2,
+         "--reshard-zero needs --reshard-at STEP:MESH (the step and the mesh the run moves to)"),
         (["train", "--config", "c", "--data", "d", "--grad-dtype", "f16"], 2, "--grad-dtype 'f16' is invalid: give f32 or bf16"),
         (["train", "--config", "c", "--data", "d", "--compute-dtype", "f16"], 2,
          "--compute-dtype 'f16' is invalid: give f32 or bf16"),
@@ -277,7 +291,7 @@ PARSED_FLAGS = {
                               "--steps", "--save-every", "--warmup", "--zero", "--accum", "--micro-batch",
                               "--micro-batches", "--virtual-stages", "--lr", "--min-lr", "--weight-decay", "--clip",
                               "--bucket-mb", "--sequence-parallel", "--recompute", "--print-specs", "--spec", "--seed",
-                              "--batch-shares", "--plan"},
+                              "--batch-shares", "--plan", "--reshard-at", "--reshard-zero", "--migration"},
 }
 
 
@@ -2035,11 +2049,67 @@ def analyze_moe():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def reshard():
+    """`train --reshard-at 10:MESH`: a run that moves to another layout after step 10 (stop-and-copy, over the
+    communicator) gives one rank's losses at each of 30 steps (1e-5 relative), for data=4 -> data=2,pipe=2,
+    data=2,tensor=2 -> pipe=4 and ZeRO-3 on data=4 -> ZeRO-1 on data=2,pipe=2, with one console line and one
+    --log record of the move; a move the new layout's memory does not allow leaves the run training on the
+    old layout to the same losses, with one line saying why."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="shard-cli-reshard-") as work:
+        data = tiny_corpus(work, "a layout can change while the run goes on. ", 400)
+        args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--seed", "3", "--steps", "30"]
+        log = os.path.join(work, "run.jsonl")
+
+        def losses(extra):
+            if os.path.exists(log):
+                os.remove(log)
+            p = run(args + ["--log", log] + extra, timeout=120)
+            return p, ([r["loss"] for r in log_rows(log)] if p.returncode == 0 else [])
+
+        _, ref = losses(["--ranks", "1"])
+        expect(len(ref) == 30, "train on one rank: no losses")
+        for before, after, zeros in ((["--mesh", "data=4"], "data=2,pipe=2", ("0", "0")),
+                                     (["--mesh", "data=2,tensor=2"], "pipe=4", ("0", "0")),
+                                     (["--mesh", "data=4", "--zero", "3"], "data=2,pipe=2", ("3", "1"))):
+            extra = before + ["--reshard-at", f"10:{after}", "--migration", "stop-and-copy"]
+            if zeros[1] != zeros[0]:
+                extra += ["--reshard-zero", zeros[1]]
+            p, got = losses(extra)
+            worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
+            expect(worst <= 1e-5, f"train {' '.join(extra)}: worst relative loss difference {worst} {p.stderr}")
+            line = re.search(rf"\nreshard: step 10, {before[1]} -> {after} zero={zeros[0]} -> {zeros[1]}, "
+                             r"stop-and-copy: [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
+            events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            events = [r for r in events if r.get("event") == "reshard"]
+            expect(line and len(events) == 1 and events[0]["step"] == 10 and events[0]["from"] == before[1] and
+                   events[0]["to"] == after and events[0]["migration"] == "stop-and-copy" and
+                   events[0]["trigger"] == "reshard-at" and events[0]["migration_ms"] > 0 and
+                   isinstance(events[0]["bytes"], int), f"train {' '.join(extra)}: {p.stdout[-800:]} {events}")
+            # the memory table after the move is the new mesh's
+            expect(f"  rank 3  {after.replace('=2', '=1').replace('pipe=4', 'pipe=3')}" in p.stdout,
+                   f"train {' '.join(extra)}: the memory table: {p.stdout[-600:]}")
+        # the new trainer does not fit beside the old one in the emulated device's memory: refused, the run
+        # goes on as it was, one line saying why
+        cluster = os.path.join(work, "small.json")
+        with open(cluster, "w") as f:
+            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.02, "available_memory_gb": 0.018}],
+                       "network": {"bandwidth_gbps": 1000, "latency_us": 1},
+                       "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
+        p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2"])
+        worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode == 0 and worst <= 1e-5 and len(lines) == 1 and
+               lines[0].startswith("shard: reshard: step 10: ") and "out of device memory" in lines[0] and
+               lines[0].endswith("; the run goes on as data=4 zero=0") and "\nreshard: " not in p.stdout and
+               "  rank 3  data=3 " in p.stdout, f"a move refused for memory: {worst} {p.stderr!r} {p.stdout[-500:]}")
+
+
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
      "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "plan_space": plan_space, "bench_plan": bench_plan,
-     "train_plan": train_plan,
+     "train_plan": train_plan, "reshard": reshard,
      "cost": cost,
      "monitor": monitor, "analyze_moe": analyze_moe}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -166,6 +166,26 @@ shard_status shard_trainer_pipeline_stats(const shard_trainer *t, shard_pipeline
 /* One optimizer step (steps count from 1). */
 shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out);
 
+/* A migration's figures (shard_trainer_migrate). */
+typedef struct shard_migration_stats {
+    size_t struct_size;  /* sizeof(shard_migration_stats): lets the struct grow */
+    double ms;           /* the migration's wall time, the new trainer's creation included: the slowest rank's */
+    uint64_t bytes;      /* bytes every rank sent for it, summed (the communicator's count) */
+    uint64_t rank_bytes; /* the part of them this rank sent */
+} shard_migration_stats;
+
+/* Collective over the ranks of both meshes (the same ranks in the same order): the run moves to a new
+ * layout at a step boundary, stop-and-copy.  A new trainer is made on new_mesh with new_config (the same
+ * model and optimizer: shard_trainer_create's, so a trainer of a registered kind), every parameter's
+ * values and every optimizer state array move to it over the communicator, and old is destroyed; *out
+ * gets the new trainer, which goes on at the next step number (the learning rate's schedule, the rows
+ * and the dropout masks follow the step, the seed and the global batch: give new_config the same ones
+ * for the same run).  stats (NULL: none) gets the time and the bytes moved.  On failure on any rank
+ * (an allocation refused, a model or optimizer that does not match), every rank returns the same error,
+ * old is left as it was (the copy only reads it: the run can go on with it) and *out is NULL. */
+shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, const shard_trainer_config *new_config,
+                                   shard_trainer **out, shard_migration_stats *stats);
+
 /* The whole parameter values (params->total floats, the slab's layout) on every rank. */
 shard_status shard_trainer_values(shard_trainer *t, float *whole);
 

@@ -1211,3 +1211,66 @@ shard_status shard_trainer_resume(shard_trainer *t, const char *where, uint64_t 
     free(cp), free(mine);
     return s;
 }
+
+/* ---------------------------------------------------------------- state moved to another trainer */
+
+/* Whether every parameter this rank holds in `to` is one of from's (cp), at the same whole shape. */
+static shard_status state_matches(shard_trainer *to, const ckpt_param *cp, size_t n) {
+    const shard_params *p = to->model->params;
+    for (size_t i = 0; i < p->count; i++) {
+        size_t shape[SHARD_MAX_DIMS], k = 0;
+        whole_shape(to, i, shape);
+        while (k < n && strcmp(cp[k].name, p->info[i].name) != 0) k++;
+        int same = k < n && cp[k].ndim == p->info[i].ndim;
+        for (int d = 0; same && d < p->info[i].ndim; d++) same = (size_t)cp[k].shape[d] == shape[d];
+        if (!same)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "migrate: parameter '%s' of the new layout is %s the old one's model: both trainers "
+                               "must train the same model",
+                               p->info[i].name, k < n ? "not at the shape it has in" : "not in");
+    }
+    return SHARD_OK;
+}
+
+/* One parameter at a time and one state array at a time, as a save makes them whole (param_whole): the
+ * old trainer's values made whole on every rank, then this rank's pieces kept in the new trainer's
+ * strategy (as a resume keeps them).  The same parameters in the same order on every rank. */
+shard_status shard__trainer_copy_state(shard_trainer *from, shard_trainer *to) {
+    const shard_params *p = to->model->params;
+    ckpt_param *cp = NULL;
+    size_t *mine = NULL, n = 0;
+    float *whole = NULL, *piece = NULL, *unused = NULL, *to_piece = NULL;
+    int arrays = (int)arrays_of(from);
+    shard_status s = SHARD_OK;
+    if (arrays != (int)arrays_of(to) || strcmp(shard_optimizer_name(from->opt), shard_optimizer_name(to->opt)) != 0)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "migrate: the old trainer's optimizer is %s with %d state arrays, the new one's %s with %d: "
+                        "the state carries over only to the same optimizer",
+                        shard_optimizer_name(from->opt), arrays - 1, shard_optimizer_name(to->opt),
+                        (int)arrays_of(to) - 1);
+    if (s == SHARD_OK) s = ckpt_params(from, &cp, &mine, &n);
+    if (s == SHARD_OK) s = state_matches(to, cp, n);
+    if (s == SHARD_OK) s = param_scratch(from, cp, n, &whole, &piece);
+    if (s == SHARD_OK) s = param_scratch(to, NULL, 0, &unused, &to_piece);
+    /* a rank that found a mismatch or no memory would leave the others in the first gather: all agree first */
+    int32_t bad = s < 0, any = 0;
+    shard_status agreed = shard_comm_all_reduce(shard_mesh_comm(from->mesh), &bad, &any, 1, SHARD_I32, SHARD_OP_MAX);
+    if (s == SHARD_OK && agreed < 0) s = agreed;
+    if (s == SHARD_OK && any)
+        s = shard_error(SHARD_ERR_ABORTED, "migrate: another rank could not take part (it says why)");
+    for (size_t k = 0; s == SHARD_OK && k < n; k++) {
+        const shard_param_info *info = shard_params_find(p, cp[k].name);
+        for (int j = 0; s == SHARD_OK && j < arrays; j++) {
+            s = param_whole(from, mine[k], j, whole_numel(&cp[k]), piece, whole);
+            if (s < 0 || !info) continue; /* another stage's in the new layout */
+            size_t i = (size_t)(info - p->info);
+            take_piece(to, i, whole, to_piece);
+            s = shard__dp_set_range(to->dp, j, info->offset, info->numel, to_piece);
+        }
+    }
+    shard_free(whole), shard_free(piece), shard_free(unused), shard_free(to_piece);
+    free(cp), free(mine);
+    return s;
+}
+
+shard_mesh *shard__trainer_mesh(const shard_trainer *t) { return t->mesh; }

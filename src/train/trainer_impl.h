@@ -1,4 +1,5 @@
-/* trainer_impl.h — what the library's own planners read of a trainer (src/plan/analyze.c). */
+/* trainer_impl.h — what the library's own planners read of a trainer (src/plan/analyze.c), and what
+ * the migration to another layout moves (src/train/migrate.c). */
 #ifndef SHARD_TRAINER_IMPL_H
 #define SHARD_TRAINER_IMPL_H
 
@@ -12,5 +13,14 @@ shard_status shard__trainer_create_planned(shard_mesh *mesh, const shard_trainer
 
 /* The pipeline's schedule (NULL without a pipe axis). */
 const shard_pipe_schedule *shard__trainer_schedule(const shard_trainer *t);
+
+/* Collective over the world both trainers span (the same ranks): every parameter's values and optimizer
+ * state arrays of `from`, one at a time made whole on every rank over from's mesh, and this rank's pieces
+ * of them set in `to`'s strategy (src/train/migrate.c).  `from` is only read: when this fails it trains
+ * on.  Both must train the same model with the same optimizer. */
+shard_status shard__trainer_copy_state(shard_trainer *from, shard_trainer *to);
+
+/* The mesh a trainer was made on. */
+shard_mesh *shard__trainer_mesh(const shard_trainer *t);
 
 #endif
