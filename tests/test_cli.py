@@ -2093,7 +2093,7 @@ def reshard():
         # goes on as it was, one line saying why
         cluster = os.path.join(work, "small.json")
         with open(cluster, "w") as f:
-            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.02, "available_memory_gb": 0.018}],
+            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.004, "available_memory_gb": 0.018}],
                        "network": {"bandwidth_gbps": 1000, "latency_us": 1},
                        "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
         p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2"])
