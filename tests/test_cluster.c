@@ -103,7 +103,8 @@ static void test_changes(void) {
     expect_changes_refused("[{\"at_step\": 4, \"slowdown\": 2, \"speed\": 1}]",
                            "changes[0] has an unknown key \"speed\": valid keys are at_step, slowdown, "
                            "available_memory_gb");
-    expect_changes_refused("[{\"at_step\": 4}]", "changes[0] gives neither of \"slowdown\" and \"available_memory_gb\"");
+    expect_changes_refused("[{\"at_step\": 4}]",
+                           "changes[0] gives neither of \"slowdown\" and \"available_memory_gb\"");
     expect_changes_refused("[{\"at_step\": 4, \"slowdown\": 2}, {\"at_step\": 5, \"slowdown\": 2, "
                            "\"available_memory_gb\": 1}]",
                            "changes[1] gives both of \"slowdown\" and \"available_memory_gb\": give exactly one");
@@ -135,8 +136,8 @@ static void test_changes(void) {
         int rank;
         uint64_t step;
         double tflops, slowdown, gib;
-    } at[] = {{2, 0, 0.003, 1, 2},     {2, 1, 0.003, 1, 2},      {2, 39, 0.003, 1, 2},  {2, 40, 0.001, 3, 2},
-              {1, 59, 0.001, 3, 2},    {1, 60, 0.00075, 4, 1.5}, {1, 79, 0.00075, 4, 1.5}, {1, 80, 0.003, 1, 1.5},
+    } at[] = {{2, 0, 0.003, 1, 2},         {2, 1, 0.003, 1, 2},      {2, 39, 0.003, 1, 2},     {2, 40, 0.001, 3, 2},
+              {1, 59, 0.001, 3, 2},        {1, 60, 0.00075, 4, 1.5}, {1, 79, 0.00075, 4, 1.5}, {1, 80, 0.003, 1, 1.5},
               {1, 1000000, 0.003, 1, 1.5}, {0, 60, 0.004, 1, 1}};
     for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
         for (int which = 0; which < 2 && copy; which++) {

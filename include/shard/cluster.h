@@ -70,8 +70,7 @@ shard_status shard_cluster_rank_device(const shard_cluster *cluster, int rank, s
 
 /* The same device as it is at step `step` (counted from 1): its node's changes with at_step <= step
  * applied (step 0: none). */
-shard_status shard_cluster_device_at(const shard_cluster *cluster, int rank, uint64_t step,
-                                     shard_cluster_device *out);
+shard_status shard_cluster_device_at(const shard_cluster *cluster, int rank, uint64_t step, shard_cluster_device *out);
 
 /* Whether any node has a "changes" list (without one, every step's devices are step 1's). */
 int shard_cluster_has_changes(const shard_cluster *cluster);
