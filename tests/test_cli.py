@@ -1684,6 +1684,59 @@ def batch_shares():
                    f"--batch-shares {extra}: {p.returncode} {p.stderr!r}")
 
 
+def cluster_changes():
+    """An emulated cluster that changes during a run: on data=2 over two devices, node b 3x slower from step 4
+    of 8 makes the steps after it at least twice as long as those before (the slow device sets the pace), says
+    so in one stderr line, and leaves the losses those of the run without the change (1e-6 relative); its
+    memory cut below what a rank holds at step 3 refuses that step's allocation; a bad entry is one line."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="shard-cli-cluster-changes-") as work:
+        data = tiny_corpus(work, "a node that slows down sets the pace of the step. ", 400)
+
+        def cluster(name, changes):
+            path = os.path.join(work, name + ".json")
+            b = {"name": "b", "devices": 1, "compute_tflops": 0.002, "available_memory_gb": 1}
+            if changes is not None:
+                b["changes"] = changes
+            with open(path, "w") as f:
+                json.dump({"nodes": [{"name": "a", "devices": 1, "compute_tflops": 0.002, "available_memory_gb": 1},
+                                     b],
+                           "network": {"bandwidth_gbps": 10, "latency_us": 50},
+                           "intra_node": {"bandwidth_gbps": 10, "latency_us": 50}}, f)
+            return path
+
+        args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "32", "--steps", "8", "--seed",
+                "3", "--ranks", "2", "--mesh", "data=2"]
+        runs = {}
+        for name, changes in (("steady", None), ("slowed", [{"at_step": 4, "slowdown": 3}])):
+            log = os.path.join(work, name + ".jsonl")
+            p = run(args + ["--cluster", cluster(name, changes), "--log", log])
+            rows = log_rows(log) if p.returncode == 0 else []
+            expect(len(rows) == 8, f"{name}: {p.returncode} {p.stderr}")
+            said = [l for l in p.stderr.splitlines() if l.startswith("cluster:")]
+            expect(said == ([] if changes is None else ["cluster: step 4: node 'b' computes 3x slower (0.000667 TFLOP/s)"]),
+                   f"{name}: the change's line: {said}")
+            runs[name] = rows
+        if len(runs["steady"]) == 8 and len(runs["slowed"]) == 8:
+            worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(runs["steady"], runs["slowed"]))
+            expect(worst <= 1e-6, f"a slowdown changed the losses: worst relative difference {worst}")
+            ms = [r["ms"] for r in runs["slowed"]]
+            before, after = sorted(ms[1:3])[0], sorted(ms[3:])[2]
+            expect(after >= 2 * before, f"step times before and after node b's slowdown at step 4: {ms}")
+
+        log = os.path.join(work, "squeezed.jsonl")
+        p = run(args + ["--cluster", cluster("squeezed", [{"at_step": 3, "available_memory_gb": 0.01}]), "--log", log])
+        expect(p.returncode != 0 and "cluster: step 3: node 'b' has 0.01 GiB" in p.stderr and
+               "rank 1 on node 'b' (device 1) is out of device memory" in p.stderr and
+               len(log_rows(log)) == 2, f"memory cut below what rank 1 holds: {p.returncode} {p.stderr}")
+
+        p = run(args + ["--cluster", cluster("bad", [{"at_step": 4, "slowdown": 2}, {"at_step": 0, "slowdown": 1}])])
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        expect(p.returncode != 0 and len(lines) == 1 and
+               "nodes[1] ('b') changes[1] \"at_step\" is out of range: give a number in [1, 1e+15]" in p.stderr,
+               f"a change at step 0: {p.returncode} {p.stderr!r}")
+
+
 def routed_alike(got, ref, aux=False):
     """A mixture of experts' run routes as the reference one: 10 logged steps, losses (and with aux the router's
     aux loss) within 1e-5 relative, the same drops and the same expert load at every step."""
@@ -2111,5 +2164,5 @@ if __name__ == "__main__":
      "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "plan_space": plan_space, "bench_plan": bench_plan,
      "train_plan": train_plan, "reshard": reshard,
      "cost": cost,
-     "monitor": monitor, "analyze_moe": analyze_moe}[sys.argv[2]]()
+     "monitor": monitor, "analyze_moe": analyze_moe, "cluster_changes": cluster_changes}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

@@ -1,5 +1,6 @@
 /* test_cluster.c — the emulated cluster matches its own model: a description's errors are one clear
- * line each, the link and device of a rank are the description's, and on two thread ranks an
+ * line each, the link and device of a rank are the description's (at each step, its node's changes
+ * applied), and on two thread ranks an
  * all_reduce, an all_to_all and a pipeline send across emulated links take their alpha-beta time, a
  * rank on a device half as fast takes twice the compute time, and memory past a device's is refused.
  * The emulated times are tens of milliseconds, so that a loaded machine still measures them. */
@@ -72,6 +73,94 @@ static void test_description(void) {
            "device map 3,0: rank 0 on %s/%d", d.node, d.local);
     EXPECT(shard_cluster_rank_device(c, 2, &d) < 0 && strstr(shard_last_error(), "rank 2 has no device"),
            "a rank past the map: %s", shard_last_error());
+    shard_cluster_destroy(c);
+}
+
+/* One node "b" of 2 devices with `changes` (JSON text), after a node "a" of 1 device. */
+static shard_status parse_changes(const char *changes, shard_cluster **out) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"nodes\": [{\"name\": \"a\", \"devices\": 1, \"compute_tflops\": 0.004, \"available_memory_gb\": 1},"
+             " {\"name\": \"b\", \"devices\": 2, \"compute_tflops\": 0.003, \"available_memory_gb\": 2, "
+             "\"changes\": %s}], \"network\": {\"bandwidth_gbps\": 10, \"latency_us\": 100},"
+             " \"intra_node\": {\"bandwidth_gbps\": 40, \"latency_us\": 10}}",
+             changes);
+    return shard_cluster_parse(json, "test.json", out);
+}
+
+static void expect_changes_refused(const char *changes, const char *text) {
+    shard_cluster *c = NULL;
+    shard_status s = parse_changes(changes, &c);
+    EXPECT(s < 0 && strstr(shard_last_error(), "cluster test.json: nodes[1] ('b') ") &&
+               strstr(shard_last_error(), text) && !strchr(shard_last_error(), '\n'),
+           "changes %s: status %d, message '%s', wanted '%s'", changes, s, shard_last_error(), text);
+    shard_cluster_destroy(c);
+}
+
+static void test_changes(void) {
+    expect_changes_refused("{}", "\"changes\" is not a list: give a list of {\"at_step\": N, \"slowdown\": X}");
+    expect_changes_refused("[3]", "changes[0] is not an object");
+    expect_changes_refused("[{\"at_step\": 4, \"slowdown\": 2, \"speed\": 1}]",
+                           "changes[0] has an unknown key \"speed\": valid keys are at_step, slowdown, "
+                           "available_memory_gb");
+    expect_changes_refused("[{\"at_step\": 4}]",
+                           "changes[0] gives neither of \"slowdown\" and \"available_memory_gb\"");
+    expect_changes_refused("[{\"at_step\": 4, \"slowdown\": 2}, {\"at_step\": 5, \"slowdown\": 2, "
+                           "\"available_memory_gb\": 1}]",
+                           "changes[1] gives both of \"slowdown\" and \"available_memory_gb\": give exactly one");
+    expect_changes_refused("[{\"slowdown\": 2}]", "changes[0] has no \"at_step\" (give a number in [1, 1e+15])");
+    expect_changes_refused("[{\"at_step\": 0, \"slowdown\": 2}]", "changes[0] \"at_step\" is out of range");
+    expect_changes_refused("[{\"at_step\": 2.5, \"slowdown\": 2}]", "changes[0] \"at_step\" 2.5 is not a whole number");
+    expect_changes_refused("[{\"at_step\": \"4\", \"slowdown\": 2}]", "changes[0] \"at_step\" is not a number");
+    expect_changes_refused("[{\"at_step\": 4, \"slowdown\": 0}]",
+                           "changes[0] \"slowdown\" is out of range: give a number in (0, 1e+06]");
+    expect_changes_refused("[{\"at_step\": 4, \"available_memory_gb\": -1}]",
+                           "changes[0] \"available_memory_gb\" is out of range");
+    expect_changes_refused("[{\"at_step\": 4, \"slowdown\": 2}, {\"at_step\": 4, \"slowdown\": 3}]",
+                           "changes[1] sets \"slowdown\" at step 4, as an earlier entry does");
+
+    shard_cluster *c = NULL;
+    EXPECT(parse_changes("[]", &c) == SHARD_OK && !shard_cluster_has_changes(c), "an empty list: %s",
+           shard_last_error());
+    shard_cluster_destroy(c);
+    c = NULL;
+    /* out of order, a slowdown and a memory change at one step, a slowdown undone */
+    EXPECT(parse_changes("[{\"at_step\": 60, \"available_memory_gb\": 1.5}, {\"at_step\": 80, \"slowdown\": 1},"
+                         " {\"at_step\": 40, \"slowdown\": 3}, {\"at_step\": 60, \"slowdown\": 4}]",
+                         &c) == SHARD_OK,
+           "changes: %s", shard_last_error());
+    if (!c) return;
+    shard_cluster *copy = NULL;
+    EXPECT(shard_cluster_has_changes(c) && shard_cluster_copy(c, &copy) == SHARD_OK, "copy: %s", shard_last_error());
+    static const struct {
+        int rank;
+        uint64_t step;
+        double tflops, slowdown, gib;
+    } at[] = {{2, 0, 0.003, 1, 2},         {2, 1, 0.003, 1, 2},      {2, 39, 0.003, 1, 2},     {2, 40, 0.001, 3, 2},
+              {1, 59, 0.001, 3, 2},        {1, 60, 0.00075, 4, 1.5}, {1, 79, 0.00075, 4, 1.5}, {1, 80, 0.003, 1, 1.5},
+              {1, 1000000, 0.003, 1, 1.5}, {0, 60, 0.004, 1, 1}};
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+        for (int which = 0; which < 2 && copy; which++) {
+            shard_cluster_device d;
+            shard_status s = shard_cluster_device_at(which ? copy : c, at[i].rank, at[i].step, &d);
+            EXPECT(s == SHARD_OK && fabs(d.compute_tflops / at[i].tflops - 1) < 1e-12 && d.slowdown == at[i].slowdown &&
+                       d.memory_bytes == at[i].gib * (1u << 30) && strcmp(d.node, at[i].rank ? "b" : "a") == 0,
+                   "%s rank %d at step %llu: %g TFLOP/s, slowdown %g, %g bytes (%s)", which ? "copy" : "cluster",
+                   at[i].rank, (unsigned long long)at[i].step, d.compute_tflops, d.slowdown, d.memory_bytes,
+                   shard_last_error());
+        }
+    shard_cluster_device d;
+    EXPECT(shard_cluster_rank_device(c, 1, &d) == SHARD_OK && d.compute_tflops == 0.003 && d.slowdown == 1,
+           "the device at step 1: %g TFLOP/s", d.compute_tflops);
+    EXPECT(shard_cluster_device_at(c, 3, 1, &d) < 0 && strstr(shard_last_error(), "rank 3 has no device"),
+           "a rank past the devices: %s", shard_last_error());
+    shard_cluster_destroy(copy);
+    shard_cluster_destroy(c);
+    c = NULL;
+    /* a change at step 1 is the device from the start */
+    EXPECT(parse_changes("[{\"at_step\": 1, \"available_memory_gb\": 0.5}]", &c) == SHARD_OK &&
+               shard_cluster_rank_device(c, 1, &d) == SHARD_OK && d.memory_bytes == 0.5 * (1u << 30),
+           "a change at step 1: %s", shard_last_error());
     shard_cluster_destroy(c);
 }
 
@@ -191,6 +280,7 @@ static void test_timings(void) {
 
 int main(void) {
     test_description();
+    test_changes();
     test_emulation();
     test_timings();
     if (failures) fprintf(stderr, "%d check(s) failed\n", failures);

@@ -1,5 +1,6 @@
 /* emulate.c — see emulate.h: an emulated cluster's compute rates, links and memory, enforced on the ranks
- * of one machine by sleeping where the real work was faster than the emulated device or link would be. */
+ * of one machine by sleeping where the real work was faster than the emulated device or link would be;
+ * the rates and memory follow the nodes' changes from step to step. */
 #define _POSIX_C_SOURCE 200809L /* clock_nanosleep */
 #include "emulate.h"
 
@@ -15,13 +16,16 @@
 
 #include "core/alloc_impl.h"
 #include "core/flops.h"
+#include "plan/cluster_impl.h"
 #include "shard/blas.h"
 #include "shard/launch.h"
 #include "shard/memory.h"
 
 struct shard__emu {
     const shard_cluster *cluster;
-    int world_rank;
+    int world_rank, world_size;
+    uint64_t step;           /* the step whose device the rate and memory limit are (1 at the start) */
+    char owner[160];         /* the memory limit's owner, for its refusals */
     double flops_per_second; /* the device's */
     double span_start;       /* the compute span under way */
     uint64_t span_flops;     /* the rank's FLOP count when it started */
@@ -219,13 +223,16 @@ shard_status shard__emu_rank_begin(shard_comm *world, const shard_cluster *clust
     for (int r = 0; s == SHARD_OK && r < n; r++) { /* the first rank refused, on every rank */
         shard_cluster_device d;
         s = shard_cluster_rank_device(cluster, r, &d);
-        if (s == SHARD_OK && d.compute_tflops * 1e12 > rates[r])
+        double peak = s == SHARD_OK ? shard__cluster_node_peak_tflops(cluster, d.node_index) : 0;
+        double declared = s == SHARD_OK ? shard__cluster_node_tflops(cluster, d.node_index) : 0;
+        if (s == SHARD_OK && peak * 1e12 > rates[r])
             s = shard_error(SHARD_ERR_INVALID_ARG,
-                            "the cluster's node '%s' declares compute_tflops %g, but this machine gives rank %d "
+                            "the cluster's node '%s' declares compute_tflops %g%s, but this machine gives rank %d "
                             "%.4g TFLOP/s (its GEMMs, with %d rank%s running at once): the device would need %.1fx "
-                            "the share of this machine a rank has; give compute_tflops at most %.3g, or fewer ranks",
-                            d.node, d.compute_tflops, r, rates[r] * 1e-12, n, n == 1 ? "" : "s",
-                            d.compute_tflops * 1e12 / rates[r], rates[r] * 1e-12);
+                            "the share of this machine a rank has; give compute_tflops at most %.3g%s, or fewer ranks",
+                            d.node, declared, peak > declared ? " (faster still after a slowdown below 1)" : "", r,
+                            rates[r] * 1e-12, n, n == 1 ? "" : "s", peak * 1e12 / rates[r], rates[r] * 1e-12,
+                            peak > declared ? " at every step" : "");
     }
     free(rates);
     SHARD_CHECK(s);
@@ -238,15 +245,63 @@ shard_status shard__emu_rank_begin(shard_comm *world, const shard_cluster *clust
     }
     for (int r = 0; r < n; r++) ec->world[r] = r;
     world->emu = ec;
-    *e = (shard__emu){.cluster = cluster, .world_rank = rank, .flops_per_second = dev.compute_tflops * 1e12};
-    char owner[160];
-    snprintf(owner, sizeof owner, "rank %d on node '%s' (device %d)", rank, dev.node, dev.device);
-    shard__mem_ledger_limit(shard__mem_ledger_current(), (uint64_t)dev.memory_bytes, owner);
+    *e = (shard__emu){.cluster = cluster,
+                      .world_rank = rank,
+                      .world_size = n,
+                      .step = 1,
+                      .flops_per_second = dev.compute_tflops * 1e12};
+    snprintf(e->owner, sizeof e->owner, "rank %d on node '%s' (device %d)", rank, dev.node, dev.device);
+    shard__mem_ledger_limit(shard__mem_ledger_current(), (uint64_t)dev.memory_bytes, e->owner);
     shard_mem_stats_reset_peak(); /* the measurement's buffers are not the run's */
     shard__mem_window_reset();
     e->span_start = shard__now();
     e->span_flops = flops_total();
     shard__emu_current = e;
+    return SHARD_OK;
+}
+
+/* Rank 0's line for each node that holds a rank and changes between steps `from` and `to`. */
+static void say_changes(const shard__emu *e, uint64_t from, uint64_t to) {
+    const shard_cluster *c = e->cluster;
+    for (int n = 0; n < shard__cluster_node_count(c); n++) {
+        double was_slowdown, was_bytes, slowdown, bytes;
+        shard__cluster_node_at(c, n, from, &was_slowdown, &was_bytes);
+        shard__cluster_node_at(c, n, to, &slowdown, &bytes);
+        int held = 0;
+        for (int r = 0; r < e->world_size && !held; r++) held = shard__cluster_rank_node(c, r) == n;
+        if (!held || (slowdown == was_slowdown && bytes == was_bytes)) continue;
+        char rate[96] = "", memory[48] = "";
+        double tflops = shard__cluster_node_tflops(c, n) / slowdown;
+        if (slowdown != was_slowdown && slowdown == 1)
+            snprintf(rate, sizeof rate, "computes at its declared rate (%.3g TFLOP/s)", tflops);
+        else if (slowdown != was_slowdown)
+            snprintf(rate, sizeof rate, "computes %gx %s (%.3g TFLOP/s)", slowdown > 1 ? slowdown : 1 / slowdown,
+                     slowdown > 1 ? "slower" : "faster", tflops);
+        if (bytes != was_bytes) snprintf(memory, sizeof memory, "has %.2f GiB", bytes / (double)(1u << 30));
+        fprintf(stderr, "cluster: step %llu: node '%s' %s%s%s\n", (unsigned long long)to,
+                shard__cluster_node_name(c, n), rate, rate[0] && memory[0] ? " and " : "", memory);
+    }
+}
+
+shard_status shard__emu_step_begin(uint64_t step) {
+    shard__emu *e = shard__emu_current;
+    if (!e || step == e->step || !shard_cluster_has_changes(e->cluster)) return SHARD_OK;
+    shard_cluster_device was, dev;
+    SHARD_CHECK(shard_cluster_device_at(e->cluster, e->world_rank, e->step, &was));
+    SHARD_CHECK(shard_cluster_device_at(e->cluster, e->world_rank, step, &dev));
+    if (e->world_rank == 0) say_changes(e, e->step, step);
+    e->step = step;
+    double rate = dev.compute_tflops * 1e12;
+    if (rate != e->flops_per_second) {
+        /* the span under way took its FLOPs so far at the old rate: it now starts as late as a span at
+         * the new rate that ends when it would */
+        uint64_t total = flops_total();
+        uint64_t done = total >= e->span_flops ? total - e->span_flops : total;
+        e->span_start += (double)done / e->flops_per_second - (double)done / rate;
+        e->flops_per_second = rate;
+    }
+    if (dev.memory_bytes != was.memory_bytes) /* a limit below what the rank holds refuses its next allocation */
+        shard__mem_ledger_limit(shard__mem_ledger_current(), (uint64_t)dev.memory_bytes, e->owner);
     return SHARD_OK;
 }
 

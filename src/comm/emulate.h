@@ -24,6 +24,10 @@ extern _Thread_local shard__emu *shard__emu_current;
  * measured with every rank running at once), its memory limit on the calling thread's ledger, and the
  * context made current. */
 shard_status shard__emu_rank_begin(shard_comm *world, const shard_cluster *cluster);
+/* Before training step `step` (counted from 1), on each rank: the rank's compute rate and memory limit
+ * become its device's at that step (the cluster's "changes"), and rank 0 prints one stderr line per
+ * node whose device changed.  Without a context, or a cluster without changes: nothing. */
+shard_status shard__emu_step_begin(uint64_t step);
 /* Take the context down (the rank's function returned). */
 void shard__emu_rank_end(void);
 

@@ -1,5 +1,6 @@
-/* cluster.c — see cluster.h: a cluster description read from JSON (jansson), the device of each rank and
- * the link between two ranks.  The emulation that uses it lives in src/comm/emulate.c. */
+/* cluster.c — see cluster.h: a cluster description read from JSON (jansson), the device of each rank (at
+ * any step, its node's changes applied) and the link between two ranks.  The emulation that uses it
+ * lives in src/comm/emulate.c. */
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -13,10 +14,18 @@ typedef struct cluster_link {
     double alpha_seconds, beta_bytes_per_second;
 } cluster_link;
 
+/* One entry of a node's "changes": from step at_step on, slowdown or memory_bytes (the other is 0). */
+typedef struct cluster_change {
+    uint64_t at_step;
+    double slowdown, memory_bytes;
+} cluster_change;
+
 typedef struct cluster_node {
     char *name;
     int devices, first; /* its devices are first .. first + devices - 1 */
     double tflops, memory_bytes;
+    cluster_change *changes; /* by at_step */
+    int change_count;
 } cluster_node;
 
 typedef struct link_override {
@@ -35,11 +44,12 @@ struct shard_cluster {
     int map_length;
 };
 
-enum { MOST_NODES = 4096, MOST_DEVICES = 1 << 16 };
+enum { MOST_NODES = 4096, MOST_DEVICES = 1 << 16, MOST_CHANGES = 4096 };
+static const double LAST_STEP = 1e15; /* at_step's bound: whole numbers a double holds exactly */
 
 void shard_cluster_destroy(shard_cluster *c) {
     if (!c) return;
-    for (int i = 0; i < c->node_count; i++) free(c->nodes[i].name);
+    for (int i = 0; i < c->node_count; i++) free(c->nodes[i].name), free(c->nodes[i].changes);
     free(c->nodes);
     free(c->links);
     free(c->map);
@@ -100,6 +110,65 @@ static int find_node(const shard_cluster *c, const char *name) {
     return -1;
 }
 
+static int change_order(const void *a, const void *b) {
+    const cluster_change *x = a, *y = b;
+    if (x->at_step != y->at_step) return x->at_step < y->at_step ? -1 : 1;
+    return (x->slowdown > 0) - (y->slowdown > 0); /* a memory change first, then a slowdown */
+}
+
+/* A node's optional "changes": [{"at_step", "slowdown"} or {"at_step", "available_memory_gb"}, ...]. */
+static shard_status parse_changes(const shard_cluster *c, json_t *list, const char *node_at, cluster_node *node) {
+    static const char *const keys[] = {"at_step", "slowdown", "available_memory_gb"};
+    static const char *const valid = "give a list of {\"at_step\": N, \"slowdown\": X} or {\"at_step\": N, "
+                                     "\"available_memory_gb\": G} entries";
+    if (!list) return SHARD_OK;
+    if (!json_is_array(list) || json_array_size(list) > MOST_CHANGES)
+        return shard_error(SHARD_ERR_INVALID_ARG, "cluster %s: %s \"changes\" is %s: %s (at most %d)", c->where,
+                           node_at, json_is_array(list) ? "too long" : "not a list", valid, MOST_CHANGES);
+    if (json_array_size(list) == 0) return SHARD_OK;
+    node->changes = calloc(json_array_size(list), sizeof *node->changes);
+    if (!node->changes) return shard_error(SHARD_ERR_NO_MEMORY, "cluster %s: out of memory", c->where);
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e) {
+        char at[128];
+        snprintf(at, sizeof at, "%s changes[%zu]", node_at, i);
+        if (!json_is_object(e))
+            return shard_error(SHARD_ERR_INVALID_ARG, "cluster %s: %s is not an object: %s", c->where, at, valid);
+        SHARD_CHECK(check_keys(c, e, at, keys, 3));
+        int slows = json_object_get(e, "slowdown") != NULL, sizes = json_object_get(e, "available_memory_gb") != NULL;
+        if (slows == sizes)
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "cluster %s: %s gives %s of \"slowdown\" and \"available_memory_gb\": give exactly "
+                               "one per entry (two changes at one step: two entries)",
+                               c->where, at, slows ? "both" : "neither");
+        cluster_change *ch = &node->changes[node->change_count];
+        double step, value;
+        SHARD_CHECK(get_number(c, e, at, "at_step", 1, 1, LAST_STEP, &step));
+        if (step != floor(step))
+            return shard_error(SHARD_ERR_INVALID_ARG,
+                               "cluster %s: %s \"at_step\" %g is not a whole number: give a step >= 1 (steps count "
+                               "from 1)",
+                               c->where, at, step);
+        SHARD_CHECK(get_number(c, e, at, slows ? "slowdown" : "available_memory_gb", 0, 0, slows ? 1e6 : 1e9, &value));
+        ch->at_step = (uint64_t)step;
+        if (slows)
+            ch->slowdown = value;
+        else
+            ch->memory_bytes = value * (double)(1u << 30);
+        for (int k = 0; k < node->change_count; k++)
+            if (node->changes[k].at_step == ch->at_step && (node->changes[k].slowdown > 0) == slows)
+                return shard_error(SHARD_ERR_INVALID_ARG,
+                                   "cluster %s: %s sets \"%s\" at step %llu, as an earlier entry does: give one "
+                                   "value per step",
+                                   c->where, at, slows ? "slowdown" : "available_memory_gb",
+                                   (unsigned long long)ch->at_step);
+        node->change_count++;
+    }
+    qsort(node->changes, (size_t)node->change_count, sizeof *node->changes, change_order);
+    return SHARD_OK;
+}
+
 static shard_status parse_nodes(shard_cluster *c, json_t *nodes) {
     if (!json_is_array(nodes) || json_array_size(nodes) == 0 || json_array_size(nodes) > MOST_NODES)
         return shard_error(SHARD_ERR_INVALID_ARG,
@@ -110,7 +179,7 @@ static shard_status parse_nodes(shard_cluster *c, json_t *nodes) {
                                : json_is_array(nodes) ? "empty or too long"
                                                       : "not a list",
                            MOST_NODES);
-    static const char *const keys[] = {"name", "devices", "compute_tflops", "available_memory_gb"};
+    static const char *const keys[] = {"name", "devices", "compute_tflops", "available_memory_gb", "changes"};
     c->nodes = calloc(json_array_size(nodes), sizeof *c->nodes);
     if (!c->nodes) return shard_error(SHARD_ERR_NO_MEMORY, "cluster %s: out of memory", c->where);
     size_t i;
@@ -120,7 +189,7 @@ static shard_status parse_nodes(shard_cluster *c, json_t *nodes) {
         snprintf(at, sizeof at, "nodes[%zu]", i);
         if (!json_is_object(n))
             return shard_error(SHARD_ERR_INVALID_ARG, "cluster %s: %s is not an object", c->where, at);
-        SHARD_CHECK(check_keys(c, n, at, keys, 4));
+        SHARD_CHECK(check_keys(c, n, at, keys, 5));
         const char *name = json_string_value(json_object_get(n, "name"));
         if (!name || !name[0] || strlen(name) > 63)
             return shard_error(SHARD_ERR_INVALID_ARG,
@@ -140,6 +209,13 @@ static shard_status parse_nodes(shard_cluster *c, json_t *nodes) {
         double gb;
         SHARD_CHECK(get_number(c, n, at, "available_memory_gb", 0, 0, 1e9, &gb));
         node->memory_bytes = gb * (double)(1u << 30);
+        char node_at[128];
+        snprintf(node_at, sizeof node_at, "%s ('%s')", at, name);
+        shard_status s = parse_changes(c, json_object_get(n, "changes"), node_at, node);
+        if (s < 0) { /* the node is not counted yet: its changes are freed here */
+            free(node->changes), node->changes = NULL;
+            return s;
+        }
         node->devices = (int)devices;
         node->first = c->devices;
         if (c->devices + node->devices > MOST_DEVICES)
@@ -314,8 +390,16 @@ shard_status shard_cluster_copy(const shard_cluster *c, shard_cluster **out) {
     d->node_count = 0;
     int ok = d->nodes && (!c->links || d->links) && (!c->map || d->map);
     for (int i = 0; ok && i < c->node_count; i++, d->node_count++) {
-        d->nodes[i] = c->nodes[i];
-        ok = (d->nodes[i].name = strdup(c->nodes[i].name)) != NULL;
+        const cluster_node *from = &c->nodes[i];
+        cluster_node *to = &d->nodes[i];
+        *to = *from;
+        to->changes = NULL;
+        ok = (to->name = strdup(from->name)) != NULL;
+        if (ok && from->change_count) {
+            to->changes = malloc(sizeof *to->changes * (size_t)from->change_count);
+            ok = to->changes != NULL;
+            if (ok) memcpy(to->changes, from->changes, sizeof *to->changes * (size_t)from->change_count);
+        }
     }
     if (!ok) {
         shard_cluster_destroy(d);
@@ -344,17 +428,57 @@ static shard_status device_of(const shard_cluster *c, int rank, int *device, int
     return SHARD_OK;
 }
 
-shard_status shard_cluster_rank_device(const shard_cluster *c, int rank, shard_cluster_device *out) {
+void shard__cluster_node_at(const shard_cluster *c, int n, uint64_t step, double *slowdown, double *memory_bytes) {
+    const cluster_node *node = &c->nodes[n];
+    *slowdown = 1, *memory_bytes = node->memory_bytes;
+    for (int k = 0; k < node->change_count && node->changes[k].at_step <= step; k++) {
+        if (node->changes[k].slowdown > 0) *slowdown = node->changes[k].slowdown;
+        if (node->changes[k].memory_bytes > 0) *memory_bytes = node->changes[k].memory_bytes;
+    }
+}
+
+double shard__cluster_node_peak_tflops(const shard_cluster *c, int n) {
+    const cluster_node *node = &c->nodes[n];
+    double least = node->change_count && node->changes[0].at_step == 1 ? INFINITY : 1; /* step 1's, then each */
+    for (int k = 0; k < node->change_count; k++) {
+        double slowdown, memory_bytes;
+        shard__cluster_node_at(c, n, node->changes[k].at_step, &slowdown, &memory_bytes);
+        least = fmin(least, slowdown);
+    }
+    return node->tflops / least;
+}
+
+int shard__cluster_node_count(const shard_cluster *c) { return c ? c->node_count : 0; }
+
+const char *shard__cluster_node_name(const shard_cluster *c, int n) { return c->nodes[n].name; }
+
+double shard__cluster_node_tflops(const shard_cluster *c, int n) { return c->nodes[n].tflops; }
+
+shard_status shard_cluster_device_at(const shard_cluster *c, int rank, uint64_t step, shard_cluster_device *out) {
     int d = 0, n = 0;
     SHARD_CHECK(device_of(c, rank, &d, &n));
+    if (!out) return shard_error(SHARD_ERR_INVALID_ARG, "shard_cluster_device_at: out is NULL");
     const cluster_node *node = &c->nodes[n];
+    double slowdown, memory_bytes;
+    shard__cluster_node_at(c, n, step, &slowdown, &memory_bytes);
     *out = (shard_cluster_device){.node = node->name,
                                   .node_index = n,
                                   .device = d,
                                   .local = d - node->first,
-                                  .compute_tflops = node->tflops,
-                                  .memory_bytes = node->memory_bytes};
+                                  .compute_tflops = node->tflops / slowdown,
+                                  .memory_bytes = memory_bytes,
+                                  .slowdown = slowdown};
     return SHARD_OK;
+}
+
+shard_status shard_cluster_rank_device(const shard_cluster *c, int rank, shard_cluster_device *out) {
+    return shard_cluster_device_at(c, rank, 1, out);
+}
+
+int shard_cluster_has_changes(const shard_cluster *c) {
+    for (int i = 0; c && i < c->node_count; i++)
+        if (c->nodes[i].change_count) return 1;
+    return 0;
 }
 
 void shard__cluster_node_link(const shard_cluster *c, int na, int nb, double *alpha, double *beta) {

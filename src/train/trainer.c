@@ -30,6 +30,7 @@
 #include "ckpt/ckpt_index.h"
 #include "ckpt/ckpt_util.h"
 #include "comm/comm_impl.h"
+#include "comm/emulate.h"
 #include "core/flops.h"
 #include "core/monitor_impl.h"
 #include "data/batch_impl.h"
@@ -717,6 +718,7 @@ static shard_status step_run(shard_trainer *t, uint64_t step, shard_step_result 
  * way the step ends. */
 shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_result *out) {
     if (!t->mon) SHARD_CHECK(shard__mon_create(&t->mon));
+    SHARD_CHECK(shard__emu_step_begin(step)); /* an emulated cluster's device as it is at this step */
     shard__mon_begin(t->mon);
     shard_status s = step_run(t, step, out);
     shard__mon_end(t->mon);
