@@ -1491,12 +1491,13 @@ def plan_space():
         expect(abs(a.get("step_ms", 0) - x["step_ms"]) <= 1e-6 * x["step_ms"],
                f"an interleaved layout's flags re-analyzed: {a.get('step_ms')} against {x} {q.stderr}")
     # the communication budget
-    p = run(base + ["--cluster", slow, "--json", "--top", "500", "--max-comm-fraction", "0.3"])
+    screen = ["--search", "screen", "--verify", "0"]  # the budgets cut the same way on the screen's figures
+    p = run(base + ["--cluster", slow, "--json", "--top", "500", "--max-comm-fraction", "0.3"] + screen)
     r = json.loads(p.stdout) if p.returncode == 0 else {}
     expect(p.returncode == 0 and r.get("plans") and all(x["comm_fraction"] <= 0.3 for x in r["plans"]) and
            "The communication budget cut" in r.get("explanation", ""), f"plan --max-comm-fraction 0.3: {p.stderr} {r}")
     # the compute budget: on unequal devices the even splits' compute is imbalanced
-    p = run(base + ["--cluster", hetero, "--json", "--top", "500", "--max-compute-imbalance", "0.2"])
+    p = run(base + ["--cluster", hetero, "--json", "--top", "500", "--max-compute-imbalance", "0.2"] + screen)
     r = json.loads(p.stdout) if p.returncode == 0 else {}
     expect(p.returncode == 0 and r.get("plans") and all(x["compute_imbalance"] <= 0.2 for x in r["plans"]) and
            "The compute budget cut" in r.get("explanation", ""), f"plan --max-compute-imbalance 0.2: {p.stderr} {r}")
@@ -1516,7 +1517,7 @@ def plan_space():
         expect(p.returncode == 0 and "--accum" in winner and "It needs gradient accumulation to fit" in explanation
                and "because every layout without such a split" in explanation,
                f"plan on 9.5 MB devices: {p.stderr} {winner} {explanation}")
-    for args, text in ((["--cluster", slow, "--max-comm-fraction", "0.001"],
+    for args, text in ((["--cluster", slow, "--max-comm-fraction", "0.001"] + screen,
                         "meets the communication budget of 0 %: the least exposed communication predicted is"),
                        (["--cluster", slow, "--grad-dtype", "fp8"], "gradient dtypes 'fp8': give f32, bf16 or f32,bf16"),
                        (["--cluster", slow, "--max-comm-fraction", "2"], "--max-comm-fraction '2' is invalid"),
