@@ -195,7 +195,8 @@ static void case_moves(test_ctx *t) {
             CHECK_OK(t, shard_trainer_create(old_mesh, &before, &tr), "%s: trainer", what) &&
             train(t, tr, 1, MOVE_AT, got) &&
             (!m->exact ||
-             CHECK(t, holding_of(tr, m->from_zero, t->rank, 4, &was) && shard_trainer_values(tr, was.values) == SHARD_OK,
+             CHECK(t,
+                   holding_of(tr, m->from_zero, t->rank, 4, &was) && shard_trainer_values(tr, was.values) == SHARD_OK,
                    "%s: the old layout", what)) &&
             CHECK_OK(t, shard_trainer_migrate(tr, new_mesh, &after, &moved, &st), "%s: migrate", what)) {
             tr = NULL; /* destroyed by the move */
@@ -206,13 +207,14 @@ static void case_moves(test_ctx *t) {
             int data = shard_mesh_axis_index(new_mesh, "data"), same = 1;
             int64_t mine = 0, want = 0, state = 3 * (int64_t)was.total * (int64_t)sizeof(float);
             int ready = m->exact && moved &&
-                        CHECK(t, holding_of(moved, m->to_zero, shard_mesh_coord(new_mesh, data),
-                                            shard_mesh_axis_size(new_mesh, data), &now) &&
-                                     shard_trainer_values(moved, now.values) == SHARD_OK,
-                              "%s: the new layout", what);
+                CHECK(t,
+                      holding_of(moved, m->to_zero, shard_mesh_coord(new_mesh, data),
+                                 shard_mesh_axis_size(new_mesh, data), &now) &&
+                          shard_trainer_values(moved, now.values) == SHARD_OK,
+                      "%s: the new layout", what);
             if (ready) mine = (int64_t)lacked(&was, &now, &same);
-            if (ready && CHECK_OK(t, shard_comm_all_reduce(t->comm, &mine, &want, 1, SHARD_I64, SHARD_OP_SUM), "%s: sum",
-                                  what))
+            if (ready &&
+                CHECK_OK(t, shard_comm_all_reduce(t->comm, &mine, &want, 1, SHARD_I64, SHARD_OP_SUM), "%s: sum", what))
                 CHECK(t, same && (int64_t)st.bytes == want && (m->moves_bytes ? want > 0 && want <= state : want == 0),
                       "%s: %llu bytes moved, the ranks lacked %lld (at most the state once: %lld); this rank's "
                       "values %s",

@@ -11,16 +11,29 @@
  *      any rank (an allocation refused, a deadline, a model that does not match) leaves every rank with
  *      the old trainer as it was — the copy only reads it — and the same one line saying why.
  *
- * How the bytes move: one tensor (and state array) at a time, the old layout's pieces are made whole on
- * every rank (a gather over the data axis for ZeRO's shards, over the tensor and expert axes for their
- * blocks, a sum over the pipe axis from the stage that holds it — as a checkpoint is saved), and each
- * rank keeps the pieces the new layout gives it (as a checkpoint is resumed).  Every rank receives
- * every tensor whole, so the bytes moved (the communicator's own count, reported in the stats) are
- * about world x the state's bytes.  The least traffic is the intersection a checkpoint load computes
- * (src/ckpt/checkpoint_load.c) done in memory: every rank knows both layouts, so each can work out
- * which ranges of its old pieces each new owner lacks, and one all_to_allv per tensor, with the lowest
- * rank holding a replicated range as its one sender, moves exactly those bytes — at most the state
- * once, nothing where a rank already holds what it will hold. */
+ * How the bytes move: the least traffic, planned in memory as a checkpoint load plans its reads
+ * (src/ckpt/checkpoint_load.c).  Every rank describes, for each parameter and each state array, what it
+ * holds under both layouts as runs of the whole tensor's elements: its piece's map (pipeline stage,
+ * expert rows, tensor block: found by taking the piece of a tensor of element indices, so it is the
+ * trainer's own map whatever the model) cut to the ranges it holds (ZeRO's flat shards: each unit
+ * cut evenly over the data ranks; all of it where the array is whole).  One all_gather gives every
+ * rank every description; each then plans the same moves: rank q receives what it holds in the new
+ * layout and did not hold in the old, each range from the lowest rank that held it (one sender per
+ * range), and copies what it held in both itself.  One all_to_allv per parameter over the world
+ * communicator carries all its arrays (none when nothing moves); the values are copied, never summed,
+ * so they arrive bit for bit.  The bytes (the communicator's count over those calls, in the stats)
+ * are what each new holder lacked, once: at most the state once per copy the new layout keeps of it
+ * (its data-axis replicas); none from data=4 at ZeRO-0 to data=2,pipe=2, where every rank already
+ * held its new stage whole; from ZeRO-3 on data=4 to ZeRO-1 on data=2,pipe=2 about 2.5 x the
+ * parameters' bytes, below the state once (3 x).  The descriptions and agreements (a few words per
+ * run) are not in that count.
+ *
+ * The whole-tensor way is kept for a parameter whose layout runs cannot express — a model whose piece
+ * is not a copy of distinct elements of the whole tensor — or whose new owners need an element no
+ * rank held: that parameter's arrays are made whole on every rank (a gather over the data axis for
+ * ZeRO's shards, over the tensor and expert axes for their blocks, a sum over the pipe axis from the
+ * stage that holds it — as a checkpoint is saved) and each rank keeps its new piece (as a checkpoint
+ * is resumed): about world x its bytes. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -119,7 +132,10 @@ static const run *run_of(const runs *r, size_t g) {
     size_t lo = 0, hi = r->n;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (r->v[mid].g <= g) lo = mid; else hi = mid;
+        if (r->v[mid].g <= g)
+            lo = mid;
+        else
+            hi = mid;
     }
     return &r->v[lo];
 }
@@ -169,8 +185,7 @@ static int words_push(words *w, int64_t x) {
  * map is the one the trainer's own resume applies, whatever the model's tensor blocks and the expert
  * rows.  0 when the piece is not a copy of distinct elements of the whole tensor: that parameter then
  * moves the whole-tensor way. */
-static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *whole, float *lo, float *hi,
-                      runs *out) {
+static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *whole, float *lo, float *hi, runs *out) {
     size_t n = shard__trainer_piece_numel(t, i);
     for (size_t e = 0; e < whole_n; e++) whole[e] = (float)(e & 0xFFFFFFu);
     shard__trainer_take_piece(t, i, whole, lo);
@@ -178,8 +193,8 @@ static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *w
     shard__trainer_take_piece(t, i, whole, hi);
     out->n = 0;
     for (size_t p = 0; p < n; p++) {
-        if (!(lo[p] >= 0 && lo[p] < 16777216.0f && hi[p] >= 0 && hi[p] < 16777216.0f) || lo[p] != (float)(size_t)lo[p] ||
-            hi[p] != (float)(size_t)hi[p])
+        if (!(lo[p] >= 0 && lo[p] < 16777216.0f && hi[p] >= 0 && hi[p] < 16777216.0f) ||
+            lo[p] != (float)(size_t)lo[p] || hi[p] != (float)(size_t)hi[p])
             return 0;
         size_t g = (size_t)hi[p] << 24 | (size_t)lo[p];
         if (g >= whole_n) return 0;
@@ -202,8 +217,8 @@ static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *w
 /* One trainer's layout of moved parameter k as this rank holds it, appended to w: a flag (0: not
  * expressible by runs), the piece's runs (g, p, n), then for each state array the piece's ranges this
  * rank holds (ZeRO's shards; all of it otherwise): [ok, R, R x (g, p, n), arrays x (H, H x (lo, hi))]. */
-static shard_status describe(const shard_trainer *t, size_t i, size_t whole_n, int arrays, float *scratch[3],
-                             runs *pr, words *w) {
+static shard_status describe(const shard_trainer *t, size_t i, size_t whole_n, int arrays, float *scratch[3], runs *pr,
+                             words *w) {
     int ok = 1;
     pr->n = 0;
     if (i != SIZE_MAX) ok = piece_runs(t, i, whole_n, scratch[0], scratch[1], scratch[2], pr);
@@ -211,7 +226,7 @@ static shard_status describe(const shard_trainer *t, size_t i, size_t whole_n, i
     int fine = words_push(w, ok) && words_push(w, ok ? (int64_t)pr->n : 0);
     for (size_t r = 0; fine && ok && r < pr->n; r++)
         fine = words_push(w, (int64_t)pr->v[r].g) && words_push(w, (int64_t)pr->v[r].p) &&
-               words_push(w, (int64_t)pr->v[r].n);
+            words_push(w, (int64_t)pr->v[r].n);
     for (int j = 0; fine && j < arrays; j++) {
         size_t count = 0, *lo = NULL, *hi = NULL;
         if (ok && i != SIZE_MAX) {
@@ -225,7 +240,8 @@ static shard_status describe(const shard_trainer *t, size_t i, size_t whole_n, i
             }
         }
         fine = words_push(w, (int64_t)count);
-        for (size_t h = 0; fine && h < count; h++) fine = words_push(w, (int64_t)lo[h]) && words_push(w, (int64_t)hi[h]);
+        for (size_t h = 0; fine && h < count; h++)
+            fine = words_push(w, (int64_t)lo[h]) && words_push(w, (int64_t)hi[h]);
         free(lo), free(hi);
     }
     return fine ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
@@ -363,8 +379,7 @@ static void copy_free(copy *c) {
     }
     free(c->plans), free(c->desc), free(c->all), free(c->mine.v), free(c->list);
     free(c->held_old.v), free(c->held_new.v), free(c->both.v);
-    shard_free(c->old_piece), shard_free(c->new_piece), shard_free(c->send), shard_free(c->recv),
-        shard_free(c->whole);
+    shard_free(c->old_piece), shard_free(c->new_piece), shard_free(c->send), shard_free(c->recv), shard_free(c->whole);
 }
 
 static size_t larger(size_t a, size_t b) { return a > b ? a : b; }
@@ -374,15 +389,17 @@ static shard_status describe_all(copy *c) {
     size_t most_whole = 1, most_piece = 1;
     for (size_t k = 0; k < c->n; k++) {
         most_whole = larger(most_whole, c->list[k].whole_n);
-        if (c->list[k].from != SIZE_MAX) most_piece = larger(most_piece, shard__trainer_piece_numel(c->from, c->list[k].from));
-        if (c->list[k].to != SIZE_MAX) most_piece = larger(most_piece, shard__trainer_piece_numel(c->to, c->list[k].to));
+        if (c->list[k].from != SIZE_MAX)
+            most_piece = larger(most_piece, shard__trainer_piece_numel(c->from, c->list[k].from));
+        if (c->list[k].to != SIZE_MAX)
+            most_piece = larger(most_piece, shard__trainer_piece_numel(c->to, c->list[k].to));
     }
     float *scratch[3] = {shard_alloc(most_whole * sizeof(float), SHARD_MEM_OTHER),
                          shard_alloc(most_piece * sizeof(float), SHARD_MEM_OTHER),
                          shard_alloc(most_piece * sizeof(float), SHARD_MEM_OTHER)};
     runs pr = {0};
-    shard_status s = scratch[0] && scratch[1] && scratch[2] ? SHARD_OK
-                                                             : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    shard_status s =
+        scratch[0] && scratch[1] && scratch[2] ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
     for (int L = 0; L < 2; L++)
         for (size_t k = 0; s == SHARD_OK && k < c->n; k++)
             s = describe(L ? c->to : c->from, L ? c->list[k].to : c->list[k].from, c->list[k].whole_n, c->arrays,
@@ -398,8 +415,8 @@ static shard_status share(copy *c, shard_comm *world) {
     int64_t mine = (int64_t)c->mine.n, *sizes = calloc(W, sizeof *sizes);
     size_t *counts = calloc(W, sizeof *counts), *displs = calloc(W, sizeof *displs);
     c->desc = calloc(W * 2 * c->n + 1, sizeof *c->desc);
-    shard_status s = sizes && counts && displs && c->desc ? SHARD_OK
-                                                          : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    shard_status s =
+        sizes && counts && displs && c->desc ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
     if (s == SHARD_OK) s = shard_comm_all_gather(world, &mine, sizes, 1, SHARD_I64);
     for (size_t r = 0; s == SHARD_OK && r < W; r++) counts[r] = (size_t)sizes[r], displs[r] = total, total += counts[r];
     if (s == SHARD_OK && !(c->all = malloc((total + 1) * sizeof *c->all)))
@@ -424,8 +441,8 @@ static shard_status plan_all(copy *c) {
     planning pl = {.world = c->world, .me = c->me, .arrays = c->arrays};
     pl.old = calloc(W * A, sizeof *pl.old), pl.new_ = calloc(W * A, sizeof *pl.new_);
     c->plans = calloc(c->n + 1, sizeof *c->plans);
-    shard_status s = pl.old && pl.new_ && c->plans ? SHARD_OK
-                                                   : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    shard_status s =
+        pl.old && pl.new_ && c->plans ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
     for (size_t k = 0; s == SHARD_OK && k < c->n; k++) {
         tensor_plan *tp = &c->plans[k];
         tp->send = calloc(W, sizeof *tp->send), tp->recv = calloc(W, sizeof *tp->recv);
@@ -434,7 +451,8 @@ static shard_status plan_all(copy *c) {
         size_t sent = 0, got = 0;
         for (size_t r = 0; r < W; r++) sent += tp->send[r], got += tp->recv[r];
         most_send = larger(most_send, sent), most_recv = larger(most_recv, got);
-        if (c->list[k].from != SIZE_MAX) most_old = larger(most_old, shard__trainer_piece_numel(c->from, c->list[k].from));
+        if (c->list[k].from != SIZE_MAX)
+            most_old = larger(most_old, shard__trainer_piece_numel(c->from, c->list[k].from));
         if (c->list[k].to != SIZE_MAX) most_new = larger(most_new, shard__trainer_piece_numel(c->to, c->list[k].to));
         if (tp->whole_way) most_whole = larger(most_whole, c->list[k].whole_n);
     }
@@ -483,7 +501,8 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world) {
     size_t W = (size_t)c->world, *sd = calloc(W, sizeof *sd), *rd = calloc(W, sizeof *rd);
     size_t *at = calloc(W, sizeof *at);
     shard_status s = sd && rd && at ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
-    for (size_t r = 1; s == SHARD_OK && r < W; r++) sd[r] = sd[r - 1] + tp->send[r - 1], rd[r] = rd[r - 1] + tp->recv[r - 1];
+    for (size_t r = 1; s == SHARD_OK && r < W; r++)
+        sd[r] = sd[r - 1] + tp->send[r - 1], rd[r] = rd[r - 1] + tp->recv[r - 1];
     if (s == SHARD_OK && tp->n_sends) memcpy(at, sd, W * sizeof *at);
     for (int j = 0; s == SHARD_OK && tp->n_sends && j < c->arrays; j++) {
         s = read_old(c, k, j);
@@ -498,8 +517,9 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world) {
     const shard__moved_param *mp = &c->list[k];
     for (int j = 0; s == SHARD_OK && mp->to != SIZE_MAX && j < c->arrays; j++) {
         s = read_old(c, k, j);
-        if (s == SHARD_OK && (held_runs(c->desc[((size_t)c->me * 2 + 1) * c->n + k], j, &c->held_new) < 0 ||
-                              !runs_cut(&c->held_new, &c->held_old, 1, &c->both)))
+        if (s == SHARD_OK &&
+            (held_runs(c->desc[((size_t)c->me * 2 + 1) * c->n + k], j, &c->held_new) < 0 ||
+             !runs_cut(&c->held_new, &c->held_old, 1, &c->both)))
             s = shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
         if (s < 0) break;
         memset(c->new_piece, 0, shard__trainer_piece_numel(c->to, mp->to) * sizeof(float));

@@ -1233,7 +1233,8 @@ static shard_status state_matches(shard_trainer *to, const ckpt_param *cp, size_
 }
 
 /* from's list of parameters (every stage's), each with its index here in both trainers. */
-shard_status shard__trainer_moved_params(shard_trainer *from, shard_trainer *to, shard__moved_param **out, size_t *count) {
+shard_status shard__trainer_moved_params(shard_trainer *from, shard_trainer *to, shard__moved_param **out,
+                                         size_t *count) {
     ckpt_param *cp = NULL;
     size_t *mine = NULL, n = 0;
     *out = NULL, *count = 0;

@@ -23,7 +23,8 @@ const shard_pipe_schedule *shard__trainer_schedule(const shard_trainer *t);
 typedef struct shard__moved_param {
     size_t whole_n, from, to;
 } shard__moved_param;
-shard_status shard__trainer_moved_params(shard_trainer *from, shard_trainer *to, shard__moved_param **out, size_t *count);
+shard_status shard__trainer_moved_params(shard_trainer *from, shard_trainer *to, shard__moved_param **out,
+                                         size_t *count);
 
 const shard_optimizer *shard__trainer_optimizer(const shard_trainer *t);
 /* Elements of this rank's piece of parameter i. */
