@@ -3,17 +3,23 @@
  * of its own.  Four ranks (other world sizes run nothing):
  *
  *   moves    a GPT with dropout, 16 steps, moved after step 6: data=4 ZeRO-0 -> data=2,pipe=2 ZeRO-1,
- *            data=2,tensor=2 ZeRO-3 -> pipe=4, pipe=2,tensor=2 -> data=4 ZeRO-3 (and SGD with momentum:
- *            data=4 ZeRO-2 -> data=2,tensor=2): losses within 1e-5 relative of one rank's, the stats'
- *            time and bytes set (bytes where the old layout split the state)
+ *            data=4 ZeRO-3 -> data=2,pipe=2 ZeRO-1, data=2,tensor=2 ZeRO-3 -> pipe=4, pipe=2,tensor=2 ->
+ *            data=4 ZeRO-3 (and SGD with momentum: data=4 ZeRO-2 -> data=2,tensor=2): losses within 1e-5
+ *            relative of one rank's, the stats' time and bytes set (bytes where the old layout split the
+ *            state); the first two moves' bytes are exactly what each rank lacked of its new pieces (none
+ *            from data=4 ZeRO-0, where every rank held everything; at most the state once from ZeRO-3) and
+ *            the values arrive bit for bit
  *   refused  a new layout with another optimizer, and a new mesh over other ranks: the same error on
  *            every rank, no new trainer, and the old one trains on to the reference's losses */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "shard/shard.h"
+#include "shard/split.h"
 
 #define STEPS 16
 #define MOVE_AT 6
@@ -103,15 +109,72 @@ typedef struct move {
     int to_zero;
     const char *optimizer;
     int moves_bytes; /* the old layout splits the state: bytes must move */
+    int exact;       /* no tensor axis: the bytes are exactly what each rank lacked, and the values bit-equal */
 } move;
+
+/* The old layout's holdings of this rank, kept past the move (the old trainer goes with it): each
+ * parameter's name and slab range, and which slab elements this rank holds of the values (which 0) or
+ * of an optimizer state array (which 1), ZeRO's even cut of each unit over the data ranks. */
+typedef struct holding {
+    size_t count, total;
+    shard_param_info *info;
+    unsigned char *held[2];
+    float *values;
+} holding;
+
+static void holding_free(holding *h) {
+    free(h->info), free(h->held[0]), free(h->held[1]), free(h->values);
+    memset(h, 0, sizeof *h);
+}
+
+/* What rank `coord` of D data ranks holds of trainer tr's slab under ZeRO stage zero. */
+static int holding_of(shard_trainer *tr, int zero, int coord, int D, holding *h) {
+    const shard_model *m = shard_trainer_model(tr);
+    h->count = m->params->count, h->total = m->params->total;
+    h->info = malloc((h->count + 1) * sizeof *h->info);
+    h->values = malloc((h->total + 1) * sizeof *h->values);
+    for (int a = 0; a < 2; a++) h->held[a] = calloc(h->total + 1, 1);
+    if (!h->info || !h->values || !h->held[0] || !h->held[1]) return 0;
+    memcpy(h->info, m->params->info, h->count * sizeof *h->info);
+    for (size_t u = 0; u < m->units; u++) {
+        size_t first, count, n = m->unit_offset[u + 1] - m->unit_offset[u];
+        shard_split_even(n, (size_t)D, (size_t)coord, &first, &count);
+        for (int a = 0; a < 2; a++) {
+            int whole = a == 0 ? zero < 3 : zero == 0;
+            size_t lo = m->unit_offset[u] + (whole ? 0 : first), hi = whole ? m->unit_offset[u + 1] : lo + count;
+            memset(h->held[a] + lo, 1, hi - lo);
+        }
+    }
+    return 1;
+}
+
+/* Bytes this rank needs under `now` that it did not hold under `was` (the values and AdamW's two moments,
+ * f32), and whether its values are bit for bit the old ones. */
+static uint64_t lacked(const holding *was, const holding *now, int *same) {
+    uint64_t elems = 0;
+    *same = 1;
+    for (size_t i = 0; i < now->count; i++) {
+        const shard_param_info *n = &now->info[i], *o = NULL;
+        for (size_t k = 0; k < was->count && !o; k++)
+            if (strcmp(was->info[k].name, n->name) == 0) o = &was->info[k];
+        if (!o) continue; /* another stage's before: every element of it was lacked (not in these moves) */
+        for (size_t e = 0; e < n->numel; e++) {
+            elems += now->held[0][n->offset + e] && !was->held[0][o->offset + e];
+            elems += 2 * (size_t)(now->held[1][n->offset + e] && !was->held[1][o->offset + e]);
+        }
+        *same &= memcmp(now->values + n->offset, was->values + o->offset, n->numel * sizeof(float)) == 0;
+    }
+    return elems * sizeof(float);
+}
 
 static void case_moves(test_ctx *t) {
     if (t->size != 4) return;
     setup(t);
-    static const move moves[] = {{"data=4", 0, "data=2,pipe=2", 1, NULL, 0},
-                                 {"data=2,tensor=2", 3, "pipe=4", 0, NULL, 1},
-                                 {"pipe=2,tensor=2", 0, "data=4", 3, NULL, 1},
-                                 {"data=4", 2, "data=2,tensor=2", 0, "sgd", 1}};
+    static const move moves[] = {{"data=4", 0, "data=2,pipe=2", 1, NULL, 0, 1},
+                                 {"data=4", 3, "data=2,pipe=2", 1, NULL, 1, 1},
+                                 {"data=2,tensor=2", 3, "pipe=4", 0, NULL, 1, 0},
+                                 {"pipe=2,tensor=2", 0, "data=4", 3, NULL, 1, 0},
+                                 {"data=4", 2, "data=2,tensor=2", 0, "sgd", 1, 0}};
     double ref[2][STEPS] = {{0}};
     reference(t, NULL, ref[0]);
     reference(t, "sgd", ref[1]);
@@ -126,17 +189,40 @@ static void case_moves(test_ctx *t) {
         shard_trainer *tr = NULL, *moved = NULL;
         double got[STEPS] = {0};
         shard_migration_stats st = {.struct_size = sizeof st};
+        holding was = {0}, now = {0};
         if (CHECK_OK(t, shard_mesh_create(t->comm, m->from, &old_mesh), "%s: mesh", what) &&
             CHECK_OK(t, shard_mesh_create(t->comm, m->to, &new_mesh), "%s: new mesh", what) &&
             CHECK_OK(t, shard_trainer_create(old_mesh, &before, &tr), "%s: trainer", what) &&
             train(t, tr, 1, MOVE_AT, got) &&
+            (!m->exact ||
+             CHECK(t,
+                   holding_of(tr, m->from_zero, t->rank, 4, &was) && shard_trainer_values(tr, was.values) == SHARD_OK,
+                   "%s: the old layout", what)) &&
             CHECK_OK(t, shard_trainer_migrate(tr, new_mesh, &after, &moved, &st), "%s: migrate", what)) {
             tr = NULL; /* destroyed by the move */
             CHECK(t, moved != NULL && st.ms > 0 && st.bytes >= st.rank_bytes && (!m->moves_bytes || st.bytes > 0),
                   "%s: the new trainer %p, %.3f ms, %llu bytes (%llu from this rank)", what, (void *)moved, st.ms,
                   (unsigned long long)st.bytes, (unsigned long long)st.rank_bytes);
+            /* the least traffic: every rank receives what it lacked, once; the values arrive bit for bit */
+            int data = shard_mesh_axis_index(new_mesh, "data"), same = 1;
+            int64_t mine = 0, want = 0, state = 3 * (int64_t)was.total * (int64_t)sizeof(float);
+            int ready = m->exact && moved &&
+                CHECK(t,
+                      holding_of(moved, m->to_zero, shard_mesh_coord(new_mesh, data),
+                                 shard_mesh_axis_size(new_mesh, data), &now) &&
+                          shard_trainer_values(moved, now.values) == SHARD_OK,
+                      "%s: the new layout", what);
+            if (ready) mine = (int64_t)lacked(&was, &now, &same);
+            if (ready &&
+                CHECK_OK(t, shard_comm_all_reduce(t->comm, &mine, &want, 1, SHARD_I64, SHARD_OP_SUM), "%s: sum", what))
+                CHECK(t, same && (int64_t)st.bytes == want && (m->moves_bytes ? want > 0 && want <= state : want == 0),
+                      "%s: %llu bytes moved, the ranks lacked %lld (at most the state once: %lld); this rank's "
+                      "values %s",
+                      what, (unsigned long long)st.bytes, (long long)want, (long long)state,
+                      same ? "the same" : "changed");
             if (moved && train(t, moved, MOVE_AT + 1, STEPS, got)) compare(t, ref[m->optimizer != NULL], got, what);
         }
+        holding_free(&was), holding_free(&now);
         shard_trainer_destroy(moved);
         shard_trainer_destroy(tr);
         shard_mesh_destroy(new_mesh);

@@ -170,7 +170,8 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
 typedef struct shard_migration_stats {
     size_t struct_size;  /* sizeof(shard_migration_stats): lets the struct grow */
     double ms;           /* the migration's wall time, the new trainer's creation included: the slowest rank's */
-    uint64_t bytes;      /* bytes every rank sent for it, summed (the communicator's count) */
+    uint64_t bytes;      /* the state's bytes every rank sent, summed (the communicator's count over the moves: what
+                          * each new owner lacked, once; the layouts' descriptions are not in it) */
     uint64_t rank_bytes; /* the part of them this rank sent */
 } shard_migration_stats;
 

@@ -766,6 +766,53 @@ shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, 
     return SHARD_OK;
 }
 
+/* The parts of the slab range [off, off + n) this rank holds of array `which` without asking another
+ * rank: all of it when the array is whole here, else its pieces of the units the range meets. */
+shard_status shard__dp_held(const shard_dp *dp, int which, size_t off, size_t n, size_t *lo, size_t *hi, size_t cap,
+                            size_t *count) {
+    int whole;
+    float *arr = NULL;
+    SHARD_CHECK(state_array(dp, which, off, n, &arr, &whole));
+    *count = 0;
+    if (whole) {
+        if (n && cap) lo[0] = 0, hi[0] = n;
+        *count = n > 0;
+        return SHARD_OK;
+    }
+    range_part p;
+    for (size_t k = 0; next_part(dp, off, n, &p, &k);) {
+        size_t a, b;
+        held(&dp->u[p.k], (size_t)dp->u[p.k].rank, p.lo, p.hi, &a, &b);
+        size_t from = p.at + (a - p.lo), to = from + (b - a);
+        if (b == a) continue;
+        if (*count && *count <= cap && hi[*count - 1] == from) { /* pieces of neighbouring units that touch */
+            hi[*count - 1] = to;
+            continue;
+        }
+        if (*count < cap) lo[*count] = from, hi[*count] = to;
+        (*count)++;
+    }
+    return SHARD_OK;
+}
+
+shard_status shard__dp_get_held(const shard_dp *dp, int which, size_t off, size_t n, float *dst) {
+    int whole;
+    float *arr = NULL;
+    SHARD_CHECK(state_array(dp, which, off, n, &arr, &whole));
+    if (whole) {
+        memcpy(dst, arr + off, n * sizeof(float));
+        return SHARD_OK;
+    }
+    range_part p;
+    for (size_t k = 0; next_part(dp, off, n, &p, &k);) {
+        const unit_state *u = &dp->u[p.k];
+        size_t a, b;
+        held(u, (size_t)u->rank, p.lo, p.hi, &a, &b);
+        memcpy(dst + p.at + (a - p.lo), in_shard(u, arr, a, b), (b - a) * sizeof(float));
+    }
+    return SHARD_OK;
+}
+
 /* ---------------------------------------------------------------- whole state */
 
 /* dst (whole, total floats) from each rank's pieces in src (a shard layout). */

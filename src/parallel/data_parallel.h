@@ -69,4 +69,13 @@ shard_status shard__dp_get_state(shard_dp *dp, float *values, float *const *stat
 shard_status shard__dp_get_range(shard_dp *dp, int which, size_t off, size_t n, float *dst);
 shard_status shard__dp_set_range(shard_dp *dp, int which, size_t off, size_t n, const float *src);
 
+/* Without communication (a migration's reads, src/train/migrate.c): the parts of the slab range
+ * [off, off + n) of array `which` this rank holds itself — all of it where the array is whole here,
+ * else its ZeRO pieces — as ranges [lo[k], hi[k]) relative to off, in order, *count of them (only the
+ * first cap stored; at most one per unit the range meets); and those parts' values into dst[0 .. n)
+ * (the rest of dst left as it is). */
+shard_status shard__dp_held(const shard_dp *dp, int which, size_t off, size_t n, size_t *lo, size_t *hi, size_t cap,
+                            size_t *count);
+shard_status shard__dp_get_held(const shard_dp *dp, int which, size_t off, size_t n, float *dst);
+
 #endif

@@ -11,21 +11,38 @@
  *      any rank (an allocation refused, a deadline, a model that does not match) leaves every rank with
  *      the old trainer as it was — the copy only reads it — and the same one line saying why.
  *
- * How the bytes move: one tensor (and state array) at a time, the old layout's pieces are made whole on
- * every rank (a gather over the data axis for ZeRO's shards, over the tensor and expert axes for their
- * blocks, a sum over the pipe axis from the stage that holds it — as a checkpoint is saved), and each
- * rank keeps the pieces the new layout gives it (as a checkpoint is resumed).  Every rank receives
- * every tensor whole, so the bytes moved (the communicator's own count, reported in the stats) are
- * about world x the state's bytes.  The least traffic is the intersection a checkpoint load computes
- * (src/ckpt/checkpoint_load.c) done in memory: every rank knows both layouts, so each can work out
- * which ranges of its old pieces each new owner lacks, and one all_to_allv per tensor, with the lowest
- * rank holding a replicated range as its one sender, moves exactly those bytes — at most the state
- * once, nothing where a rank already holds what it will hold. */
+ * How the bytes move: the least traffic, planned in memory as a checkpoint load plans its reads
+ * (src/ckpt/checkpoint_load.c).  Every rank describes, for each parameter and each state array, what it
+ * holds under both layouts as runs of the whole tensor's elements: its piece's map (pipeline stage,
+ * expert rows, tensor block: found by taking the piece of a tensor of element indices, so it is the
+ * trainer's own map whatever the model) cut to the ranges it holds (ZeRO's flat shards: each unit
+ * cut evenly over the data ranks; all of it where the array is whole).  One all_gather gives every
+ * rank every description; each then plans the same moves: rank q receives what it holds in the new
+ * layout and did not hold in the old, each range from the lowest rank that held it (one sender per
+ * range), and copies what it held in both itself.  One all_to_allv per parameter over the world
+ * communicator carries all its arrays (none when nothing moves); the values are copied, never summed,
+ * so they arrive bit for bit.  The bytes (the communicator's count over those calls, in the stats)
+ * are what each new holder lacked, once: at most the state once per copy the new layout keeps of it
+ * (its data-axis replicas); none from data=4 at ZeRO-0 to data=2,pipe=2, where every rank already
+ * held its new stage whole; from ZeRO-3 on data=4 to ZeRO-1 on data=2,pipe=2 about 2.5 x the
+ * parameters' bytes, below the state once (3 x).  The descriptions and agreements (a few words per
+ * run) are not in that count.
+ *
+ * The whole-tensor way is kept for a parameter whose layout runs cannot express — a model whose piece
+ * is not a copy of distinct elements of the whole tensor — or whose new owners need an element no
+ * rank held: that parameter's arrays are made whole on every rank (a gather over the data axis for
+ * ZeRO's shards, over the tensor and expert axes for their blocks, a sum over the pipe axis from the
+ * stage that holds it — as a checkpoint is saved) and each rank keeps its new piece (as a checkpoint
+ * is resumed): about world x its bytes. */
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "shard/memory.h"
+#include "shard/optim.h"
 #include "shard/trainer.h"
 #include "train/trainer_impl.h"
 
@@ -47,6 +64,510 @@ static shard_status agree(shard_comm *world, shard_status s) {
     return shard_error(code, "rank %d: %s", (int)first, why);
 }
 
+/* Collective over world: whether every rank got this far: s where it did not, else SHARD_OK, or an
+ * error naming none (agree, after the copy, gives every rank the failing rank's own text). */
+static shard_status agree_all(shard_comm *world, shard_status s) {
+    int32_t bad = s < 0, any = 0;
+    shard_status c = shard_comm_all_reduce(world, &bad, &any, 1, SHARD_I32, SHARD_OP_MAX);
+    if (s < 0) return s;
+    if (c < 0) return c;
+    return any ? shard_error(SHARD_ERR_ABORTED, "migrate: another rank could not take part (it says why)") : SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- what each rank holds */
+
+/* Elements [g, g + n) of a parameter's whole tensor (row-major), held at [p, p + n) of a rank's piece. */
+typedef struct run {
+    size_t g, p, n;
+} run;
+
+typedef struct runs {
+    run *v;
+    size_t n, cap;
+} runs;
+
+static int runs_push(runs *r, size_t g, size_t p, size_t n) {
+    if (n == 0) return 1;
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 16;
+        run *v = realloc(r->v, cap * sizeof *v);
+        if (!v) return 0;
+        r->v = v, r->cap = cap;
+    }
+    r->v[r->n++] = (run){g, p, n};
+    return 1;
+}
+
+static int by_global(const void *a, const void *b) {
+    size_t x = ((const run *)a)->g, y = ((const run *)b)->g;
+    return (x > y) - (x < y);
+}
+
+/* out = the elements of a that b holds too (common 1), or that b lacks (common 0): both sorted by
+ * global index and disjoint, and so is out (its piece places are a's). */
+static int runs_cut(const runs *a, const runs *b, int common, runs *out) {
+    out->n = 0;
+    for (size_t i = 0, first = 0; i < a->n; i++) {
+        size_t x = a->v[i].g, y = x + a->v[i].n, at = x;
+        while (first < b->n && b->v[first].g + b->v[first].n <= x) first++;
+        for (size_t k = first; k < b->n && b->v[k].g < y; k++) {
+            size_t lo = b->v[k].g > x ? b->v[k].g : x, hi = b->v[k].g + b->v[k].n < y ? b->v[k].g + b->v[k].n : y;
+            if (!runs_push(out, common ? lo : at, a->v[i].p + ((common ? lo : at) - x), common ? hi - lo : lo - at))
+                return 0;
+            at = hi;
+        }
+        if (!common && !runs_push(out, at, a->v[i].p + (at - x), y - at)) return 0;
+    }
+    return 1;
+}
+
+static size_t runs_elems(const runs *r) {
+    size_t n = 0;
+    for (size_t i = 0; i < r->n; i++) n += r->v[i].n;
+    return n;
+}
+
+/* The run of r (sorted by global index) that holds element g. */
+static const run *run_of(const runs *r, size_t g) {
+    size_t lo = 0, hi = r->n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->v[mid].g <= g)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &r->v[lo];
+}
+
+/* Elements [g, g + n) from `src` to `dst`: each a piece laid out by its runs, or, with runs NULL, a
+ * packed buffer whose place *at moves on. */
+static void copy_elems(const runs *sr, const float *src, size_t *src_at, const runs *dr, float *dst, size_t *dst_at,
+                       size_t g, size_t n) {
+    while (n > 0) {
+        size_t len = n, from = src_at ? *src_at : 0, to = dst_at ? *dst_at : 0;
+        if (sr) {
+            const run *r = run_of(sr, g);
+            from = r->p + (g - r->g), len = r->g + r->n - g < len ? r->g + r->n - g : len;
+        }
+        if (dr) {
+            const run *r = run_of(dr, g);
+            to = r->p + (g - r->g), len = r->g + r->n - g < len ? r->g + r->n - g : len;
+        }
+        memcpy(dst + to, src + from, len * sizeof *dst);
+        if (src_at) *src_at += len;
+        if (dst_at) *dst_at += len;
+        g += len, n -= len;
+    }
+}
+
+/* ---------------------------------------------------------------- the layouts described */
+
+/* A growing list of int64: a rank's description of both layouts, as it travels. */
+typedef struct words {
+    int64_t *v;
+    size_t n, cap;
+} words;
+
+static int words_push(words *w, int64_t x) {
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 256;
+        int64_t *v = realloc(w->v, cap * sizeof *v);
+        if (!v) return 0;
+        w->v = v, w->cap = cap;
+    }
+    w->v[w->n++] = x;
+    return 1;
+}
+
+/* The runs of parameter i's piece in trainer t (in piece order): the piece taken from a whole tensor
+ * whose every element holds its own index, 24 bits at a time (a float holds those exactly), so the
+ * map is the one the trainer's own resume applies, whatever the model's tensor blocks and the expert
+ * rows.  0 when the piece is not a copy of distinct elements of the whole tensor: that parameter then
+ * moves the whole-tensor way. */
+static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *whole, float *lo, float *hi, runs *out) {
+    size_t n = shard__trainer_piece_numel(t, i);
+    for (size_t e = 0; e < whole_n; e++) whole[e] = (float)(e & 0xFFFFFFu);
+    shard__trainer_take_piece(t, i, whole, lo);
+    for (size_t e = 0; e < whole_n; e++) whole[e] = (float)(e >> 24);
+    shard__trainer_take_piece(t, i, whole, hi);
+    out->n = 0;
+    for (size_t p = 0; p < n; p++) {
+        if (!(lo[p] >= 0 && lo[p] < 16777216.0f && hi[p] >= 0 && hi[p] < 16777216.0f) ||
+            lo[p] != (float)(size_t)lo[p] || hi[p] != (float)(size_t)hi[p])
+            return 0;
+        size_t g = (size_t)hi[p] << 24 | (size_t)lo[p];
+        if (g >= whole_n) return 0;
+        run *last = out->n ? &out->v[out->n - 1] : NULL;
+        if (last && last->g + last->n == g && last->p + last->n == p)
+            last->n++;
+        else if (!runs_push(out, g, p, 1))
+            return -1;
+    }
+    runs sorted = {.v = malloc((out->n + 1) * sizeof *sorted.v), .n = out->n};
+    if (!sorted.v) return -1;
+    memcpy(sorted.v, out->v, out->n * sizeof *sorted.v);
+    qsort(sorted.v, sorted.n, sizeof *sorted.v, by_global);
+    int distinct = 1;
+    for (size_t k = 1; k < sorted.n; k++) distinct &= sorted.v[k - 1].g + sorted.v[k - 1].n <= sorted.v[k].g;
+    free(sorted.v);
+    return distinct;
+}
+
+/* One trainer's layout of moved parameter k as this rank holds it, appended to w: a flag (0: not
+ * expressible by runs), the piece's runs (g, p, n), then for each state array the piece's ranges this
+ * rank holds (ZeRO's shards; all of it otherwise): [ok, R, R x (g, p, n), arrays x (H, H x (lo, hi))]. */
+static shard_status describe(const shard_trainer *t, size_t i, size_t whole_n, int arrays, float *scratch[3], runs *pr,
+                             words *w) {
+    int ok = 1;
+    pr->n = 0;
+    if (i != SIZE_MAX) ok = piece_runs(t, i, whole_n, scratch[0], scratch[1], scratch[2], pr);
+    if (ok < 0) return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    int fine = words_push(w, ok) && words_push(w, ok ? (int64_t)pr->n : 0);
+    for (size_t r = 0; fine && ok && r < pr->n; r++)
+        fine = words_push(w, (int64_t)pr->v[r].g) && words_push(w, (int64_t)pr->v[r].p) &&
+            words_push(w, (int64_t)pr->v[r].n);
+    for (int j = 0; fine && j < arrays; j++) {
+        size_t count = 0, *lo = NULL, *hi = NULL;
+        if (ok && i != SIZE_MAX) {
+            SHARD_CHECK(shard__trainer_held(t, i, j, NULL, NULL, 0, &count));
+            lo = malloc((count + 1) * sizeof *lo), hi = malloc((count + 1) * sizeof *hi);
+            shard_status s = lo && hi ? shard__trainer_held(t, i, j, lo, hi, count, &count)
+                                      : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+            if (s < 0) {
+                free(lo), free(hi);
+                return s;
+            }
+        }
+        fine = words_push(w, (int64_t)count);
+        for (size_t h = 0; fine && h < count; h++)
+            fine = words_push(w, (int64_t)lo[h]) && words_push(w, (int64_t)hi[h]);
+        free(lo), free(hi);
+    }
+    return fine ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+}
+
+/* Array j of a description (describe's words at d) as runs sorted by global index: the piece's runs cut
+ * to the ranges held.  0: not expressible. */
+static int held_runs(const int64_t *d, int j, runs *out) {
+    out->n = 0;
+    if (!d[0]) return 0;
+    size_t R = (size_t)d[1];
+    const int64_t *pr = d + 2, *h = pr + 3 * R;
+    for (int k = 0; k < j; k++) h += 1 + 2 * h[0];
+    size_t H = (size_t)h[0];
+    for (size_t r = 0, k = 0; r < R; r++) { /* both in piece order */
+        size_t g = (size_t)pr[3 * r], p = (size_t)pr[3 * r + 1], n = (size_t)pr[3 * r + 2];
+        while (k < H && (size_t)h[2 + 2 * k] <= p) k++;
+        for (size_t m = k; m < H && (size_t)h[1 + 2 * m] < p + n; m++) {
+            size_t lo = (size_t)h[1 + 2 * m] > p ? (size_t)h[1 + 2 * m] : p;
+            size_t hi = (size_t)h[2 + 2 * m] < p + n ? (size_t)h[2 + 2 * m] : p + n;
+            if (!runs_push(out, g + (lo - p), lo, hi - lo)) return -1;
+        }
+    }
+    qsort(out->v, out->n, sizeof *out->v, by_global);
+    return 1;
+}
+
+/* A description's length in words. */
+static size_t described_words(const int64_t *d, int arrays) {
+    const int64_t *h = d + 2 + 3 * d[1];
+    for (int j = 0; j < arrays; j++) h += 1 + 2 * h[0];
+    return (size_t)(h - d);
+}
+
+/* ---------------------------------------------------------------- the plan */
+
+/* Elements [g, g + n) of state array j sent to (or received from) rank `peer`. */
+typedef struct move {
+    size_t g, n;
+    int peer, j;
+} move;
+
+/* How one parameter moves: the whole-tensor way, or by its all_to_allv (elements per rank each way;
+ * total: every rank's, so 0 on every rank when nothing moves) and the local copy. */
+typedef struct tensor_plan {
+    int whole_way;
+    size_t total, *send, *recv;
+    move *sends, *recvs; /* this rank's: each peer's moves in (array, global index) order */
+    size_t n_sends, n_recvs;
+} tensor_plan;
+
+static int moves_push(move **v, size_t *n, size_t *cap, const runs *part, int peer, int j) {
+    for (size_t r = 0; r < part->n; r++) {
+        if (*n == *cap) {
+            size_t grown = *cap ? 2 * *cap : 16;
+            move *m = realloc(*v, grown * sizeof *m);
+            if (!m) return 0;
+            *v = m, *cap = grown;
+        }
+        (*v)[(*n)++] = (move){part->v[r].g, part->v[r].n, peer, j};
+    }
+    return 1;
+}
+
+/* Scratch lists for the planning of one parameter: old[r * arrays + j] and new[r * arrays + j]. */
+typedef struct planning {
+    int world, me, arrays;
+    runs *old, *new_, lack, part, rest;
+} planning;
+
+/* Parameter k's plan from every rank's descriptions (desc[(r * 2 + L) * n + k]; L 0 old, 1 new): for
+ * each rank q and array j, what q holds in the new layout but not in the old, taken from the lowest
+ * rank that holds it in the old; the whole-tensor way if some rank's layout is not expressible by runs
+ * or no rank holds an element a new owner needs.  The same on every rank. */
+static shard_status plan_tensor(planning *pl, const int64_t *const *desc, size_t n, size_t k, tensor_plan *tp) {
+    int W = pl->world, A = pl->arrays;
+    size_t sends_cap = 0, recvs_cap = 0;
+    for (int r = 0; r < W; r++)
+        for (int L = 0; L < 2; L++)
+            if (!desc[((size_t)r * 2 + (size_t)L) * n + k][0]) tp->whole_way = 1;
+    if (tp->whole_way) return SHARD_OK;
+    for (int r = 0; r < W; r++)
+        for (int j = 0; j < A; j++) {
+            size_t at = (size_t)r * (size_t)A + (size_t)j;
+            if (held_runs(desc[((size_t)r * 2) * n + k], j, &pl->old[at]) < 0 ||
+                held_runs(desc[((size_t)r * 2 + 1) * n + k], j, &pl->new_[at]) < 0)
+                return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+        }
+    for (int q = 0; q < W; q++)
+        for (int j = 0; j < A; j++) {
+            size_t qj = (size_t)q * (size_t)A + (size_t)j;
+            if (!runs_cut(&pl->new_[qj], &pl->old[qj], 0, &pl->lack))
+                return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+            for (int from = 0; from < W && pl->lack.n; from++) {
+                const runs *held = &pl->old[(size_t)from * (size_t)A + (size_t)j];
+                if (from == q) continue;
+                if (!runs_cut(&pl->lack, held, 1, &pl->part))
+                    return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+                if (!pl->part.n) continue;
+                size_t elems = runs_elems(&pl->part);
+                tp->total += elems;
+                if ((from == pl->me && !moves_push(&tp->sends, &tp->n_sends, &sends_cap, &pl->part, q, j)) ||
+                    (q == pl->me && !moves_push(&tp->recvs, &tp->n_recvs, &recvs_cap, &pl->part, from, j)) ||
+                    !runs_cut(&pl->lack, held, 0, &pl->rest))
+                    return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+                if (from == pl->me) tp->send[q] += elems;
+                if (q == pl->me) tp->recv[from] += elems;
+                runs swap = pl->lack;
+                pl->lack = pl->rest, pl->rest = swap;
+            }
+            if (pl->lack.n) tp->whole_way = 1; /* no rank holds what q needs: the whole way shows it */
+        }
+    return SHARD_OK;
+}
+
+/* ---------------------------------------------------------------- the copy */
+
+/* What the copy keeps from planning to the end. */
+typedef struct copy {
+    shard_trainer *from, *to;
+    shard__moved_param *list;
+    size_t n;
+    int world, me, arrays;
+    words mine;           /* this rank's descriptions: old layout's n, then the new one's */
+    int64_t *all;         /* every rank's, in rank order */
+    const int64_t **desc; /* [(r * 2 + L) * n + k] */
+    tensor_plan *plans;
+    float *old_piece, *new_piece, *send, *recv, *whole; /* whole: the whole-tensor way's scratch */
+    runs held_old, held_new, both;
+} copy;
+
+static void copy_free(copy *c) {
+    for (size_t k = 0; c->plans && k < c->n; k++) {
+        free(c->plans[k].send), free(c->plans[k].recv), free(c->plans[k].sends), free(c->plans[k].recvs);
+    }
+    free(c->plans), free(c->desc), free(c->all), free(c->mine.v), free(c->list);
+    free(c->held_old.v), free(c->held_new.v), free(c->both.v);
+    shard_free(c->old_piece), shard_free(c->new_piece), shard_free(c->send), shard_free(c->recv), shard_free(c->whole);
+}
+
+static size_t larger(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Every moved parameter described by this rank in both layouts (c->mine). */
+static shard_status describe_all(copy *c) {
+    size_t most_whole = 1, most_piece = 1;
+    for (size_t k = 0; k < c->n; k++) {
+        most_whole = larger(most_whole, c->list[k].whole_n);
+        if (c->list[k].from != SIZE_MAX)
+            most_piece = larger(most_piece, shard__trainer_piece_numel(c->from, c->list[k].from));
+        if (c->list[k].to != SIZE_MAX)
+            most_piece = larger(most_piece, shard__trainer_piece_numel(c->to, c->list[k].to));
+    }
+    float *scratch[3] = {shard_alloc(most_whole * sizeof(float), SHARD_MEM_OTHER),
+                         shard_alloc(most_piece * sizeof(float), SHARD_MEM_OTHER),
+                         shard_alloc(most_piece * sizeof(float), SHARD_MEM_OTHER)};
+    runs pr = {0};
+    shard_status s =
+        scratch[0] && scratch[1] && scratch[2] ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    for (int L = 0; L < 2; L++)
+        for (size_t k = 0; s == SHARD_OK && k < c->n; k++)
+            s = describe(L ? c->to : c->from, L ? c->list[k].to : c->list[k].from, c->list[k].whole_n, c->arrays,
+                         scratch, &pr, &c->mine);
+    for (int b = 0; b < 3; b++) shard_free(scratch[b]);
+    free(pr.v);
+    return s;
+}
+
+/* Collective over world: every rank's descriptions to every rank (c->all, indexed by c->desc). */
+static shard_status share(copy *c, shard_comm *world) {
+    size_t W = (size_t)c->world, total = 0;
+    int64_t mine = (int64_t)c->mine.n, *sizes = calloc(W, sizeof *sizes);
+    size_t *counts = calloc(W, sizeof *counts), *displs = calloc(W, sizeof *displs);
+    c->desc = calloc(W * 2 * c->n + 1, sizeof *c->desc);
+    shard_status s =
+        sizes && counts && displs && c->desc ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    if (s == SHARD_OK) s = shard_comm_all_gather(world, &mine, sizes, 1, SHARD_I64);
+    for (size_t r = 0; s == SHARD_OK && r < W; r++) counts[r] = (size_t)sizes[r], displs[r] = total, total += counts[r];
+    if (s == SHARD_OK && !(c->all = malloc((total + 1) * sizeof *c->all)))
+        s = shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    if (s == SHARD_OK) s = shard_comm_all_gatherv(world, c->mine.v, c->mine.n, c->all, counts, displs, SHARD_I64);
+    for (size_t r = 0; s == SHARD_OK && r < W; r++) {
+        const int64_t *d = c->all + displs[r];
+        for (size_t L = 0; L < 2; L++)
+            for (size_t k = 0; k < c->n; k++) {
+                c->desc[(r * 2 + L) * c->n + k] = d;
+                d += described_words(d, c->arrays);
+            }
+    }
+    free(sizes), free(counts), free(displs);
+    return s;
+}
+
+/* Every parameter's plan, and the buffers the copy needs: all allocated before any element moves. */
+static shard_status plan_all(copy *c) {
+    size_t W = (size_t)c->world, A = (size_t)c->arrays, most_send = 1, most_recv = 1, most_old = 1, most_new = 1,
+           most_whole = 0;
+    planning pl = {.world = c->world, .me = c->me, .arrays = c->arrays};
+    pl.old = calloc(W * A, sizeof *pl.old), pl.new_ = calloc(W * A, sizeof *pl.new_);
+    c->plans = calloc(c->n + 1, sizeof *c->plans);
+    shard_status s =
+        pl.old && pl.new_ && c->plans ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    for (size_t k = 0; s == SHARD_OK && k < c->n; k++) {
+        tensor_plan *tp = &c->plans[k];
+        tp->send = calloc(W, sizeof *tp->send), tp->recv = calloc(W, sizeof *tp->recv);
+        s = tp->send && tp->recv ? plan_tensor(&pl, c->desc, c->n, k, tp)
+                                 : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+        size_t sent = 0, got = 0;
+        for (size_t r = 0; r < W; r++) sent += tp->send[r], got += tp->recv[r];
+        most_send = larger(most_send, sent), most_recv = larger(most_recv, got);
+        if (c->list[k].from != SIZE_MAX)
+            most_old = larger(most_old, shard__trainer_piece_numel(c->from, c->list[k].from));
+        if (c->list[k].to != SIZE_MAX) most_new = larger(most_new, shard__trainer_piece_numel(c->to, c->list[k].to));
+        if (tp->whole_way) most_whole = larger(most_whole, c->list[k].whole_n);
+    }
+    for (size_t r = 0; pl.old && r < W * A; r++) free(pl.old[r].v);
+    for (size_t r = 0; pl.new_ && r < W * A; r++) free(pl.new_[r].v);
+    free(pl.old), free(pl.new_), free(pl.lack.v), free(pl.part.v), free(pl.rest.v);
+    if (s < 0) return s;
+    c->old_piece = shard_alloc(most_old * sizeof(float), SHARD_MEM_OTHER);
+    c->new_piece = shard_alloc(most_new * sizeof(float), SHARD_MEM_OTHER);
+    c->send = shard_alloc(most_send * sizeof(float), SHARD_MEM_COMM);
+    c->recv = shard_alloc(most_recv * sizeof(float), SHARD_MEM_COMM);
+    if (most_whole) c->whole = shard_alloc(most_whole * sizeof(float), SHARD_MEM_OTHER);
+    if (!c->old_piece || !c->new_piece || !c->send || !c->recv || (most_whole && !c->whole))
+        return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    return SHARD_OK;
+}
+
+/* Parameter k the whole-tensor way: each array made whole on every rank over the old mesh (as a save
+ * does) and this rank's piece kept (as a resume does). */
+static shard_status move_whole(copy *c, size_t k) {
+    const shard__moved_param *mp = &c->list[k];
+    shard_status s = SHARD_OK;
+    for (int j = 0; s == SHARD_OK && j < c->arrays; j++) {
+        s = shard__trainer_param_whole(c->from, mp->from, j, mp->whole_n, c->old_piece, c->whole);
+        if (s < 0 || mp->to == SIZE_MAX) continue; /* another stage's in the new layout */
+        shard__trainer_take_piece(c->to, mp->to, c->whole, c->new_piece);
+        s = shard__trainer_set_piece(c->to, mp->to, j, c->new_piece);
+    }
+    return s;
+}
+
+/* Array j of parameter k as this rank held it in the old layout: the values in c->old_piece, where
+ * they lie in c->held_old. */
+static shard_status read_old(copy *c, size_t k, int j) {
+    c->held_old.n = 0;
+    if (c->list[k].from == SIZE_MAX) return SHARD_OK;
+    if (held_runs(c->desc[((size_t)c->me * 2) * c->n + k], j, &c->held_old) < 0)
+        return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    return shard__trainer_get_held(c->from, c->list[k].from, j, c->old_piece);
+}
+
+/* Parameter k by its plan: every rank's moves in one all_to_allv over world (none when nothing moves),
+ * then each array of this rank's new piece from what it held and what it received. */
+static shard_status move_planned(copy *c, size_t k, shard_comm *world) {
+    const tensor_plan *tp = &c->plans[k];
+    size_t W = (size_t)c->world, *sd = calloc(W, sizeof *sd), *rd = calloc(W, sizeof *rd);
+    size_t *at = calloc(W, sizeof *at);
+    shard_status s = sd && rd && at ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    for (size_t r = 1; s == SHARD_OK && r < W; r++)
+        sd[r] = sd[r - 1] + tp->send[r - 1], rd[r] = rd[r - 1] + tp->recv[r - 1];
+    if (s == SHARD_OK && tp->n_sends) memcpy(at, sd, W * sizeof *at);
+    for (int j = 0; s == SHARD_OK && tp->n_sends && j < c->arrays; j++) {
+        s = read_old(c, k, j);
+        for (size_t m = 0; s == SHARD_OK && m < tp->n_sends; m++)
+            if (tp->sends[m].j == j)
+                copy_elems(&c->held_old, c->old_piece, NULL, NULL, c->send, &at[tp->sends[m].peer], tp->sends[m].g,
+                           tp->sends[m].n);
+    }
+    if (s == SHARD_OK && tp->total)
+        s = shard_comm_all_to_allv(world, c->send, tp->send, sd, c->recv, tp->recv, rd, SHARD_F32);
+    if (s == SHARD_OK) memcpy(at, rd, W * sizeof *at);
+    const shard__moved_param *mp = &c->list[k];
+    for (int j = 0; s == SHARD_OK && mp->to != SIZE_MAX && j < c->arrays; j++) {
+        s = read_old(c, k, j);
+        if (s == SHARD_OK &&
+            (held_runs(c->desc[((size_t)c->me * 2 + 1) * c->n + k], j, &c->held_new) < 0 ||
+             !runs_cut(&c->held_new, &c->held_old, 1, &c->both)))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+        if (s < 0) break;
+        memset(c->new_piece, 0, shard__trainer_piece_numel(c->to, mp->to) * sizeof(float));
+        for (size_t r = 0; r < c->both.n; r++) /* held in both layouts: nothing travels */
+            copy_elems(&c->held_old, c->old_piece, NULL, &c->held_new, c->new_piece, NULL, c->both.v[r].g,
+                       c->both.v[r].n);
+        for (size_t m = 0; m < tp->n_recvs; m++)
+            if (tp->recvs[m].j == j)
+                copy_elems(NULL, c->recv, &at[tp->recvs[m].peer], &c->held_new, c->new_piece, NULL, tp->recvs[m].g,
+                           tp->recvs[m].n);
+        s = shard__trainer_set_piece(c->to, mp->to, j, c->new_piece);
+    }
+    free(sd), free(rd), free(at);
+    return s;
+}
+
+/* Collective over world: `from`'s state moved to `to`, *sent the bytes this rank sent for it (the
+ * communicator's count over the moves: the descriptions and agreements before them are not in it). */
+static shard_status copy_state(shard_trainer *from, shard_trainer *to, shard_comm *world, uint64_t *sent) {
+    copy c = {.from = from, .to = to, .world = shard_comm_size(world), .me = shard_comm_rank(world)};
+    const shard_optimizer *fo = shard__trainer_optimizer(from), *to_opt = shard__trainer_optimizer(to);
+    c.arrays = 1 + (int)shard_optimizer_state_count(fo);
+    *sent = 0;
+    shard_status s = SHARD_OK;
+    if (shard_optimizer_state_count(fo) != shard_optimizer_state_count(to_opt) ||
+        strcmp(shard_optimizer_name(fo), shard_optimizer_name(to_opt)) != 0)
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "migrate: the old trainer's optimizer is %s with %d state arrays, the new one's %s with %d: "
+                        "the state carries over only to the same optimizer",
+                        shard_optimizer_name(fo), c.arrays - 1, shard_optimizer_name(to_opt),
+                        (int)shard_optimizer_state_count(to_opt));
+    if (s == SHARD_OK) s = shard__trainer_moved_params(from, to, &c.list, &c.n);
+    if (s == SHARD_OK) s = describe_all(&c);
+    /* a rank that found a mismatch or no memory would leave the others waiting: all agree first, and
+     * again once every plan and buffer is made */
+    s = agree_all(world, s);
+    if (s == SHARD_OK) s = share(&c, world);
+    if (s == SHARD_OK) s = plan_all(&c);
+    s = agree_all(world, s);
+    shard_mesh *mesh = shard__trainer_mesh(from);
+    uint64_t before = shard_mesh_bytes_sent(mesh);
+    for (size_t k = 0; s == SHARD_OK && k < c.n; k++)
+        s = c.plans[k].whole_way ? move_whole(&c, k) : move_planned(&c, k, world);
+    *sent = shard_mesh_bytes_sent(mesh) - before;
+    copy_free(&c);
+    return s;
+}
+
 shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, const shard_trainer_config *new_config,
                                    shard_trainer **out, shard_migration_stats *stats) {
     if (out) *out = NULL;
@@ -66,11 +587,11 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
                            shard_comm_size(to_world), shard_comm_rank(to_world), shard_comm_size(world),
                            shard_comm_rank(world));
     double t0 = shard__now();
-    uint64_t sent0 = shard_mesh_bytes_sent(from_mesh);
+    uint64_t sent = 0;
     shard_trainer *t = NULL;
     shard_status s = agree(world, shard_trainer_create(new_mesh, new_config, &t));
-    if (s == SHARD_OK) s = agree(world, shard__trainer_copy_state(old, t));
-    double took[2] = {(shard__now() - t0) * 1e3, (double)(shard_mesh_bytes_sent(from_mesh) - sent0)}, most[2] = {0};
+    if (s == SHARD_OK) s = agree(world, copy_state(old, t, world, &sent));
+    double took[2] = {(shard__now() - t0) * 1e3, (double)sent}, most[2] = {0};
     /* the stats: the slowest rank's time, every rank's bytes */
     if (s == SHARD_OK) s = shard_comm_all_reduce(world, &took[0], &most[0], 1, SHARD_F64, SHARD_OP_MAX);
     if (s == SHARD_OK) s = shard_comm_all_reduce(world, &took[1], &most[1], 1, SHARD_F64, SHARD_OP_SUM);

@@ -1234,45 +1234,58 @@ static shard_status state_matches(shard_trainer *to, const ckpt_param *cp, size_
     return SHARD_OK;
 }
 
-/* One parameter at a time and one state array at a time, as a save makes them whole (param_whole): the
- * old trainer's values made whole on every rank, then this rank's pieces kept in the new trainer's
- * strategy (as a resume keeps them).  The same parameters in the same order on every rank. */
-shard_status shard__trainer_copy_state(shard_trainer *from, shard_trainer *to) {
-    const shard_params *p = to->model->params;
+/* from's list of parameters (every stage's), each with its index here in both trainers. */
+shard_status shard__trainer_moved_params(shard_trainer *from, shard_trainer *to, shard__moved_param **out,
+                                         size_t *count) {
     ckpt_param *cp = NULL;
     size_t *mine = NULL, n = 0;
-    float *whole = NULL, *piece = NULL, *unused = NULL, *to_piece = NULL;
-    int arrays = (int)arrays_of(from);
-    shard_status s = SHARD_OK;
-    if (arrays != (int)arrays_of(to) || strcmp(shard_optimizer_name(from->opt), shard_optimizer_name(to->opt)) != 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG,
-                        "migrate: the old trainer's optimizer is %s with %d state arrays, the new one's %s with %d: "
-                        "the state carries over only to the same optimizer",
-                        shard_optimizer_name(from->opt), arrays - 1, shard_optimizer_name(to->opt),
-                        (int)arrays_of(to) - 1);
-    if (s == SHARD_OK) s = ckpt_params(from, &cp, &mine, &n);
+    *out = NULL, *count = 0;
+    shard_status s = ckpt_params(from, &cp, &mine, &n);
     if (s == SHARD_OK) s = state_matches(to, cp, n);
-    if (s == SHARD_OK) s = param_scratch(from, cp, n, &whole, &piece);
-    if (s == SHARD_OK) s = param_scratch(to, NULL, 0, &unused, &to_piece);
-    /* a rank that found a mismatch or no memory would leave the others in the first gather: all agree first */
-    int32_t bad = s < 0, any = 0;
-    shard_status agreed = shard_comm_all_reduce(shard_mesh_comm(from->mesh), &bad, &any, 1, SHARD_I32, SHARD_OP_MAX);
-    if (s == SHARD_OK && agreed < 0) s = agreed;
-    if (s == SHARD_OK && any)
-        s = shard_error(SHARD_ERR_ABORTED, "migrate: another rank could not take part (it says why)");
+    shard__moved_param *list = s == SHARD_OK ? calloc(n + 1, sizeof *list) : NULL;
+    if (s == SHARD_OK && !list) s = shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
     for (size_t k = 0; s == SHARD_OK && k < n; k++) {
-        const shard_param_info *info = shard_params_find(p, cp[k].name);
-        for (int j = 0; s == SHARD_OK && j < arrays; j++) {
-            s = param_whole(from, mine[k], j, whole_numel(&cp[k]), piece, whole);
-            if (s < 0 || !info) continue; /* another stage's in the new layout */
-            size_t i = (size_t)(info - p->info);
-            take_piece(to, i, whole, to_piece);
-            s = shard__dp_set_range(to->dp, j, info->offset, info->numel, to_piece);
-        }
+        const shard_param_info *info = shard_params_find(to->model->params, cp[k].name);
+        list[k] = (shard__moved_param){.whole_n = whole_numel(&cp[k]),
+                                       .from = mine[k],
+                                       .to = info ? (size_t)(info - to->model->params->info) : SIZE_MAX};
     }
-    shard_free(whole), shard_free(piece), shard_free(unused), shard_free(to_piece);
     free(cp), free(mine);
-    return s;
+    if (s < 0) {
+        free(list);
+        return s;
+    }
+    *out = list, *count = n;
+    return SHARD_OK;
+}
+
+const shard_optimizer *shard__trainer_optimizer(const shard_trainer *t) { return t->opt; }
+
+size_t shard__trainer_piece_numel(const shard_trainer *t, size_t i) { return t->model->params->info[i].numel; }
+
+void shard__trainer_take_piece(const shard_trainer *t, size_t i, const float *whole, float *piece) {
+    take_piece(t, i, whole, piece);
+}
+
+shard_status shard__trainer_param_whole(shard_trainer *t, size_t i, int which, size_t whole_n, float *piece,
+                                        float *whole) {
+    return param_whole(t, i, which, whole_n, piece, whole);
+}
+
+shard_status shard__trainer_held(const shard_trainer *t, size_t i, int which, size_t *lo, size_t *hi, size_t cap,
+                                 size_t *count) {
+    const shard_param_info *info = &t->model->params->info[i];
+    return shard__dp_held(t->dp, which, info->offset, info->numel, lo, hi, cap, count);
+}
+
+shard_status shard__trainer_get_held(const shard_trainer *t, size_t i, int which, float *piece) {
+    const shard_param_info *info = &t->model->params->info[i];
+    return shard__dp_get_held(t->dp, which, info->offset, info->numel, piece);
+}
+
+shard_status shard__trainer_set_piece(shard_trainer *t, size_t i, int which, const float *piece) {
+    const shard_param_info *info = &t->model->params->info[i];
+    return shard__dp_set_range(t->dp, which, info->offset, info->numel, piece);
 }
 
 shard_mesh *shard__trainer_mesh(const shard_trainer *t) { return t->mesh; }

@@ -1,5 +1,5 @@
 /* trainer_impl.h — what the library's own planners read of a trainer (src/plan/analyze.c), and what
- * the migration to another layout moves (src/train/migrate.c). */
+ * the migration to another layout reads and writes of the two trainers (src/train/migrate.c). */
 #ifndef SHARD_TRAINER_IMPL_H
 #define SHARD_TRAINER_IMPL_H
 
@@ -14,11 +14,36 @@ shard_status shard__trainer_create_planned(shard_mesh *mesh, const shard_trainer
 /* The pipeline's schedule (NULL without a pipe axis). */
 const shard_pipe_schedule *shard__trainer_schedule(const shard_trainer *t);
 
-/* Collective over the world both trainers span (the same ranks): every parameter's values and optimizer
- * state arrays of `from`, one at a time made whole on every rank over from's mesh, and this rank's pieces
- * of them set in `to`'s strategy (src/train/migrate.c).  `from` is only read: when this fails it trains
- * on.  Both must train the same model with the same optimizer. */
-shard_status shard__trainer_copy_state(shard_trainer *from, shard_trainer *to);
+/* What a migration (src/train/migrate.c) reads of the trainer it leaves and writes in the one it moves
+ * to, one parameter at a time.  The list of parameters it moves: from's (every pipeline stage's,
+ * gathered over from's `pipe`: collective over it), the same on every rank, each with its whole
+ * element count and its index among this rank's parameters of `from` and of `to` (SIZE_MAX: that
+ * layout gives this rank none of it); refused when `to` holds a parameter from's model lacks or has at
+ * another shape.  *out is the caller's to free. */
+typedef struct shard__moved_param {
+    size_t whole_n, from, to;
+} shard__moved_param;
+shard_status shard__trainer_moved_params(shard_trainer *from, shard_trainer *to, shard__moved_param **out,
+                                         size_t *count);
+
+const shard_optimizer *shard__trainer_optimizer(const shard_trainer *t);
+/* Elements of this rank's piece of parameter i. */
+size_t shard__trainer_piece_numel(const shard_trainer *t, size_t i);
+/* This rank's piece of parameter i (its experts' rows, then its tensor block, or all of it) from the
+ * whole tensor: the map from the whole tensor's elements to the piece's, as a resume applies it. */
+void shard__trainer_take_piece(const shard_trainer *t, size_t i, const float *whole, float *piece);
+/* Array `which` (0 the values, 1 + k the optimizer's state array k) of parameter i (SIZE_MAX: another
+ * stage's) whole on every rank, as a save makes it: collective over t's mesh.  piece: scratch of
+ * the piece's elements; whole: whole_n elements. */
+shard_status shard__trainer_param_whole(shard_trainer *t, size_t i, int which, size_t whole_n, float *piece,
+                                        float *whole);
+/* Without communication: the ranges of parameter i's piece that this rank holds of array `which` (all
+ * of it, or its ZeRO pieces; data_parallel.h's shard__dp_held), and their values into piece (the rest
+ * left as it is); and the whole piece set (the parts this rank holds kept). */
+shard_status shard__trainer_held(const shard_trainer *t, size_t i, int which, size_t *lo, size_t *hi, size_t cap,
+                                 size_t *count);
+shard_status shard__trainer_get_held(const shard_trainer *t, size_t i, int which, float *piece);
+shard_status shard__trainer_set_piece(shard_trainer *t, size_t i, int which, const float *piece);
 
 /* The mesh a trainer was made on. */
 shard_mesh *shard__trainer_mesh(const shard_trainer *t);
