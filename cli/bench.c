@@ -29,6 +29,7 @@ static const char *const USAGE_BENCH =
     "                PyTorch's step\n"
     "  analyze       the cost model's predicted step time against real runs of the tiny GPT's layouts\n"
     "  plan          the planner's choice against the best measured layout on each example cluster\n"
+    "  reshard       a running job moved to another layout: bytes, pause and total time per transition\n"
     "\n"
     "options:\n";
 
@@ -298,14 +299,15 @@ int cli_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "moe") == 0) return cli_bench_moe(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "analyze") == 0) return cli_bench_analyze(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "plan") == 0) return cli_bench_plan(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "reshard") == 0) return cli_bench_reshard(argc - 1, argv + 1);
     if (argc >= 2)
         cli_error("bench: unknown benchmark '%s': give comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, "
-                  "analyze or plan "
+                  "analyze, plan or reshard "
                   "(see 'shard help')",
                   argv[1]);
     else
         cli_error("bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, "
-                  "analyze or plan, e.g. "
+                  "analyze, plan or reshard, e.g. "
                   "'shard bench comm --op all_reduce --ranks 2' (see 'shard help')");
     return 2;
 }

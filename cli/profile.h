@@ -24,5 +24,6 @@ int cli_profile(int argc, char **argv);
 int cli_bench_analyze(int argc, char **argv);
 /* `shard bench plan` (bench_plan.c). */
 int cli_bench_plan(int argc, char **argv);
+int cli_bench_reshard(int argc, char **argv);
 
 #endif

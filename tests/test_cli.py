@@ -85,7 +85,7 @@ def errors():
     cases = [
         ([], 2, "usage: shard"),
         (["frobnicate"], 2, "shard: unknown verb 'frobnicate': valid verbs are analyze, bench, ckpt, data, demo, generate, inspect, plan, profile, train, version, help"),
-        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, analyze or plan"),
+        (["bench"], 2, "shard: bench: give what to benchmark: comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, analyze, plan or reshard"),
         (["bench", "comm", "--op", "allreduce"], 2,
          "shard: --op 'allreduce' is invalid: give all_reduce, all_gather, reduce_scatter, all_to_all or sendrecv"),
         (["bench", "comm", "--ranks", "0"], 2, "shard: --ranks '0' is invalid: give an integer in 1..4096"),
@@ -213,7 +213,7 @@ def errors():
         (["bench", "train", "--config", "c", "--mesh", "data=x"], 2, "bench train: --mesh 'data=x' is invalid here"),
         (["bench", "train", "--config", "c", "--mesh", "data=3", "--ranks", "2"], 2,
          "bench train: --mesh data=3 and --ranks 2 disagree"),
-        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, analyze or plan"),
+        (["bench", "frob"], 2, "bench: unknown benchmark 'frob': give comm, redistribute, ckpt, gemm, train, tensor, pipeline, moe, analyze, plan or reshard"),
         (["data", "text", empty.name, "--out", "/tmp/shard-cli-never"], 1, "the 1 input file holds no bytes"),
         (["data", "text", os.path.abspath(__file__), "--out", "/dev/null"], 1, "/dev/null exists and is not a directory"),
         (["data", "text", "f", "--out", "/tmp/x", "--val-fraction", ""], 2, "--val-fraction '' is invalid"),
@@ -265,6 +265,7 @@ PARSED_FLAGS = {
     ("bench", "tensor"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
     ("bench", "pipeline"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
     ("bench", "plan"): {"--config", "--cluster", "--goal", "--batch", "--seq", "--top", "--steps", "--warmup", "--json"},
+    ("bench", "reshard"): {"--config", "--batch", "--seq", "--repeats", "--json"},
     ("bench", "moe"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json", "--mesh", "--warmup",
                                     "--threads", "--no-peer"},
     ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
@@ -1561,6 +1562,21 @@ def bench_plan():
             p = run(["bench", "plan"] + args)
             expect(p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                    f"bench plan {args}: {p.returncode} {p.stderr!r}")
+def bench_reshard():
+    """`bench reshard --json` on the tiny GPT: one object per transition with the documented keys, the
+    move from data=4 (ZeRO-0: every rank holds everything) to data=2,pipe=2 sending no byte, the ZeRO-3
+    one sending some, every pause and step time positive; a bad option in one line."""
+    p = run(["bench", "reshard", "--config", TINY, "--repeats", "1", "--json"], timeout=120)
+    rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
+    keys = {"from", "to", "migration", "bytes", "pause_ms", "total_ms", "step_ms"}
+    expect(len(rows) == 3 and all(keys <= set(r) and r["pause_ms"] > 0 and r["step_ms"] > 0 and
+                                  r["migration"] == "stop-and-copy" for r in rows) and
+           rows[0]["bytes"] == 0 and rows[2]["bytes"] > 0, f"bench reshard: {p.returncode} {p.stderr} {rows}")
+    p = run(["bench", "reshard", "--repeats", "0"])
+    expect(p.returncode == 2 and "--repeats" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
+           f"bench reshard --repeats 0: {p.returncode} {p.stderr!r}")
+
+
 def train_plan():
     """`train --plan`: a hand-written plan (data=2,pipe=2, ZeRO-1, 1F1B, layers 3,1, batch shares [6, 2]) trains
     to one rank's losses at each of 20 steps (1e-5 relative), an agreeing layout flag beside it accepted, and
@@ -2162,7 +2178,7 @@ def reshard():
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
-     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "plan_space": plan_space, "bench_plan": bench_plan,
+     "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "plan_space": plan_space, "bench_plan": bench_plan, "bench_reshard": bench_reshard,
      "train_plan": train_plan, "reshard": reshard,
      "cost": cost,
      "monitor": monitor, "analyze_moe": analyze_moe, "cluster_changes": cluster_changes}[sys.argv[2]]()
