@@ -84,7 +84,8 @@ static shard_status reshard_rank(shard_comm *world, void *arg) {
         if (s == SHARD_OK) s = shard_trainer_step(moved, 2, &res);
         if (s == SHARD_OK) step = res.ms;
         if (s == SHARD_OK) s = shard_comm_all_reduce(world, &step, &step, 1, SHARD_F64, SHARD_OP_MAX);
-        if (s == SHARD_OK && shard_comm_rank(world) == 0) r->pause_ms[k] = st.ms, r->step_ms[k] = step, r->bytes = st.bytes;
+        if (s == SHARD_OK && shard_comm_rank(world) == 0)
+            r->pause_ms[k] = st.ms, r->step_ms[k] = step, r->bytes = st.bytes;
         shard_trainer_destroy(moved);
         shard_trainer_destroy(t);
         shard_mesh_destroy(new_mesh);

@@ -12,6 +12,7 @@
  *               [--optimizer adamw|sgd] [--momentum M (sgd; default 0)]
  *               [--plan plan.json (the layout of `shard plan --out`; its predictions against the run's)]
  *               [--reshard-at STEP:MESH [--reshard-zero Z] [--migration stop-and-copy]]
+ *               [--adaptive [--reshard-on imbalance=0.25,memory=0.9,comm=0.4] [--monitor-every K]]
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
  * is src/train/trainer.c's.  A progress bar on a terminal, plain lines
@@ -20,7 +21,8 @@
  * state, the config in its index) every K steps, at the end, and when SIGTERM
  * or SIGINT stops the run (train_stop.h), holding the root's writer lock
  * meanwhile; --resume continues one, on any mesh and ZeRO stage; --reshard-at moves the running job to
- * another mesh after a step (shard_trainer_migrate), its losses unchanged. */
+ * another mesh after a step (shard_trainer_migrate), its losses unchanged; --adaptive moves it to the
+ * planner's layout for the speeds the monitor measures when a threshold is crossed (train_adaptive.h). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -42,6 +44,7 @@
 #include "shard/text.h"
 #include "monitor.h"
 #include "trace.h"
+#include "train_adaptive.h"
 #include "train_plan.h"
 #include "train_stop.h"
 #include "train_util.h"
@@ -60,6 +63,11 @@ typedef struct train_opts {
     const char *reshard_at, *migration;
     long reshard_step, reshard_zero;
     char reshard_mesh[256];
+    /* --adaptive: the thresholds of --reshard-on (0: a trigger not watched) on the --cluster's devices */
+    int adaptive;
+    const char *reshard_on;
+    double thresholds[ADAPTIVE_TRIGGERS];
+    const shard_cluster *cluster;
     shard_ckpt_lock *lock; /* --save's writer lock, taken before thread ranks start */
     int lock_in_rank;      /* under an MPI launcher: rank 0 takes it in train_rank instead */
 } train_opts;
@@ -480,6 +488,9 @@ static int axis_size(const shard_mesh *mesh, const char *name) {
     return a < 0 ? 1 : shard_mesh_axis_size(mesh, a);
 }
 
+static shard_status log_record(shard_comm *comm, const train_opts *o, shard_text_file *log, uint64_t step,
+                               const char *record);
+
 /* Collective, after step: the run moves to --reshard-at's mesh (*mesh and *t become the new ones), rank 0
  * prints one line and writes the --log record.  A migration that fails leaves the run on its layout with
  * one line saying why; a record that cannot be written stops the run, as a step's line does. */
@@ -508,21 +519,29 @@ static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step
     *mesh = next, *t = moved;
     if (o->trace) SHARD_CHECK(shard_trainer_trace(moved, 1));
     shard_mesh_string(next, to, sizeof to);
-    int32_t logged = 1;
-    char why[512] = "";
+    char record[1024] = "";
     if (rank == 0) {
         printf("reshard: step %llu, %s -> %s zero=%ld -> %ld, stop-and-copy: %.1f ms, %.1f MiB moved\n",
                (unsigned long long)step, from, to, o->layout.zero, zero_to, st.ms, (double)st.bytes / 1048576.0);
         fflush(stdout);
-        if (log &&
-            shard_text_file_printf(log,
-                                   "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": \"%s\", "
-                                   "\"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"stop-and-copy\", "
-                                   "\"trigger\": \"reshard-at\", \"migration_ms\": %.3f, \"bytes\": %llu}\n",
-                                   (unsigned long long)step, from, to, o->layout.zero, zero_to, st.ms,
-                                   (unsigned long long)st.bytes) < 0)
-            logged = 0, snprintf(why, sizeof why, "%s", shard_last_error());
+        snprintf(record, sizeof record,
+                 "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": \"%s\", "
+                 "\"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"stop-and-copy\", "
+                 "\"trigger\": \"reshard-at\", \"migration_ms\": %.3f, \"bytes\": %llu}\n",
+                 (unsigned long long)step, from, to, o->layout.zero, zero_to, st.ms, (unsigned long long)st.bytes);
     }
+    return log_record(comm, o, log, step, rank == 0 ? record : NULL);
+}
+
+/* Collective under --log: rank 0 writes record (NULL: none) to the --log; a record that cannot be written
+ * stops the run on every rank, as a step's line does. */
+static shard_status log_record(shard_comm *comm, const train_opts *o, shard_text_file *log, uint64_t step,
+                               const char *record) {
+    int rank = shard_comm_rank(comm);
+    int32_t logged = 1;
+    char why[512] = "";
+    if (rank == 0 && log && record && shard_text_file_printf(log, "%s", record) < 0)
+        logged = 0, snprintf(why, sizeof why, "%s", shard_last_error());
     if (o->log) SHARD_CHECK(shard_comm_broadcast(comm, &logged, 1, SHARD_I32, 0));
     if (logged) return SHARD_OK;
     if (rank != 0)
@@ -625,6 +644,13 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
      * loses nothing and ends a process that waits, e.g. for peers that never came): one handler per process */
     int catches = rank == 0 || strcmp(shard_comm_backend(comm), "threads") != 0, stopped = 0;
     if (catches) train_stop_catch(lock, o->save);
+    train_adaptive adaptive;
+    if (s == SHARD_OK && o->adaptive) { /* the layout as the plans describe it: the global batch resolved */
+        shard_trainer_config now = tc;
+        now.batch = B, now.micro_batch = 0;
+        train_adaptive_start(&adaptive, o->thresholds, o->monitor_every, o->cluster, &now,
+                             o->layout.mesh ? o->layout.mesh : mesh_text);
+    }
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
         int why = 0; /* a signal, or the lock lost: every rank stops before the same step */
         s = train_stop_agree(comm, rank == 0 ? lock : NULL, &why);
@@ -679,6 +705,18 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         if (o->reshard_at && step == (uint64_t)o->reshard_step && step < last) {
             if (tty) printf("\n");
             if ((s = reshard(comm, o, step, log, &mesh, &t)) < 0) break;
+            m = shard_trainer_model(t);
+        }
+        if (o->adaptive && (s = train_adaptive_record(&adaptive, t)) < 0) break;
+        if (o->adaptive && step % adaptive.every == 0 && step < last) {
+            shard_trainer *was = t;
+            char *record = NULL;
+            if (tty) printf("\n");
+            s = train_adaptive_check(&adaptive, comm, step, &mesh, &t, &record);
+            if (s == SHARD_OK && t != was && o->trace) s = shard_trainer_trace(t, 1);
+            if (s == SHARD_OK) s = log_record(comm, o, log, step, record);
+            free(record);
+            if (s < 0) break;
             m = shard_trainer_model(t);
         }
     }
@@ -792,8 +830,16 @@ static const char *const USAGE =
     "                           mesh MESH over the communicator, e.g. 10:data=2,pipe=2; the new\n"
     "                           layout's pipeline flags at their defaults, the global batch kept\n"
     "  --reshard-zero Z         the ZeRO stage after the move, 0..3 (default: --zero's)\n"
-    "  --migration MODE         how the state moves: stop-and-copy, the training paused while it\n"
-    "                           moves (default stop-and-copy)\n"
+    "  --migration MODE         how the state moves (--reshard-at, --adaptive): stop-and-copy, the\n"
+    "                           training paused while it moves (default stop-and-copy)\n"
+    "  --adaptive               every --monitor-every steps (default 10) check the monitor's figures of\n"
+    "                           those steps against --reshard-on's thresholds; one crossed at two checks\n"
+    "                           in a row re-plans on the --cluster's devices at their measured speeds,\n"
+    "                           and a plan predicted 10 %% faster or more is moved to (stop-and-copy)\n"
+    "  --reshard-on LIST        the triggers --adaptive watches and their thresholds: imbalance (max/mean\n"
+    "                           - 1 of the ranks' compute, (0, 100]), memory (peak / the device's\n"
+    "                           memory, (0, 1]), comm (exposed communication / step time, (0, 1])\n"
+    "                           (default imbalance=0.25,memory=0.9,comm=0.4)\n"
     "output:\n"
     "  --log FILE               a JSON line per step (step, loss, lr, grad_norm, tokens_per_s, ms,\n"
     "                           comm_wait_ms, and ranks: each rank's compute_ms, comm_ms by axis,\n"
@@ -820,9 +866,21 @@ static int train_checked(train_opts *o, cli_common *common) {
         cli_error("--min-lr %g is above --lr %g: the schedule decays from --lr down to --min-lr", o->min_lr, o->lr);
         return 2;
     }
-    if ((o->reshard_zero >= 0 || o->migration) && !o->reshard_at) {
+    if (o->reshard_on && !o->adaptive) {
+        cli_error("--reshard-on %s sets --adaptive's thresholds: give --adaptive too", o->reshard_on);
+        return 2;
+    }
+    if (o->adaptive && o->reshard_at) {
+        cli_error("--adaptive and --reshard-at %s both move the run: give one of them", o->reshard_at);
+        return 2;
+    }
+    if (o->adaptive && !common->cluster) {
+        cli_error("--adaptive re-plans on a cluster's devices: give --cluster FILE (docs/cli.md, Emulated clusters)");
+        return 2;
+    }
+    if ((o->reshard_zero >= 0 || (o->migration && !o->adaptive)) && !o->reshard_at) {
         cli_error("%s needs --reshard-at STEP:MESH (the step and the mesh the run moves to)",
-                  o->migration ? "--migration" : "--reshard-zero");
+                  o->migration && !o->adaptive ? "--migration" : "--reshard-zero");
         return 2;
     }
     if (o->save_every && !o->save) {
@@ -864,7 +922,13 @@ static int train_checked(train_opts *o, cli_common *common) {
         cli_error("%s", shard_last_error());
         return 1;
     }
-    shard_status s = shard_launch_with(&launch, train_rank, o);
+    shard_cluster *cluster = NULL; /* --adaptive's: the memory trigger's capacities, the re-plan's devices */
+    shard_status s = o->adaptive ? shard_cluster_load(common->cluster, &cluster) : SHARD_OK;
+    if (s == SHARD_OK && cluster && common->device_map) s = shard_cluster_set_device_map(cluster, common->device_map);
+    o->cluster = cluster;
+    if (s == SHARD_OK) s = shard_launch_with(&launch, train_rank, o);
+    shard_cluster_destroy(cluster);
+    o->cluster = NULL;
     shard_ckpt_lock_release(o->lock);
     if (s < 0) {
         cli_error("%s", shard_last_error());
@@ -956,6 +1020,15 @@ int cli_train(int argc, char **argv) {
             o.print_specs = 1;
             continue;
         }
+        if (strcmp(a, "--adaptive") == 0) {
+            o.adaptive = 1;
+            continue;
+        }
+        if (strcmp(a, "--reshard-on") == 0) {
+            if (!(o.reshard_on = cli_value(argc, argv, &i)) || train_adaptive_parse(o.reshard_on, o.thresholds) < 0)
+                return 2;
+            continue;
+        }
         if (strcmp(a, "--reshard-at") == 0 || strcmp(a, "--reshard-zero") == 0 || strcmp(a, "--migration") == 0) {
             if (parse_reshard(&o, a, cli_value(argc, argv, &i)) < 0) return 2;
             continue;
@@ -969,6 +1042,7 @@ int cli_train(int argc, char **argv) {
         cli_unknown_option("train", a, USAGE);
         return 2;
     }
+    if (!o.reshard_on) train_adaptive_defaults(o.thresholds);
     if (!o.config) {
         cli_error("train: --config CONFIG.json is required (and --data DIR for a GPT's token files)");
         return 2;

@@ -148,6 +148,20 @@ def errors():
          "--migration 'live' is invalid: give stop-and-copy (the one migration built so far)"),
         (["train", "--config", "c", "--data", "d", "--reshard-zero", "1"], 2,
          "--reshard-zero needs --reshard-at STEP:MESH (the step and the mesh the run moves to)"),
+        (["train", "--config", "c", "--data", "d", "--reshard-on", "imbalance=0.3"], 2,
+         "--reshard-on imbalance=0.3 sets --adaptive's thresholds: give --adaptive too"),
+        (["train", "--config", "c", "--data", "d", "--adaptive", "--reshard-on", "imbalanse=0.3"], 2,
+         "--reshard-on: unknown trigger 'imbalanse' (did you mean 'imbalance'?): give imbalance, memory or comm"),
+        (["train", "--config", "c", "--data", "d", "--adaptive", "--reshard-on", "memory=1.5"], 2,
+         "--reshard-on: memory=1.5 is invalid: give a threshold in (0, 1], e.g. memory=0.9"),
+        (["train", "--config", "c", "--data", "d", "--adaptive", "--reshard-on", "comm"], 2,
+         "--reshard-on: comm= is invalid: give a threshold in (0, 1], e.g. comm=0.4"),
+        (["train", "--config", "c", "--data", "d", "--adaptive"], 2,
+         "--adaptive re-plans on a cluster's devices: give --cluster FILE"),
+        (["train", "--config", "c", "--data", "d", "--adaptive", "--reshard-at", "3:data=1"], 2,
+         "--adaptive and --reshard-at 3:data=1 both move the run: give one of them"),
+        (["train", "--config", "c", "--data", "d", "--adaptive", "--migration", "live"], 2,
+         "--migration 'live' is invalid: give stop-and-copy"),
         (["train", "--config", "c", "--data", "d", "--grad-dtype", "f16"], 2, "--grad-dtype 'f16' is invalid: give f32 or bf16"),
         (["train", "--config", "c", "--data", "d", "--compute-dtype", "f16"], 2,
          "--compute-dtype 'f16' is invalid: give f32 or bf16"),
@@ -292,7 +306,8 @@ PARSED_FLAGS = {
                               "--steps", "--save-every", "--warmup", "--zero", "--accum", "--micro-batch",
                               "--micro-batches", "--virtual-stages", "--lr", "--min-lr", "--weight-decay", "--clip",
                               "--bucket-mb", "--sequence-parallel", "--recompute", "--print-specs", "--spec", "--seed",
-                              "--batch-shares", "--plan", "--reshard-at", "--reshard-zero", "--migration"},
+                              "--batch-shares", "--plan", "--reshard-at", "--reshard-zero", "--migration",
+                              "--adaptive", "--reshard-on"},
 }
 
 
@@ -2175,11 +2190,55 @@ def reshard():
                "  rank 3  data=3 " in p.stdout, f"a move refused for memory: {worst} {p.stderr!r} {p.stdout[-500:]}")
 
 
+def adaptive():
+    """`train --adaptive`: on 4 emulated devices of which one becomes 3x slower at step 6, the monitor's
+    imbalance crosses its threshold at two checks in a row, the planner re-plans on the measured speeds and
+    the run moves to the plan (uneven batch shares, or what the planner prefers): one console line and one
+    --log record with trigger imbalance, and the same losses (1e-5 relative) as the run without --adaptive."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="shard-cli-adaptive-") as work:
+        data = tiny_corpus(work, "the slow device takes fewer rows. ", 400)
+        cluster = os.path.join(work, "slowing.json")
+        with open(cluster, "w") as f:
+            json.dump({"nodes": [{"name": "steady", "devices": 3, "compute_tflops": 0.004, "available_memory_gb": 2},
+                                 {"name": "flaky", "devices": 1, "compute_tflops": 0.004, "available_memory_gb": 2,
+                                  "changes": [{"at_step": 6, "slowdown": 3}]}],
+                       "network": {"bandwidth_gbps": 20, "latency_us": 50},
+                       "intra_node": {"bandwidth_gbps": 20, "latency_us": 50}}, f)
+        args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "64", "--seed", "3", "--steps",
+                "20", "--mesh", "data=4", "--cluster", cluster]
+        log = os.path.join(work, "run.jsonl")
+
+        def losses(extra):
+            if os.path.exists(log):
+                os.remove(log)
+            p = run(args + ["--log", log] + extra, timeout=120)
+            events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            return p, [r["loss"] for r in events if "event" not in r], [r for r in events if r.get("event") == "reshard"]
+
+        _, ref, _ = losses([])
+        expect(len(ref) == 20, "train on the slowing cluster: no losses")
+        p, got, events = losses(["--adaptive", "--monitor-every", "3"])
+        worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 20 else 1
+        expect(worst <= 1e-5, f"train --adaptive: worst relative loss difference {worst} {p.stderr}")
+        moves = [e for e in events if e["to"] is not None]
+        expect(moves and moves[0]["trigger"] == "imbalance" and moves[0]["step"] > 6 and
+               moves[0]["value"] > moves[0]["threshold"] == 0.25 and moves[0]["predicted_gain"] >= 0.1 and
+               moves[0]["from"] == "data=4 zero=0" and moves[0]["to"] != moves[0]["from"] and
+               moves[0]["migration"] == "stop-and-copy" and moves[0]["migration_ms"] > 0 and
+               isinstance(moves[0]["bytes"], int) and
+               all(e["trigger"] in ("imbalance", "memory", "comm") for e in events),
+               f"train --adaptive: the reshard records {events} {p.stdout[-800:]}")
+        line = re.search(r"\nreshard: step [0-9]+, data=4 zero=0 -> .* \(imbalance [0-9.]+ over 0.25 at two checks; "
+                         r"predicted [0-9]+ % faster\), stop-and-copy: [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
+        expect(line, f"train --adaptive: the console line: {p.stdout[-800:]}")
+
+
 if __name__ == "__main__":
     {"errors": errors, "help": help_texts, "bench_json": bench_json, "bench_mpi": bench_mpi, "bench_redistribute": bench_redistribute,
      "ckpt": ckpt, "train": train, "train_mpi": train_mpi, "demo": demo, "inspect": inspect,
      "inspect_schedule": inspect_schedule, "moe": moe, "bench_moe": bench_moe, "analyze": analyze, "moe_pipe": moe_pipe, "batch_shares": batch_shares, "plan": plan, "plan_space": plan_space, "bench_plan": bench_plan, "bench_reshard": bench_reshard,
-     "train_plan": train_plan, "reshard": reshard,
+     "train_plan": train_plan, "reshard": reshard, "adaptive": adaptive,
      "cost": cost,
      "monitor": monitor, "analyze_moe": analyze_moe, "cluster_changes": cluster_changes}[sys.argv[2]]()
     sys.exit(1 if failures else 0)

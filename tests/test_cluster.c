@@ -154,6 +154,29 @@ static void test_changes(void) {
            "the device at step 1: %g TFLOP/s", d.compute_tflops);
     EXPECT(shard_cluster_device_at(c, 3, 1, &d) < 0 && strstr(shard_last_error(), "rank 3 has no device"),
            "a rank past the devices: %s", shard_last_error());
+    /* measured rates in place of the nodes' (and their changes), kept by a copy; n == 0 undoes them */
+    double rates[3] = {0.002, 0.0025, 0.0005}, bad[3] = {0.002, 0, 0.001};
+    EXPECT(copy && shard_cluster_set_device_tflops(copy, rates, 2) < 0 &&
+               strstr(shard_last_error(), "2 device rates for its 3 devices"),
+           "a rate list of another length: %s", shard_last_error());
+    EXPECT(copy && shard_cluster_set_device_tflops(copy, bad, 3) < 0 &&
+               strstr(shard_last_error(), "device 1's rate 0 TFLOP/s: give a rate above 0"),
+           "a rate of 0: %s", shard_last_error());
+    shard_cluster *measured = NULL;
+    EXPECT(copy && shard_cluster_set_device_tflops(copy, rates, 3) == SHARD_OK &&
+               shard_cluster_copy(copy, &measured) == SHARD_OK,
+           "measured rates: %s", shard_last_error());
+    for (int r = 0; r < 3 && measured; r++) {
+        shard_cluster_device m;
+        EXPECT(shard_cluster_device_at(measured, r, 60, &m) == SHARD_OK && m.compute_tflops == rates[r],
+               "rank %d's measured rate: %g", r, m.compute_tflops);
+    }
+    shard_cluster_device back;
+    EXPECT(measured && shard_cluster_set_device_tflops(measured, NULL, 0) == SHARD_OK &&
+               shard_cluster_device_at(measured, 1, 60, &back) == SHARD_OK &&
+               fabs(back.compute_tflops - 0.00075) < 1e-12,
+           "the nodes' rates again: %g", back.compute_tflops);
+    shard_cluster_destroy(measured);
     shard_cluster_destroy(copy);
     shard_cluster_destroy(c);
     c = NULL;

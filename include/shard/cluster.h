@@ -61,6 +61,11 @@ shard_status shard_cluster_set_device_map_array(shard_cluster *cluster, const si
 /* A copy of the description and its device map (free with shard_cluster_destroy). */
 shard_status shard_cluster_copy(const shard_cluster *cluster, shard_cluster **out);
 
+/* Device i computes at tflops[i] TFLOP/s (each above 0) at every step, in place of its node's rate and
+ * changes, for the planner and the cost model (the emulation keeps the nodes' rates): a copy re-priced
+ * on measured speeds.  n is the device count; n == 0 restores the nodes' rates. */
+shard_status shard_cluster_set_device_tflops(shard_cluster *cluster, const double *tflops, size_t n);
+
 /* The devices over all nodes. */
 int shard_cluster_devices(const shard_cluster *cluster);
 

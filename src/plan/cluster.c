@@ -42,6 +42,7 @@ struct shard_cluster {
     int link_count;
     int *map; /* rank -> device; NULL: in order */
     int map_length;
+    double *device_tflops; /* per device, measured rates in place of the nodes' (NULL: the nodes') */
 };
 
 enum { MOST_NODES = 4096, MOST_DEVICES = 1 << 16, MOST_CHANGES = 4096 };
@@ -53,6 +54,7 @@ void shard_cluster_destroy(shard_cluster *c) {
     free(c->nodes);
     free(c->links);
     free(c->map);
+    free(c->device_tflops);
     free(c);
 }
 
@@ -387,8 +389,9 @@ shard_status shard_cluster_copy(const shard_cluster *c, shard_cluster **out) {
     d->nodes = calloc((size_t)c->node_count, sizeof *d->nodes);
     d->links = c->links ? calloc((size_t)c->link_count + 1, sizeof *d->links) : NULL;
     d->map = c->map ? malloc(sizeof *d->map * (size_t)c->map_length + 1) : NULL;
+    d->device_tflops = c->device_tflops ? malloc(sizeof *d->device_tflops * (size_t)c->devices) : NULL;
     d->node_count = 0;
-    int ok = d->nodes && (!c->links || d->links) && (!c->map || d->map);
+    int ok = d->nodes && (!c->links || d->links) && (!c->map || d->map) && (!c->device_tflops || d->device_tflops);
     for (int i = 0; ok && i < c->node_count; i++, d->node_count++) {
         const cluster_node *from = &c->nodes[i];
         cluster_node *to = &d->nodes[i];
@@ -407,7 +410,26 @@ shard_status shard_cluster_copy(const shard_cluster *c, shard_cluster **out) {
     }
     if (c->links) memcpy(d->links, c->links, sizeof *d->links * (size_t)c->link_count);
     if (c->map) memcpy(d->map, c->map, sizeof *d->map * (size_t)c->map_length);
+    if (c->device_tflops) memcpy(d->device_tflops, c->device_tflops, sizeof *d->device_tflops * (size_t)c->devices);
     *out = d;
+    return SHARD_OK;
+}
+
+shard_status shard_cluster_set_device_tflops(shard_cluster *c, const double *tflops, size_t n) {
+    if (!c || (n && !tflops))
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_cluster_set_device_tflops: cluster or tflops is NULL");
+    if (n && n != (size_t)c->devices)
+        return shard_error(SHARD_ERR_INVALID_ARG, "cluster %s: %zu device rates for its %d devices: give one each",
+                           c->where, n, c->devices);
+    for (size_t i = 0; i < n; i++)
+        if (!(tflops[i] > 0) || !isfinite(tflops[i]))
+            return shard_error(SHARD_ERR_INVALID_ARG, "cluster %s: device %zu's rate %g TFLOP/s: give a rate above 0",
+                               c->where, i, tflops[i]);
+    double *rates = n ? malloc(sizeof *rates * n) : NULL;
+    if (n && !rates) return shard_error(SHARD_ERR_NO_MEMORY, "cluster %s: out of memory", c->where);
+    if (n) memcpy(rates, tflops, sizeof *rates * n);
+    free(c->device_tflops);
+    c->device_tflops = rates;
     return SHARD_OK;
 }
 
@@ -465,7 +487,7 @@ shard_status shard_cluster_device_at(const shard_cluster *c, int rank, uint64_t 
                                   .node_index = n,
                                   .device = d,
                                   .local = d - node->first,
-                                  .compute_tflops = node->tflops / slowdown,
+                                  .compute_tflops = c->device_tflops ? c->device_tflops[d] : node->tflops / slowdown,
                                   .memory_bytes = memory_bytes,
                                   .slowdown = slowdown};
     return SHARD_OK;

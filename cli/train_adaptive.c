@@ -1,0 +1,358 @@
+/* train_adaptive.c — see train_adaptive.h.
+ *
+ * The figures are the trainer's step monitor's, summed on each rank over the steps since the last check
+ * and gathered to every rank at a check: imbalance is shard_imbalance of the ranks' compute time (the
+ * monitor's definition), memory pressure the highest step peak over the device's available memory at
+ * that step (only on a cluster: without one no capacity is known), communication the largest share of
+ * a rank's wall time its exposed communication took.
+ *
+ * Why two checks in a row: one window can hold a passing hiccup (a first step's warm-up, the host busy
+ * elsewhere); a re-plan and a move cost far more than a check.
+ *
+ * The re-plan prices the layouts on a copy of the cluster whose devices run at the ranks' measured
+ * speeds (rows per compute second), relative to the fastest rank, taken to run at its declared rate:
+ * what the monitor saw, not what the description promised.  The current layout is priced on the same
+ * copy by the engine's dry run, so that the gain compares two predictions of one model.  The re-plan
+ * runs on a thread of its own: a rank's thread computes at its emulated device's rate and counts its
+ * allocations against the device's memory, and the planner's dry runs are the host's work, not the
+ * rank's. */
+#include "train_adaptive.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+
+static const char *const TRIGGER_NAMES[ADAPTIVE_TRIGGERS] = {"imbalance", "memory", "comm"};
+static const double DEFAULT_THRESHOLDS[ADAPTIVE_TRIGGERS] = {0.25, 0.9, 0.4};
+static const double MOST_THRESHOLDS[ADAPTIVE_TRIGGERS] = {100, 1, 1}; /* each in (0, most] */
+
+void train_adaptive_defaults(double threshold[ADAPTIVE_TRIGGERS]) {
+    memcpy(threshold, DEFAULT_THRESHOLDS, sizeof DEFAULT_THRESHOLDS);
+}
+
+int train_adaptive_parse(const char *text, double threshold[ADAPTIVE_TRIGGERS]) {
+    memset(threshold, 0, sizeof(double) * ADAPTIVE_TRIGGERS);
+    char copy[256];
+    if (!text[0] || strlen(text) >= sizeof copy) {
+        cli_error("--reshard-on '%s' is invalid: give NAME=THRESHOLD,... with names imbalance, memory and comm, e.g. "
+                  "imbalance=0.25,memory=0.9,comm=0.4",
+                  text);
+        return -1;
+    }
+    snprintf(copy, sizeof copy, "%s", text);
+    for (char *save = NULL, *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (eq) *eq = '\0';
+        int k = 0;
+        while (k < ADAPTIVE_TRIGGERS && strcmp(item, TRIGGER_NAMES[k]) != 0) k++;
+        if (k == ADAPTIVE_TRIGGERS) {
+            const char *near = shard_text_nearest(item, TRIGGER_NAMES, ADAPTIVE_TRIGGERS);
+            cli_error("--reshard-on: unknown trigger '%s'%s%s%s: give imbalance, memory or comm", item,
+                      near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
+            return -1;
+        }
+        double v = 0;
+        if (!eq || !cli_number(eq + 1, &v) || !(v > 0) || v > MOST_THRESHOLDS[k]) {
+            cli_error("--reshard-on: %s=%s is invalid: give a threshold in (0, %g], e.g. %s=%g", item, eq ? eq + 1 : "",
+                      MOST_THRESHOLDS[k], item, DEFAULT_THRESHOLDS[k]);
+            return -1;
+        }
+        if (threshold[k] > 0) {
+            cli_error("--reshard-on: %s is given twice: give each trigger once", item);
+            return -1;
+        }
+        threshold[k] = v;
+    }
+    return 0;
+}
+
+void train_adaptive_start(train_adaptive *a, const double threshold[ADAPTIVE_TRIGGERS], long every,
+                          const shard_cluster *cluster, const shard_trainer_config *config, const char *mesh) {
+    memset(a, 0, sizeof *a);
+    memcpy(a->threshold, threshold, sizeof a->threshold);
+    a->every = every > 0 ? (uint64_t)every : 10;
+    a->cluster = cluster;
+    a->config = *config;
+    a->current_plan = -1;
+    snprintf(a->mesh, sizeof a->mesh, "%s", mesh);
+}
+
+shard_status train_adaptive_record(train_adaptive *a, const shard_trainer *t) {
+    shard_step_monitor m;
+    SHARD_CHECK(shard_trainer_step_monitor(t, &m));
+    double exposed = 0, peak = 0;
+    for (size_t i = 0; i < m.comms; i++) exposed += m.comm[i].exposed_s;
+    for (int c = 0; c < SHARD_MEM_CATEGORY_COUNT; c++) peak += (double)m.peak_bytes[c];
+    a->window[0] += m.compute_s, a->window[1] += exposed, a->window[2] += m.wall_s;
+    if (peak > a->window[3]) a->window[3] = peak;
+    return SHARD_OK;
+}
+
+/* The current layout as a candidate's fields, for its text. */
+static void current_text(const train_adaptive *a, char *out, size_t bytes) {
+    if (a->current_plan >= 0) {
+        shard_plan_candidate_text(&a->plan[a->current_plan], out, bytes);
+        return;
+    }
+    const shard_trainer_config *tc = &a->config;
+    shard_plan_candidate c = {.zero = tc->zero,
+                              .recompute = tc->recompute,
+                              .sequence_parallel = tc->sequence_parallel,
+                              .micro_batches = tc->micro_batches,
+                              .virtual_stages = tc->virtual_stages};
+    snprintf(c.mesh, sizeof c.mesh, "%s", a->mesh);
+    snprintf(c.schedule, sizeof c.schedule, "%s", tc->schedule ? tc->schedule : "");
+    snprintf(c.layers_per_stage, sizeof c.layers_per_stage, "%s", tc->layers_per_stage ? tc->layers_per_stage : "");
+    snprintf(c.batch_shares, sizeof c.batch_shares, "%s", tc->batch_shares ? tc->batch_shares : "");
+    if (tc->grad_dtype == SHARD_BF16) snprintf(c.grad_dtype, sizeof c.grad_dtype, "bf16");
+    shard_plan_candidate_text(&c, out, bytes);
+}
+
+/* This rank's rows of the global batch, relative (1 with even shares): what its compute time is for. */
+static double rank_rows(const train_adaptive *a, const shard_mesh *mesh) {
+    int axis = shard_mesh_axis_index(mesh, "data");
+    if (!a->config.batch_shares || axis < 0) return 1;
+    int at = shard_mesh_coord(mesh, axis);
+    const char *p = a->config.batch_shares;
+    for (int i = 0; i < at && p; i++) p = strchr(p, ','), p = p ? p + 1 : NULL;
+    double rows = p ? strtod(p, NULL) : 1;
+    return rows > 0 ? rows : 1;
+}
+
+enum { FIELDS = 5 }; /* gathered per rank: compute, comm, wall, peak bytes, rows */
+
+/* Rank 0: the cluster re-priced with the measured speeds (all: FIELDS per rank), its first `world` ranks
+ * on the run's devices. */
+static shard_status measured_cluster(const train_adaptive *a, int world, const double *all, shard_cluster **out) {
+    *out = NULL;
+    shard_cluster *c = NULL;
+    SHARD_CHECK(shard_cluster_copy(a->cluster, &c));
+    int devices = shard_cluster_devices(c);
+    double *rate = calloc((size_t)devices, sizeof *rate);
+    size_t *map = calloc((size_t)world, sizeof *map);
+    shard_status s = rate && map ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
+    for (int r = 0; s == SHARD_OK && r < world; r++) { /* the run's device map, before it is undone below */
+        shard_cluster_device d;
+        s = shard_cluster_rank_device(c, r, &d);
+        map[r] = (size_t)d.device;
+    }
+    if (s == SHARD_OK) s = shard_cluster_set_device_map(c, NULL);
+    for (int i = 0; s == SHARD_OK && i < devices; i++) { /* in order: rank i is device i, at its declared rate */
+        shard_cluster_device d;
+        s = shard_cluster_rank_device(c, i, &d);
+        rate[i] = d.compute_tflops;
+    }
+    int fastest = -1;
+    double speed_of_fastest = 0;
+    for (int r = 0; r < world; r++) {
+        const double *v = all + r * FIELDS;
+        if (v[0] > 0 && v[4] / v[0] > speed_of_fastest) fastest = r, speed_of_fastest = v[4] / v[0];
+    }
+    if (s == SHARD_OK && fastest >= 0) {
+        double declared = rate[map[fastest]];
+        for (int r = 0; r < world; r++) {
+            const double *v = all + r * FIELDS;
+            if (v[0] > 0) rate[map[r]] = declared * (v[4] / v[0]) / speed_of_fastest;
+        }
+    }
+    if (s == SHARD_OK) s = shard_cluster_set_device_tflops(c, rate, (size_t)devices);
+    if (s == SHARD_OK) s = shard_cluster_set_device_map_array(c, map, (size_t)world);
+    free(rate);
+    free(map);
+    if (s < 0) {
+        shard_cluster_destroy(c);
+        return s;
+    }
+    *out = c;
+    return SHARD_OK;
+}
+
+/* Rank 0: the best plan on the measured cluster (*best), and the current layout's predicted step on it. */
+static shard_status replan(const train_adaptive *a, int world, const double *all, shard_plan_candidate *best,
+                           double *current_ms) {
+    shard_cluster *c = NULL;
+    SHARD_CHECK(measured_cluster(a, world, all, &c));
+    shard_trainer_config search = a->config; /* the model, batch and seq; the layout is the search's */
+    shard_plan_options po = {.struct_size = sizeof po,
+                             .train = &search,
+                             .cluster = c,
+                             .goal = "throughput",
+                             .search = world <= 16 ? "exhaustive" : NULL};
+    shard_plan_result *r = NULL;
+    shard_status s = shard_plan_search(&po, &r);
+    if (s == SHARD_OK && !r->fitting) s = shard_error(SHARD_ERR_INVALID_ARG, "no layout fits the cluster's devices");
+    if (s == SHARD_OK) *best = r->candidate[0];
+    shard_plan_result_destroy(r);
+    shard_analysis *an = NULL;
+    shard_step_prediction *pred = NULL;
+    shard_analyze_options ao = {.struct_size = sizeof ao, .train = &a->config, .mesh = a->mesh};
+    shard_cost_options co = {.struct_size = sizeof co, .backend = "threads", .cluster = c};
+    if (s == SHARD_OK) s = shard_analyze(&ao, &an);
+    if (s == SHARD_OK) s = shard_cost_predict(an, NULL, &co, &pred);
+    if (s == SHARD_OK) *current_ms = pred->step_ms;
+    shard_step_prediction_destroy(pred);
+    shard_analysis_destroy(an);
+    shard_cluster_destroy(c);
+    return s;
+}
+
+/* The re-plan on a thread of its own (see the top of the file). */
+typedef struct replan_job {
+    const train_adaptive *a;
+    int world;
+    const double *all;
+    shard_plan_candidate best;
+    double current_ms;
+    shard_status s;
+    char why[1024];
+} replan_job;
+
+static void *replan_thread(void *arg) {
+    replan_job *job = arg;
+    job->s = replan(job->a, job->world, job->all, &job->best, &job->current_ms);
+    if (job->s < 0) snprintf(job->why, sizeof job->why, "%s", shard_last_error());
+    return NULL;
+}
+
+static shard_status replan_apart(const train_adaptive *a, int world, const double *all, shard_plan_candidate *best,
+                                 double *current_ms) {
+    replan_job job = {.a = a, .world = world, .all = all};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, replan_thread, &job) != 0)
+        replan_thread(&job); /* no thread to be had: on this one, at the emulated rate */
+    else
+        pthread_join(thread, NULL);
+    if (job.s < 0) return shard_error(job.s, "%s", job.why);
+    *best = job.best, *current_ms = job.current_ms;
+    return SHARD_OK;
+}
+
+/* Rank 0: each trigger's figure over the window (all: FIELDS per rank); memory is -1 without a cluster. */
+static void figures(const train_adaptive *a, int world, uint64_t step, const double *all,
+                    double value[ADAPTIVE_TRIGGERS]) {
+    double compute[4096];
+    int n = world < 4096 ? world : 4096;
+    value[ADAPTIVE_MEMORY] = a->cluster ? 0 : -1, value[ADAPTIVE_COMM] = 0;
+    for (int r = 0; r < n; r++) {
+        const double *v = all + r * FIELDS;
+        compute[r] = v[0];
+        if (v[2] > 0 && v[1] / v[2] > value[ADAPTIVE_COMM]) value[ADAPTIVE_COMM] = v[1] / v[2];
+        shard_cluster_device d;
+        if (a->cluster && shard_cluster_device_at(a->cluster, r, step, &d) == SHARD_OK && d.memory_bytes > 0 &&
+            v[3] / d.memory_bytes > value[ADAPTIVE_MEMORY])
+            value[ADAPTIVE_MEMORY] = v[3] / d.memory_bytes;
+    }
+    value[ADAPTIVE_IMBALANCE] = shard_imbalance(compute, (size_t)n);
+}
+
+/* What rank 0 decided, sent to every rank. */
+typedef struct decision {
+    int32_t trigger; /* -1: nothing crossed twice */
+    int32_t move;
+    shard_plan_candidate to;
+} decision;
+
+/* Rank 0: the thresholds checked, the streaks kept, and a crossed one re-planned; *gain the prediction. */
+static void decide(train_adaptive *a, int world, uint64_t step, const double *all, decision *d,
+                   double value[ADAPTIVE_TRIGGERS], double *gain) {
+    figures(a, world, step, all, value);
+    for (int k = 0; k < ADAPTIVE_TRIGGERS; k++) {
+        a->streak[k] = a->threshold[k] > 0 && value[k] > a->threshold[k] ? a->streak[k] + 1 : 0;
+        if (d->trigger < 0 && a->streak[k] >= 2) d->trigger = k;
+    }
+    if (d->trigger < 0) return;
+    a->streak[d->trigger] = 0; /* decided: two more checks before this trigger asks again */
+    double current_ms = 0;
+    char from[400];
+    current_text(a, from, sizeof from);
+    if (replan_apart(a, world, all, &d->to, &current_ms) < 0) {
+        fprintf(stderr,
+                "shard: reshard: step %llu: %s crossed its threshold, and re-planning failed: %s; the run "
+                "goes on as %s\n",
+                (unsigned long long)step, TRIGGER_NAMES[d->trigger], shard_last_error(), from);
+        d->trigger = -1;
+        return;
+    }
+    char to[400];
+    shard_plan_candidate_text(&d->to, to, sizeof to);
+    *gain = current_ms > 0 ? 1 - d->to.step_ms / current_ms : 0;
+    d->move = *gain >= ADAPTIVE_LEAST_GAIN && strcmp(from, to) != 0;
+}
+
+/* Collective: every rank moves to d->to by stop-and-copy; a failure leaves the run as it was (*moved 0). */
+static shard_status move(train_adaptive *a, shard_comm *comm, const decision *d, shard_mesh **mesh, shard_trainer **t,
+                         shard_migration_stats *st, int *moved) {
+    *moved = 0;
+    shard_mesh *next = NULL;
+    SHARD_CHECK(shard_mesh_create(comm, d->to.mesh, &next));
+    int slot = a->current_plan == 0 ? 1 : 0; /* the old config's strings stay valid while the old trainer is read */
+    a->plan[slot] = d->to;
+    shard_trainer_config tc = a->config;
+    shard_plan_candidate_apply(&a->plan[slot], &tc);
+    shard_trainer *moved_to = NULL;
+    if (shard_trainer_migrate(*t, next, &tc, &moved_to, st) < 0) {
+        shard_mesh_destroy(next);
+        return SHARD_OK;
+    }
+    shard_mesh_destroy(*mesh);
+    *mesh = next, *t = moved_to, *moved = 1;
+    a->config = tc, a->current_plan = slot;
+    snprintf(a->mesh, sizeof a->mesh, "%s", d->to.mesh);
+    memset(a->streak, 0, sizeof a->streak); /* the figures so far were the old layout's */
+    return SHARD_OK;
+}
+
+shard_status train_adaptive_check(train_adaptive *a, shard_comm *comm, uint64_t step, shard_mesh **mesh,
+                                  shard_trainer **t, char **record) {
+    *record = NULL;
+    int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
+    double mine[FIELDS] = {a->window[0], a->window[1], a->window[2], a->window[3], rank_rows(a, *mesh)};
+    memset(a->window, 0, sizeof a->window);
+    double *all = malloc((size_t)world * sizeof mine);
+    if (!all) return shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
+    shard_status s = shard_comm_all_gather(comm, mine, all, FIELDS, SHARD_F64);
+    decision d = {.trigger = -1};
+    double value[ADAPTIVE_TRIGGERS] = {0}, gain = 0;
+    char from[400], to[400] = "";
+    current_text(a, from, sizeof from);
+    if (s == SHARD_OK && rank == 0) decide(a, world, step, all, &d, value, &gain);
+    free(all);
+    if (s == SHARD_OK) s = shard_comm_broadcast(comm, &d, sizeof d, SHARD_U8, 0);
+    if (s < 0 || d.trigger < 0) return s;
+    shard_migration_stats st = {.struct_size = sizeof st};
+    int moved = 0;
+    if (d.move) SHARD_CHECK(move(a, comm, &d, mesh, t, &st, &moved));
+    if (rank != 0) return SHARD_OK;
+    if (d.move && !moved) { /* the migration's refusal: the run goes on as it was */
+        fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s\n", (unsigned long long)step,
+                shard_last_error(), from);
+        return SHARD_OK;
+    }
+    int k = d.trigger;
+    shard_plan_candidate_text(&d.to, to, sizeof to);
+    if (moved)
+        printf("reshard: step %llu, %s -> %s (%s %.2f over %g at two checks; predicted %.0f %% faster), "
+               "stop-and-copy: %.1f ms, %.1f MiB moved\n",
+               (unsigned long long)step, from, to, TRIGGER_NAMES[k], value[k], a->threshold[k], gain * 100, st.ms,
+               (double)st.bytes / 1048576.0);
+    else
+        printf("reshard: step %llu, %s %.2f over %g at two checks; the best plan, %s, predicts %.0f %% faster (a "
+               "move needs %.0f %%): the run stays %s\n",
+               (unsigned long long)step, TRIGGER_NAMES[k], value[k], a->threshold[k], to, gain * 100,
+               ADAPTIVE_LEAST_GAIN * 100, from);
+    fflush(stdout);
+    char quoted[420];
+    size_t bytes = 1024;
+    if (!(*record = malloc(bytes))) return shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
+    snprintf(*record, bytes,
+             "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": %s, \"trigger\": \"%s\", "
+             "\"value\": %.6g, \"threshold\": %.6g, \"predicted_gain\": %.6g, \"migration\": \"stop-and-copy\", "
+             "\"migration_ms\": %.3f, \"bytes\": %llu}\n",
+             (unsigned long long)step, from, moved ? cli_json_string(to, quoted, sizeof quoted) : "null",
+             TRIGGER_NAMES[k], value[k], a->threshold[k], gain, moved ? st.ms : 0.0,
+             (unsigned long long)(moved ? st.bytes : 0));
+    return SHARD_OK;
+}

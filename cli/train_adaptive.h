@@ -1,0 +1,55 @@
+/* train_adaptive.h — `shard train --adaptive`: every K steps the monitor's figures of the last K steps
+ * (load imbalance, memory pressure, exposed communication) against thresholds; a threshold crossed at two
+ * checks in a row makes rank 0 re-plan on the cluster re-priced with the ranks' measured speeds, and a
+ * plan predicted at least 10 % faster than the layout the run has is moved to by stop-and-copy
+ * (shard_trainer_migrate).  Each decision is one console line and one --log record. */
+#ifndef SHARD_CLI_TRAIN_ADAPTIVE_H
+#define SHARD_CLI_TRAIN_ADAPTIVE_H
+
+#include <stdint.h>
+
+#include "shard/shard.h"
+
+enum { ADAPTIVE_IMBALANCE, ADAPTIVE_MEMORY, ADAPTIVE_COMM, ADAPTIVE_TRIGGERS };
+
+/* The least predicted gain (1 - new step / current step) that is worth a move. */
+#define ADAPTIVE_LEAST_GAIN 0.10
+
+/* --reshard-on's value, "imbalance=0.25,memory=0.9,comm=0.4": the triggers watched and their thresholds
+ * (a trigger left out is not watched; 0 in threshold[]).  0, or -1 with one line printed. */
+int train_adaptive_parse(const char *text, double threshold[ADAPTIVE_TRIGGERS]);
+
+/* The thresholds without --reshard-on. */
+void train_adaptive_defaults(double threshold[ADAPTIVE_TRIGGERS]);
+
+/* One rank's adaptive state over the run. */
+typedef struct train_adaptive {
+    double threshold[ADAPTIVE_TRIGGERS]; /* 0: the trigger is off */
+    uint64_t every;                      /* a check every `every` steps */
+    const shard_cluster *cluster;        /* the run's (the memory trigger's capacity; the re-plan's devices) */
+    shard_trainer_config config;         /* the current layout's config (the run's, the plan's fields applied) */
+    char mesh[96];                       /* the current mesh */
+    shard_plan_candidate plan[2];        /* the plans moved to, alternately: config's strings point into one */
+    int current_plan;                    /* plan[] index config points into (-1: the run's own layout) */
+    int streak[ADAPTIVE_TRIGGERS];       /* checks in a row the trigger was crossed */
+    double window[4]; /* this rank since the last check: compute, exposed comm and wall seconds; the highest
+                         step peak (its categories' peaks summed) in bytes */
+} train_adaptive;
+
+/* Ready for the run: config is the run's trainer config with its global batch resolved (batch), mesh its
+ * mesh text. */
+void train_adaptive_start(train_adaptive *a, const double threshold[ADAPTIVE_TRIGGERS], long every,
+                          const shard_cluster *cluster, const shard_trainer_config *config, const char *mesh);
+
+/* After each step, on every rank: the step's figures added to the window. */
+shard_status train_adaptive_record(train_adaptive *a, const shard_trainer *t);
+
+/* Collective, after a step that is a check (step % every == 0): the window's figures gathered, the
+ * thresholds checked on rank 0, and when one was crossed at two checks in a row the re-plan and maybe
+ * the move (*mesh and *t the new ones then).  Rank 0 prints the decision and gets its --log record in
+ * record (malloc'd, NULL when nothing was decided); a move that fails leaves the run as it was, one line
+ * on stderr saying why. */
+shard_status train_adaptive_check(train_adaptive *a, shard_comm *comm, uint64_t step, shard_mesh **mesh,
+                                  shard_trainer **t, char **record);
+
+#endif
