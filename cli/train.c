@@ -45,6 +45,7 @@
 #include "monitor.h"
 #include "trace.h"
 #include "train_adaptive.h"
+#include "train_phases.h"
 #include "train_plan.h"
 #include "train_stop.h"
 #include "train_util.h"
@@ -68,8 +69,9 @@ typedef struct train_opts {
     const char *reshard_on;
     double thresholds[ADAPTIVE_TRIGGERS];
     const shard_cluster *cluster;
-    shard_ckpt_lock *lock; /* --save's writer lock, taken before thread ranks start */
-    int lock_in_rank;      /* under an MPI launcher: rank 0 takes it in train_rank instead */
+    const char *cluster_path; /* --cluster's file (NULL: none): the phases of the step time cut at its changes */
+    shard_ckpt_lock *lock;    /* --save's writer lock, taken before thread ranks start */
+    int lock_in_rank;         /* under an MPI launcher: rank 0 takes it in train_rank instead */
 } train_opts;
 
 /* Rank 0: each parameter's name, whole shape, placement on the tensor axis and this rank's piece. */
@@ -645,6 +647,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     int catches = rank == 0 || strcmp(shard_comm_backend(comm), "threads") != 0, stopped = 0;
     if (catches) train_stop_catch(lock, o->save);
     train_adaptive adaptive;
+    train_phases phases = {.moves = 0};
     if (s == SHARD_OK && o->adaptive) { /* the layout as the plans describe it: the global batch resolved */
         shard_trainer_config now = tc;
         now.batch = B, now.micro_batch = 0;
@@ -668,7 +671,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             break;
         }
         double tps = (double)(B * items_per_row) / (r.ms / 1e3);
-        if ((o->plan || o->log) && rank == 0 && (s = keep_step_ms(&step_ms, &step_count, r.ms)) < 0) break;
+        if (rank == 0 && (s = keep_step_ms(&step_ms, &step_count, r.ms)) < 0) break;
         if (step == first) first_loss = r.loss;
         last_loss = r.loss, tokens_done += (double)(B * items_per_row);
         int32_t logged = 1;    /* rank 0 writes the line; every rank learns whether it could, to stop together */
@@ -705,6 +708,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         if (o->reshard_at && step == (uint64_t)o->reshard_step && step < last) {
             if (tty) printf("\n");
             if ((s = reshard(comm, o, step, log, &mesh, &t)) < 0) break;
+            train_phases_moved(&phases, step);
             m = shard_trainer_model(t);
         }
         if (o->adaptive && (s = train_adaptive_record(&adaptive, t)) < 0) break;
@@ -714,6 +718,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             if (tty) printf("\n");
             s = train_adaptive_check(&adaptive, comm, step, &mesh, &t, &record);
             if (s == SHARD_OK && t != was && o->trace) s = shard_trainer_trace(t, 1);
+            if (t != was) train_phases_moved(&phases, step);
             if (s == SHARD_OK) s = log_record(comm, o, log, step, record);
             free(record);
             if (s < 0) break;
@@ -727,6 +732,8 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     if (s == SHARD_OK && !stopped && (world > 1 || o->plan || o->log)) s = gather_peaks(comm, &peaks);
     if (s == SHARD_OK && !stopped && world > 1 && rank == 0) print_memory(mesh, peaks, world);
     if (s == SHARD_OK && !stopped && o->plan && rank == 0) report_plan(o, mesh, step_ms, step_count, peaks, world);
+    if (s == SHARD_OK && !stopped && rank == 0)
+        train_phases_print(&phases, step_ms, first, step_count, o->cluster_path);
     if (s == SHARD_OK && !stopped && o->trace) { /* the last step as it ran */
         s = cli_write_trace(comm, mesh, t, o->trace);
         if (s == SHARD_OK && rank == 0)
@@ -925,7 +932,7 @@ static int train_checked(train_opts *o, cli_common *common) {
     shard_cluster *cluster = NULL; /* --adaptive's: the memory trigger's capacities, the re-plan's devices */
     shard_status s = o->adaptive ? shard_cluster_load(common->cluster, &cluster) : SHARD_OK;
     if (s == SHARD_OK && cluster && common->device_map) s = shard_cluster_set_device_map(cluster, common->device_map);
-    o->cluster = cluster;
+    o->cluster = cluster, o->cluster_path = common->cluster;
     if (s == SHARD_OK) s = shard_launch_with(&launch, train_rank, o);
     shard_cluster_destroy(cluster);
     o->cluster = NULL;

@@ -2178,7 +2178,7 @@ def reshard():
         # goes on as it was, one line saying why
         cluster = os.path.join(work, "small.json")
         with open(cluster, "w") as f:
-            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.004, "available_memory_gb": 0.018}],
+            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.0015, "available_memory_gb": 0.018}],
                        "network": {"bandwidth_gbps": 1000, "latency_us": 1},
                        "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
         p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2"])
@@ -2232,6 +2232,11 @@ def adaptive():
         line = re.search(r"\nreshard: step [0-9]+, data=4 zero=0 -> .* \(imbalance [0-9.]+ over 0.25 at two checks; "
                          r"predicted [0-9]+ % faster\), stop-and-copy: [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
         expect(line, f"train --adaptive: the console line: {p.stdout[-800:]}")
+        # the step time by phase: before the slowdown, after it, after the move (slower, then faster again)
+        phases = re.search(r"\ntrain: step time by phase \(median ms\): steps 1-5 ([0-9.]+) \| steps 6-[0-9]+ ([0-9.]+) "
+                           r"\(node '[a-z]+' 3x slower\) \| steps [0-9]+-20 ([0-9.]+) \(after a move\)\n", p.stdout)
+        expect(phases and float(phases.group(2)) > float(phases.group(1)) and
+               float(phases.group(3)) < float(phases.group(2)), f"train --adaptive: the phases line: {p.stdout[-600:]}")
 
 
 if __name__ == "__main__":
