@@ -1578,15 +1578,20 @@ def bench_plan():
             expect(p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                    f"bench plan {args}: {p.returncode} {p.stderr!r}")
 def bench_reshard():
-    """`bench reshard --json` on the tiny GPT: one object per transition with the documented keys, the
-    move from data=4 (ZeRO-0: every rank holds everything) to data=2,pipe=2 sending no byte, the ZeRO-3
-    one sending some, every pause and step time positive; a bad option in one line."""
+    """`bench reshard --json` on the tiny GPT: one stop-and-copy and one live object per transition with the
+    documented keys, the stop-and-copy move from data=4 (ZeRO-0: every rank holds everything) to
+    data=2,pipe=2 sending no byte, the ZeRO-3 one sending some, every pause and step time positive; a bad
+    option in one line."""
     p = run(["bench", "reshard", "--config", TINY, "--repeats", "1", "--json"], timeout=120)
     rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
     keys = {"from", "to", "migration", "bytes", "pause_ms", "total_ms", "step_ms"}
-    expect(len(rows) == 3 and all(keys <= set(r) and r["pause_ms"] > 0 and r["step_ms"] > 0 and
-                                  r["migration"] == "stop-and-copy" for r in rows) and
-           rows[0]["bytes"] == 0 and rows[2]["bytes"] > 0, f"bench reshard: {p.returncode} {p.stderr} {rows}")
+    stop = [r for r in rows if r.get("migration") == "stop-and-copy"]
+    live = [r for r in rows if r.get("migration") == "live"]
+    expect(len(rows) == 6 and len(stop) == 3 and len(live) == 3 and
+           all(keys <= set(r) and r["pause_ms"] > 0 and r["step_ms"] > 0 for r in rows) and
+           [(r["from"], r["to"]) for r in stop] == [(r["from"], r["to"]) for r in live] and
+           stop[0]["bytes"] == 0 and stop[2]["bytes"] > 0 and live[2]["bytes"] > 0 and
+           all(r["total_ms"] >= r["pause_ms"] for r in live), f"bench reshard: {p.returncode} {p.stderr} {rows}")
     p = run(["bench", "reshard", "--repeats", "0"])
     expect(p.returncode == 2 and "--repeats" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
            f"bench reshard --repeats 0: {p.returncode} {p.stderr!r}")

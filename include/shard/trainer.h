@@ -176,6 +176,7 @@ typedef struct shard_migration_stats {
     double pause_ms;     /* what training waited at the switchover (stop-and-copy: ms) */
     double added_ms;     /* what the migration added to steps in all, the pause included (stop-and-copy: ms) */
     uint64_t delta_bytes; /* live: the part of bytes that were the steps' gradients (0 for stop-and-copy) */
+    double longest_ms;    /* the most the migration added to one step (stop-and-copy: ms) */
 } shard_migration_stats;
 
 /* Collective over the ranks of both meshes (the same ranks in the same order): the run moves to a new
@@ -199,7 +200,8 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
  * element-wise arithmetic, so the copy stays bit for bit), then the next piece.  finish, at a step
  * boundary after the last advance, sends any piece left, destroys old and gives the new trainer (it
  * goes on at the next step number); stats as shard_trainer_migrate's, with pause_ms the switchover's
- * wait, added_ms begin's, the advances' and the switchover's, delta_bytes the gradients'.  On failure
+ * wait, added_ms begin's, the advances' and the switchover's, longest_ms the most of those at one
+ * step, delta_bytes the gradients'.  On failure
  * of any of them on any rank every rank returns the same error, the migration is gone (the new
  * trainer destroyed) and old is as it was: the run goes on with it.  cancel abandons a migration
  * without communication. */

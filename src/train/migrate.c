@@ -653,7 +653,7 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
         return s;
     }
     if (stats) {
-        stats->ms = stats->pause_ms = stats->added_ms = most[0];
+        stats->ms = stats->pause_ms = stats->added_ms = stats->longest_ms = most[0];
         stats->bytes = (uint64_t)most[1], stats->rank_bytes = (uint64_t)took[1], stats->delta_bytes = 0;
     }
     shard_trainer_destroy(old);
@@ -678,6 +678,7 @@ struct shard_migration {
     uint64_t replayed;  /* the old layout's last step replayed (0: none yet) */
     uint64_t bytes[2];  /* this rank's: the snapshot's, the deltas' */
     double t0, added_ms; /* begin's time; what begin and the advances added to steps, the slowest rank's */
+    double longest_ms;   /* the most one of them added to one step */
 };
 
 static void live_free(shard_migration *m, shard_trainer *old, int keep_new) {
@@ -707,6 +708,7 @@ static shard_status add_time(shard_migration *m, double t, double *ms) {
     double most = 0;
     SHARD_CHECK(slowest(m->world, (shard__now() - t) * 1e3, &most));
     m->added_ms += most;
+    if (most > m->longest_ms) m->longest_ms = most;
     if (ms) *ms = most;
     return SHARD_OK;
 }
@@ -786,7 +788,7 @@ shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shar
         return s;
     }
     if (stats) {
-        stats->ms = most, stats->pause_ms = pause, stats->added_ms = m->added_ms;
+        stats->ms = most, stats->pause_ms = pause, stats->added_ms = m->added_ms, stats->longest_ms = m->longest_ms;
         stats->bytes = (uint64_t)sum[0], stats->delta_bytes = (uint64_t)sum[1];
         stats->rank_bytes = (uint64_t)took[1];
     }
