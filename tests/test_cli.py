@@ -2192,13 +2192,16 @@ def reshard():
             json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.004, "available_memory_gb": 0.018}],
                        "network": {"bandwidth_gbps": 1000, "latency_us": 1},
                        "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
-        p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2"])
-        worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
-        lines = [l for l in p.stderr.splitlines() if l.strip()]
-        expect(p.returncode == 0 and worst <= 1e-5 and len(lines) == 1 and
-               lines[0].startswith("shard: reshard: step 10: ") and "out of device memory" in lines[0] and
-               lines[0].endswith("; the run goes on as data=4 zero=0") and "\nreshard: " not in p.stdout and
-               "  rank 3  data=3 " in p.stdout, f"a move refused for memory: {worst} {p.stderr!r} {p.stdout[-500:]}")
+        for how in ("stop-and-copy", "live"):
+            p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2",
+                             "--migration", how])
+            worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            expect(p.returncode == 0 and worst <= 1e-5 and len(lines) == 1 and
+                   lines[0].startswith("shard: reshard: step 10: ") and "out of device memory" in lines[0] and
+                   lines[0].endswith("; the run goes on as data=4 zero=0") and "\nreshard: " not in p.stdout and
+                   "  rank 3  data=3 " in p.stdout,
+                   f"a move refused for memory ({how}): {worst} {p.stderr!r} {p.stdout[-500:]}")
 
 
 def adaptive():

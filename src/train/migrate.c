@@ -1,5 +1,7 @@
 /* migrate.c — a running training job moved to another layout at a step boundary (trainer.h,
- * shard_trainer_migrate): stop-and-copy over the communicator, no files.
+ * shard_trainer_migrate): stop-and-copy over the communicator, no files; or live (the last section:
+ * shard_trainer_migrate_begin, shard_migration_advance, shard_migration_finish), the same plan sent in
+ * pieces while training goes on, each step's gradients replayed on the copy.
  *
  *   1. the new trainer is built on the new mesh (its own model, strategy and optimizer state);
  *   2. every piece of state the run keeps across steps moves to it: each parameter's values and each of
