@@ -3,7 +3,10 @@
  * ranks train one step on the old layout (so the optimizer's state exists), then move to the new one by
  * shard_trainer_migrate and train one more step there; repeated, the median of the migration's time (the
  * slowest rank's, the new trainer's creation included) and the bytes it sent.  Stop-and-copy pauses
- * training for the whole migration, so its pause and its total are the same time.
+ * training for the whole migration, so its pause and its total are the same time.  Then the same move
+ * live (shard_trainer_migrate_begin, an advance after each of 3 more old-layout steps, the switch):
+ * its pause is what the begin, the advances and the switch added to steps, its total the time from
+ * the begin to the switch (the steps between included), its bytes the snapshot's and the gradients'.
  *
  *   shard bench reshard [--config FILE] [--batch B] [--seq S] [--repeats R] [--json] */
 #include <stdio.h>
@@ -22,15 +25,20 @@ static const char *const USAGE =
     "step on the old layout, move to the new one (shard train --reshard-at's migration: stop-and-copy\n"
     "over the communicator, each new owner sent only what it lacked) and train a step there. Reports\n"
     "the bytes moved and the median over --repeats of the pause training sees and the migration's\n"
-    "total time (the same for stop-and-copy), beside the median step time for scale.\n"
+    "total time (the same for stop-and-copy), beside the median step time for scale; then the same\n"
+    "move live (train --migration live: the state sent over 3 steps while training goes on, each\n"
+    "step's gradients replayed on the copy): pause what it added to those steps and the switch,\n"
+    "total from its start to the switch, bytes the state's and the gradients'.\n"
     "\n"
     "options:\n"
     "  --config FILE            the GPT (default configs/gpt-bench.json)\n"
     "  --batch B                global batch rows, 4..4096 (default 8)\n"
     "  --seq S                  tokens per row, 1..4096 (default 64)\n"
     "  --repeats R              moves per transition, 1..100 (default 5)\n"
-    "  --json                   one JSON object per transition: from, to, migration, bytes, pause_ms,\n"
-    "                           total_ms, step_ms\n";
+    "  --json                   one JSON object per transition and migration: from, to, migration,\n"
+    "                           bytes, pause_ms, total_ms, step_ms, switch_ms (the switch's own\n"
+    "                           wait), longest_ms (the most added to one step), delta_bytes (the\n"
+    "                           gradients' part of bytes)\n";
 
 typedef struct transition {
     const char *from, *to;
@@ -44,13 +52,33 @@ static const transition transitions[] = {
 };
 #define TRANSITIONS ((int)(sizeof transitions / sizeof transitions[0]))
 
+enum { LIVE_STEPS = 3 }; /* train --migration live's */
+
 typedef struct reshard_run {
     const shard_trainer_config *tc;
     const transition *x;
-    int repeats;
-    double *pause_ms, *step_ms; /* per repeat, rank 0's */
-    uint64_t bytes;
+    int repeats, live;
+    double *pause_ms, *step_ms, *total_ms, *switch_ms, *longest_ms; /* per repeat, rank 0's */
+    uint64_t bytes, delta_bytes;
 } reshard_run;
+
+/* Collective: t (after step 1) moved live to new_mesh over LIVE_STEPS more steps; *moved the new trainer
+ * (t destroyed) or, on failure, NULL and t left as it was. */
+static shard_status move_live(shard_trainer *t, shard_mesh *new_mesh, const shard_trainer_config *to,
+                              shard_trainer **moved, shard_migration_stats *st) {
+    shard_migration *m = NULL;
+    shard_step_result res;
+    SHARD_CHECK(shard_trainer_migrate_begin(t, new_mesh, to, LIVE_STEPS, &m));
+    for (uint64_t step = 2; step < 2 + LIVE_STEPS; step++) {
+        shard_status s = shard_trainer_step(t, step, &res);
+        if (s < 0) {
+            shard_migration_cancel(m, t);
+            return s;
+        }
+        SHARD_CHECK(shard_migration_advance(m, t)); /* on failure the migration is gone */
+    }
+    return shard_migration_finish(m, t, moved, st);
+}
 
 /* The trainer config of one side of a transition: the run's, with its ZeRO stage (and a pipeline's
  * schedule: 1F1B over as many micro-batches as stages). */
@@ -78,14 +106,19 @@ static shard_status reshard_rank(shard_comm *world, void *arg) {
         if (s == SHARD_OK) s = shard_trainer_create(old_mesh, &from, &t);
         if (s == SHARD_OK) s = shard_trainer_step(t, 1, &res);
         if (s == SHARD_OK) s = shard_comm_barrier(world);
-        if (s == SHARD_OK) s = shard_trainer_migrate(t, new_mesh, &to, &moved, &st);
+        if (s == SHARD_OK)
+            s = r->live ? move_live(t, new_mesh, &to, &moved, &st)
+                        : shard_trainer_migrate(t, new_mesh, &to, &moved, &st);
         if (s == SHARD_OK) t = NULL; /* the migration destroyed it */
         double step = 0;
-        if (s == SHARD_OK) s = shard_trainer_step(moved, 2, &res);
+        if (s == SHARD_OK) s = shard_trainer_step(moved, r->live ? 2 + LIVE_STEPS : 2, &res);
         if (s == SHARD_OK) step = res.ms;
         if (s == SHARD_OK) s = shard_comm_all_reduce(world, &step, &step, 1, SHARD_F64, SHARD_OP_MAX);
-        if (s == SHARD_OK && shard_comm_rank(world) == 0)
-            r->pause_ms[k] = st.ms, r->step_ms[k] = step, r->bytes = st.bytes;
+        if (s == SHARD_OK && shard_comm_rank(world) == 0) {
+            r->pause_ms[k] = st.added_ms, r->total_ms[k] = st.ms, r->switch_ms[k] = st.pause_ms, r->step_ms[k] = step;
+            r->longest_ms[k] = st.longest_ms;
+            r->bytes = st.bytes, r->delta_bytes = st.delta_bytes;
+        }
         shard_trainer_destroy(moved);
         shard_trainer_destroy(t);
         shard_mesh_destroy(new_mesh);
@@ -120,7 +153,7 @@ int cli_bench_reshard(int argc, char **argv) {
     else
         snprintf(config, sizeof config, "%s/configs/gpt-bench.json", SHARD_SOURCE_DIR);
     shard_gpt_config gc;
-    double *ms = calloc(2 * (size_t)repeats, sizeof *ms);
+    double *ms = calloc(5 * (size_t)repeats, sizeof *ms);
     shard_status s = ms ? bench_random_tokens(config, &gc, dir, sizeof dir)
                         : shard_error(SHARD_ERR_NO_MEMORY, "bench reshard: out of memory");
     shard_trainer_config tc = {.config_path = config,
@@ -135,24 +168,37 @@ int cli_bench_reshard(int argc, char **argv) {
     if (s == SHARD_OK && !json)
         printf("%-28s %-28s %-14s %12s %10s %10s %10s\n", "from", "to", "migration", "bytes", "pause_ms", "total_ms",
                "step_ms");
-    for (int i = 0; i < TRANSITIONS && s == SHARD_OK; i++) {
-        const transition *x = &transitions[i];
-        reshard_run run = {.tc = &tc, .x = x, .repeats = (int)repeats, .pause_ms = ms, .step_ms = ms + repeats};
+    for (int i = 0; i < 2 * TRANSITIONS && s == SHARD_OK; i++) {
+        const transition *x = &transitions[i / 2];
+        reshard_run run = {.tc = &tc,
+                           .x = x,
+                           .repeats = (int)repeats,
+                           .live = i % 2,
+                           .pause_ms = ms,
+                           .step_ms = ms + repeats,
+                           .total_ms = ms + 2 * repeats,
+                           .switch_ms = ms + 3 * repeats,
+                           .longest_ms = ms + 4 * repeats};
         shard_launch_config lc = shard_launch_config_default();
         lc.ranks = 4, lc.backend = SHARD_BACKEND_THREADS;
         s = shard_launch_with(&lc, reshard_rank, &run);
         if (s < 0) break;
         double pause = cli_median(run.pause_ms, (int)repeats), step = cli_median(run.step_ms, (int)repeats);
+        double total = cli_median(run.total_ms, (int)repeats), wait = cli_median(run.switch_ms, (int)repeats);
+        double longest = cli_median(run.longest_ms, (int)repeats);
+        const char *how = run.live ? "live" : "stop-and-copy";
         char from[64], to[64];
         snprintf(from, sizeof from, "%s zero=%d", x->from, x->zero_from);
         snprintf(to, sizeof to, "%s zero=%d", x->to, x->zero_to);
         if (json)
-            printf("{\"from\": \"%s\", \"to\": \"%s\", \"migration\": \"stop-and-copy\", \"bytes\": %llu, "
-                   "\"pause_ms\": %.4f, \"total_ms\": %.4f, \"step_ms\": %.4f}\n",
-                   from, to, (unsigned long long)run.bytes, pause, pause, step);
+            printf("{\"from\": \"%s\", \"to\": \"%s\", \"migration\": \"%s\", \"bytes\": %llu, "
+                   "\"pause_ms\": %.4f, \"total_ms\": %.4f, \"step_ms\": %.4f, \"switch_ms\": %.4f, "
+                   "\"longest_ms\": %.4f, \"delta_bytes\": %llu}\n",
+                   from, to, how, (unsigned long long)run.bytes, pause, total, step, wait, longest,
+                   (unsigned long long)run.delta_bytes);
         else
-            printf("%-28s %-28s %-14s %12llu %10.2f %10.2f %10.2f\n", from, to, "stop-and-copy",
-                   (unsigned long long)run.bytes, pause, pause, step);
+            printf("%-28s %-28s %-14s %12llu %10.2f %10.2f %10.2f\n", from, to, how, (unsigned long long)run.bytes,
+                   pause, total, step);
         fflush(stdout);
     }
     if (dir[0]) bench_remove_dir(dir);

@@ -11,7 +11,7 @@
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
  *               [--optimizer adamw|sgd] [--momentum M (sgd; default 0)]
  *               [--plan plan.json (the layout of `shard plan --out`; its predictions against the run's)]
- *               [--reshard-at STEP:MESH [--reshard-zero Z] [--migration stop-and-copy]]
+ *               [--reshard-at STEP:MESH [--reshard-zero Z] [--migration stop-and-copy|live]]
  *               [--adaptive [--reshard-on imbalance=0.25,memory=0.9,comm=0.4] [--monitor-every K]]
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
@@ -60,7 +60,7 @@ typedef struct train_opts {
     int have_min_lr, have_warmup, have_momentum, print_specs;
     const train_plan *plan; /* --plan: its predictions, reported at the end */
     /* --reshard-at STEP:MESH: after step reshard_step the run moves to reshard_mesh, with ZeRO stage
-     * reshard_zero (-1: the run's), by the --migration mode (stop-and-copy, the one built) */
+     * reshard_zero (-1: the run's), by the --migration mode (stop-and-copy or live) */
     const char *reshard_at, *migration;
     long reshard_step, reshard_zero;
     char reshard_mesh[256];
@@ -493,46 +493,109 @@ static int axis_size(const shard_mesh *mesh, const char *name) {
 static shard_status log_record(shard_comm *comm, const train_opts *o, shard_text_file *log, uint64_t step,
                                const char *record);
 
-/* Collective, after step: the run moves to --reshard-at's mesh (*mesh and *t become the new ones), rank 0
- * prints one line and writes the --log record.  A migration that fails leaves the run on its layout with
- * one line saying why; a record that cannot be written stops the run, as a step's line does. */
-static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step, shard_text_file *log,
-                            shard_mesh **mesh, shard_trainer **t) {
-    int rank = shard_comm_rank(comm);
+/* --migration live (TRAIN_LIVE_STEPS, train_adaptive.h): the snapshot goes in 3 pieces, one after the step
+ * the move begins at and one after each of the next 2; the step after those sends its gradients only, and
+ * the switch follows it (step STEP + 3; sooner when the run ends first).  Three pieces keep each step's
+ * added time about a third of a stop-and-copy while the old and new state live together for few steps. */
+
+/* A --reshard-at move under way (live: from its begin to its switch). */
+typedef struct reshard_move {
+    shard_migration *live; /* NULL: none under way */
+    shard_mesh *next;
+    uint64_t begun, switch_at;
+    char from[128];
+} reshard_move;
+
+/* Collective: --reshard-at's new mesh and the trainer's config on it, into mv->next and *tc. */
+static shard_status reshard_target(shard_comm *comm, const train_opts *o, shard_mesh *mesh, shard_trainer *t,
+                                   reshard_move *mv, shard_trainer_config *tc) {
     size_t B = 0, micro = 0, K = 0, D = 0;
-    shard_trainer_batch(*t, &B, &micro, &K, &D);
-    char from[128], to[128];
-    shard_mesh_string(*mesh, from, sizeof from);
-    shard_mesh *next = NULL;
-    SHARD_CHECK(shard_mesh_create(comm, o->reshard_mesh, &next));
-    shard_trainer_config tc = reshard_config(o, B, axis_size(*mesh, "pipe"), axis_size(next, "pipe"),
-                                             shard_mesh_axis_index(next, "tensor") >= 0);
-    shard_trainer *moved = NULL;
-    shard_migration_stats st = {.struct_size = sizeof st};
-    long zero_to = o->reshard_zero >= 0 ? o->reshard_zero : o->layout.zero;
-    if (shard_trainer_migrate(*t, next, &tc, &moved, &st) < 0) {
-        if (rank == 0)
-            fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s zero=%ld\n", (unsigned long long)step,
-                    shard_last_error(), from, o->layout.zero);
-        shard_mesh_destroy(next);
-        return SHARD_OK;
-    }
+    shard_trainer_batch(t, &B, &micro, &K, &D);
+    shard_mesh_string(mesh, mv->from, sizeof mv->from);
+    SHARD_CHECK(shard_mesh_create(comm, o->reshard_mesh, &mv->next));
+    *tc = reshard_config(o, B, axis_size(mesh, "pipe"), axis_size(mv->next, "pipe"),
+                         shard_mesh_axis_index(mv->next, "tensor") >= 0);
+    return SHARD_OK;
+}
+
+/* Rank 0: the line that a move failed and the run goes on (mv->next destroyed, on every rank). */
+static void reshard_failed(int rank, const train_opts *o, uint64_t step, reshard_move *mv) {
+    if (rank == 0)
+        fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s zero=%ld\n", (unsigned long long)step,
+                shard_last_error(), mv->from, o->layout.zero);
+    shard_mesh_destroy(mv->next);
+    mv->next = NULL, mv->live = NULL;
+}
+
+/* Collective: the run is on mv->next (*mesh and *t become the new ones); rank 0 prints one line and
+ * writes the --log record. */
+static shard_status reshard_done(shard_comm *comm, const train_opts *o, uint64_t step, shard_text_file *log,
+                                 reshard_move *mv, shard_mesh **mesh, shard_trainer **t, shard_trainer *moved,
+                                 const shard_migration_stats *st, int live) {
+    int rank = shard_comm_rank(comm);
     shard_mesh_destroy(*mesh);
-    *mesh = next, *t = moved;
+    *mesh = mv->next, *t = moved;
+    mv->next = NULL, mv->live = NULL;
     if (o->trace) SHARD_CHECK(shard_trainer_trace(moved, 1));
-    shard_mesh_string(next, to, sizeof to);
-    char record[1024] = "";
+    char to[128], how[160], record[1024] = "";
+    shard_mesh_string(*mesh, to, sizeof to);
+    long zero_to = o->reshard_zero >= 0 ? o->reshard_zero : o->layout.zero;
+    if (live)
+        snprintf(how, sizeof how, "live over steps %llu-%llu: pause %.1f ms (%.1f ms added to steps in all), %.1f ms",
+                 (unsigned long long)mv->begun, (unsigned long long)step, st->pause_ms, st->added_ms, st->ms);
+    else
+        snprintf(how, sizeof how, "stop-and-copy: %.1f ms", st->ms);
     if (rank == 0) {
-        printf("reshard: step %llu, %s -> %s zero=%ld -> %ld, stop-and-copy: %.1f ms, %.1f MiB moved\n",
-               (unsigned long long)step, from, to, o->layout.zero, zero_to, st.ms, (double)st.bytes / 1048576.0);
+        printf("reshard: step %llu, %s -> %s zero=%ld -> %ld, %s, %.1f MiB moved\n", (unsigned long long)step, mv->from,
+               to, o->layout.zero, zero_to, how, (double)st->bytes / 1048576.0);
         fflush(stdout);
         snprintf(record, sizeof record,
                  "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": \"%s\", "
-                 "\"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"stop-and-copy\", "
-                 "\"trigger\": \"reshard-at\", \"migration_ms\": %.3f, \"bytes\": %llu}\n",
-                 (unsigned long long)step, from, to, o->layout.zero, zero_to, st.ms, (unsigned long long)st.bytes);
+                 "\"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"%s\", "
+                 "\"trigger\": \"reshard-at\", \"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f}\n",
+                 (unsigned long long)step, mv->from, to, o->layout.zero, zero_to, live ? "live" : "stop-and-copy",
+                 st->ms, (unsigned long long)st->bytes, live ? st->added_ms : st->ms);
     }
     return log_record(comm, o, log, step, rank == 0 ? record : NULL);
+}
+
+/* Collective, after step: the --reshard-at move's part at this step.  Stop-and-copy moves at
+ * --reshard-at's step; live begins there, advances after each step after it and switches at
+ * mv->switch_at.  A migration that fails leaves the run on its layout with one line saying why; a
+ * record that cannot be written stops the run, as a step's line does. */
+static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step, uint64_t last, shard_text_file *log,
+                            reshard_move *mv, shard_mesh **mesh, shard_trainer **t) {
+    int rank = shard_comm_rank(comm), live = o->migration && strcmp(o->migration, "live") == 0;
+    shard_migration_stats st = {.struct_size = sizeof st};
+    shard_trainer *moved = NULL;
+    if (step == (uint64_t)o->reshard_step) {
+        shard_trainer_config tc;
+        SHARD_CHECK(reshard_target(comm, o, *mesh, *t, mv, &tc));
+        if (!live) {
+            if (shard_trainer_migrate(*t, mv->next, &tc, &moved, &st) < 0) {
+                reshard_failed(rank, o, step, mv);
+                return SHARD_OK;
+            }
+            return reshard_done(comm, o, step, log, mv, mesh, t, moved, &st, 0);
+        }
+        mv->begun = step;
+        mv->switch_at = step + TRAIN_LIVE_STEPS < last ? step + TRAIN_LIVE_STEPS : last - 1;
+        if (shard_trainer_migrate_begin(*t, mv->next, &tc, TRAIN_LIVE_STEPS, &mv->live) < 0) {
+            reshard_failed(rank, o, step, mv);
+            return SHARD_OK;
+        }
+    } else if (!mv->live)
+        return SHARD_OK;
+    else if (shard_migration_advance(mv->live, *t) < 0) {
+        reshard_failed(rank, o, step, mv);
+        return SHARD_OK;
+    }
+    if (step < mv->switch_at) return SHARD_OK;
+    if (shard_migration_finish(mv->live, *t, &moved, &st) < 0) {
+        reshard_failed(rank, o, step, mv);
+        return SHARD_OK;
+    }
+    return reshard_done(comm, o, step, log, mv, mesh, t, moved, &st, 1);
 }
 
 /* Collective under --log: rank 0 writes record (NULL: none) to the --log; a record that cannot be written
@@ -610,6 +673,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         s = shard_error(SHARD_ERR_IO, "--log %s", log_error);
     }
     int tty = rank == 0 && isatty(STDOUT_FILENO);
+    reshard_move move = {0};
     size_t B = 0, micro = 0, K = 0, D = 0;
     if (t) shard_trainer_batch(t, &B, &micro, &K, &D);
     double started = shard_clock_seconds(), first_loss = 0, last_loss = 0, tokens_done = 0;
@@ -646,13 +710,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
      * loses nothing and ends a process that waits, e.g. for peers that never came): one handler per process */
     int catches = rank == 0 || strcmp(shard_comm_backend(comm), "threads") != 0, stopped = 0;
     if (catches) train_stop_catch(lock, o->save);
-    train_adaptive adaptive;
+    train_adaptive adaptive = {0};
     train_phases phases = {.moves = 0};
     if (s == SHARD_OK && o->adaptive) { /* the layout as the plans describe it: the global batch resolved */
         shard_trainer_config now = tc;
         now.batch = B, now.micro_batch = 0;
         train_adaptive_start(&adaptive, o->thresholds, o->monitor_every, o->cluster, &now,
                              o->layout.mesh ? o->layout.mesh : mesh_text);
+        adaptive.live = o->migration && strcmp(o->migration, "live") == 0, adaptive.last = last;
     }
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
         int why = 0; /* a signal, or the lock lost: every rank stops before the same step */
@@ -705,13 +770,26 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             s = log_failed(o, rank, step, s, log_error);
             break;
         }
-        if (o->reshard_at && step == (uint64_t)o->reshard_step && step < last) {
-            if (tty) printf("\n");
-            if ((s = reshard(comm, o, step, log, &mesh, &t)) < 0) break;
-            train_phases_moved(&phases, step);
+        if (o->reshard_at && step >= (uint64_t)o->reshard_step && step < last) {
+            if (tty && (step == (uint64_t)o->reshard_step || step == move.switch_at)) printf("\n");
+            shard_trainer *was = t;
+            if ((s = reshard(comm, o, step, last, log, &move, &mesh, &t)) < 0) break;
+            if (t != was) train_phases_moved(&phases, step);
             m = shard_trainer_model(t);
         }
         if (o->adaptive && (s = train_adaptive_record(&adaptive, t)) < 0) break;
+        if (o->adaptive && adaptive.moving) {
+            shard_trainer *was = t;
+            char *record = NULL;
+            if (tty && step == adaptive.switch_at) printf("\n");
+            s = train_adaptive_advance(&adaptive, comm, step, &mesh, &t, &record);
+            if (s == SHARD_OK && t != was && o->trace) s = shard_trainer_trace(t, 1);
+            if (t != was) train_phases_moved(&phases, step);
+            if (s == SHARD_OK) s = log_record(comm, o, log, step, record);
+            free(record);
+            if (s < 0) break;
+            m = shard_trainer_model(t);
+        }
         if (o->adaptive && step % adaptive.every == 0 && step < last) {
             shard_trainer *was = t;
             char *record = NULL;
@@ -758,6 +836,9 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
                shard_clock_seconds() - started, first_loss, last_loss, tokens_done / (shard_clock_seconds() - started),
                items_per_row > 1 ? "tokens" : "rows", o->save ? ", checkpoint in " : "", o->save ? o->save : "");
     free(config_text);
+    shard_migration_cancel(move.live, t); /* a run that stopped before a live move's switch */
+    if (o->adaptive) train_adaptive_end(&adaptive, t);
+    shard_mesh_destroy(move.next);
     shard_trainer_destroy(t);
     shard_mesh_destroy(mesh);
     if (catches) train_stop_end();
@@ -838,7 +919,10 @@ static const char *const USAGE =
     "                           layout's pipeline flags at their defaults, the global batch kept\n"
     "  --reshard-zero Z         the ZeRO stage after the move, 0..3 (default: --zero's)\n"
     "  --migration MODE         how the state moves (--reshard-at, --adaptive): stop-and-copy, the\n"
-    "                           training paused while it moves (default stop-and-copy)\n"
+    "                           training paused while it moves (default), or live: the state sent\n"
+    "                           over the next 3 steps while training goes on, each step's gradients\n"
+    "                           replayed on the copy, the switch after the third (--adaptive's\n"
+    "                           memory trigger still stops and copies: no room for a second copy)\n"
     "  --adaptive               every --monitor-every steps (default 10) check the monitor's figures of\n"
     "                           those steps against --reshard-on's thresholds; one crossed at two checks\n"
     "                           in a row re-plans on the --cluster's devices at their measured speeds,\n"
@@ -950,8 +1034,8 @@ static int parse_reshard(train_opts *o, const char *flag, const char *val) {
     if (!val) return -1;
     if (strcmp(flag, "--reshard-zero") == 0) return cli_parse_int(flag, val, 0, 3, &o->reshard_zero) ? -1 : 0;
     if (strcmp(flag, "--migration") == 0) {
-        if (strcmp(val, "stop-and-copy") != 0) {
-            cli_error("--migration '%s' is invalid: give stop-and-copy (the one migration built so far)", val);
+        if (strcmp(val, "stop-and-copy") != 0 && strcmp(val, "live") != 0) {
+            cli_error("--migration '%s' is invalid: give stop-and-copy or live", val);
             return -1;
         }
         o->migration = val;

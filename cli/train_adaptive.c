@@ -282,26 +282,81 @@ static void decide(train_adaptive *a, int world, uint64_t step, const double *al
     d->move = *gain >= ADAPTIVE_LEAST_GAIN && strcmp(from, to) != 0;
 }
 
-/* Collective: every rank moves to d->to by stop-and-copy; a failure leaves the run as it was (*moved 0). */
-static shard_status move(train_adaptive *a, shard_comm *comm, const decision *d, shard_mesh **mesh, shard_trainer **t,
-                         shard_migration_stats *st, int *moved) {
+/* Collective: the run is on next (mesh and trainer) with the config and plan move() set aside. */
+static void moved_to(train_adaptive *a, shard_mesh **mesh, shard_trainer **t, shard_mesh *next, shard_trainer *moved) {
+    shard_mesh_destroy(*mesh);
+    *mesh = next, *t = moved;
+    a->config = a->next_config, a->current_plan = a->next_plan;
+    snprintf(a->mesh, sizeof a->mesh, "%s", a->plan[a->next_plan].mesh);
+    memset(a->streak, 0, sizeof a->streak); /* the figures so far were the old layout's */
+}
+
+/* Collective: every rank moves to d->to, by stop-and-copy (*moved 1 once done) or, live, begun (a->moving:
+ * train_adaptive_advance goes on with it); a failure leaves the run as it was. */
+static shard_status move(train_adaptive *a, shard_comm *comm, const decision *d, uint64_t step, int live,
+                         shard_mesh **mesh, shard_trainer **t, shard_migration_stats *st, int *moved) {
     *moved = 0;
     shard_mesh *next = NULL;
     SHARD_CHECK(shard_mesh_create(comm, d->to.mesh, &next));
     int slot = a->current_plan == 0 ? 1 : 0; /* the old config's strings stay valid while the old trainer is read */
     a->plan[slot] = d->to;
-    shard_trainer_config tc = a->config;
-    shard_plan_candidate_apply(&a->plan[slot], &tc);
-    shard_trainer *moved_to = NULL;
-    if (shard_trainer_migrate(*t, next, &tc, &moved_to, st) < 0) {
+    a->next_config = a->config, a->next_plan = slot;
+    shard_plan_candidate_apply(&a->plan[slot], &a->next_config);
+    if (live) {
+        if (shard_trainer_migrate_begin(*t, next, &a->next_config, TRAIN_LIVE_STEPS, &a->moving) < 0) {
+            shard_mesh_destroy(next);
+            return SHARD_OK;
+        }
+        a->next = next, a->begun = step;
+        a->switch_at = step + TRAIN_LIVE_STEPS < a->last ? step + TRAIN_LIVE_STEPS : a->last - 1;
+        return SHARD_OK;
+    }
+    shard_trainer *moved_trainer = NULL;
+    if (shard_trainer_migrate(*t, next, &a->next_config, &moved_trainer, st) < 0) {
         shard_mesh_destroy(next);
         return SHARD_OK;
     }
-    shard_mesh_destroy(*mesh);
-    *mesh = next, *t = moved_to, *moved = 1;
-    a->config = tc, a->current_plan = slot;
-    snprintf(a->mesh, sizeof a->mesh, "%s", d->to.mesh);
-    memset(a->streak, 0, sizeof a->streak); /* the figures so far were the old layout's */
+    moved_to(a, mesh, t, next, moved_trainer);
+    *moved = 1;
+    return SHARD_OK;
+}
+
+/* Rank 0: the console line and the --log record (malloc'd into *record) of the decision a->said holds,
+ * at `step`: a move made (st its figures; live: how it went) or none (to NULL). */
+static shard_status say(const train_adaptive *a, uint64_t step, const char *to, int live,
+                        const shard_migration_stats *st, char **record) {
+    int k = a->said.trigger;
+    double value = a->said.value, gain = a->said.gain;
+    char how[200] = "";
+    if (to && live)
+        snprintf(how, sizeof how, "live over steps %llu-%llu: pause %.1f ms (%.1f ms added to steps in all), %.1f ms",
+                 (unsigned long long)a->begun, (unsigned long long)step, st->pause_ms, st->added_ms, st->ms);
+    else if (to)
+        snprintf(how, sizeof how, "stop-and-copy%s: %.1f ms",
+                 a->live && k == ADAPTIVE_MEMORY ? " (memory pressure: a live move needs a second copy of the state)"
+                                                 : "",
+                 st->ms);
+    if (to)
+        printf("reshard: step %llu, %s -> %s (%s %.2f over %g at two checks; predicted %.0f %% faster), %s, %.1f MiB "
+               "moved\n",
+               (unsigned long long)step, a->said.from, to, TRIGGER_NAMES[k], value, a->threshold[k], gain * 100, how,
+               (double)st->bytes / 1048576.0);
+    else
+        printf("reshard: step %llu, %s %.2f over %g at two checks; the best plan, %s, predicts %.0f %% faster (a "
+               "move needs %.0f %%): the run stays %s\n",
+               (unsigned long long)step, TRIGGER_NAMES[k], value, a->threshold[k], a->said.best, gain * 100,
+               ADAPTIVE_LEAST_GAIN * 100, a->said.from);
+    fflush(stdout);
+    char quoted[420];
+    size_t bytes = 1024;
+    if (!(*record = malloc(bytes))) return shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
+    snprintf(*record, bytes,
+             "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": %s, \"trigger\": \"%s\", "
+             "\"value\": %.6g, \"threshold\": %.6g, \"predicted_gain\": %.6g, \"migration\": \"%s\", "
+             "\"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f}\n",
+             (unsigned long long)step, a->said.from, to ? cli_json_string(to, quoted, sizeof quoted) : "null",
+             TRIGGER_NAMES[k], value, a->threshold[k], gain, live ? "live" : "stop-and-copy", to ? st->ms : 0.0,
+             (unsigned long long)(to ? st->bytes : 0), to ? (live ? st->added_ms : st->ms) : 0.0);
     return SHARD_OK;
 }
 
@@ -311,48 +366,58 @@ shard_status train_adaptive_check(train_adaptive *a, shard_comm *comm, uint64_t 
     int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
     double mine[FIELDS] = {a->window[0], a->window[1], a->window[2], a->window[3], rank_rows(a, *mesh)};
     memset(a->window, 0, sizeof a->window);
+    if (a->moving) return SHARD_OK; /* a live move under way: its steps are not the layout's own figures */
     double *all = malloc((size_t)world * sizeof mine);
     if (!all) return shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
     shard_status s = shard_comm_all_gather(comm, mine, all, FIELDS, SHARD_F64);
     decision d = {.trigger = -1};
     double value[ADAPTIVE_TRIGGERS] = {0}, gain = 0;
-    char from[400], to[400] = "";
-    current_text(a, from, sizeof from);
+    current_text(a, a->said.from, sizeof a->said.from);
     if (s == SHARD_OK && rank == 0) decide(a, world, step, all, &d, value, &gain);
     free(all);
     if (s == SHARD_OK) s = shard_comm_broadcast(comm, &d, sizeof d, SHARD_U8, 0);
     if (s < 0 || d.trigger < 0) return s;
+    a->said.trigger = d.trigger, a->said.value = value[d.trigger], a->said.gain = gain;
+    shard_plan_candidate_text(&d.to, a->said.best, sizeof a->said.best);
     shard_migration_stats st = {.struct_size = sizeof st};
-    int moved = 0;
-    if (d.move) SHARD_CHECK(move(a, comm, &d, mesh, t, &st, &moved));
+    int moved = 0, live = a->live && d.trigger != ADAPTIVE_MEMORY; /* live needs room for a second copy */
+    if (d.move) SHARD_CHECK(move(a, comm, &d, step, live, mesh, t, &st, &moved));
+    if (d.move && a->moving) return SHARD_OK; /* said at the switch */
     if (rank != 0) return SHARD_OK;
     if (d.move && !moved) { /* the migration's refusal: the run goes on as it was */
         fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s\n", (unsigned long long)step,
-                shard_last_error(), from);
+                shard_last_error(), a->said.from);
         return SHARD_OK;
     }
-    int k = d.trigger;
-    shard_plan_candidate_text(&d.to, to, sizeof to);
-    if (moved)
-        printf("reshard: step %llu, %s -> %s (%s %.2f over %g at two checks; predicted %.0f %% faster), "
-               "stop-and-copy: %.1f ms, %.1f MiB moved\n",
-               (unsigned long long)step, from, to, TRIGGER_NAMES[k], value[k], a->threshold[k], gain * 100, st.ms,
-               (double)st.bytes / 1048576.0);
-    else
-        printf("reshard: step %llu, %s %.2f over %g at two checks; the best plan, %s, predicts %.0f %% faster (a "
-               "move needs %.0f %%): the run stays %s\n",
-               (unsigned long long)step, TRIGGER_NAMES[k], value[k], a->threshold[k], to, gain * 100,
-               ADAPTIVE_LEAST_GAIN * 100, from);
-    fflush(stdout);
-    char quoted[420];
-    size_t bytes = 1024;
-    if (!(*record = malloc(bytes))) return shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
-    snprintf(*record, bytes,
-             "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": %s, \"trigger\": \"%s\", "
-             "\"value\": %.6g, \"threshold\": %.6g, \"predicted_gain\": %.6g, \"migration\": \"stop-and-copy\", "
-             "\"migration_ms\": %.3f, \"bytes\": %llu}\n",
-             (unsigned long long)step, from, moved ? cli_json_string(to, quoted, sizeof quoted) : "null",
-             TRIGGER_NAMES[k], value[k], a->threshold[k], gain, moved ? st.ms : 0.0,
-             (unsigned long long)(moved ? st.bytes : 0));
-    return SHARD_OK;
+    return say(a, step, moved ? a->said.best : NULL, 0, &st, record);
+}
+
+shard_status train_adaptive_advance(train_adaptive *a, shard_comm *comm, uint64_t step, shard_mesh **mesh,
+                                    shard_trainer **t, char **record) {
+    *record = NULL;
+    if (!a->moving || step <= a->begun) return SHARD_OK;
+    int rank = shard_comm_rank(comm);
+    shard_migration_stats st = {.struct_size = sizeof st};
+    shard_trainer *moved = NULL;
+    shard_status s = shard_migration_advance(a->moving, *t);
+    if (s == SHARD_OK && step < a->switch_at) return SHARD_OK;
+    if (s == SHARD_OK) s = shard_migration_finish(a->moving, *t, &moved, &st);
+    a->moving = NULL;
+    if (s < 0) { /* the migration is gone, the run goes on as it was */
+        if (rank == 0)
+            fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s\n", (unsigned long long)step,
+                    shard_last_error(), a->said.from);
+        shard_mesh_destroy(a->next);
+        a->next = NULL;
+        return SHARD_OK;
+    }
+    moved_to(a, mesh, t, a->next, moved);
+    a->next = NULL;
+    return rank == 0 ? say(a, step, a->said.best, 1, &st, record) : SHARD_OK;
+}
+
+void train_adaptive_end(train_adaptive *a, shard_trainer *t) {
+    shard_migration_cancel(a->moving, t);
+    shard_mesh_destroy(a->next);
+    a->moving = NULL, a->next = NULL;
 }

@@ -32,9 +32,24 @@ typedef struct train_adaptive {
     shard_plan_candidate plan[2];        /* the plans moved to, alternately: config's strings point into one */
     int current_plan;                    /* plan[] index config points into (-1: the run's own layout) */
     int streak[ADAPTIVE_TRIGGERS];       /* checks in a row the trigger was crossed */
-    double window[4]; /* this rank since the last check: compute, exposed comm and wall seconds; the highest
+    double window[4];        /* this rank since the last check: compute, exposed comm and wall seconds; the highest
                          step peak (its categories' peaks summed) in bytes */
+    int live;                /* --migration live: moves are live, save for the memory trigger's */
+    uint64_t last;           /* the run's last step (a live move switches before it) */
+    shard_migration *moving; /* a live move under way (NULL: none), to next */
+    shard_mesh *next;
+    uint64_t begun, switch_at;        /* its first step and the step after which it switches */
+    shard_trainer_config next_config; /* the config of the layout moved to */
+    int next_plan;                    /* its plan[] index */
+    struct {                          /* the last decision, as its line and record say it */
+        int trigger;
+        double value, gain;
+        char from[400], best[400];
+    } said;
 } train_adaptive;
+
+/* --migration live: the state moves over this many steps while training goes on (train.c explains). */
+enum { TRAIN_LIVE_STEPS = 3 };
 
 /* Ready for the run: config is the run's trainer config with its global batch resolved (batch), mesh its
  * mesh text. */
@@ -51,5 +66,14 @@ shard_status train_adaptive_record(train_adaptive *a, const shard_trainer *t);
  * on stderr saying why. */
 shard_status train_adaptive_check(train_adaptive *a, shard_comm *comm, uint64_t step, shard_mesh **mesh,
                                   shard_trainer **t, char **record);
+
+/* Collective, after each step: a live move under way advanced, and switched to at its step (*mesh and *t
+ * the new ones then; rank 0 prints the decision's line and gets its record as train_adaptive_check's).
+ * A failure leaves the run as it was, one line on stderr saying why. */
+shard_status train_adaptive_advance(train_adaptive *a, shard_comm *comm, uint64_t step, shard_mesh **mesh,
+                                    shard_trainer **t, char **record);
+
+/* A live move the run ended before (t the run's trainer) dropped. */
+void train_adaptive_end(train_adaptive *a, shard_trainer *t);
 
 #endif

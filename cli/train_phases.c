@@ -18,7 +18,8 @@ static int cluster_changes_at(const shard_cluster *cluster, uint64_t step, char 
     what[0] = '\0';
     for (int r = 0; r < n; r++) {
         shard_cluster_device was, now;
-        if (shard_cluster_device_at(cluster, r, step - 1, &was) < 0 || shard_cluster_device_at(cluster, r, step, &now) < 0) {
+        if (shard_cluster_device_at(cluster, r, step - 1, &was) < 0 ||
+            shard_cluster_device_at(cluster, r, step, &now) < 0) {
             shard_clear_error();
             return 0;
         }

@@ -144,8 +144,8 @@ def errors():
          "--reshard-at 30:data=1: the run's last step is 30, and the move happens after step 30: give a step in 1..29"),
         (["train", "--config", "c", "--data", "d", "--mesh", "pipe=4", "--reshard-at", "2:data=4", "--batch", "2",
           "--micro-batches", "2"], 1, "--reshard-at 2:data=4: the new layout is refused: batch: "),
-        (["train", "--config", "c", "--data", "d", "--reshard-at", "1:data=1", "--migration", "live"], 2,
-         "--migration 'live' is invalid: give stop-and-copy (the one migration built so far)"),
+        (["train", "--config", "c", "--data", "d", "--reshard-at", "1:data=1", "--migration", "warm"], 2,
+         "--migration 'warm' is invalid: give stop-and-copy or live"),
         (["train", "--config", "c", "--data", "d", "--reshard-zero", "1"], 2,
          "--reshard-zero needs --reshard-at STEP:MESH (the step and the mesh the run moves to)"),
         (["train", "--config", "c", "--data", "d", "--reshard-on", "imbalance=0.3"], 2,
@@ -160,8 +160,8 @@ def errors():
          "--adaptive re-plans on a cluster's devices: give --cluster FILE"),
         (["train", "--config", "c", "--data", "d", "--adaptive", "--reshard-at", "3:data=1"], 2,
          "--adaptive and --reshard-at 3:data=1 both move the run: give one of them"),
-        (["train", "--config", "c", "--data", "d", "--adaptive", "--migration", "live"], 2,
-         "--migration 'live' is invalid: give stop-and-copy"),
+        (["train", "--config", "c", "--data", "d", "--adaptive", "--migration", "copy"], 2,
+         "--migration 'copy' is invalid: give stop-and-copy or live"),
         (["train", "--config", "c", "--data", "d", "--grad-dtype", "f16"], 2, "--grad-dtype 'f16' is invalid: give f32 or bf16"),
         (["train", "--config", "c", "--data", "d", "--compute-dtype", "f16"], 2,
          "--compute-dtype 'f16' is invalid: give f32 or bf16"),
@@ -1578,15 +1578,20 @@ def bench_plan():
             expect(p.returncode == 2 and text in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                    f"bench plan {args}: {p.returncode} {p.stderr!r}")
 def bench_reshard():
-    """`bench reshard --json` on the tiny GPT: one object per transition with the documented keys, the
-    move from data=4 (ZeRO-0: every rank holds everything) to data=2,pipe=2 sending no byte, the ZeRO-3
-    one sending some, every pause and step time positive; a bad option in one line."""
+    """`bench reshard --json` on the tiny GPT: one stop-and-copy and one live object per transition with the
+    documented keys, the stop-and-copy move from data=4 (ZeRO-0: every rank holds everything) to
+    data=2,pipe=2 sending no byte, the ZeRO-3 one sending some, every pause and step time positive; a bad
+    option in one line."""
     p = run(["bench", "reshard", "--config", TINY, "--repeats", "1", "--json"], timeout=120)
     rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()] if p.returncode == 0 else []
     keys = {"from", "to", "migration", "bytes", "pause_ms", "total_ms", "step_ms"}
-    expect(len(rows) == 3 and all(keys <= set(r) and r["pause_ms"] > 0 and r["step_ms"] > 0 and
-                                  r["migration"] == "stop-and-copy" for r in rows) and
-           rows[0]["bytes"] == 0 and rows[2]["bytes"] > 0, f"bench reshard: {p.returncode} {p.stderr} {rows}")
+    stop = [r for r in rows if r.get("migration") == "stop-and-copy"]
+    live = [r for r in rows if r.get("migration") == "live"]
+    expect(len(rows) == 6 and len(stop) == 3 and len(live) == 3 and
+           all(keys <= set(r) and r["pause_ms"] > 0 and r["step_ms"] > 0 for r in rows) and
+           [(r["from"], r["to"]) for r in stop] == [(r["from"], r["to"]) for r in live] and
+           stop[0]["bytes"] == 0 and stop[2]["bytes"] > 0 and live[2]["bytes"] > 0 and
+           all(r["total_ms"] >= r["pause_ms"] for r in live), f"bench reshard: {p.returncode} {p.stderr} {rows}")
     p = run(["bench", "reshard", "--repeats", "0"])
     expect(p.returncode == 2 and "--repeats" in p.stderr and len(p.stderr.strip().splitlines()) == 1,
            f"bench reshard --repeats 0: {p.returncode} {p.stderr!r}")
@@ -2136,10 +2141,11 @@ def analyze_moe():
 
 def reshard():
     """`train --reshard-at 10:MESH`: a run that moves to another layout after step 10 (stop-and-copy, over the
-    communicator) gives one rank's losses at each of 30 steps (1e-5 relative), for data=4 -> data=2,pipe=2,
-    data=2,tensor=2 -> pipe=4 and ZeRO-3 on data=4 -> ZeRO-1 on data=2,pipe=2, with one console line and one
-    --log record of the move; a move the new layout's memory does not allow leaves the run training on the
-    old layout to the same losses, with one line saying why."""
+    communicator; or live: the state sent over steps 10-12 while training goes on, each step's gradients
+    replayed on the copy, the switch after step 13) gives one rank's losses at each of 30 steps (1e-5
+    relative), for data=4 -> data=2,pipe=2, data=2,tensor=2 -> pipe=4 and ZeRO-3 on data=4 -> ZeRO-1 on
+    data=2,pipe=2, with one console line and one --log record of the move; a move the new layout's memory
+    does not allow leaves the run training on the old layout to the same losses, with one line saying why."""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="shard-cli-reshard-") as work:
         data = tiny_corpus(work, "a layout can change while the run goes on. ", 400)
@@ -2154,23 +2160,28 @@ def reshard():
 
         _, ref = losses(["--ranks", "1"])
         expect(len(ref) == 30, "train on one rank: no losses")
-        for before, after, zeros in ((["--mesh", "data=4"], "data=2,pipe=2", ("0", "0")),
-                                     (["--mesh", "data=2,tensor=2"], "pipe=4", ("0", "0")),
-                                     (["--mesh", "data=4", "--zero", "3"], "data=2,pipe=2", ("3", "1"))):
-            extra = before + ["--reshard-at", f"10:{after}", "--migration", "stop-and-copy"]
+        moves = ((["--mesh", "data=4"], "data=2,pipe=2", ("0", "0")),
+                 (["--mesh", "data=2,tensor=2"], "pipe=4", ("0", "0")),
+                 (["--mesh", "data=4", "--zero", "3"], "data=2,pipe=2", ("3", "1")))
+        for (before, after, zeros), how in [(m, h) for h in ("stop-and-copy", "live") for m in moves]:
+            extra = before + ["--reshard-at", f"10:{after}", "--migration", how]
             if zeros[1] != zeros[0]:
                 extra += ["--reshard-zero", zeros[1]]
             p, got = losses(extra)
             worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
             expect(worst <= 1e-5, f"train {' '.join(extra)}: worst relative loss difference {worst} {p.stderr}")
-            line = re.search(rf"\nreshard: step 10, {before[1]} -> {after} zero={zeros[0]} -> {zeros[1]}, "
-                             r"stop-and-copy: [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
+            switch = 10 if how == "stop-and-copy" else 13
+            said = (r"stop-and-copy: [0-9.]+ ms" if how == "stop-and-copy" else
+                    r"live over steps 10-13: pause [0-9.]+ ms \([0-9.]+ ms added to steps in all\), [0-9.]+ ms")
+            line = re.search(rf"\nreshard: step {switch}, {before[1]} -> {after} zero={zeros[0]} -> {zeros[1]}, "
+                             rf"{said}, [0-9.]+ MiB moved\n", p.stdout)
             events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
             events = [r for r in events if r.get("event") == "reshard"]
-            expect(line and len(events) == 1 and events[0]["step"] == 10 and events[0]["from"] == before[1] and
-                   events[0]["to"] == after and events[0]["migration"] == "stop-and-copy" and
+            expect(line and len(events) == 1 and events[0]["step"] == switch and events[0]["from"] == before[1] and
+                   events[0]["to"] == after and events[0]["migration"] == how and
                    events[0]["trigger"] == "reshard-at" and events[0]["migration_ms"] > 0 and
-                   isinstance(events[0]["bytes"], int), f"train {' '.join(extra)}: {p.stdout[-800:]} {events}")
+                   events[0]["pause_ms"] > 0 and isinstance(events[0]["bytes"], int),
+                   f"train {' '.join(extra)}: {p.stdout[-800:]} {events}")
             # the memory table after the move is the new mesh's
             expect(f"  rank 3  {after.replace('=2', '=1').replace('pipe=4', 'pipe=3')}" in p.stdout,
                    f"train {' '.join(extra)}: the memory table: {p.stdout[-600:]}")
@@ -2181,13 +2192,16 @@ def reshard():
             json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.0015, "available_memory_gb": 0.018}],
                        "network": {"bandwidth_gbps": 1000, "latency_us": 1},
                        "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
-        p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2"])
-        worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
-        lines = [l for l in p.stderr.splitlines() if l.strip()]
-        expect(p.returncode == 0 and worst <= 1e-5 and len(lines) == 1 and
-               lines[0].startswith("shard: reshard: step 10: ") and "out of device memory" in lines[0] and
-               lines[0].endswith("; the run goes on as data=4 zero=0") and "\nreshard: " not in p.stdout and
-               "  rank 3  data=3 " in p.stdout, f"a move refused for memory: {worst} {p.stderr!r} {p.stdout[-500:]}")
+        for how in ("stop-and-copy", "live"):
+            p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2",
+                             "--migration", how])
+            worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
+            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            expect(p.returncode == 0 and worst <= 1e-5 and len(lines) == 1 and
+                   lines[0].startswith("shard: reshard: step 10: ") and "out of device memory" in lines[0] and
+                   lines[0].endswith("; the run goes on as data=4 zero=0") and "\nreshard: " not in p.stdout and
+                   "  rank 3  data=3 " in p.stdout,
+                   f"a move refused for memory ({how}): {worst} {p.stderr!r} {p.stdout[-500:]}")
 
 
 def adaptive():
@@ -2237,6 +2251,15 @@ def adaptive():
                            r"\(node '[a-z]+' 3x slower\) \| steps [0-9]+-20 ([0-9.]+) \(after a move\)\n", p.stdout)
         expect(phases and float(phases.group(2)) > float(phases.group(1)) and
                float(phases.group(3)) < float(phases.group(2)), f"train --adaptive: the phases line: {p.stdout[-600:]}")
+        # the same move, live: the state sent over three steps while training goes on, the same losses
+        p, got, events = losses(["--adaptive", "--monitor-every", "3", "--migration", "live"])
+        worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 20 else 1
+        moves = [e for e in events if e["to"] is not None]
+        line = re.search(r"\nreshard: step [0-9]+, data=4 zero=0 -> .* \(imbalance [0-9.]+ over 0.25 at two checks; "
+                         r"predicted [0-9]+ % faster\), live over steps [0-9]+-[0-9]+: pause [0-9.]+ ms \([0-9.]+ ms "
+                         r"added to steps in all\), [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
+        expect(worst <= 1e-5 and line and moves and moves[0]["migration"] == "live" and moves[0]["pause_ms"] > 0,
+               f"train --adaptive --migration live: {worst} {events} {p.stdout[-800:]} {p.stderr}")
 
 
 if __name__ == "__main__":

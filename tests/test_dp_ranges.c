@@ -138,7 +138,11 @@ static void case_sgd_arrays(test_ctx *t) {
                 CHECK_OK(t, shard__dp_get_range(dp, 1, b->offset, b->numel, got), "get b's momentum_buffer");
                 CHECK(t, memcmp(buf, got, b->numel * sizeof(float)) == 0, "zero %d: b's momentum_buffer differs", zero);
             }
-            int past = plain ? 1 : 2;
+            /* the array after the state arrays is the gradient the update reads (a live migration's) */
+            int grad = plain ? 1 : 2, past = grad + 1;
+            CHECK_OK(t, shard__dp_set_range(dp, grad, b->offset, b->numel, buf), "set b's gradient");
+            CHECK_OK(t, shard__dp_get_range(dp, grad, b->offset, b->numel, got), "get b's gradient");
+            CHECK(t, memcmp(buf, got, b->numel * sizeof(float)) == 0, "zero %d: b's gradient differs", zero);
             shard_status s = shard__dp_get_range(dp, past, b->offset, b->numel, got);
             CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "sgd optimizer's state arrays"),
                   "array %d of %s SGD: %d (%s)", past, plain ? "plain" : "momentum", (int)s, shard_last_error());

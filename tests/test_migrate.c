@@ -167,24 +167,36 @@ static uint64_t lacked(const holding *was, const holding *now, int *same) {
     return elems * sizeof(float);
 }
 
+/* The moves both ways of migrating are checked on. */
+static const move MOVES[] = {{"data=4", 0, "data=2,pipe=2", 1, NULL, 0, 1},
+                             {"data=4", 3, "data=2,pipe=2", 1, NULL, 1, 1},
+                             {"data=2,tensor=2", 3, "pipe=4", 0, NULL, 1, 0},
+                             {"pipe=2,tensor=2", 0, "data=4", 3, NULL, 1, 0},
+                             {"data=4", 2, "data=2,tensor=2", 0, "sgd", 1, 0}};
+#define N_MOVES (sizeof MOVES / sizeof MOVES[0])
+
+/* Move k's name and both sides' trainer configs; ref[0] AdamW's and ref[1] SGD's single-rank losses
+ * when asked (ref non-NULL, k 0). */
+static void move_setup(test_ctx *t, size_t k, const char *how, char *what, size_t what_bytes, char *path,
+                       size_t path_bytes, shard_trainer_config *before, shard_trainer_config *after,
+                       double ref[2][STEPS]) {
+    const move *m = &MOVES[k];
+    if (k == 0) reference(t, NULL, ref[0]), reference(t, "sgd", ref[1]);
+    snprintf(what, what_bytes, "%s%s zero %d -> %s zero %d%s", how, m->from, m->from_zero, m->to, m->to_zero,
+             m->optimizer ? " (sgd)" : "");
+    *before = config(path, path_bytes, m->from_zero, m->optimizer);
+    *after = config(path, path_bytes, m->to_zero, m->optimizer);
+}
+
 static void case_moves(test_ctx *t) {
     if (t->size != 4) return;
     setup(t);
-    static const move moves[] = {{"data=4", 0, "data=2,pipe=2", 1, NULL, 0, 1},
-                                 {"data=4", 3, "data=2,pipe=2", 1, NULL, 1, 1},
-                                 {"data=2,tensor=2", 3, "pipe=4", 0, NULL, 1, 0},
-                                 {"pipe=2,tensor=2", 0, "data=4", 3, NULL, 1, 0},
-                                 {"data=4", 2, "data=2,tensor=2", 0, "sgd", 1, 0}};
     double ref[2][STEPS] = {{0}};
-    reference(t, NULL, ref[0]);
-    reference(t, "sgd", ref[1]);
-    for (size_t k = 0; k < sizeof moves / sizeof moves[0]; k++) {
-        const move *m = &moves[k];
+    for (size_t k = 0; k < N_MOVES; k++) {
+        const move *m = &MOVES[k];
         char path[512], what[128];
-        snprintf(what, sizeof what, "%s zero %d -> %s zero %d%s", m->from, m->from_zero, m->to, m->to_zero,
-                 m->optimizer ? " (sgd)" : "");
-        shard_trainer_config before = config(path, sizeof path, m->from_zero, m->optimizer),
-                             after = config(path, sizeof path, m->to_zero, m->optimizer);
+        shard_trainer_config before, after;
+        move_setup(t, k, "", what, sizeof what, path, sizeof path, &before, &after, ref);
         shard_mesh *old_mesh = NULL, *new_mesh = NULL;
         shard_trainer *tr = NULL, *moved = NULL;
         double got[STEPS] = {0};
@@ -261,6 +273,96 @@ static void case_refused(test_ctx *t) {
     shard_mesh_destroy(old_mesh);
 }
 
+/* A trainer on `from` trained to step `upto` (NULL on failure, said). */
+static shard_trainer *trained(test_ctx *t, shard_mesh *mesh, const shard_trainer_config *c, uint64_t upto,
+                              double *losses, const char *what) {
+    shard_trainer *tr = NULL;
+    if (!CHECK_OK(t, shard_trainer_create(mesh, c, &tr), "%s: trainer", what)) return NULL;
+    if (train(t, tr, 1, upto, losses)) return tr;
+    shard_trainer_destroy(tr);
+    return NULL;
+}
+
+/* Live: begun after MOVE_AT, advanced after each of the next LIVE steps, switched after the last; the
+ * losses are a stop-and-copy move's after that step, bit for bit (the replayed updates are the old
+ * layout's arithmetic), and the single rank's within 1e-5.  Refusals leave the old trainer training. */
+enum { LIVE = 3 };
+static void case_live(test_ctx *t) {
+    if (t->size != 4) return;
+    setup(t);
+    double ref[2][STEPS] = {{0}};
+    for (size_t k = 0; k < N_MOVES; k++) {
+        const move *m = &MOVES[k];
+        char path[512], what[128];
+        shard_trainer_config before, after;
+        move_setup(t, k, "live ", what, sizeof what, path, sizeof path, &before, &after, ref);
+        shard_mesh *old_mesh = NULL, *new_mesh = NULL;
+        shard_trainer *tr = NULL, *moved = NULL;
+        shard_migration *mig = NULL;
+        double live[STEPS] = {0}, stop[STEPS] = {0};
+        shard_migration_stats st = {.struct_size = sizeof st};
+        int ok = CHECK_OK(t, shard_mesh_create(t->comm, m->from, &old_mesh), "%s: mesh", what) &&
+            CHECK_OK(t, shard_mesh_create(t->comm, m->to, &new_mesh), "%s: new mesh", what) &&
+            (tr = trained(t, old_mesh, &before, MOVE_AT, live, what)) &&
+            CHECK_OK(t, shard_trainer_migrate_begin(tr, new_mesh, &after, LIVE, &mig), "%s: begin", what);
+        for (uint64_t step = MOVE_AT + 1; ok && step <= MOVE_AT + LIVE; step++) {
+            ok = train(t, tr, step, step, live) &&
+                CHECK_OK(t, shard_migration_advance(mig, tr), "%s: advance after step %llu", what,
+                         (unsigned long long)step);
+            if (!ok) mig = NULL; /* gone with the failure, or cancelled below */
+        }
+        if (ok && CHECK_OK(t, shard_migration_finish(mig, tr, &moved, &st), "%s: finish", what)) {
+            tr = NULL, mig = NULL;
+            CHECK(t,
+                  st.ms >= st.added_ms && st.added_ms >= st.pause_ms && st.bytes >= st.delta_bytes &&
+                      (!m->moves_bytes || st.delta_bytes > 0),
+                  "%s: %.3f ms in all, %.3f added, %.3f at the switch; %llu bytes, %llu of gradients", what, st.ms,
+                  st.added_ms, st.pause_ms, (unsigned long long)st.bytes, (unsigned long long)st.delta_bytes);
+            train(t, moved, MOVE_AT + LIVE + 1, STEPS, live);
+        }
+        shard_migration_cancel(mig, tr);
+        shard_trainer_destroy(moved);
+        shard_trainer_destroy(tr);
+        moved = NULL;
+        if (ok && (tr = trained(t, old_mesh, &before, MOVE_AT + LIVE, stop, what)) &&
+            CHECK_OK(t, shard_trainer_migrate(tr, new_mesh, &after, &moved, NULL), "%s: stop-and-copy", what)) {
+            tr = NULL;
+            if (train(t, moved, MOVE_AT + LIVE + 1, STEPS, stop)) {
+                CHECK(t, memcmp(live, stop, sizeof live) == 0, "%s: the losses differ from stop-and-copy's", what);
+                compare(t, ref[m->optimizer != NULL], live, what);
+            }
+        }
+        shard_trainer_destroy(moved);
+        shard_trainer_destroy(tr);
+        shard_mesh_destroy(new_mesh);
+        shard_mesh_destroy(old_mesh);
+    }
+    /* refused: another optimizer at the start; an advance without a step between; the run goes on */
+    char path[512];
+    shard_trainer_config before = config(path, sizeof path, 1, NULL), sgd = config(path, sizeof path, 0, "sgd");
+    shard_mesh *old_mesh = NULL, *new_mesh = NULL;
+    shard_trainer *tr = NULL;
+    shard_migration *mig = NULL;
+    double got[STEPS] = {0};
+    if (CHECK_OK(t, shard_mesh_create(t->comm, "data=4", &old_mesh), "mesh") &&
+        CHECK_OK(t, shard_mesh_create(t->comm, "data=2,pipe=2", &new_mesh), "new mesh") &&
+        (tr = trained(t, old_mesh, &before, MOVE_AT, got, "refused"))) {
+        shard_status s = shard_trainer_migrate_begin(tr, new_mesh, &sgd, LIVE, &mig);
+        CHECK(t, s == SHARD_ERR_INVALID_ARG && !mig && strstr(shard_last_error(), "optimizer is adamw"),
+              "live, another optimizer: status %d: %s", s, shard_last_error());
+        if (CHECK_OK(t, shard_trainer_migrate_begin(tr, new_mesh, &before, LIVE, &mig), "begin") &&
+            train(t, tr, MOVE_AT + 1, MOVE_AT + 1, got) && CHECK_OK(t, shard_migration_advance(mig, tr), "advance")) {
+            s = shard_migration_advance(mig, tr); /* no step since the last one */
+            CHECK(t, s == SHARD_ERR_INVALID_ARG && strstr(shard_last_error(), "advance after each step"),
+                  "an advance without a step: status %d: %s", s, shard_last_error());
+        }
+        if (train(t, tr, MOVE_AT + 2, STEPS, got)) compare(t, ref[0], got, "the old trainer after refused live moves");
+    }
+    shard_trainer_destroy(tr);
+    shard_mesh_destroy(new_mesh);
+    shard_mesh_destroy(old_mesh);
+}
+
 static void case_cleanup(test_ctx *t) {
     if (!g_dir[0]) return;
     test_remove_dir(t, g_dir);
@@ -269,6 +371,7 @@ static void case_cleanup(test_ctx *t) {
 static const test_case cases[] = {
     {"moves", case_moves},
     {"refused", case_refused},
+    {"live", case_live},
     {"cleanup", case_cleanup},
 };
 

@@ -168,11 +168,15 @@ shard_status shard_trainer_step(shard_trainer *t, uint64_t step, shard_step_resu
 
 /* A migration's figures (shard_trainer_migrate). */
 typedef struct shard_migration_stats {
-    size_t struct_size;  /* sizeof(shard_migration_stats): lets the struct grow */
-    double ms;           /* the migration's wall time, the new trainer's creation included: the slowest rank's */
-    uint64_t bytes;      /* the state's bytes every rank sent, summed (the communicator's count over the moves: what
+    size_t struct_size;   /* sizeof(shard_migration_stats): lets the struct grow */
+    double ms;            /* the migration's wall time, the new trainer's creation included: the slowest rank's */
+    uint64_t bytes;       /* the state's bytes every rank sent, summed (the communicator's count over the moves: what
                           * each new owner lacked, once; the layouts' descriptions are not in it) */
-    uint64_t rank_bytes; /* the part of them this rank sent */
+    uint64_t rank_bytes;  /* the part of them this rank sent */
+    double pause_ms;      /* what training waited at the switchover (stop-and-copy: ms) */
+    double added_ms;      /* what the migration added to steps in all, the pause included (stop-and-copy: ms) */
+    uint64_t delta_bytes; /* live: the part of bytes that were the steps' gradients (0 for stop-and-copy) */
+    double longest_ms;    /* the most the migration added to one step (stop-and-copy: ms) */
 } shard_migration_stats;
 
 /* Collective over the ranks of both meshes (the same ranks in the same order): the run moves to a new
@@ -186,6 +190,28 @@ typedef struct shard_migration_stats {
  * old is left as it was (the copy only reads it: the run can go on with it) and *out is NULL. */
 shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, const shard_trainer_config *new_config,
                                    shard_trainer **out, shard_migration_stats *stats);
+
+/* Live migration: the same move while training goes on.  Collective over the ranks of both meshes,
+ * each call.  begin makes the new trainer and the plan (as shard_trainer_migrate) and sends the first
+ * of `pieces` pieces of the state (parameters in order, about equal elements each); the old trainer
+ * then keeps a copy of each update's gradient (memory: its gradient once more).  After each further
+ * step of old, advance sends, for the parameters already sent, that step's gradient (by the same plan)
+ * and replays the update on the new trainer (same step, learning rate and clip factor: the same
+ * element-wise arithmetic, so the copy stays bit for bit), then the next piece.  finish, at a step
+ * boundary after the last advance, sends any piece left, destroys old and gives the new trainer (it
+ * goes on at the next step number); stats as shard_trainer_migrate's, with pause_ms the switchover's
+ * wait, added_ms begin's, the advances' and the switchover's, longest_ms the most of those at one
+ * step, delta_bytes the gradients'.  On failure
+ * of any of them on any rank every rank returns the same error, the migration is gone (the new
+ * trainer destroyed) and old is as it was: the run goes on with it.  cancel abandons a migration
+ * without communication. */
+typedef struct shard_migration shard_migration;
+shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mesh,
+                                         const shard_trainer_config *new_config, size_t pieces, shard_migration **out);
+shard_status shard_migration_advance(shard_migration *m, shard_trainer *old);
+shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shard_trainer **out,
+                                    shard_migration_stats *stats);
+void shard_migration_cancel(shard_migration *m, shard_trainer *old);
 
 /* The whole parameter values (params->total floats, the slab's layout) on every rank. */
 shard_status shard_trainer_values(shard_trainer *t, float *whole);

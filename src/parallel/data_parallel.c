@@ -93,6 +93,11 @@ struct shard_dp {
     uint64_t grad_bytes;
     int grads_zeroed, shard_zeroed; /* the last update left grads / grad_shard zero */
     int step_open;                  /* a step began and its update has not run (it may have failed part-way) */
+    /* a live migration's copy of the last update's gradient (as the update read it, before the clip
+     * factor) and its scalars, so another layout can replay the update; NULL when none is kept */
+    float *kept;
+    uint64_t kept_step;
+    float kept_lr, kept_clip;
 };
 
 static size_t total_of(const shard_dp *dp) { return dp->m->params->total; }
@@ -461,6 +466,7 @@ void shard__dp_destroy(shard_dp *dp) {
     dp->m->hooks = (shard_model_hooks){0};
     free(dp->u), free(dp->buckets), free(dp->bucket_of), free(dp->order);
     shard_free(dp->grads), shard_free(dp->grad_shard), shard_free(dp->rs_out), shard_free(dp->value_shard);
+    shard_free(dp->kept);
     for (size_t k = 0; k < dp->n_states; k++) shard_free(dp->state[k]);
     shard__precision_destroy(&dp->prec);
     if (dp->m->params->data) /* the model reads its values in place again */
@@ -593,9 +599,29 @@ static void states_at(const shard_dp *dp, size_t at, float **out) {
     for (size_t k = 0; k < dp->n_states; k++) out[k] = dp->state[k] + at;
 }
 
+/* The gradient array the update reads: the whole slab (zero 0) or this rank's pieces. */
+static float *update_grads(const shard_dp *dp) { return dp->zero == 0 ? dp->grads : dp->grad_shard; }
+static size_t update_grads_n(const shard_dp *dp) { return dp->zero == 0 ? total_of(dp) : dp->shard_total; }
+
+shard_status shard__dp_keep_grads(shard_dp *dp, int on) {
+    shard_free(dp->kept);
+    dp->kept = NULL;
+    if (on && !(dp->kept = shard_alloc(update_grads_n(dp) * sizeof(float) + 1, SHARD_MEM_GRADS)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory for a copy of the gradients");
+    return SHARD_OK;
+}
+
+void shard__dp_kept(const shard_dp *dp, uint64_t *step, float *lr, float *clip) {
+    *step = dp->kept_step, *lr = dp->kept_lr, *clip = dp->kept_clip;
+}
+
 shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip) {
     if (dp->zero == 3 || dp->prec.bf16) SHARD_CHECK(drop_gathered(dp));
     dp->step_open = 0;
+    if (dp->kept) { /* the update zeroes the gradient: a live migration's copy first */
+        memcpy(dp->kept, update_grads(dp), update_grads_n(dp) * sizeof(float));
+        dp->kept_step = step, dp->kept_lr = lr, dp->kept_clip = clip;
+    }
     float *st[SHARD_OPTIMIZER_MAX_STATES];
     if (dp->zero == 0) {
         states_at(dp, 0, st);
@@ -714,14 +740,21 @@ static void scatter_range(const shard_dp *dp, float *shard, size_t off, size_t n
 
 /* The array `which` names (0 values, 1 + k the optimizer's state array k), and whether this rank holds
  * all of it (else its pieces, in the shard layout). */
+/* Array `which`: 0 the values, 1 + k state array k, 1 + n_states the gradient the update reads (the
+ * kept copy where one is kept: what a live migration reads of the old layout; else the one the next
+ * update reads: what it writes in the new one), laid out as the state arrays are. */
 static shard_status state_array(const shard_dp *dp, int which, size_t off, size_t n, float **out, int *whole) {
-    if (which < 0 || (size_t)which > dp->n_states || off > total_of(dp) || n > total_of(dp) - off)
+    if (which < 0 || (size_t)which > dp->n_states + 1 || off > total_of(dp) || n > total_of(dp) - off)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "data parallel: array %d, range [%zu, %zu + %zu) is invalid: give 0 "
-                           "(the values) to %zu (the %s optimizer's state arrays) and a range inside the %zu values",
-                           which, off, off, n, dp->n_states, shard_optimizer_name(dp->opt), total_of(dp));
+                           "(the values) to %zu (the %s optimizer's state arrays, then the gradient) and a range "
+                           "inside the %zu values",
+                           which, off, off, n, dp->n_states + 1, shard_optimizer_name(dp->opt), total_of(dp));
     *whole = which == 0 ? dp->zero < 3 : dp->zero == 0;
-    *out = which == 0 ? (dp->zero < 3 ? dp->m->params->data : dp->value_shard) : dp->state[which - 1];
+    if ((size_t)which == dp->n_states + 1)
+        *out = dp->kept ? dp->kept : update_grads(dp);
+    else
+        *out = which == 0 ? (dp->zero < 3 ? dp->m->params->data : dp->value_shard) : dp->state[which - 1];
     return SHARD_OK;
 }
 

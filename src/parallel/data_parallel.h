@@ -56,6 +56,11 @@ shard_status shard__dp_finish(shard_dp *dp, double *squares);
 /* Scale the gradients by clip, the optimizer's update on what this rank owns, then make every
  * replica's values whole again. */
 shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip);
+/* A live migration's hold on the update: on, each update first copies the gradient it reads (array
+ * 1 + n_states of the range calls below reads that copy) with its step, learning rate and clip factor
+ * (shard__dp_kept); off frees the copy. */
+shard_status shard__dp_keep_grads(shard_dp *dp, int on);
+void shard__dp_kept(const shard_dp *dp, uint64_t *step, float *lr, float *clip);
 void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out);
 
 /* Whole values and, unless state is NULL, each of the optimizer's state arrays into state[k] (each

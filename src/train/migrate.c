@@ -1,5 +1,7 @@
 /* migrate.c — a running training job moved to another layout at a step boundary (trainer.h,
- * shard_trainer_migrate): stop-and-copy over the communicator, no files.
+ * shard_trainer_migrate): stop-and-copy over the communicator, no files; or live (the last section:
+ * shard_trainer_migrate_begin, shard_migration_advance, shard_migration_finish), the same plan sent in
+ * pieces while training goes on, each step's gradients replayed on the copy.
  *
  *   1. the new trainer is built on the new mesh (its own model, strategy and optimizer state);
  *   2. every piece of state the run keeps across steps moves to it: each parameter's values and each of
@@ -289,7 +291,8 @@ typedef struct move {
 typedef struct tensor_plan {
     int whole_way;
     size_t total, *send, *recv;
-    move *sends, *recvs; /* this rank's: each peer's moves in (array, global index) order */
+    size_t delta_total, *delta_send, *delta_recv; /* the same for a live migration's gradient array */
+    move *sends, *recvs;                          /* this rank's: each peer's moves in (array, global index) order */
     size_t n_sends, n_recvs;
 } tensor_plan;
 
@@ -308,7 +311,7 @@ static int moves_push(move **v, size_t *n, size_t *cap, const runs *part, int pe
 
 /* Scratch lists for the planning of one parameter: old[r * arrays + j] and new[r * arrays + j]. */
 typedef struct planning {
-    int world, me, arrays;
+    int world, me, arrays, delta_j;
     runs *old, *new_, lack, part, rest;
 } planning;
 
@@ -342,13 +345,14 @@ static shard_status plan_tensor(planning *pl, const int64_t *const *desc, size_t
                     return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
                 if (!pl->part.n) continue;
                 size_t elems = runs_elems(&pl->part);
-                tp->total += elems;
+                int delta = j == pl->delta_j; /* counted apart: it moves at each step, not with the snapshot */
+                *(delta ? &tp->delta_total : &tp->total) += elems;
                 if ((from == pl->me && !moves_push(&tp->sends, &tp->n_sends, &sends_cap, &pl->part, q, j)) ||
                     (q == pl->me && !moves_push(&tp->recvs, &tp->n_recvs, &recvs_cap, &pl->part, from, j)) ||
                     !runs_cut(&pl->lack, held, 0, &pl->rest))
                     return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
-                if (from == pl->me) tp->send[q] += elems;
-                if (q == pl->me) tp->recv[from] += elems;
+                if (from == pl->me) (delta ? tp->delta_send : tp->send)[q] += elems;
+                if (q == pl->me) (delta ? tp->delta_recv : tp->recv)[from] += elems;
                 runs swap = pl->lack;
                 pl->lack = pl->rest, pl->rest = swap;
             }
@@ -364,10 +368,10 @@ typedef struct copy {
     shard_trainer *from, *to;
     shard__moved_param *list;
     size_t n;
-    int world, me, arrays;
-    words mine;           /* this rank's descriptions: old layout's n, then the new one's */
-    int64_t *all;         /* every rank's, in rank order */
-    const int64_t **desc; /* [(r * 2 + L) * n + k] */
+    int world, me, arrays, delta_j; /* delta_j: a live migration's gradient array (the last), else -1 */
+    words mine;                     /* this rank's descriptions: old layout's n, then the new one's */
+    int64_t *all;                   /* every rank's, in rank order */
+    const int64_t **desc;           /* [(r * 2 + L) * n + k] */
     tensor_plan *plans;
     float *old_piece, *new_piece, *send, *recv, *whole; /* whole: the whole-tensor way's scratch */
     runs held_old, held_new, both;
@@ -376,6 +380,7 @@ typedef struct copy {
 static void copy_free(copy *c) {
     for (size_t k = 0; c->plans && k < c->n; k++) {
         free(c->plans[k].send), free(c->plans[k].recv), free(c->plans[k].sends), free(c->plans[k].recvs);
+        free(c->plans[k].delta_send), free(c->plans[k].delta_recv);
     }
     free(c->plans), free(c->desc), free(c->all), free(c->mine.v), free(c->list);
     free(c->held_old.v), free(c->held_new.v), free(c->both.v);
@@ -438,7 +443,7 @@ static shard_status share(copy *c, shard_comm *world) {
 static shard_status plan_all(copy *c) {
     size_t W = (size_t)c->world, A = (size_t)c->arrays, most_send = 1, most_recv = 1, most_old = 1, most_new = 1,
            most_whole = 0;
-    planning pl = {.world = c->world, .me = c->me, .arrays = c->arrays};
+    planning pl = {.world = c->world, .me = c->me, .arrays = c->arrays, .delta_j = c->delta_j};
     pl.old = calloc(W * A, sizeof *pl.old), pl.new_ = calloc(W * A, sizeof *pl.new_);
     c->plans = calloc(c->n + 1, sizeof *c->plans);
     shard_status s =
@@ -446,10 +451,16 @@ static shard_status plan_all(copy *c) {
     for (size_t k = 0; s == SHARD_OK && k < c->n; k++) {
         tensor_plan *tp = &c->plans[k];
         tp->send = calloc(W, sizeof *tp->send), tp->recv = calloc(W, sizeof *tp->recv);
-        s = tp->send && tp->recv ? plan_tensor(&pl, c->desc, c->n, k, tp)
-                                 : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
-        size_t sent = 0, got = 0;
-        for (size_t r = 0; r < W; r++) sent += tp->send[r], got += tp->recv[r];
+        tp->delta_send = calloc(W, sizeof *tp->delta_send), tp->delta_recv = calloc(W, sizeof *tp->delta_recv);
+        s = tp->send && tp->recv && tp->delta_send && tp->delta_recv
+            ? plan_tensor(&pl, c->desc, c->n, k, tp)
+            : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+        size_t sent = 0, got = 0, delta_sent = 0, delta_got = 0;
+        for (size_t r = 0; s == SHARD_OK && r < W; r++) {
+            sent += tp->send[r], got += tp->recv[r];
+            delta_sent += tp->delta_send[r], delta_got += tp->delta_recv[r];
+        }
+        sent = larger(sent, delta_sent), got = larger(got, delta_got);
         most_send = larger(most_send, sent), most_recv = larger(most_recv, got);
         if (c->list[k].from != SIZE_MAX)
             most_old = larger(most_old, shard__trainer_piece_numel(c->from, c->list[k].from));
@@ -470,12 +481,20 @@ static shard_status plan_all(copy *c) {
     return SHARD_OK;
 }
 
+/* The arrays a move carries: a live migration's gradient array (delta), or the others. */
+static void arrays_moved(const copy *c, int delta, int *lo, int *hi) {
+    *lo = delta ? c->delta_j : 0;
+    *hi = delta ? c->delta_j + 1 : c->delta_j < 0 ? c->arrays : c->delta_j;
+}
+
 /* Parameter k the whole-tensor way: each array made whole on every rank over the old mesh (as a save
  * does) and this rank's piece kept (as a resume does). */
-static shard_status move_whole(copy *c, size_t k) {
+static shard_status move_whole(copy *c, size_t k, int delta) {
     const shard__moved_param *mp = &c->list[k];
     shard_status s = SHARD_OK;
-    for (int j = 0; s == SHARD_OK && j < c->arrays; j++) {
+    int j_lo, j_hi;
+    arrays_moved(c, delta, &j_lo, &j_hi);
+    for (int j = j_lo; s == SHARD_OK && j < j_hi; j++) {
         s = shard__trainer_param_whole(c->from, mp->from, j, mp->whole_n, c->old_piece, c->whole);
         if (s < 0 || mp->to == SIZE_MAX) continue; /* another stage's in the new layout */
         shard__trainer_take_piece(c->to, mp->to, c->whole, c->new_piece);
@@ -495,27 +514,30 @@ static shard_status read_old(copy *c, size_t k, int j) {
 }
 
 /* Parameter k by its plan: every rank's moves in one all_to_allv over world (none when nothing moves),
- * then each array of this rank's new piece from what it held and what it received. */
-static shard_status move_planned(copy *c, size_t k, shard_comm *world) {
+ * then each array of this rank's new piece from what it held and what it received.  delta: only the
+ * live migration's gradient array (c->delta_j); else every other array. */
+static shard_status move_planned(copy *c, size_t k, shard_comm *world, int delta) {
     const tensor_plan *tp = &c->plans[k];
+    const size_t *send = delta ? tp->delta_send : tp->send, *recv = delta ? tp->delta_recv : tp->recv;
+    size_t total = delta ? tp->delta_total : tp->total;
+    int j_lo, j_hi;
+    arrays_moved(c, delta, &j_lo, &j_hi);
     size_t W = (size_t)c->world, *sd = calloc(W, sizeof *sd), *rd = calloc(W, sizeof *rd);
     size_t *at = calloc(W, sizeof *at);
     shard_status s = sd && rd && at ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
-    for (size_t r = 1; s == SHARD_OK && r < W; r++)
-        sd[r] = sd[r - 1] + tp->send[r - 1], rd[r] = rd[r - 1] + tp->recv[r - 1];
+    for (size_t r = 1; s == SHARD_OK && r < W; r++) sd[r] = sd[r - 1] + send[r - 1], rd[r] = rd[r - 1] + recv[r - 1];
     if (s == SHARD_OK && tp->n_sends) memcpy(at, sd, W * sizeof *at);
-    for (int j = 0; s == SHARD_OK && tp->n_sends && j < c->arrays; j++) {
+    for (int j = j_lo; s == SHARD_OK && tp->n_sends && j < j_hi; j++) {
         s = read_old(c, k, j);
         for (size_t m = 0; s == SHARD_OK && m < tp->n_sends; m++)
             if (tp->sends[m].j == j)
                 copy_elems(&c->held_old, c->old_piece, NULL, NULL, c->send, &at[tp->sends[m].peer], tp->sends[m].g,
                            tp->sends[m].n);
     }
-    if (s == SHARD_OK && tp->total)
-        s = shard_comm_all_to_allv(world, c->send, tp->send, sd, c->recv, tp->recv, rd, SHARD_F32);
+    if (s == SHARD_OK && total) s = shard_comm_all_to_allv(world, c->send, send, sd, c->recv, recv, rd, SHARD_F32);
     if (s == SHARD_OK) memcpy(at, rd, W * sizeof *at);
     const shard__moved_param *mp = &c->list[k];
-    for (int j = 0; s == SHARD_OK && mp->to != SIZE_MAX && j < c->arrays; j++) {
+    for (int j = j_lo; s == SHARD_OK && mp->to != SIZE_MAX && j < j_hi; j++) {
         s = read_old(c, k, j);
         if (s == SHARD_OK &&
             (held_runs(c->desc[((size_t)c->me * 2 + 1) * c->n + k], j, &c->held_new) < 0 ||
@@ -536,36 +558,78 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world) {
     return s;
 }
 
-/* Collective over world: `from`'s state moved to `to`, *sent the bytes this rank sent for it (the
- * communicator's count over the moves: the descriptions and agreements before them are not in it). */
-static shard_status copy_state(shard_trainer *from, shard_trainer *to, shard_comm *world, uint64_t *sent) {
-    copy c = {.from = from, .to = to, .world = shard_comm_size(world), .me = shard_comm_rank(world)};
+/* Collective over world: the copy of `from`'s state to `to` planned (c set up; the caller frees it with
+ * copy_free); live: with the gradient as one more array, moved apart (c->delta_j). */
+static shard_status copy_plan(copy *c, shard_trainer *from, shard_trainer *to, shard_comm *world, int live) {
+    *c = (copy){.from = from, .to = to, .world = shard_comm_size(world), .me = shard_comm_rank(world), .delta_j = -1};
     const shard_optimizer *fo = shard__trainer_optimizer(from), *to_opt = shard__trainer_optimizer(to);
-    c.arrays = 1 + (int)shard_optimizer_state_count(fo);
-    *sent = 0;
+    int states = (int)shard_optimizer_state_count(fo);
+    c->arrays = 1 + states + (live != 0);
+    if (live) c->delta_j = 1 + states;
     shard_status s = SHARD_OK;
     if (shard_optimizer_state_count(fo) != shard_optimizer_state_count(to_opt) ||
         strcmp(shard_optimizer_name(fo), shard_optimizer_name(to_opt)) != 0)
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "migrate: the old trainer's optimizer is %s with %d state arrays, the new one's %s with %d: "
                         "the state carries over only to the same optimizer",
-                        shard_optimizer_name(fo), c.arrays - 1, shard_optimizer_name(to_opt),
+                        shard_optimizer_name(fo), states, shard_optimizer_name(to_opt),
                         (int)shard_optimizer_state_count(to_opt));
-    if (s == SHARD_OK) s = shard__trainer_moved_params(from, to, &c.list, &c.n);
-    if (s == SHARD_OK) s = describe_all(&c);
+    if (s == SHARD_OK) s = shard__trainer_moved_params(from, to, &c->list, &c->n);
+    if (s == SHARD_OK) s = describe_all(c);
     /* a rank that found a mismatch or no memory would leave the others waiting: all agree first, and
      * again once every plan and buffer is made */
     s = agree_all(world, s);
-    if (s == SHARD_OK) s = share(&c, world);
-    if (s == SHARD_OK) s = plan_all(&c);
-    s = agree_all(world, s);
-    shard_mesh *mesh = shard__trainer_mesh(from);
+    if (s == SHARD_OK) s = share(c, world);
+    if (s == SHARD_OK) s = plan_all(c);
+    return agree_all(world, s);
+}
+
+/* Collective over world: parameters [lo, hi) moved by their plans (delta: the gradient only), *sent
+ * increased by the bytes this rank sent for them (the communicator's count over the moves). */
+static shard_status copy_params(copy *c, size_t lo, size_t hi, int delta, shard_comm *world, uint64_t *sent) {
+    shard_mesh *mesh = shard__trainer_mesh(c->from);
     uint64_t before = shard_mesh_bytes_sent(mesh);
-    for (size_t k = 0; s == SHARD_OK && k < c.n; k++)
-        s = c.plans[k].whole_way ? move_whole(&c, k) : move_planned(&c, k, world);
-    *sent = shard_mesh_bytes_sent(mesh) - before;
+    shard_status s = SHARD_OK;
+    for (size_t k = lo; s == SHARD_OK && k < hi; k++)
+        s = c->plans[k].whole_way ? move_whole(c, k, delta) : move_planned(c, k, world, delta);
+    *sent += shard_mesh_bytes_sent(mesh) - before;
+    return s;
+}
+
+/* Collective over world: `from`'s state moved to `to`, *sent the bytes this rank sent for it (the
+ * descriptions and agreements before the moves are not in it). */
+static shard_status copy_state(shard_trainer *from, shard_trainer *to, shard_comm *world, uint64_t *sent) {
+    copy c;
+    *sent = 0;
+    shard_status s = copy_plan(&c, from, to, world, 0);
+    if (s == SHARD_OK) s = copy_params(&c, 0, c.n, 0, world, sent);
     copy_free(&c);
     return s;
+}
+
+/* The checks both ways of migrating make of their arguments: the same ranks in the same order. */
+static shard_status check_meshes(shard_trainer *old, shard_mesh *new_mesh) {
+    shard_comm *world = shard_mesh_comm(shard__trainer_mesh(old)), *to_world = shard_mesh_comm(new_mesh);
+    if (shard_comm_size(to_world) != shard_comm_size(world) || shard_comm_rank(to_world) != shard_comm_rank(world))
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "migrate: the new mesh spans %d ranks and this is its rank %d; the old one %d ranks, "
+                           "this its rank %d: a migration keeps the same ranks in the same order",
+                           shard_comm_size(to_world), shard_comm_rank(to_world), shard_comm_size(world),
+                           shard_comm_rank(world));
+    return SHARD_OK;
+}
+
+static shard_status check_stats(const shard_migration_stats *stats, const char *who) {
+    if (stats && stats->struct_size < sizeof *stats)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "%s: stats->struct_size %zu: set it to sizeof(shard_migration_stats) (%zu)", who,
+                           stats->struct_size, sizeof *stats);
+    return SHARD_OK;
+}
+
+/* Collective over world: the slowest rank's x. */
+static shard_status slowest(shard_comm *world, double x, double *out) {
+    return shard_comm_all_reduce(world, &x, out, 1, SHARD_F64, SHARD_OP_MAX);
 }
 
 shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, const shard_trainer_config *new_config,
@@ -573,19 +637,9 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
     if (out) *out = NULL;
     if (!old || !new_mesh || !new_config || !out)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_migrate: NULL argument");
-    if (stats && stats->struct_size < sizeof *stats)
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "shard_trainer_migrate: stats->struct_size %zu: set it to sizeof(shard_migration_stats) "
-                           "(%zu)",
-                           stats->struct_size, sizeof *stats);
-    shard_mesh *from_mesh = shard__trainer_mesh(old);
-    shard_comm *world = shard_mesh_comm(from_mesh), *to_world = shard_mesh_comm(new_mesh);
-    if (shard_comm_size(to_world) != shard_comm_size(world) || shard_comm_rank(to_world) != shard_comm_rank(world))
-        return shard_error(SHARD_ERR_INVALID_ARG,
-                           "migrate: the new mesh spans %d ranks and this is its rank %d; the old one %d ranks, "
-                           "this its rank %d: a migration keeps the same ranks in the same order",
-                           shard_comm_size(to_world), shard_comm_rank(to_world), shard_comm_size(world),
-                           shard_comm_rank(world));
+    SHARD_CHECK(check_stats(stats, "shard_trainer_migrate"));
+    SHARD_CHECK(check_meshes(old, new_mesh));
+    shard_comm *world = shard_mesh_comm(shard__trainer_mesh(old));
     double t0 = shard__now();
     uint64_t sent = 0;
     shard_trainer *t = NULL;
@@ -599,8 +653,149 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
         shard_trainer_destroy(t);
         return s;
     }
-    if (stats) stats->ms = most[0], stats->bytes = (uint64_t)most[1], stats->rank_bytes = (uint64_t)took[1];
+    if (stats) {
+        stats->ms = stats->pause_ms = stats->added_ms = stats->longest_ms = most[0];
+        stats->bytes = (uint64_t)most[1], stats->rank_bytes = (uint64_t)took[1], stats->delta_bytes = 0;
+    }
     shard_trainer_destroy(old);
     *out = t;
     return SHARD_OK;
 }
+
+/* ---------------------------------------------------------------- live migration
+ *
+ * The same plan with the gradient the update reads as one more array (the old trainer keeps a copy of
+ * each update's: shard__trainer_keep_grads).  The snapshot goes in pieces of about equal elements,
+ * parameters in order: the first at begin, one more at each advance.  At each advance, before the next
+ * piece, the parameters already sent get the old layout's last update again: its gradient moved by the
+ * plan and the update replayed by the new trainer's optimizer with the same step, learning rate and
+ * clip factor (element-wise, so bit for bit what the old one did).  The parameters not sent yet are
+ * updated too, from what the new trainer holds of them, and overwritten when their piece comes. */
+struct shard_migration {
+    copy c;
+    shard_comm *world;
+    size_t pieces, piece, sent; /* parameters [0, sent) are in the new trainer, kept up to date */
+    size_t total_elems;
+    uint64_t replayed;   /* the old layout's last step replayed (0: none yet) */
+    uint64_t bytes[2];   /* this rank's: the snapshot's, the deltas' */
+    double t0, added_ms; /* begin's time; what begin and the advances added to steps, the slowest rank's */
+    double longest_ms;   /* the most one of them added to one step */
+};
+
+static void live_free(shard_migration *m, shard_trainer *old, int keep_new) {
+    if (!m) return;
+    if (old) shard__trainer_keep_grads(old, 0);
+    if (!keep_new) shard_trainer_destroy(m->c.to);
+    copy_free(&m->c);
+    free(m);
+}
+
+/* The next piece of the snapshot (all that is left when `all`). */
+static shard_status send_piece(shard_migration *m, int all) {
+    size_t target = all || m->piece + 1 >= m->pieces
+        ? m->total_elems
+        : (size_t)((double)m->total_elems * (double)(m->piece + 1) / (double)m->pieces),
+           before = 0, hi = m->sent;
+    for (size_t k = 0; k < m->sent; k++) before += m->c.list[k].whole_n;
+    while (hi < m->c.n && before < target) before += m->c.list[hi++].whole_n;
+    if (hi == m->sent && hi < m->c.n) hi++; /* a piece moves one parameter at least */
+    shard_status s = copy_params(&m->c, m->sent, hi, 0, m->world, &m->bytes[0]);
+    if (s == SHARD_OK) m->sent = hi, m->piece++;
+    return s;
+}
+
+/* Collective: the time since t (ms) of the slowest rank added to what the migration cost the steps. */
+static shard_status add_time(shard_migration *m, double t, double *ms) {
+    double most = 0;
+    SHARD_CHECK(slowest(m->world, (shard__now() - t) * 1e3, &most));
+    m->added_ms += most;
+    if (most > m->longest_ms) m->longest_ms = most;
+    if (ms) *ms = most;
+    return SHARD_OK;
+}
+
+shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mesh,
+                                         const shard_trainer_config *new_config, size_t pieces, shard_migration **out) {
+    if (out) *out = NULL;
+    if (!old || !new_mesh || !new_config || !out)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_migrate_begin: NULL argument");
+    if (pieces == 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_migrate_begin: pieces is 0: give 1 or more");
+    SHARD_CHECK(check_meshes(old, new_mesh));
+    shard_migration *m = calloc(1, sizeof *m);
+    if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    m->world = shard_mesh_comm(shard__trainer_mesh(old));
+    m->pieces = pieces, m->t0 = shard__now();
+    shard_trainer *t = NULL;
+    shard_status s = agree(m->world, shard_trainer_create(new_mesh, new_config, &t));
+    if (s == SHARD_OK) s = agree(m->world, shard__trainer_keep_grads(old, 1));
+    if (s == SHARD_OK) s = agree(m->world, copy_plan(&m->c, old, t, m->world, 1));
+    m->c.to = t; /* copy_plan's on success; the one to destroy either way */
+    for (size_t k = 0; s == SHARD_OK && k < m->c.n; k++) m->total_elems += m->c.list[k].whole_n;
+    if (s == SHARD_OK) s = agree(m->world, send_piece(m, 0));
+    if (s == SHARD_OK) s = add_time(m, m->t0, NULL);
+    if (s < 0) {
+        live_free(m, old, 0);
+        return s;
+    }
+    *out = m;
+    return SHARD_OK;
+}
+
+shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
+    if (!m || !old || m->c.from != old)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_migration_advance: give the migration and the trainer it began from");
+    double t = shard__now();
+    uint64_t step = 0;
+    float lr = 0, clip = 0;
+    shard__trainer_kept(old, &step, &lr, &clip);
+    shard_status s = SHARD_OK;
+    if (step == 0 || (m->replayed && step != m->replayed + 1))
+        s = shard_error(SHARD_ERR_INVALID_ARG,
+                        "migrate: the old layout's last step is %llu, the last one replayed %llu: advance after each "
+                        "step, once",
+                        (unsigned long long)step, (unsigned long long)m->replayed);
+    s = agree(m->world, s);
+    if (s == SHARD_OK) s = agree(m->world, copy_params(&m->c, 0, m->sent, 1, m->world, &m->bytes[1]));
+    if (s == SHARD_OK) s = agree(m->world, shard__trainer_replay(m->c.to, step, lr, clip));
+    if (s == SHARD_OK && m->sent < m->c.n) s = agree(m->world, send_piece(m, 0));
+    if (s == SHARD_OK) s = add_time(m, t, NULL);
+    if (s < 0) {
+        live_free(m, old, 0);
+        return s;
+    }
+    m->replayed = step;
+    return SHARD_OK;
+}
+
+shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shard_trainer **out,
+                                    shard_migration_stats *stats) {
+    if (out) *out = NULL;
+    if (!m || !old || !out || m->c.from != old)
+        return shard_error(SHARD_ERR_INVALID_ARG,
+                           "shard_migration_finish: give the migration, the trainer it began from and an out pointer");
+    SHARD_CHECK(check_stats(stats, "shard_migration_finish"));
+    double t = shard__now(), pause = 0;
+    shard_status s = m->sent < m->c.n ? agree(m->world, send_piece(m, 1)) : SHARD_OK;
+    if (s == SHARD_OK) s = add_time(m, t, &pause);
+    double took[3] = {(shard__now() - m->t0) * 1e3, (double)m->bytes[0] + (double)m->bytes[1], (double)m->bytes[1]},
+           most = 0, sum[2] = {0};
+    if (s == SHARD_OK) s = slowest(m->world, took[0], &most);
+    if (s == SHARD_OK) s = shard_comm_all_reduce(m->world, &took[1], sum, 2, SHARD_F64, SHARD_OP_SUM);
+    if (s < 0) {
+        live_free(m, old, 0);
+        return s;
+    }
+    if (stats) {
+        stats->ms = most, stats->pause_ms = pause, stats->added_ms = m->added_ms, stats->longest_ms = m->longest_ms;
+        stats->bytes = (uint64_t)sum[0], stats->delta_bytes = (uint64_t)sum[1];
+        stats->rank_bytes = (uint64_t)took[1];
+    }
+    *out = m->c.to;
+    live_free(m, old, 1);
+    shard_trainer_destroy(old);
+    return SHARD_OK;
+}
+
+void shard_migration_cancel(shard_migration *m, shard_trainer *old) { live_free(m, old, 0); }

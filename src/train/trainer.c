@@ -1288,4 +1288,14 @@ shard_status shard__trainer_set_piece(shard_trainer *t, size_t i, int which, con
     return shard__dp_set_range(t->dp, which, info->offset, info->numel, piece);
 }
 
+shard_status shard__trainer_keep_grads(shard_trainer *t, int on) { return shard__dp_keep_grads(t->dp, on); }
+
+void shard__trainer_kept(const shard_trainer *t, uint64_t *step, float *lr, float *clip) {
+    shard__dp_kept(t->dp, step, lr, clip);
+}
+
+shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip) {
+    return shard__dp_update(t->dp, step, lr, clip);
+}
+
 shard_mesh *shard__trainer_mesh(const shard_trainer *t) { return t->mesh; }

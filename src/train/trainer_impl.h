@@ -45,6 +45,14 @@ shard_status shard__trainer_held(const shard_trainer *t, size_t i, int which, si
 shard_status shard__trainer_get_held(const shard_trainer *t, size_t i, int which, float *piece);
 shard_status shard__trainer_set_piece(shard_trainer *t, size_t i, int which, const float *piece);
 
+/* A live migration's use of the update (data_parallel.h's shard__dp_keep_grads): keep a copy of each
+ * update's gradient (array 1 + the optimizer's state count of the calls above), read its scalars, and
+ * replay an update on the gradient written to the new trainer (collective over t's data axis, as a
+ * step's update is). */
+shard_status shard__trainer_keep_grads(shard_trainer *t, int on);
+void shard__trainer_kept(const shard_trainer *t, uint64_t *step, float *lr, float *clip);
+shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip);
+
 /* The mesh a trainer was made on. */
 shard_mesh *shard__trainer_mesh(const shard_trainer *t);
 
