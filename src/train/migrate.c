@@ -156,7 +156,7 @@ static void copy_elems(const runs *sr, const float *src, size_t *src_at, const r
             const run *r = run_of(dr, g);
             to = r->p + (g - r->g), len = r->g + r->n - g < len ? r->g + r->n - g : len;
         }
-        memcpy(dst + to, src + from, len * sizeof *dst);
+        if (len) memcpy(dst + to, src + from, len * sizeof *dst);
         if (src_at) *src_at += len;
         if (dst_at) *dst_at += len;
         g += len, n -= len;
@@ -208,7 +208,7 @@ static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *w
     }
     runs sorted = {.v = malloc((out->n + 1) * sizeof *sorted.v), .n = out->n};
     if (!sorted.v) return -1;
-    memcpy(sorted.v, out->v, out->n * sizeof *sorted.v);
+    if (out->n) memcpy(sorted.v, out->v, out->n * sizeof *sorted.v);
     qsort(sorted.v, sorted.n, sizeof *sorted.v, by_global);
     int distinct = 1;
     for (size_t k = 1; k < sorted.n; k++) distinct &= sorted.v[k - 1].g + sorted.v[k - 1].n <= sorted.v[k].g;
@@ -267,7 +267,7 @@ static int held_runs(const int64_t *d, int j, runs *out) {
             if (!runs_push(out, g + (lo - p), lo, hi - lo)) return -1;
         }
     }
-    qsort(out->v, out->n, sizeof *out->v, by_global);
+    if (out->n) qsort(out->v, out->n, sizeof *out->v, by_global); /* none: no array to sort */
     return 1;
 }
 
@@ -544,7 +544,8 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world, int delta
              !runs_cut(&c->held_new, &c->held_old, 1, &c->both)))
             s = shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
         if (s < 0) break;
-        memset(c->new_piece, 0, shard__trainer_piece_numel(c->to, mp->to) * sizeof(float));
+        size_t piece_n = shard__trainer_piece_numel(c->to, mp->to);
+        if (piece_n) memset(c->new_piece, 0, piece_n * sizeof(float));
         for (size_t r = 0; r < c->both.n; r++) /* held in both layouts: nothing travels */
             copy_elems(&c->held_old, c->old_piece, NULL, &c->held_new, c->new_piece, NULL, c->both.v[r].g,
                        c->both.v[r].n);
