@@ -493,6 +493,23 @@ static int axis_size(const shard_mesh *mesh, const char *name) {
 static shard_status log_record(shard_comm *comm, const train_opts *o, shard_text_file *log, uint64_t step,
                                const char *record);
 
+/* One of --adaptive's turns after a step (a check, or a live move's advance): the call, then for a move
+ * the new trainer's trace and the phase it starts, then the decision's --log record. */
+typedef shard_status (*adaptive_call)(train_adaptive *a, shard_comm *comm, uint64_t step, shard_mesh **mesh,
+                                      shard_trainer **t, char **record);
+static shard_status adaptive_turn(adaptive_call call, train_adaptive *a, shard_comm *comm, const train_opts *o,
+                                  shard_text_file *log, uint64_t step, shard_mesh **mesh, shard_trainer **t,
+                                  train_phases *phases) {
+    shard_trainer *was = *t;
+    char *record = NULL;
+    shard_status s = call(a, comm, step, mesh, t, &record);
+    if (s == SHARD_OK && *t != was && o->trace) s = shard_trainer_trace(*t, 1);
+    if (*t != was) train_phases_moved(phases, step);
+    if (s == SHARD_OK) s = log_record(comm, o, log, step, record);
+    free(record);
+    return s;
+}
+
 /* --migration live (TRAIN_LIVE_STEPS, train_adaptive.h): the snapshot goes in 3 pieces, one after the step
  * the move begins at and one after each of the next 2; the step after those sends its gradients only, and
  * the switch follows it (step STEP + 3; sooner when the run ends first).  Three pieces keep each step's
@@ -779,26 +796,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         }
         if (o->adaptive && (s = train_adaptive_record(&adaptive, t)) < 0) break;
         if (o->adaptive && adaptive.moving) {
-            shard_trainer *was = t;
-            char *record = NULL;
             if (tty && step == adaptive.switch_at) printf("\n");
-            s = train_adaptive_advance(&adaptive, comm, step, &mesh, &t, &record);
-            if (s == SHARD_OK && t != was && o->trace) s = shard_trainer_trace(t, 1);
-            if (t != was) train_phases_moved(&phases, step);
-            if (s == SHARD_OK) s = log_record(comm, o, log, step, record);
-            free(record);
+            s = adaptive_turn(train_adaptive_advance, &adaptive, comm, o, log, step, &mesh, &t, &phases);
             if (s < 0) break;
             m = shard_trainer_model(t);
         }
         if (o->adaptive && step % adaptive.every == 0 && step < last) {
-            shard_trainer *was = t;
-            char *record = NULL;
             if (tty) printf("\n");
-            s = train_adaptive_check(&adaptive, comm, step, &mesh, &t, &record);
-            if (s == SHARD_OK && t != was && o->trace) s = shard_trainer_trace(t, 1);
-            if (t != was) train_phases_moved(&phases, step);
-            if (s == SHARD_OK) s = log_record(comm, o, log, step, record);
-            free(record);
+            s = adaptive_turn(train_adaptive_check, &adaptive, comm, o, log, step, &mesh, &t, &phases);
             if (s < 0) break;
             m = shard_trainer_model(t);
         }
