@@ -644,7 +644,7 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
     double t0 = shard__now();
     uint64_t sent = 0;
     shard_trainer *t = NULL;
-    shard_status s = agree(world, shard_trainer_create(new_mesh, new_config, &t));
+    shard_status s = agree(world, shard__trainer_create_to_fill(new_mesh, new_config, &t));
     if (s == SHARD_OK) s = agree(world, copy_state(old, t, world, &sent));
     double took[2] = {(shard__now() - t0) * 1e3, (double)sent}, most[2] = {0};
     /* the stats: the slowest rank's time, every rank's bytes */
@@ -728,7 +728,7 @@ shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mes
     m->world = shard_mesh_comm(shard__trainer_mesh(old));
     m->pieces = pieces, m->t0 = shard__now();
     shard_trainer *t = NULL;
-    shard_status s = agree(m->world, shard_trainer_create(new_mesh, new_config, &t));
+    shard_status s = agree(m->world, shard__trainer_create_to_fill(new_mesh, new_config, &t));
     if (s == SHARD_OK) s = agree(m->world, shard__trainer_keep_grads(old, 1));
     if (s == SHARD_OK) s = agree(m->world, copy_plan(&m->c, old, t, m->world, 1));
     m->c.to = t; /* copy_plan's on success; the one to destroy either way */

@@ -67,6 +67,7 @@ struct shard_trainer {
     shard_batch_source *source;
     int owns_source;
     int planned; /* the analyzer's dry build: no initialisation, rows of zeros (src/plan/analyze.c) */
+    int to_fill; /* a migration's target: no initialisation, every value about to be written (migrate.c) */
     shard_batch batch;
     shard_optimizer *opt;
     shard_dp *dp;
@@ -452,8 +453,12 @@ static shard_status check_factory(shard_mesh *mesh, const shard_trainer_config *
     return SHARD_OK;
 }
 
+/* How trainer_create builds: for training (the weights drawn from the seed), the analyzer's dry build,
+ * or a migration's target (its weights and state all about to be written: drawing them is wasted). */
+typedef enum trainer_build { BUILD_TRAINING, BUILD_PLANNED, BUILD_TO_FILL } trainer_build;
+
 static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config *config, const shard_model_factory *f,
-                                   int planned, shard_trainer **out) {
+                                   trainer_build build, shard_trainer **out) {
     *out = NULL;
     int axis = shard_mesh_axis_index(mesh, "data"), tensor_axis = shard_mesh_axis_index(mesh, "tensor");
     int pipe_axis = shard_mesh_axis_index(mesh, "pipe"), expert_axis = shard_mesh_axis_index(mesh, "expert");
@@ -475,7 +480,8 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
                            "has none: give e.g. --mesh data=1,tensor=2");
     shard_trainer *t = calloc(1, sizeof *t);
     if (!t) return shard_error(SHARD_ERR_NO_MEMORY, "trainer: out of memory");
-    t->c = *config, t->mesh = mesh, t->owns_model = !f || !f->model, t->planned = planned;
+    t->c = *config, t->mesh = mesh, t->owns_model = !f || !f->model;
+    t->planned = build == BUILD_PLANNED, t->to_fill = build == BUILD_TO_FILL;
     if (f) t->factory = *f;
     t->tensor = tensor_axis >= 0 ? shard_mesh_axis_comm(mesh, tensor_axis) : NULL;
     t->data = axis >= 0 ? shard_mesh_axis_comm(mesh, axis) : NULL;
@@ -514,7 +520,7 @@ static shard_status trainer_create(shard_mesh *mesh, const shard_trainer_config 
     if (s == SHARD_OK) s = shard__expert_layout_create(t->expert, t->model, &t->experts);
     if (s == SHARD_OK) s = make_source(t, t->model);
     if (s == SHARD_OK) {
-        if (!t->planned) t->model->ops->init(t->model, config->seed); /* a dry build writes no weights */
+        if (!t->planned && !t->to_fill) t->model->ops->init(t->model, config->seed); /* else no weights drawn */
         double mb = config->bucket_mb > 0 ? config->bucket_mb : 25;
         /* on tensor ranks other than 0, parameters every tensor rank holds whole stay out of the norm */
         int count_replicated = !t->tensor || shard_comm_rank(t->tensor) == 0;
@@ -538,7 +544,13 @@ shard_status shard_trainer_create(shard_mesh *mesh, const shard_trainer_config *
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "trainer: no config_path: give a model config file, or a model of your "
                            "own through shard_trainer_create_with_model");
-    return trainer_create(mesh, config, NULL, 0, out);
+    return trainer_create(mesh, config, NULL, BUILD_TRAINING, out);
+}
+
+shard_status shard__trainer_create_to_fill(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
+    *out = NULL;
+    if (!config->config_path) return shard_error(SHARD_ERR_INVALID_ARG, "migrate: no config_path: give a model config");
+    return trainer_create(mesh, config, NULL, BUILD_TO_FILL, out);
 }
 
 shard_status shard__trainer_create_planned(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out) {
@@ -548,14 +560,14 @@ shard_status shard__trainer_create_planned(shard_mesh *mesh, const shard_trainer
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "--layers-per-stage balanced measures the layers on rank 0 by running them: give the "
                            "counts (e.g. 3,3,2), or leave it out for the even cut");
-    return trainer_create(mesh, config, NULL, 1, out);
+    return trainer_create(mesh, config, NULL, BUILD_PLANNED, out);
 }
 
 shard_status shard_trainer_create_with_model(shard_mesh *mesh, const shard_trainer_config *config,
                                              const shard_model_factory *factory, shard_trainer **out) {
     *out = NULL;
     SHARD_CHECK(check_factory(mesh, config, factory));
-    return trainer_create(mesh, config, factory, 0, out);
+    return trainer_create(mesh, config, factory, BUILD_TRAINING, out);
 }
 
 void shard_trainer_destroy(shard_trainer *t) {

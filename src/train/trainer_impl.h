@@ -11,6 +11,10 @@
  * instead of data (the model's batch_shape says their layout).  Its steps run the engine's code path. */
 shard_status shard__trainer_create_planned(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
 
+/* A migration's target: the trainer shard_trainer_create makes, its weights not drawn (zeros), as every
+ * value and optimizer state is written by the migration before its first step. */
+shard_status shard__trainer_create_to_fill(shard_mesh *mesh, const shard_trainer_config *config, shard_trainer **out);
+
 /* The pipeline's schedule (NULL without a pipe axis). */
 const shard_pipe_schedule *shard__trainer_schedule(const shard_trainer *t);
 
