@@ -4,11 +4,12 @@
  * shard_trainer_migrate and train one more step there; repeated, the median of the migration's time (the
  * slowest rank's, the new trainer's creation included) and the bytes it sent.  Stop-and-copy pauses
  * training for the whole migration, so its pause and its total are the same time.  Then the same move
- * live (shard_trainer_migrate_begin, an advance after each of 3 more old-layout steps, the switch):
- * its pause is what the begin, the advances and the switch added to steps, its total the time from
- * the begin to the switch (the steps between included), its bytes the snapshot's and the gradients'.
+ * live (shard_trainer_migrate_begin, an advance after each of 5 more old-layout steps, the switch):
+ * its pause is the longest wait at one step boundary (the begin, an advance, the switch), its added
+ * time what all of them added to steps, its total the time from the begin to the switch (the steps
+ * between included), its bytes the snapshot's and the gradients'.
  *
- *   shard bench reshard [--config FILE] [--batch B] [--seq S] [--repeats R] [--json] */
+ *   shard bench reshard [--config FILE] [--batch B] [--seq S] [--grad-dtype f32|bf16] [--repeats R] [--json] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,8 @@
 #include "profile.h"
 
 static const char *const USAGE =
-    "usage: shard bench reshard [--config FILE] [--batch B] [--seq S] [--repeats R] [--json]\n"
+    "usage: shard bench reshard [--config FILE] [--batch B] [--seq S] [--grad-dtype f32|bf16] [--repeats R]\n"
+    "                           [--json]\n"
     "\n"
     "What moving a running job to another layout costs: for each transition (data=4 -> data=2,pipe=2;\n"
     "data=2,tensor=2 -> pipe=4; ZeRO-3 on data=4 -> ZeRO-1 on data=2,pipe=2), 4 thread ranks train a\n"
@@ -26,19 +28,23 @@ static const char *const USAGE =
     "over the communicator, each new owner sent only what it lacked) and train a step there. Reports\n"
     "the bytes moved and the median over --repeats of the pause training sees and the migration's\n"
     "total time (the same for stop-and-copy), beside the median step time for scale; then the same\n"
-    "move live (train --migration live: the state sent over 3 steps while training goes on, each\n"
-    "step's gradients replayed on the copy): pause what it added to those steps and the switch,\n"
-    "total from its start to the switch, bytes the state's and the gradients'.\n"
+    "move live (train --migration live: the new trainer built, the copy planned and the state sent\n"
+    "in 4 pieces, one part after each of 5 steps while training goes on, each step's gradients\n"
+    "replayed on the copy): pause the longest wait at one step boundary, added what all of them\n"
+    "added to steps, total from its start to the switch, bytes the state's and the gradients'.\n"
     "\n"
     "options:\n"
     "  --config FILE            the GPT (default configs/gpt-bench.json)\n"
     "  --batch B                global batch rows, 4..4096 (default 8)\n"
     "  --seq S                  tokens per row, 1..4096 (default 64)\n"
+    "  --grad-dtype f32|bf16    the gradients' dtype on the data axis (default f32); with bf16 a live\n"
+    "                           move sends the replayed gradients as bf16 too, exactly\n"
     "  --repeats R              moves per transition, 1..100 (default 5)\n"
     "  --json                   one JSON object per transition and migration: from, to, migration,\n"
-    "                           bytes, pause_ms, total_ms, step_ms, switch_ms (the switch's own\n"
-    "                           wait), longest_ms (the most added to one step), delta_bytes (the\n"
-    "                           gradients' part of bytes)\n";
+    "                           bytes, pause_ms, total_ms, step_ms, added_ms (every step boundary's\n"
+    "                           wait, summed), switch_ms (the switch's own wait), longest_ms (=\n"
+    "                           pause_ms), delta_bytes (the gradients' part of bytes), pause_ratio\n"
+    "                           (live: its pause over the same move's stop-and-copy pause)\n";
 
 typedef struct transition {
     const char *from, *to;
@@ -52,13 +58,13 @@ static const transition transitions[] = {
 };
 #define TRANSITIONS ((int)(sizeof transitions / sizeof transitions[0]))
 
-enum { LIVE_STEPS = 3 }; /* train --migration live's */
+enum { LIVE_STEPS = 5 }; /* train --migration live's */
 
 typedef struct reshard_run {
     const shard_trainer_config *tc;
     const transition *x;
     int repeats, live;
-    double *pause_ms, *step_ms, *total_ms, *switch_ms, *longest_ms; /* per repeat, rank 0's */
+    double *pause_ms, *step_ms, *total_ms, *switch_ms, *added_ms; /* per repeat, rank 0's */
     uint64_t bytes, delta_bytes;
 } reshard_run;
 
@@ -115,8 +121,8 @@ static shard_status reshard_rank(shard_comm *world, void *arg) {
         if (s == SHARD_OK) step = res.ms;
         if (s == SHARD_OK) s = shard_comm_all_reduce(world, &step, &step, 1, SHARD_F64, SHARD_OP_MAX);
         if (s == SHARD_OK && shard_comm_rank(world) == 0) {
-            r->pause_ms[k] = st.added_ms, r->total_ms[k] = st.ms, r->switch_ms[k] = st.pause_ms, r->step_ms[k] = step;
-            r->longest_ms[k] = st.longest_ms;
+            r->pause_ms[k] = st.longest_ms, r->total_ms[k] = st.ms, r->switch_ms[k] = st.pause_ms, r->step_ms[k] = step;
+            r->added_ms[k] = st.added_ms;
             r->bytes = st.bytes, r->delta_bytes = st.delta_bytes;
         }
         shard_trainer_destroy(moved);
@@ -132,12 +138,20 @@ int cli_bench_reshard(int argc, char **argv) {
     const char *config_arg = NULL;
     long batch = 8, seq = 64, repeats = 5;
     int json = 0;
+    shard_dtype grad_dtype = SHARD_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (strcmp(a, "--json") == 0) {
             json = 1;
         } else if (strcmp(a, "--config") == 0) {
             if (!(config_arg = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--grad-dtype") == 0) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
+                cli_error("--grad-dtype '%s' is invalid: give f32 or bf16", v);
+                return 2;
+            }
+            grad_dtype = v[0] == 'b' ? SHARD_BF16 : SHARD_F32;
         } else if (strcmp(a, "--batch") == 0 || strcmp(a, "--seq") == 0 || strcmp(a, "--repeats") == 0) {
             long *into = a[2] == 'b' ? &batch : a[2] == 's' ? &seq : &repeats;
             long lo = a[2] == 'b' ? 4 : 1, hi = a[2] == 'r' ? 100 : 4096;
@@ -162,12 +176,14 @@ int cli_bench_reshard(int argc, char **argv) {
                                .seq = (size_t)seq,
                                .seed = 1,
                                .bucket_mb = 25,
+                               .grad_dtype = grad_dtype,
                                .adamw = shard_adamw_defaults(),
                                .clip = 1.0f};
     tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 100000};
     if (s == SHARD_OK && !json)
-        printf("%-28s %-28s %-14s %12s %10s %10s %10s\n", "from", "to", "migration", "bytes", "pause_ms", "total_ms",
-               "step_ms");
+        printf("%-28s %-28s %-14s %12s %10s %10s %10s %10s\n", "from", "to", "migration", "bytes", "pause_ms",
+               "added_ms", "total_ms", "step_ms");
+    double stop_pause = 0; /* the transition's stop-and-copy pause, for the live row's ratio */
     for (int i = 0; i < 2 * TRANSITIONS && s == SHARD_OK; i++) {
         const transition *x = &transitions[i / 2];
         reshard_run run = {.tc = &tc,
@@ -178,27 +194,30 @@ int cli_bench_reshard(int argc, char **argv) {
                            .step_ms = ms + repeats,
                            .total_ms = ms + 2 * repeats,
                            .switch_ms = ms + 3 * repeats,
-                           .longest_ms = ms + 4 * repeats};
+                           .added_ms = ms + 4 * repeats};
         shard_launch_config lc = shard_launch_config_default();
         lc.ranks = 4, lc.backend = SHARD_BACKEND_THREADS;
         s = shard_launch_with(&lc, reshard_rank, &run);
         if (s < 0) break;
         double pause = cli_median(run.pause_ms, (int)repeats), step = cli_median(run.step_ms, (int)repeats);
         double total = cli_median(run.total_ms, (int)repeats), wait = cli_median(run.switch_ms, (int)repeats);
-        double longest = cli_median(run.longest_ms, (int)repeats);
+        double added = cli_median(run.added_ms, (int)repeats);
+        if (!run.live) stop_pause = pause;
+        char ratio[48] = "";
+        if (run.live && stop_pause > 0) snprintf(ratio, sizeof ratio, ", \"pause_ratio\": %.4f", pause / stop_pause);
         const char *how = run.live ? "live" : "stop-and-copy";
         char from[64], to[64];
         snprintf(from, sizeof from, "%s zero=%d", x->from, x->zero_from);
         snprintf(to, sizeof to, "%s zero=%d", x->to, x->zero_to);
         if (json)
             printf("{\"from\": \"%s\", \"to\": \"%s\", \"migration\": \"%s\", \"bytes\": %llu, "
-                   "\"pause_ms\": %.4f, \"total_ms\": %.4f, \"step_ms\": %.4f, \"switch_ms\": %.4f, "
-                   "\"longest_ms\": %.4f, \"delta_bytes\": %llu}\n",
-                   from, to, how, (unsigned long long)run.bytes, pause, total, step, wait, longest,
-                   (unsigned long long)run.delta_bytes);
+                   "\"pause_ms\": %.4f, \"total_ms\": %.4f, \"step_ms\": %.4f, \"added_ms\": %.4f, "
+                   "\"switch_ms\": %.4f, \"longest_ms\": %.4f, \"delta_bytes\": %llu%s}\n",
+                   from, to, how, (unsigned long long)run.bytes, pause, total, step, added, wait, pause,
+                   (unsigned long long)run.delta_bytes, ratio);
         else
-            printf("%-28s %-28s %-14s %12llu %10.2f %10.2f %10.2f\n", from, to, how, (unsigned long long)run.bytes,
-                   pause, total, step);
+            printf("%-28s %-28s %-14s %12llu %10.2f %10.2f %10.2f %10.2f\n", from, to, how,
+                   (unsigned long long)run.bytes, pause, added, total, step);
         fflush(stdout);
     }
     if (dir[0]) bench_remove_dir(dir);

@@ -510,10 +510,11 @@ static shard_status adaptive_turn(adaptive_call call, train_adaptive *a, shard_c
     return s;
 }
 
-/* --migration live (TRAIN_LIVE_STEPS, train_adaptive.h): the snapshot goes in 3 pieces, one after the step
- * the move begins at and one after each of the next 2; the step after those sends its gradients only, and
- * the switch follows it (step STEP + 3; sooner when the run ends first).  Three pieces keep each step's
- * added time about a third of a stop-and-copy while the old and new state live together for few steps. */
+/* --migration live (TRAIN_LIVE_STEPS, train_adaptive.h): after the step the move begins at, the new
+ * trainer is built; after the next, the copy is planned; after each of the next 4, a quarter of the
+ * state goes, with the gradients of what went before; the switch follows the last (step STEP + 5;
+ * sooner when the run ends first).  Spread so, no step boundary waits for more than one part, and the
+ * old and new state live together for few steps. */
 
 /* A --reshard-at move under way (live: from its begin to its switch). */
 typedef struct reshard_move {
@@ -558,8 +559,9 @@ static shard_status reshard_done(shard_comm *comm, const train_opts *o, uint64_t
     shard_mesh_string(*mesh, to, sizeof to);
     long zero_to = o->reshard_zero >= 0 ? o->reshard_zero : o->layout.zero;
     if (live)
-        snprintf(how, sizeof how, "live over steps %llu-%llu: pause %.1f ms (%.1f ms added to steps in all), %.1f ms",
-                 (unsigned long long)mv->begun, (unsigned long long)step, st->pause_ms, st->added_ms, st->ms);
+        snprintf(how, sizeof how,
+                 "live over steps %llu-%llu: pause %.1f ms at most (%.1f ms added to steps in all), %.1f ms",
+                 (unsigned long long)mv->begun, (unsigned long long)step, st->longest_ms, st->added_ms, st->ms);
     else
         snprintf(how, sizeof how, "stop-and-copy: %.1f ms", st->ms);
     if (rank == 0) {
@@ -569,9 +571,10 @@ static shard_status reshard_done(shard_comm *comm, const train_opts *o, uint64_t
         snprintf(record, sizeof record,
                  "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": \"%s\", "
                  "\"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"%s\", "
-                 "\"trigger\": \"reshard-at\", \"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f}\n",
+                 "\"trigger\": \"reshard-at\", \"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f, "
+                 "\"added_ms\": %.3f}\n",
                  (unsigned long long)step, mv->from, to, o->layout.zero, zero_to, live ? "live" : "stop-and-copy",
-                 st->ms, (unsigned long long)st->bytes, live ? st->added_ms : st->ms);
+                 st->ms, (unsigned long long)st->bytes, st->longest_ms, st->added_ms);
     }
     return log_record(comm, o, log, step, rank == 0 ? record : NULL);
 }

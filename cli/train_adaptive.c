@@ -329,8 +329,9 @@ static shard_status say(const train_adaptive *a, uint64_t step, const char *to, 
     double value = a->said.value, gain = a->said.gain;
     char how[200] = "";
     if (to && live)
-        snprintf(how, sizeof how, "live over steps %llu-%llu: pause %.1f ms (%.1f ms added to steps in all), %.1f ms",
-                 (unsigned long long)a->begun, (unsigned long long)step, st->pause_ms, st->added_ms, st->ms);
+        snprintf(how, sizeof how,
+                 "live over steps %llu-%llu: pause %.1f ms at most (%.1f ms added to steps in all), %.1f ms",
+                 (unsigned long long)a->begun, (unsigned long long)step, st->longest_ms, st->added_ms, st->ms);
     else if (to)
         snprintf(how, sizeof how, "stop-and-copy%s: %.1f ms",
                  a->live && k == ADAPTIVE_MEMORY ? " (memory pressure: a live move needs a second copy of the state)"
@@ -353,10 +354,10 @@ static shard_status say(const train_adaptive *a, uint64_t step, const char *to, 
     snprintf(*record, bytes,
              "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": %s, \"trigger\": \"%s\", "
              "\"value\": %.6g, \"threshold\": %.6g, \"predicted_gain\": %.6g, \"migration\": \"%s\", "
-             "\"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f}\n",
+             "\"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f, \"added_ms\": %.3f}\n",
              (unsigned long long)step, a->said.from, to ? cli_json_string(to, quoted, sizeof quoted) : "null",
              TRIGGER_NAMES[k], value, a->threshold[k], gain, live ? "live" : "stop-and-copy", to ? st->ms : 0.0,
-             (unsigned long long)(to ? st->bytes : 0), to ? (live ? st->added_ms : st->ms) : 0.0);
+             (unsigned long long)(to ? st->bytes : 0), to ? st->longest_ms : 0.0, to ? st->added_ms : 0.0);
     return SHARD_OK;
 }
 

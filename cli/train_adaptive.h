@@ -49,7 +49,7 @@ typedef struct train_adaptive {
 } train_adaptive;
 
 /* --migration live: the state moves over this many steps while training goes on (train.c explains). */
-enum { TRAIN_LIVE_STEPS = 3 };
+enum { TRAIN_LIVE_STEPS = 5 };
 
 /* Ready for the run: config is the run's trainer config with its global batch resolved (batch), mesh its
  * mesh text. */

@@ -2141,7 +2141,7 @@ def analyze_moe():
 
 def reshard():
     """`train --reshard-at 10:MESH`: a run that moves to another layout after step 10 (stop-and-copy, over the
-    communicator; or live: the state sent over steps 10-12 while training goes on, each step's gradients
+    communicator; or live: the state sent over steps 11-15 while training goes on, each step's gradients
     replayed on the copy, the switch after step 13) gives one rank's losses at each of 30 steps (1e-5
     relative), for data=4 -> data=2,pipe=2, data=2,tensor=2 -> pipe=4 and ZeRO-3 on data=4 -> ZeRO-1 on
     data=2,pipe=2, with one console line and one --log record of the move; a move the new layout's memory
@@ -2170,9 +2170,9 @@ def reshard():
             p, got = losses(extra)
             worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
             expect(worst <= 1e-5, f"train {' '.join(extra)}: worst relative loss difference {worst} {p.stderr}")
-            switch = 10 if how == "stop-and-copy" else 13
+            switch = 10 if how == "stop-and-copy" else 15
             said = (r"stop-and-copy: [0-9.]+ ms" if how == "stop-and-copy" else
-                    r"live over steps 10-13: pause [0-9.]+ ms \([0-9.]+ ms added to steps in all\), [0-9.]+ ms")
+                    r"live over steps 10-15: pause [0-9.]+ ms at most \([0-9.]+ ms added to steps in all\), [0-9.]+ ms")
             line = re.search(rf"\nreshard: step {switch}, {before[1]} -> {after} zero={zeros[0]} -> {zeros[1]}, "
                              rf"{said}, [0-9.]+ MiB moved\n", p.stdout)
             events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
@@ -2256,7 +2256,7 @@ def adaptive():
         worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 20 else 1
         moves = [e for e in events if e["to"] is not None]
         line = re.search(r"\nreshard: step [0-9]+, data=4 zero=0 -> .* \(imbalance [0-9.]+ over 0.25 at two checks; "
-                         r"predicted [0-9]+ % faster\), live over steps [0-9]+-[0-9]+: pause [0-9.]+ ms \([0-9.]+ ms "
+                         r"predicted [0-9]+ % faster\), live over steps [0-9]+-[0-9]+: pause [0-9.]+ ms at most \([0-9.]+ ms "
                          r"added to steps in all\), [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
         expect(worst <= 1e-5 and line and moves and moves[0]["migration"] == "live" and moves[0]["pause_ms"] > 0,
                f"train --adaptive --migration live: {worst} {events} {p.stdout[-800:]} {p.stderr}")

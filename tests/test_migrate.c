@@ -10,7 +10,10 @@
  *            from data=4 ZeRO-0, where every rank held everything; at most the state once from ZeRO-3) and
  *            the values arrive bit for bit
  *   refused  a new layout with another optimizer, and a new mesh over other ranks: the same error on
- *            every rank, no new trainer, and the old one trains on to the reference's losses */
+ *            every rank, no new trainer, and the old one trains on to the reference's losses
+ *   live     the same moves live (the plan and the pieces over steps), bit for bit a stop-and-copy's
+ *   live_bf16  with gradients reduced in bf16: the replayed gradients travel as bf16 exactly (half the
+ *            bytes), the losses bit for bit a stop-and-copy's */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -283,10 +286,11 @@ static shard_trainer *trained(test_ctx *t, shard_mesh *mesh, const shard_trainer
     return NULL;
 }
 
-/* Live: begun after MOVE_AT, advanced after each of the next LIVE steps, switched after the last; the
- * losses are a stop-and-copy move's after that step, bit for bit (the replayed updates are the old
- * layout's arithmetic), and the single rank's within 1e-5.  Refusals leave the old trainer training. */
-enum { LIVE = 3 };
+/* Live: begun after MOVE_AT, advanced after each of the next LIVE steps (the plan, then LIVE - 1
+ * pieces), switched after the last; the losses are a stop-and-copy move's after that step, bit for bit
+ * (the replayed updates are the old layout's arithmetic), and the single rank's within 1e-5.  Refusals
+ * leave the old trainer training. */
+enum { LIVE = 5 };
 static void case_live(test_ctx *t) {
     if (t->size != 4) return;
     setup(t);
@@ -306,16 +310,20 @@ static void case_live(test_ctx *t) {
             (tr = trained(t, old_mesh, &before, MOVE_AT, live, what)) &&
             CHECK_OK(t, shard_trainer_migrate_begin(tr, new_mesh, &after, LIVE, &mig), "%s: begin", what);
         for (uint64_t step = MOVE_AT + 1; ok && step <= MOVE_AT + LIVE; step++) {
+            CHECK(t, shard_migration_steps_left(mig) == MOVE_AT + LIVE + 1 - step,
+                  "%s: %zu steps left before step %llu", what, shard_migration_steps_left(mig),
+                  (unsigned long long)step);
             ok = train(t, tr, step, step, live) &&
                 CHECK_OK(t, shard_migration_advance(mig, tr), "%s: advance after step %llu", what,
                          (unsigned long long)step);
             if (!ok) mig = NULL; /* gone with the failure, or cancelled below */
         }
+        if (ok) CHECK(t, shard_migration_steps_left(mig) == 0, "%s: steps left at the switch", what);
         if (ok && CHECK_OK(t, shard_migration_finish(mig, tr, &moved, &st), "%s: finish", what)) {
             tr = NULL, mig = NULL;
             CHECK(t,
-                  st.ms >= st.added_ms && st.added_ms >= st.pause_ms && st.bytes >= st.delta_bytes &&
-                      (!m->moves_bytes || st.delta_bytes > 0),
+                  st.ms >= st.added_ms && st.added_ms >= st.longest_ms && st.longest_ms >= st.pause_ms &&
+                      st.bytes >= st.delta_bytes && (!m->moves_bytes || st.delta_bytes > 0),
                   "%s: %.3f ms in all, %.3f added, %.3f at the switch; %llu bytes, %llu of gradients", what, st.ms,
                   st.added_ms, st.pause_ms, (unsigned long long)st.bytes, (unsigned long long)st.delta_bytes);
             train(t, moved, MOVE_AT + LIVE + 1, STEPS, live);
@@ -363,16 +371,65 @@ static void case_live(test_ctx *t) {
     shard_mesh_destroy(old_mesh);
 }
 
+/* Live with gradients reduced in bf16 (data=2,tensor=2 -> pipe=4): each step's gradients travel as bf16,
+ * exactly (half the f32 run's gradient bytes), and the losses are a stop-and-copy move's bit for bit. */
+static void live_run(test_ctx *t, shard_dtype grad_dtype, int live, double *losses, uint64_t *delta_bytes) {
+    char path[512];
+    shard_trainer_config c = config(path, sizeof path, 0, NULL);
+    c.grad_dtype = grad_dtype;
+    shard_trainer_config after = c;
+    after.schedule = "1f1b", after.micro_batches = 4;
+    shard_mesh *old_mesh = NULL, *new_mesh = NULL;
+    shard_trainer *tr = NULL, *moved = NULL;
+    shard_migration *mig = NULL;
+    shard_migration_stats st = {.struct_size = sizeof st};
+    int ok = CHECK_OK(t, shard_mesh_create(t->comm, "data=2,tensor=2", &old_mesh), "bf16: mesh") &&
+        CHECK_OK(t, shard_mesh_create(t->comm, "pipe=4", &new_mesh), "bf16: new mesh") &&
+        (tr = trained(t, old_mesh, &c, live ? MOVE_AT : MOVE_AT + LIVE, losses, "bf16"));
+    if (ok && live) {
+        ok = CHECK_OK(t, shard_trainer_migrate_begin(tr, new_mesh, &after, LIVE, &mig), "bf16: begin");
+        for (uint64_t step = MOVE_AT + 1; ok && step <= MOVE_AT + LIVE; step++)
+            if (!(ok = train(t, tr, step, step, losses) &&
+                      CHECK_OK(t, shard_migration_advance(mig, tr), "bf16: advance")))
+                mig = NULL;
+        ok = ok && CHECK_OK(t, shard_migration_finish(mig, tr, &moved, &st), "bf16: finish");
+    } else if (ok)
+        ok = CHECK_OK(t, shard_trainer_migrate(tr, new_mesh, &after, &moved, &st), "bf16: stop-and-copy");
+    if (ok) {
+        tr = NULL, mig = NULL;
+        *delta_bytes = st.delta_bytes;
+        train(t, moved, MOVE_AT + LIVE + 1, STEPS, losses);
+    }
+    shard_migration_cancel(mig, tr);
+    shard_trainer_destroy(moved);
+    shard_trainer_destroy(tr);
+    shard_mesh_destroy(new_mesh);
+    shard_mesh_destroy(old_mesh);
+}
+
+static void case_live_bf16(test_ctx *t) {
+    if (t->size != 4) return;
+    setup(t);
+    double f32[STEPS] = {0}, bf16[STEPS] = {0}, stop[STEPS] = {0};
+    uint64_t f32_bytes = 0, bf16_bytes = 0, none = 0;
+    live_run(t, SHARD_F32, 1, f32, &f32_bytes);
+    live_run(t, SHARD_BF16, 1, bf16, &bf16_bytes);
+    live_run(t, SHARD_BF16, 0, stop, &none);
+    CHECK(t, f32_bytes > 0 && bf16_bytes * 2 == f32_bytes,
+          "bf16 gradients: %llu gradient bytes, f32 gradients %llu (want half)", (unsigned long long)bf16_bytes,
+          (unsigned long long)f32_bytes);
+    CHECK(t, memcmp(bf16, stop, sizeof stop) == 0,
+          "bf16 gradients: the live move's losses differ from stop-and-copy's");
+}
+
 static void case_cleanup(test_ctx *t) {
     if (!g_dir[0]) return;
     test_remove_dir(t, g_dir);
 }
 
 static const test_case cases[] = {
-    {"moves", case_moves},
-    {"refused", case_refused},
-    {"live", case_live},
-    {"cleanup", case_cleanup},
+    {"moves", case_moves},         {"refused", case_refused}, {"live", case_live},
+    {"live_bf16", case_live_bf16}, {"cleanup", case_cleanup},
 };
 
 int main(int argc, char **argv) {

@@ -191,24 +191,27 @@ typedef struct shard_migration_stats {
 shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, const shard_trainer_config *new_config,
                                    shard_trainer **out, shard_migration_stats *stats);
 
-/* Live migration: the same move while training goes on.  Collective over the ranks of both meshes,
- * each call.  begin makes the new trainer and the plan (as shard_trainer_migrate) and sends the first
- * of `pieces` pieces of the state (parameters in order, about equal elements each); the old trainer
- * then keeps a copy of each update's gradient (memory: its gradient once more).  After each further
- * step of old, advance sends, for the parameters already sent, that step's gradient (by the same plan)
- * and replays the update on the new trainer (same step, learning rate and clip factor: the same
- * element-wise arithmetic, so the copy stays bit for bit), then the next piece.  finish, at a step
- * boundary after the last advance, sends any piece left, destroys old and gives the new trainer (it
- * goes on at the next step number); stats as shard_trainer_migrate's, with pause_ms the switchover's
- * wait, added_ms begin's, the advances' and the switchover's, longest_ms the most of those at one
- * step, delta_bytes the gradients'.  On failure
- * of any of them on any rank every rank returns the same error, the migration is gone (the new
- * trainer destroyed) and old is as it was: the run goes on with it.  cancel abandons a migration
- * without communication. */
+/* Live migration: the same move while training goes on, spread over `steps` steps of the old trainer
+ * so that no step boundary waits long.  Collective over the ranks of both meshes, each call.  begin
+ * makes the new trainer (as shard_trainer_migrate does); the old trainer then keeps a copy of each
+ * update's gradient (memory: its gradient once more).  After each further step of old, advance does
+ * the next part: the first plans the copy (as shard_trainer_migrate plans it); each later one sends,
+ * for the parameters already sent, that step's gradient (by the same plan; as bf16 when every rank's
+ * is bf16 exactly, as gradients reduced in bf16 are) and replays the update on the new trainer (same
+ * step, learning rate and clip factor: the same element-wise arithmetic, so the copy stays bit for
+ * bit), then the next of steps - 1 pieces of the state (parameters in order, about equal elements
+ * each).  shard_migration_steps_left says how many advances remain before finish waits for nothing.
+ * finish, at a step boundary, does whatever is left, destroys old and gives the new trainer (it goes on
+ * at the next step number); stats as shard_trainer_migrate's, with pause_ms the switchover's wait,
+ * added_ms begin's, the advances' and the switchover's, longest_ms the most of those at one step
+ * boundary (the longest pause training sees), delta_bytes the gradients'.  On failure of any of them
+ * on any rank every rank returns the same error, the migration is gone (the new trainer destroyed) and
+ * old is as it was: the run goes on with it.  cancel abandons a migration without communication. */
 typedef struct shard_migration shard_migration;
 shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mesh,
-                                         const shard_trainer_config *new_config, size_t pieces, shard_migration **out);
+                                         const shard_trainer_config *new_config, size_t steps, shard_migration **out);
 shard_status shard_migration_advance(shard_migration *m, shard_trainer *old);
+size_t shard_migration_steps_left(const shard_migration *m);
 shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shard_trainer **out,
                                     shard_migration_stats *stats);
 void shard_migration_cancel(shard_migration *m, shard_trainer *old);

@@ -615,6 +615,19 @@ void shard__dp_kept(const shard_dp *dp, uint64_t *step, float *lr, float *clip) 
     *step = dp->kept_step, *lr = dp->kept_lr, *clip = dp->kept_clip;
 }
 
+int shard__dp_kept_is_bf16(const shard_dp *dp) {
+    if (!dp->kept) return 0;
+    const float *g = dp->kept;
+    size_t n = update_grads_n(dp);
+    uint32_t low = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &g[i], sizeof bits);
+        low |= bits & 0xFFFFu;
+    }
+    return low == 0;
+}
+
 shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip) {
     if (dp->zero == 3 || dp->prec.bf16) SHARD_CHECK(drop_gathered(dp));
     dp->step_open = 0;

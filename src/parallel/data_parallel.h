@@ -61,6 +61,9 @@ shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip)
  * (shard__dp_kept); off frees the copy. */
 shard_status shard__dp_keep_grads(shard_dp *dp, int on);
 void shard__dp_kept(const shard_dp *dp, uint64_t *step, float *lr, float *clip);
+/* 1 when every element of the kept gradient is a bf16 value (its low 16 bits zero: gradients reduced in
+ * bf16 are), so it travels as bf16 exactly; 0 otherwise or with none kept. */
+int shard__dp_kept_is_bf16(const shard_dp *dp);
 void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out);
 
 /* Whole values and, unless state is NULL, each of the optimizer's state arrays into state[k] (each

@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "shard/dtype.h"
 #include "shard/memory.h"
 #include "shard/optim.h"
 #include "shard/trainer.h"
@@ -182,28 +183,45 @@ static int words_push(words *w, int64_t x) {
     return 1;
 }
 
+/* Element indices below 2^24 are exact in a float. */
+#define LOW_INDEX ((size_t)1 << 24)
+
+static void fill_low_index(float *whole, size_t n) {
+    for (size_t e = 0; e < n; e++) whole[e] = (float)(e & 0xFFFFFFu);
+}
+
 /* The runs of parameter i's piece in trainer t (in piece order): the piece taken from a whole tensor
  * whose every element holds its own index, 24 bits at a time (a float holds those exactly), so the
  * map is the one the trainer's own resume applies, whatever the model's tensor blocks and the expert
- * rows.  0 when the piece is not a copy of distinct elements of the whole tensor: that parameter then
- * moves the whole-tensor way. */
+ * rows.  `whole` holds the low 24 bits of each index on entry and on return (filled once for every
+ * parameter); a tensor of more than 2^24 elements takes its piece a second time for the high bits.
+ * 0 when the piece is not a copy of distinct elements of the whole tensor: that parameter then moves
+ * the whole-tensor way. */
 static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *whole, float *lo, float *hi, runs *out) {
     size_t n = shard__trainer_piece_numel(t, i);
-    for (size_t e = 0; e < whole_n; e++) whole[e] = (float)(e & 0xFFFFFFu);
     shard__trainer_take_piece(t, i, whole, lo);
-    for (size_t e = 0; e < whole_n; e++) whole[e] = (float)(e >> 24);
-    shard__trainer_take_piece(t, i, whole, hi);
+    if (whole_n > LOW_INDEX) {
+        for (size_t e = 0; e < whole_n; e++) whole[e] = (float)(e >> 24);
+        shard__trainer_take_piece(t, i, whole, hi);
+        fill_low_index(whole, whole_n);
+    } else if (n)
+        memset(hi, 0, n * sizeof *hi);
     out->n = 0;
-    for (size_t p = 0; p < n; p++) {
+    for (size_t p = 0; p < n;) {
         if (!(lo[p] >= 0 && lo[p] < 16777216.0f && hi[p] >= 0 && hi[p] < 16777216.0f) ||
             lo[p] != (float)(size_t)lo[p] || hi[p] != (float)(size_t)hi[p])
             return 0;
-        size_t g = (size_t)hi[p] << 24 | (size_t)lo[p];
+        size_t g = (size_t)hi[p] << 24 | (size_t)lo[p], p0 = p;
         if (g >= whole_n) return 0;
+        /* the run goes on while each element holds the next index (a run stops where the low bits wrap) */
+        size_t end = n - p < whole_n - g ? n : p + (whole_n - g);
+        float hi_bits = hi[p];
+        for (float next = lo[p] + 1.0f; ++p < end && lo[p] == next && hi[p] == hi_bits && next < 16777216.0f;)
+            next += 1.0f;
         run *last = out->n ? &out->v[out->n - 1] : NULL;
-        if (last && last->g + last->n == g && last->p + last->n == p)
-            last->n++;
-        else if (!runs_push(out, g, p, 1))
+        if (last && last->g + last->n == g && last->p + last->n == p0)
+            last->n += p - p0; /* across a wrap of the low bits */
+        else if (!runs_push(out, g, p0, p - p0))
             return -1;
     }
     runs sorted = {.v = malloc((out->n + 1) * sizeof *sorted.v), .n = out->n};
@@ -369,6 +387,7 @@ typedef struct copy {
     shard__moved_param *list;
     size_t n;
     int world, me, arrays, delta_j; /* delta_j: a live migration's gradient array (the last), else -1 */
+    int delta_bf16;                 /* this advance's gradients are bf16 exactly on every rank: sent as bf16 */
     words mine;                     /* this rank's descriptions: old layout's n, then the new one's */
     int64_t *all;                   /* every rank's, in rank order */
     const int64_t **desc;           /* [(r * 2 + L) * n + k] */
@@ -405,6 +424,7 @@ static shard_status describe_all(copy *c) {
     runs pr = {0};
     shard_status s =
         scratch[0] && scratch[1] && scratch[2] ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    if (s == SHARD_OK) fill_low_index(scratch[0], most_whole);
     for (int L = 0; L < 2; L++)
         for (size_t k = 0; s == SHARD_OK && k < c->n; k++)
             s = describe(L ? c->to : c->from, L ? c->list[k].to : c->list[k].from, c->list[k].whole_n, c->arrays,
@@ -513,6 +533,29 @@ static shard_status read_old(copy *c, size_t k, int j) {
     return shard__trainer_get_held(c->from, c->list[k].from, j, c->old_piece);
 }
 
+/* n floats made n bf16 values in the same buffer, in place: element e's 2 bytes land before its 4
+ * are read, going up (byte copies: the buffer is read and written as both types). */
+static void narrow_to_bf16(float *x, size_t n) {
+    unsigned char *bytes = (unsigned char *)x;
+    for (size_t e = 0; e < n; e++) {
+        float v;
+        memcpy(&v, bytes + 4 * e, sizeof v);
+        uint16_t h = shard_bf16_from_f32(v);
+        memcpy(bytes + 2 * e, &h, sizeof h);
+    }
+}
+
+/* The reverse: n bf16 values at the start of x widened to n floats, going down. */
+static void widen_from_bf16(float *x, size_t n) {
+    unsigned char *bytes = (unsigned char *)x;
+    for (size_t e = n; e-- > 0;) {
+        uint16_t h;
+        memcpy(&h, bytes + 2 * e, sizeof h);
+        float v = shard_f32_from_bf16(h);
+        memcpy(bytes + 4 * e, &v, sizeof v);
+    }
+}
+
 /* Parameter k by its plan: every rank's moves in one all_to_allv over world (none when nothing moves),
  * then each array of this rank's new piece from what it held and what it received.  delta: only the
  * live migration's gradient array (c->delta_j); else every other array. */
@@ -534,7 +577,15 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world, int delta
                 copy_elems(&c->held_old, c->old_piece, NULL, NULL, c->send, &at[tp->sends[m].peer], tp->sends[m].g,
                            tp->sends[m].n);
     }
-    if (s == SHARD_OK && total) s = shard_comm_all_to_allv(world, c->send, send, sd, c->recv, recv, rd, SHARD_F32);
+    if (s == SHARD_OK && total) {
+        if (delta && c->delta_bf16) {
+            size_t n_send = sd[W - 1] + send[W - 1], n_recv = rd[W - 1] + recv[W - 1];
+            narrow_to_bf16(c->send, n_send);
+            s = shard_comm_all_to_allv(world, c->send, send, sd, c->recv, recv, rd, SHARD_BF16);
+            if (s == SHARD_OK) widen_from_bf16(c->recv, n_recv);
+        } else
+            s = shard_comm_all_to_allv(world, c->send, send, sd, c->recv, recv, rd, SHARD_F32);
+    }
     if (s == SHARD_OK) memcpy(at, rd, W * sizeof *at);
     const shard__moved_param *mp = &c->list[k];
     for (int j = j_lo; s == SHARD_OK && mp->to != SIZE_MAX && j < j_hi; j++) {
@@ -559,22 +610,27 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world, int delta
     return s;
 }
 
+/* The state carries over only to the same optimizer (its state arrays the same). */
+static shard_status same_optimizer(const shard_trainer *from, const shard_trainer *to) {
+    const shard_optimizer *fo = shard__trainer_optimizer(from), *to_opt = shard__trainer_optimizer(to);
+    if (shard_optimizer_state_count(fo) == shard_optimizer_state_count(to_opt) &&
+        strcmp(shard_optimizer_name(fo), shard_optimizer_name(to_opt)) == 0)
+        return SHARD_OK;
+    return shard_error(SHARD_ERR_INVALID_ARG,
+                       "migrate: the old trainer's optimizer is %s with %d state arrays, the new one's %s with %d: "
+                       "the state carries over only to the same optimizer",
+                       shard_optimizer_name(fo), (int)shard_optimizer_state_count(fo), shard_optimizer_name(to_opt),
+                       (int)shard_optimizer_state_count(to_opt));
+}
+
 /* Collective over world: the copy of `from`'s state to `to` planned (c set up; the caller frees it with
  * copy_free); live: with the gradient as one more array, moved apart (c->delta_j). */
 static shard_status copy_plan(copy *c, shard_trainer *from, shard_trainer *to, shard_comm *world, int live) {
     *c = (copy){.from = from, .to = to, .world = shard_comm_size(world), .me = shard_comm_rank(world), .delta_j = -1};
-    const shard_optimizer *fo = shard__trainer_optimizer(from), *to_opt = shard__trainer_optimizer(to);
-    int states = (int)shard_optimizer_state_count(fo);
+    int states = (int)shard_optimizer_state_count(shard__trainer_optimizer(from));
     c->arrays = 1 + states + (live != 0);
     if (live) c->delta_j = 1 + states;
-    shard_status s = SHARD_OK;
-    if (shard_optimizer_state_count(fo) != shard_optimizer_state_count(to_opt) ||
-        strcmp(shard_optimizer_name(fo), shard_optimizer_name(to_opt)) != 0)
-        s = shard_error(SHARD_ERR_INVALID_ARG,
-                        "migrate: the old trainer's optimizer is %s with %d state arrays, the new one's %s with %d: "
-                        "the state carries over only to the same optimizer",
-                        shard_optimizer_name(fo), states, shard_optimizer_name(to_opt),
-                        (int)shard_optimizer_state_count(to_opt));
+    shard_status s = same_optimizer(from, to);
     if (s == SHARD_OK) s = shard__trainer_moved_params(from, to, &c->list, &c->n);
     if (s == SHARD_OK) s = describe_all(c);
     /* a rank that found a mismatch or no memory would leave the others waiting: all agree first, and
@@ -666,15 +722,19 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
 /* ---------------------------------------------------------------- live migration
  *
  * The same plan with the gradient the update reads as one more array (the old trainer keeps a copy of
- * each update's: shard__trainer_keep_grads).  The snapshot goes in pieces of about equal elements,
- * parameters in order: the first at begin, one more at each advance.  At each advance, before the next
- * piece, the parameters already sent get the old layout's last update again: its gradient moved by the
- * plan and the update replayed by the new trainer's optimizer with the same step, learning rate and
- * clip factor (element-wise, so bit for bit what the old one did).  The parameters not sent yet are
+ * each update's: shard__trainer_keep_grads), spread over steps so that no step boundary waits long:
+ * begin builds the new trainer, the first advance plans the copy, and each further advance sends one
+ * piece of the snapshot (about equal elements, parameters in order).  At each advance after the plan,
+ * before the next piece, the parameters already sent get the old layout's last update again: its
+ * gradient moved by the plan (as bf16 where every rank's is bf16 exactly: gradients reduced in bf16)
+ * and the update replayed by the new trainer's optimizer with the same step, learning rate and clip
+ * factor (element-wise, so bit for bit what the old one did).  The parameters not sent yet are
  * updated too, from what the new trainer holds of them, and overwritten when their piece comes. */
 struct shard_migration {
     copy c;
     shard_comm *world;
+    shard_trainer *from, *to;   /* the old trainer; the new one (c.to too once planned) */
+    int planned;                /* the copy planned (c set up) */
     size_t pieces, piece, sent; /* parameters [0, sent) are in the new trainer, kept up to date */
     size_t total_elems;
     uint64_t replayed;   /* the old layout's last step replayed (0: none yet) */
@@ -686,9 +746,17 @@ struct shard_migration {
 static void live_free(shard_migration *m, shard_trainer *old, int keep_new) {
     if (!m) return;
     if (old) shard__trainer_keep_grads(old, 0);
-    if (!keep_new) shard_trainer_destroy(m->c.to);
-    copy_free(&m->c);
+    if (!keep_new) shard_trainer_destroy(m->to);
+    if (m->planned) copy_free(&m->c);
     free(m);
+}
+
+/* Collective: the copy planned, as shard_trainer_migrate plans it, with the gradient as one more array. */
+static shard_status plan_live(shard_migration *m, shard_trainer *old) {
+    shard_status s = agree(m->world, copy_plan(&m->c, old, m->to, m->world, 1));
+    m->planned = 1; /* c set up either way: copy_free undoes it */
+    for (size_t k = 0; s == SHARD_OK && k < m->c.n; k++) m->total_elems += m->c.list[k].whole_n;
+    return s;
 }
 
 /* The next piece of the snapshot (all that is left when `all`). */
@@ -716,24 +784,20 @@ static shard_status add_time(shard_migration *m, double t, double *ms) {
 }
 
 shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mesh,
-                                         const shard_trainer_config *new_config, size_t pieces, shard_migration **out) {
+                                         const shard_trainer_config *new_config, size_t steps, shard_migration **out) {
     if (out) *out = NULL;
     if (!old || !new_mesh || !new_config || !out)
         return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_migrate_begin: NULL argument");
-    if (pieces == 0)
-        return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_migrate_begin: pieces is 0: give 1 or more");
+    if (steps == 0)
+        return shard_error(SHARD_ERR_INVALID_ARG, "shard_trainer_migrate_begin: steps is 0: give 1 or more");
     SHARD_CHECK(check_meshes(old, new_mesh));
     shard_migration *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
-    m->world = shard_mesh_comm(shard__trainer_mesh(old));
-    m->pieces = pieces, m->t0 = shard__now();
-    shard_trainer *t = NULL;
-    shard_status s = agree(m->world, shard__trainer_create_to_fill(new_mesh, new_config, &t));
+    m->world = shard_mesh_comm(shard__trainer_mesh(old)), m->from = old;
+    m->pieces = steps > 1 ? steps - 1 : 1, m->t0 = shard__now();
+    shard_status s = agree(m->world, shard__trainer_create_to_fill(new_mesh, new_config, &m->to));
+    if (s == SHARD_OK) s = agree(m->world, same_optimizer(old, m->to));
     if (s == SHARD_OK) s = agree(m->world, shard__trainer_keep_grads(old, 1));
-    if (s == SHARD_OK) s = agree(m->world, copy_plan(&m->c, old, t, m->world, 1));
-    m->c.to = t; /* copy_plan's on success; the one to destroy either way */
-    for (size_t k = 0; s == SHARD_OK && k < m->c.n; k++) m->total_elems += m->c.list[k].whole_n;
-    if (s == SHARD_OK) s = agree(m->world, send_piece(m, 0));
     if (s == SHARD_OK) s = add_time(m, m->t0, NULL);
     if (s < 0) {
         live_free(m, old, 0);
@@ -743,8 +807,16 @@ shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mes
     return SHARD_OK;
 }
 
+/* Collective: this advance's gradients travel as bf16 when every rank's kept copy is bf16 exactly. */
+static shard_status deltas_dtype(shard_migration *m, shard_trainer *old) {
+    int32_t mine = shard__trainer_kept_is_bf16(old), all = 0;
+    SHARD_CHECK(shard_comm_all_reduce(m->world, &mine, &all, 1, SHARD_I32, SHARD_OP_MIN));
+    m->c.delta_bf16 = all;
+    return SHARD_OK;
+}
+
 shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
-    if (!m || !old || m->c.from != old)
+    if (!m || !old || m->from != old)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "shard_migration_advance: give the migration and the trainer it began from");
     double t = shard__now();
@@ -758,9 +830,14 @@ shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
                         "step, once",
                         (unsigned long long)step, (unsigned long long)m->replayed);
     s = agree(m->world, s);
-    if (s == SHARD_OK) s = agree(m->world, copy_params(&m->c, 0, m->sent, 1, m->world, &m->bytes[1]));
-    if (s == SHARD_OK) s = agree(m->world, shard__trainer_replay(m->c.to, step, lr, clip));
-    if (s == SHARD_OK && m->sent < m->c.n) s = agree(m->world, send_piece(m, 0));
+    if (s == SHARD_OK && !m->planned) /* the first advance plans: nothing is sent yet, nothing to replay */
+        s = plan_live(m, old);
+    else if (s == SHARD_OK) {
+        s = agree(m->world, deltas_dtype(m, old));
+        if (s == SHARD_OK) s = agree(m->world, copy_params(&m->c, 0, m->sent, 1, m->world, &m->bytes[1]));
+        if (s == SHARD_OK) s = agree(m->world, shard__trainer_replay(m->to, step, lr, clip));
+        if (s == SHARD_OK && m->sent < m->c.n) s = agree(m->world, send_piece(m, 0));
+    }
     if (s == SHARD_OK) s = add_time(m, t, NULL);
     if (s < 0) {
         live_free(m, old, 0);
@@ -770,15 +847,21 @@ shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
     return SHARD_OK;
 }
 
+size_t shard_migration_steps_left(const shard_migration *m) {
+    if (!m) return 0;
+    return (m->planned ? 0 : 1) + (m->planned && m->sent >= m->c.n ? 0 : m->pieces - m->piece);
+}
+
 shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shard_trainer **out,
                                     shard_migration_stats *stats) {
     if (out) *out = NULL;
-    if (!m || !old || !out || m->c.from != old)
+    if (!m || !old || !out || m->from != old)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "shard_migration_finish: give the migration, the trainer it began from and an out pointer");
     SHARD_CHECK(check_stats(stats, "shard_migration_finish"));
     double t = shard__now(), pause = 0;
-    shard_status s = m->sent < m->c.n ? agree(m->world, send_piece(m, 1)) : SHARD_OK;
+    shard_status s = m->planned ? SHARD_OK : plan_live(m, old); /* finished early: the rest at the switch */
+    if (s == SHARD_OK && m->sent < m->c.n) s = agree(m->world, send_piece(m, 1));
     if (s == SHARD_OK) s = add_time(m, t, &pause);
     double took[3] = {(shard__now() - m->t0) * 1e3, (double)m->bytes[0] + (double)m->bytes[1], (double)m->bytes[1]},
            most = 0, sum[2] = {0};
@@ -793,7 +876,7 @@ shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shar
         stats->bytes = (uint64_t)sum[0], stats->delta_bytes = (uint64_t)sum[1];
         stats->rank_bytes = (uint64_t)took[1];
     }
-    *out = m->c.to;
+    *out = m->to;
     live_free(m, old, 1);
     shard_trainer_destroy(old);
     return SHARD_OK;

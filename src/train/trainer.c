@@ -1306,6 +1306,8 @@ void shard__trainer_kept(const shard_trainer *t, uint64_t *step, float *lr, floa
     shard__dp_kept(t->dp, step, lr, clip);
 }
 
+int shard__trainer_kept_is_bf16(const shard_trainer *t) { return shard__dp_kept_is_bf16(t->dp); }
+
 shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip) {
     return shard__dp_update(t->dp, step, lr, clip);
 }

@@ -55,6 +55,8 @@ shard_status shard__trainer_set_piece(shard_trainer *t, size_t i, int which, con
  * step's update is). */
 shard_status shard__trainer_keep_grads(shard_trainer *t, int on);
 void shard__trainer_kept(const shard_trainer *t, uint64_t *step, float *lr, float *clip);
+/* 1 when the kept gradient is bf16 exactly (data_parallel.h's shard__dp_kept_is_bf16). */
+int shard__trainer_kept_is_bf16(const shard_trainer *t);
 shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip);
 
 /* The mesh a trainer was made on. */
