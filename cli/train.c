@@ -535,13 +535,29 @@ static shard_status reshard_target(shard_comm *comm, const train_opts *o, shard_
     return SHARD_OK;
 }
 
-/* Rank 0: the line that a move failed and the run goes on (mv->next destroyed, on every rank). */
-static void reshard_failed(int rank, const train_opts *o, uint64_t step, reshard_move *mv) {
-    if (rank == 0)
-        fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s zero=%ld\n", (unsigned long long)step,
-                shard_last_error(), mv->from, o->layout.zero);
+/* Collective: a move that failed (live: at its begin, an advance or its switch) leaves the run on its
+ * layout: rank 0 prints one line saying why and writes it in a --log record with failed true; mv->next is
+ * destroyed on every rank. */
+static shard_status reshard_failed(shard_comm *comm, const train_opts *o, uint64_t step, shard_text_file *log,
+                                   reshard_move *mv, int live) {
+    int rank = shard_comm_rank(comm);
+    char to[128] = "", line[1024], reason[1200], record[2048] = "";
+    if (mv->next) shard_mesh_string(mv->next, to, sizeof to);
+    long zero_to = o->reshard_zero >= 0 ? o->reshard_zero : o->layout.zero;
+    if (rank == 0) {
+        snprintf(line, sizeof line, "reshard: step %llu: %s; the run goes on as %s zero=%ld", (unsigned long long)step,
+                 shard_last_error(), mv->from, o->layout.zero);
+        fprintf(stderr, "shard: %s\n", line);
+        snprintf(record, sizeof record,
+                 "{\"event\": \"reshard\", \"step\": %llu, \"failed\": true, \"reason\": %s, \"from\": \"%s\", "
+                 "\"to\": \"%s\", \"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"%s\", \"trigger\": "
+                 "\"reshard-at\"}\n",
+                 (unsigned long long)step, cli_json_string(line, reason, sizeof reason), mv->from,
+                 to[0] ? to : o->reshard_mesh, o->layout.zero, zero_to, live ? "live" : "stop-and-copy");
+    }
     shard_mesh_destroy(mv->next);
     mv->next = NULL, mv->live = NULL;
+    return log_record(comm, o, log, step, rank == 0 ? record : NULL);
 }
 
 /* Collective: the run is on mv->next (*mesh and *t become the new ones); rank 0 prints one line and
@@ -582,36 +598,27 @@ static shard_status reshard_done(shard_comm *comm, const train_opts *o, uint64_t
  * record that cannot be written stops the run, as a step's line does. */
 static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step, uint64_t last, shard_text_file *log,
                             reshard_move *mv, shard_mesh **mesh, shard_trainer **t) {
-    int rank = shard_comm_rank(comm), live = o->migration && strcmp(o->migration, "live") == 0;
+    int live = o->migration && strcmp(o->migration, "live") == 0;
     shard_migration_stats st = {.struct_size = sizeof st};
     shard_trainer *moved = NULL;
     if (step == (uint64_t)o->reshard_step) {
         shard_trainer_config tc;
         SHARD_CHECK(reshard_target(comm, o, *mesh, *t, mv, &tc));
         if (!live) {
-            if (shard_trainer_migrate(*t, mv->next, &tc, &moved, &st) < 0) {
-                reshard_failed(rank, o, step, mv);
-                return SHARD_OK;
-            }
+            if (shard_trainer_migrate(*t, mv->next, &tc, &moved, &st) < 0)
+                return reshard_failed(comm, o, step, log, mv, 0);
             return reshard_done(comm, o, step, log, mv, mesh, t, moved, &st, 0);
         }
         mv->begun = step;
         mv->switch_at = step + TRAIN_LIVE_STEPS < last ? step + TRAIN_LIVE_STEPS : last - 1;
-        if (shard_trainer_migrate_begin(*t, mv->next, &tc, TRAIN_LIVE_STEPS, &mv->live) < 0) {
-            reshard_failed(rank, o, step, mv);
-            return SHARD_OK;
-        }
+        if (shard_trainer_migrate_begin(*t, mv->next, &tc, TRAIN_LIVE_STEPS, &mv->live) < 0)
+            return reshard_failed(comm, o, step, log, mv, 1);
     } else if (!mv->live)
         return SHARD_OK;
-    else if (shard_migration_advance(mv->live, *t) < 0) {
-        reshard_failed(rank, o, step, mv);
-        return SHARD_OK;
-    }
+    else if (shard_migration_advance(mv->live, *t) < 0)
+        return reshard_failed(comm, o, step, log, mv, 1);
     if (step < mv->switch_at) return SHARD_OK;
-    if (shard_migration_finish(mv->live, *t, &moved, &st) < 0) {
-        reshard_failed(rank, o, step, mv);
-        return SHARD_OK;
-    }
+    if (shard_migration_finish(mv->live, *t, &moved, &st) < 0) return reshard_failed(comm, o, step, log, mv, 1);
     return reshard_done(comm, o, step, log, mv, mesh, t, moved, &st, 1);
 }
 
@@ -630,6 +637,40 @@ static shard_status log_record(shard_comm *comm, const train_opts *o, shard_text
         return shard_error(SHARD_ERR_ABORTED, "--log %s: rank 0 could not write it; the run stopped after step %llu",
                            o->log, (unsigned long long)step);
     return shard_error(SHARD_ERR_IO, "--log %s; the run stopped after step %llu", why, (unsigned long long)step);
+}
+
+/* Collective under --log with a --cluster whose nodes change: for each node holding one of the run's ranks
+ * whose slowdown or memory at `step` differs from the step before (a "changes" entry reaching its at_step;
+ * the emulation says it in its "cluster: step N: node ..." line), rank 0 writes one record per changed
+ * figure.  Step 1 is the cluster as the run starts: no record. */
+static shard_status log_cluster_changes(shard_comm *comm, const train_opts *o, shard_text_file *log, uint64_t step) {
+    if (!o->log || !o->cluster || step < 2 || !shard_cluster_has_changes(o->cluster)) return SHARD_OK;
+    int world = shard_comm_size(comm), rank = shard_comm_rank(comm);
+    for (int r = 0; r < world && r < shard_cluster_ranks(o->cluster); r++) {
+        shard_cluster_device was, now, other;
+        SHARD_CHECK(shard_cluster_device_at(o->cluster, r, step - 1, &was));
+        SHARD_CHECK(shard_cluster_device_at(o->cluster, r, step, &now));
+        int seen = 0; /* its node said already, for an earlier rank */
+        for (int q = 0; q < r && !seen; q++)
+            seen =
+                shard_cluster_device_at(o->cluster, q, step, &other) == SHARD_OK && other.node_index == now.node_index;
+        char name[300], record[512];
+        cli_json_string(now.node, name, sizeof name);
+        if (!seen && was.slowdown != now.slowdown) {
+            snprintf(record, sizeof record,
+                     "{\"event\": \"cluster_change\", \"step\": %llu, \"node\": %s, \"slowdown\": %.6g}\n",
+                     (unsigned long long)step, name, now.slowdown);
+            SHARD_CHECK(log_record(comm, o, log, step, rank == 0 ? record : NULL));
+        }
+        if (!seen && was.memory_bytes != now.memory_bytes) {
+            snprintf(record, sizeof record,
+                     "{\"event\": \"cluster_change\", \"step\": %llu, \"node\": %s, \"available_memory_gb\": "
+                     "%.6g}\n",
+                     (unsigned long long)step, name, now.memory_bytes / 1073741824.0);
+            SHARD_CHECK(log_record(comm, o, log, step, rank == 0 ? record : NULL));
+        }
+    }
+    return SHARD_OK;
 }
 
 static shard_status train_rank(shard_comm *comm, void *arg) {
@@ -745,6 +786,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             break;
         }
         shard_step_result r;
+        if (s == SHARD_OK) s = log_cluster_changes(comm, o, log, step);
         if (s == SHARD_OK) s = shard_trainer_step(t, step, &r);
         if (s < 0) break;
         if (!isfinite(r.loss)) {
@@ -1018,8 +1060,8 @@ static int train_checked(train_opts *o, cli_common *common) {
         cli_error("%s", shard_last_error());
         return 1;
     }
-    shard_cluster *cluster = NULL; /* --adaptive's: the memory trigger's capacities, the re-plan's devices */
-    shard_status s = o->adaptive ? shard_cluster_load(common->cluster, &cluster) : SHARD_OK;
+    shard_cluster *cluster = NULL; /* --adaptive's memory capacities and re-plan; the --log's cluster changes */
+    shard_status s = common->cluster ? shard_cluster_load(common->cluster, &cluster) : SHARD_OK;
     if (s == SHARD_OK && cluster && common->device_map) s = shard_cluster_set_device_map(cluster, common->device_map);
     o->cluster = cluster, o->cluster_path = common->cluster;
     if (s == SHARD_OK) s = shard_launch_with(&launch, train_rank, o);
