@@ -281,6 +281,37 @@ static shard_trainer_config reshard_config(const train_opts *o, size_t global, i
     return trainer_config(&n);
 }
 
+/* The run's global batch on `data` data ranks: --batch, else micro-batch x accum x data. */
+static size_t global_batch(const train_opts *o, int data) {
+    size_t K = o->layout.micro_batches ? (size_t)o->layout.micro_batches
+        : o->layout.accum              ? (size_t)o->layout.accum
+                                       : 1;
+    return o->layout.batch ? (size_t)o->layout.batch : (size_t)o->layout.micro_batch * K * (size_t)data;
+}
+
+/* Collective, --resume with --reshard-at: the step of the checkpoint to resume (rank 0 reads it: a step_N
+ * directory's, else the root's `latest`; 0 when neither says) and, when it is --reshard-at's step or
+ * later, the trainer's config on --reshard-at's mesh as the move would have made it (*past 1). */
+static shard_status resume_past_move(shard_comm *comm, const train_opts *o, uint64_t *at, int *past,
+                                     shard_trainer_config *tc) {
+    *at = 0, *past = 0;
+    if (shard_comm_rank(comm) == 0) {
+        char root[4096];
+        snprintf(root, sizeof root, "%s", o->resume);
+        for (size_t n = strlen(root); n > 1 && root[n - 1] == '/';) root[--n] = '\0';
+        const char *base = strrchr(root, '/');
+        if (!shard_ckpt_parse_step_name(base ? base + 1 : root, at) && !shard_ckpt_latest_step(root, at)) *at = 0;
+    }
+    SHARD_CHECK(shard_comm_broadcast(comm, at, sizeof *at, SHARD_U8, 0));
+    if (*at < (uint64_t)o->reshard_step) return SHARD_OK;
+    int world = shard_comm_size(comm), data = 0, pipe = 1, has_pipe = 0, tensor = 0, new_data = 0, new_pipe = 1;
+    SHARD_CHECK(mesh_axes("--mesh", o->layout.mesh, world, &data, &pipe, &has_pipe, &tensor));
+    SHARD_CHECK(mesh_axes("--reshard-at", o->reshard_mesh, world, &new_data, &new_pipe, &has_pipe, &tensor));
+    *tc = reshard_config(o, global_batch(o, data), pipe, new_pipe, tensor);
+    *past = 1;
+    return SHARD_OK;
+}
+
 /* --reshard-at's mesh on the world (world 0: not known before the ranks) and the layout it makes, as the
  * trainer would refuse it: checked before the run so as not to fail at its step. */
 static shard_status check_reshard(const train_opts *o, int world, int data, int pipe) {
@@ -295,11 +326,7 @@ static shard_status check_reshard(const train_opts *o, int world, int data, int 
                            o->reshard_at, shard_last_error(), world);
     SHARD_CHECK(mesh_axes("--reshard-at", o->reshard_mesh, world, &new_data, &new_pipe, &has_pipe, &tensor));
     if (data <= 0 || new_data <= 0) return SHARD_OK; /* the ranks check the rest */
-    size_t K = o->layout.micro_batches ? (size_t)o->layout.micro_batches
-        : o->layout.accum              ? (size_t)o->layout.accum
-                                       : 1;
-    size_t global = o->layout.batch ? (size_t)o->layout.batch : (size_t)o->layout.micro_batch * K * (size_t)data;
-    shard_trainer_config tc = reshard_config(o, global, pipe, new_pipe, tensor);
+    shard_trainer_config tc = reshard_config(o, global_batch(o, data), pipe, new_pipe, tensor);
     shard_status s = shard_trainer_config_check(&tc, new_data, new_pipe);
     if (s < 0)
         return shard_error(s, "--reshard-at %s: the new layout is refused: %s", o->reshard_at, shard_last_error());
@@ -678,8 +705,16 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
     int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
     char mesh_text[64];
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
+    shard_trainer_config tc = trainer_config(o);
+    uint64_t resumed_at = 0;
+    int past_move = 0; /* resumed at --reshard-at's step or later: the run starts on the layout it moved to */
+    if (o->resume && o->reshard_at) SHARD_CHECK(resume_past_move(comm, o, &resumed_at, &past_move, &tc));
     shard_mesh *mesh = NULL;
-    SHARD_CHECK(shard_mesh_create(comm, o->layout.mesh ? o->layout.mesh : mesh_text, &mesh));
+    SHARD_CHECK(shard_mesh_create(comm,
+                                  past_move            ? o->reshard_mesh
+                                      : o->layout.mesh ? o->layout.mesh
+                                                       : mesh_text,
+                                  &mesh));
     /* under an MPI launcher rank 0 takes the --save root's lock once MPI is up: a process that ended before
      * MPI_Init would leave its peers waiting in theirs */
     shard_ckpt_lock *own_lock = NULL;
@@ -691,7 +726,6 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         }
     }
     shard_ckpt_lock *lock = o->lock ? o->lock : own_lock;
-    shard_trainer_config tc = trainer_config(o);
     shard_trainer *t = NULL;
     shard_text_file *log = NULL;
     char *config_text = NULL;
@@ -754,10 +788,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = %s; %ld "
                "steps%s\n"
                "  blas: %s\n",
-               what, mesh_str, shard_comm_backend(comm), o->layout.zero,
+               what, mesh_str, shard_comm_backend(comm), (long)tc.zero,
                tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, split_str, o->steps, o->resume ? " (resumed)" : "",
                shard_blas_description());
+        if (past_move)
+            printf("train: --reshard-at %s: the checkpoint is at step %llu, past the move: the run resumes on %s "
+                   "zero=%d\n",
+                   o->reshard_at, (unsigned long long)resumed_at, mesh_str, tc.zero);
         if (o->print_specs) print_specs(m);
         if (o->layout.specs[0] &&
             shard_mesh_axis_index(mesh, "tensor") < 0) /* valid, and placing nothing: said, not silent */
@@ -829,7 +867,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             s = log_failed(o, rank, step, s, log_error);
             break;
         }
-        if (o->reshard_at && step >= (uint64_t)o->reshard_step && step < last) {
+        if (o->reshard_at && !past_move && step >= (uint64_t)o->reshard_step && step < last) {
             if (tty && (step == (uint64_t)o->reshard_step || step == move.switch_at)) printf("\n");
             shard_trainer *was = t;
             if ((s = reshard(comm, o, step, last, log, &move, &mesh, &t)) < 0) break;
