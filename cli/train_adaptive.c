@@ -12,7 +12,9 @@
  * The re-plan prices the layouts on a copy of the cluster whose devices run at the ranks' measured
  * speeds (rows per compute second), relative to the fastest rank, taken to run at its declared rate:
  * what the monitor saw, not what the description promised.  The current layout is priced on the same
- * copy by the engine's dry run, so that the gain compares two predictions of one model.  The re-plan
+ * copy by the engine's dry run, so that the gain compares two predictions of one model.  Plans within
+ * ADAPTIVE_TIE of the fastest are a tie, broken for the one closest to the current layout (the same ZeRO
+ * stage, then the same mesh): the model's small differences are not worth moving more state.  The re-plan
  * runs on a thread of its own: a rank's thread computes at its emulated device's rate and counts its
  * allocations against the device's memory, and the planner's dry runs are the host's work, not the
  * rank's. */
