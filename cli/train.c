@@ -281,6 +281,37 @@ static shard_trainer_config reshard_config(const train_opts *o, size_t global, i
     return trainer_config(&n);
 }
 
+/* The run's global batch on `data` data ranks: --batch, else micro-batch x accum x data. */
+static size_t global_batch(const train_opts *o, int data) {
+    size_t K = o->layout.micro_batches ? (size_t)o->layout.micro_batches
+        : o->layout.accum              ? (size_t)o->layout.accum
+                                       : 1;
+    return o->layout.batch ? (size_t)o->layout.batch : (size_t)o->layout.micro_batch * K * (size_t)data;
+}
+
+/* Collective, --resume with --reshard-at: the step of the checkpoint to resume (rank 0 reads it: a step_N
+ * directory's, else the root's `latest`; 0 when neither says) and, when it is --reshard-at's step or
+ * later, the trainer's config on --reshard-at's mesh as the move would have made it (*past 1). */
+static shard_status resume_past_move(shard_comm *comm, const train_opts *o, uint64_t *at, int *past,
+                                     shard_trainer_config *tc) {
+    *at = 0, *past = 0;
+    if (shard_comm_rank(comm) == 0) {
+        char root[4096];
+        snprintf(root, sizeof root, "%s", o->resume);
+        for (size_t n = strlen(root); n > 1 && root[n - 1] == '/';) root[--n] = '\0';
+        const char *base = strrchr(root, '/');
+        if (!shard_ckpt_parse_step_name(base ? base + 1 : root, at) && !shard_ckpt_latest_step(root, at)) *at = 0;
+    }
+    SHARD_CHECK(shard_comm_broadcast(comm, at, sizeof *at, SHARD_U8, 0));
+    if (*at < (uint64_t)o->reshard_step) return SHARD_OK;
+    int world = shard_comm_size(comm), data = 0, pipe = 1, has_pipe = 0, tensor = 0, new_data = 0, new_pipe = 1;
+    SHARD_CHECK(mesh_axes("--mesh", o->layout.mesh, world, &data, &pipe, &has_pipe, &tensor));
+    SHARD_CHECK(mesh_axes("--reshard-at", o->reshard_mesh, world, &new_data, &new_pipe, &has_pipe, &tensor));
+    *tc = reshard_config(o, global_batch(o, data), pipe, new_pipe, tensor);
+    *past = 1;
+    return SHARD_OK;
+}
+
 /* --reshard-at's mesh on the world (world 0: not known before the ranks) and the layout it makes, as the
  * trainer would refuse it: checked before the run so as not to fail at its step. */
 static shard_status check_reshard(const train_opts *o, int world, int data, int pipe) {
@@ -295,11 +326,7 @@ static shard_status check_reshard(const train_opts *o, int world, int data, int 
                            o->reshard_at, shard_last_error(), world);
     SHARD_CHECK(mesh_axes("--reshard-at", o->reshard_mesh, world, &new_data, &new_pipe, &has_pipe, &tensor));
     if (data <= 0 || new_data <= 0) return SHARD_OK; /* the ranks check the rest */
-    size_t K = o->layout.micro_batches ? (size_t)o->layout.micro_batches
-        : o->layout.accum              ? (size_t)o->layout.accum
-                                       : 1;
-    size_t global = o->layout.batch ? (size_t)o->layout.batch : (size_t)o->layout.micro_batch * K * (size_t)data;
-    shard_trainer_config tc = reshard_config(o, global, pipe, new_pipe, tensor);
+    shard_trainer_config tc = reshard_config(o, global_batch(o, data), pipe, new_pipe, tensor);
     shard_status s = shard_trainer_config_check(&tc, new_data, new_pipe);
     if (s < 0)
         return shard_error(s, "--reshard-at %s: the new layout is refused: %s", o->reshard_at, shard_last_error());
@@ -536,13 +563,29 @@ static shard_status reshard_target(shard_comm *comm, const train_opts *o, shard_
     return SHARD_OK;
 }
 
-/* Rank 0: the line that a move failed and the run goes on (mv->next destroyed, on every rank). */
-static void reshard_failed(int rank, const train_opts *o, uint64_t step, reshard_move *mv) {
-    if (rank == 0)
-        fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s zero=%ld\n", (unsigned long long)step,
-                shard_last_error(), mv->from, o->layout.zero);
+/* Collective: a move that failed (live: at its begin, an advance or its switch) leaves the run on its
+ * layout: rank 0 prints one line saying why and writes it in a --log record with failed true; mv->next is
+ * destroyed on every rank. */
+static shard_status reshard_failed(shard_comm *comm, const train_opts *o, uint64_t step, shard_text_file *log,
+                                   reshard_move *mv, int live) {
+    int rank = shard_comm_rank(comm);
+    char to[128] = "", line[1024], reason[1200], record[2048] = "";
+    if (mv->next) shard_mesh_string(mv->next, to, sizeof to);
+    long zero_to = o->reshard_zero >= 0 ? o->reshard_zero : o->layout.zero;
+    if (rank == 0) {
+        snprintf(line, sizeof line, "reshard: step %llu: %s; the run goes on as %s zero=%ld", (unsigned long long)step,
+                 shard_last_error(), mv->from, o->layout.zero);
+        fprintf(stderr, "shard: %s\n", line);
+        snprintf(record, sizeof record,
+                 "{\"event\": \"reshard\", \"step\": %llu, \"failed\": true, \"reason\": %s, \"from\": \"%s\", "
+                 "\"to\": \"%s\", \"zero_from\": %ld, \"zero_to\": %ld, \"migration\": \"%s\", \"trigger\": "
+                 "\"reshard-at\"}\n",
+                 (unsigned long long)step, cli_json_string(line, reason, sizeof reason), mv->from,
+                 to[0] ? to : o->reshard_mesh, o->layout.zero, zero_to, live ? "live" : "stop-and-copy");
+    }
     shard_mesh_destroy(mv->next);
     mv->next = NULL, mv->live = NULL;
+    return log_record(comm, o, log, step, rank == 0 ? record : NULL);
 }
 
 /* Collective: the run is on mv->next (*mesh and *t become the new ones); rank 0 prints one line and
@@ -585,36 +628,27 @@ static shard_status reshard_done(shard_comm *comm, const train_opts *o, uint64_t
  * record that cannot be written stops the run, as a step's line does. */
 static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step, uint64_t last, shard_text_file *log,
                             reshard_move *mv, shard_mesh **mesh, shard_trainer **t) {
-    int rank = shard_comm_rank(comm), live = o->migration && strcmp(o->migration, "live") == 0;
+    int live = o->migration && strcmp(o->migration, "live") == 0;
     shard_migration_stats st = {.struct_size = sizeof st};
     shard_trainer *moved = NULL;
     if (step == (uint64_t)o->reshard_step) {
         shard_trainer_config tc;
         SHARD_CHECK(reshard_target(comm, o, *mesh, *t, mv, &tc));
         if (!live) {
-            if (shard_trainer_migrate(*t, mv->next, &tc, &moved, &st) < 0) {
-                reshard_failed(rank, o, step, mv);
-                return SHARD_OK;
-            }
+            if (shard_trainer_migrate(*t, mv->next, &tc, &moved, &st) < 0)
+                return reshard_failed(comm, o, step, log, mv, 0);
             return reshard_done(comm, o, step, log, mv, mesh, t, moved, &st, 0);
         }
         mv->begun = step;
         mv->switch_at = step + TRAIN_LIVE_STEPS < last ? step + TRAIN_LIVE_STEPS : last - 1;
-        if (shard_trainer_migrate_begin(*t, mv->next, &tc, TRAIN_LIVE_STEPS, &mv->live) < 0) {
-            reshard_failed(rank, o, step, mv);
-            return SHARD_OK;
-        }
+        if (shard_trainer_migrate_begin(*t, mv->next, &tc, TRAIN_LIVE_STEPS, &mv->live) < 0)
+            return reshard_failed(comm, o, step, log, mv, 1);
     } else if (!mv->live)
         return SHARD_OK;
-    else if (shard_migration_advance(mv->live, *t) < 0) {
-        reshard_failed(rank, o, step, mv);
-        return SHARD_OK;
-    }
+    else if (shard_migration_advance(mv->live, *t) < 0)
+        return reshard_failed(comm, o, step, log, mv, 1);
     if (step < mv->switch_at) return SHARD_OK;
-    if (shard_migration_finish(mv->live, *t, &moved, &st) < 0) {
-        reshard_failed(rank, o, step, mv);
-        return SHARD_OK;
-    }
+    if (shard_migration_finish(mv->live, *t, &moved, &st) < 0) return reshard_failed(comm, o, step, log, mv, 1);
     return reshard_done(comm, o, step, log, mv, mesh, t, moved, &st, 1);
 }
 
@@ -635,13 +669,55 @@ static shard_status log_record(shard_comm *comm, const train_opts *o, shard_text
     return shard_error(SHARD_ERR_IO, "--log %s; the run stopped after step %llu", why, (unsigned long long)step);
 }
 
+/* Collective under --log with a --cluster whose nodes change: for each node holding one of the run's ranks
+ * whose slowdown or memory at `step` differs from the step before (a "changes" entry reaching its at_step;
+ * the emulation says it in its "cluster: step N: node ..." line), rank 0 writes one record per changed
+ * figure.  Step 1 is the cluster as the run starts: no record. */
+static shard_status log_cluster_changes(shard_comm *comm, const train_opts *o, shard_text_file *log, uint64_t step) {
+    if (!o->log || !o->cluster || step < 2 || !shard_cluster_has_changes(o->cluster)) return SHARD_OK;
+    int world = shard_comm_size(comm), rank = shard_comm_rank(comm);
+    for (int r = 0; r < world && r < shard_cluster_ranks(o->cluster); r++) {
+        shard_cluster_device was, now, other;
+        SHARD_CHECK(shard_cluster_device_at(o->cluster, r, step - 1, &was));
+        SHARD_CHECK(shard_cluster_device_at(o->cluster, r, step, &now));
+        int seen = 0; /* its node said already, for an earlier rank */
+        for (int q = 0; q < r && !seen; q++)
+            seen =
+                shard_cluster_device_at(o->cluster, q, step, &other) == SHARD_OK && other.node_index == now.node_index;
+        char name[300], record[512];
+        cli_json_string(now.node, name, sizeof name);
+        if (!seen && was.slowdown != now.slowdown) {
+            snprintf(record, sizeof record,
+                     "{\"event\": \"cluster_change\", \"step\": %llu, \"node\": %s, \"slowdown\": %.6g}\n",
+                     (unsigned long long)step, name, now.slowdown);
+            SHARD_CHECK(log_record(comm, o, log, step, rank == 0 ? record : NULL));
+        }
+        if (!seen && was.memory_bytes != now.memory_bytes) {
+            snprintf(record, sizeof record,
+                     "{\"event\": \"cluster_change\", \"step\": %llu, \"node\": %s, \"available_memory_gb\": "
+                     "%.6g}\n",
+                     (unsigned long long)step, name, now.memory_bytes / 1073741824.0);
+            SHARD_CHECK(log_record(comm, o, log, step, rank == 0 ? record : NULL));
+        }
+    }
+    return SHARD_OK;
+}
+
 static shard_status train_rank(shard_comm *comm, void *arg) {
     const train_opts *o = arg;
     int rank = shard_comm_rank(comm), world = shard_comm_size(comm);
     char mesh_text[64];
     snprintf(mesh_text, sizeof mesh_text, "data=%d", world);
+    shard_trainer_config tc = trainer_config(o);
+    uint64_t resumed_at = 0;
+    int past_move = 0; /* resumed at --reshard-at's step or later: the run starts on the layout it moved to */
+    if (o->resume && o->reshard_at) SHARD_CHECK(resume_past_move(comm, o, &resumed_at, &past_move, &tc));
     shard_mesh *mesh = NULL;
-    SHARD_CHECK(shard_mesh_create(comm, o->layout.mesh ? o->layout.mesh : mesh_text, &mesh));
+    SHARD_CHECK(shard_mesh_create(comm,
+                                  past_move            ? o->reshard_mesh
+                                      : o->layout.mesh ? o->layout.mesh
+                                                       : mesh_text,
+                                  &mesh));
     /* under an MPI launcher rank 0 takes the --save root's lock once MPI is up: a process that ended before
      * MPI_Init would leave its peers waiting in theirs */
     shard_ckpt_lock *own_lock = NULL;
@@ -653,7 +729,6 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         }
     }
     shard_ckpt_lock *lock = o->lock ? o->lock : own_lock;
-    shard_trainer_config tc = trainer_config(o);
     shard_trainer *t = NULL;
     shard_text_file *log = NULL;
     char *config_text = NULL;
@@ -716,10 +791,14 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         printf("train: %s\n  mesh %s (%s), zero %ld, compute %s, gradients sent as %s; global batch %zu = %s; %ld "
                "steps%s\n"
                "  blas: %s\n",
-               what, mesh_str, shard_comm_backend(comm), o->layout.zero,
+               what, mesh_str, shard_comm_backend(comm), (long)tc.zero,
                tc.compute_dtype == SHARD_BF16 ? "bf16 (f32 masters)" : "f32",
                tc.grad_dtype == SHARD_BF16 ? "bf16" : "f32", B, split_str, o->steps, o->resume ? " (resumed)" : "",
                shard_blas_description());
+        if (past_move)
+            printf("train: --reshard-at %s: the checkpoint is at step %llu, past the move: the run resumes on %s "
+                   "zero=%d\n",
+                   o->reshard_at, (unsigned long long)resumed_at, mesh_str, tc.zero);
         if (o->print_specs) print_specs(m);
         if (o->layout.specs[0] &&
             shard_mesh_axis_index(mesh, "tensor") < 0) /* valid, and placing nothing: said, not silent */
@@ -748,6 +827,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             break;
         }
         shard_step_result r;
+        if (s == SHARD_OK) s = log_cluster_changes(comm, o, log, step);
         if (s == SHARD_OK) s = shard_trainer_step(t, step, &r);
         if (s < 0) break;
         if (!isfinite(r.loss)) {
@@ -790,7 +870,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
             s = log_failed(o, rank, step, s, log_error);
             break;
         }
-        if (o->reshard_at && step >= (uint64_t)o->reshard_step && step < last) {
+        if (o->reshard_at && !past_move && step >= (uint64_t)o->reshard_step && step < last) {
             if (tty && (step == (uint64_t)o->reshard_step || step == move.switch_at)) printf("\n");
             shard_trainer *was = t;
             if ((s = reshard(comm, o, step, last, log, &move, &mesh, &t)) < 0) break;
@@ -928,8 +1008,8 @@ static const char *const USAGE =
     "  --reshard-zero Z         the ZeRO stage after the move, 0..3 (default: --zero's)\n"
     "  --migration MODE         how the state moves (--reshard-at, --adaptive): stop-and-copy, the\n"
     "                           training paused while it moves (default), or live: the state sent\n"
-    "                           over the next 3 steps while training goes on, each step's gradients\n"
-    "                           replayed on the copy, the switch after the third (--adaptive's\n"
+    "                           over the next 5 steps while training goes on, each step's gradients\n"
+    "                           replayed on the copy, the switch after the fifth (--adaptive's\n"
     "                           memory trigger still stops and copies: no room for a second copy)\n"
     "  --adaptive               every --monitor-every steps (default 10) check the monitor's figures of\n"
     "                           those steps against --reshard-on's thresholds; one crossed at two checks\n"
@@ -1021,8 +1101,8 @@ static int train_checked(train_opts *o, cli_common *common) {
         cli_error("%s", shard_last_error());
         return 1;
     }
-    shard_cluster *cluster = NULL; /* --adaptive's: the memory trigger's capacities, the re-plan's devices */
-    shard_status s = o->adaptive ? shard_cluster_load(common->cluster, &cluster) : SHARD_OK;
+    shard_cluster *cluster = NULL; /* --adaptive's memory capacities and re-plan; the --log's cluster changes */
+    shard_status s = common->cluster ? shard_cluster_load(common->cluster, &cluster) : SHARD_OK;
     if (s == SHARD_OK && cluster && common->device_map) s = shard_cluster_set_device_map(cluster, common->device_map);
     o->cluster = cluster, o->cluster_path = common->cluster;
     if (s == SHARD_OK) s = shard_launch_with(&launch, train_rank, o);

@@ -12,7 +12,9 @@
  * The re-plan prices the layouts on a copy of the cluster whose devices run at the ranks' measured
  * speeds (rows per compute second), relative to the fastest rank, taken to run at its declared rate:
  * what the monitor saw, not what the description promised.  The current layout is priced on the same
- * copy by the engine's dry run, so that the gain compares two predictions of one model.  The re-plan
+ * copy by the engine's dry run, so that the gain compares two predictions of one model.  Plans within
+ * ADAPTIVE_TIE of the fastest are a tie, broken for the one closest to the current layout (the same ZeRO
+ * stage, then the same mesh): the model's small differences are not worth moving more state.  The re-plan
  * runs on a thread of its own: a rank's thread computes at its emulated device's rate and counts its
  * allocations against the device's memory, and the planner's dry runs are the host's work, not the
  * rank's. */
@@ -170,9 +172,27 @@ static shard_status measured_cluster(const train_adaptive *a, int world, const d
     return SHARD_OK;
 }
 
-/* Rank 0: the best plan on the measured cluster (*best), and the current layout's predicted step on it. */
+/* The plan taken of a search's fitting ones: of those predicted within ADAPTIVE_TIE of the fastest (the
+ * first), the closest to the current layout: the same ZeRO stage first, then the same mesh, then the
+ * faster; *ties the plans within it. */
+static size_t closest_of_ties(const train_adaptive *a, const shard_plan_result *r, int *ties) {
+    size_t pick = 0;
+    int closest = -1;
+    *ties = 0;
+    for (size_t i = 0; i < r->fitting; i++) {
+        const shard_plan_candidate *c = &r->candidate[i];
+        if (c->step_ms > r->candidate[0].step_ms * (1 + ADAPTIVE_TIE)) continue;
+        int near = 2 * (c->zero == a->config.zero) + (strcmp(c->mesh, a->mesh) == 0);
+        ++*ties;
+        if (near > closest) closest = near, pick = i;
+    }
+    return pick;
+}
+
+/* Rank 0: the plan on the measured cluster (*best: closest_of_ties's; *fastest the fastest, *ties as
+ * there), and the current layout's predicted step on it. */
 static shard_status replan(const train_adaptive *a, int world, const double *all, shard_plan_candidate *best,
-                           double *current_ms) {
+                           shard_plan_candidate *fastest, int *ties, double *current_ms) {
     shard_cluster *c = NULL;
     SHARD_CHECK(measured_cluster(a, world, all, &c));
     shard_trainer_config search = a->config; /* the model, batch and seq; the layout is the search's */
@@ -184,7 +204,7 @@ static shard_status replan(const train_adaptive *a, int world, const double *all
     shard_plan_result *r = NULL;
     shard_status s = shard_plan_search(&po, &r);
     if (s == SHARD_OK && !r->fitting) s = shard_error(SHARD_ERR_INVALID_ARG, "no layout fits the cluster's devices");
-    if (s == SHARD_OK) *best = r->candidate[0];
+    if (s == SHARD_OK) *best = r->candidate[closest_of_ties(a, r, ties)], *fastest = r->candidate[0];
     shard_plan_result_destroy(r);
     shard_analysis *an = NULL;
     shard_step_prediction *pred = NULL;
@@ -204,7 +224,8 @@ typedef struct replan_job {
     const train_adaptive *a;
     int world;
     const double *all;
-    shard_plan_candidate best;
+    shard_plan_candidate best, fastest;
+    int ties;
     double current_ms;
     shard_status s;
     char why[1024];
@@ -212,13 +233,13 @@ typedef struct replan_job {
 
 static void *replan_thread(void *arg) {
     replan_job *job = arg;
-    job->s = replan(job->a, job->world, job->all, &job->best, &job->current_ms);
+    job->s = replan(job->a, job->world, job->all, &job->best, &job->fastest, &job->ties, &job->current_ms);
     if (job->s < 0) snprintf(job->why, sizeof job->why, "%s", shard_last_error());
     return NULL;
 }
 
 static shard_status replan_apart(const train_adaptive *a, int world, const double *all, shard_plan_candidate *best,
-                                 double *current_ms) {
+                                 shard_plan_candidate *fastest, int *ties, double *current_ms) {
     replan_job job = {.a = a, .world = world, .all = all};
     pthread_t thread;
     if (pthread_create(&thread, NULL, replan_thread, &job) != 0)
@@ -226,7 +247,7 @@ static shard_status replan_apart(const train_adaptive *a, int world, const doubl
     else
         pthread_join(thread, NULL);
     if (job.s < 0) return shard_error(job.s, "%s", job.why);
-    *best = job.best, *current_ms = job.current_ms;
+    *best = job.best, *fastest = job.fastest, *ties = job.ties, *current_ms = job.current_ms;
     return SHARD_OK;
 }
 
@@ -252,7 +273,8 @@ static void figures(const train_adaptive *a, int world, uint64_t step, const dou
 typedef struct decision {
     int32_t trigger; /* -1: nothing crossed twice */
     int32_t move;
-    shard_plan_candidate to;
+    int32_t ties; /* plans within ADAPTIVE_TIE of the fastest */
+    shard_plan_candidate to, fastest;
 } decision;
 
 /* Rank 0: the thresholds checked, the streaks kept, and a crossed one re-planned; *gain the prediction. */
@@ -268,14 +290,17 @@ static void decide(train_adaptive *a, int world, uint64_t step, const double *al
     double current_ms = 0;
     char from[400];
     current_text(a, from, sizeof from);
-    if (replan_apart(a, world, all, &d->to, &current_ms) < 0) {
-        fprintf(stderr,
-                "shard: reshard: step %llu: %s crossed its threshold, and re-planning failed: %s; the run "
-                "goes on as %s\n",
-                (unsigned long long)step, TRIGGER_NAMES[d->trigger], shard_last_error(), from);
+    int ties = 0;
+    if (replan_apart(a, world, all, &d->to, &d->fastest, &ties, &current_ms) < 0) {
+        snprintf(a->said.failed, sizeof a->said.failed,
+                 "reshard: step %llu: %s crossed its threshold, and re-planning failed: %s; the run goes on as %s",
+                 (unsigned long long)step, TRIGGER_NAMES[d->trigger], shard_last_error(), from);
+        fprintf(stderr, "shard: %s\n", a->said.failed);
+        a->said.trigger = d->trigger, a->said.value = value[d->trigger], a->said.gain = 0;
         d->trigger = -1;
         return;
     }
+    d->ties = ties;
     char to[400];
     shard_plan_candidate_text(&d->to, to, sizeof to);
     *gain = current_ms > 0 ? 1 - d->to.step_ms / current_ms : 0;
@@ -327,7 +352,7 @@ static shard_status say(const train_adaptive *a, uint64_t step, const char *to, 
                         const shard_migration_stats *st, char **record) {
     int k = a->said.trigger;
     double value = a->said.value, gain = a->said.gain;
-    char how[200] = "";
+    char how[200] = "", tie[600] = "";
     if (to && live)
         snprintf(how, sizeof how,
                  "live over steps %llu-%llu: pause %.1f ms at most (%.1f ms added to steps in all), %.1f ms",
@@ -337,28 +362,61 @@ static shard_status say(const train_adaptive *a, uint64_t step, const char *to, 
                  a->live && k == ADAPTIVE_MEMORY ? " (memory pressure: a live move needs a second copy of the state)"
                                                  : "",
                  st->ms);
+    if (a->said.fastest[0])
+        snprintf(tie, sizeof tie, "the closest to the current layout of %d plans within %.0f %% of the fastest, %s",
+                 a->said.ties, ADAPTIVE_TIE * 100, a->said.fastest);
     if (to)
-        printf("reshard: step %llu, %s -> %s (%s %.2f over %g at two checks; predicted %.0f %% faster), %s, %.1f MiB "
-               "moved\n",
-               (unsigned long long)step, a->said.from, to, TRIGGER_NAMES[k], value, a->threshold[k], gain * 100, how,
-               (double)st->bytes / 1048576.0);
+        printf("reshard: step %llu, %s -> %s (%s %.2f over %g at two checks; predicted %.0f %% faster%s%s), %s, %.1f "
+               "MiB moved\n",
+               (unsigned long long)step, a->said.from, to, TRIGGER_NAMES[k], value, a->threshold[k], gain * 100,
+               tie[0] ? "; " : "", tie, how, (double)st->bytes / 1048576.0);
     else
-        printf("reshard: step %llu, %s %.2f over %g at two checks; the best plan, %s, predicts %.0f %% faster (a "
+        printf("reshard: step %llu, %s %.2f over %g at two checks; the best plan, %s%s%s%s, predicts %.0f %% faster (a "
                "move needs %.0f %%): the run stays %s\n",
-               (unsigned long long)step, TRIGGER_NAMES[k], value, a->threshold[k], a->said.best, gain * 100,
-               ADAPTIVE_LEAST_GAIN * 100, a->said.from);
+               (unsigned long long)step, TRIGGER_NAMES[k], value, a->threshold[k], a->said.best, tie[0] ? " (" : "",
+               tie, tie[0] ? ")" : "", gain * 100, ADAPTIVE_LEAST_GAIN * 100, a->said.from);
     fflush(stdout);
-    char quoted[420];
-    size_t bytes = 1024;
+    char quoted[420], fastest[420] = "null";
+    if (a->said.fastest[0]) cli_json_string(a->said.fastest, fastest, sizeof fastest);
+    size_t bytes = 2048;
+    if (!(*record = malloc(bytes))) return shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
+    snprintf(
+        *record, bytes,
+        "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": %s, \"trigger\": \"%s\", "
+        "\"value\": %.6g, \"threshold\": %.6g, \"predicted_gain\": %.6g, \"tie_break\": %s, \"fastest\": %s, "
+        "\"migration\": \"%s\", \"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f, \"added_ms\": %.3f}\n",
+        (unsigned long long)step, a->said.from, to ? cli_json_string(to, quoted, sizeof quoted) : "null",
+        TRIGGER_NAMES[k], value, a->threshold[k], gain, a->said.fastest[0] ? "true" : "false", fastest,
+        live ? "live" : "stop-and-copy", to ? st->ms : 0.0, (unsigned long long)(to ? st->bytes : 0),
+        to ? st->longest_ms : 0.0, to ? st->added_ms : 0.0);
+    return SHARD_OK;
+}
+
+/* Rank 0: a decision that failed (line: why, as printed after "shard: "; to: the layout it was to move
+ * to, NULL when re-planning failed) as its --log record, malloc'd into *record. */
+static shard_status say_failed(const train_adaptive *a, uint64_t step, const char *line, const char *to, int live,
+                               char **record) {
+    int k = a->said.trigger;
+    char reason[1400], quoted[420];
+    size_t bytes = 3072;
     if (!(*record = malloc(bytes))) return shard_error(SHARD_ERR_NO_MEMORY, "--adaptive: out of memory");
     snprintf(*record, bytes,
-             "{\"event\": \"reshard\", \"step\": %llu, \"from\": \"%s\", \"to\": %s, \"trigger\": \"%s\", "
-             "\"value\": %.6g, \"threshold\": %.6g, \"predicted_gain\": %.6g, \"migration\": \"%s\", "
-             "\"migration_ms\": %.3f, \"bytes\": %llu, \"pause_ms\": %.3f, \"added_ms\": %.3f}\n",
-             (unsigned long long)step, a->said.from, to ? cli_json_string(to, quoted, sizeof quoted) : "null",
-             TRIGGER_NAMES[k], value, a->threshold[k], gain, live ? "live" : "stop-and-copy", to ? st->ms : 0.0,
-             (unsigned long long)(to ? st->bytes : 0), to ? st->longest_ms : 0.0, to ? st->added_ms : 0.0);
+             "{\"event\": \"reshard\", \"step\": %llu, \"failed\": true, \"reason\": %s, \"from\": \"%s\", "
+             "\"to\": %s, \"trigger\": \"%s\", \"value\": %.6g, \"threshold\": %.6g, \"predicted_gain\": %.6g, "
+             "\"migration\": \"%s\"}\n",
+             (unsigned long long)step, cli_json_string(line, reason, sizeof reason), a->said.from,
+             to ? cli_json_string(to, quoted, sizeof quoted) : "null", TRIGGER_NAMES[k], a->said.value, a->threshold[k],
+             a->said.gain, live ? "live" : "stop-and-copy");
     return SHARD_OK;
+}
+
+/* Rank 0: a move that failed (the run goes on as it was): its line on stderr and its record. */
+static shard_status move_failed(const train_adaptive *a, uint64_t step, int live, char **record) {
+    char line[1200];
+    snprintf(line, sizeof line, "reshard: step %llu: %s; the run goes on as %s", (unsigned long long)step,
+             shard_last_error(), a->said.from);
+    fprintf(stderr, "shard: %s\n", line);
+    return say_failed(a, step, line, a->said.best, live, record);
 }
 
 shard_status train_adaptive_check(train_adaptive *a, shard_comm *comm, uint64_t step, shard_mesh **mesh,
@@ -374,22 +432,24 @@ shard_status train_adaptive_check(train_adaptive *a, shard_comm *comm, uint64_t 
     decision d = {.trigger = -1};
     double value[ADAPTIVE_TRIGGERS] = {0}, gain = 0;
     current_text(a, a->said.from, sizeof a->said.from);
+    a->said.failed[0] = '\0';
     if (s == SHARD_OK && rank == 0) decide(a, world, step, all, &d, value, &gain);
     free(all);
     if (s == SHARD_OK) s = shard_comm_broadcast(comm, &d, sizeof d, SHARD_U8, 0);
+    if (s == SHARD_OK && rank == 0 && a->said.failed[0]) /* re-planning failed: said, and recorded */
+        return say_failed(a, step, a->said.failed, NULL, a->live && a->said.trigger != ADAPTIVE_MEMORY, record);
     if (s < 0 || d.trigger < 0) return s;
     a->said.trigger = d.trigger, a->said.value = value[d.trigger], a->said.gain = gain;
     shard_plan_candidate_text(&d.to, a->said.best, sizeof a->said.best);
+    shard_plan_candidate_text(&d.fastest, a->said.fastest, sizeof a->said.fastest);
+    a->said.ties = d.ties;
+    if (strcmp(a->said.fastest, a->said.best) == 0) a->said.fastest[0] = '\0'; /* the tie-break changed nothing */
     shard_migration_stats st = {.struct_size = sizeof st};
     int moved = 0, live = a->live && d.trigger != ADAPTIVE_MEMORY; /* live needs room for a second copy */
     if (d.move) SHARD_CHECK(move(a, comm, &d, step, live, mesh, t, &st, &moved));
     if (d.move && a->moving) return SHARD_OK; /* said at the switch */
     if (rank != 0) return SHARD_OK;
-    if (d.move && !moved) { /* the migration's refusal: the run goes on as it was */
-        fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s\n", (unsigned long long)step,
-                shard_last_error(), a->said.from);
-        return SHARD_OK;
-    }
+    if (d.move && !moved) return move_failed(a, step, live, record); /* the run goes on as it was */
     return say(a, step, moved ? a->said.best : NULL, 0, &st, record);
 }
 
@@ -405,12 +465,10 @@ shard_status train_adaptive_advance(train_adaptive *a, shard_comm *comm, uint64_
     if (s == SHARD_OK) s = shard_migration_finish(a->moving, *t, &moved, &st);
     a->moving = NULL;
     if (s < 0) { /* the migration is gone, the run goes on as it was */
-        if (rank == 0)
-            fprintf(stderr, "shard: reshard: step %llu: %s; the run goes on as %s\n", (unsigned long long)step,
-                    shard_last_error(), a->said.from);
+        s = rank == 0 ? move_failed(a, step, 1, record) : SHARD_OK;
         shard_mesh_destroy(a->next);
         a->next = NULL;
-        return SHARD_OK;
+        return s;
     }
     moved_to(a, mesh, t, a->next, moved);
     a->next = NULL;

@@ -15,6 +15,11 @@ enum { ADAPTIVE_IMBALANCE, ADAPTIVE_MEMORY, ADAPTIVE_COMM, ADAPTIVE_TRIGGERS };
 /* The least predicted gain (1 - new step / current step) that is worth a move. */
 #define ADAPTIVE_LEAST_GAIN 0.10
 
+/* Plans predicted within this fraction of the fastest one count as a tie: of those the re-plan takes the
+ * closest to the current layout (the same ZeRO stage first, then the same mesh), so that a move changes
+ * no more than it must. */
+#define ADAPTIVE_TIE 0.02
+
 /* --reshard-on's value, "imbalance=0.25,memory=0.9,comm=0.4": the triggers watched and their thresholds
  * (a trigger left out is not watched; 0 in threshold[]).  0, or -1 with one line printed. */
 int train_adaptive_parse(const char *text, double threshold[ADAPTIVE_TRIGGERS]);
@@ -45,6 +50,9 @@ typedef struct train_adaptive {
         int trigger;
         double value, gain;
         char from[400], best[400];
+        int ties;          /* plans within ADAPTIVE_TIE of the fastest; the closest taken when it is not it */
+        char fastest[400]; /* the fastest plan, when the tie-break took another ("" otherwise) */
+        char failed[1200]; /* rank 0: a re-planning that failed, the line that said so ("" otherwise) */
     } said;
 } train_adaptive;
 

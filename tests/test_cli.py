@@ -2144,8 +2144,11 @@ def reshard():
     communicator; or live: the state sent over steps 11-15 while training goes on, each step's gradients
     replayed on the copy, the switch after step 13) gives one rank's losses at each of 30 steps (1e-5
     relative), for data=4 -> data=2,pipe=2, data=2,tensor=2 -> pipe=4 and ZeRO-3 on data=4 -> ZeRO-1 on
-    data=2,pipe=2, with one console line and one --log record of the move; a move the new layout's memory
-    does not allow leaves the run training on the old layout to the same losses, with one line saying why."""
+    data=2,pipe=2, with one console line and one --log record of the move; resumed from a checkpoint past the
+    move, the run starts on the new layout (one line says so) to the same losses; a move the new layout's
+    memory does not allow (--reshard-at, or --adaptive's) leaves the run training on the old layout to the
+    same losses, with one line saying why and a --log record with failed and that line; a cluster change
+    taking effect is a cluster_change record."""
     import tempfile
     with tempfile.TemporaryDirectory(prefix="shard-cli-reshard-") as work:
         data = tiny_corpus(work, "a layout can change while the run goes on. ", 400)
@@ -2167,7 +2170,9 @@ def reshard():
             extra = before + ["--reshard-at", f"10:{after}", "--migration", how]
             if zeros[1] != zeros[0]:
                 extra += ["--reshard-zero", zeros[1]]
-            p, got = losses(extra)
+            ckpt = os.path.join(work, "ckpt")
+            saving = how == "stop-and-copy" and zeros[1] != zeros[0]
+            p, got = losses(extra + (["--save", ckpt, "--save-every", "20"] if saving else []))
             worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
             expect(worst <= 1e-5, f"train {' '.join(extra)}: worst relative loss difference {worst} {p.stderr}")
             switch = 10 if how == "stop-and-copy" else 15
@@ -2185,23 +2190,67 @@ def reshard():
             # the memory table after the move is the new mesh's
             expect(f"  rank 3  {after.replace('=2', '=1').replace('pipe=4', 'pipe=3')}" in p.stdout,
                    f"train {' '.join(extra)}: the memory table: {p.stdout[-600:]}")
+            if saving:  # resumed past the move: on the new layout from its first step, the same losses
+                p, got = losses(extra + ["--resume", os.path.join(ckpt, "step_20")])
+                worst = max((abs(a - b) / a for a, b in zip(ref[20:], got)), default=1) if len(got) == 10 else 1
+                said = (f"\ntrain: --reshard-at 10:{after}: the checkpoint is at step 20, past the move: the run "
+                        f"resumes on {after} zero={zeros[1]}\n")
+                events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+                expect(worst <= 1e-5 and said in p.stdout and f"  mesh {after} " in p.stdout and
+                       "  rank 3  data=1,pipe=1 " in p.stdout and "\nreshard: " not in p.stdout and
+                       not p.stderr.strip() and not [e for e in events if e.get("event") == "reshard"],
+                       f"train {' '.join(extra)} --resume past the move: {worst} {p.stdout[-900:]} {p.stderr}")
         # the new trainer does not fit beside the old one in the emulated device's memory: refused, the run
-        # goes on as it was, one line saying why
+        # goes on as it was, one line saying why and a --log record of it; the node slowing a little at step
+        # 28 is a cluster_change record
         cluster = os.path.join(work, "small.json")
         with open(cluster, "w") as f:
-            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.0015, "available_memory_gb": 0.018}],
+            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.0015, "available_memory_gb": 0.018,
+                                  "changes": [{"at_step": 28, "slowdown": 1.25}]}],
                        "network": {"bandwidth_gbps": 1000, "latency_us": 1},
                        "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
         for how in ("stop-and-copy", "live"):
             p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2",
                              "--migration", how])
             worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
-            lines = [l for l in p.stderr.splitlines() if l.strip()]
+            lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("cluster: ")]
             expect(p.returncode == 0 and worst <= 1e-5 and len(lines) == 1 and
                    lines[0].startswith("shard: reshard: step 10: ") and "out of device memory" in lines[0] and
                    lines[0].endswith("; the run goes on as data=4 zero=0") and "\nreshard: " not in p.stdout and
                    "  rank 3  data=3 " in p.stdout,
                    f"a move refused for memory ({how}): {worst} {p.stderr!r} {p.stdout[-500:]}")
+            events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            failed = [e for e in events if e.get("event") == "reshard"]
+            expect(len(failed) == 1 and lines and failed[0] == {
+                "event": "reshard", "step": 10, "failed": True, "reason": lines[0][len("shard: "):], "from": "data=4",
+                "to": "data=2,pipe=2", "zero_from": 0, "zero_to": 0, "migration": how, "trigger": "reshard-at"},
+                f"a move refused for memory ({how}): its --log record {failed}")
+            changes = [e for e in events if e.get("event") == "cluster_change"]
+            expect(changes == [{"event": "cluster_change", "step": 28, "node": "box", "slowdown": 1.25}] and
+                   "cluster: step 28: node 'box' computes 1.25x slower" in p.stderr,
+                   f"the cluster's change at step 28 ({how}): {changes} {p.stderr!r}")
+        # --adaptive's move refused for memory alike: one line, one record with failed and the line
+        two = os.path.join(work, "two.json")
+        with open(two, "w") as f:
+            json.dump({"nodes": [{"name": "box", "devices": 3, "compute_tflops": 0.0015, "available_memory_gb": 0.018},
+                                 {"name": "odd", "devices": 1, "compute_tflops": 0.0015, "available_memory_gb": 0.018,
+                                  "changes": [{"at_step": 2, "slowdown": 3}]}],
+                       "network": {"bandwidth_gbps": 1000, "latency_us": 1},
+                       "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
+        p, got = losses(["--mesh", "data=4", "--cluster", two, "--adaptive", "--monitor-every", "2", "--steps", "5"])
+        lines = [l for l in p.stderr.splitlines() if l.startswith("shard: ")]
+        events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+        failed = [e for e in events if e.get("event") == "reshard"]
+        expect(p.returncode == 0 and len(got) == 5 and len(lines) == 1 and
+               lines[0].startswith("shard: reshard: step 4: ") and "out of device memory" in lines[0] and
+               lines[0].endswith("; the run goes on as data=4 zero=0") and len(failed) == 1 and
+               failed[0].get("failed") is True and failed[0].get("reason") == lines[0][len("shard: "):] and
+               failed[0].get("step") == 4 and failed[0].get("from") == "data=4 zero=0" and
+               isinstance(failed[0].get("to"), str) and failed[0].get("trigger") == "imbalance" and
+               failed[0].get("migration") == "stop-and-copy" and "\nreshard: " not in p.stdout and
+               [e for e in events if e.get("event") == "cluster_change"] ==
+               [{"event": "cluster_change", "step": 2, "node": "odd", "slowdown": 3}],
+               f"an --adaptive move refused for memory: {p.stderr!r} {failed} {p.stdout[-500:]}")
 
 
 def adaptive():
@@ -2227,8 +2276,12 @@ def adaptive():
             if os.path.exists(log):
                 os.remove(log)
             p = run(args + ["--log", log] + extra, timeout=120)
-            events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
-            return p, [r["loss"] for r in events if "event" not in r], [r for r in events if r.get("event") == "reshard"]
+            records = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
+            changes.append([r for r in records if r.get("event") == "cluster_change"])
+            return (p, [r["loss"] for r in records if "event" not in r],
+                    [r for r in records if r.get("event") == "reshard"])
+
+        changes = []  # each run's cluster_change records
 
         _, ref, _ = losses([])
         expect(len(ref) == 20, "train on the slowing cluster: no losses")
@@ -2243,9 +2296,19 @@ def adaptive():
                isinstance(moves[0]["bytes"], int) and
                all(e["trigger"] in ("imbalance", "memory", "comm") for e in events),
                f"train --adaptive: the reshard records {events} {p.stdout[-800:]}")
+        # every run saw the slowdown take effect: one cluster_change record each
+        expect(changes == [[{"event": "cluster_change", "step": 6, "node": "flaky", "slowdown": 3}]] * 2,
+               f"train on the slowing cluster: the cluster_change records {changes}")
+        # plans within 2 % of the fastest are a tie, and the closest to the current layout is taken: the same
+        # ZeRO stage (the fastest is often ZeRO-3, which only moves the optimizer's partition for nothing)
+        tie = moves[0].get("tie_break") if moves else None
+        expect(tie in (True, False) and (moves[0]["fastest"] is None) == (not tie) and
+               (not tie or (" zero=0" in moves[0]["to"] and moves[0]["fastest"] != moves[0]["to"])),
+               f"train --adaptive: the tie-break: {moves}")
         line = re.search(r"\nreshard: step [0-9]+, data=4 zero=0 -> .* \(imbalance [0-9.]+ over 0.25 at two checks; "
-                         r"predicted [0-9]+ % faster\), stop-and-copy: [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
-        expect(line, f"train --adaptive: the console line: {p.stdout[-800:]}")
+                         r"predicted [0-9]+ % faster(; the closest to the current layout of [0-9]+ plans within 2 % of "
+                         r"the fastest, [^)]*)?\), stop-and-copy: [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
+        expect(line and bool(line.group(1)) == bool(tie), f"train --adaptive: the console line: {p.stdout[-800:]}")
         # the step time by phase: before the slowdown, after it, after the move (slower, then faster again)
         phases = re.search(r"\ntrain: step time by phase \(median ms\): steps 1-5 ([0-9.]+) \| steps 6-[0-9]+ ([0-9.]+) "
                            r"\(node '[a-z]+' 3x slower\) \| steps [0-9]+-20 ([0-9.]+) \(after a move\)\n", p.stdout)
@@ -2256,7 +2319,7 @@ def adaptive():
         worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 20 else 1
         moves = [e for e in events if e["to"] is not None]
         line = re.search(r"\nreshard: step [0-9]+, data=4 zero=0 -> .* \(imbalance [0-9.]+ over 0.25 at two checks; "
-                         r"predicted [0-9]+ % faster\), live over steps [0-9]+-[0-9]+: pause [0-9.]+ ms at most \([0-9.]+ ms "
+                         r"predicted [0-9]+ % faster(; [^)]*)?\), live over steps [0-9]+-[0-9]+: pause [0-9.]+ ms at most \([0-9.]+ ms "
                          r"added to steps in all\), [0-9.]+ ms, [0-9.]+ MiB moved\n", p.stdout)
         expect(worst <= 1e-5 and line and moves and moves[0]["migration"] == "live" and moves[0]["pause_ms"] > 0,
                f"train --adaptive --migration live: {worst} {events} {p.stdout[-800:]} {p.stderr}")
