@@ -190,6 +190,15 @@ static void fill_low_index(float *whole, size_t n) {
     for (size_t e = 0; e < n; e++) whole[e] = (float)(e & 0xFFFFFFu);
 }
 
+/* How many leading elements of a and b are the same bits (blocks compared whole, then one by one). */
+static size_t same_prefix(const float *a, const float *b, size_t n) {
+    enum { BLOCK = 64 };
+    size_t k = 0;
+    while (k + BLOCK <= n && memcmp(a + k, b + k, BLOCK * sizeof *a) == 0) k += BLOCK;
+    while (k < n && memcmp(a + k, b + k, sizeof *a) == 0) k++;
+    return k;
+}
+
 /* The runs of parameter i's piece in trainer t (in piece order): the piece taken from a whole tensor
  * whose every element holds its own index, 24 bits at a time (a float holds those exactly), so the
  * map is the one the trainer's own resume applies, whatever the model's tensor blocks and the expert
@@ -215,9 +224,13 @@ static int piece_runs(const shard_trainer *t, size_t i, size_t whole_n, float *w
         if (g >= whole_n) return 0;
         /* the run goes on while each element holds the next index (a run stops where the low bits wrap) */
         size_t end = n - p < whole_n - g ? n : p + (whole_n - g);
-        float hi_bits = hi[p];
-        for (float next = lo[p] + 1.0f; ++p < end && lo[p] == next && hi[p] == hi_bits && next < 16777216.0f;)
-            next += 1.0f;
+        if (whole_n <= LOW_INDEX) /* whole[e] is e itself: the run is the prefix where the two agree */
+            p += 1 + same_prefix(lo + p + 1, whole + g + 1, end - p - 1);
+        else {
+            float hi_bits = hi[p];
+            for (float next = lo[p] + 1.0f; ++p < end && lo[p] == next && hi[p] == hi_bits && next < 16777216.0f;)
+                next += 1.0f;
+        }
         run *last = out->n ? &out->v[out->n - 1] : NULL;
         if (last && last->g + last->n == g && last->p + last->n == p0)
             last->n += p - p0; /* across a wrap of the low bits */
@@ -794,8 +807,12 @@ shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mes
     shard_migration *m = calloc(1, sizeof *m);
     if (!m) return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
     m->world = shard_mesh_comm(shard__trainer_mesh(old)), m->from = old;
-    m->pieces = steps > 1 ? steps - 1 : 1, m->t0 = shard__now();
-    shard_status s = agree(m->world, shard__trainer_create_to_fill(new_mesh, new_config, &m->to));
+    m->pieces = steps > 1 ? steps - 1 : 1;
+    /* each part's time counts from when every rank is in it: ranks leave a step at different times,
+     * and that wait is the step's (the next step's first collective would wait for it as well) */
+    shard_status s = agree(m->world, SHARD_OK);
+    m->t0 = shard__now();
+    if (s == SHARD_OK) s = agree(m->world, shard__trainer_create_to_fill(new_mesh, new_config, &m->to));
     if (s == SHARD_OK) s = agree(m->world, same_optimizer(old, m->to));
     if (s == SHARD_OK) s = agree(m->world, shard__trainer_keep_grads(old, 1));
     if (s == SHARD_OK) s = add_time(m, m->t0, NULL);
@@ -819,7 +836,6 @@ shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
     if (!m || !old || m->from != old)
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "shard_migration_advance: give the migration and the trainer it began from");
-    double t = shard__now();
     uint64_t step = 0;
     float lr = 0, clip = 0;
     shard__trainer_kept(old, &step, &lr, &clip);
@@ -830,6 +846,7 @@ shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
                         "step, once",
                         (unsigned long long)step, (unsigned long long)m->replayed);
     s = agree(m->world, s);
+    double t = shard__now();          /* every rank here (begin says why) */
     if (s == SHARD_OK && !m->planned) /* the first advance plans: nothing is sent yet, nothing to replay */
         s = plan_live(m, old);
     else if (s == SHARD_OK) {
@@ -859,8 +876,9 @@ shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shar
         return shard_error(SHARD_ERR_INVALID_ARG,
                            "shard_migration_finish: give the migration, the trainer it began from and an out pointer");
     SHARD_CHECK(check_stats(stats, "shard_migration_finish"));
-    double t = shard__now(), pause = 0;
-    shard_status s = m->planned ? SHARD_OK : plan_live(m, old); /* finished early: the rest at the switch */
+    shard_status s = agree(m->world, SHARD_OK);
+    double t = shard__now(), pause = 0;                      /* every rank here (begin says why) */
+    if (s == SHARD_OK && !m->planned) s = plan_live(m, old); /* finished early: the rest at the switch */
     if (s == SHARD_OK && m->sent < m->c.n) s = agree(m->world, send_piece(m, 1));
     if (s == SHARD_OK) s = add_time(m, t, &pause);
     double took[3] = {(shard__now() - m->t0) * 1e3, (double)m->bytes[0] + (double)m->bytes[1], (double)m->bytes[1]},
