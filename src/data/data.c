@@ -23,6 +23,8 @@
 enum { HEADER_BYTES = 64 };
 static const char MAGIC[8] = {'S', 'H', 'R', 'D', 'T', 'O', 'K', '1'};
 
+static uint32_t largest_token(const shard_tokens *t);
+
 struct shard_tokens {
     char path[PATH_MAX];
     void *map;
@@ -115,7 +117,9 @@ shard_status shard_tokens_open(const char *path, shard_tokens **out) {
                             t->map_bytes - HEADER_BYTES);
         else if (XXH3_64bits(t->tokens, t->count * t->token_bytes) != get64(h + 32))
             s = shard_error(SHARD_ERR_IO, "%s: checksum mismatch: the tokens are corrupt", path);
-        for (size_t i = 0; s == SHARD_OK && i < t->count; i++) /* a file any tool wrote: ids the model can index */
+        /* a file any tool wrote: ids the model can index (the largest found in one pass, then where) */
+        int outside = s == SHARD_OK && largest_token(t) >= t->vocab;
+        for (size_t i = 0; s == SHARD_OK && outside && i < t->count; i++)
             if (shard_tokens_at(t, i) >= t->vocab)
                 s = shard_error(SHARD_ERR_IO,
                                 "%s: token %u at index %zu is outside the header's vocabulary (ids 0..%u)", path,
@@ -138,6 +142,25 @@ void shard_tokens_close(shard_tokens *t) {
 
 size_t shard_tokens_count(const shard_tokens *t) { return t ? t->count : 0; }
 uint32_t shard_tokens_vocab(const shard_tokens *t) { return t ? t->vocab : 0; }
+
+/* The largest id in the file: its little-endian ids read byte by byte, in a loop the compiler
+ * vectorises. */
+static uint32_t largest_token(const shard_tokens *t) {
+    const unsigned char *p = t->tokens;
+    uint32_t most = 0;
+    if (t->token_bytes == 2)
+        for (size_t i = 0; i < t->count; i++) {
+            uint32_t v = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
+            most = v > most ? v : most;
+        }
+    else
+        for (size_t i = 0; i < t->count; i++) {
+            uint32_t v = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+                (uint32_t)p[4 * i + 3] << 24;
+            most = v > most ? v : most;
+        }
+    return most;
+}
 
 uint32_t shard_tokens_at(const shard_tokens *t, size_t i) {
     const unsigned char *p = t->tokens + i * t->token_bytes;

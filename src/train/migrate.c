@@ -405,6 +405,9 @@ typedef struct copy {
     int64_t *all;                   /* every rank's, in rank order */
     const int64_t **desc;           /* [(r * 2 + L) * n + k] */
     tensor_plan *plans;
+    /* the parameters in batches, each moved by one all_to_allv (or the whole-tensor way, one a batch):
+     * batch b is [batch_at[b], batch_at[b + 1]); the same on every rank */
+    size_t *batch_at, batches;
     float *old_piece, *new_piece, *send, *recv, *whole; /* whole: the whole-tensor way's scratch */
     runs held_old, held_new, both;
 } copy;
@@ -414,7 +417,7 @@ static void copy_free(copy *c) {
         free(c->plans[k].send), free(c->plans[k].recv), free(c->plans[k].sends), free(c->plans[k].recvs);
         free(c->plans[k].delta_send), free(c->plans[k].delta_recv);
     }
-    free(c->plans), free(c->desc), free(c->all), free(c->mine.v), free(c->list);
+    free(c->plans), free(c->desc), free(c->all), free(c->mine.v), free(c->list), free(c->batch_at);
     free(c->held_old.v), free(c->held_new.v), free(c->both.v);
     shard_free(c->old_piece), shard_free(c->new_piece), shard_free(c->send), shard_free(c->recv), shard_free(c->whole);
 }
@@ -472,6 +475,46 @@ static shard_status share(copy *c, shard_comm *world) {
     return s;
 }
 
+/* The elements this rank sends and receives for the parameters [lo, hi) by their plans, the full
+ * arrays' moves (delta 0) or the gradient's. */
+static void batch_counts(const copy *c, size_t lo, size_t hi, int delta, size_t *sent, size_t *got) {
+    *sent = *got = 0;
+    for (size_t k = lo; k < hi; k++)
+        for (size_t r = 0; r < (size_t)c->world; r++) {
+            *sent += delta ? c->plans[k].delta_send[r] : c->plans[k].send[r];
+            *got += delta ? c->plans[k].delta_recv[r] : c->plans[k].recv[r];
+        }
+}
+
+/* The batches (c->batch_at): consecutive parameters moved by plan, up to an eighth of the elements (or
+ * the largest parameter) each, so that a copy takes a few collectives rather than one per parameter; a
+ * parameter moved the whole-tensor way is a batch of its own.  *most_send, *most_recv: the most one
+ * batch sends and receives on this rank, the buffers' sizes. */
+static shard_status make_batches(copy *c, size_t *most_send, size_t *most_recv) {
+    size_t all = 0, largest = 0;
+    for (size_t k = 0; k < c->n; k++) all += c->list[k].whole_n, largest = larger(largest, c->list[k].whole_n);
+    size_t budget = larger(largest, all / 8);
+    if (!(c->batch_at = calloc(c->n + 2, sizeof *c->batch_at)))
+        return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    c->batches = 0;
+    for (size_t k = 0; k < c->n;) {
+        size_t lo = k, elems = c->list[k].whole_n;
+        k++;
+        if (!c->plans[lo].whole_way)
+            while (k < c->n && !c->plans[k].whole_way && elems + c->list[k].whole_n <= budget)
+                elems += c->list[k++].whole_n;
+        c->batch_at[c->batches++] = lo;
+        if (c->plans[lo].whole_way) continue;
+        for (int delta = 0; delta < 2; delta++) {
+            size_t sent, got;
+            batch_counts(c, lo, k, delta, &sent, &got);
+            *most_send = larger(*most_send, sent), *most_recv = larger(*most_recv, got);
+        }
+    }
+    c->batch_at[c->batches] = c->n;
+    return SHARD_OK;
+}
+
 /* Every parameter's plan, and the buffers the copy needs: all allocated before any element moves. */
 static shard_status plan_all(copy *c) {
     size_t W = (size_t)c->world, A = (size_t)c->arrays, most_send = 1, most_recv = 1, most_old = 1, most_new = 1,
@@ -488,13 +531,6 @@ static shard_status plan_all(copy *c) {
         s = tp->send && tp->recv && tp->delta_send && tp->delta_recv
             ? plan_tensor(&pl, c->desc, c->n, k, tp)
             : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
-        size_t sent = 0, got = 0, delta_sent = 0, delta_got = 0;
-        for (size_t r = 0; s == SHARD_OK && r < W; r++) {
-            sent += tp->send[r], got += tp->recv[r];
-            delta_sent += tp->delta_send[r], delta_got += tp->delta_recv[r];
-        }
-        sent = larger(sent, delta_sent), got = larger(got, delta_got);
-        most_send = larger(most_send, sent), most_recv = larger(most_recv, got);
         if (c->list[k].from != SIZE_MAX)
             most_old = larger(most_old, shard__trainer_piece_numel(c->from, c->list[k].from));
         if (c->list[k].to != SIZE_MAX) most_new = larger(most_new, shard__trainer_piece_numel(c->to, c->list[k].to));
@@ -503,6 +539,7 @@ static shard_status plan_all(copy *c) {
     for (size_t r = 0; pl.old && r < W * A; r++) free(pl.old[r].v);
     for (size_t r = 0; pl.new_ && r < W * A; r++) free(pl.new_[r].v);
     free(pl.old), free(pl.new_), free(pl.lack.v), free(pl.part.v), free(pl.rest.v);
+    if (s == SHARD_OK) s = make_batches(c, &most_send, &most_recv);
     if (s < 0) return s;
     c->old_piece = shard_alloc(most_old * sizeof(float), SHARD_MEM_OTHER);
     c->new_piece = shard_alloc(most_new * sizeof(float), SHARD_MEM_OTHER);
@@ -569,20 +606,12 @@ static void widen_from_bf16(float *x, size_t n) {
     }
 }
 
-/* Parameter k by its plan: every rank's moves in one all_to_allv over world (none when nothing moves),
- * then each array of this rank's new piece from what it held and what it received.  delta: only the
- * live migration's gradient array (c->delta_j); else every other array. */
-static shard_status move_planned(copy *c, size_t k, shard_comm *world, int delta) {
+/* Parameter k's moves of this rank packed into c->send, each peer's after what at[peer] says. */
+static shard_status pack_sends(copy *c, size_t k, int delta, size_t *at) {
     const tensor_plan *tp = &c->plans[k];
-    const size_t *send = delta ? tp->delta_send : tp->send, *recv = delta ? tp->delta_recv : tp->recv;
-    size_t total = delta ? tp->delta_total : tp->total;
     int j_lo, j_hi;
     arrays_moved(c, delta, &j_lo, &j_hi);
-    size_t W = (size_t)c->world, *sd = calloc(W, sizeof *sd), *rd = calloc(W, sizeof *rd);
-    size_t *at = calloc(W, sizeof *at);
-    shard_status s = sd && rd && at ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
-    for (size_t r = 1; s == SHARD_OK && r < W; r++) sd[r] = sd[r - 1] + send[r - 1], rd[r] = rd[r - 1] + recv[r - 1];
-    if (s == SHARD_OK && tp->n_sends) memcpy(at, sd, W * sizeof *at);
+    shard_status s = SHARD_OK;
     for (int j = j_lo; s == SHARD_OK && tp->n_sends && j < j_hi; j++) {
         s = read_old(c, k, j);
         for (size_t m = 0; s == SHARD_OK && m < tp->n_sends; m++)
@@ -590,17 +619,17 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world, int delta
                 copy_elems(&c->held_old, c->old_piece, NULL, NULL, c->send, &at[tp->sends[m].peer], tp->sends[m].g,
                            tp->sends[m].n);
     }
-    if (s == SHARD_OK && total) {
-        if (delta && c->delta_bf16) {
-            size_t n_send = sd[W - 1] + send[W - 1], n_recv = rd[W - 1] + recv[W - 1];
-            narrow_to_bf16(c->send, n_send);
-            s = shard_comm_all_to_allv(world, c->send, send, sd, c->recv, recv, rd, SHARD_BF16);
-            if (s == SHARD_OK) widen_from_bf16(c->recv, n_recv);
-        } else
-            s = shard_comm_all_to_allv(world, c->send, send, sd, c->recv, recv, rd, SHARD_F32);
-    }
-    if (s == SHARD_OK) memcpy(at, rd, W * sizeof *at);
+    return s;
+}
+
+/* Each array of parameter k's new piece on this rank from what it held and what it received (in
+ * c->recv, each peer's after what at[peer] says). */
+static shard_status unpack_recvs(copy *c, size_t k, int delta, size_t *at) {
+    const tensor_plan *tp = &c->plans[k];
     const shard__moved_param *mp = &c->list[k];
+    int j_lo, j_hi;
+    arrays_moved(c, delta, &j_lo, &j_hi);
+    shard_status s = SHARD_OK;
     for (int j = j_lo; s == SHARD_OK && mp->to != SIZE_MAX && j < j_hi; j++) {
         s = read_old(c, k, j);
         if (s == SHARD_OK &&
@@ -619,7 +648,37 @@ static shard_status move_planned(copy *c, size_t k, shard_comm *world, int delta
                            tp->recvs[m].n);
         s = shard__trainer_set_piece(c->to, mp->to, j, c->new_piece);
     }
-    free(sd), free(rd), free(at);
+    return s;
+}
+
+/* Parameters [lo, hi) (a batch) by their plans: every rank's moves in one all_to_allv over world (none
+ * when nothing moves), each peer's part holding the parameters in order, then each array of this rank's
+ * new pieces from what it held and what it received.  delta: only the live migration's gradient array
+ * (c->delta_j; as bf16 when c->delta_bf16); else every other array. */
+static shard_status move_batch(copy *c, size_t lo, size_t hi, shard_comm *world, int delta) {
+    size_t W = (size_t)c->world, *sc = calloc(W, sizeof *sc), *rc = calloc(W, sizeof *rc);
+    size_t *sd = calloc(W, sizeof *sd), *rd = calloc(W, sizeof *rd), *at = calloc(W, sizeof *at), total = 0;
+    shard_status s = sc && rc && sd && rd && at ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    for (size_t k = lo; s == SHARD_OK && k < hi; k++) {
+        const tensor_plan *tp = &c->plans[k];
+        total += delta ? tp->delta_total : tp->total;
+        for (size_t r = 0; r < W; r++)
+            sc[r] += delta ? tp->delta_send[r] : tp->send[r], rc[r] += delta ? tp->delta_recv[r] : tp->recv[r];
+    }
+    for (size_t r = 1; s == SHARD_OK && r < W; r++) sd[r] = sd[r - 1] + sc[r - 1], rd[r] = rd[r - 1] + rc[r - 1];
+    if (s == SHARD_OK) memcpy(at, sd, W * sizeof *at);
+    for (size_t k = lo; s == SHARD_OK && k < hi; k++) s = pack_sends(c, k, delta, at);
+    if (s == SHARD_OK && total) {
+        if (delta && c->delta_bf16) {
+            narrow_to_bf16(c->send, sd[W - 1] + sc[W - 1]);
+            s = shard_comm_all_to_allv(world, c->send, sc, sd, c->recv, rc, rd, SHARD_BF16);
+            if (s == SHARD_OK) widen_from_bf16(c->recv, rd[W - 1] + rc[W - 1]);
+        } else
+            s = shard_comm_all_to_allv(world, c->send, sc, sd, c->recv, rc, rd, SHARD_F32);
+    }
+    if (s == SHARD_OK) memcpy(at, rd, W * sizeof *at);
+    for (size_t k = lo; s == SHARD_OK && k < hi; k++) s = unpack_recvs(c, k, delta, at);
+    free(sc), free(rc), free(sd), free(rd), free(at);
     return s;
 }
 
@@ -660,8 +719,11 @@ static shard_status copy_params(copy *c, size_t lo, size_t hi, int delta, shard_
     shard_mesh *mesh = shard__trainer_mesh(c->from);
     uint64_t before = shard_mesh_bytes_sent(mesh);
     shard_status s = SHARD_OK;
-    for (size_t k = lo; s == SHARD_OK && k < hi; k++)
-        s = c->plans[k].whole_way ? move_whole(c, k, delta) : move_planned(c, k, world, delta);
+    for (size_t b = 0; s == SHARD_OK && b < c->batches; b++) {
+        size_t k = c->batch_at[b], end = c->batch_at[b + 1];
+        if (k < lo || end > hi) continue; /* lo and hi are batch bounds */
+        s = c->plans[k].whole_way ? move_whole(c, k, delta) : move_batch(c, k, end, world, delta);
+    }
     *sent += shard_mesh_bytes_sent(mesh) - before;
     return s;
 }
@@ -779,8 +841,14 @@ static shard_status send_piece(shard_migration *m, int all) {
         : (size_t)((double)m->total_elems * (double)(m->piece + 1) / (double)m->pieces),
            before = 0, hi = m->sent;
     for (size_t k = 0; k < m->sent; k++) before += m->c.list[k].whole_n;
-    while (hi < m->c.n && before < target) before += m->c.list[hi++].whole_n;
-    if (hi == m->sent && hi < m->c.n) hi++; /* a piece moves one parameter at least */
+    /* whole batches, one at least */
+    for (size_t b = 0; b < m->c.batches; b++) {
+        size_t k = m->c.batch_at[b], end = m->c.batch_at[b + 1];
+        if (k < m->sent) continue;
+        if (hi > m->sent && before >= target) break;
+        for (; k < end; k++) before += m->c.list[k].whole_n;
+        hi = end;
+    }
     shard_status s = copy_params(&m->c, m->sent, hi, 0, m->world, &m->bytes[0]);
     if (s == SHARD_OK) m->sent = hi, m->piece++;
     return s;
@@ -812,9 +880,12 @@ shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mes
      * and that wait is the step's (the next step's first collective would wait for it as well) */
     shard_status s = agree(m->world, SHARD_OK);
     m->t0 = shard__now();
-    if (s == SHARD_OK) s = agree(m->world, shard__trainer_create_to_fill(new_mesh, new_config, &m->to));
-    if (s == SHARD_OK) s = agree(m->world, same_optimizer(old, m->to));
-    if (s == SHARD_OK) s = agree(m->world, shard__trainer_keep_grads(old, 1));
+    if (s == SHARD_OK) {
+        s = shard__trainer_create_to_fill(new_mesh, new_config, &m->to);
+        if (s == SHARD_OK) s = same_optimizer(old, m->to);
+        if (s == SHARD_OK) s = shard__trainer_keep_grads(old, 1);
+        s = agree(m->world, s);
+    }
     if (s == SHARD_OK) s = add_time(m, m->t0, NULL);
     if (s < 0) {
         live_free(m, old, 0);
