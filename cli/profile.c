@@ -167,13 +167,14 @@ static shard_status profile_comm(int quick, shard_machine_profile *p) {
     return SHARD_OK;
 }
 
-/* One calibration layout of the tiny GPT: its predicted GEMM time (the slowest rank's) and its step as
- * predicted without a non-GEMM part, from the profile's own GEMM rates, communication and bandwidth. */
+/* One calibration layout of the tiny GPT: its timed steps, then its predicted GEMM time (the slowest
+ * rank's) and its step as predicted without a non-GEMM part, from the profile's median GEMM rates,
+ * communication and bandwidth. */
 typedef struct nongemm_layout {
     char mesh[32];
     double gemm_ms, bare_ms;
-    double *fraction; /* each timed step's own: (measured - bare) / gemm, this pass's bare and gemm */
-    int fractions;
+    double *step_ms; /* every timed step, over all passes */
+    int steps;
 } nongemm_layout;
 
 static shard_status nongemm_predict(const shard_trainer_config *tc, const shard_machine_profile *p, nongemm_layout *l) {
@@ -191,26 +192,26 @@ static shard_status nongemm_predict(const shard_trainer_config *tc, const shard_
     return s;
 }
 
-/* One run of the layout: `warmup` steps, then each of `steps` timed steps' fraction on its own. */
-static shard_status nongemm_round(const shard_trainer_config *tc, int warmup, int steps, nongemm_layout *l) {
-    double ms[16];
-    SHARD_CHECK(layout_measure_each(tc, l->mesh, warmup, steps, ms));
-    for (int i = 0; i < steps; i++) {
-        double rest = ms[i] - l->bare_ms;
-        l->fraction[l->fractions++] = l->gemm_ms > 0 && rest > 0 ? rest / l->gemm_ms : 0;
+/* The layout's fraction: each timed step's own, (step - bare) / gemm (0 where the step is shorter than
+ * the bare prediction), their median and spread. */
+static double nongemm_fraction(nongemm_layout *l, double *spread) {
+    for (int i = 0; i < l->steps; i++) {
+        double rest = l->step_ms[i] - l->bare_ms;
+        l->step_ms[i] = l->gemm_ms > 0 && rest > 0 ? rest / l->gemm_ms : 0;
     }
-    return SHARD_OK;
+    return median_spread(l->step_ms, l->steps, spread);
 }
 
 /* The GEMM rates and the non-GEMM fractions, measured in turn, pass after pass, so that both see the
  * same drift of the host's load: each pass times every shape of the grid once (a shape's repetitions
  * lie seconds apart: a burst of other work moves one of them, not the rate), then runs the two
  * calibration layouts of the tiny GPT in turn (their order swapped each pass): a one-rank step on every
- * core, and one thread rank per core (data parallel) all computing at once; each timed step's fraction
- * is its time less its prediction without a non-GEMM part (from this pass's rates), over its predicted
- * GEMM time.  The tiny GPT runs at batch 8, seq 64, the shape `bench analyze` measures, so that the
- * calibration looks up the GEMM rates its predictions do.  Each rate and fraction is the median of its
- * repetitions, with their spread, (max - min) / median. */
+ * core, and one thread rank per core (data parallel) all computing at once.  Each rate is the median of
+ * its passes; each fraction the median of the timed steps' own, each step's time less the layout's
+ * prediction without a non-GEMM part (from the median rates: a pass's sum over shapes would carry every
+ * slow shape of that pass), over its predicted GEMM time.  The tiny GPT runs at batch 8, seq 64, the
+ * shape `bench analyze` measures, so that the calibration looks up the GEMM rates its predictions do.
+ * Each spread is (max - min) / median over the repetitions. */
 static shard_status profile_compute(int quick, shard_machine_profile *p) {
     const int passes = quick ? 2 : GEMM_PASSES, warmup = quick ? 1 : 2, steps = quick ? 2 : 3;
     gemm_grid(quick, p);
@@ -232,21 +233,25 @@ static shard_status profile_compute(int quick, shard_machine_profile *p) {
     double *rate = malloc(p->gemms * (size_t)passes * sizeof *rate), *pass_rate = malloc(p->gemms * sizeof *rate);
     shard_status s = rate && pass_rate ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "profile: out of memory");
     for (int i = 0; i < 2 && s == SHARD_OK; i++)
-        if (!(l[i].fraction = calloc((size_t)(passes * steps), sizeof *l[i].fraction)))
+        if (!(l[i].step_ms = calloc((size_t)(passes * steps), sizeof *l[i].step_ms)))
             s = shard_error(SHARD_ERR_NO_MEMORY, "profile: out of memory");
     for (int r = 0; r < passes && s == SHARD_OK; r++) {
         s = gemm_pass(quick, p, pass_rate);
-        for (size_t g = 0; g < p->gemms; g++) rate[g * (size_t)passes + (size_t)r] = p->gemm[g].gflops = pass_rate[g];
-        for (int i = 0; i < 2 && s == SHARD_OK; i++) s = nongemm_predict(&tc, p, &l[i]);
-        for (int i = 0; i < 2 && s == SHARD_OK; i++) s = nongemm_round(&tc, warmup, steps, &l[(i + r) % 2]);
+        for (size_t g = 0; g < p->gemms; g++) rate[g * (size_t)passes + (size_t)r] = pass_rate[g];
+        for (int i = 0; i < 2 && s == SHARD_OK; i++) {
+            nongemm_layout *x = &l[(i + r) % 2];
+            s = layout_measure_each(&tc, x->mesh, warmup, steps, &x->step_ms[x->steps]);
+            x->steps += steps;
+        }
     }
+    for (size_t g = 0; s == SHARD_OK && g < p->gemms; g++)
+        p->gemm[g].gflops = median_spread(&rate[g * (size_t)passes], passes, &p->gemm[g].gflops_spread);
+    for (int i = 0; i < 2 && s == SHARD_OK; i++) s = nongemm_predict(&tc, p, &l[i]);
     if (s == SHARD_OK) {
-        for (size_t g = 0; g < p->gemms; g++)
-            p->gemm[g].gflops = median_spread(&rate[g * (size_t)passes], passes, &p->gemm[g].gflops_spread);
-        p->nongemm_fraction = median_spread(l[0].fraction, l[0].fractions, &p->nongemm_fraction_spread);
-        p->nongemm_fraction_loaded = median_spread(l[1].fraction, l[1].fractions, &p->nongemm_fraction_loaded_spread);
+        p->nongemm_fraction = nongemm_fraction(&l[0], &p->nongemm_fraction_spread);
+        p->nongemm_fraction_loaded = nongemm_fraction(&l[1], &p->nongemm_fraction_loaded_spread);
     }
-    free(rate), free(pass_rate), free(l[0].fraction), free(l[1].fraction);
+    free(rate), free(pass_rate), free(l[0].step_ms), free(l[1].step_ms);
     bench_remove_dir(dir);
     return s;
 }
