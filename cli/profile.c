@@ -25,10 +25,11 @@ static const char *const USAGE =
     "usage: shard profile [--out FILE] [--quick]\n"
     "\n"
     "Measure this machine for the cost model of `shard analyze --profile` (under 2 minutes): GEMM\n"
-    "GFLOP/s over a grid of shapes at 1 thread and at all cores, copy and add bandwidth, each\n"
+    "GFLOP/s over a grid of shapes at 1 thread and at all cores in 5 passes, each pass followed by tiny\n"
+    "GPT steps on one rank and on one thread rank per core for the non-GEMM fractions (each rate and\n"
+    "fraction the median of its repetitions, with its spread), copy and add bandwidth, and each\n"
     "collective's alpha (us) and beta (GB/s of bytes sent per rank) on 2 and 4 thread ranks, fitted to\n"
-    "a sweep of sizes, and the non-GEMM fraction of a one-rank tiny GPT step. The file is JSON (keys in\n"
-    "docs/cli.md), written whole or not at all.\n"
+    "a sweep of sizes. The file is JSON (keys in docs/cli.md), written whole or not at all.\n"
     "\n"
     "options:\n"
     "  --out FILE               where the profile goes (default machine.json)\n"
@@ -246,6 +247,9 @@ static shard_status profile_compute(int quick, shard_machine_profile *p) {
     }
     for (size_t g = 0; s == SHARD_OK && g < p->gemms; g++)
         p->gemm[g].gflops = median_spread(&rate[g * (size_t)passes], passes, &p->gemm[g].gflops_spread);
+    /* the bandwidth and the collectives, which the predictions without a non-GEMM part price too */
+    if (s == SHARD_OK) s = profile_bandwidth(quick, p);
+    if (s == SHARD_OK) s = profile_comm(quick, p);
     for (int i = 0; i < 2 && s == SHARD_OK; i++) s = nongemm_predict(&tc, p, &l[i]);
     if (s == SHARD_OK) {
         p->nongemm_fraction = nongemm_fraction(&l[0], &p->nongemm_fraction_spread);
@@ -270,9 +274,7 @@ shard_status profile_machine(int quick, shard_machine_profile *p) {
     p->cores = bench_cores();
     SHARD_CHECK(shard_blas_init());
     snprintf(p->blas, sizeof p->blas, "%s", shard_blas_description());
-    SHARD_CHECK(profile_bandwidth(quick, p));
-    SHARD_CHECK(profile_comm(quick, p));
-    return profile_compute(quick, p); /* the non-GEMM part is priced with the bandwidth and collectives */
+    return profile_compute(quick, p);
 }
 
 int cli_profile(int argc, char **argv) {
