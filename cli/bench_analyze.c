@@ -66,6 +66,7 @@ typedef struct measure_run {
     int warmup, steps;
     double median_ms;  /* rank 0's */
     double peak_bytes; /* the fullest rank's */
+    double *each_ms;   /* NULL, or each timed step's slowest-rank time (in step order) */
 } measure_run;
 
 static shard_status measure_rank(shard_comm *world, void *arg) {
@@ -88,7 +89,10 @@ static shard_status measure_rank(shard_comm *world, void *arg) {
     shard_mem_stats_get(&st);
     double peak = (double)st.total_peak_bytes;
     if (s == SHARD_OK) s = shard_comm_all_reduce(world, &peak, &peak, 1, SHARD_F64, SHARD_OP_MAX);
-    if (s == SHARD_OK && shard_comm_rank(world) == 0) m->median_ms = cli_median(ms, m->steps), m->peak_bytes = peak;
+    if (s == SHARD_OK && shard_comm_rank(world) == 0) {
+        if (m->each_ms) memcpy(m->each_ms, ms, (size_t)m->steps * sizeof *ms);
+        m->median_ms = cli_median(ms, m->steps), m->peak_bytes = peak;
+    }
     shard_trainer_destroy(t);
     shard_mesh_destroy(mesh);
     free(ms);
@@ -101,14 +105,25 @@ static int mesh_ranks(const char *mesh) {
     return world;
 }
 
-shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, const shard_cluster *cluster, int warmup,
-                            int steps, double *median_ms, double *peak_bytes) {
-    measure_run m = {.tc = tc, .mesh = mesh, .warmup = warmup, .steps = steps};
+/* m's layout on thread ranks (on the cluster's devices when given). */
+static shard_status measure_layout(const char *mesh, const shard_cluster *cluster, measure_run *m) {
     shard_launch_config lc = shard_launch_config_default();
     lc.ranks = mesh_ranks(mesh), lc.backend = SHARD_BACKEND_THREADS, lc.cluster = cluster;
     /* a world of one computes on every core, as shard train's does (more ranks share them: one each) */
     if (lc.ranks == 1) SHARD_CHECK(shard_blas_set_threads(bench_cores()));
-    SHARD_CHECK(shard_launch_with(&lc, measure_rank, &m));
+    return shard_launch_with(&lc, measure_rank, m);
+}
+
+shard_status layout_measure_each(const shard_trainer_config *tc, const char *mesh, int warmup, int steps,
+                                 double *step_ms) {
+    measure_run m = {.tc = tc, .mesh = mesh, .warmup = warmup, .steps = steps, .each_ms = step_ms};
+    return measure_layout(mesh, NULL, &m);
+}
+
+shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, const shard_cluster *cluster, int warmup,
+                            int steps, double *median_ms, double *peak_bytes) {
+    measure_run m = {.tc = tc, .mesh = mesh, .warmup = warmup, .steps = steps};
+    SHARD_CHECK(measure_layout(mesh, cluster, &m));
     *median_ms = m.median_ms;
     if (peak_bytes) *peak_bytes = m.peak_bytes;
     return SHARD_OK;

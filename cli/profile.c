@@ -6,8 +6,9 @@
  * GEMM throughput over a grid of shapes covering the tiny and benchmark GPTs' products, at one thread
  * and at every core; copy and add bandwidth over large vectors; each collective's alpha and beta on
  * thread ranks (2 and 4), fitted by least squares to `bench comm`'s own timing of a sweep of sizes
- * (bench_comm_op_time); and the non-GEMM fraction of a step, from a one-rank tiny GPT step on one
- * thread set against the model's GEMM and optimizer time. */
+ * (bench_comm_op_time); and the non-GEMM fractions of a step, from tiny GPT steps (one rank on every
+ * core, and one thread rank per core) set against the model's GEMM, communication and optimizer time.
+ * Each rate and fraction is a median over repetitions, with its spread written beside it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,52 +25,74 @@ static const char *const USAGE =
     "usage: shard profile [--out FILE] [--quick]\n"
     "\n"
     "Measure this machine for the cost model of `shard analyze --profile` (under 2 minutes): GEMM\n"
-    "GFLOP/s over a grid of shapes at 1 thread and at all cores, copy and add bandwidth, each\n"
+    "GFLOP/s over a grid of shapes at 1 thread and at all cores in 5 passes, each pass followed by tiny\n"
+    "GPT steps on one rank and on one thread rank per core for the non-GEMM fractions (each rate and\n"
+    "fraction the median of its repetitions, with its spread), copy and add bandwidth, and each\n"
     "collective's alpha (us) and beta (GB/s of bytes sent per rank) on 2 and 4 thread ranks, fitted to\n"
-    "a sweep of sizes, and the non-GEMM fraction of a one-rank tiny GPT step. The file is JSON (keys in\n"
-    "docs/cli.md), written whole or not at all.\n"
+    "a sweep of sizes. The file is JSON (keys in docs/cli.md), written whole or not at all.\n"
     "\n"
     "options:\n"
     "  --out FILE               where the profile goes (default machine.json)\n"
     "  --quick                  a few seconds: fewer shapes and sizes, shorter timings (for tests)\n";
 
-/* GFLOP/s of an M x N x K product on the current threads: the best of runs filling `seconds`. */
-static shard_status gemm_rate(size_t m, size_t n, size_t k, double seconds, double *gflops) {
+/* The median of n > 0 values and their spread, (max - min) / median (0 when the median is not > 0);
+ * sorts v. */
+static double median_spread(double *v, int n, double *spread) {
+    double median = cli_median(v, n);
+    *spread = median > 0 ? (v[n - 1] - v[0]) / median : 0;
+    return median;
+}
+
+enum { GEMM_PASSES = 5, GEMM_MAX_CALLS = 4096 };
+
+/* GFLOP/s of one timed repetition of an M x N x K product on the current threads, after a warm-up
+ * call: as many calls as fill `rep_seconds` (one at least). */
+static shard_status gemm_repetition(size_t m, size_t n, size_t k, double rep_seconds, double *gflops) {
     float *a = calloc(m * k, sizeof *a), *b = calloc(k * n, sizeof *b), *c = calloc(m * n, sizeof *c);
     shard_status s = a && b && c ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "profile: out of memory");
     for (size_t i = 0; s == SHARD_OK && i < m * k; i++) a[i] = (float)(i % 7) * 0.1f;
     for (size_t i = 0; s == SHARD_OK && i < k * n; i++) b[i] = (float)(i % 5) * 0.1f;
-    double best = 1e30, start = shard_clock_seconds();
-    if (s == SHARD_OK) s = shard_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n); /* warm */
-    for (int runs = 0; s == SHARD_OK && (runs < 3 || shard_clock_seconds() - start < seconds); runs++) {
-        double t0 = shard_clock_seconds();
-        s = shard_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
-        double t = shard_clock_seconds() - t0;
-        if (t < best) best = t;
+    if (s == SHARD_OK) s = shard_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n); /* warm: pages, caches */
+    double flops = 2.0 * (double)m * (double)n * (double)k, t0 = shard_clock_seconds();
+    if (s == SHARD_OK) s = shard_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+    double t = shard_clock_seconds() - t0;
+    if (t < rep_seconds) { /* short: as many calls as fill the repetition, timed together */
+        int calls = t > 0 ? (int)(rep_seconds / t) + 1 : GEMM_MAX_CALLS;
+        if (calls > GEMM_MAX_CALLS) calls = GEMM_MAX_CALLS;
+        t0 = shard_clock_seconds();
+        for (int i = 0; s == SHARD_OK && i < calls; i++) s = shard_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+        t = shard_clock_seconds() - t0, flops *= (double)calls;
     }
-    *gflops = 2.0 * (double)m * (double)n * (double)k / (best > 0 ? best : 1e-9) / 1e9;
+    *gflops = flops / (t > 0 ? t : 1e-9) / 1e9;
     free(a), free(b), free(c);
     return s;
 }
 
-static shard_status profile_gemms(int quick, shard_machine_profile *p) {
-    static const size_t full_m[] = {64, 256, 1024, 4096}, full_nk[] = {64, 256, 1024, 4096};
+/* The grid of shapes at 1 thread and at every core, their rates not yet measured. */
+static void gemm_grid(int quick, shard_machine_profile *p) {
+    /* powers of two up to 1024, then 4096: a GPT's products (rows = batch x seq, its width and its
+     * multiples) fall on the grid, not between two shapes equally near */
+    static const size_t full_m[] = {64, 128, 256, 512, 1024, 4096}, full_nk[] = {64, 128, 256, 512, 1024, 4096};
     static const size_t quick_m[] = {256, 1024}, quick_nk[] = {128, 512};
     const size_t *ms = quick ? quick_m : full_m, *nks = quick ? quick_nk : full_nk;
-    size_t nm = quick ? 2 : 4, nnk = quick ? 2 : 4;
+    size_t nm = quick ? 2 : 6, nnk = quick ? 2 : 6;
     int threads[2] = {1, p->cores};
-    for (int t = 0; t < (p->cores > 1 ? 2 : 1); t++) {
-        SHARD_CHECK(shard_blas_set_threads(threads[t]));
+    for (int t = 0; t < (p->cores > 1 ? 2 : 1); t++)
         for (size_t i = 0; i < nm; i++)
             for (size_t j = 0; j < nnk; j++)
-                for (size_t l = 0; l < nnk; l++) {
+                for (size_t l = 0; l < nnk && p->gemms < SHARD_PROFILE_MAX_GEMMS; l++) {
                     size_t m = ms[i], n = nks[j], k = nks[l];
                     if (!quick && (double)m * (double)n * (double)k > 4.3e9) continue; /* seconds, and no GPT's */
-                    double g = 0;
-                    SHARD_CHECK(gemm_rate(m, n, k, quick ? 0.002 : 0.02, &g));
-                    if (p->gemms < SHARD_PROFILE_MAX_GEMMS)
-                        p->gemm[p->gemms++] = (shard_profile_gemm){m, n, k, threads[t], g};
+                    p->gemm[p->gemms++] = (shard_profile_gemm){m, n, k, threads[t], 0, 0};
                 }
+}
+
+/* One pass over the grid: each shape timed once, its rate into rate[g]. */
+static shard_status gemm_pass(int quick, const shard_machine_profile *p, double *rate) {
+    for (size_t g = 0; g < p->gemms; g++) {
+        const shard_profile_gemm *e = &p->gemm[g];
+        if (g == 0 || e->threads != p->gemm[g - 1].threads) SHARD_CHECK(shard_blas_set_threads(e->threads));
+        SHARD_CHECK(gemm_repetition(e->m, e->n, e->k, quick ? 0.0005 : 0.003, &rate[g]));
     }
     return shard_blas_set_threads(1);
 }
@@ -145,30 +168,54 @@ static shard_status profile_comm(int quick, shard_machine_profile *p) {
     return SHARD_OK;
 }
 
-/* One calibration run of the tiny GPT on `mesh`: the rest of the measured step beyond the prediction
- * without a non-GEMM part, per predicted GEMM time. */
-static shard_status rest_fraction(const shard_trainer_config *tc, const char *mesh, int quick,
-                                  const shard_machine_profile *p, double *fraction) {
-    double measured = 0;
-    SHARD_CHECK(layout_measure(tc, mesh, NULL, quick ? 1 : 3, quick ? 3 : 7, &measured, NULL));
-    shard_machine_profile bare = *p;
-    bare.nongemm_fraction = bare.nongemm_fraction_loaded = 0;
+/* One calibration layout of the tiny GPT: its timed steps, then its predicted GEMM time (the slowest
+ * rank's) and its step as predicted without a non-GEMM part, from the profile's median GEMM rates,
+ * communication and bandwidth. */
+typedef struct nongemm_layout {
+    char mesh[32];
+    double gemm_ms, bare_ms;
+    double *step_ms; /* every timed step, over all passes */
+    int steps;
+} nongemm_layout;
+
+static shard_status nongemm_predict(const shard_trainer_config *tc, const shard_machine_profile *p, nongemm_layout *l) {
+    shard_machine_profile *bare = malloc(sizeof *bare);
+    if (!bare) return shard_error(SHARD_ERR_NO_MEMORY, "profile: out of memory");
+    *bare = *p;
+    bare->nongemm_fraction = bare->nongemm_fraction_loaded = 0;
     shard_analysis *a = NULL;
     shard_step_prediction *x = NULL;
-    shard_status s = layout_predict(tc, mesh, &bare, NULL, &a, &x);
-    if (s == SHARD_OK) {
-        double gemm = x->rank[x->slowest_rank].gemm_ms, rest = measured - x->step_ms;
-        *fraction = gemm > 0 && rest > 0 ? rest / gemm : 0;
-    }
+    shard_status s = layout_predict(tc, l->mesh, bare, NULL, &a, &x);
+    if (s == SHARD_OK) l->gemm_ms = x->rank[x->slowest_rank].gemm_ms, l->bare_ms = x->step_ms;
     shard_step_prediction_destroy(x);
     shard_analysis_destroy(a);
+    free(bare);
     return s;
 }
 
-/* The non-GEMM fractions: a one-rank tiny GPT step on every core, and the same model on one thread rank
- * per core (data parallel) with all of them computing at once, each less its predicted GEMM,
- * communication and optimizer time, over its GEMM time. */
-static shard_status profile_nongemm(int quick, shard_machine_profile *p) {
+/* The layout's fraction: each timed step's own, (step - bare) / gemm (0 where the step is shorter than
+ * the bare prediction), their median and spread. */
+static double nongemm_fraction(nongemm_layout *l, double *spread) {
+    for (int i = 0; i < l->steps; i++) {
+        double rest = l->step_ms[i] - l->bare_ms;
+        l->step_ms[i] = l->gemm_ms > 0 && rest > 0 ? rest / l->gemm_ms : 0;
+    }
+    return median_spread(l->step_ms, l->steps, spread);
+}
+
+/* The GEMM rates and the non-GEMM fractions, measured in turn, pass after pass, so that both see the
+ * same drift of the host's load: each pass times every shape of the grid once (a shape's repetitions
+ * lie seconds apart: a burst of other work moves one of them, not the rate), then runs the two
+ * calibration layouts of the tiny GPT in turn (their order swapped each pass): a one-rank step on every
+ * core, and one thread rank per core (data parallel) all computing at once.  Each rate is the median of
+ * its passes; each fraction the median of the timed steps' own, each step's time less the layout's
+ * prediction without a non-GEMM part (from the median rates: a pass's sum over shapes would carry every
+ * slow shape of that pass), over its predicted GEMM time.  The tiny GPT runs at batch 8, seq 64, the
+ * shape `bench analyze` measures, so that the calibration looks up the GEMM rates its predictions do.
+ * Each spread is (max - min) / median over the repetitions. */
+static shard_status profile_compute(int quick, shard_machine_profile *p) {
+    const int passes = quick ? 2 : GEMM_PASSES, warmup = quick ? 1 : 2, steps = quick ? 2 : 3;
+    gemm_grid(quick, p);
     shard_gpt_config gc;
     char dir[256] = "", config[512];
     snprintf(config, sizeof config, "%s/configs/gpt-tiny.json", SHARD_SOURCE_DIR);
@@ -176,15 +223,39 @@ static shard_status profile_nongemm(int quick, shard_machine_profile *p) {
     shard_trainer_config tc = {.config_path = config,
                                .data_dir = dir,
                                .batch = 8,
-                               .seq = 128,
+                               .seq = 64,
                                .seed = 1,
+                               .bucket_mb = 25,
                                .adamw = shard_adamw_defaults(),
                                .clip = 1.0f};
-    tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 1000};
-    shard_status s = rest_fraction(&tc, "data=1", quick, p, &p->nongemm_fraction);
-    char loaded[32];
-    snprintf(loaded, sizeof loaded, "data=%d", p->cores > 1 ? p->cores : 2);
-    if (s == SHARD_OK) s = rest_fraction(&tc, loaded, quick, p, &p->nongemm_fraction_loaded);
+    tc.lr = (shard_lr_schedule){1e-3f, 1e-4f, 0, 100000};
+    nongemm_layout l[2] = {{.mesh = "data=1"}, {.mesh = ""}};
+    snprintf(l[1].mesh, sizeof l[1].mesh, "data=%d", p->cores > 1 ? p->cores : 2);
+    double *rate = malloc(p->gemms * (size_t)passes * sizeof *rate), *pass_rate = malloc(p->gemms * sizeof *rate);
+    shard_status s = rate && pass_rate ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "profile: out of memory");
+    for (int i = 0; i < 2 && s == SHARD_OK; i++)
+        if (!(l[i].step_ms = calloc((size_t)(passes * steps), sizeof *l[i].step_ms)))
+            s = shard_error(SHARD_ERR_NO_MEMORY, "profile: out of memory");
+    for (int r = 0; r < passes && s == SHARD_OK; r++) {
+        s = gemm_pass(quick, p, pass_rate);
+        for (size_t g = 0; g < p->gemms; g++) rate[g * (size_t)passes + (size_t)r] = pass_rate[g];
+        for (int i = 0; i < 2 && s == SHARD_OK; i++) {
+            nongemm_layout *x = &l[(i + r) % 2];
+            s = layout_measure_each(&tc, x->mesh, warmup, steps, &x->step_ms[x->steps]);
+            x->steps += steps;
+        }
+    }
+    for (size_t g = 0; s == SHARD_OK && g < p->gemms; g++)
+        p->gemm[g].gflops = median_spread(&rate[g * (size_t)passes], passes, &p->gemm[g].gflops_spread);
+    /* the bandwidth and the collectives, which the predictions without a non-GEMM part price too */
+    if (s == SHARD_OK) s = profile_bandwidth(quick, p);
+    if (s == SHARD_OK) s = profile_comm(quick, p);
+    for (int i = 0; i < 2 && s == SHARD_OK; i++) s = nongemm_predict(&tc, p, &l[i]);
+    if (s == SHARD_OK) {
+        p->nongemm_fraction = nongemm_fraction(&l[0], &p->nongemm_fraction_spread);
+        p->nongemm_fraction_loaded = nongemm_fraction(&l[1], &p->nongemm_fraction_loaded_spread);
+    }
+    free(rate), free(pass_rate), free(l[0].step_ms), free(l[1].step_ms);
     bench_remove_dir(dir);
     return s;
 }
@@ -203,10 +274,7 @@ shard_status profile_machine(int quick, shard_machine_profile *p) {
     p->cores = bench_cores();
     SHARD_CHECK(shard_blas_init());
     snprintf(p->blas, sizeof p->blas, "%s", shard_blas_description());
-    SHARD_CHECK(profile_gemms(quick, p));
-    SHARD_CHECK(profile_bandwidth(quick, p));
-    SHARD_CHECK(profile_comm(quick, p));
-    return profile_nongemm(quick, p);
+    return profile_compute(quick, p);
 }
 
 int cli_profile(int argc, char **argv) {
@@ -232,8 +300,10 @@ int cli_profile(int argc, char **argv) {
         free(p);
         return 1;
     }
-    printf("profile: %s written in %.1f s (%zu GEMM shapes, copy %.1f GB/s, %zu collective fits, non-GEMM %.2f)\n", out,
-           shard_clock_seconds() - t0, p->gemms, p->copy_gbps, p->comms, p->nongemm_fraction);
+    printf("profile: %s written in %.1f s (%zu GEMM shapes, copy %.1f GB/s, %zu collective fits, non-GEMM %.2f "
+           "(spread %.2f), loaded %.2f (spread %.2f))\n",
+           out, shard_clock_seconds() - t0, p->gemms, p->copy_gbps, p->comms, p->nongemm_fraction,
+           p->nongemm_fraction_spread, p->nongemm_fraction_loaded, p->nongemm_fraction_loaded_spread);
     free(p);
     return 0;
 }

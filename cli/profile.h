@@ -14,6 +14,11 @@ shard_status profile_machine(int quick, shard_machine_profile *p);
 shard_status layout_measure(const shard_trainer_config *tc, const char *mesh, const shard_cluster *cluster, int warmup,
                             int steps, double *median_ms, double *peak_bytes);
 
+/* Each of `steps` (at most 16) timed steps' slowest-rank time in ms into step_ms[], after `warmup` more:
+ * as layout_measure, on this machine. */
+shard_status layout_measure_each(const shard_trainer_config *tc, const char *mesh, int warmup, int steps,
+                                 double *step_ms);
+
 /* The analysis of `tc` on `mesh` and its prediction on thread ranks: the profile's (p), the cluster's, or
  * both (either may be NULL, not both). */
 shard_status layout_predict(const shard_trainer_config *tc, const char *mesh, const shard_machine_profile *p,

@@ -1298,6 +1298,10 @@ def cost():
                and d.get("compute", {}).get("nongemm_fraction_loaded", -1) >= 0, f"profile memory / compute: {d}")
         expect(all({"m", "n", "k", "threads", "gflops"} <= set(g) and g["gflops"] > 0 for g in d.get("gemm", [])),
                "profile gemm entries")
+        # each rate and fraction a median with its spread beside it (how steady the host was)
+        expect(all(g.get("gflops_spread", -1) >= 0 for g in d.get("gemm", []))
+               and d.get("compute", {}).get("nongemm_fraction_spread", -1) >= 0
+               and d.get("compute", {}).get("nongemm_fraction_loaded_spread", -1) >= 0, f"profile spreads: {d}")
         fits = {(c["op"], c["ranks"]) for c in d.get("comm", []) if c["backend"] == "threads"}
         expect({(op, n) for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
                 for n in (2, 4)} <= fits, f"profile comm fits: {sorted(fits)}")
@@ -1320,10 +1324,22 @@ def cost():
                 expect(abs(r["tokens_per_s"] - 8 * 64 / (r["step_ms"] / 1e3)) <= 1e-6 * r["tokens_per_s"],
                        f"{extra}: tokens_per_s {r['tokens_per_s']} for step {r['step_ms']} ms")
         expect("bubble" in run(base[:-1] + ["--mesh", "pipe=2"]).stdout, "analyze --profile table")
+        # an older file, without the spreads, is read as before; a negative spread is refused
+        older = os.path.join(work, "older.json")
+        with open(older, "w") as f:
+            json.dump(dict(d, compute={k: v for k, v in d.get("compute", {}).items() if "spread" not in k},
+                           gemm=[{k: v for k, v in g.items() if k != "gflops_spread"} for g in d.get("gemm", [])]), f)
+        p = run(base[:-2] + [older, "--json"])
+        expect(p.returncode == 0 and json.loads(p.stdout).get("step_ms", 0) > 0,
+               f"analyze --profile (no spreads): {p.returncode} {p.stderr}")
         bad = os.path.join(work, "bad.json")
+        spread = os.path.join(work, "spread.json")
         with open(bad, "w") as f:
             json.dump(dict(d, memory={"copy_gbps": -1, "add_gbps": 1}), f)
-        for path, what in ((bad, "copy_gbps"), (os.path.join(work, "none.json"), "none.json")):
+        with open(spread, "w") as f:
+            json.dump(dict(d, compute=dict(d.get("compute", {}), nongemm_fraction_spread=-0.5)), f)
+        for path, what in ((bad, "copy_gbps"), (spread, "nongemm_fraction_spread"),
+                           (os.path.join(work, "none.json"), "none.json")):
             p = run(base[:-2] + [path])
             expect(p.returncode == 1 and what in p.stderr and len(p.stderr.strip().splitlines()) == 1,
                    f"analyze --profile {path}: {p.returncode} {p.stderr!r}")

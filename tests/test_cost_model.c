@@ -39,9 +39,9 @@ static shard_machine_profile *profile(void) {
     shard_machine_profile *p = calloc(1, sizeof *p);
     p->struct_size = sizeof *p, p->cores = 4, p->copy_gbps = 10, p->add_gbps = 10, p->nongemm_fraction = 0.25;
     p->nongemm_fraction_loaded = 0.5; /* thread ranks: the loaded one */
-    p->gemm[p->gemms++] = (shard_profile_gemm){64, 64, 64, 1, 10};
-    p->gemm[p->gemms++] = (shard_profile_gemm){64, 64, 64, 4, 40};
-    p->gemm[p->gemms++] = (shard_profile_gemm){1024, 1024, 1024, 1, 50};
+    p->gemm[p->gemms++] = (shard_profile_gemm){64, 64, 64, 1, 10, 0};
+    p->gemm[p->gemms++] = (shard_profile_gemm){64, 64, 64, 4, 40, 0};
+    p->gemm[p->gemms++] = (shard_profile_gemm){1024, 1024, 1024, 1, 50, 0};
     p->comm[p->comms++] = (shard_profile_comm){"threads", "all_reduce", 2, 10, 1};
     p->comm[p->comms++] = (shard_profile_comm){"threads", "all_reduce", 4, 20, 2};
     p->comm[p->comms++] = (shard_profile_comm){"threads", "all_gather", 2, 5, 4};

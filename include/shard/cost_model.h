@@ -35,13 +35,14 @@
 extern "C" {
 #endif
 
-#define SHARD_PROFILE_MAX_GEMMS 256
+#define SHARD_PROFILE_MAX_GEMMS 512
 #define SHARD_PROFILE_MAX_COMMS 128
 
 typedef struct shard_profile_gemm {
     size_t m, n, k;
     int threads;
-    double gflops;
+    double gflops;        /* the median of the timed repetitions */
+    double gflops_spread; /* (max - min) / median over them; 0 when unknown (an older file) */
 } shard_profile_gemm;
 
 typedef struct shard_profile_comm {
@@ -59,6 +60,9 @@ typedef struct shard_machine_profile {
     /* the same for thread ranks, one per core, all computing at once: the rest of their step (what the
      * cores' contention takes from the GEMMs included) per GEMM time at one thread alone */
     double nongemm_fraction_loaded;
+    /* how steady the host was while they were measured: (max - min) / median of the steps' own fractions
+     * (each fraction the median of them); 0 when unknown (an older file) */
+    double nongemm_fraction_spread, nongemm_fraction_loaded_spread;
     size_t gemms;
     shard_profile_gemm gemm[SHARD_PROFILE_MAX_GEMMS];
     size_t comms;

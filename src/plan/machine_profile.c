@@ -29,6 +29,17 @@ static shard_status take_string(const char *path, json_t *obj, const char *key, 
     return SHARD_OK;
 }
 
+/* An optional number >= 0 at `key` of `obj` (absent in older files: *out stays). */
+static shard_status take_optional(const char *path, const char *where, json_t *obj, const char *key, double *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v) return SHARD_OK;
+    if (!json_is_number(v) || !(json_number_value(v) >= 0) || !isfinite(json_number_value(v)))
+        return shard_error(SHARD_ERR_INVALID_ARG, "machine profile %s: %s\"%s\" must be a number >= 0", path, where,
+                           key);
+    *out = json_number_value(v);
+    return SHARD_OK;
+}
+
 static shard_status take_gemms(const char *path, json_t *arr, shard_machine_profile *p) {
     if (!json_is_array(arr) || json_array_size(arr) == 0 || json_array_size(arr) > SHARD_PROFILE_MAX_GEMMS)
         return shard_error(SHARD_ERR_INVALID_ARG, "machine profile %s: \"gemm\" must be a list of 1 to %d shapes", path,
@@ -37,13 +48,14 @@ static shard_status take_gemms(const char *path, json_t *arr, shard_machine_prof
         json_t *e = json_array_get(arr, i);
         char where[64];
         snprintf(where, sizeof where, "gemm[%zu] ", i);
-        double m = 0, n = 0, k = 0, t = 0, g = 0;
+        double m = 0, n = 0, k = 0, t = 0, g = 0, spread = 0;
         SHARD_CHECK(take_number(path, where, e, "m", &m));
         SHARD_CHECK(take_number(path, where, e, "n", &n));
         SHARD_CHECK(take_number(path, where, e, "k", &k));
         SHARD_CHECK(take_number(path, where, e, "threads", &t));
         SHARD_CHECK(take_number(path, where, e, "gflops", &g));
-        p->gemm[p->gemms++] = (shard_profile_gemm){(size_t)m, (size_t)n, (size_t)k, (int)t, g};
+        SHARD_CHECK(take_optional(path, where, e, "gflops_spread", &spread));
+        p->gemm[p->gemms++] = (shard_profile_gemm){(size_t)m, (size_t)n, (size_t)k, (int)t, g, spread};
     }
     return SHARD_OK;
 }
@@ -104,6 +116,11 @@ shard_status shard_machine_profile_load(const char *path, shard_machine_profile 
     if (s == SHARD_OK && fl && (!json_is_number(fl) || (loaded = json_number_value(fl)) < 0 || !isfinite(loaded)))
         s = shard_error(SHARD_ERR_INVALID_ARG,
                         "machine profile %s: compute \"nongemm_fraction_loaded\" must be a number >= 0", path);
+    if (s == SHARD_OK)
+        s = take_optional(path, "compute ", compute, "nongemm_fraction_spread", &out->nongemm_fraction_spread);
+    if (s == SHARD_OK)
+        s = take_optional(path, "compute ", compute, "nongemm_fraction_loaded_spread",
+                          &out->nongemm_fraction_loaded_spread);
     if (s == SHARD_OK) s = take_gemms(path, json_object_get(root, "gemm"), out);
     if (s == SHARD_OK) s = take_comms(path, json_object_get(root, "comm"), out);
     out->cores = (int)cores, out->nongemm_fraction = frac, out->nongemm_fraction_loaded = loaded >= 0 ? loaded : frac;
@@ -124,12 +141,15 @@ shard_status shard_machine_profile_save(const shard_machine_profile *p, const ch
     json_object_set_new(root, "memory", mem);
     json_object_set_new(compute, "nongemm_fraction", json_real(p->nongemm_fraction));
     json_object_set_new(compute, "nongemm_fraction_loaded", json_real(p->nongemm_fraction_loaded));
+    json_object_set_new(compute, "nongemm_fraction_spread", json_real(p->nongemm_fraction_spread));
+    json_object_set_new(compute, "nongemm_fraction_loaded_spread", json_real(p->nongemm_fraction_loaded_spread));
     json_object_set_new(root, "compute", compute);
     for (size_t i = 0; i < p->gemms; i++) {
         const shard_profile_gemm *g = &p->gemm[i];
         json_array_append_new(gemm,
-                              json_pack("{s:I,s:I,s:I,s:i,s:f}", "m", (json_int_t)g->m, "n", (json_int_t)g->n, "k",
-                                        (json_int_t)g->k, "threads", g->threads, "gflops", g->gflops));
+                              json_pack("{s:I,s:I,s:I,s:i,s:f,s:f}", "m", (json_int_t)g->m, "n", (json_int_t)g->n, "k",
+                                        (json_int_t)g->k, "threads", g->threads, "gflops", g->gflops, "gflops_spread",
+                                        g->gflops_spread));
     }
     json_object_set_new(root, "gemm", gemm);
     for (size_t i = 0; i < p->comms; i++) {
