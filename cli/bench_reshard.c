@@ -4,12 +4,13 @@
  * shard_trainer_migrate and train one more step there; repeated, the median of the migration's time (the
  * slowest rank's, the new trainer's creation included) and the bytes it sent.  Stop-and-copy pauses
  * training for the whole migration, so its pause and its total are the same time.  Then the same move
- * live (shard_trainer_migrate_begin, an advance after each of 5 more old-layout steps, the switch):
+ * live (shard_trainer_migrate_begin, an advance after each of --live-steps more old-layout steps, the switch):
  * its pause is the longest wait at one step boundary (the begin, an advance, the switch), its added
  * time what all of them added to steps, its total the time from the begin to the switch (the steps
  * between included), its bytes the snapshot's and the gradients'.
  *
- *   shard bench reshard [--config FILE] [--batch B] [--seq S] [--grad-dtype f32|bf16] [--repeats R] [--json] */
+ *   shard bench reshard [--config FILE] [--batch B] [--seq S] [--grad-dtype f32|bf16] [--cluster FILE]
+ *                       [--live-steps N] [--repeats R] [--json] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +20,8 @@
 #include "profile.h"
 
 static const char *const USAGE =
-    "usage: shard bench reshard [--config FILE] [--batch B] [--seq S] [--grad-dtype f32|bf16] [--repeats R]\n"
-    "                           [--json]\n"
+    "usage: shard bench reshard [--config FILE] [--batch B] [--seq S] [--grad-dtype f32|bf16] [--cluster FILE]\n"
+    "                           [--live-steps N] [--repeats R] [--json]\n"
     "\n"
     "What moving a running job to another layout costs: for each transition (data=4 -> data=2,pipe=2;\n"
     "data=2,tensor=2 -> pipe=4; ZeRO-3 on data=4 -> ZeRO-1 on data=2,pipe=2), 4 thread ranks train a\n"
@@ -28,9 +29,9 @@ static const char *const USAGE =
     "over the communicator, each new owner sent only what it lacked) and train a step there. Reports\n"
     "the bytes moved and the median over --repeats of the pause training sees and the migration's\n"
     "total time (the same for stop-and-copy), beside the median step time for scale; then the same\n"
-    "move live (train --migration live: the new trainer built, the copy planned and the state sent\n"
-    "in 4 pieces, one part after each of 5 steps while training goes on, each step's gradients\n"
-    "replayed on the copy): pause the longest wait at one step boundary, added what all of them\n"
+    "move live (train --migration live: the new trainer built, then over --live-steps steps while\n"
+    "training goes on the copy planned and the state sent in pieces, each step's gradients replayed\n"
+    "on the copy): pause the longest wait at one step boundary, added what all of them\n"
     "added to steps, total from its start to the switch, bytes the state's and the gradients'.\n"
     "\n"
     "options:\n"
@@ -39,6 +40,9 @@ static const char *const USAGE =
     "  --seq S                  tokens per row, 1..4096 (default 64)\n"
     "  --grad-dtype f32|bf16    the gradients' dtype on the data axis (default f32); with bf16 a live\n"
     "                           move sends the replayed gradients as bf16 too, exactly\n"
+    "  --cluster FILE           the ranks on this emulated cluster's devices (its links delay the bytes\n"
+    "                           moved, its rates pad the steps: a move over a slow network)\n"
+    "  --live-steps N           the steps a live move spans, 1..64 (default 5, as train's)\n"
     "  --repeats R              moves per transition, 1..100 (default 5)\n"
     "  --json                   one JSON object per transition and migration: from, to, migration,\n"
     "                           bytes, pause_ms, total_ms, step_ms, added_ms (every step boundary's\n"
@@ -58,24 +62,23 @@ static const transition transitions[] = {
 };
 #define TRANSITIONS ((int)(sizeof transitions / sizeof transitions[0]))
 
-enum { LIVE_STEPS = 5 }; /* train --migration live's */
-
 typedef struct reshard_run {
     const shard_trainer_config *tc;
     const transition *x;
-    int repeats, live;
+    int repeats, live, live_steps;
+    const shard_cluster *cluster;                                 /* NULL: none */
     double *pause_ms, *step_ms, *total_ms, *switch_ms, *added_ms; /* per repeat, rank 0's */
     uint64_t bytes, delta_bytes;
 } reshard_run;
 
-/* Collective: t (after step 1) moved live to new_mesh over LIVE_STEPS more steps; *moved the new trainer
+/* Collective: t (after step 1) moved live to new_mesh over `steps` more steps; *moved the new trainer
  * (t destroyed) or, on failure, NULL and t left as it was. */
-static shard_status move_live(shard_trainer *t, shard_mesh *new_mesh, const shard_trainer_config *to,
+static shard_status move_live(shard_trainer *t, shard_mesh *new_mesh, const shard_trainer_config *to, int steps,
                               shard_trainer **moved, shard_migration_stats *st) {
     shard_migration *m = NULL;
     shard_step_result res;
-    SHARD_CHECK(shard_trainer_migrate_begin(t, new_mesh, to, LIVE_STEPS, &m));
-    for (uint64_t step = 2; step < 2 + LIVE_STEPS; step++) {
+    SHARD_CHECK(shard_trainer_migrate_begin(t, new_mesh, to, (size_t)steps, &m));
+    for (uint64_t step = 2; step < 2 + (uint64_t)steps; step++) {
         shard_status s = shard_trainer_step(t, step, &res);
         if (s < 0) {
             shard_migration_cancel(m, t);
@@ -113,11 +116,11 @@ static shard_status reshard_rank(shard_comm *world, void *arg) {
         if (s == SHARD_OK) s = shard_trainer_step(t, 1, &res);
         if (s == SHARD_OK) s = shard_comm_barrier(world);
         if (s == SHARD_OK)
-            s = r->live ? move_live(t, new_mesh, &to, &moved, &st)
+            s = r->live ? move_live(t, new_mesh, &to, r->live_steps, &moved, &st)
                         : shard_trainer_migrate(t, new_mesh, &to, &moved, &st);
         if (s == SHARD_OK) t = NULL; /* the migration destroyed it */
         double step = 0;
-        if (s == SHARD_OK) s = shard_trainer_step(moved, r->live ? 2 + LIVE_STEPS : 2, &res);
+        if (s == SHARD_OK) s = shard_trainer_step(moved, r->live ? 2 + (uint64_t)r->live_steps : 2, &res);
         if (s == SHARD_OK) step = res.ms;
         if (s == SHARD_OK) s = shard_comm_all_reduce(world, &step, &step, 1, SHARD_F64, SHARD_OP_MAX);
         if (s == SHARD_OK && shard_comm_rank(world) == 0) {
@@ -137,14 +140,20 @@ int cli_bench_reshard(int argc, char **argv) {
     if (cli_help_asked(argc, argv, 1)) return cli_usage(USAGE, 0);
     const char *config_arg = NULL;
     long batch = 8, seq = 64, repeats = 5;
+    long live_steps = 5;
     int json = 0;
     shard_dtype grad_dtype = SHARD_F32;
+    const char *cluster_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (strcmp(a, "--json") == 0) {
             json = 1;
         } else if (strcmp(a, "--config") == 0) {
             if (!(config_arg = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--cluster") == 0) {
+            if (!(cluster_file = cli_value(argc, argv, &i))) return 2;
+        } else if (strcmp(a, "--live-steps") == 0) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 64, &live_steps)) return 2;
         } else if (strcmp(a, "--grad-dtype") == 0) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
@@ -167,9 +176,11 @@ int cli_bench_reshard(int argc, char **argv) {
     else
         snprintf(config, sizeof config, "%s/configs/gpt-bench.json", SHARD_SOURCE_DIR);
     shard_gpt_config gc;
+    shard_cluster *cluster = NULL;
     double *ms = calloc(5 * (size_t)repeats, sizeof *ms);
     shard_status s = ms ? bench_random_tokens(config, &gc, dir, sizeof dir)
                         : shard_error(SHARD_ERR_NO_MEMORY, "bench reshard: out of memory");
+    if (s == SHARD_OK && cluster_file) s = shard_cluster_load(cluster_file, &cluster);
     shard_trainer_config tc = {.config_path = config,
                                .data_dir = dir,
                                .batch = (size_t)batch,
@@ -190,13 +201,15 @@ int cli_bench_reshard(int argc, char **argv) {
                            .x = x,
                            .repeats = (int)repeats,
                            .live = i % 2,
+                           .live_steps = (int)live_steps,
+                           .cluster = cluster,
                            .pause_ms = ms,
                            .step_ms = ms + repeats,
                            .total_ms = ms + 2 * repeats,
                            .switch_ms = ms + 3 * repeats,
                            .added_ms = ms + 4 * repeats};
         shard_launch_config lc = shard_launch_config_default();
-        lc.ranks = 4, lc.backend = SHARD_BACKEND_THREADS;
+        lc.ranks = 4, lc.backend = SHARD_BACKEND_THREADS, lc.cluster = cluster;
         s = shard_launch_with(&lc, reshard_rank, &run);
         if (s < 0) break;
         double pause = cli_median(run.pause_ms, (int)repeats), step = cli_median(run.step_ms, (int)repeats);
@@ -221,6 +234,7 @@ int cli_bench_reshard(int argc, char **argv) {
         fflush(stdout);
     }
     if (dir[0]) bench_remove_dir(dir);
+    shard_cluster_destroy(cluster);
     free(ms);
     if (s < 0) {
         cli_error("%s", shard_last_error());

@@ -11,7 +11,7 @@
  *               [--warmup W] [--min-lr X] [--weight-decay 0.1] [--clip 1.0]
  *               [--optimizer adamw|sgd] [--momentum M (sgd; default 0)]
  *               [--plan plan.json (the layout of `shard plan --out`; its predictions against the run's)]
- *               [--reshard-at STEP:MESH [--reshard-zero Z] [--migration stop-and-copy|live]]
+ *               [--reshard-at STEP:MESH [--reshard-zero Z] [--migration stop-and-copy|live [--live-steps N]]]
  *               [--adaptive [--reshard-on imbalance=0.25,memory=0.9,comm=0.4] [--monitor-every K]]
  *
  * The config's model_type picks the model (gpt2, cnn, mlp; model.h); a step
@@ -62,7 +62,7 @@ typedef struct train_opts {
     /* --reshard-at STEP:MESH: after step reshard_step the run moves to reshard_mesh, with ZeRO stage
      * reshard_zero (-1: the run's), by the --migration mode (stop-and-copy or live) */
     const char *reshard_at, *migration;
-    long reshard_step, reshard_zero;
+    long reshard_step, reshard_zero, live_steps; /* live_steps: --live-steps (0: not given) */
     char reshard_mesh[256];
     /* --adaptive: the thresholds of --reshard-on (0: a trigger not watched) on the --cluster's devices */
     int adaptive;
@@ -543,6 +543,9 @@ static shard_status adaptive_turn(adaptive_call call, train_adaptive *a, shard_c
  * sooner when the run ends first).  Spread so, no step boundary waits for more than one part, and the
  * old and new state live together for few steps. */
 
+/* The steps a live move spans: --live-steps, or TRAIN_LIVE_STEPS. */
+static int live_steps(const train_opts *o) { return o->live_steps > 0 ? (int)o->live_steps : TRAIN_LIVE_STEPS; }
+
 /* A --reshard-at move under way (live: from its begin to its switch). */
 typedef struct reshard_move {
     shard_migration *live; /* NULL: none under way */
@@ -640,8 +643,9 @@ static shard_status reshard(shard_comm *comm, const train_opts *o, uint64_t step
             return reshard_done(comm, o, step, log, mv, mesh, t, moved, &st, 0);
         }
         mv->begun = step;
-        mv->switch_at = step + TRAIN_LIVE_STEPS < last ? step + TRAIN_LIVE_STEPS : last - 1;
-        if (shard_trainer_migrate_begin(*t, mv->next, &tc, TRAIN_LIVE_STEPS, &mv->live) < 0)
+        uint64_t span = (uint64_t)live_steps(o);
+        mv->switch_at = step + span < last ? step + span : last - 1;
+        if (shard_trainer_migrate_begin(*t, mv->next, &tc, (size_t)span, &mv->live) < 0)
             return reshard_failed(comm, o, step, log, mv, 1);
     } else if (!mv->live)
         return SHARD_OK;
@@ -817,6 +821,7 @@ static shard_status train_rank(shard_comm *comm, void *arg) {
         train_adaptive_start(&adaptive, o->thresholds, o->monitor_every, o->cluster, &now,
                              o->layout.mesh ? o->layout.mesh : mesh_text);
         adaptive.live = o->migration && strcmp(o->migration, "live") == 0, adaptive.last = last;
+        adaptive.live_steps = live_steps(o);
     }
     for (uint64_t step = first; step <= (uint64_t)o->steps && s == SHARD_OK; step++) {
         int why = 0; /* a signal, or the lock lost: every rank stops before the same step */
@@ -1008,9 +1013,11 @@ static const char *const USAGE =
     "  --reshard-zero Z         the ZeRO stage after the move, 0..3 (default: --zero's)\n"
     "  --migration MODE         how the state moves (--reshard-at, --adaptive): stop-and-copy, the\n"
     "                           training paused while it moves (default), or live: the state sent\n"
-    "                           over the next 5 steps while training goes on, each step's gradients\n"
-    "                           replayed on the copy, the switch after the fifth (--adaptive's\n"
+    "                           over the next --live-steps steps while training goes on, each step's\n"
+    "                           gradients replayed on the copy, the switch after the last (--adaptive's\n"
     "                           memory trigger still stops and copies: no room for a second copy)\n"
+    "  --live-steps N           the steps a live move spans, 1..64 (default 5): after the first the\n"
+    "                           plan, after each other one piece of the state; more, smaller pieces\n"
     "  --adaptive               every --monitor-every steps (default 10) check the monitor's figures of\n"
     "                           those steps against --reshard-on's thresholds; one crossed at two checks\n"
     "                           in a row re-plans on the --cluster's devices at their measured speeds,\n"
@@ -1060,6 +1067,10 @@ static int train_checked(train_opts *o, cli_common *common) {
     if ((o->reshard_zero >= 0 || (o->migration && !o->adaptive)) && !o->reshard_at) {
         cli_error("%s needs --reshard-at STEP:MESH (the step and the mesh the run moves to)",
                   o->migration && !o->adaptive ? "--migration" : "--reshard-zero");
+        return 2;
+    }
+    if (o->live_steps && !(o->migration && strcmp(o->migration, "live") == 0)) {
+        cli_error("--live-steps %ld spreads a live move: give it with --migration live", o->live_steps);
         return 2;
     }
     if (o->save_every && !o->save) {
@@ -1121,6 +1132,8 @@ static int train_checked(train_opts *o, cli_common *common) {
 static int parse_reshard(train_opts *o, const char *flag, const char *val) {
     if (!val) return -1;
     if (strcmp(flag, "--reshard-zero") == 0) return cli_parse_int(flag, val, 0, 3, &o->reshard_zero) ? -1 : 0;
+    if (strcmp(flag, "--live-steps") == 0)
+        return cli_parse_int(flag, val, 1, TRAIN_LIVE_STEPS_MOST, &o->live_steps) ? -1 : 0;
     if (strcmp(flag, "--migration") == 0) {
         if (strcmp(val, "stop-and-copy") != 0 && strcmp(val, "live") != 0) {
             cli_error("--migration '%s' is invalid: give stop-and-copy or live", val);
@@ -1208,7 +1221,8 @@ int cli_train(int argc, char **argv) {
                 return 2;
             continue;
         }
-        if (strcmp(a, "--reshard-at") == 0 || strcmp(a, "--reshard-zero") == 0 || strcmp(a, "--migration") == 0) {
+        if (strcmp(a, "--reshard-at") == 0 || strcmp(a, "--reshard-zero") == 0 || strcmp(a, "--migration") == 0 ||
+            strcmp(a, "--live-steps") == 0) {
             if (parse_reshard(&o, a, cli_value(argc, argv, &i)) < 0) return 2;
             continue;
         }

@@ -328,12 +328,12 @@ static shard_status move(train_adaptive *a, shard_comm *comm, const decision *d,
     a->next_config = a->config, a->next_plan = slot;
     shard_plan_candidate_apply(&a->plan[slot], &a->next_config);
     if (live) {
-        if (shard_trainer_migrate_begin(*t, next, &a->next_config, TRAIN_LIVE_STEPS, &a->moving) < 0) {
+        if (shard_trainer_migrate_begin(*t, next, &a->next_config, (size_t)a->live_steps, &a->moving) < 0) {
             shard_mesh_destroy(next);
             return SHARD_OK;
         }
         a->next = next, a->begun = step;
-        a->switch_at = step + TRAIN_LIVE_STEPS < a->last ? step + TRAIN_LIVE_STEPS : a->last - 1;
+        a->switch_at = step + (uint64_t)a->live_steps < a->last ? step + (uint64_t)a->live_steps : a->last - 1;
         return SHARD_OK;
     }
     shard_trainer *moved_trainer = NULL;

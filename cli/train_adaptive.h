@@ -40,6 +40,7 @@ typedef struct train_adaptive {
     double window[4];        /* this rank since the last check: compute, exposed comm and wall seconds; the highest
                          step peak (its categories' peaks summed) in bytes */
     int live;                /* --migration live: moves are live, save for the memory trigger's */
+    int live_steps;          /* --live-steps: the steps a live move spans */
     uint64_t last;           /* the run's last step (a live move switches before it) */
     shard_migration *moving; /* a live move under way (NULL: none), to next */
     shard_mesh *next;
@@ -56,8 +57,9 @@ typedef struct train_adaptive {
     } said;
 } train_adaptive;
 
-/* --migration live: the state moves over this many steps while training goes on (train.c explains). */
-enum { TRAIN_LIVE_STEPS = 5 };
+/* --migration live: the state moves over this many steps while training goes on (train.c explains;
+ * --live-steps sets another). */
+enum { TRAIN_LIVE_STEPS = 5, TRAIN_LIVE_STEPS_MOST = 64 };
 
 /* Ready for the run: config is the run's trainer config with its global batch resolved (batch), mesh its
  * mesh text. */

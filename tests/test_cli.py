@@ -146,6 +146,10 @@ def errors():
           "--micro-batches", "2"], 1, "--reshard-at 2:data=4: the new layout is refused: batch: "),
         (["train", "--config", "c", "--data", "d", "--reshard-at", "1:data=1", "--migration", "warm"], 2,
          "--migration 'warm' is invalid: give stop-and-copy or live"),
+        (["train", "--config", "c", "--data", "d", "--reshard-at", "1:data=1", "--live-steps", "3"], 2,
+         "--live-steps 3 spreads a live move: give it with --migration live"),
+        (["train", "--config", "c", "--data", "d", "--reshard-at", "1:data=1", "--migration", "live", "--live-steps",
+          "0"], 2, "--live-steps '0' is invalid: give an integer in 1..64"),
         (["train", "--config", "c", "--data", "d", "--reshard-zero", "1"], 2,
          "--reshard-zero needs --reshard-at STEP:MESH (the step and the mesh the run moves to)"),
         (["train", "--config", "c", "--data", "d", "--reshard-on", "imbalance=0.3"], 2,
@@ -279,7 +283,8 @@ PARSED_FLAGS = {
     ("bench", "tensor"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
     ("bench", "pipeline"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json"},
     ("bench", "plan"): {"--config", "--cluster", "--goal", "--batch", "--seq", "--top", "--steps", "--warmup", "--json"},
-    ("bench", "reshard"): {"--config", "--batch", "--seq", "--repeats", "--json"},
+    ("bench", "reshard"): {"--config", "--batch", "--seq", "--repeats", "--json", "--grad-dtype", "--cluster",
+                           "--live-steps"},
     ("bench", "moe"): RANK_FLAGS | {"--config", "--batch", "--seq", "--steps", "--json", "--mesh", "--warmup",
                                     "--threads", "--no-peer"},
     ("analyze",): {"--config", "--mesh", "--ranks", "--batch", "--seq", "--micro-batch", "--accum", "--zero",
@@ -306,7 +311,7 @@ PARSED_FLAGS = {
                               "--steps", "--save-every", "--warmup", "--zero", "--accum", "--micro-batch",
                               "--micro-batches", "--virtual-stages", "--lr", "--min-lr", "--weight-decay", "--clip",
                               "--bucket-mb", "--sequence-parallel", "--recompute", "--print-specs", "--spec", "--seed",
-                              "--batch-shares", "--plan", "--reshard-at", "--reshard-zero", "--migration",
+                              "--batch-shares", "--plan", "--reshard-at", "--reshard-zero", "--migration", "--live-steps",
                               "--adaptive", "--reshard-on"},
 }
 
@@ -2216,6 +2221,12 @@ def reshard():
                        "  rank 3  data=1,pipe=1 " in p.stdout and "\nreshard: " not in p.stdout and
                        not p.stderr.strip() and not [e for e in events if e.get("event") == "reshard"],
                        f"train {' '.join(extra)} --resume past the move: {worst} {p.stdout[-900:]} {p.stderr}")
+        # --live-steps spreads the live move over more steps: the switch later, the losses the same
+        p, got = losses(["--mesh", "data=2,tensor=2", "--reshard-at", "10:pipe=4", "--migration", "live",
+                         "--live-steps", "8"])
+        worst = max((abs(a - b) / a for a, b in zip(ref, got)), default=1) if len(got) == 30 else 1
+        expect(worst <= 1e-5 and "\nreshard: step 18, data=2,tensor=2 -> pipe=4 zero=0 -> 0, live over steps 10-18: "
+               in p.stdout, f"train --live-steps 8: {worst} {p.stdout[-600:]} {p.stderr}")
         # the new trainer does not fit beside the old one in the emulated device's memory: refused, the run
         # goes on as it was, one line saying why and a --log record of it; the node slowing a little at step
         # 28 is a cluster_change record

@@ -310,9 +310,11 @@ static void case_live(test_ctx *t) {
             (tr = trained(t, old_mesh, &before, MOVE_AT, live, what)) &&
             CHECK_OK(t, shard_trainer_migrate_begin(tr, new_mesh, &after, LIVE, &mig), "%s: begin", what);
         for (uint64_t step = MOVE_AT + 1; ok && step <= MOVE_AT + LIVE; step++) {
-            CHECK(t, shard_migration_steps_left(mig) == MOVE_AT + LIVE + 1 - step,
-                  "%s: %zu steps left before step %llu", what, shard_migration_steps_left(mig),
-                  (unsigned long long)step);
+            /* all of them before the first; then no more than the advances left (the last pieces may be
+             * empty when the larger early ones took every parameter) */
+            size_t left = shard_migration_steps_left(mig);
+            CHECK(t, left <= MOVE_AT + LIVE + 1 - step && (step > MOVE_AT + 1 || left == LIVE),
+                  "%s: %zu steps left before step %llu", what, left, (unsigned long long)step);
             ok = train(t, tr, step, step, live) &&
                 CHECK_OK(t, shard_migration_advance(mig, tr), "%s: advance after step %llu", what,
                          (unsigned long long)step);
@@ -372,7 +374,8 @@ static void case_live(test_ctx *t) {
 }
 
 /* Live with gradients reduced in bf16 (data=2,tensor=2 -> pipe=4): each step's gradients travel as bf16,
- * exactly (half the f32 run's gradient bytes), and the losses are a stop-and-copy move's bit for bit. */
+ * exactly (at most half the f32 run's gradient bytes), and the losses are a stop-and-copy move's bit for
+ * bit. */
 static void live_run(test_ctx *t, shard_dtype grad_dtype, int live, double *losses, uint64_t *delta_bytes) {
     char path[512];
     shard_trainer_config c = config(path, sizeof path, 0, NULL);
@@ -415,8 +418,10 @@ static void case_live_bf16(test_ctx *t) {
     live_run(t, SHARD_F32, 1, f32, &f32_bytes);
     live_run(t, SHARD_BF16, 1, bf16, &bf16_bytes);
     live_run(t, SHARD_BF16, 0, stop, &none);
-    CHECK(t, f32_bytes > 0 && bf16_bytes * 2 == f32_bytes,
-          "bf16 gradients: %llu gradient bytes, f32 gradients %llu (want half)", (unsigned long long)bf16_bytes,
+    /* 2 bytes an element instead of 4, over no more elements (the pieces, sized for cheaper gradients,
+     * are no larger early on) */
+    CHECK(t, f32_bytes > 0 && bf16_bytes > 0 && bf16_bytes * 2 <= f32_bytes,
+          "bf16 gradients: %llu gradient bytes, f32 gradients %llu (want at most half)", (unsigned long long)bf16_bytes,
           (unsigned long long)f32_bytes);
     CHECK(t, memcmp(bf16, stop, sizeof stop) == 0,
           "bf16 gradients: the live move's losses differ from stop-and-copy's");

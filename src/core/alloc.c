@@ -119,7 +119,10 @@ static void charge(shard__mem_ledger *ledger, int category, uint64_t bytes) {
     raise_peak(&ledger->total_peak_bytes, total);
 }
 
-void *shard_alloc(size_t bytes, shard_mem_category category) {
+/* shard_alloc and shard_alloc_zeroed: zeroed asks for zeros, which calloc gives a small block without
+ * touching pages fresh from the kernel (they are zero already: the page faults come at first use,
+ * where they spread over the work instead of all at once here); a huge block is cleared here. */
+static void *alloc_block(size_t bytes, shard_mem_category category, int zeroed) {
     if ((int)category < 0 || category >= SHARD_MEM_CATEGORY_COUNT) {
         shard_error(SHARD_ERR_INVALID_ARG, "shard_alloc: category %d is not one of 0..%d", (int)category,
                     SHARD_MEM_CATEGORY_COUNT - 1);
@@ -134,7 +137,7 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     size_t raw_bytes = bytes + 2 * SHARD_ALIGNMENT_BYTES;
     void *raw = NULL;
     uintptr_t aligned;
-    int mapping = plan_mode && bytes >= PLAN_MAP_FROM;
+    int mapping = plan_mode && bytes >= PLAN_MAP_FROM, huge = 0;
     if (mapping) {
         size_t mapped;
         void *data = map_planned(bytes, &raw, &mapped);
@@ -144,12 +147,12 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
         /* the data on a 2 MiB boundary, the header in the page before it (the only page touched there) */
         size_t data_bytes = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         raw = aligned_alloc(HUGE_PAGE, data_bytes + HUGE_PAGE);
-        aligned = (uintptr_t)raw + HUGE_PAGE;
+        aligned = (uintptr_t)raw + HUGE_PAGE, huge = 1;
 #ifdef MADV_HUGEPAGE
         if (raw) (void)madvise((void *)aligned, data_bytes, MADV_HUGEPAGE); /* a hint: refused harmlessly without THP */
 #endif
     } else {
-        raw = plan_mode ? calloc(1, raw_bytes) : malloc(raw_bytes); /* a small planned block: zero-filled too */
+        raw = plan_mode || zeroed ? calloc(1, raw_bytes) : malloc(raw_bytes); /* a small planned block: zeros too */
         aligned = ((uintptr_t)raw + 2 * SHARD_ALIGNMENT_BYTES - 1) & ~(uintptr_t)(SHARD_ALIGNMENT_BYTES - 1);
     }
     if (!raw) {
@@ -167,14 +170,13 @@ void *shard_alloc(size_t bytes, shard_mem_category category) {
     h->planned = mapping;
     charge(h->ledger, h->category, bytes);
     atomic_fetch_add(&h->ledger->blocks, 1);
+    if (zeroed && huge) memset((void *)aligned, 0, bytes);
     return (void *)aligned;
 }
 
-void *shard_alloc_zeroed(size_t bytes, shard_mem_category category) {
-    void *p = shard_alloc(bytes, category);
-    if (p && !plan_mode) memset(p, 0, bytes); /* a planned block is mapped zero-filled */
-    return p;
-}
+void *shard_alloc(size_t bytes, shard_mem_category category) { return alloc_block(bytes, category, 0); }
+
+void *shard_alloc_zeroed(size_t bytes, shard_mem_category category) { return alloc_block(bytes, category, 1); }
 
 void shard_free(void *ptr) {
     if (!ptr) return;

@@ -82,13 +82,12 @@ shard_status shard_params_create(const shard_param_info *tensors, size_t count, 
     shard_status s = index_names(p, &twice);
     if (s == SHARD_ERR_INVALID_ARG)
         s = shard_error(s, "shard_params_create: the name '%s' is given twice", tensors[twice].name);
-    if (s == SHARD_OK && !(p->data = shard_alloc((total ? total : 1) * sizeof(float), category)))
+    if (s == SHARD_OK && !(p->data = shard_alloc_zeroed((total ? total : 1) * sizeof(float), category)))
         s = shard_error(SHARD_ERR_NO_MEMORY, "shard_params_create: out of memory for %zu parameters", total);
     if (s < 0) {
         shard_params_destroy(p);
         return s;
     }
-    memset(p->data, 0, (total ? total : 1) * sizeof(float));
     *out = p;
     return SHARD_OK;
 }

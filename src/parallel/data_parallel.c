@@ -615,6 +615,45 @@ void shard__dp_kept(const shard_dp *dp, uint64_t *step, float *lr, float *clip) 
     *step = dp->kept_step, *lr = dp->kept_lr, *clip = dp->kept_clip;
 }
 
+/* The update of shard__dp_update on the parts of [lo, hi) (slab elements) this rank owns. */
+static shard_status update_range(shard_dp *dp, uint64_t step, float lr, float clip, size_t lo, size_t hi) {
+    float *st[SHARD_OPTIMIZER_MAX_STATES];
+    if (dp->zero == 0) {
+        states_at(dp, lo, st);
+        return shard_optimizer_update(dp->opt, step, lr, clip, dp->m->params->data + lo, dp->grads + lo, st, hi - lo);
+    }
+    for (size_t k = 0; k < dp->m->units; k++) {
+        unit_state *u = &dp->u[k];
+        size_t first = dp->m->unit_offset[k] + u->my_displ, a = lo > first ? lo : first;
+        size_t b = hi < first + u->mine ? hi : first + u->mine;
+        if (a >= b) continue;
+        size_t at = u->shard_off + (a - first);
+        float *values = dp->zero == 3 ? dp->value_shard + at : dp->m->params->data + a;
+        states_at(dp, at, st);
+        SHARD_CHECK(shard_optimizer_update(dp->opt, step, lr, clip, values, dp->grad_shard + at, st, b - a));
+    }
+    return SHARD_OK;
+}
+
+shard_status shard__dp_replay(shard_dp *dp, uint64_t step, float lr, float clip, const size_t *lo, const size_t *hi,
+                              size_t ranges) {
+    for (size_t r = 0; r < ranges; r++) SHARD_CHECK(update_range(dp, step, lr, clip, lo[r], hi[r]));
+    dp->grads_zeroed = dp->shard_zeroed = 0; /* the rest is zeroed at the next step's start */
+    if (dp->zero == 1 || dp->zero == 2)      /* the units touched whole again on every replica, in unit order */
+        for (size_t k = 0; k < dp->m->units; k++) {
+            unit_state *u = &dp->u[k];
+            size_t first = dp->m->unit_offset[k];
+            int touched = 0;
+            for (size_t r = 0; r < ranges && !touched; r++) touched = lo[r] < first + u->n && hi[r] > first;
+            float *base = unit_values(dp, k);
+            if (touched)
+                SHARD_CHECK(shard_comm_all_gatherv(u->comm, base + u->my_displ, u->mine, base, u->counts, u->displs,
+                                                   SHARD_F32));
+        }
+    refresh_compute_copy(dp);
+    return SHARD_OK;
+}
+
 int shard__dp_kept_is_bf16(const shard_dp *dp) {
     if (!dp->kept) return 0;
     const float *g = dp->kept;

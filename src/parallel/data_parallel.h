@@ -61,6 +61,12 @@ shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip)
  * (shard__dp_kept); off frees the copy. */
 shard_status shard__dp_keep_grads(shard_dp *dp, int on);
 void shard__dp_kept(const shard_dp *dp, uint64_t *step, float *lr, float *clip);
+/* A live migration's replay of an update on the new layout, on the slab ranges [lo[r], hi[r]) only (the
+ * parameters it holds so far; the rest is written later): shard__dp_update's arithmetic on what this
+ * rank owns of them, then, at ZeRO 1/2, the units they touch made whole again on every replica
+ * (collective over the data axis: every rank gives the same ranges). */
+shard_status shard__dp_replay(shard_dp *dp, uint64_t step, float lr, float clip, const size_t *lo, const size_t *hi,
+                              size_t ranges);
 /* 1 when every element of the kept gradient is a bf16 value (its low 16 bits zero: gradients reduced in
  * bf16 are), so it travels as bf16 exactly; 0 otherwise or with none kept. */
 int shard__dp_kept_is_bf16(const shard_dp *dp);

@@ -37,6 +37,7 @@
  * stage that holds it — as a checkpoint is saved) and each rank keeps its new piece (as a checkpoint
  * is resumed): about world x its bytes. */
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,13 +51,16 @@
 #include "train/trainer_impl.h"
 
 /* Collective over world: SHARD_OK when s is on every rank; else the first failing rank's status and
- * text on every rank (broadcast from it), so all stop together and say the same. */
-static shard_status agree(shard_comm *world, shard_status s) {
+ * text on every rank (broadcast from it), so all stop together and say the same.  agree_and also gives
+ * every rank the least of each rank's *flag (1 on every rank: all said yes). */
+static shard_status agree_and(shard_comm *world, shard_status s, int32_t *flag) {
     int rank = shard_comm_rank(world);
-    int32_t mine = s < 0 ? rank : INT32_MAX, first = INT32_MAX, code = s;
+    int32_t mine[2] = {s < 0 ? rank : INT32_MAX, flag ? *flag : 0}, got[2] = {INT32_MAX, 0}, first, code = s;
     char why[1024] = "";
-    shard_status c = shard_comm_all_reduce(world, &mine, &first, 1, SHARD_I32, SHARD_OP_MIN);
+    shard_status c = shard_comm_all_reduce(world, mine, got, flag ? 2 : 1, SHARD_I32, SHARD_OP_MIN);
     if (c < 0) return s < 0 ? s : c;
+    if (flag) *flag = got[1];
+    first = got[0];
     if (first == INT32_MAX) return SHARD_OK;
     if (rank == first) snprintf(why, sizeof why, "%s", shard_last_error());
     c = shard_comm_broadcast(world, why, sizeof why, SHARD_U8, first);
@@ -66,6 +70,8 @@ static shard_status agree(shard_comm *world, shard_status s) {
     if (shard_comm_size(world) == 1 || rank == first) return shard_error(code, "%s", why);
     return shard_error(code, "rank %d: %s", (int)first, why);
 }
+
+static shard_status agree(shard_comm *world, shard_status s) { return agree_and(world, s, NULL); }
 
 /* Collective over world: whether every rank got this far: s where it did not, else SHARD_OK, or an
  * error naming none (agree, after the copy, gives every rank the failing rank's own text). */
@@ -407,7 +413,7 @@ typedef struct copy {
     tensor_plan *plans;
     /* the parameters in batches, each moved by one all_to_allv (or the whole-tensor way, one a batch):
      * batch b is [batch_at[b], batch_at[b + 1]); the same on every rank */
-    size_t *batch_at, batches;
+    size_t *batch_at, batches, batches_wanted; /* wanted: about how many (each about 1/wanted of the elements) */
     float *old_piece, *new_piece, *send, *recv, *whole; /* whole: the whole-tensor way's scratch */
     runs held_old, held_new, both;
 } copy;
@@ -486,14 +492,14 @@ static void batch_counts(const copy *c, size_t lo, size_t hi, int delta, size_t 
         }
 }
 
-/* The batches (c->batch_at): consecutive parameters moved by plan, up to an eighth of the elements (or
- * the largest parameter) each, so that a copy takes a few collectives rather than one per parameter; a
+/* The batches (c->batch_at): consecutive parameters moved by plan, up to 1/c->batches_wanted of the
+ * elements (or the largest parameter) each, so that a copy takes a few collectives rather than one per parameter; a
  * parameter moved the whole-tensor way is a batch of its own.  *most_send, *most_recv: the most one
  * batch sends and receives on this rank, the buffers' sizes. */
 static shard_status make_batches(copy *c, size_t *most_send, size_t *most_recv) {
     size_t all = 0, largest = 0;
     for (size_t k = 0; k < c->n; k++) all += c->list[k].whole_n, largest = larger(largest, c->list[k].whole_n);
-    size_t budget = larger(largest, all / 8);
+    size_t budget = larger(largest, all / c->batches_wanted);
     if (!(c->batch_at = calloc(c->n + 2, sizeof *c->batch_at)))
         return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
     c->batches = 0;
@@ -697,8 +703,14 @@ static shard_status same_optimizer(const shard_trainer *from, const shard_traine
 
 /* Collective over world: the copy of `from`'s state to `to` planned (c set up; the caller frees it with
  * copy_free); live: with the gradient as one more array, moved apart (c->delta_j). */
-static shard_status copy_plan(copy *c, shard_trainer *from, shard_trainer *to, shard_comm *world, int live) {
-    *c = (copy){.from = from, .to = to, .world = shard_comm_size(world), .me = shard_comm_rank(world), .delta_j = -1};
+static shard_status copy_plan(copy *c, shard_trainer *from, shard_trainer *to, shard_comm *world, int live,
+                              size_t batches) {
+    *c = (copy){.from = from,
+                .to = to,
+                .world = shard_comm_size(world),
+                .me = shard_comm_rank(world),
+                .delta_j = -1,
+                .batches_wanted = batches ? batches : 1};
     int states = (int)shard_optimizer_state_count(shard__trainer_optimizer(from));
     c->arrays = 1 + states + (live != 0);
     if (live) c->delta_j = 1 + states;
@@ -733,7 +745,7 @@ static shard_status copy_params(copy *c, size_t lo, size_t hi, int delta, shard_
 static shard_status copy_state(shard_trainer *from, shard_trainer *to, shard_comm *world, uint64_t *sent) {
     copy c;
     *sent = 0;
-    shard_status s = copy_plan(&c, from, to, world, 0);
+    shard_status s = copy_plan(&c, from, to, world, 0, 8);
     if (s == SHARD_OK) s = copy_params(&c, 0, c.n, 0, world, sent);
     copy_free(&c);
     return s;
@@ -757,11 +769,6 @@ static shard_status check_stats(const shard_migration_stats *stats, const char *
                            "%s: stats->struct_size %zu: set it to sizeof(shard_migration_stats) (%zu)", who,
                            stats->struct_size, sizeof *stats);
     return SHARD_OK;
-}
-
-/* Collective over world: the slowest rank's x. */
-static shard_status slowest(shard_comm *world, double x, double *out) {
-    return shard_comm_all_reduce(world, &x, out, 1, SHARD_F64, SHARD_OP_MAX);
 }
 
 shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, const shard_trainer_config *new_config,
@@ -812,10 +819,13 @@ struct shard_migration {
     int planned;                /* the copy planned (c set up) */
     size_t pieces, piece, sent; /* parameters [0, sent) are in the new trainer, kept up to date */
     size_t total_elems;
-    uint64_t replayed;   /* the old layout's last step replayed (0: none yet) */
-    uint64_t bytes[2];   /* this rank's: the snapshot's, the deltas' */
-    double t0, added_ms; /* begin's time; what begin and the advances added to steps, the slowest rank's */
-    double longest_ms;   /* the most one of them added to one step */
+    uint64_t replayed; /* the old layout's last step replayed (0: none yet) */
+    uint64_t bytes[2]; /* this rank's: the snapshot's, the deltas' */
+    double t0;         /* begin's time */
+    /* this rank's time in each part (begin, each advance, the switch), ms: the slowest rank's of each
+     * are found at the switch, in one collective rather than one a part */
+    double *part_ms;
+    size_t parts, parts_cap;
 };
 
 static void live_free(shard_migration *m, shard_trainer *old, int keep_new) {
@@ -823,24 +833,31 @@ static void live_free(shard_migration *m, shard_trainer *old, int keep_new) {
     if (old) shard__trainer_keep_grads(old, 0);
     if (!keep_new) shard_trainer_destroy(m->to);
     if (m->planned) copy_free(&m->c);
+    free(m->part_ms);
     free(m);
 }
 
 /* Collective: the copy planned, as shard_trainer_migrate plans it, with the gradient as one more array. */
 static shard_status plan_live(shard_migration *m, shard_trainer *old) {
-    shard_status s = agree(m->world, copy_plan(&m->c, old, m->to, m->world, 1));
+    shard_status s = agree(m->world, copy_plan(&m->c, old, m->to, m->world, 1, 4 * m->pieces));
     m->planned = 1; /* c set up either way: copy_free undoes it */
     for (size_t k = 0; s == SHARD_OK && k < m->c.n; k++) m->total_elems += m->c.list[k].whole_n;
     return s;
 }
 
-/* The next piece of the snapshot (all that is left when `all`). */
+/* The next piece of the snapshot (all that is left when `all`), sized so that every step carries about
+ * the same bytes: a step sends its piece of the A state arrays and the gradients (d of an array: 1 in
+ * f32, 1/2 as bf16) of all sent before, so with f the fraction sent, the piece is (C - d f) / A of
+ * the elements for the same C each step: f grows as f' = a f + C / A with a = 1 - d / A, and C is
+ * the one that reaches f = 1 with the last piece.  Early pieces are larger, carrying no gradients. */
 static shard_status send_piece(shard_migration *m, int all) {
-    size_t target = all || m->piece + 1 >= m->pieces
-        ? m->total_elems
-        : (size_t)((double)m->total_elems * (double)(m->piece + 1) / (double)m->pieces),
-           before = 0, hi = m->sent;
-    for (size_t k = 0; k < m->sent; k++) before += m->c.list[k].whole_n;
+    size_t sent_elems = 0, hi = m->sent, left = m->pieces > m->piece ? m->pieces - m->piece : 1;
+    for (size_t k = 0; k < m->sent; k++) sent_elems += m->c.list[k].whole_n;
+    double f = m->total_elems ? (double)sent_elems / (double)m->total_elems : 1;
+    double A = (double)(m->c.arrays - 1), d = m->c.delta_bf16 ? 0.5 : 1, a = A > d ? 1 - d / A : 0;
+    double a_left = pow(a, (double)left), step_c = a_left < 1 ? (1 - a_left * f) * (1 - a) / (1 - a_left) : 1;
+    double goal = all || left <= 1 ? 1 : a * f + step_c;
+    size_t target = goal >= 1 ? m->total_elems : (size_t)(goal * (double)m->total_elems), before = sent_elems;
     /* whole batches, one at least */
     for (size_t b = 0; b < m->c.batches; b++) {
         size_t k = m->c.batch_at[b], end = m->c.batch_at[b + 1];
@@ -854,13 +871,15 @@ static shard_status send_piece(shard_migration *m, int all) {
     return s;
 }
 
-/* Collective: the time since t (ms) of the slowest rank added to what the migration cost the steps. */
-static shard_status add_time(shard_migration *m, double t, double *ms) {
-    double most = 0;
-    SHARD_CHECK(slowest(m->world, (shard__now() - t) * 1e3, &most));
-    m->added_ms += most;
-    if (most > m->longest_ms) m->longest_ms = most;
-    if (ms) *ms = most;
+/* This rank's time since t (ms) as the time of the part just done. */
+static shard_status part_done(shard_migration *m, double t) {
+    if (m->parts == m->parts_cap) {
+        size_t cap = m->parts_cap ? 2 * m->parts_cap : 16;
+        double *v = realloc(m->part_ms, cap * sizeof *v);
+        if (!v) return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+        m->part_ms = v, m->parts_cap = cap;
+    }
+    m->part_ms[m->parts++] = (shard__now() - t) * 1e3;
     return SHARD_OK;
 }
 
@@ -886,7 +905,7 @@ shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mes
         if (s == SHARD_OK) s = shard__trainer_keep_grads(old, 1);
         s = agree(m->world, s);
     }
-    if (s == SHARD_OK) s = add_time(m, m->t0, NULL);
+    if (s == SHARD_OK) s = part_done(m, m->t0);
     if (s < 0) {
         live_free(m, old, 0);
         return s;
@@ -895,12 +914,16 @@ shard_status shard_trainer_migrate_begin(shard_trainer *old, shard_mesh *new_mes
     return SHARD_OK;
 }
 
-/* Collective: this advance's gradients travel as bf16 when every rank's kept copy is bf16 exactly. */
-static shard_status deltas_dtype(shard_migration *m, shard_trainer *old) {
-    int32_t mine = shard__trainer_kept_is_bf16(old), all = 0;
-    SHARD_CHECK(shard_comm_all_reduce(m->world, &mine, &all, 1, SHARD_I32, SHARD_OP_MIN));
-    m->c.delta_bf16 = all;
-    return SHARD_OK;
+/* Collective over the new trainer's data axes: the old layout's last update replayed on the parameters
+ * sent so far (the others are written whole when their piece comes). */
+static shard_status replay_sent(shard_migration *m, uint64_t step, float lr, float clip) {
+    size_t *held = malloc((m->sent + 1) * sizeof *held), n = 0;
+    if (!held) return shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    for (size_t k = 0; k < m->sent; k++)
+        if (m->c.list[k].to != SIZE_MAX) held[n++] = m->c.list[k].to;
+    shard_status s = shard__trainer_replay(m->to, step, lr, clip, held, n);
+    free(held);
+    return s;
 }
 
 shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
@@ -916,17 +939,20 @@ shard_status shard_migration_advance(shard_migration *m, shard_trainer *old) {
                         "migrate: the old layout's last step is %llu, the last one replayed %llu: advance after each "
                         "step, once",
                         (unsigned long long)step, (unsigned long long)m->replayed);
-    s = agree(m->world, s);
+    /* with the agreement, whether every rank's kept gradients are bf16 exactly (then they travel so) */
+    int32_t bf16 = shard__trainer_kept_is_bf16(old);
+    s = agree_and(m->world, s, &bf16);
     double t = shard__now();          /* every rank here (begin says why) */
     if (s == SHARD_OK && !m->planned) /* the first advance plans: nothing is sent yet, nothing to replay */
         s = plan_live(m, old);
-    else if (s == SHARD_OK) {
-        s = agree(m->world, deltas_dtype(m, old));
-        if (s == SHARD_OK) s = agree(m->world, copy_params(&m->c, 0, m->sent, 1, m->world, &m->bytes[1]));
-        if (s == SHARD_OK) s = agree(m->world, shard__trainer_replay(m->to, step, lr, clip));
-        if (s == SHARD_OK && m->sent < m->c.n) s = agree(m->world, send_piece(m, 0));
+    else if (s == SHARD_OK) { /* the gradients of what went before, their update, the next piece; agreed once */
+        m->c.delta_bf16 = bf16;
+        s = copy_params(&m->c, 0, m->sent, 1, m->world, &m->bytes[1]);
+        if (s == SHARD_OK) s = replay_sent(m, step, lr, clip);
+        if (s == SHARD_OK && m->sent < m->c.n) s = send_piece(m, 0);
+        s = agree(m->world, s);
     }
-    if (s == SHARD_OK) s = add_time(m, t, NULL);
+    if (s == SHARD_OK) s = part_done(m, t);
     if (s < 0) {
         live_free(m, old, 0);
         return s;
@@ -948,23 +974,34 @@ shard_status shard_migration_finish(shard_migration *m, shard_trainer *old, shar
                            "shard_migration_finish: give the migration, the trainer it began from and an out pointer");
     SHARD_CHECK(check_stats(stats, "shard_migration_finish"));
     shard_status s = agree(m->world, SHARD_OK);
-    double t = shard__now(), pause = 0;                      /* every rank here (begin says why) */
+    double t = shard__now();                                 /* every rank here (begin says why) */
     if (s == SHARD_OK && !m->planned) s = plan_live(m, old); /* finished early: the rest at the switch */
     if (s == SHARD_OK && m->sent < m->c.n) s = agree(m->world, send_piece(m, 1));
-    if (s == SHARD_OK) s = add_time(m, t, &pause);
-    double took[3] = {(shard__now() - m->t0) * 1e3, (double)m->bytes[0] + (double)m->bytes[1], (double)m->bytes[1]},
-           most = 0, sum[2] = {0};
-    if (s == SHARD_OK) s = slowest(m->world, took[0], &most);
-    if (s == SHARD_OK) s = shard_comm_all_reduce(m->world, &took[1], sum, 2, SHARD_F64, SHARD_OP_SUM);
+    if (s == SHARD_OK) s = part_done(m, t);
+    /* the slowest rank's time of each part and in all; every rank's bytes */
+    size_t P = m->parts;
+    double *most = calloc(P + 1, sizeof *most), *mine = malloc((P + 1) * sizeof *mine), sum[2] = {0};
+    double bytes[2] = {(double)m->bytes[0] + (double)m->bytes[1], (double)m->bytes[1]};
+    if (s == SHARD_OK && (!most || !mine)) s = shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    if (s == SHARD_OK) {
+        memcpy(mine, m->part_ms, P * sizeof *mine);
+        mine[P] = (shard__now() - m->t0) * 1e3;
+        s = shard_comm_all_reduce(m->world, mine, most, P + 1, SHARD_F64, SHARD_OP_MAX);
+    }
+    if (s == SHARD_OK) s = shard_comm_all_reduce(m->world, bytes, sum, 2, SHARD_F64, SHARD_OP_SUM);
     if (s < 0) {
+        free(most), free(mine);
         live_free(m, old, 0);
         return s;
     }
     if (stats) {
-        stats->ms = most, stats->pause_ms = pause, stats->added_ms = m->added_ms, stats->longest_ms = m->longest_ms;
+        double added = 0, longest = 0;
+        for (size_t k = 0; k < P; k++) added += most[k], longest = most[k] > longest ? most[k] : longest;
+        stats->ms = most[P], stats->pause_ms = most[P - 1], stats->added_ms = added, stats->longest_ms = longest;
         stats->bytes = (uint64_t)sum[0], stats->delta_bytes = (uint64_t)sum[1];
-        stats->rank_bytes = (uint64_t)took[1];
+        stats->rank_bytes = (uint64_t)bytes[0];
     }
+    free(most), free(mine);
     *out = m->to;
     live_free(m, old, 1);
     shard_trainer_destroy(old);

@@ -1308,8 +1308,17 @@ void shard__trainer_kept(const shard_trainer *t, uint64_t *step, float *lr, floa
 
 int shard__trainer_kept_is_bf16(const shard_trainer *t) { return shard__dp_kept_is_bf16(t->dp); }
 
-shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip) {
-    return shard__dp_update(t->dp, step, lr, clip);
+shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip, const size_t *params,
+                                   size_t n) {
+    size_t *lo = malloc((n + 1) * sizeof *lo), *hi = malloc((n + 1) * sizeof *hi);
+    shard_status s = lo && hi ? SHARD_OK : shard_error(SHARD_ERR_NO_MEMORY, "migrate: out of memory");
+    for (size_t k = 0; s == SHARD_OK && k < n; k++) {
+        const shard_param_info *info = &t->model->params->info[params[k]];
+        lo[k] = info->offset, hi[k] = info->offset + info->numel;
+    }
+    if (s == SHARD_OK) s = shard__dp_replay(t->dp, step, lr, clip, lo, hi, n);
+    free(lo), free(hi);
+    return s;
 }
 
 shard_mesh *shard__trainer_mesh(const shard_trainer *t) { return t->mesh; }

@@ -57,7 +57,9 @@ shard_status shard__trainer_keep_grads(shard_trainer *t, int on);
 void shard__trainer_kept(const shard_trainer *t, uint64_t *step, float *lr, float *clip);
 /* 1 when the kept gradient is bf16 exactly (data_parallel.h's shard__dp_kept_is_bf16). */
 int shard__trainer_kept_is_bf16(const shard_trainer *t);
-shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip);
+/* The replay on parameters params[0..n) of t only (indices among t's; collective over t's data axis). */
+shard_status shard__trainer_replay(shard_trainer *t, uint64_t step, float lr, float clip, const size_t *params,
+                                   size_t n);
 
 /* The mesh a trainer was made on. */
 shard_mesh *shard__trainer_mesh(const shard_trainer *t);
