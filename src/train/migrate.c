@@ -3,7 +3,8 @@
  * shard_trainer_migrate_begin, shard_migration_advance, shard_migration_finish), the same plan sent in
  * pieces while training goes on, each step's gradients replayed on the copy.
  *
- *   1. the new trainer is built on the new mesh (its own model, strategy and optimizer state);
+ *   1. the new trainer is built on the new mesh (its own model, strategy and optimizer state; its
+ *      weights not drawn and its memory not touched, as every value is about to be written);
  *   2. every piece of state the run keeps across steps moves to it: each parameter's values and each of
  *      the optimizer's state arrays (AdamW's two moments, SGD's momentum buffer).  The rest of what a
  *      step depends on is not state: the step count and the learning rate's place in its schedule are
@@ -21,9 +22,10 @@
  * cut evenly over the data ranks; all of it where the array is whole).  One all_gather gives every
  * rank every description; each then plans the same moves: rank q receives what it holds in the new
  * layout and did not hold in the old, each range from the lowest rank that held it (one sender per
- * range), and copies what it held in both itself.  One all_to_allv per parameter over the world
- * communicator carries all its arrays (none when nothing moves); the values are copied, never summed,
- * so they arrive bit for bit.  The bytes (the communicator's count over those calls, in the stats)
+ * range), and copies what it held in both itself.  The parameters go in batches of consecutive ones
+ * (about an eighth of the elements each for stop-and-copy): one all_to_allv per batch over the world
+ * communicator carries all their arrays, each peer's part parameter after parameter (none when
+ * nothing moves); the values are copied, never summed, so they arrive bit for bit.  The bytes (the communicator's count over those calls, in the stats)
  * are what each new holder lacked, once: at most the state once per copy the new layout keeps of it
  * (its data-axis replicas); none from data=4 at ZeRO-0 to data=2,pipe=2, where every rank already
  * held its new stage whole; from ZeRO-3 on data=4 to ZeRO-1 on data=2,pipe=2 about 2.5 x the
@@ -806,12 +808,13 @@ shard_status shard_trainer_migrate(shard_trainer *old, shard_mesh *new_mesh, con
  * The same plan with the gradient the update reads as one more array (the old trainer keeps a copy of
  * each update's: shard__trainer_keep_grads), spread over steps so that no step boundary waits long:
  * begin builds the new trainer, the first advance plans the copy, and each further advance sends one
- * piece of the snapshot (about equal elements, parameters in order).  At each advance after the plan,
- * before the next piece, the parameters already sent get the old layout's last update again: its
- * gradient moved by the plan (as bf16 where every rank's is bf16 exactly: gradients reduced in bf16)
- * and the update replayed by the new trainer's optimizer with the same step, learning rate and clip
- * factor (element-wise, so bit for bit what the old one did).  The parameters not sent yet are
- * updated too, from what the new trainer holds of them, and overwritten when their piece comes. */
+ * piece of the snapshot (whole batches, parameters in order, sized so each step carries about the same
+ * bytes: send_piece).  At each advance after the plan, before the next piece, the parameters already
+ * sent get the old layout's last update again: its gradient moved by the plan (as bf16 where every
+ * rank's is bf16 exactly: gradients reduced in bf16) and the update replayed by the new trainer's
+ * optimizer with the same step, learning rate and clip factor (element-wise, so bit for bit what the
+ * old one did), on those parameters only: the others are written whole when their piece comes.  Each
+ * part ends in one agreement, so a failure anywhere leaves every rank on the old trainer. */
 struct shard_migration {
     copy c;
     shard_comm *world;
