@@ -67,6 +67,14 @@ def log_summary(path):
     return last if last.get("event") == "summary" else {}
 
 
+def cluster_file(path, nodes, gbps, latency_us):
+    """An emulated cluster written to `path` (returned): `nodes` as given, every link gbps and latency_us."""
+    link = {"bandwidth_gbps": gbps, "latency_us": latency_us}
+    with open(path, "w") as f:
+        json.dump({"nodes": nodes, "network": link, "intra_node": link}, f)
+    return path
+
+
 def tiny_corpus(work, sentence, repeat):
     """`sentence` written `repeat` times to work/corpus.txt and made token files by `shard data text`; their
     directory, work/data."""
@@ -150,6 +158,10 @@ def errors():
          "--live-steps 3 spreads a live move: give it with --migration live"),
         (["train", "--config", "c", "--data", "d", "--reshard-at", "1:data=1", "--migration", "live", "--live-steps",
           "0"], 2, "--live-steps '0' is invalid: give an integer in 1..64"),
+        (["bench", "reshard", "--grad-dtype", "f16"], 2, "--grad-dtype 'f16' is invalid: give f32 or bf16"),
+        (["bench", "reshard", "--live-steps", "65"], 2, "--live-steps '65' is invalid: give an integer in 1..64"),
+        (["bench", "reshard", "--cluster", "/nonexistent/cluster.json"], 1,
+         "/nonexistent/cluster.json: cannot read the cluster description"),
         (["train", "--config", "c", "--data", "d", "--reshard-zero", "1"], 2,
          "--reshard-zero needs --reshard-at STEP:MESH (the step and the mesh the run moves to)"),
         (["train", "--config", "c", "--data", "d", "--reshard-on", "imbalance=0.3"], 2,
@@ -2230,12 +2242,9 @@ def reshard():
         # the new trainer does not fit beside the old one in the emulated device's memory: refused, the run
         # goes on as it was, one line saying why and a --log record of it; the node slowing a little at step
         # 28 is a cluster_change record
-        cluster = os.path.join(work, "small.json")
-        with open(cluster, "w") as f:
-            json.dump({"nodes": [{"name": "box", "devices": 4, "compute_tflops": 0.0015, "available_memory_gb": 0.018,
-                                  "changes": [{"at_step": 28, "slowdown": 1.25}]}],
-                       "network": {"bandwidth_gbps": 1000, "latency_us": 1},
-                       "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
+        cluster = cluster_file(os.path.join(work, "small.json"),
+                               [{"name": "box", "devices": 4, "compute_tflops": 0.0015, "available_memory_gb": 0.018,
+                                 "changes": [{"at_step": 28, "slowdown": 1.25}]}], 1000, 1)
         for how in ("stop-and-copy", "live"):
             p, got = losses(["--mesh", "data=4", "--cluster", cluster, "--reshard-at", "10:data=2,pipe=2",
                              "--migration", how])
@@ -2257,13 +2266,10 @@ def reshard():
                    "cluster: step 28: node 'box' computes 1.25x slower" in p.stderr,
                    f"the cluster's change at step 28 ({how}): {changes} {p.stderr!r}")
         # --adaptive's move refused for memory alike: one line, one record with failed and the line
-        two = os.path.join(work, "two.json")
-        with open(two, "w") as f:
-            json.dump({"nodes": [{"name": "box", "devices": 3, "compute_tflops": 0.0015, "available_memory_gb": 0.018},
-                                 {"name": "odd", "devices": 1, "compute_tflops": 0.0015, "available_memory_gb": 0.018,
-                                  "changes": [{"at_step": 2, "slowdown": 3}]}],
-                       "network": {"bandwidth_gbps": 1000, "latency_us": 1},
-                       "intra_node": {"bandwidth_gbps": 1000, "latency_us": 1}}, f)
+        two = cluster_file(os.path.join(work, "two.json"),
+                           [{"name": "box", "devices": 3, "compute_tflops": 0.0015, "available_memory_gb": 0.018},
+                            {"name": "odd", "devices": 1, "compute_tflops": 0.0015, "available_memory_gb": 0.018,
+                             "changes": [{"at_step": 2, "slowdown": 3}]}], 1000, 1)
         p, got = losses(["--mesh", "data=4", "--cluster", two, "--adaptive", "--monitor-every", "2", "--steps", "5"])
         lines = [l for l in p.stderr.splitlines() if l.startswith("shard: ")]
         events = [json.loads(l) for l in open(log)] if p.returncode == 0 else []
@@ -2288,13 +2294,10 @@ def adaptive():
     import tempfile
     with tempfile.TemporaryDirectory(prefix="shard-cli-adaptive-") as work:
         data = tiny_corpus(work, "the slow device takes fewer rows. ", 400)
-        cluster = os.path.join(work, "slowing.json")
-        with open(cluster, "w") as f:
-            json.dump({"nodes": [{"name": "steady", "devices": 3, "compute_tflops": 0.004, "available_memory_gb": 2},
-                                 {"name": "flaky", "devices": 1, "compute_tflops": 0.004, "available_memory_gb": 2,
-                                  "changes": [{"at_step": 6, "slowdown": 3}]}],
-                       "network": {"bandwidth_gbps": 20, "latency_us": 50},
-                       "intra_node": {"bandwidth_gbps": 20, "latency_us": 50}}, f)
+        cluster = cluster_file(os.path.join(work, "slowing.json"),
+                               [{"name": "steady", "devices": 3, "compute_tflops": 0.004, "available_memory_gb": 2},
+                                {"name": "flaky", "devices": 1, "compute_tflops": 0.004, "available_memory_gb": 2,
+                                 "changes": [{"at_step": 6, "slowdown": 3}]}], 20, 50)
         args = ["train", "--config", TINY, "--data", data, "--batch", "8", "--seq", "64", "--seed", "3", "--steps",
                 "20", "--mesh", "data=4", "--cluster", cluster]
         log = os.path.join(work, "run.jsonl")
