@@ -615,6 +615,33 @@ void shard__dp_kept(const shard_dp *dp, uint64_t *step, float *lr, float *clip) 
     *step = dp->kept_step, *lr = dp->kept_lr, *clip = dp->kept_clip;
 }
 
+/* Zero 1/2 after an update: every replica's values whole again, in place, for the units the slab ranges
+ * [lo[r], hi[r]) touch (every unit when lo is NULL): each unit's all_gatherv over its communicator
+ * started in unit order, then all awaited (the wait counted as exposed communication). */
+static shard_status regather(shard_dp *dp, const size_t *lo, const size_t *hi, size_t ranges) {
+    shard_request **reqs = calloc(dp->m->units + 1, sizeof *reqs);
+    if (!reqs) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
+    shard_status s = SHARD_OK;
+    size_t started = 0;
+    const char *was = shard__mon_tag("zero_gather");
+    for (size_t k = 0; k < dp->m->units && s == SHARD_OK; k++) {
+        unit_state *u = &dp->u[k];
+        size_t first = dp->m->unit_offset[k];
+        int touched = lo == NULL;
+        for (size_t r = 0; r < ranges && !touched; r++) touched = lo[r] < first + u->n && hi[r] > first;
+        if (!touched) continue;
+        float *base = unit_values(dp, k);
+        s = shard_comm_iall_gatherv(u->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32,
+                                    &reqs[started++]);
+    }
+    shard__mon_tag(was);
+    double t0 = shard__now();
+    shard_status w = shard_request_wait_all(started, reqs);
+    dp->exposed += shard__now() - t0;
+    free(reqs);
+    return s < 0 ? s : w;
+}
+
 /* The update of shard__dp_update on the parts of [lo, hi) (slab elements) this rank owns. */
 static shard_status update_range(shard_dp *dp, uint64_t step, float lr, float clip, size_t lo, size_t hi) {
     float *st[SHARD_OPTIMIZER_MAX_STATES];
@@ -639,19 +666,9 @@ shard_status shard__dp_replay(shard_dp *dp, uint64_t step, float lr, float clip,
                               size_t ranges) {
     for (size_t r = 0; r < ranges; r++) SHARD_CHECK(update_range(dp, step, lr, clip, lo[r], hi[r]));
     dp->grads_zeroed = dp->shard_zeroed = 0; /* the rest is zeroed at the next step's start */
-    if (dp->zero == 1 || dp->zero == 2)      /* the units touched whole again on every replica, in unit order */
-        for (size_t k = 0; k < dp->m->units; k++) {
-            unit_state *u = &dp->u[k];
-            size_t first = dp->m->unit_offset[k];
-            int touched = 0;
-            for (size_t r = 0; r < ranges && !touched; r++) touched = lo[r] < first + u->n && hi[r] > first;
-            float *base = unit_values(dp, k);
-            if (touched)
-                SHARD_CHECK(shard_comm_all_gatherv(u->comm, base + u->my_displ, u->mine, base, u->counts, u->displs,
-                                                   SHARD_F32));
-        }
+    shard_status s = dp->zero == 1 || dp->zero == 2 ? regather(dp, lo, hi, ranges) : SHARD_OK;
     refresh_compute_copy(dp);
-    return SHARD_OK;
+    return s;
 }
 
 int shard__dp_kept_is_bf16(const shard_dp *dp) {
@@ -674,47 +691,14 @@ shard_status shard__dp_update(shard_dp *dp, uint64_t step, float lr, float clip)
         memcpy(dp->kept, update_grads(dp), update_grads_n(dp) * sizeof(float));
         dp->kept_step = step, dp->kept_lr = lr, dp->kept_clip = clip;
     }
-    float *st[SHARD_OPTIMIZER_MAX_STATES];
-    if (dp->zero == 0) {
-        states_at(dp, 0, st);
-        SHARD_CHECK(shard_optimizer_update(dp->opt, step, lr, clip, dp->m->params->data, dp->grads, st, total_of(dp)));
+    SHARD_CHECK(update_range(dp, step, lr, clip, 0, total_of(dp)));
+    if (dp->zero == 0)
         dp->grads_zeroed = 1;
-        refresh_compute_copy(dp);
-        return SHARD_OK;
-    }
-    size_t covered = 0;
-    for (size_t k = 0; k < dp->m->units; k++) {
-        unit_state *u = &dp->u[k];
-        float *values = dp->zero == 3 ? dp->value_shard + u->shard_off : unit_values(dp, k) + u->my_displ;
-        states_at(dp, u->shard_off, st);
-        SHARD_CHECK(
-            shard_optimizer_update(dp->opt, step, lr, clip, values, dp->grad_shard + u->shard_off, st, u->mine));
-        covered += u->mine;
-    }
-    dp->shard_zeroed = covered == dp->shard_total;
-    if (dp->zero == 3) {
-        refresh_compute_copy(dp);
-        return SHARD_OK;
-    }
-    /* zero 1/2: every replica's values whole again (in place) */
-    shard_request **reqs = calloc(dp->m->units, sizeof *reqs);
-    if (!reqs) return shard_error(SHARD_ERR_NO_MEMORY, "data parallel: out of memory");
-    shard_status s = SHARD_OK;
-    size_t started = 0;
-    const char *was = shard__mon_tag("zero_gather");
-    for (size_t k = 0; k < dp->m->units && s == SHARD_OK; k++, started++) {
-        unit_state *u = &dp->u[k];
-        float *base = unit_values(dp, k);
-        s = shard_comm_iall_gatherv(u->comm, base + u->my_displ, u->mine, base, u->counts, u->displs, SHARD_F32,
-                                    &reqs[k]);
-    }
-    shard__mon_tag(was);
-    double t0 = shard__now();
-    shard_status w = shard_request_wait_all(started, reqs);
-    dp->exposed += shard__now() - t0;
-    free(reqs);
+    else
+        dp->shard_zeroed = 1;
+    shard_status s = dp->zero == 1 || dp->zero == 2 ? regather(dp, NULL, NULL, 0) : SHARD_OK;
     refresh_compute_copy(dp);
-    return s < 0 ? s : w;
+    return s;
 }
 
 void shard__dp_stats(const shard_dp *dp, shard_dp_stats *out) {
